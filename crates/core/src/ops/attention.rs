@@ -1,0 +1,104 @@
+//! Attention over a block-sparse mask, and the kernel seam behind it.
+//!
+//! Layouts (fixed, documented, shared with the future C ABI):
+//! - `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)`, row-major; GQA: query head `h` uses kv head
+//!   `h / (Hq / Hkv)`.
+//! - `out (Tq, Hq, D)`, `lse (Tq, Hq)` natural-log log-sum-exp of the scaled scores;
+//!   a row with no visible key has `out = 0` and `lse = -inf`.
+
+use crate::mask::BlockMask;
+use crate::{Result, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnDims {
+    pub q_rows: usize,
+    pub kv_rows: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnDims {
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads.max(1)
+    }
+    /// Checks the dims against the mask and slice lengths of a call.
+    pub fn validate(&self, mask: &BlockMask) -> std::result::Result<(), String> {
+        if self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+            return Err(format!(
+                "q_heads {} is not a multiple of kv_heads {}",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if mask.q_len() != self.q_rows || mask.kv_len() != self.kv_rows {
+            return Err(format!(
+                "mask is {}x{} but q has {} rows and k/v {}",
+                mask.q_len(),
+                mask.kv_len(),
+                self.q_rows,
+                self.kv_rows
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An attention kernel over host memory (the reference backend and CPU plugins).
+/// Outputs are fully overwritten; callers may poison them first to prove it.
+pub trait HostAttentionKernel: Send + Sync {
+    fn name(&self) -> &str;
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        dims: &AttnDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: &BlockMask,
+        scale: f32,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> std::result::Result<(), String>;
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        dims: &AttnDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        out: &[f32],
+        lse: &[f32],
+        d_out: &[f32],
+        mask: &BlockMask,
+        scale: f32,
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) -> std::result::Result<(), String>;
+}
+
+/// The backend-level op model code calls; the backend dispatches to its selected kernel.
+pub trait AttentionOps {
+    /// Returns `(out (Tq, Hq, D), lse (Tq, Hq))`.
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)>;
+    /// Returns `(dq, dk, dv)` shaped like `q`, `k`, `v`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)>;
+}
