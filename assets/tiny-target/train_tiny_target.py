@@ -36,7 +36,7 @@ EOS_ID = 257
 HELDOUT_MOD = 20  # 1 file in 20 held out
 
 # Auto-selected by the original run (`--steps auto --time-budget 225` on one H200); see README.md.
-DEFAULT_STEPS = "auto"
+DEFAULT_STEPS = 3505
 
 
 # ---------------------------------------------------------------- corpus (no torch needed)

@@ -1,1 +1,74 @@
-fn main() {}
+//! `cargo xtask <task>`: the project's entry points, with no set-up beyond cargo.
+//!
+//! - `train [ARGS]`  build `dflash` in release and train on the embedded default
+//!   (`configs/default.toml`) unless `--config` is given; other args pass through.
+//! - `conformance`   run the backend/attention-kernel conformance suite.
+//! - `test`          the test command CI runs.
+
+use std::process::{Command, ExitCode};
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn status(mut c: Command) -> ExitCode {
+    match c.status() {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => ExitCode::from(s.code().unwrap_or(1).clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("xtask: could not run {c:?}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is in the workspace")
+        .to_path_buf();
+    let mut args = std::env::args().skip(1);
+    let task = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match task.as_str() {
+        "train" | "eval" | "status" | "backends" => {
+            let mut c = cargo();
+            c.current_dir(&root).args([
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "dflash-cli",
+                "--",
+                &task,
+            ]);
+            if task == "train"
+                && !rest
+                    .iter()
+                    .any(|a| a == "--config" || a == "-c" || a == "--resume")
+            {
+                c.args(["--config", "configs/default.toml"]);
+            }
+            c.args(&rest);
+            status(c)
+        }
+        "conformance" => {
+            let mut c = cargo();
+            c.current_dir(&root)
+                .args(["test", "-p", "dflash-tests"])
+                .args(&rest);
+            status(c)
+        }
+        "test" => {
+            let mut c = cargo();
+            c.current_dir(&root)
+                .args(["test", "--workspace"])
+                .args(&rest);
+            status(c)
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <train|eval|status|backends|conformance|test> [ARGS]");
+            ExitCode::FAILURE
+        }
+    }
+}

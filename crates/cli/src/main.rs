@@ -1,1 +1,172 @@
-fn main() {}
+//! `dflash`: train DFlash drafters, evaluate them, inspect runs.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use dflash_config::TrainConfig;
+
+#[derive(Parser)]
+#[command(
+    name = "dflash",
+    version,
+    about = "Train DFlash block-diffusion drafters online"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ConfigArgs {
+    /// Job config (TOML). Layered: defaults <- this file <- DFLASH_* env vars <- --set.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override a config key, e.g. `--set train.lr=3e-4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a drafter; prints `run_dir=... tau_before=... tau_after=...` at the end.
+    Train {
+        #[command(flatten)]
+        cfg: ConfigArgs,
+        /// Continue the run in RUN_DIR from its latest checkpoint.
+        #[arg(long, value_name = "RUN_DIR")]
+        resume: Option<PathBuf>,
+    },
+    /// Acceptance length tau of a drafter on held-out data (DESIGN.md §2.5).
+    Eval {
+        #[command(flatten)]
+        cfg: ConfigArgs,
+        /// Drafter directory (config.json + model.safetensors).
+        #[arg(long)]
+        drafter: PathBuf,
+        /// Evaluation data; defaults to the config's `data.eval`.
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Progress and last error of a run directory.
+    Status { run_dir: PathBuf },
+    /// Registered backends and attention kernels.
+    Backends,
+}
+
+fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
+    let overrides = args
+        .set
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .with_context(|| format!("--set {kv:?}: expected KEY=VALUE"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TrainConfig::load(args.config.as_deref(), &overrides)?)
+}
+
+fn fmt_tau(t: Option<f64>) -> String {
+    t.map_or("na".into(), |t| format!("{t:.3}"))
+}
+
+fn status(run_dir: &Path) -> Result<()> {
+    let metrics = run_dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics)
+        .with_context(|| format!("{}: no metrics yet", metrics.display()))?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty());
+    match last {
+        Some(line) => {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{}: last line is not JSON", metrics.display()))?;
+            println!(
+                "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s | queue depths {} | producer stall {:.1}s | consumer starved {:.1}s",
+                v["step"].as_u64().map_or(0, |s| s + 1),
+                v["loss"].as_f64().unwrap_or(f64::NAN),
+                v["accuracy"].as_f64().unwrap_or(f64::NAN),
+                v["tokens_per_s"].as_f64().unwrap_or(0.0),
+                v["queue_depths"],
+                v["producer_stall_s"].as_f64().unwrap_or(0.0),
+                v["consumer_starved_s"].as_f64().unwrap_or(0.0),
+            );
+        }
+        None => println!("no steps recorded yet"),
+    }
+    if let Some(ckpt) = dflash_pipeline::job::latest_checkpoint(run_dir) {
+        println!("latest checkpoint: {}", ckpt.display());
+    }
+    let err = run_dir.join("error.txt");
+    if let Ok(e) = std::fs::read_to_string(&err) {
+        println!("last error ({}):\n{}", err.display(), e.trim_end());
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train { cfg, resume } => {
+            let mut config = load_config(&cfg)?;
+            if let Some(dir) = &resume {
+                // A resumed run continues with the config it was started with, plus --set.
+                let saved = dir.join("config.toml");
+                if cfg.config.is_none() && saved.exists() {
+                    config = load_config(&ConfigArgs {
+                        config: Some(saved),
+                        set: cfg.set.clone(),
+                    })?;
+                }
+            }
+            let out = dflash_pipeline::train(&config, resume.as_deref())?;
+            println!(
+                "run_dir={} steps={} loss_first={:.4} loss_last={:.4} acc_last={:.3} tau_before={} tau_after={}",
+                out.run_dir.display(),
+                out.steps,
+                out.first_loss,
+                out.final_loss,
+                out.final_accuracy,
+                fmt_tau(out.tau_before),
+                fmt_tau(out.tau_after)
+            );
+        }
+        Command::Eval { cfg, drafter, data } => {
+            let config = load_config(&cfg)?;
+            let data = data
+                .or_else(|| config.data.eval.clone())
+                .context("no evaluation data: pass --data or set data.eval")?;
+            let out = dflash_pipeline::evaluate(&config, &drafter, &data)?;
+            println!(
+                "tau={:.3} sequences={} cycles={} skipped={}",
+                out.report.tau, out.report.sequences, out.report.cycles, out.skipped_samples
+            );
+        }
+        Command::Status { run_dir } => status(&run_dir)?,
+        Command::Backends => {
+            println!(
+                "backends: {}",
+                dflash_core::registry::backend_names().join(", ")
+            );
+            println!(
+                "attention kernels: {}",
+                dflash_core::registry::attention_kernel_names().join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    dflash_backend_reference::link();
+    dflash_attention_tiled::link();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

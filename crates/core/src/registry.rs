@@ -19,7 +19,11 @@ pub struct BackendOptions {
 
 impl Default for BackendOptions {
     fn default() -> Self {
-        BackendOptions { attention: "reference".into(), threads: 0, device: 0 }
+        BackendOptions {
+            attention: "reference".into(),
+            threads: 0,
+            device: 0,
+        }
     }
 }
 
@@ -39,8 +43,10 @@ pub struct AttentionKernelRegistration {
 inventory::collect!(AttentionKernelRegistration);
 
 pub fn backend_names() -> Vec<String> {
-    let mut v: Vec<String> =
-        inventory::iter::<BackendRegistration>.into_iter().map(|r| r.name.to_string()).collect();
+    let mut v: Vec<String> = inventory::iter::<BackendRegistration>
+        .into_iter()
+        .map(|r| r.name.to_string())
+        .collect();
     v.sort();
     v
 }

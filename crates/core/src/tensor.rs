@@ -67,7 +67,10 @@ impl Tensor {
     /// For backends: wraps a buffer they made. The caller guarantees `storage` holds
     /// `shape.numel()` elements.
     pub fn from_storage(storage: Box<dyn Storage>, shape: impl Into<Shape>) -> Self {
-        Tensor { storage, shape: shape.into() }
+        Tensor {
+            storage,
+            shape: shape.into(),
+        }
     }
     pub fn shape(&self) -> &Shape {
         &self.shape
@@ -94,7 +97,10 @@ impl Tensor {
                 format!("{:?} -> {:?} changes the element count", self.shape, shape),
             ));
         }
-        Ok(Tensor { storage: self.storage, shape })
+        Ok(Tensor {
+            storage: self.storage,
+            shape,
+        })
     }
     /// Reshape in place (same element count), for views inside model code.
     pub fn set_shape(&mut self, shape: impl Into<Shape>) -> Result<(), crate::Error> {
@@ -113,6 +119,11 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({}, {:?})", self.storage.backend_name(), self.shape)
+        write!(
+            f,
+            "Tensor({}, {:?})",
+            self.storage.backend_name(),
+            self.shape
+        )
     }
 }

@@ -19,7 +19,10 @@ pub use tiles::{KeyTile, TileKind, TileMap};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MaskError {
     #[error("mask {builder}: {detail}")]
-    Invalid { builder: &'static str, detail: String },
+    Invalid {
+        builder: &'static str,
+        detail: String,
+    },
 }
 
 /// A half-open key interval `[start, end)`; empty when `start >= end`.
@@ -32,7 +35,11 @@ pub struct Interval {
 impl Interval {
     pub const EMPTY: Interval = Interval { start: 0, end: 0 };
     pub fn new(start: i32, end: i32) -> Self {
-        if start >= end { Self::EMPTY } else { Interval { start, end } }
+        if start >= end {
+            Self::EMPTY
+        } else {
+            Interval { start, end }
+        }
     }
     pub fn len(&self) -> usize {
         (self.end - self.start).max(0) as usize
@@ -65,21 +72,35 @@ impl BlockMask {
         first: Vec<Interval>,
         second: Vec<Interval>,
     ) -> Result<Self, MaskError> {
-        let bad = |detail: String| MaskError::Invalid { builder: "from_intervals", detail };
+        let bad = |detail: String| MaskError::Invalid {
+            builder: "from_intervals",
+            detail,
+        };
         if first.len() != second.len() {
-            return Err(bad(format!("{} first intervals but {} second", first.len(), second.len())));
+            return Err(bad(format!(
+                "{} first intervals but {} second",
+                first.len(),
+                second.len()
+            )));
         }
         for (row, (a, b)) in first.iter().zip(&second).enumerate() {
             for iv in [a, b] {
                 if !iv.is_empty() && (iv.start < 0 || iv.end as usize > kv_len) {
-                    return Err(bad(format!("row {row}: interval {iv:?} outside [0, {kv_len})")));
+                    return Err(bad(format!(
+                        "row {row}: interval {iv:?} outside [0, {kv_len})"
+                    )));
                 }
             }
             if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
                 return Err(bad(format!("row {row}: intervals {a:?} and {b:?} overlap")));
             }
         }
-        Ok(BlockMask { q_len: first.len(), kv_len, first, second })
+        Ok(BlockMask {
+            q_len: first.len(),
+            kv_len,
+            first,
+            second,
+        })
     }
 
     pub fn q_len(&self) -> usize {
@@ -108,7 +129,11 @@ impl BlockMask {
     /// Number of visible (query, key) pairs: the unit of attention FLOP accounting
     /// (4 * heads * head_dim FLOPs per pair forward, 3.5x that forward + backward).
     pub fn visible_pairs(&self) -> u64 {
-        self.first.iter().zip(&self.second).map(|(a, b)| (a.len() + b.len()) as u64).sum()
+        self.first
+            .iter()
+            .zip(&self.second)
+            .map(|(a, b)| (a.len() + b.len()) as u64)
+            .sum()
     }
 
     /// Fraction of the dense `q_len * kv_len` matrix that is visible.
@@ -122,7 +147,9 @@ impl BlockMask {
     /// Dense boolean expansion `[q_len][kv_len]`. **Test oracle only**: nothing on a training
     /// path may call this (it is what the PyTorch stack silently falls back to and OOMs on).
     pub fn to_dense_oracle(&self) -> Vec<Vec<bool>> {
-        (0..self.q_len).map(|q| (0..self.kv_len).map(|k| self.visible(q, k)).collect()).collect()
+        (0..self.q_len)
+            .map(|q| (0..self.kv_len).map(|k| self.visible(q, k)).collect())
+            .collect()
     }
 
     /// The C-ABI form: `(first_start, first_end, second_start, second_end)`, each `q_len` long.

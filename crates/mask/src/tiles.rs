@@ -30,7 +30,10 @@ pub struct TileMap {
 
 impl TileMap {
     pub fn new(mask: &BlockMask, q_tile: usize, k_tile: usize) -> Self {
-        assert!(q_tile > 0 && k_tile > 0, "tile sizes are positive constants of the kernel");
+        assert!(
+            q_tile > 0 && k_tile > 0,
+            "tile sizes are positive constants of the kernel"
+        );
         let q_tiles = mask.q_len().div_ceil(q_tile);
         let k_tiles = mask.kv_len().div_ceil(k_tile);
         let mut tiles = Vec::with_capacity(q_tiles);
@@ -62,13 +65,21 @@ impl TileMap {
                     all &= seen == width;
                 }
                 if any {
-                    let kind = if all { TileKind::Full } else { TileKind::Partial };
+                    let kind = if all {
+                        TileKind::Full
+                    } else {
+                        TileKind::Partial
+                    };
                     list.push(KeyTile { index: kt, kind });
                 }
             }
             tiles.push(list);
         }
-        TileMap { q_tile, k_tile, tiles }
+        TileMap {
+            q_tile,
+            k_tile,
+            tiles,
+        }
     }
 
     /// Counts of (full, partial) tiles over the whole mask.

@@ -1,1 +1,17 @@
+//! Training the drafter: one data-parallel replica's step ([`replica`]), the optimizer and
+//! its schedule, resumable state, and the acceptance-length evaluation of DESIGN.md §2.5.
 
+pub mod error;
+pub mod eval;
+pub mod optimizer;
+pub mod prepare;
+pub mod replica;
+pub mod schedule;
+pub mod state;
+
+pub use error::{Result, TrainError};
+pub use eval::{TauReport, evaluate_tau};
+pub use optimizer::AdamW;
+pub use prepare::{BlockSpec, PreparedSeq};
+pub use replica::{DrafterReplica, StepSummary};
+pub use schedule::LrSchedule;

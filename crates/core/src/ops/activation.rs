@@ -4,6 +4,5 @@ use crate::{Result, Tensor};
 pub trait ActivationOps {
     fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
     /// Returns `(d_gate, d_up)`.
-    fn swiglu_backward(&self, dh: &Tensor, gate: &Tensor, up: &Tensor)
-    -> Result<(Tensor, Tensor)>;
+    fn swiglu_backward(&self, dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)>;
 }

@@ -22,10 +22,18 @@ impl LossStats {
         self.counted += o.counted;
     }
     pub fn loss(&self) -> f64 {
-        if self.weight_sum > 0.0 { self.weighted_loss / self.weight_sum } else { f64::NAN }
+        if self.weight_sum > 0.0 {
+            self.weighted_loss / self.weight_sum
+        } else {
+            f64::NAN
+        }
     }
     pub fn accuracy(&self) -> f64 {
-        if self.counted > 0 { self.correct as f64 / self.counted as f64 } else { f64::NAN }
+        if self.counted > 0 {
+            self.correct as f64 / self.counted as f64
+        } else {
+            f64::NAN
+        }
     }
 }
 

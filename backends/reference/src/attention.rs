@@ -1,0 +1,358 @@
+//! Attention over a block-sparse mask: the backend op ([`AttentionOps`]) and the plain
+//! reference kernel ([`ReferenceAttention`]) it dispatches to by default.
+//!
+//! Layouts: `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)`, `out (Tq, Hq, D)`, `lse (Tq, Hq)`; query
+//! head `h` reads kv head `h / (Hq / Hkv)`. The kernel walks each query row's (at most two)
+//! key intervals, so work is proportional to the visible pairs and no dense score matrix
+//! exists. Scores, softmax sums and every dot product are f64.
+
+use dflash_core::mask::BlockMask;
+use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, Result, Tensor};
+use rayon::prelude::*;
+
+use crate::storage::{host_tensor, same_shape, shape_err, slice};
+use crate::{DEVICE, ReferenceBackend};
+
+/// Keys per dk/dv task in the backward: each task owns the keys `[k0, k0 + KEY_BLOCK)` of
+/// one kv head and accumulates into them alone, so no two tasks write the same element.
+const KEY_BLOCK: usize = 64;
+
+/// The plain reference kernel (registered as attention kernel `"reference"`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReferenceAttention;
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// Checks a host slice's length against what `dims` says it must be.
+fn check_len(what: &str, got: usize, want: usize) -> std::result::Result<(), String> {
+    if got != want {
+        return Err(format!("{what} has {got} elements, expected {want}"));
+    }
+    Ok(())
+}
+
+/// Validates dims against the mask and returns `(q_elems, kv_elems, lse_elems)`.
+fn sizes(dims: &AttnDims, mask: &BlockMask) -> std::result::Result<(usize, usize, usize), String> {
+    dims.validate(mask)?;
+    if dims.q_heads == 0 || dims.head_dim == 0 {
+        return Err(format!(
+            "q_heads ({}) and head_dim ({}) must be >= 1",
+            dims.q_heads, dims.head_dim
+        ));
+    }
+    let q = dims.q_rows * dims.q_heads * dims.head_dim;
+    let kv = dims.kv_rows * dims.kv_heads * dims.head_dim;
+    Ok((q, kv, dims.q_rows * dims.q_heads))
+}
+
+impl HostAttentionKernel for ReferenceAttention {
+    fn name(&self) -> &str {
+        "reference"
+    }
+
+    fn forward(
+        &self,
+        dims: &AttnDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: &BlockMask,
+        scale: f32,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) -> std::result::Result<(), String> {
+        let (nq, nkv, nl) = sizes(dims, mask)?;
+        check_len("q", q.len(), nq)?;
+        check_len("k", k.len(), nkv)?;
+        check_len("v", v.len(), nkv)?;
+        check_len("out", out.len(), nq)?;
+        check_len("lse", lse.len(), nl)?;
+        let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
+        let scale = scale as f64;
+        // One query row (all its heads) per task.
+        out.par_chunks_mut(hq * d)
+            .zip(lse.par_chunks_mut(hq))
+            .enumerate()
+            .for_each(|(i, (o_row, l_row))| {
+                let ivs = mask.row(i);
+                let mut s = Vec::new(); // scaled scores of this (row, head), visible keys only
+                let mut acc = vec![0.0f64; d];
+                for h in 0..hq {
+                    let kh = h / group;
+                    let qi = &q[(i * hq + h) * d..][..d]; // (D)
+                    let kv_at = |j: usize| (j * hkv + kh) * d..(j * hkv + kh + 1) * d;
+                    s.clear();
+                    for iv in ivs {
+                        for j in iv.start as usize..iv.end as usize {
+                            s.push(scale * dot(qi, &k[kv_at(j)]));
+                        }
+                    }
+                    let o = &mut o_row[h * d..(h + 1) * d];
+                    if s.is_empty() {
+                        o.fill(0.0);
+                        l_row[h] = f32::NEG_INFINITY;
+                        continue;
+                    }
+                    let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    acc.fill(0.0);
+                    let mut sum = 0.0f64;
+                    let mut n = 0;
+                    for iv in ivs {
+                        for j in iv.start as usize..iv.end as usize {
+                            let p = (s[n] - max).exp();
+                            n += 1;
+                            sum += p;
+                            for (a, &vv) in acc.iter_mut().zip(&v[kv_at(j)]) {
+                                *a += p * vv as f64;
+                            }
+                        }
+                    }
+                    for (o, a) in o.iter_mut().zip(&acc) {
+                        *o = (a / sum) as f32;
+                    }
+                    l_row[h] = (max + sum.ln()) as f32;
+                }
+            });
+        Ok(())
+    }
+
+    /// Recomputes `P = exp(scale * q.k - lse)` per visible pair, then with
+    /// `dP = dO.v`, `D_i = dO_i.O_i`, `dS = P * (dP - D_i)`:
+    /// `dq_i += scale * dS * k_j`, `dk_j += scale * dS * q_i`, `dv_j += P * dO_i`.
+    /// dq is parallel over query rows; dk/dv over (kv head, key block), each task owning
+    /// its keys and visiting query rows in order, so the result is bit-deterministic.
+    fn backward(
+        &self,
+        dims: &AttnDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        out: &[f32],
+        lse: &[f32],
+        d_out: &[f32],
+        mask: &BlockMask,
+        scale: f32,
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) -> std::result::Result<(), String> {
+        let (nq, nkv, nl) = sizes(dims, mask)?;
+        for (what, len, want) in [
+            ("q", q.len(), nq),
+            ("k", k.len(), nkv),
+            ("v", v.len(), nkv),
+            ("out", out.len(), nq),
+            ("lse", lse.len(), nl),
+            ("d_out", d_out.len(), nq),
+            ("dq", dq.len(), nq),
+            ("dk", dk.len(), nkv),
+            ("dv", dv.len(), nkv),
+        ] {
+            check_len(what, len, want)?;
+        }
+        let (tq, tk) = (dims.q_rows, dims.kv_rows);
+        let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
+        let scale = scale as f64;
+        let q_at = |i: usize, h: usize| (i * hq + h) * d..(i * hq + h + 1) * d;
+        let kv_at = |j: usize, kh: usize| (j * hkv + kh) * d..(j * hkv + kh + 1) * d;
+
+        // D (Tq, Hq) = rowwise dO . O
+        let d_sum: Vec<f64> = (0..tq * hq)
+            .into_par_iter()
+            .map(|r| dot(&d_out[r * d..][..d], &out[r * d..][..d]))
+            .collect();
+        // P and dS of one visible pair (i, h, j).
+        let p_ds = |i: usize, h: usize, j: usize| -> (f64, f64) {
+            let kh = h / group;
+            let s = scale * dot(&q[q_at(i, h)], &k[kv_at(j, kh)]);
+            let p = (s - lse[i * hq + h] as f64).exp();
+            let dp = dot(&d_out[q_at(i, h)], &v[kv_at(j, kh)]);
+            (p, p * (dp - d_sum[i * hq + h]))
+        };
+
+        // dq: one query row per task.
+        dq.par_chunks_mut(hq * d)
+            .enumerate()
+            .for_each(|(i, dq_row)| {
+                let mut acc = vec![0.0f64; d];
+                for h in 0..hq {
+                    acc.fill(0.0);
+                    for iv in mask.row(i) {
+                        for j in iv.start as usize..iv.end as usize {
+                            let (_, ds) = p_ds(i, h, j);
+                            for (a, &kv) in acc.iter_mut().zip(&k[kv_at(j, h / group)]) {
+                                *a += scale * ds * kv as f64;
+                            }
+                        }
+                    }
+                    for (o, a) in dq_row[h * d..(h + 1) * d].iter_mut().zip(&acc) {
+                        *o = *a as f32;
+                    }
+                }
+            });
+
+        // dk, dv: one (kv head, key block) per task.
+        let blocks = tk.div_ceil(KEY_BLOCK);
+        let tasks: Vec<(usize, usize)> = (0..hkv)
+            .flat_map(|kh| (0..blocks).map(move |b| (kh, b)))
+            .collect();
+        let parts: Vec<(Vec<f64>, Vec<f64>)> = tasks
+            .par_iter()
+            .map(|&(kh, b)| {
+                let (k0, k1) = (b * KEY_BLOCK, ((b + 1) * KEY_BLOCK).min(tk));
+                let mut dk_acc = vec![0.0f64; (k1 - k0) * d]; // (keys, D)
+                let mut dv_acc = vec![0.0f64; (k1 - k0) * d];
+                for i in 0..tq {
+                    for iv in mask.row(i) {
+                        let lo = (iv.start as usize).max(k0);
+                        let hi = (iv.end as usize).min(k1);
+                        for h in kh * group..(kh + 1) * group {
+                            let (qi, doi) = (&q[q_at(i, h)], &d_out[q_at(i, h)]);
+                            for j in lo..hi {
+                                let (p, ds) = p_ds(i, h, j);
+                                let off = (j - k0) * d;
+                                for c in 0..d {
+                                    dk_acc[off + c] += scale * ds * qi[c] as f64;
+                                    dv_acc[off + c] += p * doi[c] as f64;
+                                }
+                            }
+                        }
+                    }
+                }
+                (dk_acc, dv_acc)
+            })
+            .collect();
+        for (&(kh, b), (dk_acc, dv_acc)) in tasks.iter().zip(&parts) {
+            let k0 = b * KEY_BLOCK;
+            for (n, (dk_j, dv_j)) in dk_acc.chunks(d).zip(dv_acc.chunks(d)).enumerate() {
+                let r = kv_at(k0 + n, kh);
+                for ((o, &a), (o2, &a2)) in dk[r.clone()]
+                    .iter_mut()
+                    .zip(dk_j)
+                    .zip(dv[r].iter_mut().zip(dv_j))
+                {
+                    *o = a as f32;
+                    *o2 = a2 as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)` and builds the dims.
+fn attn_dims(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &BlockMask,
+) -> Result<AttnDims> {
+    same_shape(op, "k and v", k, v)?;
+    let (qd, kd) = (q.dims(), k.dims());
+    if qd.len() != 3 || kd.len() != 3 || qd[2] != kd[2] {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?} must be (Tq, Hq, D) and k/v {:?} (Tk, Hkv, D)",
+                q.shape(),
+                k.shape()
+            ),
+        ));
+    }
+    let dims = AttnDims {
+        q_rows: qd[0],
+        kv_rows: kd[0],
+        q_heads: qd[1],
+        kv_heads: kd[1],
+        head_dim: qd[2],
+    };
+    dims.validate(mask)
+        .map_err(|e| shape_err(op, format!("q {:?}, k/v {:?}: {e}", q.shape(), k.shape())))?;
+    Ok(dims)
+}
+
+impl ReferenceBackend {
+    fn kernel_err(&self, op: &'static str, e: String) -> Error {
+        Error::op(
+            op,
+            DEVICE,
+            format!("attention kernel {:?} failed: {e}", self.attention_name),
+        )
+    }
+}
+
+impl AttentionOps for ReferenceBackend {
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "attention";
+        let dims = attn_dims(op, q, k, v, mask)?;
+        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
+        // Poisoned: the kernel must overwrite every element.
+        let mut out = vec![f32::NAN; qs.len()]; // (Tq, Hq, D)
+        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads]; // (Tq, Hq)
+        self.run(|| {
+            self.attention
+                .forward(&dims, qs, ks, vs, mask, scale, &mut out, &mut lse)
+        })
+        .map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            host_tensor(out, q.shape().clone()),
+            host_tensor(lse, [dims.q_rows, dims.q_heads]),
+        ))
+    }
+
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let op = "attention_backward";
+        let dims = attn_dims(op, q, k, v, mask)?;
+        same_shape(op, "out and q", out, q)?;
+        same_shape(op, "d_out and q", d_out, q)?;
+        if lse.numel() != dims.q_rows * dims.q_heads {
+            return Err(shape_err(
+                op,
+                format!(
+                    "lse {:?} but q {:?} needs ({}, {})",
+                    lse.shape(),
+                    q.shape(),
+                    dims.q_rows,
+                    dims.q_heads
+                ),
+            ));
+        }
+        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
+        let (os, ls, dos) = (slice(op, out)?, slice(op, lse)?, slice(op, d_out)?);
+        // Poisoned: the kernel must overwrite every element.
+        let mut dq = vec![f32::NAN; qs.len()];
+        let mut dk = vec![f32::NAN; ks.len()];
+        let mut dv = vec![f32::NAN; vs.len()];
+        self.run(|| {
+            self.attention.backward(
+                &dims, qs, ks, vs, os, ls, dos, mask, scale, &mut dq, &mut dk, &mut dv,
+            )
+        })
+        .map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            host_tensor(dq, q.shape().clone()),
+            host_tensor(dk, k.shape().clone()),
+            host_tensor(dv, v.shape().clone()),
+        ))
+    }
+}

@@ -1,0 +1,184 @@
+//! Buffers, host transfers and elementwise glue.
+
+use dflash_core::{MemoryOps, Result, Tensor};
+use rayon::prelude::*;
+
+use crate::ReferenceBackend;
+use crate::storage::{host_tensor, same_shape, shape_err, slice, slice_mut};
+
+/// Elements per rayon task for elementwise loops (big enough that splitting pays).
+const ELEMWISE_CHUNK: usize = 1 << 14;
+
+impl MemoryOps for ReferenceBackend {
+    fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if data.len() != numel {
+            return Err(shape_err(
+                "upload",
+                format!(
+                    "{} host elements for shape {shape:?} ({numel} elements)",
+                    data.len()
+                ),
+            ));
+        }
+        Ok(host_tensor(data.to_vec(), shape))
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        Ok(slice("download", t)?.to_vec())
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(host_tensor(vec![0.0; shape.iter().product()], shape))
+    }
+
+    fn copy(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(host_tensor(slice("copy", t)?.to_vec(), t.shape().clone()))
+    }
+
+    fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let x = slice("narrow_rows", t)?;
+        let Some((&rows, rest)) = t.dims().split_first() else {
+            return Err(shape_err("narrow_rows", "cannot narrow a rank-0 tensor"));
+        };
+        if start.checked_add(len).is_none_or(|end| end > rows) {
+            return Err(shape_err(
+                "narrow_rows",
+                format!(
+                    "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
+                    t.shape()
+                ),
+            ));
+        }
+        let row: usize = rest.iter().product(); // elements per row
+        let mut dims = vec![len];
+        dims.extend_from_slice(rest);
+        Ok(host_tensor(
+            x[start * row..(start + len) * row].to_vec(),
+            dims,
+        ))
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(shape_err("concat_rows", "no tensors to concatenate"));
+        };
+        if first.dims().is_empty() {
+            return Err(shape_err(
+                "concat_rows",
+                "cannot concatenate rank-0 tensors",
+            ));
+        }
+        let rest = &first.dims()[1..];
+        let mut rows = 0;
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            if p.dims().is_empty() || &p.dims()[1..] != rest {
+                return Err(shape_err(
+                    "concat_rows",
+                    format!(
+                        "part {i} is {:?} but part 0 is {:?}",
+                        p.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+            rows += p.dims()[0];
+            out.extend_from_slice(slice("concat_rows", p)?);
+        }
+        let mut dims = vec![rows];
+        dims.extend_from_slice(rest);
+        Ok(host_tensor(out, dims))
+    }
+
+    fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(shape_err("concat_cols", "no tensors to concatenate"));
+        };
+        let (rows, _) = first.shape().as_matrix();
+        let mut datas = Vec::with_capacity(parts.len());
+        let mut cols = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let (r, c) = p.shape().as_matrix();
+            if r != rows {
+                return Err(shape_err(
+                    "concat_cols",
+                    format!(
+                        "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
+                        p.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+            datas.push(slice("concat_cols", p)?);
+            cols.push(c);
+        }
+        let total: usize = cols.iter().sum();
+        // out (R, sum C_i): row r is part 0's row r, then part 1's row r, ...
+        let mut out = Vec::with_capacity(rows * total);
+        for r in 0..rows {
+            for (d, &c) in datas.iter().zip(&cols) {
+                out.extend_from_slice(&d[r * c..(r + 1) * c]);
+            }
+        }
+        Ok(host_tensor(out, [rows, total]))
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        same_shape("add", "a and b", a, b)?;
+        let (x, y) = (slice("add", a)?, slice("add", b)?);
+        let out = self.run(|| {
+            x.par_iter()
+                .zip(y)
+                .map(|(p, q)| p + q)
+                .collect::<Vec<f32>>()
+        });
+        Ok(host_tensor(out, a.shape().clone()))
+    }
+
+    fn add_assign(&self, acc: &mut Tensor, x: &Tensor) -> Result<()> {
+        if acc.numel() != x.numel() {
+            return Err(shape_err(
+                "add_assign",
+                format!(
+                    "acc {:?} vs x {:?} (element counts differ)",
+                    acc.shape(),
+                    x.shape()
+                ),
+            ));
+        }
+        let x = slice("add_assign", x)?;
+        let acc = slice_mut("add_assign", acc)?;
+        self.run(|| {
+            acc.par_chunks_mut(ELEMWISE_CHUNK)
+                .zip(x.par_chunks(ELEMWISE_CHUNK))
+                .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b))
+        });
+        Ok(())
+    }
+
+    fn scale_assign(&self, t: &mut Tensor, s: f32) -> Result<()> {
+        let t = slice_mut("scale_assign", t)?;
+        self.run(|| {
+            t.par_chunks_mut(ELEMWISE_CHUNK)
+                .for_each(|c| c.iter_mut().for_each(|v| *v *= s))
+        });
+        Ok(())
+    }
+
+    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
+        let x = slice("sum_squares", t)?;
+        // Fixed chunks summed in order: the same bits on every run.
+        let partial: Vec<f64> = self.run(|| {
+            x.par_chunks(ELEMWISE_CHUNK)
+                .map(|c| c.iter().map(|&v| v as f64 * v as f64).sum::<f64>())
+                .collect()
+        });
+        Ok(partial.iter().sum())
+    }
+
+    fn all_finite(&self, t: &Tensor) -> Result<bool> {
+        let x = slice("all_finite", t)?;
+        Ok(self.run(|| x.par_iter().all(|v| v.is_finite())))
+    }
+}

@@ -1,0 +1,83 @@
+//! AdamW with decoupled weight decay, as `torch.optim.AdamW` defines it:
+//! ```text
+//! p -= lr * wd * p
+//! m  = b1 * m + (1 - b1) * g
+//! v  = b2 * v + (1 - b2) * g^2
+//! p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//! ```
+//! Each element is updated in f64 and rounded once per state (p, m, v) to f32.
+
+use dflash_core::{AdamWParams, OptimizerOps, Result, Tensor};
+use rayon::prelude::*;
+
+use crate::ReferenceBackend;
+use crate::storage::{shape_err, slice, slice_mut};
+
+const CHUNK: usize = 1 << 14;
+
+impl OptimizerOps for ReferenceBackend {
+    fn adamw_step(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamWParams,
+    ) -> Result<()> {
+        let op = "adamw_step";
+        let n = param.numel();
+        if grad.numel() != n || m.numel() != n || v.numel() != n {
+            return Err(shape_err(
+                op,
+                format!(
+                    "param {:?}, grad {:?}, m {:?}, v {:?} must have equal element counts",
+                    param.shape(),
+                    grad.shape(),
+                    m.shape(),
+                    v.shape()
+                ),
+            ));
+        }
+        if hp.step == 0 {
+            return Err(dflash_core::Error::op(
+                op,
+                crate::DEVICE,
+                "step is 1-based; got 0",
+            ));
+        }
+        let g = slice(op, grad)?;
+        let p = slice_mut(op, param)?;
+        let m = slice_mut(op, m)?;
+        let v = slice_mut(op, v)?;
+
+        let (lr, b1, b2, eps) = (
+            hp.lr as f64,
+            hp.beta1 as f64,
+            hp.beta2 as f64,
+            hp.eps as f64,
+        );
+        let decay = 1.0 - lr * hp.weight_decay as f64;
+        let t = hp.step.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2 = 1.0 - b2.powi(t);
+        self.run(|| {
+            p.par_chunks_mut(CHUNK)
+                .zip(m.par_chunks_mut(CHUNK))
+                .zip(v.par_chunks_mut(CHUNK))
+                .zip(g.par_chunks(CHUNK))
+                .for_each(|(((p, m), v), g)| {
+                    for i in 0..p.len() {
+                        let gi = g[i] as f64;
+                        let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+                        let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+                        let pi = p[i] as f64 * decay;
+                        let pi = pi - lr * (mi / bc1) / ((vi / bc2).sqrt() + eps);
+                        m[i] = mi as f32;
+                        v[i] = vi as f32;
+                        p[i] = pi as f32;
+                    }
+                })
+        });
+        Ok(())
+    }
+}

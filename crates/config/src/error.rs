@@ -1,0 +1,67 @@
+//! The one error type of this crate. Every variant names where the bad value came from
+//! (`origin`: a file path, or a description such as "training config") and the field.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: not valid JSON: {source}")]
+    Json {
+        origin: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{origin}: missing field `{field}`")]
+    MissingField { origin: String, field: String },
+    #[error("{origin}: field `{field}` has the wrong type: expected {expected}, found {found}")]
+    WrongType {
+        origin: String,
+        field: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{origin}: field `{field}` = {value} is not supported: {reason}")]
+    Unsupported {
+        origin: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{origin}: field `{field}`: {message}")]
+    Invalid {
+        origin: String,
+        field: String,
+        message: String,
+    },
+    /// A drafter config that does not fit its target.
+    #[error(
+        "drafter/target mismatch in `{field}`: drafter has {drafter}, target has {target}: {message}"
+    )]
+    Mismatch {
+        field: String,
+        drafter: String,
+        target: String,
+        message: String,
+    },
+    /// The layered training config could not be extracted (bad type, unknown key, ...). The
+    /// message names the key and the source (TOML file, `DFLASH_` environment variable, command-line
+    /// override); figment's own error is kept as the source.
+    #[error("training config: {0}")]
+    Train(Box<figment::Error>),
+    #[error("cannot write the training config as TOML: {0}")]
+    TomlWrite(#[from] toml::ser::Error),
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(e: figment::Error) -> Self {
+        ConfigError::Train(Box::new(e))
+    }
+}
+
+pub type Result<T, E = ConfigError> = std::result::Result<T, E>;

@@ -1,0 +1,392 @@
+//! Every test that loads a `TrainConfig` runs inside `figment::Jail`: it serializes the tests
+//! that touch the process environment and the current directory, and restores both.
+
+use std::path::{Path, PathBuf};
+
+use dflash_config::{
+    ConfigError, DrafterConfig, Qwen3Config, TooLong, TrainConfig, parse_overrides,
+};
+use figment::Jail;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[allow(clippy::result_large_err)]
+/// Runs `f` in a jail; `ConfigError`s become jail errors with their message.
+fn jailed(f: impl FnOnce(&mut Jail) -> Result<(), String>) {
+    Jail::expect_with(|jail| f(jail).map_err(figment::Error::from));
+}
+
+fn s(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+#[test]
+fn defaults() {
+    jailed(|jail| {
+        let cfg = TrainConfig::load(None, &[]).map_err(s)?;
+        let mut expected = TrainConfig::default();
+        expected.run.dir = jail.directory().join("runs");
+        assert_eq!(cfg, expected);
+        assert_eq!(cfg.train.lr, 6e-4);
+        assert_eq!(cfg.train.epochs, 6);
+        assert_eq!(cfg.train.warmup_ratio, 0.04);
+        assert_eq!(cfg.train.grad_clip, 1.0);
+        assert_eq!(cfg.drafter.num_layers, 5);
+        assert_eq!(cfg.drafter.block_size, 16);
+        assert_eq!(cfg.data.max_len, 3072);
+        assert_eq!(cfg.data.num_anchors, 512);
+        assert_eq!(cfg.data.too_long, TooLong::Truncate);
+        assert_eq!(cfg.backend.name, "reference");
+        assert_eq!(cfg.gamma(16), 7.0);
+        assert!(cfg.target_dir().is_err());
+        assert!(
+            cfg.train_data()
+                .unwrap_err()
+                .to_string()
+                .contains("data.train")
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn file_then_env_then_cli() {
+    jailed(|jail| {
+        jail.create_file(
+            "job.toml",
+            r#"
+[target]
+path = "models/qwen3-8b"
+
+[drafter]
+block_size = 10
+target_layer_ids = [1, 9, 17]
+
+[data]
+train = "data/train"
+too_long = "skip"
+bucket_bounds = [1024, 3072]
+
+[train]
+lr = 1e-3
+epochs = 2
+"#,
+        )
+        .map_err(s)?;
+        let file = Some(Path::new("job.toml"));
+
+        let cfg = TrainConfig::load(file, &[]).map_err(s)?;
+        assert_eq!(cfg.train.lr, 1e-3);
+        assert_eq!(cfg.train.epochs, 2);
+        assert_eq!(cfg.drafter.block_size, 10);
+        assert_eq!(cfg.drafter.target_layer_ids, Some(vec![1, 9, 17]));
+        assert_eq!(cfg.data.too_long, TooLong::Skip);
+        assert_eq!(cfg.data.bucket_bounds, vec![1024, 3072]);
+        assert_eq!(cfg.gamma(10), 5.0);
+        // Relative paths resolve against the current directory.
+        assert_eq!(
+            cfg.target.path,
+            Some(jail.directory().join("models/qwen3-8b"))
+        );
+        assert_eq!(cfg.data.train, Some(jail.directory().join("data/train")));
+        assert_eq!(cfg.run.dir, jail.directory().join("runs"));
+        // Untouched fields keep their defaults.
+        assert_eq!(cfg.train.weight_decay, 0.0);
+
+        jail.set_env("DFLASH_TRAIN__LR", "2e-4");
+        jail.set_env("DFLASH_PIPELINE__QUEUE_CAPACITY", "9");
+        jail.set_env("DFLASH_DATA__BUCKET_BOUNDS", "[512, 2048, 4096]");
+        jail.set_env("DFLASH_RUN__DIR", "/abs/runs");
+        // Not nested: not a config key, ignored.
+        jail.set_env("DFLASH_LOG", "debug");
+        let cfg = TrainConfig::load(file, &[]).map_err(s)?;
+        assert_eq!(cfg.train.lr, 2e-4);
+        assert_eq!(cfg.train.epochs, 2);
+        assert_eq!(cfg.pipeline.queue_capacity, 9);
+        assert_eq!(cfg.data.bucket_bounds, vec![512, 2048, 4096]);
+        assert_eq!(cfg.run.dir, PathBuf::from("/abs/runs"));
+
+        let cfg = TrainConfig::load(
+            file,
+            &ov(&[
+                ("train.lr", "3e-4"),
+                ("train.recompute", "true"),
+                ("run.name", "exp1"),
+            ]),
+        )
+        .map_err(s)?;
+        assert_eq!(cfg.train.lr, 3e-4);
+        assert!(cfg.train.recompute);
+        assert_eq!(cfg.run.name.as_deref(), Some("exp1"));
+        assert_eq!(cfg.pipeline.queue_capacity, 9);
+
+        // Overrides merge into nested tables without clobbering siblings.
+        let cfg = TrainConfig::load(
+            file,
+            &ov(&[
+                ("drafter.num_layers", "3"),
+                ("drafter.mask_token_id", "151669"),
+            ]),
+        )
+        .map_err(s)?;
+        assert_eq!(cfg.drafter.num_layers, 3);
+        assert_eq!(cfg.drafter.mask_token_id, Some(151669));
+        assert_eq!(cfg.drafter.block_size, 10);
+        Ok(())
+    });
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_the_key_and_source() {
+    jailed(|jail| {
+        jail.create_file("typo.toml", "[train]\nlearning_rate = 1e-3\n")
+            .map_err(s)?;
+        let e = TrainConfig::load(Some(Path::new("typo.toml")), &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ConfigError::Train(_)));
+        assert!(
+            msg.contains("learning_rate") && msg.contains("typo.toml"),
+            "{msg}"
+        );
+
+        jail.create_file("section.toml", "[trian]\nlr = 1e-3\n")
+            .map_err(s)?;
+        let msg = TrainConfig::load(Some(Path::new("section.toml")), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("trian") && msg.contains("section.toml"),
+            "{msg}"
+        );
+
+        let msg = TrainConfig::load(None, &ov(&[("train.lrr", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("lrr") && msg.contains("command-line override"),
+            "{msg}"
+        );
+
+        jail.set_env("DFLASH_TRAIN__LRR", "1");
+        let msg = TrainConfig::load(None, &[]).unwrap_err().to_string();
+        assert!(msg.contains("lrr") && msg.contains("DFLASH_"), "{msg}");
+        Ok(())
+    });
+}
+
+#[test]
+fn wrong_types_and_bad_values_name_the_field_and_source() {
+    jailed(|jail| {
+        jail.create_file("bad.toml", "[train]\nlr = \"fast\"\n")
+            .map_err(s)?;
+        let msg = TrainConfig::load(Some(Path::new("bad.toml")), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("lr") && msg.contains("bad.toml"), "{msg}");
+
+        jail.create_file("neg.toml", "[train]\nlr = -1.0\n")
+            .map_err(s)?;
+        let e = TrainConfig::load(Some(Path::new("neg.toml")), &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ConfigError::Invalid { .. }));
+        assert!(
+            msg.contains("train.lr") && msg.contains("neg.toml"),
+            "{msg}"
+        );
+
+        let msg = TrainConfig::load(None, &ov(&[("data.too_long", "drop")]))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("drop"), "{msg}");
+
+        let e = TrainConfig::load(None, &ov(&[("data.token_budget", "1000")])).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("data.token_budget") && msg.contains("command-line override"),
+            "{msg}"
+        );
+
+        let msg = TrainConfig::load(None, &ov(&[("drafter.block_size", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("drafter.block_size"), "{msg}");
+
+        let msg = TrainConfig::load(None, &ov(&[("data.bucket_bounds", "[1024, 512]")]))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("data.bucket_bounds"), "{msg}");
+
+        let msg = TrainConfig::load(
+            None,
+            &ov(&[
+                ("drafter.target_layer_ids", "[1, 2]"),
+                ("drafter.num_target_features", "3"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(msg.contains("num_target_features"), "{msg}");
+
+        let e = TrainConfig::load(Some(Path::new("missing.toml")), &[]).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Io { .. }) && e.to_string().contains("missing.toml"),
+            "{e}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn override_argument_parsing() {
+    let pairs = parse_overrides(&["train.lr=3e-4", "run.name=a=b"]).unwrap();
+    assert_eq!(pairs, ov(&[("train.lr", "3e-4"), ("run.name", "a=b")]));
+    assert!(
+        parse_overrides(&["train.lr"])
+            .unwrap_err()
+            .to_string()
+            .contains("train.lr")
+    );
+    assert!(parse_overrides(&["=3"]).is_err());
+    jailed(|_| {
+        let e = TrainConfig::load(None, &ov(&[("train..lr", "1")])).unwrap_err();
+        assert!(e.to_string().contains("train..lr"));
+        Ok(())
+    });
+}
+
+#[test]
+fn resolved_toml_round_trips() {
+    jailed(|jail| {
+        let cfg = TrainConfig::load(
+            None,
+            &ov(&[
+                ("target.path", "t"),
+                ("data.train", "d/train"),
+                ("data.eval", "d/eval"),
+                ("data.gamma", "6.5"),
+                ("train.max_steps", "100"),
+                ("drafter.target_layer_ids", "[1, 3]"),
+                ("eval.max_samples", "8"),
+            ]),
+        )
+        .map_err(s)?;
+        let text = cfg.to_toml_string().map_err(s)?;
+        assert!(
+            text.contains("[train]") && text.contains("lr = 0.0006"),
+            "{text}"
+        );
+        jail.create_file("resolved.toml", &text).map_err(s)?;
+        let back = TrainConfig::load(Some(Path::new("resolved.toml")), &[]).map_err(s)?;
+        assert_eq!(back, cfg);
+        let from_str = TrainConfig::load_toml_str(&text, "resolved", Path::new("/elsewhere"), &[])
+            .map_err(s)?;
+        assert_eq!(from_str, cfg, "absolute paths are kept as they are");
+        Ok(())
+    });
+}
+
+#[test]
+fn toml_text_with_base_dir() {
+    jailed(|_| {
+        let cfg = TrainConfig::load_toml_str(
+            "[target]\npath = \"assets/tiny-target\"\n[data]\ntrain = \"assets/tiny-data/train\"\n",
+            "embedded default",
+            Path::new("/repo"),
+            &ov(&[("train.epochs", "1")]),
+        )
+        .map_err(s)?;
+        assert_eq!(
+            cfg.target.path,
+            Some(PathBuf::from("/repo/assets/tiny-target"))
+        );
+        assert_eq!(cfg.run.dir, PathBuf::from("/repo/runs"));
+        assert_eq!(cfg.train.epochs, 1);
+        let msg =
+            TrainConfig::load_toml_str("[x]\ny = 1\n", "embedded default", Path::new("/"), &[])
+                .unwrap_err()
+                .to_string();
+        assert!(
+            msg.contains("embedded default") && msg.contains('x'),
+            "{msg}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn drafter_config_from_the_job() {
+    jailed(|jail| {
+        let target8 = Qwen3Config::from_file(fixture("target_qwen3-8b.json")).map_err(s)?;
+        let tiny = Qwen3Config::from_file(fixture("target_tiny_v5.json")).map_err(s)?;
+
+        let cfg = TrainConfig::load(None, &[]).map_err(s)?;
+        let d = cfg.drafter_config(&target8).map_err(s)?;
+        let reference =
+            DrafterConfig::from_file(fixture("config_qwen3-8b-dflash.json")).map_err(s)?;
+        assert_eq!(d, reference);
+
+        let d = cfg.drafter_config(&tiny).map_err(s)?;
+        assert_eq!(d.mask_token_id, 256);
+        assert_eq!(d.target_layer_ids, vec![1, 2, 3, 4, 5]);
+
+        let cfg = TrainConfig::load(
+            None,
+            &ov(&[
+                ("drafter.target_layer_ids", "[2, 6]"),
+                ("drafter.num_layers", "1"),
+                ("drafter.block_size", "8"),
+            ]),
+        )
+        .map_err(s)?;
+        let d = cfg.drafter_config(&tiny).map_err(s)?;
+        assert_eq!(d.target_layer_ids, vec![2, 6]);
+        assert_eq!((d.num_hidden_layers, d.block_size), (1, 8));
+        assert_eq!(cfg.gamma(d.block_size), 4.0);
+
+        // Out-of-range explicit ids are caught against the target.
+        let cfg =
+            TrainConfig::load(None, &ov(&[("drafter.target_layer_ids", "[2, 8]")])).map_err(s)?;
+        let msg = cfg.drafter_config(&tiny).unwrap_err().to_string();
+        assert!(
+            msg.contains("target_layer_ids") && msg.contains('8'),
+            "{msg}"
+        );
+
+        // Unknown vocabulary: the mask id must be given.
+        let mut odd = tiny.clone();
+        odd.vocab_size = 300;
+        let cfg = TrainConfig::load(None, &[]).map_err(s)?;
+        let msg = cfg.drafter_config(&odd).unwrap_err().to_string();
+        assert!(
+            msg.contains("drafter.mask_token_id") && msg.contains("300"),
+            "{msg}"
+        );
+        let cfg = TrainConfig::load(None, &ov(&[("drafter.mask_token_id", "299")])).map_err(s)?;
+        assert_eq!(cfg.drafter_config(&odd).map_err(s)?.mask_token_id, 299);
+
+        // init_from: the drafter directory's config wins, checked against the target.
+        std::fs::create_dir("init").map_err(s)?;
+        std::fs::copy(fixture("config_qwen3-8b-dflash.json"), "init/config.json").map_err(s)?;
+        let cfg = TrainConfig::load(
+            None,
+            &ov(&[("drafter.init_from", "init"), ("drafter.num_layers", "2")]),
+        )
+        .map_err(s)?;
+        assert_eq!(cfg.drafter.init_from, Some(jail.directory().join("init")));
+        assert_eq!(cfg.drafter_config(&target8).map_err(s)?, reference);
+        let msg = cfg.drafter_config(&tiny).unwrap_err().to_string();
+        assert!(msg.contains("hidden_size"), "{msg}");
+        Ok(())
+    });
+}

@@ -1,0 +1,69 @@
+//! Drafter checkpoints in the layout SGLang and vLLM serve (DESIGN.md §2.6): a directory
+//! with `config.json` and `model.safetensors` (no name prefix). Every file is written
+//! atomically, so a crash mid-save never corrupts the last good checkpoint.
+
+use std::path::Path;
+
+use dflash_config::{DrafterConfig, Qwen3Config};
+use dflash_core::Backend;
+
+use crate::drafter::{DrafterParams, FrozenTarget};
+use crate::error::{ModelError, Result};
+use crate::safetensors_io::{TensorFiles, write_atomic, write_f32_atomic};
+
+/// Writes `dir/config.json` and `dir/model.safetensors`.
+pub fn save_drafter(
+    b: &dyn Backend,
+    dir: &Path,
+    cfg: &DrafterConfig,
+    params: &DrafterParams,
+) -> Result<()> {
+    let layout = DrafterParams::layout(cfg);
+    let tensors = layout
+        .into_iter()
+        .zip(params.tensors())
+        .map(|((name, shape), t)| Ok((name, shape, b.download(t)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_f32_atomic(&dir.join("model.safetensors"), &tensors, Some(meta))?;
+    let json = serde_json::to_string_pretty(&cfg.to_json()).expect("a JSON value serialises");
+    write_atomic(&dir.join("config.json"), json.as_bytes())?;
+    Ok(())
+}
+
+/// Reads a drafter directory, checking every tensor's presence and shape against its config.
+pub fn load_drafter(b: &dyn Backend, dir: &Path) -> Result<(DrafterConfig, DrafterParams)> {
+    let cfg = DrafterConfig::from_file(&dir.join("config.json"))?;
+    let files = TensorFiles::open(dir)?;
+    let ts = DrafterParams::layout(&cfg)
+        .iter()
+        .map(|(name, shape)| Ok(b.upload(&files.read_f32(name, shape)?, shape)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((cfg, DrafterParams::from_tensors(ts)))
+}
+
+impl FrozenTarget {
+    /// Loads only the target's embedding and LM head (tied embeddings handled).
+    pub fn load(b: &dyn Backend, target_dir: &Path) -> Result<(Qwen3Config, Self)> {
+        let cfg = Qwen3Config::from_file(&target_dir.join("config.json"))?;
+        let files = TensorFiles::open(target_dir)?;
+        let shape = [cfg.vocab_size, cfg.hidden_size];
+        let embed = files.read_f32("model.embed_tokens.weight", &shape)?;
+        let head = if files.contains("lm_head.weight") {
+            files.read_f32("lm_head.weight", &shape)?
+        } else if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            return Err(ModelError::Tensor {
+                path: target_dir.to_path_buf(),
+                name: "lm_head.weight".into(),
+                detail: "missing and tie_word_embeddings is false".into(),
+            });
+        };
+        let frozen = FrozenTarget {
+            embed: b.upload(&embed, &shape)?,
+            lm_head: b.upload(&head, &shape)?,
+        };
+        Ok((cfg, frozen))
+    }
+}

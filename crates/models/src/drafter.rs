@@ -1,0 +1,417 @@
+//! The DFlash drafter: forward and explicit backward for one sequence's blocks.
+//!
+//! ```text
+//! F   (S, k*H)   target features of the chosen layers, concatenated per token
+//! ctx (S, H)   = rms(F fc^T, hidden_norm)                 computed once, shared by all layers
+//! x0  (B, H)   = embed_target(block_ids)                  B = N * block_size, frozen
+//! x_l          = layer_l(x_{l-1}, ctx)                    KV injection, DFlash mask
+//! out (B, H)   = rms(x_L, norm)
+//! loss         = sum_t w_t * CE(out_t lm_head^T, label_t)   fused, frozen lm_head
+//! ```
+
+use std::sync::Arc;
+
+use dflash_config::{DrafterConfig, LayerType};
+use dflash_core::mask::BlockMask;
+use dflash_core::{Backend, LossStats, Tensor, Transpose};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{ModelError, Result};
+use crate::layer::{self, AttnGeometry, LAYER_TENSOR_NAMES, LayerCache, LayerDims, LayerWeights};
+
+/// The drafter's trainable tensors, in checkpoint order. Gradients use the same type.
+pub struct DrafterParams {
+    /// `(H, k*H)`
+    pub fc: Tensor,
+    /// `(H)`
+    pub hidden_norm: Tensor,
+    /// `(H)`
+    pub norm: Tensor,
+    pub layers: Vec<LayerWeights>,
+}
+
+pub type DrafterGrads = DrafterParams;
+
+pub fn layer_dims(cfg: &DrafterConfig) -> LayerDims {
+    LayerDims {
+        hidden: cfg.hidden_size,
+        q_heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        eps: cfg.rms_norm_eps as f32,
+        rope_theta: cfg.rope_theta as f32,
+    }
+}
+
+impl DrafterParams {
+    /// `(name, shape)` of every tensor in checkpoint order (DESIGN.md §2.6 names, no prefix).
+    pub fn layout(cfg: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
+        let h = cfg.hidden_size;
+        let k = cfg.target_layer_ids.len();
+        let mut v = vec![
+            ("fc.weight".to_string(), vec![h, k * h]),
+            ("hidden_norm.weight".to_string(), vec![h]),
+            ("norm.weight".to_string(), vec![h]),
+        ];
+        let shapes = LayerWeights::shapes(&layer_dims(cfg), cfg.intermediate_size);
+        for i in 0..cfg.num_hidden_layers {
+            for (n, s) in LAYER_TENSOR_NAMES.iter().zip(&shapes) {
+                v.push((format!("layers.{i}.{n}"), s.clone()));
+            }
+        }
+        v
+    }
+
+    /// Builds from tensors in [`DrafterParams::layout`] order.
+    pub fn from_tensors(mut ts: Vec<Tensor>) -> Self {
+        let rest = ts.split_off(3);
+        let mut it = ts.into_iter();
+        let (fc, hidden_norm, norm) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        let mut layers = Vec::new();
+        let mut rest = rest.into_iter().peekable();
+        while rest.peek().is_some() {
+            layers.push(LayerWeights::from_vec(rest.by_ref().take(11).collect()));
+        }
+        DrafterParams {
+            fc,
+            hidden_norm,
+            norm,
+            layers,
+        }
+    }
+
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.fc, &self.hidden_norm, &self.norm];
+        for l in &self.layers {
+            v.extend(l.tensors());
+        }
+        v
+    }
+
+    pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.fc, &mut self.hidden_norm, &mut self.norm];
+        for l in &mut self.layers {
+            v.extend(l.tensors_mut());
+        }
+        v
+    }
+
+    pub fn zeros(b: &dyn Backend, cfg: &DrafterConfig) -> Result<Self> {
+        let ts = Self::layout(cfg)
+            .iter()
+            .map(|(_, s)| b.zeros(s).map_err(ModelError::from))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_tensors(ts))
+    }
+
+    /// HF-style initialisation: linear weights `N(0, std)`, norm weights 1.
+    pub fn init_random(b: &dyn Backend, cfg: &DrafterConfig, std: f32, seed: u64) -> Result<Self> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let ts = Self::layout(cfg)
+            .iter()
+            .map(|(name, shape)| {
+                let n: usize = shape.iter().product();
+                let data = if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
+                    vec![1.0; n]
+                } else {
+                    normal_vec(&mut rng, n, std)
+                };
+                b.upload(&data, shape).map_err(ModelError::from)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_tensors(ts))
+    }
+
+    /// Sets every tensor to zero (between optimizer steps).
+    pub fn zero_(&mut self, b: &dyn Backend) -> Result<()> {
+        for t in self.tensors_mut() {
+            b.scale_assign(t, 0.0)?;
+        }
+        Ok(())
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.tensors().iter().map(|t| t.numel()).sum()
+    }
+}
+
+/// Box-Muller normal samples (no extra dependency for one distribution).
+pub fn normal_vec(rng: &mut impl rand::Rng, n: usize, std: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32 * std
+        })
+        .collect()
+}
+
+/// The frozen target tensors the drafter borrows.
+pub struct FrozenTarget {
+    /// `(V, H)`
+    pub embed: Tensor,
+    /// `(V, H)`
+    pub lm_head: Tensor,
+}
+
+/// One sequence's drafter input: context features and the sampled blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftInput<'a> {
+    /// `(S, k*H)`
+    pub features: &'a [f32],
+    /// `(N)` sorted anchors; negative = padding block.
+    pub anchors: &'a [i32],
+    /// `(N*bs)` `[token at anchor, MASK, ...]` per block.
+    pub block_ids: &'a [u32],
+    /// `(N*bs)` absolute positions `a + j`.
+    pub positions: &'a [i32],
+    /// `(N*bs)` same-position labels (token at `a + j`).
+    pub labels: &'a [u32],
+    /// `(N*bs)` loss weights (0 on slot 0, past the end, unsupervised, padding).
+    pub weights: &'a [f32],
+}
+
+pub struct StepOutput {
+    pub stats: LossStats,
+}
+
+pub struct Drafter {
+    backend: Arc<dyn Backend>,
+    cfg: DrafterConfig,
+    dims: LayerDims,
+    pub params: DrafterParams,
+    frozen: Arc<FrozenTarget>,
+}
+
+struct Prepared {
+    s: usize,
+    feats: Tensor,
+    c: Tensor,
+    ctx: Tensor,
+    rstd_c: Tensor,
+    pos_ctx: Vec<i32>,
+    masks: Vec<BlockMask>,
+}
+
+impl Drafter {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        cfg: DrafterConfig,
+        params: DrafterParams,
+        frozen: Arc<FrozenTarget>,
+    ) -> Result<Self> {
+        let expect = DrafterParams::layout(&cfg);
+        for ((name, shape), t) in expect.iter().zip(params.tensors()) {
+            if t.dims() != shape.as_slice() {
+                return Err(ModelError::Input(format!(
+                    "drafter tensor {name} has shape {:?}, config says {shape:?}",
+                    t.dims()
+                )));
+            }
+        }
+        let (v, h) = (frozen.embed.dims()[0], frozen.embed.dims()[1]);
+        if h != cfg.hidden_size || frozen.lm_head.dims() != [v, h] {
+            return Err(ModelError::Input(format!(
+                "drafter hidden_size {} does not match the target's embedding {:?} / lm_head {:?}",
+                cfg.hidden_size,
+                frozen.embed.dims(),
+                frozen.lm_head.dims()
+            )));
+        }
+        if cfg.mask_token_id as usize >= v {
+            return Err(ModelError::Input(format!(
+                "mask_token_id {} is outside the target vocabulary of {v}",
+                cfg.mask_token_id
+            )));
+        }
+        let dims = layer_dims(&cfg);
+        Ok(Drafter {
+            backend,
+            cfg,
+            dims,
+            params,
+            frozen,
+        })
+    }
+
+    pub fn config(&self) -> &DrafterConfig {
+        &self.cfg
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    fn check_input(&self, inp: &DraftInput<'_>) -> Result<usize> {
+        let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
+        if inp.features.is_empty() || inp.features.len() % kh != 0 {
+            return Err(ModelError::Input(format!(
+                "features have {} values, not a positive multiple of k*H = {kh}",
+                inp.features.len()
+            )));
+        }
+        let rows = inp.anchors.len() * self.cfg.block_size;
+        for (what, n) in [
+            ("block_ids", inp.block_ids.len()),
+            ("positions", inp.positions.len()),
+            ("labels", inp.labels.len()),
+            ("weights", inp.weights.len()),
+        ] {
+            if n != rows {
+                return Err(ModelError::Input(format!(
+                    "{what} has {n} entries, expected anchors x block_size = {rows}"
+                )));
+            }
+        }
+        Ok(inp.features.len() / kh)
+    }
+
+    fn prepare(&self, inp: &DraftInput<'_>) -> Result<Prepared> {
+        let b = self.backend.as_ref();
+        let s = self.check_input(inp)?;
+        let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
+        let feats = b.upload(inp.features, &[s, kh])?;
+        let c = b.linear(&feats, &self.params.fc)?; // (S, H)
+        let (ctx, rstd_c) = b.rms_norm(&c, &self.params.hidden_norm, self.dims.eps)?;
+        let bs = self.cfg.block_size;
+        let masks = self
+            .cfg
+            .layer_types
+            .iter()
+            .map(|t| match t {
+                LayerType::FullAttention => BlockMask::dflash(s, bs, inp.anchors),
+                LayerType::SlidingAttention => BlockMask::dflash_sliding(
+                    s,
+                    bs,
+                    inp.anchors,
+                    self.cfg.sliding_window.unwrap_or(usize::MAX / 4),
+                ),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(dflash_core::Error::from)?;
+        let pos_ctx = (0..s as i32).collect();
+        Ok(Prepared {
+            s,
+            feats,
+            c,
+            ctx,
+            rstd_c,
+            pos_ctx,
+            masks,
+        })
+    }
+
+    /// Forward to the final normed output `(B, H)`, keeping what backward needs.
+    fn forward(
+        &self,
+        inp: &DraftInput<'_>,
+        p: &Prepared,
+        keep: bool,
+    ) -> Result<(Vec<Tensor>, Vec<Option<LayerCache>>, Tensor)> {
+        let b = self.backend.as_ref();
+        let mut x = b.embedding(&self.frozen.embed, inp.block_ids)?;
+        let (mut inputs, mut caches) = (Vec::new(), Vec::new());
+        for (l, w) in self.params.layers.iter().enumerate() {
+            let geo = AttnGeometry {
+                pos_q: inp.positions,
+                pos_ctx: &p.pos_ctx,
+                mask: &p.masks[l],
+            };
+            let (y, cache) = layer::forward(b, w, &self.dims, &x, Some(&p.ctx), &geo, keep)?;
+            inputs.push(x);
+            caches.push(cache);
+            x = y;
+        }
+        Ok((inputs, caches, x))
+    }
+
+    /// Greedy predictions `(B)` for every block slot (evaluation).
+    pub fn predict(&self, inp: &DraftInput<'_>) -> Result<Vec<u32>> {
+        let b = self.backend.as_ref();
+        let p = self.prepare(inp)?;
+        let (_, _, x) = self.forward(inp, &p, false)?;
+        let (out, _) = b.rms_norm(&x, &self.params.norm, self.dims.eps)?;
+        Ok(b.linear_argmax(&out, &self.frozen.lm_head)?)
+    }
+
+    /// Loss statistics only (no gradients).
+    pub fn loss(&self, inp: &DraftInput<'_>) -> Result<LossStats> {
+        let b = self.backend.as_ref();
+        let p = self.prepare(inp)?;
+        let (_, _, x) = self.forward(inp, &p, false)?;
+        let (out, _) = b.rms_norm(&x, &self.params.norm, self.dims.eps)?;
+        let (stats, _) =
+            b.linear_cross_entropy(&out, &self.frozen.lm_head, inp.labels, inp.weights, 0.0)?;
+        Ok(stats)
+    }
+
+    /// Forward and backward of one sequence. Adds `grad_scale * d(sum w*CE)` into `grads`
+    /// (`grad_scale` is `1 / global weight sum`, so the loss is normalised once across
+    /// micro-batches and ranks). With `recompute`, layer activations are dropped after the
+    /// forward and recomputed one layer at a time in the backward.
+    pub fn forward_backward(
+        &self,
+        inp: &DraftInput<'_>,
+        grad_scale: f32,
+        grads: &mut DrafterGrads,
+        recompute: bool,
+    ) -> Result<LossStats> {
+        let b = self.backend.as_ref();
+        let p = self.prepare(inp)?;
+        let (inputs, mut caches, x) = self.forward(inp, &p, !recompute)?;
+        let (out, rstd_f) = b.rms_norm(&x, &self.params.norm, self.dims.eps)?;
+        let (stats, d_out) = b.linear_cross_entropy(
+            &out,
+            &self.frozen.lm_head,
+            inp.labels,
+            inp.weights,
+            grad_scale,
+        )?;
+        if stats.weight_sum == 0.0 {
+            return Ok(stats); // nothing supervised: every gradient is exactly zero
+        }
+        drop(out);
+        let (mut dx, d_norm) = b.rms_norm_backward(&d_out, &x, &self.params.norm, &rstd_f)?;
+        b.add_assign(&mut grads.norm, &d_norm)?;
+        let mut d_ctx = b.zeros(&[p.s, self.cfg.hidden_size])?;
+        for l in (0..self.params.layers.len()).rev() {
+            let w = &self.params.layers[l];
+            let geo = AttnGeometry {
+                pos_q: inp.positions,
+                pos_ctx: &p.pos_ctx,
+                mask: &p.masks[l],
+            };
+            let cache = match caches[l].take() {
+                Some(c) => c,
+                None => {
+                    let (_, c) =
+                        layer::forward(b, w, &self.dims, &inputs[l], Some(&p.ctx), &geo, true)?;
+                    c.expect("forward with keep=true returns a cache")
+                }
+            };
+            dx = layer::backward(
+                b,
+                w,
+                &self.dims,
+                &inputs[l],
+                Some(&p.ctx),
+                &geo,
+                &cache,
+                &dx,
+                &mut grads.layers[l],
+                Some(&mut d_ctx),
+            )?;
+        }
+        let (dc, d_hn) = b.rms_norm_backward(&d_ctx, &p.c, &self.params.hidden_norm, &p.rstd_c)?;
+        b.add_assign(&mut grads.hidden_norm, &d_hn)?;
+        b.matmul_acc(
+            &mut grads.fc,
+            &dc,
+            Transpose::Yes,
+            &p.feats,
+            Transpose::No,
+            1.0,
+        )?;
+        Ok(stats)
+    }
+}

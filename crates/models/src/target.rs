@@ -1,0 +1,211 @@
+//! The frozen Qwen3 dense target: forward only, stopping after the deepest needed layer,
+//! emitting the chosen layers' outputs. Its embedding and LM head are lent to the drafter.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use dflash_config::Qwen3Config;
+use dflash_core::mask::BlockMask;
+use dflash_core::{Backend, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::layer::{self, AttnGeometry, LAYER_TENSOR_NAMES, LayerDims, LayerWeights};
+use crate::safetensors_io::TensorFiles;
+
+pub struct Qwen3Target {
+    backend: Arc<dyn Backend>,
+    cfg: Qwen3Config,
+    dims: LayerDims,
+    /// Layers `0..=max(layer_ids)` only: deeper ones are never run, so never loaded.
+    layers: Vec<LayerWeights>,
+    layer_ids: Vec<usize>,
+    embed: Tensor,
+    /// `(V, H)`; `None` until [`Qwen3Target::load_head`] (the pipeline's target workers never
+    /// need it; the drafter and golden tests do).
+    lm_head: Option<Tensor>,
+    norm: Option<Tensor>,
+}
+
+pub fn layer_dims(cfg: &Qwen3Config) -> LayerDims {
+    LayerDims {
+        hidden: cfg.hidden_size,
+        q_heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        eps: cfg.rms_norm_eps as f32,
+        rope_theta: cfg.rope_theta as f32,
+    }
+}
+
+impl Qwen3Target {
+    /// Loads an HF Qwen3 checkpoint directory (`config.json` + `model.safetensors` or a
+    /// sharded index), keeping only the layers up to the deepest of `layer_ids`.
+    pub fn load(backend: Arc<dyn Backend>, dir: &Path, layer_ids: &[usize]) -> Result<Self> {
+        let cfg = Qwen3Config::from_file(&dir.join("config.json"))?;
+        let files = TensorFiles::open(dir)?;
+        Self::from_files(backend, cfg, &files, layer_ids)
+    }
+
+    pub fn from_files(
+        backend: Arc<dyn Backend>,
+        cfg: Qwen3Config,
+        files: &TensorFiles,
+        layer_ids: &[usize],
+    ) -> Result<Self> {
+        if let Some(&bad) = layer_ids.iter().find(|&&l| l >= cfg.num_hidden_layers) {
+            return Err(ModelError::Input(format!(
+                "target layer id {bad} is out of range: the target in {} has {} layers",
+                files.dir().display(),
+                cfg.num_hidden_layers
+            )));
+        }
+        let b = backend.as_ref();
+        let dims = layer_dims(&cfg);
+        let load = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            Ok(b.upload(&files.read_f32(name, shape)?, shape)?)
+        };
+        let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
+        let shapes = LayerWeights::shapes(&dims, cfg.intermediate_size);
+        let mut layers = Vec::with_capacity(depth);
+        for i in 0..depth {
+            let ts = LAYER_TENSOR_NAMES
+                .iter()
+                .zip(&shapes)
+                .map(|(n, s)| load(&format!("model.layers.{i}.{n}"), s))
+                .collect::<Result<Vec<_>>>()?;
+            layers.push(LayerWeights::from_vec(ts));
+        }
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed = load("model.embed_tokens.weight", &[v, h])?;
+        let norm = Some(load("model.norm.weight", &[h])?);
+        let lm_head = if files.contains("lm_head.weight") {
+            Some(load("lm_head.weight", &[v, h])?)
+        } else if cfg.tie_word_embeddings {
+            Some(b.copy(&embed)?)
+        } else {
+            return Err(ModelError::Tensor {
+                path: files.dir().to_path_buf(),
+                name: "lm_head.weight".into(),
+                detail: "missing and tie_word_embeddings is false".into(),
+            });
+        };
+        Ok(Qwen3Target {
+            backend,
+            cfg,
+            dims,
+            layers,
+            layer_ids: layer_ids.to_vec(),
+            embed,
+            lm_head,
+            norm,
+        })
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.cfg
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    /// `(V, H)` frozen embedding table.
+    pub fn embedding(&self) -> &Tensor {
+        &self.embed
+    }
+    /// `(V, H)` frozen LM head.
+    pub fn lm_head(&self) -> &Tensor {
+        self.lm_head
+            .as_ref()
+            .expect("lm_head is loaded by from_files")
+    }
+
+    /// Runs layers `0..n` on one sequence and calls `emit(layer, output)` after each.
+    fn run(
+        &self,
+        ids: &[u32],
+        n: usize,
+        mut emit: impl FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        let b = self.backend.as_ref();
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the target vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let t = ids.len();
+        let pos: Vec<i32> = (0..t as i32).collect();
+        let mask = BlockMask::causal(t).map_err(dflash_core::Error::from)?;
+        let geo = AttnGeometry {
+            pos_q: &pos,
+            pos_ctx: &[],
+            mask: &mask,
+        };
+        let mut x = b.embedding(&self.embed, ids)?;
+        for (i, w) in self.layers.iter().take(n).enumerate() {
+            x = layer::forward(b, w, &self.dims, &x, None, &geo, false)?.0;
+            emit(i, &x)?;
+        }
+        Ok(())
+    }
+
+    /// Hidden states in HF's convention for the loaded layers: index 0 is the embedding
+    /// output, index `i` the output of layer `i-1` (no final norm). For golden tests.
+    pub fn hidden_states(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let b = self.backend.as_ref();
+        let mut out = vec![b.download(&b.embedding(&self.embed, ids)?)?];
+        self.run(ids, self.layers.len(), |_, x| {
+            out.push(b.download(x)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Logits of the last loaded layer's output through the final norm and LM head (only
+    /// meaningful when all layers are loaded). For golden tests.
+    pub fn logits(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let b = self.backend.as_ref();
+        let mut last = None;
+        self.run(ids, self.layers.len(), |_, x| {
+            last = Some(b.copy(x)?);
+            Ok(())
+        })?;
+        let x = last.ok_or_else(|| ModelError::Input("no layers loaded".into()))?;
+        let norm = self.norm.as_ref().expect("norm is loaded by from_files");
+        let (y, _) = b.rms_norm(&x, norm, self.dims.eps)?;
+        Ok(b.download(&b.linear(&y, self.lm_head())?)?)
+    }
+}
+
+impl dflash_core::pipeline::Target for Qwen3Target {
+    fn hidden_size(&self) -> usize {
+        self.cfg.hidden_size
+    }
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+    fn layer_ids(&self) -> &[usize] {
+        &self.layer_ids
+    }
+    fn features(&self, ids: &[u32]) -> dflash_core::Result<Vec<f32>> {
+        let b = self.backend.as_ref();
+        let mut chosen: Vec<Option<Tensor>> = (0..self.layer_ids.len()).map(|_| None).collect();
+        let depth = self.layers.len();
+        self.run(ids, depth, |i, x| {
+            for (slot, &l) in self.layer_ids.iter().enumerate() {
+                if l == i {
+                    chosen[slot] = Some(b.copy(x)?);
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| match e {
+            ModelError::Backend(e) => e,
+            other => dflash_core::Error::op("target.features", b.device(), other.to_string()),
+        })?;
+        let parts: Vec<&Tensor> = chosen
+            .iter()
+            .map(|t| t.as_ref().expect("every id <= depth"))
+            .collect();
+        b.download(&b.concat_cols(&parts)?)
+    }
+}

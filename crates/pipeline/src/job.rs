@@ -1,0 +1,523 @@
+//! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dflash_config::{
+    DType, DrafterConfig, DrafterShape, Qwen3Config, TooLong, TrainConfig,
+    default_num_target_features,
+};
+use dflash_core::pipeline::{HiddenSeq, Queue, Target};
+use dflash_core::registry::{BackendOptions, create_backend};
+use dflash_core::{Backend, Communicator};
+use dflash_data::{Dataset, SkipCounts, TooLongPolicy, open_dataset};
+use dflash_models::checkpoint::load_drafter;
+use dflash_models::drafter::FrozenTarget;
+use dflash_models::safetensors_io::write_atomic;
+use dflash_models::{Drafter, DrafterParams, Qwen3Target};
+use dflash_queue::BoundedQueue;
+use dflash_training::optimizer::AdamWHyper;
+use dflash_training::{
+    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, TauReport, evaluate_tau, state,
+};
+
+use crate::comm::HostComm;
+use crate::error::{PipelineError, Result, cause_chain};
+use crate::report::Reporter;
+use crate::schedule::Schedule;
+use crate::workers::{Reorder, SampleRules, Shared, WorkItem, featurise, target_worker};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainOutcome {
+    pub run_dir: PathBuf,
+    pub steps: u64,
+    pub final_loss: f64,
+    pub final_accuracy: f64,
+    pub first_loss: f64,
+    pub tau_before: Option<f64>,
+    pub tau_after: Option<f64>,
+    pub skipped_samples: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EvalOutcome {
+    pub report: TauReport,
+    pub skipped_samples: u64,
+}
+
+fn backend_for(cfg: &TrainConfig, device: usize) -> Result<Arc<dyn Backend>> {
+    let opts = BackendOptions {
+        attention: cfg.backend.attention.clone(),
+        threads: cfg.backend.threads,
+        device,
+    };
+    Ok(create_backend(&cfg.backend.name, &opts)?)
+}
+
+fn too_long(cfg: &TrainConfig) -> TooLongPolicy {
+    match cfg.data.too_long {
+        TooLong::Truncate => TooLongPolicy::Truncate,
+        TooLong::Skip => TooLongPolicy::Skip,
+    }
+}
+
+/// The drafter config of this run: from `init_from`, else the standard recipe for the target.
+fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig> {
+    let d = match &cfg.drafter.init_from {
+        Some(dir) => DrafterConfig::from_file(&dir.join("config.json"))?,
+        None => DrafterConfig::for_target(
+            target,
+            &DrafterShape {
+                num_layers: cfg.drafter.num_layers,
+                block_size: cfg.drafter.block_size,
+                mask_token_id: cfg.mask_token_id(target)?,
+                num_target_features: cfg
+                    .drafter
+                    .num_target_features
+                    .unwrap_or_else(|| default_num_target_features(target.num_hidden_layers)),
+                target_layer_ids: cfg.drafter.target_layer_ids.clone(),
+                intermediate_size: cfg.drafter.intermediate_size,
+                num_attention_heads: cfg.drafter.num_attention_heads,
+                num_key_value_heads: cfg.drafter.num_key_value_heads,
+                head_dim: cfg.drafter.head_dim,
+                layer_types: None,
+                sliding_window: None,
+                // The reference backend trains in f32 and saves what it trains.
+                dtype: DType::Float32,
+            },
+        )?,
+    };
+    d.validate_against(target)?;
+    Ok(d)
+}
+
+/// Featurises up to `max` eval samples once (reused before and after training).
+fn eval_features(
+    cfg: &TrainConfig,
+    target: &dyn Target,
+    path: &Path,
+    max: usize,
+) -> Result<(Vec<HiddenSeq>, u64)> {
+    let data = open_dataset(path)?;
+    let rules = SampleRules {
+        vocab_size: target.vocab_size(),
+        max_len: cfg.data.max_len,
+        min_supervised: 2,
+        too_long: too_long(cfg),
+    };
+    let skips = Mutex::new(SkipCounts::default());
+    let mut seqs = Vec::new();
+    for i in 0..data.len().min(max) {
+        if let Some(s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
+            seqs.push(s);
+        }
+    }
+    let skipped = skips
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .skipped();
+    Ok((seqs, skipped))
+}
+
+/// `dflash eval`: tau of the drafter in `drafter_dir` on `data` with the configured target.
+pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<EvalOutcome> {
+    let b = backend_for(cfg, 0)?;
+    let (dcfg, params) = load_drafter(b.as_ref(), drafter_dir)?;
+    let target = Qwen3Target::load(b.clone(), cfg.target_dir()?, &dcfg.target_layer_ids)?;
+    dcfg.validate_against(target.config())?;
+    let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
+    let drafter = Drafter::new(b, dcfg, params, Arc::new(frozen))?;
+    let (seqs, skipped_samples) = eval_features(
+        cfg,
+        &target,
+        data,
+        cfg.eval.max_samples.unwrap_or(usize::MAX),
+    )?;
+    Ok(EvalOutcome {
+        report: evaluate_tau(&drafter, &seqs)?,
+        skipped_samples,
+    })
+}
+
+fn run_dir(cfg: &TrainConfig) -> PathBuf {
+    let name = cfg.run.name.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        format!("run-{secs}")
+    });
+    cfg.run.dir.join(name)
+}
+
+const LATEST: &str = "latest";
+
+/// Latest published checkpoint directory of a run, if any.
+pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
+    let ckpts = run_dir.join("checkpoints");
+    let name = std::fs::read_to_string(ckpts.join(LATEST)).ok()?;
+    Some(ckpts.join(name.trim()))
+}
+
+/// Writes `checkpoints/step-N`, then atomically points `checkpoints/latest` at it, then
+/// removes older ones: at every instant a complete checkpoint is published.
+fn publish_checkpoint(
+    run_dir: &Path,
+    replica: &DrafterReplica,
+    extra: serde_json::Value,
+) -> Result<()> {
+    let ckpts = run_dir.join("checkpoints");
+    let name = format!("step-{}", replica.step);
+    let dir = ckpts.join(&name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(PipelineError::io(&dir))?;
+    }
+    state::save(&dir, replica, extra)?;
+    write_atomic(&ckpts.join(LATEST), name.as_bytes())?;
+    if let Ok(entries) = std::fs::read_dir(&ckpts) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("step-") && n != name {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a whole training job. With `resume`, continues the run in that directory exactly
+/// where its latest checkpoint left off.
+pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
+    let run_dir = resume
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| run_dir(cfg));
+    std::fs::create_dir_all(&run_dir).map_err(PipelineError::io(&run_dir))?;
+    let result = train_in(cfg, &run_dir, resume.is_some());
+    if let Err(e) = &result {
+        let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
+    }
+    result
+}
+
+fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
+    let resolved = cfg.to_toml_string()?;
+    write_atomic(&run_dir.join("config.toml"), resolved.as_bytes())?;
+    let _ = std::fs::remove_file(run_dir.join("error.txt"));
+
+    let tcfg = Qwen3Config::from_file(cfg.target_dir()?.join("config.json"))?;
+    let dcfg = drafter_config(cfg, &tcfg)?;
+    let n_targets = cfg.pipeline.target_workers.max(1);
+    let n_drafters = cfg.pipeline.drafter_workers.max(1);
+
+    // Backends: targets on devices 0..T, drafters on T..T+D (CPU backends ignore the index).
+    let target_backends = (0..n_targets)
+        .map(|i| backend_for(cfg, i))
+        .collect::<Result<Vec<_>>>()?;
+    let drafter_backends = (0..n_drafters)
+        .map(|i| backend_for(cfg, n_targets + i))
+        .collect::<Result<Vec<_>>>()?;
+    let b0 = &drafter_backends[0];
+    eprintln!(
+        "backend {} on {} | attention kernel {} | {} target worker(s), {} drafter replica(s)",
+        b0.name(),
+        b0.device(),
+        b0.attention_kernel(),
+        n_targets,
+        n_drafters
+    );
+    let targets = target_backends
+        .iter()
+        .map(|b| {
+            Ok(Arc::new(Qwen3Target::load(
+                b.clone(),
+                cfg.target_dir()?,
+                &dcfg.target_layer_ids,
+            )?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    // Data and the deterministic schedule.
+    let train_data: Arc<dyn Dataset> = Arc::from(open_dataset(cfg.train_data()?)?);
+    let lengths: Vec<usize> = (0..train_data.len())
+        .map(|i| train_data.seq_len(i).min(cfg.data.max_len))
+        .collect();
+    let (schedule, plans) = Schedule::new(
+        &lengths,
+        &cfg.data.bucket_bounds,
+        cfg.data.token_budget,
+        cfg.train.seed,
+        cfg.train.epochs as u64,
+        cfg.train.micro_batches_per_step,
+        cfg.train.max_steps,
+    );
+    eprintln!(
+        "train data {}: {} samples",
+        cfg.train_data()?.display(),
+        train_data.len()
+    );
+    if let Some(p) = plans.first() {
+        eprintln!("{}", p.bucket_summary());
+    }
+    if schedule.is_empty() {
+        return Err(PipelineError::Job(
+            "the schedule has no steps: is the dataset empty?".into(),
+        ));
+    }
+    let total_steps = schedule.len() as u64;
+    let spec = BlockSpec {
+        block_size: dcfg.block_size,
+        num_anchors: cfg.data.num_anchors,
+        gamma: cfg
+            .data
+            .gamma
+            .map_or_else(|| dflash_data::default_gamma(dcfg.block_size), |g| g as f32),
+        mask_token_id: dcfg.mask_token_id,
+        seed: cfg.train.seed,
+    };
+
+    // Replicas: identical initial weights on every rank.
+    let hyper = AdamWHyper {
+        beta1: cfg.train.beta1 as f32,
+        beta2: cfg.train.beta2 as f32,
+        eps: cfg.train.eps as f32,
+        weight_decay: cfg.train.weight_decay as f32,
+    };
+    let mut replicas = Vec::new();
+    for b in &drafter_backends {
+        let params = match &cfg.drafter.init_from {
+            Some(dir) => load_drafter(b.as_ref(), dir)?.1,
+            None => DrafterParams::init_random(b.as_ref(), &dcfg, 0.02, cfg.train.seed)?,
+        };
+        let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
+        let drafter = Drafter::new(b.clone(), dcfg.clone(), params, Arc::new(frozen))?;
+        let opt = AdamW::new(b.as_ref(), &dcfg, hyper)?;
+        replicas.push(DrafterReplica::new(
+            drafter,
+            opt,
+            cfg.train.recompute,
+            cfg.train.grad_clip,
+            cfg.train.max_nonfinite_steps,
+        )?);
+    }
+    if resuming {
+        let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
+            PipelineError::Job(format!(
+                "{}: no checkpoint to resume from",
+                run_dir.display()
+            ))
+        })?;
+        for r in &mut replicas {
+            state::load_into(&ckpt, r)?;
+        }
+        eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
+    }
+    let start_step = replicas[0].step;
+    eprintln!(
+        "drafter: {} layers, {:.2} M parameters, block {}, target layers {:?}; {} steps",
+        dcfg.num_hidden_layers,
+        replicas[0].drafter.params.num_params() as f64 / 1e6,
+        dcfg.block_size,
+        dcfg.target_layer_ids,
+        total_steps
+    );
+
+    // Evaluation data, featurised once.
+    let eval_seqs = match &cfg.data.eval {
+        Some(p) => Some(
+            eval_features(
+                cfg,
+                targets[0].as_ref(),
+                p,
+                cfg.eval.max_samples.unwrap_or(usize::MAX),
+            )?
+            .0,
+        ),
+        None => None,
+    };
+    let tau_before = match (&eval_seqs, resuming) {
+        (Some(seqs), false) => {
+            let t = evaluate_tau(&replicas[0].drafter, seqs)?.tau;
+            eprintln!("tau before training: {t:.3}");
+            Some(t)
+        }
+        _ => None,
+    };
+
+    let lr = LrSchedule::new(
+        cfg.train.lr,
+        total_steps,
+        cfg.train.warmup_ratio,
+        cfg.train.min_lr_ratio,
+    );
+    let comms = HostComm::group(n_drafters);
+    let abort_comm = comms[0].clone();
+    let shared = Shared {
+        abort: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+        work: BoundedQueue::new("work", (2 * n_targets).max(2)),
+        features: (0..n_drafters)
+            .map(|r| {
+                BoundedQueue::new(format!("features[{r}]"), cfg.pipeline.queue_capacity.max(1))
+            })
+            .collect(),
+        skips: Mutex::new(SkipCounts::default()),
+        stall_timeout: Duration::from_secs(cfg.pipeline.timeout_secs.max(1)),
+        on_abort: Box::new(move || abort_comm.abort()),
+    };
+    let rules = SampleRules {
+        vocab_size: tcfg.vocab_size,
+        max_len: cfg.data.max_len,
+        min_supervised: cfg.data.min_supervised,
+        too_long: too_long(cfg),
+    };
+    let step_tokens: Vec<u64> = schedule
+        .steps
+        .iter()
+        .map(|s| s.micro.iter().flatten().map(|&i| lengths[i] as u64).sum())
+        .collect();
+
+    let mut reporter = Reporter::new(run_dir, start_step, total_steps, cfg.train.log_every)?;
+    let mut first_loss = f64::NAN;
+    let mut last = (f64::NAN, f64::NAN);
+    let finished: Vec<Option<DrafterReplica>> = std::thread::scope(|scope| {
+        let shared = &shared;
+        let schedule = &schedule;
+        // Loader: work items in schedule order from the resume point.
+        scope.spawn(move || {
+            for (step, work) in schedule.steps.iter().enumerate().skip(start_step as usize) {
+                for (m, samples) in work.micro.iter().enumerate() {
+                    let item = WorkItem {
+                        epoch: work.epoch,
+                        step: step as u64,
+                        micro: m as u32,
+                        samples: samples.clone(),
+                    };
+                    if let Err(e) = shared.push_patiently(&shared.work, item, "loader") {
+                        shared.fail(e);
+                        return;
+                    }
+                }
+            }
+            shared.work.close();
+        });
+        for (i, target) in targets.iter().enumerate() {
+            let data = train_data.clone();
+            let target = target.clone();
+            scope.spawn(move || {
+                let name = format!("target worker {i}");
+                if let Err(e) =
+                    target_worker(name.clone(), shared, target.as_ref(), data.as_ref(), rules)
+                {
+                    shared.fail(PipelineError::Worker {
+                        worker: name,
+                        source: Box::new(e),
+                    });
+                }
+            });
+        }
+        let mut handles = Vec::new();
+        let mut rank0 = Some((&mut reporter, &mut first_loss, &mut last));
+        for (rank, (mut replica, comm)) in replicas.into_iter().zip(comms).enumerate() {
+            let spec = &spec;
+            let lr = &lr;
+            let step_tokens = &step_tokens;
+            let mut rank0 = if rank == 0 { rank0.take() } else { None };
+            handles.push(scope.spawn(move || {
+                let who = format!("drafter replica {rank}");
+                let world = comm.world_size();
+                let mut reorder = Reorder::new();
+                let mut run = || -> Result<()> {
+                    for step in start_step as usize..schedule.len() {
+                        let work = &schedule.steps[step];
+                        for m in (0..work.micro.len()).filter(|m| m % world == rank) {
+                            let batch = reorder.next(shared, &shared.features[rank], step as u64, m as u32, &who)?;
+                            for seq in batch.seqs {
+                                replica.accumulate(&PreparedSeq::new(seq, batch.epoch, spec))?;
+                            }
+                        }
+                        let summary = replica.finish_step(&comm, lr.lr(step as u64))?;
+                        if let Some((rep, first_loss, last)) = rank0.as_mut() {
+                            let depths = shared.features.iter().map(|q| q.stats().depth).collect();
+                            let stall = shared.features.iter().map(|q| q.stats().push_wait.as_secs_f64()).sum();
+                            let starved = shared.features.iter().map(|q| q.stats().pop_wait.as_secs_f64()).sum();
+                            rep.step(&summary, work.epoch, step_tokens[step], depths, stall, starved)?;
+                            if first_loss.is_nan() {
+                                **first_loss = summary.stats.loss();
+                            }
+                            **last = (summary.stats.loss(), summary.stats.accuracy());
+                            let n = step as u64 + 1;
+                            if (cfg.train.save_every > 0 && n % cfg.train.save_every == 0) || n == total_steps {
+                                let extra = serde_json::json!({ "epoch": work.epoch, "seed": cfg.train.seed });
+                                publish_checkpoint(run_dir, &replica, extra)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                match run() {
+                    Ok(()) => Some(replica),
+                    Err(e) => {
+                        shared.fail(PipelineError::Worker { worker: who, source: Box::new(e) });
+                        None
+                    }
+                }
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(None))
+            .collect()
+    });
+    reporter.finish();
+    if let Some(e) = shared
+        .first_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        return Err(e);
+    }
+    let skips = shared
+        .skips
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if skips.skipped() > 0 || skips != SkipCounts::default() {
+        eprintln!("data: {skips}");
+    }
+    let replica = finished
+        .into_iter()
+        .next()
+        .flatten()
+        .ok_or_else(|| PipelineError::Job("drafter replica 0 ended without a result".into()))?;
+    let b = replica.drafter.backend().clone();
+    dflash_models::checkpoint::save_drafter(
+        b.as_ref(),
+        run_dir,
+        replica.drafter.config(),
+        &replica.drafter.params,
+    )?;
+    let tau_after = match &eval_seqs {
+        Some(seqs) => {
+            let t = evaluate_tau(&replica.drafter, seqs)?.tau;
+            eprintln!("tau after training: {t:.3}");
+            Some(t)
+        }
+        None => None,
+    };
+    let outcome = TrainOutcome {
+        run_dir: run_dir.to_path_buf(),
+        steps: total_steps,
+        final_loss: last.0,
+        final_accuracy: last.1,
+        first_loss,
+        tau_before,
+        tau_after,
+        skipped_samples: skips.skipped(),
+    };
+    let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
+    write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(outcome)
+}

@@ -1,0 +1,141 @@
+//! Per-step reporting: a plain log line every `log_every` steps (always — indicatif draws
+//! nothing without a terminal), a progress bar when stderr is a terminal, and one JSON line
+//! per step in `RUN_DIR/metrics.jsonl`.
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use dflash_training::StepSummary;
+
+use crate::error::{PipelineError, Result};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepRecord {
+    pub step: u64,
+    pub epoch: u64,
+    pub loss: f64,
+    pub accuracy: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub applied: bool,
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+    /// Depth of each replica's feature queue at the end of the step.
+    pub queue_depths: Vec<usize>,
+    /// Seconds the target workers spent blocked on full feature queues so far (drafters are
+    /// the bottleneck when this grows).
+    pub producer_stall_s: f64,
+    /// Seconds the drafter replicas spent waiting on empty queues so far (targets are the
+    /// bottleneck when this grows).
+    pub consumer_starved_s: f64,
+}
+
+pub struct Reporter {
+    metrics: File,
+    bar: Option<indicatif::ProgressBar>,
+    start: Instant,
+    tokens_since_start: u64,
+    total_steps: u64,
+    start_step: u64,
+    log_every: u64,
+}
+
+impl Reporter {
+    pub fn new(run_dir: &Path, start_step: u64, total_steps: u64, log_every: u64) -> Result<Self> {
+        let path = run_dir.join("metrics.jsonl");
+        let metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(PipelineError::io(&path))?;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total_steps);
+            bar.set_position(start_step);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} steps  {msg}  eta {eta}",
+                )
+                .expect("valid template"),
+            );
+            bar
+        });
+        Ok(Reporter {
+            metrics,
+            bar,
+            start: Instant::now(),
+            tokens_since_start: 0,
+            total_steps,
+            start_step,
+            log_every: log_every.max(1),
+        })
+    }
+
+    pub fn step(
+        &mut self,
+        s: &StepSummary,
+        epoch: u64,
+        tokens: u64,
+        queue_depths: Vec<usize>,
+        stall_s: f64,
+        starved_s: f64,
+    ) -> Result<StepRecord> {
+        self.tokens_since_start += tokens;
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let rec = StepRecord {
+            step: s.step,
+            epoch,
+            loss: s.stats.loss(),
+            accuracy: s.stats.accuracy(),
+            lr: s.lr,
+            grad_norm: s.grad_norm,
+            applied: s.applied,
+            tokens,
+            tokens_per_s: self.tokens_since_start as f64 / elapsed.max(1e-9),
+            elapsed_s: elapsed,
+            queue_depths,
+            producer_stall_s: stall_s,
+            consumer_starved_s: starved_s,
+        };
+        let line = serde_json::to_string(&rec).expect("record serialises");
+        writeln!(self.metrics, "{line}").map_err(PipelineError::io("metrics.jsonl"))?;
+        let msg = format!(
+            "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
+            rec.loss, rec.accuracy, rec.lr, rec.tokens_per_s
+        );
+        if let Some(bar) = &self.bar {
+            bar.set_position(s.step + 1);
+            bar.set_message(msg.clone());
+        }
+        let n = s.step + 1;
+        if n % self.log_every == 0 || n == self.total_steps {
+            let done = (n - self.start_step).max(1) as f64;
+            let eta = elapsed / done * (self.total_steps - n) as f64;
+            let line = format!(
+                "step {n}/{} | {msg} | grad_norm {:.3}{} | queues {:?} | elapsed {:.0}s eta {eta:.0}s",
+                self.total_steps,
+                rec.grad_norm,
+                if rec.applied {
+                    ""
+                } else {
+                    " (skipped: non-finite)"
+                },
+                rec.queue_depths,
+                elapsed
+            );
+            match &self.bar {
+                Some(bar) => bar.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+        Ok(rec)
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

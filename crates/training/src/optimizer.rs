@@ -1,0 +1,87 @@
+//! AdamW over the drafter's parameters with fp32 moments, plus global grad-norm clipping.
+
+use dflash_config::DrafterConfig;
+use dflash_core::{AdamWParams, Backend};
+use dflash_models::{DrafterGrads, DrafterParams};
+
+use crate::error::Result;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWHyper {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// Moments for every drafter tensor, and the number of steps taken.
+pub struct AdamW {
+    pub m: DrafterParams,
+    pub v: DrafterParams,
+    pub step: u64,
+    pub hyper: AdamWHyper,
+}
+
+impl AdamW {
+    pub fn new(b: &dyn Backend, cfg: &DrafterConfig, hyper: AdamWHyper) -> Result<Self> {
+        Ok(AdamW {
+            m: DrafterParams::zeros(b, cfg)?,
+            v: DrafterParams::zeros(b, cfg)?,
+            step: 0,
+            hyper,
+        })
+    }
+
+    /// One update with learning rate `lr`.
+    pub fn update(
+        &mut self,
+        b: &dyn Backend,
+        params: &mut DrafterParams,
+        grads: &DrafterGrads,
+        lr: f32,
+    ) -> Result<()> {
+        self.step += 1;
+        let hp = AdamWParams {
+            lr,
+            beta1: self.hyper.beta1,
+            beta2: self.hyper.beta2,
+            eps: self.hyper.eps,
+            weight_decay: self.hyper.weight_decay,
+            step: self.step,
+        };
+        let ps = params.tensors_mut();
+        let gs = grads.tensors();
+        let ms = self.m.tensors_mut();
+        let vs = self.v.tensors_mut();
+        for (((p, g), m), v) in ps.into_iter().zip(gs).zip(ms).zip(vs) {
+            b.adamw_step(p, g, m, v, &hp)?;
+        }
+        Ok(())
+    }
+}
+
+/// Global L2 norm of all gradients (f64 accumulation).
+pub fn grad_norm(b: &dyn Backend, grads: &DrafterGrads) -> Result<f64> {
+    let mut sq = 0.0;
+    for g in grads.tensors() {
+        sq += b.sum_squares(g)?;
+    }
+    Ok(sq.sqrt())
+}
+
+/// Scales gradients so their global norm is at most `max_norm` (PyTorch's
+/// `clip_grad_norm_`: factor `max_norm / (norm + 1e-6)` when it is below 1).
+pub fn clip_grads(
+    b: &dyn Backend,
+    grads: &mut DrafterGrads,
+    norm: f64,
+    max_norm: f64,
+) -> Result<()> {
+    if max_norm > 0.0 && norm > max_norm {
+        let f = (max_norm / (norm + 1e-6)) as f32;
+        for g in grads.tensors_mut() {
+            b.scale_assign(g, f)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! One data-parallel drafter replica: accumulates raw gradients of `sum(w * CE)` over its
+//! micro-batches, then at the step boundary all-reduces gradients and loss statistics,
+//! normalises once by the *global* weight sum, clips and applies AdamW. Every replica ends
+//! the step with identical weights.
+
+use std::sync::Arc;
+
+use dflash_core::{Backend, Communicator, LossStats};
+use dflash_models::{Drafter, DrafterGrads};
+
+use crate::error::{Result, TrainError};
+use crate::optimizer::{AdamW, clip_grads, grad_norm};
+use crate::prepare::PreparedSeq;
+
+/// What one optimizer step did, identical on every replica.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSummary {
+    pub step: u64,
+    pub stats: LossStats,
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// False when the loss or a gradient was NaN/Inf: the update was skipped.
+    pub applied: bool,
+}
+
+pub struct DrafterReplica {
+    pub drafter: Drafter,
+    pub optimizer: AdamW,
+    grads: DrafterGrads,
+    local: LossStats,
+    pub recompute: bool,
+    pub grad_clip: f64,
+    /// Consecutive non-finite steps so far.
+    pub nonfinite_run: u64,
+    pub max_nonfinite: u64,
+    /// 0-based index of the step being accumulated.
+    pub step: u64,
+}
+
+impl DrafterReplica {
+    pub fn new(
+        drafter: Drafter,
+        optimizer: AdamW,
+        recompute: bool,
+        grad_clip: f64,
+        max_nonfinite: u64,
+    ) -> Result<Self> {
+        let grads = DrafterGrads::zeros(drafter.backend().as_ref(), drafter.config())?;
+        Ok(DrafterReplica {
+            drafter,
+            optimizer,
+            grads,
+            local: LossStats::default(),
+            recompute,
+            grad_clip,
+            nonfinite_run: 0,
+            max_nonfinite,
+            step: 0,
+        })
+    }
+
+    fn backend(&self) -> Arc<dyn Backend> {
+        self.drafter.backend().clone()
+    }
+
+    /// Forward + backward of one sequence, accumulating raw (unnormalised) gradients.
+    pub fn accumulate(&mut self, seq: &PreparedSeq) -> Result<()> {
+        let stats =
+            self.drafter
+                .forward_backward(&seq.as_input(), 1.0, &mut self.grads, self.recompute)?;
+        self.local.merge(&stats);
+        Ok(())
+    }
+
+    /// Ends the step: all-reduce, normalise by the global weight sum, clip, update.
+    pub fn finish_step(&mut self, comm: &dyn Communicator, lr: f64) -> Result<StepSummary> {
+        let b = self.backend();
+        let b = b.as_ref();
+        let step = self.step;
+        // Statistics travel with the gradients: one global normalisation for all ranks.
+        let mut s = [
+            self.local.weighted_loss as f32,
+            self.local.weight_sum as f32,
+            self.local.correct as f32,
+            self.local.counted as f32,
+        ];
+        comm.all_reduce_sum(&mut s)
+            .map_err(TrainError::Collective)?;
+        let stats = LossStats {
+            weighted_loss: s[0] as f64,
+            weight_sum: s[1] as f64,
+            correct: s[2] as u64,
+            counted: s[3] as u64,
+        };
+        self.local = LossStats::default();
+        for g in self.grads.tensors_mut() {
+            b.all_reduce_sum(g, comm)?;
+        }
+        let mut summary = StepSummary {
+            step,
+            stats,
+            grad_norm: 0.0,
+            lr,
+            applied: false,
+        };
+        if stats.weight_sum > 0.0 {
+            let inv = (1.0 / stats.weight_sum) as f32;
+            for g in self.grads.tensors_mut() {
+                b.scale_assign(g, inv)?;
+            }
+            let norm = grad_norm(b, &self.grads)?;
+            summary.grad_norm = norm;
+            if norm.is_finite() && stats.loss().is_finite() {
+                clip_grads(b, &mut self.grads, norm, self.grad_clip)?;
+                self.optimizer
+                    .update(b, &mut self.drafter.params, &self.grads, lr as f32)?;
+                summary.applied = true;
+                self.nonfinite_run = 0;
+            } else {
+                self.nonfinite_run += 1;
+                if self.nonfinite_run >= self.max_nonfinite {
+                    return Err(TrainError::NonFinite {
+                        count: self.nonfinite_run,
+                        limit: self.max_nonfinite,
+                        step,
+                    });
+                }
+            }
+        }
+        // A skipped update still consumes its step (data and schedule move on); AdamW's own
+        // count, used for bias correction, counts applied updates only.
+        self.step += 1;
+        self.grads.zero_(b)?;
+        Ok(summary)
+    }
+}

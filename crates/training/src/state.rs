@@ -1,0 +1,91 @@
+//! Resumable training state: the drafter (serving layout), AdamW moments, step counters and
+//! whatever the pipeline adds (epoch, data cursor, seed). Written into a fresh directory;
+//! the caller publishes it by atomically rewriting a `latest` pointer, so a crash mid-save
+//! leaves the previous checkpoint intact.
+
+use std::path::Path;
+
+use dflash_models::DrafterParams;
+use dflash_models::checkpoint::{load_drafter, save_drafter};
+use dflash_models::safetensors_io::{TensorFiles, write_atomic, write_f32_atomic};
+
+use crate::error::{Result, TrainError};
+use crate::replica::DrafterReplica;
+
+pub const TRAINER_STATE: &str = "trainer_state.json";
+pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainerState {
+    /// Next step to run (0-based).
+    pub step: u64,
+    /// AdamW's applied-update count (bias correction).
+    pub adam_step: u64,
+    pub nonfinite_run: u64,
+    /// Pipeline-owned fields (epoch, seed, data cursor, ...).
+    pub extra: serde_json::Value,
+}
+
+fn state_err(path: &Path, detail: impl ToString) -> TrainError {
+    TrainError::State {
+        path: path.to_path_buf(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Saves `replica` into `dir` (which should be new and empty).
+pub fn save(dir: &Path, replica: &DrafterReplica, extra: serde_json::Value) -> Result<()> {
+    let b = replica.drafter.backend().clone();
+    let b = b.as_ref();
+    let cfg = replica.drafter.config();
+    save_drafter(b, dir, cfg, &replica.drafter.params)?;
+    let layout = DrafterParams::layout(cfg);
+    let mut tensors = Vec::new();
+    for (prefix, moments) in [("m", &replica.optimizer.m), ("v", &replica.optimizer.v)] {
+        for ((name, shape), t) in layout.iter().zip(moments.tensors()) {
+            tensors.push((format!("{prefix}.{name}"), shape.clone(), b.download(t)?));
+        }
+    }
+    write_f32_atomic(&dir.join(OPTIMIZER_STATE), &tensors, None)?;
+    let state = TrainerState {
+        step: replica.step,
+        adam_step: replica.optimizer.step,
+        nonfinite_run: replica.nonfinite_run,
+        extra,
+    };
+    let json = serde_json::to_string_pretty(&state).expect("state serialises");
+    write_atomic(&dir.join(TRAINER_STATE), json.as_bytes())?;
+    Ok(())
+}
+
+/// Restores weights, moments and counters saved by [`save`] into `replica`, whose config
+/// must match. Returns the pipeline's extra fields.
+pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerState> {
+    let b = replica.drafter.backend().clone();
+    let b = b.as_ref();
+    let (cfg, params) = load_drafter(b, dir)?;
+    if &cfg != replica.drafter.config() {
+        return Err(state_err(
+            dir,
+            "checkpoint config.json differs from this run's drafter config",
+        ));
+    }
+    replica.drafter.params = params;
+    let files = TensorFiles::open_file(&dir.join(OPTIMIZER_STATE))?;
+    let layout = DrafterParams::layout(&cfg);
+    for (prefix, moments) in [
+        ("m", &mut replica.optimizer.m),
+        ("v", &mut replica.optimizer.v),
+    ] {
+        for ((name, shape), t) in layout.iter().zip(moments.tensors_mut()) {
+            *t = b.upload(&files.read_f32(&format!("{prefix}.{name}"), shape)?, shape)?;
+        }
+    }
+    let path = dir.join(TRAINER_STATE);
+    let text = std::fs::read_to_string(&path).map_err(|e| state_err(&path, e))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| state_err(&path, e))?;
+    replica.step = state.step;
+    replica.optimizer.step = state.adam_step;
+    replica.nonfinite_run = state.nonfinite_run;
+    Ok(state)
+}
