@@ -32,6 +32,8 @@ use crate::workers::{Reorder, SampleRules, Shared, WorkItem, featurise, target_w
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainOutcome {
     pub run_dir: PathBuf,
+    /// Optimizer steps of the run completed so far (less than the schedule's total when
+    /// `train.stop_at_step` ended this invocation early).
     pub steps: u64,
     pub final_loss: f64,
     pub final_accuracy: f64,
@@ -73,10 +75,16 @@ fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConf
                 num_layers: cfg.drafter.num_layers,
                 block_size: cfg.drafter.block_size,
                 mask_token_id: cfg.mask_token_id(target)?,
-                num_target_features: cfg
-                    .drafter
-                    .num_target_features
-                    .unwrap_or_else(|| default_num_target_features(target.num_hidden_layers)),
+                // As documented for `drafter.num_target_features`: the count of
+                // `target_layer_ids` when only those are given.
+                num_target_features: match (
+                    &cfg.drafter.target_layer_ids,
+                    cfg.drafter.num_target_features,
+                ) {
+                    (_, Some(k)) => k,
+                    (Some(ids), None) => ids.len(),
+                    (None, None) => default_num_target_features(target.num_hidden_layers),
+                },
                 target_layer_ids: cfg.drafter.target_layer_ids.clone(),
                 intermediate_size: cfg.drafter.intermediate_size,
                 num_attention_heads: cfg.drafter.num_attention_heads,
@@ -149,7 +157,16 @@ fn run_dir(cfg: &TrainConfig) -> PathBuf {
             .unwrap_or(0);
         format!("run-{secs}")
     });
-    cfg.run.dir.join(name)
+    // Never train into a directory holding another run: pick the first free `name-N`.
+    let base = cfg.run.dir.join(&name);
+    let occupied = |p: &Path| p.read_dir().map(|mut d| d.next().is_some()).unwrap_or(false);
+    if !occupied(&base) {
+        return base;
+    }
+    (1..)
+        .map(|i| cfg.run.dir.join(format!("{name}-{i}")))
+        .find(|p| !occupied(p))
+        .expect("some suffix is free")
 }
 
 const LATEST: &str = "latest";
@@ -202,7 +219,11 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
 }
 
 fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
-    let resolved = cfg.to_toml_string()?;
+    // `train.stop_at_step` belongs to this invocation, not to the run: the config kept in the
+    // run directory (which `train --resume` reuses) leaves it out.
+    let mut kept = cfg.clone();
+    kept.train.stop_at_step = None;
+    let resolved = kept.to_toml_string()?;
     write_atomic(&run_dir.join("config.toml"), resolved.as_bytes())?;
     let _ = std::fs::remove_file(run_dir.join("error.txt"));
 
@@ -266,6 +287,11 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
         ));
     }
     let total_steps = schedule.len() as u64;
+    // `train.stop_at_step` ends this invocation early without touching the schedule.
+    let end_step = cfg
+        .train
+        .stop_at_step
+        .map_or(total_steps, |s| s.min(total_steps));
     let spec = BlockSpec {
         block_size: dcfg.block_size,
         num_anchors: cfg.data.num_anchors,
@@ -386,7 +412,8 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
         let schedule = &schedule;
         // Loader: work items in schedule order from the resume point.
         scope.spawn(move || {
-            for (step, work) in schedule.steps.iter().enumerate().skip(start_step as usize) {
+            let steps = schedule.steps.iter().enumerate();
+            for (step, work) in steps.take(end_step as usize).skip(start_step as usize) {
                 for (m, samples) in work.micro.iter().enumerate() {
                     let item = WorkItem {
                         epoch: work.epoch,
@@ -429,7 +456,7 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
                 let world = comm.world_size();
                 let mut reorder = Reorder::new();
                 let mut run = || -> Result<()> {
-                    for step in start_step as usize..schedule.len() {
+                    for step in start_step as usize..end_step as usize {
                         let work = &schedule.steps[step];
                         for m in (0..work.micro.len()).filter(|m| m % world == rank) {
                             let batch = reorder.next(shared, &shared.features[rank], step as u64, m as u32, &who)?;
@@ -448,7 +475,10 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
                             }
                             **last = (summary.stats.loss(), summary.stats.accuracy());
                             let n = step as u64 + 1;
-                            if (cfg.train.save_every > 0 && n % cfg.train.save_every == 0) || n == total_steps {
+                            if (cfg.train.save_every > 0 && n % cfg.train.save_every == 0)
+                                || n == total_steps
+                                || n == end_step
+                            {
                                 let extra = serde_json::json!({ "epoch": work.epoch, "seed": cfg.train.seed });
                                 publish_checkpoint(run_dir, &replica, extra)?;
                             }
@@ -478,6 +508,13 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
         .take()
     {
         return Err(e);
+    }
+    if end_step < total_steps && start_step < end_step {
+        eprintln!(
+            "stopped after step {end_step} of {total_steps} (train.stop_at_step); \
+             continue with `train --resume {}`",
+            run_dir.display()
+        );
     }
     let skips = shared
         .skips
@@ -509,7 +546,7 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
     };
     let outcome = TrainOutcome {
         run_dir: run_dir.to_path_buf(),
-        steps: total_steps,
+        steps: end_step,
         final_loss: last.0,
         final_accuracy: last.1,
         first_loss,
