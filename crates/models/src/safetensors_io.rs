@@ -218,10 +218,16 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(data).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    Ok(())
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(data).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(io_err(path))
+    })();
+    if result.is_err() {
+        // A failed write (disk full, target is a directory, ...) must not leave its temp file.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
