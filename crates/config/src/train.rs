@@ -176,6 +176,12 @@ pub struct TrainSection {
     pub epochs: usize,
     /// Stop after this many optimizer steps, even mid-epoch. Default: none.
     pub max_steps: Option<u64>,
+    /// End this invocation after optimizer step `stop_at_step` (counted from the start of the
+    /// run, not of this invocation) with a checkpoint, *without* changing the schedule: the
+    /// learning-rate schedule and data order still span the whole run, so `train --resume`
+    /// continues exactly as if the run had not stopped. For time-boxed jobs. Not kept in the
+    /// run directory's `config.toml` (it belongs to one invocation). Default: none.
+    pub stop_at_step: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation). Default 1.
     pub micro_batches_per_step: usize,
     /// Peak learning rate. Default 6e-4 (recipe).
@@ -212,6 +218,7 @@ impl Default for TrainSection {
         Self {
             epochs: 6,
             max_steps: None,
+            stop_at_step: None,
             micro_batches_per_step: 1,
             lr: 6e-4,
             warmup_ratio: 0.04,
@@ -580,6 +587,7 @@ impl TrainConfig {
             ("drafter.num_key_value_heads", d.num_key_value_heads),
             ("drafter.head_dim", d.head_dim),
             ("eval.max_samples", self.eval.max_samples),
+            ("train.stop_at_step", t.stop_at_step.map(|s| s as usize)),
         ] {
             if v == Some(0) {
                 return bad(field, "must be at least 1 when set".into());

@@ -46,6 +46,23 @@ pub struct Reporter {
 impl Reporter {
     pub fn new(run_dir: &Path, start_step: u64, total_steps: u64, log_every: u64) -> Result<Self> {
         let path = run_dir.join("metrics.jsonl");
+        // A resumed run repeats the steps between its checkpoint and the failure: keep only
+        // the records of steps before `start_step`, so each step has exactly one record.
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let kept: String = text
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .ok()
+                        .and_then(|v| v.get("step").and_then(serde_json::Value::as_u64))
+                        .is_some_and(|s| s < start_step)
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            if kept.len() != text.len() {
+                dflash_models::safetensors_io::write_atomic(&path, kept.as_bytes())?;
+            }
+        }
         let metrics = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

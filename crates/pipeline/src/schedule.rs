@@ -27,8 +27,16 @@ impl Schedule {
     ) -> (Self, Vec<BatchPlan>) {
         let mut steps = Vec::new();
         let mut plans = Vec::new();
-        for epoch in 0..epochs {
+        // `epochs == 0` with `max_steps` (accepted by the config): as many epochs as needed.
+        // Without either bound there is nothing to plan (the config rejects that).
+        let unbounded = epochs == 0 && max_steps.is_none();
+        let mut epoch = 0;
+        while !unbounded
+            && (epochs == 0 || epoch < epochs)
+            && max_steps.is_none_or(|max| (steps.len() as u64) < max)
+        {
             let plan = BatchPlan::new(lengths, bucket_bounds, token_budget, seed, epoch);
+            let empty = plan.is_empty();
             for group in plan.batches().chunks(micro_per_step.max(1)) {
                 steps.push(StepWork {
                     epoch,
@@ -36,6 +44,10 @@ impl Schedule {
                 });
             }
             plans.push(plan);
+            if empty {
+                break;
+            }
+            epoch += 1;
         }
         if let Some(max) = max_steps {
             steps.truncate(max as usize);

@@ -1,0 +1,482 @@
+//! Tests of the training crate on the embedded tiny target with a real (small) drafter:
+//! the acceptance-length chain against a direct sequential implementation of DESIGN.md §2.5,
+//! the LR schedule, gradient clipping, non-finite steps and the resumable state.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use dflash_config::{DType, DrafterConfig, DrafterShape, Qwen3Config};
+use dflash_core::Backend;
+use dflash_core::Communicator;
+use dflash_core::pipeline::{HiddenSeq, Target};
+use dflash_core::registry::{BackendOptions, create_backend};
+use dflash_models::drafter::FrozenTarget;
+use dflash_models::{DraftInput, Drafter, DrafterParams, Qwen3Target};
+use dflash_training::eval::sequence_cycles;
+use dflash_training::optimizer::{AdamWHyper, clip_grads, grad_norm};
+use dflash_training::{
+    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, TrainError, evaluate_tau, state,
+};
+
+const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
+const TINY_TRAIN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-data/train");
+const MASK: u32 = 256;
+
+fn backend(attention: &str) -> Arc<dyn Backend> {
+    dflash_backend_reference::link();
+    dflash_attention_tiled::link();
+    let opts = BackendOptions {
+        attention: attention.into(),
+        ..Default::default()
+    };
+    create_backend("reference", &opts).unwrap()
+}
+
+fn drafter_config(block_size: usize) -> DrafterConfig {
+    let t = Qwen3Config::from_file(Path::new(TARGET).join("config.json")).unwrap();
+    let shape = DrafterShape {
+        num_layers: 1,
+        block_size,
+        num_target_features: 2,
+        dtype: DType::Float32,
+        ..DrafterShape::standard(MASK)
+    };
+    DrafterConfig::for_target(&t, &shape).unwrap()
+}
+
+fn drafter(b: &Arc<dyn Backend>, cfg: &DrafterConfig, std: f32, seed: u64) -> Drafter {
+    let params = DrafterParams::init_random(b.as_ref(), cfg, std, seed).unwrap();
+    let (_, frozen) = FrozenTarget::load(b.as_ref(), Path::new(TARGET)).unwrap();
+    Drafter::new(b.clone(), cfg.clone(), params, Arc::new(frozen)).unwrap()
+}
+
+fn target(b: &Arc<dyn Backend>, cfg: &DrafterConfig) -> Qwen3Target {
+    Qwen3Target::load(b.clone(), Path::new(TARGET), &cfg.target_layer_ids).unwrap()
+}
+
+/// A real sample of the embedded data.
+fn data_sample(i: usize) -> (Vec<u32>, Vec<u8>) {
+    let s = dflash_data::open_dataset(TINY_TRAIN)
+        .unwrap()
+        .get(i)
+        .unwrap();
+    (s.ids, s.loss_mask)
+}
+
+fn seq(target: &Qwen3Target, id: u64, ids: Vec<u32>, loss_mask: Vec<u8>) -> HiddenSeq {
+    let features = target.features(&ids).unwrap();
+    HiddenSeq {
+        sample_id: id,
+        ids,
+        loss_mask,
+        features,
+    }
+}
+
+/// The drafter's greedy block for anchor `a` alone, given `features` rows `0..=a`.
+fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32> {
+    let bs = d.config().block_size;
+    let mut block_ids = vec![MASK; bs];
+    block_ids[0] = ids[a];
+    let positions: Vec<i32> = (0..bs).map(|j| (a + j) as i32).collect();
+    let input = DraftInput {
+        features,
+        anchors: &[a as i32],
+        block_ids: &block_ids,
+        positions: &positions,
+        labels: &vec![0; bs],
+        weights: &vec![0.0; bs],
+    };
+    d.predict(&input).unwrap()
+}
+
+/// DESIGN.md §2.5 written out directly: one drafter call per cycle, sequentially. The drafter
+/// gets only the committed context, positions `< a`, plus a garbage row at `a` (the anchor's
+/// own feature is not known at inference; the mask must hide it, and garbage makes a leak
+/// visible); block `[token at a, MASK...]`; accepted = matching prefix of its greedy tokens
+/// with the data at `a+1..`; tau = accepted + 1; next anchor `a + accepted + 1`.
+fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
+    let cfg = d.config();
+    let (bs, kh) = (cfg.block_size, cfg.hidden_size * cfg.target_layer_ids.len());
+    let n = s.ids.len();
+    let Some(p0) = s.loss_mask.iter().position(|&m| m == 1) else {
+        return Vec::new();
+    };
+    let mut cycles = Vec::new();
+    let mut a = p0;
+    while a + 1 < n {
+        let mut features = s.features[..a * kh].to_vec();
+        features.extend((0..kh).map(|i| ((i * 37 % 11) as f32 - 5.0) * 3.0));
+        let pred = predict_one(d, &features, &s.ids, a);
+        let mut accepted = 0;
+        while accepted + 1 < bs
+            && a + accepted + 1 < n
+            && pred[accepted + 1] == s.ids[a + accepted + 1]
+        {
+            accepted += 1;
+        }
+        cycles.push(accepted + 1);
+        a += accepted + 1;
+    }
+    cycles
+}
+
+/// Builds a sequence on which the drafter's acceptance follows `plan`: after a real prompt
+/// and first completion token, each cycle appends the drafter's own first `k` predictions
+/// then a token it did not predict (or, after a full block, any bonus token). Returns the
+/// sequence and the tau of each planned cycle.
+fn generate(
+    target: &Qwen3Target,
+    d: &Drafter,
+    prompt: &[u32],
+    plan: &[usize],
+    len: usize,
+) -> (HiddenSeq, Vec<usize>) {
+    let bs = d.config().block_size;
+    let mut ids = prompt.to_vec();
+    let mut planned = Vec::new();
+    while ids.len() < len {
+        let a = ids.len() - 1;
+        let features = target.features(&ids).unwrap();
+        let pred = predict_one(d, &features, &ids, a);
+        let k = plan[planned.len() % plan.len()].min(bs - 1);
+        ids.extend_from_slice(&pred[1..=k]);
+        ids.push(if k + 1 < bs {
+            (pred[k + 1] + 1) % 256
+        } else {
+            b'#' as u32
+        });
+        planned.push(k + 1);
+    }
+    ids.truncate(len);
+    let p0 = prompt.len() - 1;
+    let mask = (0..len).map(|i| u8::from(i >= p0)).collect();
+    (seq(target, 0, ids, mask), planned)
+}
+
+fn check_tau_chain(attention: &str) {
+    let b = backend(attention);
+    let cfg = drafter_config(4);
+    let t = target(&b, &cfg);
+    // A larger init scale than training's 0.02, so predictions depend on the context.
+    let d = drafter(&b, &cfg, 0.2, 11);
+    let (ids, mask) = data_sample(3);
+    let p0 = mask.iter().position(|&m| m == 1).unwrap();
+    let prompt = &ids[p0 - 24..=p0];
+
+    // Planned acceptance patterns, including full blocks (3 of 3) and rejections (0).
+    let mut seqs = Vec::new();
+    for (plan, len) in [
+        (&[0usize, 3, 1, 2, 3, 0][..], 70),
+        (&[2, 3, 3, 0, 1][..], 61),
+    ] {
+        let (s, planned) = generate(&t, &d, prompt, plan, len);
+        let got = sequence_cycles(&d, &s).unwrap();
+        assert_eq!(
+            got,
+            sequential_cycles(&d, &s),
+            "{attention}: batched vs sequential"
+        );
+        // All but the last cycle (cut by the end of the sequence) follow the plan.
+        assert!(got.len() >= 10);
+        assert_eq!(
+            got[..got.len() - 1],
+            planned[..got.len() - 1],
+            "{attention}"
+        );
+        assert!(got.contains(&4) && got.contains(&1));
+        seqs.push((s, got));
+    }
+
+    // More anchors than one batched forward takes (256), so the chunk boundary is crossed.
+    let (long, planned) = generate(&t, &d, &prompt[16..], &[3, 2, 3, 0, 3, 1, 3], 300);
+    let got = sequence_cycles(&d, &long).unwrap();
+    assert_eq!(
+        got,
+        sequential_cycles(&d, &long),
+        "{attention}: long sequence"
+    );
+    assert_eq!(
+        got[..got.len() - 1],
+        planned[..got.len() - 1],
+        "{attention}"
+    );
+    seqs.push((long, got));
+
+    // evaluate_tau: mean over sequences of per-sequence mean tau; sequences without a
+    // completion to draft (no supervised token, or only the last one) are left out.
+    let (ids, _) = data_sample(7);
+    let n = ids.len();
+    let none = seq(&t, 2, ids.clone(), vec![0; n]);
+    let last_only = seq(&t, 3, ids, (0..n).map(|i| u8::from(i + 1 == n)).collect());
+    let mut all: Vec<HiddenSeq> = seqs.iter().map(|(s, _)| s.clone()).collect();
+    all.insert(1, none);
+    all.push(last_only);
+    let report = evaluate_tau(&d, &all).unwrap();
+    let means: Vec<f64> = seqs
+        .iter()
+        .map(|(_, c)| c.iter().sum::<usize>() as f64 / c.len() as f64)
+        .collect();
+    assert_eq!(report.sequences, 3);
+    assert_eq!(
+        report.cycles,
+        seqs.iter().map(|(_, c)| c.len()).sum::<usize>()
+    );
+    assert_eq!(report.per_sequence, means);
+    assert!((report.tau - means.iter().sum::<f64>() / 3.0).abs() < 1e-12);
+}
+
+#[test]
+fn tau_chain_matches_sequential_definition_reference_attention() {
+    check_tau_chain("reference");
+}
+
+#[test]
+fn tau_chain_matches_sequential_definition_tiled_attention() {
+    check_tau_chain("tiled");
+}
+
+// ---------------------------------------------------------------------------------------------
+// LR schedule and clipping.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn lr_schedule_edges() {
+    // No warm-up: the first step is at the peak; cosine to the floor; clamped after the end.
+    let s = LrSchedule::new(1e-3, 10, 0.0, 0.1);
+    assert_eq!(s.warmup_steps, 0);
+    assert_eq!(s.lr(0), 1e-3);
+    assert!((s.lr(10) - 1e-4).abs() < 1e-15);
+    assert_eq!(s.lr(25), s.lr(10), "past the end stays at the floor");
+    assert!(
+        (s.lr(5) - 5.5e-4).abs() < 1e-15,
+        "half way is the mid-point of peak and floor"
+    );
+    for k in 0..12 {
+        assert!(s.lr(k + 1) <= s.lr(k) && s.lr(k) >= 1e-4 - 1e-18);
+    }
+    assert!(
+        s.lr(9) > 1e-4,
+        "the last trained step is still above the floor"
+    );
+
+    // Half warm-up: linear from peak/W at step 0 to the peak at step W-1.
+    let w = LrSchedule::new(2.0, 10, 0.5, 0.0);
+    assert_eq!(w.warmup_steps, 5);
+    for k in 0..5 {
+        assert!((w.lr(k) - 2.0 * (k + 1) as f64 / 5.0).abs() < 1e-12);
+    }
+    assert_eq!(w.lr(5), 2.0);
+
+    // Degenerate lengths stay finite.
+    for total in [0, 1] {
+        let d = LrSchedule::new(3e-4, total, 0.04, 0.0);
+        assert_eq!(d.lr(0), 3e-4, "total {total}");
+    }
+    let all_warm = LrSchedule::new(1.0, 4, 1.0, 0.0);
+    assert_eq!(all_warm.lr(3), 1.0);
+    assert!(all_warm.lr(4).is_finite());
+}
+
+#[test]
+fn grad_norm_and_clipping() {
+    let b = backend("reference");
+    let cfg = drafter_config(4);
+    let mut grads = DrafterParams::zeros(b.as_ref(), &cfg).unwrap();
+    let fc: Vec<f32> = (0..grads.fc.numel())
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
+        .collect();
+    let norm_g: Vec<f32> = (0..cfg.hidden_size).map(|i| i as f32 * 0.01).collect();
+    grads.fc = b
+        .upload(&fc, &[cfg.hidden_size, 2 * cfg.hidden_size])
+        .unwrap();
+    grads.norm = b.upload(&norm_g, &[cfg.hidden_size]).unwrap();
+    let expect = fc
+        .iter()
+        .chain(&norm_g)
+        .map(|&x| (x as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let norm = grad_norm(b.as_ref(), &grads).unwrap();
+    assert!((norm - expect).abs() <= 1e-9 * expect, "{norm} vs {expect}");
+
+    let snapshot = |g: &DrafterParams| -> Vec<Vec<f32>> {
+        g.tensors().iter().map(|t| b.download(t).unwrap()).collect()
+    };
+    let before = snapshot(&grads);
+    // Below the limit, or clipping disabled (0): untouched.
+    clip_grads(b.as_ref(), &mut grads, norm, 2.0 * norm).unwrap();
+    clip_grads(b.as_ref(), &mut grads, norm, 0.0).unwrap();
+    assert_eq!(snapshot(&grads), before);
+    // Above: every element scaled by max / (norm + 1e-6) (PyTorch's clip_grad_norm_).
+    let max = norm / 4.0;
+    clip_grads(b.as_ref(), &mut grads, norm, max).unwrap();
+    let f = (max / (norm + 1e-6)) as f32;
+    for (x, y) in before
+        .iter()
+        .flatten()
+        .zip(snapshot(&grads).iter().flatten())
+    {
+        assert_eq!(*y, x * f);
+    }
+    let after = grad_norm(b.as_ref(), &grads).unwrap();
+    assert!((after - max).abs() <= 1e-5 * max, "{after} vs {max}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replica: non-finite steps and resumable state.
+// ---------------------------------------------------------------------------------------------
+
+struct Solo;
+
+impl Communicator for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _: &mut [f32]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+const HYPER: AdamWHyper = AdamWHyper {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    weight_decay: 0.0,
+};
+
+fn replica(
+    b: &Arc<dyn Backend>,
+    cfg: &DrafterConfig,
+    seed: u64,
+    max_nonfinite: u64,
+) -> DrafterReplica {
+    let d = drafter(b, cfg, 0.02, seed);
+    let opt = AdamW::new(b.as_ref(), cfg, HYPER).unwrap();
+    DrafterReplica::new(d, opt, false, 1.0, max_nonfinite).unwrap()
+}
+
+fn params_of(r: &DrafterReplica) -> Vec<Vec<u32>> {
+    let b = r.drafter.backend();
+    r.drafter
+        .params
+        .tensors()
+        .iter()
+        .map(|t| b.download(t).unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// Three prepared training sequences, and a copy of the first with a NaN feature row.
+fn training_batches(b: &Arc<dyn Backend>, cfg: &DrafterConfig) -> (Vec<PreparedSeq>, PreparedSeq) {
+    let t = target(b, cfg);
+    let spec = BlockSpec {
+        block_size: cfg.block_size,
+        num_anchors: 8,
+        gamma: 4.0,
+        mask_token_id: MASK,
+        seed: 3,
+    };
+    let mut good = Vec::new();
+    for i in 0..3 {
+        let (ids, mask) = data_sample(20 + i);
+        let p0 = mask.iter().position(|&m| m == 1).unwrap();
+        let r = p0 - 16..p0 + 32;
+        let s = seq(&t, i as u64, ids[r.clone()].to_vec(), mask[r].to_vec());
+        good.push(PreparedSeq::new(s, 0, &spec));
+    }
+    let mut bad = good[0].clone();
+    let kh = cfg.hidden_size * cfg.target_layer_ids.len();
+    bad.features[..kh].fill(f32::NAN); // position 0: context of every anchor
+    (good, bad)
+}
+
+fn step(
+    r: &mut DrafterReplica,
+    s: &PreparedSeq,
+) -> Result<dflash_training::StepSummary, TrainError> {
+    r.accumulate(s)?;
+    r.finish_step(&Solo, 1e-3)
+}
+
+/// A non-finite step is skipped (weights, moments and AdamW's count untouched) and leaves no
+/// trace: the next finite step gives exactly the weights of a replica that never saw it.
+/// `max_nonfinite_steps` consecutive ones are an error.
+#[test]
+fn non_finite_step_is_skipped_without_trace_and_a_run_of_them_stops() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, bad) = training_batches(&b, &cfg);
+
+    let mut r = replica(&b, &cfg, 1, 2);
+    let mut clean = replica(&b, &cfg, 1, 2);
+    assert!(step(&mut r, &good[0]).unwrap().applied);
+    assert!(step(&mut clean, &good[0]).unwrap().applied);
+
+    let before = params_of(&r);
+    let s = step(&mut r, &bad).unwrap();
+    assert!(!s.applied);
+    assert!(!s.stats.loss().is_finite() || !s.grad_norm.is_finite());
+    assert_eq!(
+        params_of(&r),
+        before,
+        "a skipped step does not touch the weights"
+    );
+    assert_eq!((r.nonfinite_run, r.optimizer.step, r.step), (1, 1, 2));
+
+    let s = step(&mut r, &good[1]).unwrap();
+    assert!(s.applied && s.grad_norm.is_finite());
+    assert_eq!((r.nonfinite_run, r.optimizer.step), (0, 2));
+    step(&mut clean, &good[1]).unwrap();
+    assert_eq!(
+        params_of(&r),
+        params_of(&clean),
+        "no gradient left over from the skipped step"
+    );
+
+    assert!(!step(&mut r, &bad).unwrap().applied);
+    match step(&mut r, &bad) {
+        Err(TrainError::NonFinite {
+            count: 2,
+            limit: 2,
+            step: 4,
+        }) => {}
+        other => panic!("expected NonFinite after 2 consecutive steps, got {other:?}"),
+    }
+}
+
+/// Saving after a step and loading into a fresh replica (other initial weights) continues
+/// bit for bit.
+#[test]
+fn state_round_trip_continues_bit_for_bit() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    step(&mut a, &good[1]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = serde_json::json!({ "epoch": 0, "cursor": 17 });
+    state::save(dir.path(), &a, extra.clone()).unwrap();
+
+    let mut c = replica(&b, &cfg, 99, 10);
+    let st = state::load_into(dir.path(), &mut c).unwrap();
+    assert_eq!(st.extra, extra);
+    assert_eq!((c.step, c.optimizer.step, c.nonfinite_run), (2, 2, 0));
+    assert_eq!(params_of(&c), params_of(&a));
+    let (sa, sc) = (
+        step(&mut a, &good[2]).unwrap(),
+        step(&mut c, &good[2]).unwrap(),
+    );
+    assert_eq!(sa, sc);
+    assert_eq!(params_of(&c), params_of(&a));
+
+    // A checkpoint of another drafter shape is refused, naming the directory.
+    let mut other = replica(&b, &drafter_config(8), 1, 10);
+    let e = state::load_into(dir.path(), &mut other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&dir.path().display().to_string()), "{e}");
+}
