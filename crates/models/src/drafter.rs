@@ -123,10 +123,11 @@ impl DrafterParams {
         Ok(Self::from_tensors(ts))
     }
 
-    /// Sets every tensor to zero (between optimizer steps).
+    /// Sets every tensor to zero (between optimizer steps). Fresh zeros, not `x * 0`, which
+    /// would keep a NaN from a bad step alive forever.
     pub fn zero_(&mut self, b: &dyn Backend) -> Result<()> {
         for t in self.tensors_mut() {
-            b.scale_assign(t, 0.0)?;
+            *t = b.zeros(t.dims())?;
         }
         Ok(())
     }

@@ -159,7 +159,11 @@ fn run_dir(cfg: &TrainConfig) -> PathBuf {
     });
     // Never train into a directory holding another run: pick the first free `name-N`.
     let base = cfg.run.dir.join(&name);
-    let occupied = |p: &Path| p.read_dir().map(|mut d| d.next().is_some()).unwrap_or(false);
+    let occupied = |p: &Path| {
+        p.read_dir()
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    };
     if !occupied(&base) {
         return base;
     }

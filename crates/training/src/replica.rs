@@ -130,13 +130,7 @@ impl DrafterReplica {
         // A skipped update still consumes its step (data and schedule move on); AdamW's own
         // count, used for bias correction, counts applied updates only.
         self.step += 1;
-        if summary.applied || stats.weight_sum == 0.0 {
-            self.grads.zero_(b)?;
-        } else {
-            // `zero_` scales by 0, which leaves NaN/Inf in place (NaN * 0 = NaN): a skipped
-            // non-finite step would poison every later one. Start from fresh zeros instead.
-            self.grads = DrafterGrads::zeros(b, self.drafter.config())?;
-        }
+        self.grads.zero_(b)?;
         Ok(summary)
     }
 }
