@@ -1,0 +1,56 @@
+//! Defaults of the standard DFlash recipe that depend on the target or the block size: which
+//! target layers to read, how many, the mask token, the loss decay.
+
+/// Target layer ids whose outputs feed the drafter (the DFlash default):
+/// one layer: `[L/2]`; otherwise `k` ids spread as `round(1 + i*(L-4)/(k-1))`, i = 0..k-1.
+/// Rounding is half-to-even, as Python's `round` in the DFlash reference code.
+/// 36 layers, k=5 -> `[1, 9, 17, 25, 33]`; 64 -> `[1, 16, 31, 46, 61]`. `k == 0` gives `[]`.
+/// Meaningful for `L >= 4` when `k > 1` (see [`default_num_target_features`]).
+pub fn default_target_layer_ids(num_target_layers: usize, k: usize) -> Vec<usize> {
+    match k {
+        0 => Vec::new(),
+        1 => vec![num_target_layers / 2],
+        _ => {
+            let span = num_target_layers as f64 - 4.0;
+            (0..k)
+                .map(|i| {
+                    let x = (1.0 + i as f64 * span / (k - 1) as f64).round_ties_even();
+                    x.max(0.0) as usize
+                })
+                .collect()
+        }
+    }
+}
+
+/// The default number of target features `k`: 5 (the standard recipe) when the target has at
+/// least 8 layers, so that the 5 default ids are distinct; `L - 3` for 5..=7 layers; 1 below.
+pub fn default_num_target_features(num_target_layers: usize) -> usize {
+    match num_target_layers {
+        8.. => 5,
+        5..=7 => num_target_layers - 3,
+        _ => 1,
+    }
+}
+
+/// The conventional mask token of known target families, by vocabulary size: an unused row of
+/// the target's embedding table. Qwen3 (151936) -> 151669; Qwen3.5/3.6 (248320) -> 248070;
+/// the embedded tiny byte-level target (264) -> 256. `None` for other vocabularies.
+pub fn known_mask_token_id(target_vocab_size: usize) -> Option<u32> {
+    match target_vocab_size {
+        151_936 => Some(151_669),
+        248_320 => Some(248_070),
+        264 => Some(256),
+        _ => None,
+    }
+}
+
+/// Loss decay `gamma` of the DFlash recipe for a block size: 7 for 16, 5 for 10, 4 for 8;
+/// otherwise `7 * block_size / 16` (at least 1).
+pub fn default_gamma(block_size: usize) -> f64 {
+    match block_size {
+        16 => 7.0,
+        10 => 5.0,
+        8 => 4.0,
+        b => (7.0 * b as f64 / 16.0).max(1.0),
+    }
+}

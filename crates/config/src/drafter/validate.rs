@@ -1,0 +1,188 @@
+//! Checks of a drafter config: internal consistency, and fit to the target it will be trained
+//! against or served with. Each error names the field and the values involved.
+
+use super::{DrafterConfig, LayerType, ORIGIN_BUILT};
+use crate::error::{ConfigError, Result};
+use crate::qwen3::Qwen3Config;
+
+impl DrafterConfig {
+    /// Internal consistency (no target needed).
+    pub fn validate(&self) -> Result<()> {
+        self.check(ORIGIN_BUILT)
+    }
+
+    pub(super) fn check(&self, origin: &str) -> Result<()> {
+        let inv = |field: &str, message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            field: field.to_string(),
+            message,
+        };
+        for (field, v) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("num_target_layers", self.num_target_layers),
+        ] {
+            if v == 0 {
+                return Err(inv(field, "must be at least 1".into()));
+            }
+        }
+        if self.block_size < 2 {
+            return Err(inv(
+                "block_size",
+                format!(
+                    "must be at least 2 (anchor + one predicted token), got {}",
+                    self.block_size
+                ),
+            ));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(inv(
+                "num_attention_heads",
+                format!(
+                    "{} heads is not a multiple of num_key_value_heads {}",
+                    self.num_attention_heads, self.num_key_value_heads
+                ),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(inv(
+                "head_dim",
+                format!("RoPE needs an even head_dim, got {}", self.head_dim),
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(inv(
+                "rms_norm_eps",
+                format!("must be a positive number, got {}", self.rms_norm_eps),
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(inv(
+                "rope_theta",
+                format!("must be a positive number, got {}", self.rope_theta),
+            ));
+        }
+        if self.target_layer_ids.is_empty() {
+            return Err(inv(
+                "dflash_config.target_layer_ids",
+                "must name at least one target layer".into(),
+            ));
+        }
+        if let Some(&bad) = self
+            .target_layer_ids
+            .iter()
+            .find(|&&l| l >= self.num_target_layers)
+        {
+            return Err(inv(
+                "dflash_config.target_layer_ids",
+                format!(
+                    "layer {bad} is out of range for num_target_layers {} (ids {:?})",
+                    self.num_target_layers, self.target_layer_ids
+                ),
+            ));
+        }
+        if self.mask_token_id as usize >= self.vocab_size {
+            return Err(inv(
+                "dflash_config.mask_token_id",
+                format!(
+                    "{} is not below vocab_size {}",
+                    self.mask_token_id, self.vocab_size
+                ),
+            ));
+        }
+        if self.layer_types.len() != self.num_hidden_layers {
+            return Err(inv(
+                "layer_types",
+                format!(
+                    "{} entries for num_hidden_layers {}",
+                    self.layer_types.len(),
+                    self.num_hidden_layers
+                ),
+            ));
+        }
+        if self.layer_types.contains(&LayerType::SlidingAttention) {
+            match self.sliding_window {
+                None | Some(0) => {
+                    return Err(inv(
+                        "sliding_window",
+                        format!(
+                            "is {:?} but layer_types has sliding_attention layers; set a positive window",
+                            self.sliding_window
+                        ),
+                    ));
+                }
+                Some(_) if !self.use_sliding_window => {
+                    return Err(inv(
+                        "use_sliding_window",
+                        "is false but layer_types has sliding_attention layers".into(),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that this drafter fits `target`: same hidden size and vocabulary, target layer ids
+    /// inside the target, the mask token inside its vocabulary, the same layer count. Each error
+    /// names the field and both values.
+    pub fn validate_against(&self, target: &Qwen3Config) -> Result<()> {
+        let mismatch = |field: &str, d: String, t: String, message: &str| ConfigError::Mismatch {
+            field: field.into(),
+            drafter: d,
+            target: t,
+            message: message.into(),
+        };
+        if self.hidden_size != target.hidden_size {
+            return Err(mismatch(
+                "hidden_size",
+                self.hidden_size.to_string(),
+                target.hidden_size.to_string(),
+                "the drafter uses the target's embedding and LM head, so they must be equal",
+            ));
+        }
+        if self.num_target_layers != target.num_hidden_layers {
+            return Err(mismatch(
+                "num_target_layers",
+                self.num_target_layers.to_string(),
+                format!("num_hidden_layers {}", target.num_hidden_layers),
+                "the drafter was made for a target with a different depth",
+            ));
+        }
+        if let Some(&bad) = self
+            .target_layer_ids
+            .iter()
+            .find(|&&l| l >= target.num_hidden_layers)
+        {
+            return Err(mismatch(
+                "dflash_config.target_layer_ids",
+                format!("{:?} (layer {bad})", self.target_layer_ids),
+                format!("num_hidden_layers {}", target.num_hidden_layers),
+                "a target layer id is out of range",
+            ));
+        }
+        if self.mask_token_id as usize >= target.vocab_size {
+            return Err(mismatch(
+                "dflash_config.mask_token_id",
+                self.mask_token_id.to_string(),
+                format!("vocab_size {}", target.vocab_size),
+                "the mask token must be a row of the target's embedding table",
+            ));
+        }
+        if self.vocab_size != target.vocab_size {
+            return Err(mismatch(
+                "vocab_size",
+                self.vocab_size.to_string(),
+                target.vocab_size.to_string(),
+                "the drafter predicts through the target's LM head",
+            ));
+        }
+        self.validate()
+    }
+}

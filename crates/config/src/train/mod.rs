@@ -1,0 +1,249 @@
+//! The training job config, layered with figment (later layers win):
+//!
+//! 1. built-in defaults ([`TrainConfig::default`]),
+//! 2. a TOML file (or TOML text),
+//! 3. environment variables `DFLASH_<SECTION>__<KEY>` (`__` separates nesting levels, e.g.
+//!    `DFLASH_TRAIN__LR=3e-4`, `DFLASH_DATA__BUCKET_BOUNDS=[512,1024]`). Only variables whose
+//!    name contains `__` are read, so unrelated `DFLASH_*` variables (e.g. `DFLASH_LOG`) are left
+//!    alone; a misspelt nested one is an unknown-key error,
+//! 4. command-line overrides `key.path=value` (e.g. `train.lr=3e-4`), merged last.
+//!
+//! Values in environment variables and overrides are parsed as TOML literals: `true`, `12`,
+//! `3e-4`, `[1, 2]`, `"quoted"`; anything that is not a TOML literal is taken as a string (so
+//! `run.name=exp1` works, while a name that looks like a number must be quoted: `run.name='"7"'`).
+//!
+//! Unknown keys anywhere are errors that name the key and where it came from.
+//!
+//! **Paths**: relative paths (`target.path`, `drafter.init_from`, `data.train`, `data.eval`,
+//! `run.dir`) are resolved against the *current working directory* of the process at load
+//! time, not against the config file's directory, and stored absolute; so the config written
+//! into a run directory ([`TrainConfig::to_toml_string`]) is valid from anywhere.
+//! [`TrainConfig::load_toml_str`] resolves against an explicit base directory instead.
+
+mod layering;
+mod sections;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::{Figment, Profile, Provider};
+use serde::{Deserialize, Serialize};
+
+use crate::drafter::{
+    DrafterConfig, DrafterShape, default_gamma, default_num_target_features, known_mask_token_id,
+};
+use crate::error::{ConfigError, Result};
+use crate::qwen3::Qwen3Config;
+use layering::{KeyStyle, Layer, LayerData, env_provider, overrides_provider};
+
+pub use layering::parse_overrides;
+pub use sections::{
+    BackendSection, DataSection, DrafterSection, EvalSection, PipelineSection, RunSection,
+    TargetSection, TooLong, TrainSection,
+};
+
+/// Prefix of the environment variables read by [`TrainConfig::load`].
+pub const ENV_PREFIX: &str = "DFLASH_";
+
+/// The whole training job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// The frozen target model.
+    pub target: TargetSection,
+    /// The drafter to train.
+    pub drafter: DrafterSection,
+    /// Datasets, lengths and batching.
+    pub data: DataSection,
+    /// Optimizer and schedule.
+    pub train: TrainSection,
+    /// Compute backend and attention kernel.
+    pub backend: BackendSection,
+    /// Target/drafter workers and the queues between them.
+    pub pipeline: PipelineSection,
+    /// Where runs are written.
+    pub run: RunSection,
+    /// Held-out evaluation (acceptance length).
+    pub eval: EvalSection,
+}
+
+impl TrainConfig {
+    /// Loads the job config: defaults <- `file` (TOML) <- `DFLASH_*` env <- `overrides`, then
+    /// resolves relative paths against the current directory and validates.
+    /// A `file` that does not exist is an error (figment alone would silently skip it).
+    pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<Self> {
+        let mut fig = Figment::from(Self::defaults_provider());
+        if let Some(path) = file {
+            std::fs::metadata(path).map_err(|source| ConfigError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            fig = fig.merge(Layer {
+                name: "TOML file".into(),
+                source: Some(figment::Source::File(path.to_path_buf())),
+                data: LayerData::Toml(Toml::file_exact(path)),
+                keys: KeyStyle::Dotted,
+            });
+        }
+        Self::finish(fig, overrides, &cwd()?)
+    }
+
+    /// Like [`load`](Self::load) with TOML text in place of a file (e.g. an embedded default
+    /// config); `name` is used in errors. Relative paths resolve against `base_dir`.
+    pub fn load_toml_str(
+        toml: &str,
+        name: &str,
+        base_dir: &Path,
+        overrides: &[(String, String)],
+    ) -> Result<Self> {
+        let fig = Figment::from(Self::defaults_provider()).merge(Layer {
+            name: format!("TOML text `{name}`"),
+            source: None,
+            data: LayerData::Toml(Toml::string(toml)),
+            keys: KeyStyle::Dotted,
+        });
+        Self::finish(fig, overrides, base_dir)
+    }
+
+    fn defaults_provider() -> Layer {
+        let data = Serialized::defaults(TrainConfig::default())
+            .data()
+            .ok()
+            .and_then(|mut m| m.remove(&Profile::Default))
+            .unwrap_or_default();
+        Layer::dict("built-in defaults", data, KeyStyle::Dotted)
+    }
+
+    fn finish(fig: Figment, overrides: &[(String, String)], base_dir: &Path) -> Result<Self> {
+        let fig = fig
+            .merge(env_provider()?)
+            .merge(overrides_provider(overrides)?);
+        let mut cfg: TrainConfig = fig.extract()?;
+        cfg.resolve_paths(base_dir);
+        cfg.validate().map_err(|e| match e {
+            ConfigError::Invalid { field, message, .. } => {
+                let origin = fig
+                    .find_metadata(&field)
+                    .map(|md| match &md.source {
+                        Some(src) => format!("{} {}", md.name, src),
+                        None => md.name.to_string(),
+                    })
+                    .unwrap_or_else(|| "training config".into());
+                ConfigError::Invalid {
+                    origin,
+                    field,
+                    message,
+                }
+            }
+            other => other,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Makes relative paths absolute by joining them to `base`.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        self.target.path.as_mut().map(fix);
+        self.drafter.init_from.as_mut().map(fix);
+        self.data.train.as_mut().map(fix);
+        self.data.eval.as_mut().map(fix);
+        fix(&mut self.run.dir);
+    }
+
+    /// The resolved config as TOML, for writing into the run directory. Loading it back gives
+    /// an equal config.
+    pub fn to_toml_string(&self) -> Result<String> {
+        Ok(toml::to_string_pretty(self)?)
+    }
+
+    /// The target directory, or an error saying that `target.path` must be set.
+    pub fn target_dir(&self) -> Result<&Path> {
+        self.target
+            .path
+            .as_deref()
+            .ok_or_else(|| ConfigError::Invalid {
+                origin: "training config".into(),
+                field: "target.path".into(),
+                message: "not set: give the target's HF model directory".into(),
+            })
+    }
+
+    /// The training dataset, or an error saying that `data.train` must be set.
+    pub fn train_data(&self) -> Result<&Path> {
+        self.data
+            .train
+            .as_deref()
+            .ok_or_else(|| ConfigError::Invalid {
+                origin: "training config".into(),
+                field: "data.train".into(),
+                message: "not set: give the training dataset directory".into(),
+            })
+    }
+
+    /// The mask token id: `drafter.mask_token_id`, else the known one for the target.
+    pub fn mask_token_id(&self, target: &Qwen3Config) -> Result<u32> {
+        match self
+            .drafter
+            .mask_token_id
+            .or_else(|| known_mask_token_id(target.vocab_size))
+        {
+            Some(id) => Ok(id),
+            None => Err(ConfigError::Invalid {
+                origin: "training config".into(),
+                field: "drafter.mask_token_id".into(),
+                message: format!(
+                    "not set, and no default is known for a target with vocab_size {}; \
+                     set it to an unused row of the target's embedding table",
+                    target.vocab_size
+                ),
+            }),
+        }
+    }
+
+    /// The drafter to train against `target`: loaded from `drafter.init_from` if set, else
+    /// built by [`DrafterConfig::for_target`] from the `[drafter]` section; validated against
+    /// the target either way.
+    pub fn drafter_config(&self, target: &Qwen3Config) -> Result<DrafterConfig> {
+        let d = &self.drafter;
+        if let Some(dir) = &d.init_from {
+            let cfg = DrafterConfig::from_dir(dir)?;
+            cfg.validate_against(target)?;
+            return Ok(cfg);
+        }
+        let k = match (&d.target_layer_ids, d.num_target_features) {
+            (_, Some(k)) => k,
+            (Some(ids), None) => ids.len(),
+            (None, None) => default_num_target_features(target.num_hidden_layers),
+        };
+        let shape = DrafterShape {
+            num_layers: d.num_layers,
+            block_size: d.block_size,
+            mask_token_id: self.mask_token_id(target)?,
+            num_target_features: k,
+            target_layer_ids: d.target_layer_ids.clone(),
+            intermediate_size: d.intermediate_size,
+            num_attention_heads: d.num_attention_heads,
+            num_key_value_heads: d.num_key_value_heads,
+            head_dim: d.head_dim,
+            ..DrafterShape::standard(0)
+        };
+        DrafterConfig::for_target(target, &shape)
+    }
+
+    /// Loss decay for a drafter of `block_size`: `data.gamma`, else [`default_gamma`].
+    pub fn gamma(&self, block_size: usize) -> f64 {
+        self.data.gamma.unwrap_or_else(|| default_gamma(block_size))
+    }
+}
+
+fn cwd() -> Result<PathBuf> {
+    std::env::current_dir().map_err(|source| ConfigError::Io {
+        path: PathBuf::from("."),
+        source,
+    })
+}

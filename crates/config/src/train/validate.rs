@@ -1,0 +1,148 @@
+//! Range checks of the training config, kept apart from loading: every rule names the
+//! `section.key` it rejects, so the loader can say which layer set it.
+
+use super::TrainConfig;
+use crate::error::{ConfigError, Result};
+
+impl TrainConfig {
+    /// Range checks of every field; errors name the field (`section.key`).
+    pub fn validate(&self) -> Result<()> {
+        fn bad(field: &str, message: String) -> Result<()> {
+            Err(ConfigError::Invalid {
+                origin: "training config".into(),
+                field: field.into(),
+                message,
+            })
+        }
+        let d = &self.drafter;
+        let data = &self.data;
+        let t = &self.train;
+        let p = &self.pipeline;
+        for (field, v) in [
+            ("drafter.num_layers", d.num_layers),
+            ("data.max_len", data.max_len),
+            ("data.num_anchors", data.num_anchors),
+            ("train.micro_batches_per_step", t.micro_batches_per_step),
+            ("pipeline.target_workers", p.target_workers),
+            ("pipeline.drafter_workers", p.drafter_workers),
+            ("pipeline.queue_capacity", p.queue_capacity),
+        ] {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        for (field, v) in [
+            ("drafter.num_target_features", d.num_target_features),
+            ("drafter.intermediate_size", d.intermediate_size),
+            ("drafter.num_attention_heads", d.num_attention_heads),
+            ("drafter.num_key_value_heads", d.num_key_value_heads),
+            ("drafter.head_dim", d.head_dim),
+            ("eval.max_samples", self.eval.max_samples),
+            ("train.stop_at_step", t.stop_at_step.map(|s| s as usize)),
+        ] {
+            if v == Some(0) {
+                return bad(field, "must be at least 1 when set".into());
+            }
+        }
+        if d.block_size < 2 {
+            return bad(
+                "drafter.block_size",
+                format!(
+                    "must be at least 2 (anchor + one predicted token), got {}",
+                    d.block_size
+                ),
+            );
+        }
+        if let (Some(ids), Some(k)) = (&d.target_layer_ids, d.num_target_features) {
+            if ids.len() != k {
+                return bad(
+                    "drafter.num_target_features",
+                    format!(
+                        "is {k} but drafter.target_layer_ids has {} ids {ids:?}",
+                        ids.len()
+                    ),
+                );
+            }
+        }
+        if d.target_layer_ids.as_ref().is_some_and(Vec::is_empty) {
+            return bad(
+                "drafter.target_layer_ids",
+                "must name at least one layer when set".into(),
+            );
+        }
+        if data.token_budget < data.max_len {
+            return bad(
+                "data.token_budget",
+                format!(
+                    "{} is below data.max_len {}: a longest sample would not fit a micro-batch",
+                    data.token_budget, data.max_len
+                ),
+            );
+        }
+        if data.bucket_bounds.is_empty() || data.bucket_bounds.windows(2).any(|w| w[0] >= w[1]) {
+            return bad(
+                "data.bucket_bounds",
+                format!(
+                    "must be non-empty and strictly increasing, got {:?}",
+                    data.bucket_bounds
+                ),
+            );
+        }
+        if let Some(g) = data.gamma {
+            if !(g.is_finite() && g > 0.0) {
+                return bad("data.gamma", format!("must be a positive number, got {g}"));
+            }
+        }
+        if t.epochs == 0 && t.max_steps.is_none() {
+            return bad(
+                "train.epochs",
+                "is 0 and train.max_steps is not set: nothing to train".into(),
+            );
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return bad(
+                "train.lr",
+                format!("must be a positive number, got {}", t.lr),
+            );
+        }
+        for (field, v) in [
+            ("train.warmup_ratio", t.warmup_ratio),
+            ("train.min_lr_ratio", t.min_lr_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(field, format!("must be in [0, 1], got {v}"));
+            }
+        }
+        for (field, v) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(field, format!("must be in [0, 1), got {v}"));
+            }
+        }
+        if !(t.eps.is_finite() && t.eps > 0.0) {
+            return bad(
+                "train.eps",
+                format!("must be a positive number, got {}", t.eps),
+            );
+        }
+        for (field, v) in [
+            ("train.weight_decay", t.weight_decay),
+            ("train.grad_clip", t.grad_clip),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(field, format!("must be a non-negative number, got {v}"));
+            }
+        }
+        if t.log_every == 0 {
+            return bad("train.log_every", "must be at least 1".into());
+        }
+        for (field, v) in [
+            ("backend.name", &self.backend.name),
+            ("backend.attention", &self.backend.attention),
+        ] {
+            if v.trim().is_empty() {
+                return bad(field, "must not be empty".into());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,102 @@
+//! Forward of one query tile: online softmax over its listed key tiles, f32 inside a tile and
+//! f64 across tiles.
+
+use dflash_core::mask::KeyTile;
+
+use crate::context::Ctx;
+use crate::dense::{axpy, dot};
+use crate::geometry::Geom;
+use crate::tiles::visible_ranges;
+
+impl Ctx<'_> {
+    /// Forward for query tile `qt`: fills its rows of `out` and `lse`.
+    pub(crate) fn forward_q_tile(
+        &self,
+        qt: usize,
+        tiles: &[KeyTile],
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        let Geom { hq, g, d, .. } = self.geo;
+        let r0 = qt * self.q_tile;
+        let rows = lse.len() / hq;
+        let mut scores = vec![0f32; self.k_tile];
+        let mut pv = vec![0f32; d];
+        // Running state of (row, head-in-group): max (an f32 score, so kept in f32), sum and
+        // output numerator in f64.
+        let mut m = vec![f32::NEG_INFINITY; rows * g];
+        let mut l = vec![0f64; rows * g];
+        let mut acc = vec![0f64; rows * g * d];
+        for kvh in 0..self.geo.hkv {
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            acc.fill(0.0);
+            for kt in tiles {
+                let (k0, k1) = self.key_range(kt.index);
+                for ri in 0..rows {
+                    let (ranges, nr) = visible_ranges(self.mask.row(r0 + ri), k0, k1, kt.kind);
+                    if nr == 0 {
+                        continue;
+                    }
+                    // Same K/V tile rows for every head of the group: they stay in cache.
+                    for gi in 0..g {
+                        let qrow = self.q_row(r0 + ri, kvh * g + gi);
+                        let mut n = 0;
+                        let mut tile_max = f32::NEG_INFINITY;
+                        for &(lo, hi) in &ranges[..nr] {
+                            for j in lo..hi {
+                                let s = self.scale * dot(qrow, self.k_row(j, kvh));
+                                scores[n] = s;
+                                n += 1;
+                                tile_max = tile_max.max(s);
+                            }
+                        }
+                        let st = ri * g + gi;
+                        let m_old = m[st];
+                        let m_new = m_old.max(tile_max);
+                        if m_new == f32::NEG_INFINITY {
+                            // Only reachable with -inf scores (infinite inputs); nothing to add.
+                            continue;
+                        }
+                        // Rescale factor of the old state; exp(-inf) = 0 handles the first tile.
+                        let alpha = ((m_old - m_new) as f64).exp();
+                        pv.fill(0.0);
+                        let mut psum = 0f32;
+                        n = 0;
+                        for &(lo, hi) in &ranges[..nr] {
+                            for j in lo..hi {
+                                let p = (scores[n] - m_new).exp();
+                                n += 1;
+                                psum += p;
+                                axpy(&mut pv, p, self.v_row(j, kvh));
+                            }
+                        }
+                        m[st] = m_new;
+                        l[st] = l[st] * alpha + psum as f64;
+                        for (a, &x) in acc[st * d..][..d].iter_mut().zip(&pv) {
+                            *a = *a * alpha + x as f64;
+                        }
+                    }
+                }
+            }
+            for ri in 0..rows {
+                for gi in 0..g {
+                    let st = ri * g + gi;
+                    let h = kvh * g + gi;
+                    let o = &mut out[(ri * hq + h) * d..][..d];
+                    if l[st] > 0.0 {
+                        let inv = 1.0 / l[st];
+                        for (oi, &a) in o.iter_mut().zip(&acc[st * d..][..d]) {
+                            *oi = (a * inv) as f32;
+                        }
+                        lse[ri * hq + h] = (m[st] as f64 + l[st].ln()) as f32;
+                    } else {
+                        // No visible key (padding block): defined as out 0, lse -inf.
+                        o.fill(0.0);
+                        lse[ri * hq + h] = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Running cases against a kernel: seeded inputs, NaN-poisoned outputs, the comparison with
+//! the oracle, the determinism re-runs, and the malformed calls that must return `Err`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use dflash_core::mask::BlockMask;
+use dflash_core::{AttnDims, HostAttentionKernel};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::cases::{Case, dims_for, mask_err};
+use crate::oracle;
+use crate::report::{CaseResult, TensorErr, Tolerance};
+
+fn seed_of(name: &str) -> u64 {
+    // FNV-1a: stable across Rust versions (unlike `DefaultHasher`).
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn uniform(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-amp..amp)).collect()
+}
+
+/// Compares `got` to `want`; on failure returns a message locating the worst element.
+/// `inner` is the size of one row (heads x head_dim) for locating elements.
+fn compare(
+    what: &str,
+    got: &[f32],
+    want: &[f64],
+    inner: (usize, usize),
+    tol: Tolerance,
+) -> (TensorErr, Option<String>) {
+    let mut e = TensorErr::default();
+    let mut worst_at: Option<(usize, f32, f64)> = None;
+    if got.len() != want.len() {
+        return (
+            TensorErr {
+                max_abs: f64::INFINITY,
+                worst: f64::INFINITY,
+            },
+            Some(format!(
+                "{what}: {} elements, expected {}",
+                got.len(),
+                want.len()
+            )),
+        );
+    }
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (abs, ratio) = if w == f64::NEG_INFINITY {
+            if g == f32::NEG_INFINITY {
+                (0.0, 0.0)
+            } else {
+                (f64::INFINITY, f64::INFINITY)
+            }
+        } else if !g.is_finite() {
+            (f64::INFINITY, f64::INFINITY)
+        } else {
+            let abs = (g as f64 - w).abs();
+            (abs, abs / (tol.atol + tol.rtol * w.abs()))
+        };
+        e.max_abs = e.max_abs.max(abs);
+        if ratio > e.worst || (ratio.is_infinite() && worst_at.is_none()) {
+            e.worst = ratio;
+            worst_at = Some((i, g, w));
+        }
+    }
+    let failure = match worst_at {
+        Some((i, g, w)) if e.worst > 1.0 => {
+            let (heads, d) = inner;
+            let (row, rest) = (i / (heads * d), i % (heads * d));
+            let at = if d == 1 {
+                format!("row {row}, head {rest}")
+            } else {
+                format!("row {row}, head {}, d {}", rest / d, rest % d)
+            };
+            Some(format!(
+                "{what}[{at}] = {g} but oracle says {w} (|err| {:.3e}, {:.1}x tolerance)",
+                (g as f64 - w).abs(),
+                e.worst
+            ))
+        }
+        _ => None,
+    };
+    (e, failure)
+}
+
+fn bits(xs: &[f32]) -> Vec<u32> {
+    xs.iter().map(|x| x.to_bits()).collect()
+}
+
+pub(crate) fn run_case(
+    kernel: &dyn HostAttentionKernel,
+    case: &Case,
+    tol: Tolerance,
+) -> CaseResult {
+    let mut res = CaseResult::new(case.name.clone());
+    let dims = case.dims;
+    let (tq, tk, hq, hkv, d) = (
+        dims.q_rows,
+        dims.kv_rows,
+        dims.q_heads,
+        dims.kv_heads,
+        dims.head_dim,
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(seed_of(&case.name));
+    let q = uniform(&mut rng, tq * hq * d, case.q_amp);
+    let k = uniform(&mut rng, tk * hkv * d, 2.0);
+    let v = uniform(&mut rng, tk * hkv * d, 1.0);
+    let d_out = uniform(&mut rng, tq * hq * d, 1.0);
+
+    let fwd = oracle::forward(&dims, &q, &k, &v, &case.mask, case.scale);
+    let grads = oracle::backward(&dims, &q, &k, &v, &case.mask, case.scale, &d_out);
+
+    // Forward, twice, into NaN-poisoned buffers.
+    let run_fwd = || -> Result<(Vec<f32>, Vec<f32>), String> {
+        let mut out = vec![f32::NAN; tq * hq * d];
+        let mut lse = vec![f32::NAN; tq * hq];
+        catch_unwind(AssertUnwindSafe(|| {
+            kernel.forward(
+                &dims, &q, &k, &v, &case.mask, case.scale, &mut out, &mut lse,
+            )
+        }))
+        .map_err(|_| "forward panicked".to_string())?
+        .map_err(|e| format!("forward returned Err on valid input: {e}"))?;
+        Ok((out, lse))
+    };
+    match (run_fwd(), run_fwd()) {
+        (Ok((out, lse)), Ok((out2, lse2))) => {
+            let (e, f) = compare("out", &out, &fwd.out, (hq, d), tol);
+            res.out = e;
+            if let Some(f) = f {
+                res.fail(f);
+            }
+            let (e, f) = compare("lse", &lse, &fwd.lse, (hq, 1), tol);
+            res.lse = e;
+            if let Some(f) = f {
+                res.fail(f);
+            }
+            if bits(&out) != bits(&out2) || bits(&lse) != bits(&lse2) {
+                res.fail("forward is not deterministic (two runs differ bitwise)".into());
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => res.fail(e),
+    }
+
+    // Backward, twice, fed the oracle's forward rounded to f32.
+    let out32: Vec<f32> = fwd.out.iter().map(|&x| x as f32).collect();
+    let lse32: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
+    let run_bwd = || -> Result<[Vec<f32>; 3], String> {
+        let mut dq = vec![f32::NAN; tq * hq * d];
+        let mut dk = vec![f32::NAN; tk * hkv * d];
+        let mut dv = vec![f32::NAN; tk * hkv * d];
+        catch_unwind(AssertUnwindSafe(|| {
+            kernel.backward(
+                &dims, &q, &k, &v, &out32, &lse32, &d_out, &case.mask, case.scale, &mut dq,
+                &mut dk, &mut dv,
+            )
+        }))
+        .map_err(|_| "backward panicked".to_string())?
+        .map_err(|e| format!("backward returned Err on valid input: {e}"))?;
+        Ok([dq, dk, dv])
+    };
+    match (run_bwd(), run_bwd()) {
+        (Ok([dq, dk, dv]), Ok(again)) => {
+            for (what, got, want, inner, slot) in [
+                ("dq", &dq, &grads.dq, (hq, d), &mut res.dq),
+                ("dk", &dk, &grads.dk, (hkv, d), &mut res.dk),
+                ("dv", &dv, &grads.dv, (hkv, d), &mut res.dv),
+            ] {
+                let (e, f) = compare(what, got, want, inner, tol);
+                *slot = e;
+                if let Some(f) = f {
+                    res.failure = Some(match res.failure.take() {
+                        Some(prev) => format!("{prev}; {f}"),
+                        None => f,
+                    });
+                }
+            }
+            if [bits(&dq), bits(&dk), bits(&dv)]
+                != [bits(&again[0]), bits(&again[1]), bits(&again[2])]
+            {
+                res.fail("backward is not deterministic (two runs differ bitwise)".into());
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => res.fail(e),
+    }
+    res
+}
+
+/// Malformed calls: each must return `Err` (not panic, not `Ok`).
+pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<CaseResult>, String> {
+    let mask = BlockMask::dflash(20, 4, &[3, 9, -1]).map_err(mask_err)?;
+    let good = dims_for(&mask, 2, 16);
+    let (tq, tk, hq, hkv, d) = (
+        good.q_rows,
+        good.kv_rows,
+        good.q_heads,
+        good.kv_heads,
+        good.head_dim,
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(seed_of("bad_input"));
+    let q = uniform(&mut rng, tq * hq * d, 1.0);
+    let k = uniform(&mut rng, tk * hkv * d, 1.0);
+    let v = uniform(&mut rng, tk * hkv * d, 1.0);
+    let scale = 0.25;
+
+    struct Bad {
+        name: &'static str,
+        dims: AttnDims,
+        q_len: usize,
+        kv_len: usize,
+        out_len: usize,
+        lse_len: usize,
+    }
+    let ok = Bad {
+        name: "",
+        dims: good,
+        q_len: tq * hq * d,
+        kv_len: tk * hkv * d,
+        out_len: tq * hq * d,
+        lse_len: tq * hq,
+    };
+    let bads = [
+        Bad {
+            name: "bad_input/q_len",
+            q_len: ok.q_len - 1,
+            ..ok
+        },
+        Bad {
+            name: "bad_input/kv_len",
+            kv_len: ok.kv_len + d,
+            ..ok
+        },
+        Bad {
+            name: "bad_input/out_len",
+            out_len: ok.out_len - d,
+            ..ok
+        },
+        Bad {
+            name: "bad_input/lse_len",
+            lse_len: ok.lse_len + 1,
+            ..ok
+        },
+        // 3 query heads over 2 kv heads: not a whole number of groups.
+        Bad {
+            name: "bad_input/heads",
+            dims: AttnDims { q_heads: 3, ..good },
+            ..ok
+        },
+        Bad {
+            name: "bad_input/kv_heads_zero",
+            dims: AttnDims {
+                kv_heads: 0,
+                ..good
+            },
+            ..ok
+        },
+        // The mask describes a different number of query rows than q has.
+        Bad {
+            name: "bad_input/mask_rows",
+            dims: AttnDims {
+                q_rows: tq + 4,
+                ..good
+            },
+            ..ok
+        },
+    ];
+    let mut results = Vec::new();
+    for b in bads {
+        let mut res = CaseResult::new(b.name.to_string());
+        res.numeric = false;
+        let pad = |xs: &[f32], n: usize| -> Vec<f32> {
+            let mut v: Vec<f32> = xs.iter().copied().cycle().take(n).collect();
+            v.resize(n, 0.5);
+            v
+        };
+        let (qb, kb, vb) = (pad(&q, b.q_len), pad(&k, b.kv_len), pad(&v, b.kv_len));
+        let d_out = pad(&q, b.out_len);
+        let fwd = catch_unwind(AssertUnwindSafe(|| {
+            let mut out = vec![f32::NAN; b.out_len];
+            let mut lse = vec![f32::NAN; b.lse_len];
+            kernel.forward(&b.dims, &qb, &kb, &vb, &mask, scale, &mut out, &mut lse)
+        }));
+        match fwd {
+            Err(_) => res.fail("forward panicked on malformed input (must return Err)".into()),
+            Ok(Ok(())) => res.fail("forward accepted malformed input".into()),
+            Ok(Err(_)) => {}
+        }
+        let bwd = catch_unwind(AssertUnwindSafe(|| {
+            let out = pad(&q, b.out_len);
+            let lse = vec![0.0f32; b.lse_len];
+            let mut dq = vec![f32::NAN; b.q_len];
+            let mut dk = vec![f32::NAN; b.kv_len];
+            let mut dv = vec![f32::NAN; b.kv_len];
+            kernel.backward(
+                &b.dims, &qb, &kb, &vb, &out, &lse, &d_out, &mask, scale, &mut dq, &mut dk, &mut dv,
+            )
+        }));
+        match bwd {
+            Err(_) => res.fail("backward panicked on malformed input (must return Err)".into()),
+            Ok(Ok(())) => res.fail("backward accepted malformed input".into()),
+            Ok(Err(_)) => {}
+        }
+        results.push(res);
+    }
+    Ok(results)
+}
