@@ -243,7 +243,10 @@ impl Drafter {
         &self.backend
     }
 
-    fn check_input(&self, inp: &DraftInput<'_>) -> Result<usize> {
+    /// Validates an input; returns `(S, block length)`. The block length is
+    /// `block_ids.len() / anchors.len()`: the configured `block_size` in training, shorter
+    /// only for evaluation's last block near the end of a sequence (as the serving loop drafts).
+    fn check_input(&self, inp: &DraftInput<'_>) -> Result<(usize, usize)> {
         let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
         if inp.features.is_empty() || inp.features.len() % kh != 0 {
             return Err(ModelError::Input(format!(
@@ -251,30 +254,39 @@ impl Drafter {
                 inp.features.len()
             )));
         }
-        let rows = inp.anchors.len() * self.cfg.block_size;
+        let n = inp.anchors.len().max(1);
+        let bs = inp.block_ids.len() / n;
+        if bs == 0 || bs > self.cfg.block_size || inp.block_ids.len() != bs * inp.anchors.len() {
+            return Err(ModelError::Input(format!(
+                "{} block ids for {} anchors: expected anchors x block length with block length \
+                 in 1..={}",
+                inp.block_ids.len(),
+                inp.anchors.len(),
+                self.cfg.block_size
+            )));
+        }
+        let rows = inp.block_ids.len();
         for (what, n) in [
-            ("block_ids", inp.block_ids.len()),
             ("positions", inp.positions.len()),
             ("labels", inp.labels.len()),
             ("weights", inp.weights.len()),
         ] {
             if n != rows {
                 return Err(ModelError::Input(format!(
-                    "{what} has {n} entries, expected anchors x block_size = {rows}"
+                    "{what} has {n} entries, expected one per block slot ({rows})"
                 )));
             }
         }
-        Ok(inp.features.len() / kh)
+        Ok((inp.features.len() / kh, bs))
     }
 
     fn prepare(&self, inp: &DraftInput<'_>) -> Result<Prepared> {
         let b = self.backend.as_ref();
-        let s = self.check_input(inp)?;
+        let (s, bs) = self.check_input(inp)?;
         let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
         let feats = b.upload(inp.features, &[s, kh])?;
         let c = b.linear(&feats, &self.params.fc)?; // (S, H)
         let (ctx, rstd_c) = b.rms_norm(&c, &self.params.hidden_norm, self.dims.eps)?;
-        let bs = self.cfg.block_size;
         let masks = self
             .cfg
             .layer_types

@@ -148,8 +148,8 @@ impl Qwen3Target {
         Ok(())
     }
 
-    /// Hidden states in HF's convention for the loaded layers: index 0 is the embedding
-    /// output, index `i` the output of layer `i-1` (no final norm). For golden tests.
+    /// Raw outputs of the loaded layers: index 0 is the embedding output, index `i` the
+    /// output of layer `i-1` (never the final norm, unlike HF's last entry). For golden tests.
     pub fn hidden_states(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let b = self.backend.as_ref();
         let mut out = vec![b.download(&b.embedding(&self.embed, ids)?)?];
@@ -193,7 +193,14 @@ impl dflash_core::pipeline::Target for Qwen3Target {
         self.run(ids, depth, |i, x| {
             for (slot, &l) in self.layer_ids.iter().enumerate() {
                 if l == i {
-                    chosen[slot] = Some(b.copy(x)?);
+                    // HF's hidden_states[L] (the last layer's entry) has the final norm
+                    // applied; DFlash reads hidden_states[l + 1], so do the same.
+                    chosen[slot] = Some(if l + 1 == self.cfg.num_hidden_layers {
+                        let norm = self.norm.as_ref().expect("norm is loaded by from_files");
+                        b.rms_norm(x, norm, self.dims.eps)?.0
+                    } else {
+                        b.copy(x)?
+                    });
                 }
             }
             Ok(())

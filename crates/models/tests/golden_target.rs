@@ -144,13 +144,15 @@ fn features_concatenate_chosen_layers_in_order() {
             first.extend_from_slice(&tok[..HID]);
             second.extend_from_slice(&tok[HID..]);
         }
+        // Layer 2 is the target's last layer: DFlash reads HF `hidden_states[3]`, which
+        // has the final norm applied, not the raw layer output.
         check(
             &g,
             &first,
-            "layer_output.2",
+            "hidden_states.3",
             r,
             HID,
-            "features[.., 0:H] (layer 2)",
+            "features[.., 0:H] (layer 2, the last: final-normed as in HF)",
         );
         check(
             &g,

@@ -144,9 +144,18 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
         cfg.eval.max_samples.unwrap_or(usize::MAX),
     )?;
     Ok(EvalOutcome {
-        report: evaluate_tau(&drafter, &seqs)?,
+        report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
         skipped_samples,
     })
+}
+
+/// The target's EOS ids: evaluation stops a sequence there, as the serving loop does.
+fn stop_tokens(target: &Qwen3Config) -> Vec<u32> {
+    target
+        .eos_token_id
+        .as_ref()
+        .map(|e| e.to_vec())
+        .unwrap_or_default()
 }
 
 fn run_dir(cfg: &TrainConfig) -> PathBuf {
@@ -368,7 +377,7 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
     };
     let tau_before = match (&eval_seqs, resuming) {
         (Some(seqs), false) => {
-            let t = evaluate_tau(&replicas[0].drafter, seqs)?.tau;
+            let t = evaluate_tau(&replicas[0].drafter, seqs, &stop_tokens(&tcfg))?.tau;
             eprintln!("tau before training: {t:.3}");
             Some(t)
         }
@@ -542,7 +551,7 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
     )?;
     let tau_after = match &eval_seqs {
         Some(seqs) => {
-            let t = evaluate_tau(&replica.drafter, seqs)?.tau;
+            let t = evaluate_tau(&replica.drafter, seqs, &stop_tokens(&tcfg))?.tau;
             eprintln!("tau after training: {t:.3}");
             Some(t)
         }

@@ -26,28 +26,23 @@ pub struct TauReport {
 /// Anchors per batched forward: bounds the drafter's activation memory during evaluation.
 const ANCHORS_PER_FORWARD: usize = 256;
 
-/// Per-cycle acceptance for one sequence (the target's features are in `seq.features`).
-pub fn sequence_cycles(drafter: &Drafter, seq: &HiddenSeq) -> Result<Vec<usize>> {
-    let cfg = drafter.config();
-    let bs = cfg.block_size;
-    let s = seq.ids.len();
-    let Some(p0) = seq.loss_mask.iter().position(|&m| m != 0) else {
-        return Ok(Vec::new()); // no completion to draft
-    };
-    if p0 + 1 >= s {
-        return Ok(Vec::new());
-    }
-    // predictions[a - p0][j] = drafter's greedy token for position a + j
-    let all: Vec<i32> = (p0 as i32..(s - 1) as i32).collect();
-    let mut predictions: Vec<Vec<u32>> = Vec::with_capacity(all.len());
-    for chunk in all.chunks(ANCHORS_PER_FORWARD) {
-        let rows = chunk.len() * bs;
-        let mut block_ids = vec![cfg.mask_token_id; rows];
+/// Greedy predictions for the blocks anchored at `anchors`, each `len` slots long.
+fn predict_blocks(
+    drafter: &Drafter,
+    seq: &HiddenSeq,
+    anchors: &[i32],
+    len: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let mask_id = drafter.config().mask_token_id;
+    let mut out = Vec::with_capacity(anchors.len());
+    for chunk in anchors.chunks(ANCHORS_PER_FORWARD) {
+        let rows = chunk.len() * len;
+        let mut block_ids = vec![mask_id; rows];
         let mut positions = vec![0i32; rows];
         for (n, &a) in chunk.iter().enumerate() {
-            block_ids[n * bs] = seq.ids[a as usize];
-            for j in 0..bs {
-                positions[n * bs + j] = a + j as i32;
+            block_ids[n * len] = seq.ids[a as usize];
+            for j in 0..len {
+                positions[n * len + j] = a + j as i32;
             }
         }
         let (labels, weights) = (vec![0u32; rows], vec![0f32; rows]);
@@ -60,32 +55,68 @@ pub fn sequence_cycles(drafter: &Drafter, seq: &HiddenSeq) -> Result<Vec<usize>>
             weights: &weights,
         };
         let pred = drafter.predict(&input)?;
-        predictions.extend(pred.chunks(bs).map(|c| c.to_vec()));
+        out.extend(pred.chunks(len).map(|c| c.to_vec()));
+    }
+    Ok(out)
+}
+
+/// Per-cycle committed-token counts for one sequence (the target's features are in
+/// `seq.features`), counted as the serving loop counts them:
+/// - a cycle commits `accepted + 1` tokens (the bonus token), but never more than the tokens
+///   still to generate, so the last cycle is not over-counted;
+/// - near the end the block is shortened to the tokens left (`min(block_size, S - a)` slots),
+///   so no MASK slot past the end takes part in attention;
+/// - generation stops at the first stop token (EOS) of the completion, which is committed.
+pub fn sequence_cycles(
+    drafter: &Drafter,
+    seq: &HiddenSeq,
+    stop_tokens: &[u32],
+) -> Result<Vec<usize>> {
+    let bs = drafter.config().block_size;
+    let Some(p0) = seq.loss_mask.iter().position(|&m| m != 0) else {
+        return Ok(Vec::new()); // no completion to draft
+    };
+    // The sequence as the loop would generate it: up to and including the first stop token.
+    let s = seq.ids[p0..]
+        .iter()
+        .position(|t| stop_tokens.contains(t))
+        .map_or(seq.ids.len(), |i| p0 + i + 1);
+    if p0 + 1 >= s {
+        return Ok(Vec::new());
+    }
+    // predictions[a - p0][j] = drafter's greedy token for position a + j
+    let full: Vec<i32> = (p0..s - 1)
+        .filter(|&a| a + bs <= s)
+        .map(|a| a as i32)
+        .collect();
+    let mut predictions = predict_blocks(drafter, seq, &full, bs)?;
+    for a in (p0..s - 1).filter(|&a| a + bs > s) {
+        predictions.extend(predict_blocks(drafter, seq, &[a as i32], s - a)?);
     }
     let mut cycles = Vec::new();
     let mut a = p0;
     while a + 1 < s {
         let pred = &predictions[a - p0];
-        let mut accepted = 0;
-        for j in 1..bs {
-            if a + j < s && pred[j] == seq.ids[a + j] {
-                accepted += 1;
-            } else {
-                break;
-            }
-        }
-        cycles.push(accepted + 1);
+        let accepted = (1..pred.len())
+            .take_while(|&j| pred[j] == seq.ids[a + j])
+            .count();
+        cycles.push((accepted + 1).min(s - 1 - a));
         a += accepted + 1;
     }
     Ok(cycles)
 }
 
 /// Mean tau over sequences (each sequence weighted equally, as published numbers are).
-pub fn evaluate_tau(drafter: &Drafter, seqs: &[HiddenSeq]) -> Result<TauReport> {
+/// `stop_tokens` end generation like the serving loop's EOS (pass the target's EOS ids).
+pub fn evaluate_tau(
+    drafter: &Drafter,
+    seqs: &[HiddenSeq],
+    stop_tokens: &[u32],
+) -> Result<TauReport> {
     let mut per_sequence = Vec::new();
     let mut cycles = 0;
     for seq in seqs {
-        let c = sequence_cycles(drafter, seq)?;
+        let c = sequence_cycles(drafter, seq, stop_tokens)?;
         if c.is_empty() {
             continue;
         }

@@ -73,9 +73,8 @@ fn seq(target: &Qwen3Target, id: u64, ids: Vec<u32>, loss_mask: Vec<u8>) -> Hidd
     }
 }
 
-/// The drafter's greedy block for anchor `a` alone, given `features` rows `0..=a`.
-fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32> {
-    let bs = d.config().block_size;
+/// The drafter's greedy block of `bs` slots for anchor `a` alone, given `features` rows `0..=a`.
+fn predict_len(d: &Drafter, features: &[f32], ids: &[u32], a: usize, bs: usize) -> Vec<u32> {
     let mut block_ids = vec![MASK; bs];
     block_ids[0] = ids[a];
     let positions: Vec<i32> = (0..bs).map(|j| (a + j) as i32).collect();
@@ -90,11 +89,18 @@ fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32>
     d.predict(&input).unwrap()
 }
 
+/// A full block (`block_size` slots) for anchor `a`.
+fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32> {
+    predict_len(d, features, ids, a, d.config().block_size)
+}
+
 /// DESIGN.md §2.5 written out directly: one drafter call per cycle, sequentially. The drafter
 /// gets only the committed context, positions `< a`, plus a garbage row at `a` (the anchor's
 /// own feature is not known at inference; the mask must hide it, and garbage makes a leak
 /// visible); block `[token at a, MASK...]`; accepted = matching prefix of its greedy tokens
-/// with the data at `a+1..`; tau = accepted + 1; next anchor `a + accepted + 1`.
+/// with the data at `a+1..`; tau = accepted + 1; next anchor `a + accepted + 1`. At the end,
+/// as the serving loop does: the block is `min(block_size, S - a)` slots and a cycle commits
+/// at most the `S - 1 - a` tokens still to generate.
 fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
     let cfg = d.config();
     let (bs, kh) = (cfg.block_size, cfg.hidden_size * cfg.target_layer_ids.len());
@@ -107,15 +113,13 @@ fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
     while a + 1 < n {
         let mut features = s.features[..a * kh].to_vec();
         features.extend((0..kh).map(|i| ((i * 37 % 11) as f32 - 5.0) * 3.0));
-        let pred = predict_one(d, &features, &s.ids, a);
+        let len = bs.min(n - a);
+        let pred = predict_len(d, &features, &s.ids, a, len);
         let mut accepted = 0;
-        while accepted + 1 < bs
-            && a + accepted + 1 < n
-            && pred[accepted + 1] == s.ids[a + accepted + 1]
-        {
+        while accepted + 1 < len && pred[accepted + 1] == s.ids[a + accepted + 1] {
             accepted += 1;
         }
-        cycles.push(accepted + 1);
+        cycles.push((accepted + 1).min(n - 1 - a));
         a += accepted + 1;
     }
     cycles
@@ -171,7 +175,7 @@ fn check_tau_chain(attention: &str) {
         (&[2, 3, 3, 0, 1][..], 61),
     ] {
         let (s, planned) = generate(&t, &d, prompt, plan, len);
-        let got = sequence_cycles(&d, &s).unwrap();
+        let got = sequence_cycles(&d, &s, &[]).unwrap();
         assert_eq!(
             got,
             sequential_cycles(&d, &s),
@@ -190,7 +194,7 @@ fn check_tau_chain(attention: &str) {
 
     // More anchors than one batched forward takes (256), so the chunk boundary is crossed.
     let (long, planned) = generate(&t, &d, &prompt[16..], &[3, 2, 3, 0, 3, 1, 3], 300);
-    let got = sequence_cycles(&d, &long).unwrap();
+    let got = sequence_cycles(&d, &long, &[]).unwrap();
     assert_eq!(
         got,
         sequential_cycles(&d, &long),
@@ -212,7 +216,7 @@ fn check_tau_chain(attention: &str) {
     let mut all: Vec<HiddenSeq> = seqs.iter().map(|(s, _)| s.clone()).collect();
     all.insert(1, none);
     all.push(last_only);
-    let report = evaluate_tau(&d, &all).unwrap();
+    let report = evaluate_tau(&d, &all, &[]).unwrap();
     let means: Vec<f64> = seqs
         .iter()
         .map(|(_, c)| c.iter().sum::<usize>() as f64 / c.len() as f64)
@@ -479,4 +483,41 @@ fn state_round_trip_continues_bit_for_bit() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(&dir.path().display().to_string()), "{e}");
+}
+
+/// The serving loop commits exactly the completion: summed over cycles, the committed
+/// tokens equal the tokens to generate (no bonus token past the end is counted), and a stop
+/// token ends generation right after it is committed.
+#[test]
+fn cycles_commit_exactly_the_completion_and_stop_at_eos() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let t = target(&b, &cfg);
+    // Large init: predictions vary, so both full and partial acceptance occur over many seeds.
+    for seed in 0..4 {
+        let d = drafter(&b, &cfg, 0.2, seed);
+        let (ids, mask) = data_sample(seed as usize);
+        let p0 = mask.iter().position(|&m| m == 1).unwrap();
+        let s = seq(&t, 0, ids.clone(), mask);
+        let n = ids.len();
+        let cycles = sequence_cycles(&d, &s, &[]).unwrap();
+        assert_eq!(
+            cycles.iter().sum::<usize>(),
+            n - 1 - p0,
+            "seed {seed}: whole completion"
+        );
+        assert!(cycles.iter().all(|&c| (1..=cfg.block_size).contains(&c)));
+
+        // Stop at the first occurrence of some completion token: generation ends there.
+        let eos_at = p0 + 1 + (n - p0 - 1) / 2;
+        let eos = ids[eos_at];
+        let first = p0 + ids[p0..].iter().position(|&x| x == eos).unwrap();
+        let cut = sequence_cycles(&d, &s, &[eos]).unwrap();
+        let expect = first.saturating_sub(p0);
+        assert_eq!(
+            cut.iter().sum::<usize>(),
+            expect,
+            "seed {seed}: stop token at {first}"
+        );
+    }
 }
