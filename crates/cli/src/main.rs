@@ -81,15 +81,32 @@ fn status(run_dir: &Path) -> Result<()> {
         Some(line) => {
             let v: serde_json::Value = serde_json::from_str(line)
                 .with_context(|| format!("{}: last line is not JSON", metrics.display()))?;
+            let pct = |key: &str| -> String {
+                let v: Vec<String> = v[key]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|x| format!("{:.0}%", x.as_f64().unwrap_or(0.0) * 100.0))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v.join(" ")
+            };
             println!(
-                "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s | queue depths {} | producer stall {:.1}s | consumer starved {:.1}s",
+                "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s | elapsed {:.0}s",
                 v["step"].as_u64().map_or(0, |s| s + 1),
                 v["loss"].as_f64().unwrap_or(f64::NAN),
                 v["accuracy"].as_f64().unwrap_or(f64::NAN),
                 v["tokens_per_s"].as_f64().unwrap_or(0.0),
+                v["elapsed_s"].as_f64().unwrap_or(0.0),
+            );
+            println!(
+                "queues {} | producer stall {:.1}s | consumer starved {:.1}s | busy: targets [{}] drafters [{}]",
                 v["queue_depths"],
                 v["producer_stall_s"].as_f64().unwrap_or(0.0),
                 v["consumer_starved_s"].as_f64().unwrap_or(0.0),
+                pct("target_busy"),
+                pct("drafter_busy"),
             );
         }
         None => println!("no steps recorded yet"),

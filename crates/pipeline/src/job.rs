@@ -1,9 +1,9 @@
 //! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dflash_config::{
     DType, DrafterConfig, DrafterShape, Qwen3Config, TooLong, TrainConfig,
@@ -27,7 +27,7 @@ use crate::comm::HostComm;
 use crate::error::{PipelineError, Result, cause_chain};
 use crate::report::Reporter;
 use crate::schedule::Schedule;
-use crate::workers::{Reorder, SampleRules, Shared, WorkItem, featurise, target_worker};
+use crate::workers::{Reorder, SampleRules, Shared, WorkItem, add_busy, featurise, target_worker};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainOutcome {
@@ -404,6 +404,9 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
         skips: Mutex::new(SkipCounts::default()),
         stall_timeout: Duration::from_secs(cfg.pipeline.timeout_secs.max(1)),
         on_abort: Box::new(move || abort_comm.abort()),
+        target_busy: (0..n_targets).map(|_| AtomicU64::new(0)).collect(),
+        drafter_busy: (0..n_drafters).map(|_| AtomicU64::new(0)).collect(),
+        started: Instant::now(),
     };
     let rules = SampleRules {
         vocab_size: tcfg.vocab_size,
@@ -446,12 +449,9 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
             let data = train_data.clone();
             let target = target.clone();
             scope.spawn(move || {
-                let name = format!("target worker {i}");
-                if let Err(e) =
-                    target_worker(name.clone(), shared, target.as_ref(), data.as_ref(), rules)
-                {
+                if let Err(e) = target_worker(i, shared, target.as_ref(), data.as_ref(), rules) {
                     shared.fail(PipelineError::Worker {
-                        worker: name,
+                        worker: format!("target worker {i}"),
                         source: Box::new(e),
                     });
                 }
@@ -473,16 +473,15 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
                         let work = &schedule.steps[step];
                         for m in (0..work.micro.len()).filter(|m| m % world == rank) {
                             let batch = reorder.next(shared, &shared.features[rank], step as u64, m as u32, &who)?;
+                            let t0 = Instant::now();
                             for seq in batch.seqs {
                                 replica.accumulate(&PreparedSeq::new(seq, batch.epoch, spec))?;
                             }
+                            add_busy(&shared.drafter_busy[rank], t0);
                         }
                         let summary = replica.finish_step(&comm, lr.lr(step as u64))?;
                         if let Some((rep, first_loss, last)) = rank0.as_mut() {
-                            let depths = shared.features.iter().map(|q| q.stats().depth).collect();
-                            let stall = shared.features.iter().map(|q| q.stats().push_wait.as_secs_f64()).sum();
-                            let starved = shared.features.iter().map(|q| q.stats().pop_wait.as_secs_f64()).sum();
-                            rep.step(&summary, work.epoch, step_tokens[step], depths, stall, starved)?;
+                            rep.step(&summary, work.epoch, step_tokens[step], shared.gauges())?;
                             if first_loss.is_nan() {
                                 **first_loss = summary.stats.loss();
                             }

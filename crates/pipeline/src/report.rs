@@ -10,6 +10,7 @@ use std::time::Instant;
 use dflash_training::StepSummary;
 
 use crate::error::{PipelineError, Result};
+use crate::workers::Gauges;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StepRecord {
@@ -23,14 +24,9 @@ pub struct StepRecord {
     pub tokens: u64,
     pub tokens_per_s: f64,
     pub elapsed_s: f64,
-    /// Depth of each replica's feature queue at the end of the step.
-    pub queue_depths: Vec<usize>,
-    /// Seconds the target workers spent blocked on full feature queues so far (drafters are
-    /// the bottleneck when this grows).
-    pub producer_stall_s: f64,
-    /// Seconds the drafter replicas spent waiting on empty queues so far (targets are the
-    /// bottleneck when this grows).
-    pub consumer_starved_s: f64,
+    /// Queue depths, stalls and per-worker busy fractions at the end of the step.
+    #[serde(flatten)]
+    pub gauges: Gauges,
 }
 
 pub struct Reporter {
@@ -95,9 +91,7 @@ impl Reporter {
         s: &StepSummary,
         epoch: u64,
         tokens: u64,
-        queue_depths: Vec<usize>,
-        stall_s: f64,
-        starved_s: f64,
+        gauges: Gauges,
     ) -> Result<StepRecord> {
         self.tokens_since_start += tokens;
         let elapsed = self.start.elapsed().as_secs_f64();
@@ -112,9 +106,7 @@ impl Reporter {
             tokens,
             tokens_per_s: self.tokens_since_start as f64 / elapsed.max(1e-9),
             elapsed_s: elapsed,
-            queue_depths,
-            producer_stall_s: stall_s,
-            consumer_starved_s: starved_s,
+            gauges,
         };
         let line = serde_json::to_string(&rec).expect("record serialises");
         writeln!(self.metrics, "{line}").map_err(PipelineError::io("metrics.jsonl"))?;
@@ -139,7 +131,7 @@ impl Reporter {
                 } else {
                     " (skipped: non-finite)"
                 },
-                rec.queue_depths,
+                rec.gauges.queue_depths,
                 elapsed
             );
             match &self.bar {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Queue, QueueError, Target};
@@ -35,9 +35,54 @@ pub struct Shared {
     pub stall_timeout: Duration,
     /// Called once on the first failure (aborts the all-reduce group).
     pub on_abort: Box<dyn Fn() + Send + Sync>,
+    /// Nanoseconds each target worker spent working (not waiting on queues).
+    pub target_busy: Vec<AtomicU64>,
+    /// Nanoseconds each drafter replica spent working (not waiting on queues or peers).
+    pub drafter_busy: Vec<AtomicU64>,
+    /// When the workers started, for busy fractions.
+    pub started: Instant,
+}
+
+/// Adds the time since `since` to a busy counter.
+pub fn add_busy(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// Live gauges of the pipeline, reported with every step.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Gauges {
+    /// Depth of each replica's feature queue.
+    pub queue_depths: Vec<usize>,
+    /// Seconds the target workers spent blocked on full feature queues so far (drafters are
+    /// the bottleneck when this grows).
+    pub producer_stall_s: f64,
+    /// Seconds the drafter replicas spent waiting on empty queues so far (targets are the
+    /// bottleneck when this grows).
+    pub consumer_starved_s: f64,
+    /// Fraction of wall time each target worker was busy.
+    pub target_busy: Vec<f64>,
+    /// Fraction of wall time each drafter replica was busy (its all-reduce waits excluded).
+    pub drafter_busy: Vec<f64>,
 }
 
 impl Shared {
+    pub fn gauges(&self) -> Gauges {
+        let wall = self.started.elapsed().as_nanos().max(1) as f64;
+        let frac = |v: &[AtomicU64]| {
+            v.iter()
+                .map(|c| c.load(Ordering::Relaxed) as f64 / wall)
+                .collect()
+        };
+        let stats: Vec<_> = self.features.iter().map(|q| q.stats()).collect();
+        Gauges {
+            queue_depths: stats.iter().map(|s| s.depth).collect(),
+            producer_stall_s: stats.iter().map(|s| s.push_wait.as_secs_f64()).sum(),
+            consumer_starved_s: stats.iter().map(|s| s.pop_wait.as_secs_f64()).sum(),
+            target_busy: frac(&self.target_busy),
+            drafter_busy: frac(&self.drafter_busy),
+        }
+    }
+
     /// Records the first error and stops everyone.
     pub fn fail(&self, e: PipelineError) {
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -162,14 +207,16 @@ pub fn featurise(
 
 /// A target worker: work items in, feature batches out to replica `micro % D`.
 pub fn target_worker(
-    name: String,
+    index: usize,
     shared: &Shared,
     target: &dyn Target,
     data: &dyn Dataset,
     rules: SampleRules,
 ) -> Result<()> {
+    let name = format!("target worker {index}");
     let d = shared.features.len();
     while let Some(item) = shared.pop_patiently(&shared.work, &name)? {
+        let t0 = Instant::now();
         let mut seqs = Vec::with_capacity(item.samples.len());
         for &i in &item.samples {
             if let Some(seq) = featurise(target, data, i, &rules, &shared.skips)? {
@@ -182,6 +229,7 @@ pub fn target_worker(
             micro: item.micro,
             seqs,
         };
+        add_busy(&shared.target_busy[index], t0);
         shared.push_patiently(&shared.features[item.micro as usize % d], batch, &name)?;
     }
     Ok(())
