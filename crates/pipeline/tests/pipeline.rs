@@ -342,6 +342,19 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
     // the rounding seen (<= 3e-7), and far below any real difference (a sample lost or counted twice
     // changes a step's loss by percents).
     assert_eq!(mc.len(), 6);
+    // Every worker reports a busy fraction of wall time: one per worker, in (0, 1].
+    let last = mc.last().unwrap();
+    for (key, n) in [("target_busy", 2), ("drafter_busy", 2)] {
+        let v = last[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key} missing: {last}"));
+        assert_eq!(v.len(), n, "{key}");
+        assert!(
+            v.iter()
+                .all(|x| (0.0..=1.0).contains(&x.as_f64().unwrap()) && x.as_f64().unwrap() > 0.0),
+            "{key}: {v:?}"
+        );
+    }
     for (x, y) in ma.iter().zip(&mc) {
         for k in ["step", "epoch", "tokens", "lr"] {
             assert_eq!(x[k], y[k], "{k}");
