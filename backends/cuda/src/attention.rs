@@ -1,0 +1,365 @@
+//! Attention over a block-sparse mask: the device kernel `"cuda-simple"`
+//! (`kernels/attention_simple.cu`) or, by name, any registered host kernel through a host
+//! round trip.
+//!
+//! Layouts as in `dflash_core::ops::attention`: `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)`,
+//! `out (Tq, Hq, D)`, `lse (Tq, Hq)`. The mask goes to the device as its four i32 interval
+//! arrays. The backward's dk/dv pass walks, for each key, the query rows that see it, as runs
+//! of consecutive rows ([`key_query_runs`]); so every output element has exactly one writer
+//! (no atomics) and the result is bit-deterministic.
+
+use std::collections::BTreeMap;
+
+use dflash_core::mask::BlockMask;
+use dflash_core::{AttentionOps, AttnDims, Error, Result, Tensor};
+
+use crate::storage::{DType, f32_bytes};
+use crate::{AttnImpl, CudaBackend, warp_items};
+use cudarc::driver::PushKernelArg;
+
+/// Device attention kernels of this backend, selectable by name.
+pub const DEVICE_ATTENTION_KERNELS: &[&str] = &["cuda-simple"];
+
+/// Largest head dim of `cuda-simple` (32 lanes x 8 registers).
+const SIMPLE_MAX_HEAD_DIM: usize = 256;
+
+/// For every key `j`, the query rows that see it, as half-open runs of consecutive rows:
+/// returns `(offsets (Tk + 1), run_start, run_end)` in CSR form, runs ascending.
+///
+/// A sweep over keys maintains the set of rows whose interval covers the current key as a
+/// map of maximal runs (start -> end), updated by one insertion when a row's interval opens
+/// and one removal when it closes: `O((Tq + Tk) log Tq + total runs)`. DFlash, causal,
+/// document and sliding masks give one or two runs per key (sliding DFlash: one per block).
+pub fn key_query_runs(mask: &BlockMask) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
+    let (tq, tk) = (mask.q_len(), mask.kv_len());
+    // Bucket interval openings and closings by key (counting sort).
+    let mut open: Vec<Vec<i32>> = vec![Vec::new(); tk + 1];
+    let mut close: Vec<Vec<i32>> = vec![Vec::new(); tk + 1];
+    for i in 0..tq {
+        for iv in mask.row(i) {
+            if !iv.is_empty() {
+                open[iv.start as usize].push(i as i32);
+                close[iv.end as usize].push(i as i32);
+            }
+        }
+    }
+    let mut runs: BTreeMap<i32, i32> = BTreeMap::new(); // start -> end (exclusive)
+    let mut off = Vec::with_capacity(tk + 1);
+    let (mut rs, mut re) = (Vec::new(), Vec::new());
+    off.push(0);
+    for j in 0..tk {
+        for &r in &close[j] {
+            // remove row r: split the run containing it
+            let (&s, &e) = runs.range(..=r).next_back().expect("row r is in a run");
+            runs.remove(&s);
+            if s < r {
+                runs.insert(s, r);
+            }
+            if r + 1 < e {
+                runs.insert(r + 1, e);
+            }
+        }
+        for &r in &open[j] {
+            // insert row r: merge with a run ending at r and one starting at r + 1
+            let mut s = r;
+            let mut e = r + 1;
+            if let Some((&ps, &pe)) = runs.range(..r).next_back()
+                && pe == r
+            {
+                s = ps;
+                runs.remove(&ps);
+            }
+            if let Some(ne) = runs.remove(&(r + 1)) {
+                e = ne;
+            }
+            runs.insert(s, e);
+        }
+        for (&s, &e) in &runs {
+            rs.push(s);
+            re.push(e);
+        }
+        off.push(rs.len() as i32);
+    }
+    (off, rs, re)
+}
+
+impl CudaBackend {
+    /// Checks `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)` and builds the dims.
+    fn attn_dims(
+        &self,
+        op: &'static str,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+    ) -> Result<AttnDims> {
+        self.same_shape(op, "k and v", k, v)?;
+        let (qd, kd) = (q.dims(), k.dims());
+        if qd.len() != 3 || kd.len() != 3 || qd[2] != kd[2] {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "q {:?} must be (Tq, Hq, D) and k/v {:?} (Tk, Hkv, D)",
+                    q.shape(),
+                    k.shape()
+                ),
+            ));
+        }
+        let dims = AttnDims {
+            q_rows: qd[0],
+            kv_rows: kd[0],
+            q_heads: qd[1],
+            kv_heads: kd[1],
+            head_dim: qd[2],
+        };
+        dims.validate(mask).map_err(|e| {
+            self.shape_err(op, format!("q {:?}, k/v {:?}: {e}", q.shape(), k.shape()))
+        })?;
+        Ok(dims)
+    }
+
+    fn kernel_err(&self, op: &'static str, e: String) -> Error {
+        Error::op(
+            op,
+            self.tag.clone(),
+            format!("attention kernel {:?} failed: {e}", self.attention_name),
+        )
+    }
+
+    /// What the device kernel supports, as the kernel-failure message the reference gives.
+    fn simple_supports(&self, op: &'static str, dims: &AttnDims) -> Result<()> {
+        if dims.q_heads == 0 || dims.head_dim == 0 {
+            return Err(self.kernel_err(
+                op,
+                format!(
+                    "q_heads ({}) and head_dim ({}) must be >= 1",
+                    dims.q_heads, dims.head_dim
+                ),
+            ));
+        }
+        if dims.head_dim > SIMPLE_MAX_HEAD_DIM {
+            return Err(self.kernel_err(
+                op,
+                format!(
+                    "head_dim {} is larger than {SIMPLE_MAX_HEAD_DIM}",
+                    dims.head_dim
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn upload_f32(&self, op: &'static str, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        let mut buf = self.alloc_f32(op, data.len())?;
+        if !data.is_empty() {
+            self.stream
+                .memcpy_htod(f32_bytes(data), &mut buf)
+                .map_err(|e| self.drv(op, e))?;
+        }
+        Ok(self.tensor(buf, DType::F32, shape))
+    }
+}
+
+impl AttentionOps for CudaBackend {
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        use dflash_core::MemoryOps;
+        let op = "attention";
+        let dims = self.attn_dims(op, q, k, v, mask)?;
+        let (qs, ks, vs) = (self.f32s(op, q)?, self.f32s(op, k)?, self.f32s(op, v)?);
+        let nl = dims.q_rows * dims.q_heads;
+        match &self.attention {
+            AttnImpl::Host(kernel) => {
+                let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
+                let mut out = vec![f32::NAN; qh.len()];
+                let mut lse = vec![f32::NAN; nl];
+                kernel
+                    .forward(&dims, &qh, &kh, &vh, mask, scale, &mut out, &mut lse)
+                    .map_err(|e| self.kernel_err(op, e))?;
+                Ok((
+                    self.upload_f32(op, &out, q.dims())?,
+                    self.upload_f32(op, &lse, &[dims.q_rows, dims.q_heads])?,
+                ))
+            }
+            AttnImpl::Simple => {
+                self.simple_supports(op, &dims)?;
+                let mut out = self.alloc_f32(op, qs.len)?;
+                let mut lse = self.alloc_f32(op, nl)?;
+                if nl > 0 {
+                    let [f0, f1, s0, s1] = mask.to_i32_arrays();
+                    let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
+                    let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
+                    let (tq, hq, hkv, d) = (
+                        dims.q_rows as i32,
+                        dims.q_heads as i32,
+                        dims.kv_heads as i32,
+                        dims.head_dim as i32,
+                    );
+                    let mut l = self.stream.launch_builder(&self.k().attn_fwd);
+                    l.arg(&qs.buf)
+                        .arg(&ks.buf)
+                        .arg(&vs.buf)
+                        .arg(&f0)
+                        .arg(&f1)
+                        .arg(&s0)
+                        .arg(&s1)
+                        .arg(&mut out)
+                        .arg(&mut lse)
+                        .arg(&tq)
+                        .arg(&hq)
+                        .arg(&hkv)
+                        .arg(&d)
+                        .arg(&scale);
+                    self.launch(op, l, warp_items(nl))?;
+                }
+                Ok((
+                    self.tensor(out, DType::F32, q.shape().clone()),
+                    self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
+                ))
+            }
+        }
+    }
+
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        use dflash_core::MemoryOps;
+        let op = "attention_backward";
+        let dims = self.attn_dims(op, q, k, v, mask)?;
+        self.same_shape(op, "out and q", out, q)?;
+        self.same_shape(op, "d_out and q", d_out, q)?;
+        if lse.numel() != dims.q_rows * dims.q_heads {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "lse {:?} but q {:?} needs ({}, {})",
+                    lse.shape(),
+                    q.shape(),
+                    dims.q_rows,
+                    dims.q_heads
+                ),
+            ));
+        }
+        let (qs, ks, vs) = (self.f32s(op, q)?, self.f32s(op, k)?, self.f32s(op, v)?);
+        let (os, ls, dos) = (
+            self.f32s(op, out)?,
+            self.f32s(op, lse)?,
+            self.f32s(op, d_out)?,
+        );
+        match &self.attention {
+            AttnImpl::Host(kernel) => {
+                let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
+                let (oh, lh, doh) = (
+                    self.download(out)?,
+                    self.download(lse)?,
+                    self.download(d_out)?,
+                );
+                let mut dq = vec![f32::NAN; qh.len()];
+                let mut dk = vec![f32::NAN; kh.len()];
+                let mut dv = vec![f32::NAN; vh.len()];
+                kernel
+                    .backward(
+                        &dims, &qh, &kh, &vh, &oh, &lh, &doh, mask, scale, &mut dq, &mut dk,
+                        &mut dv,
+                    )
+                    .map_err(|e| self.kernel_err(op, e))?;
+                Ok((
+                    self.upload_f32(op, &dq, q.dims())?,
+                    self.upload_f32(op, &dk, k.dims())?,
+                    self.upload_f32(op, &dv, v.dims())?,
+                ))
+            }
+            AttnImpl::Simple => {
+                self.simple_supports(op, &dims)?;
+                let nl = dims.q_rows * dims.q_heads;
+                let nk = dims.kv_rows * dims.kv_heads;
+                let mut dq = self.alloc_f32(op, qs.len)?;
+                let mut dk = self.alloc_f32(op, ks.len)?;
+                let mut dv = self.alloc_f32(op, vs.len)?;
+                let (tq, tk, hq, hkv, d) = (
+                    dims.q_rows as i32,
+                    dims.kv_rows as i32,
+                    dims.q_heads as i32,
+                    dims.kv_heads as i32,
+                    dims.head_dim as i32,
+                );
+                let mut dsum = self.alloc_f32(op, nl)?;
+                if nl > 0 {
+                    let (rows64, d32) = (nl as i64, d);
+                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dsum);
+                    l.arg(&os.buf)
+                        .arg(&dos.buf)
+                        .arg(&mut dsum)
+                        .arg(&rows64)
+                        .arg(&d32);
+                    self.launch(op, l, warp_items(nl))?;
+
+                    let [f0, f1, s0, s1] = mask.to_i32_arrays();
+                    let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
+                    let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
+                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dq);
+                    l.arg(&qs.buf)
+                        .arg(&ks.buf)
+                        .arg(&vs.buf)
+                        .arg(&dos.buf)
+                        .arg(&ls.buf)
+                        .arg(&dsum)
+                        .arg(&f0)
+                        .arg(&f1)
+                        .arg(&s0)
+                        .arg(&s1)
+                        .arg(&mut dq)
+                        .arg(&tq)
+                        .arg(&hq)
+                        .arg(&hkv)
+                        .arg(&d)
+                        .arg(&scale);
+                    self.launch(op, l, warp_items(nl))?;
+                }
+                if nk > 0 {
+                    let (off, rs, re) = key_query_runs(mask);
+                    let off = self.upload_i32(op, &off)?;
+                    let rs = self.upload_i32(op, &rs)?;
+                    let re = self.upload_i32(op, &re)?;
+                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dkdv);
+                    l.arg(&qs.buf)
+                        .arg(&ks.buf)
+                        .arg(&vs.buf)
+                        .arg(&dos.buf)
+                        .arg(&ls.buf)
+                        .arg(&dsum)
+                        .arg(&off)
+                        .arg(&rs)
+                        .arg(&re)
+                        .arg(&mut dk)
+                        .arg(&mut dv)
+                        .arg(&tk)
+                        .arg(&hq)
+                        .arg(&hkv)
+                        .arg(&d)
+                        .arg(&scale);
+                    self.launch(op, l, warp_items(nk))?;
+                }
+                Ok((
+                    self.tensor(dq, DType::F32, q.shape().clone()),
+                    self.tensor(dk, DType::F32, k.shape().clone()),
+                    self.tensor(dv, DType::F32, v.shape().clone()),
+                ))
+            }
+        }
+    }
+}

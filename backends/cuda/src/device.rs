@@ -1,0 +1,161 @@
+//! Process-wide per-device state: the device's primary context and its compiled kernels,
+//! created once per ordinal on first use (behind a mutex, so concurrent first uses compile
+//! once) and shared by every backend instance on that device, from any thread.
+//!
+//! Before touching cudarc, the libraries it would load are checked for presence: cudarc
+//! panics when a dynamically loaded library is missing, and absence must be a clean
+//! [`CudaError::Unavailable`]. Any panic that still escapes cudarc during initialisation
+//! (e.g. a symbol missing from an old driver) is caught and reported the same way.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, sys};
+
+use crate::CudaError;
+use crate::kernels::Kernels;
+
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub kernels: Kernels,
+    /// e.g. "NVIDIA H200"
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub cc: (i32, i32),
+}
+
+static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+
+/// Whether the driver, NVRTC and cuBLASLt libraries can be loaded; the reason when not.
+pub fn check_libraries() -> Result<(), String> {
+    // SAFETY: these only try to dlopen the candidate names; no symbol is called.
+    let present = unsafe {
+        [
+            (
+                "the CUDA driver (libcuda.so)",
+                cudarc::driver::sys::is_culib_present(),
+            ),
+            (
+                "NVRTC (libnvrtc.so)",
+                cudarc::nvrtc::sys::is_culib_present(),
+            ),
+            (
+                "cuBLASLt (libcublasLt.so)",
+                cudarc::cublaslt::sys::is_culib_present(),
+            ),
+        ]
+    };
+    let missing: Vec<&str> = present
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(name, _)| *name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot load {} (is LD_LIBRARY_PATH set to the CUDA 13 library directories?)",
+            missing.join(", ")
+        ))
+    }
+}
+
+/// The number of CUDA devices, or why there are none usable.
+pub fn device_count() -> Result<usize, CudaError> {
+    check_libraries().map_err(CudaError::Unavailable)?;
+    guarded("counting devices", || {
+        cudarc::driver::result::init()
+            .map_err(|e| CudaError::Unavailable(format!("cuInit failed: {e}")))?;
+        let n = CudaContext::device_count()
+            .map_err(|e| CudaError::Unavailable(format!("cannot count devices: {e}")))?;
+        Ok(n.max(0) as usize)
+    })
+}
+
+/// Runs `f`, turning a panic inside cudarc into [`CudaError::Unavailable`].
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(CudaError::Unavailable(format!("{what}: {msg}")))
+        }
+    }
+}
+
+/// The shared state of device `ordinal`, initialising it (context, kernel compilation) on
+/// first use.
+pub(crate) fn get(ordinal: usize) -> Result<Arc<Device>, CudaError> {
+    let count = device_count()?;
+    if count == 0 {
+        return Err(CudaError::Unavailable(
+            "the driver reports no CUDA device".into(),
+        ));
+    }
+    if ordinal >= count {
+        return Err(CudaError::Unavailable(format!(
+            "device ordinal {ordinal} requested but only {count} CUDA device(s) present"
+        )));
+    }
+    let map = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let dev = guarded("initialising the device", || init(ordinal))?;
+    let dev = Arc::new(dev);
+    map.insert(ordinal, dev.clone());
+    Ok(dev)
+}
+
+fn init(ordinal: usize) -> Result<Device, CudaError> {
+    let drv = |what: &str| {
+        let what = what.to_string();
+        move |e| CudaError::Driver { what, source: e }
+    };
+    let ctx = CudaContext::new(ordinal).map_err(|e| {
+        CudaError::Unavailable(format!("cannot create a context on cuda:{ordinal}: {e}"))
+    })?;
+    let name = ctx.name().map_err(drv("reading the device name"))?;
+    let cc = ctx
+        .compute_capability()
+        .map_err(drv("reading the compute capability"))?;
+    keep_pool_memory(&ctx);
+    let arch = format!("compute_{}{}", cc.0, cc.1);
+    let kernels = Kernels::load(&ctx, &arch)?;
+    Ok(Device {
+        ctx,
+        kernels,
+        name,
+        cc,
+    })
+}
+
+/// Stream-ordered allocations come from the device's default pool; by default it returns
+/// freed memory to the OS at every synchronisation. Keep it instead (a training step frees
+/// and reallocates the same sizes every time). Best effort: failure changes only speed.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) {
+    if !ctx.has_async_alloc() {
+        return;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is written by the driver before it is read; the attribute value is a u64
+    // as the driver documents for CU_MEMPOOL_ATTR_RELEASE_THRESHOLD.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            == sys::cudaError_enum::CUDA_SUCCESS
+        {
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &threshold as *const u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Fused linear cross-entropy against a frozen LM head, and chunked greedy argmax.
+//!
+//! Only active rows (weight > 0) take part: their indices, labels and weights are uploaded
+//! once. Per chunk of up to `CHUNK_ROWS` active rows (fewer when the vocabulary is large, so
+//! the logits chunk stays within `LOGITS_BYTES`): gather `x` rows into `xc (n, H)`; `logits
+//! (n, V) = xc @ W^T` (cuBLASLt) into a reusable workspace; one block per row
+//! (`kernels/loss.cu`) computes max/argmax, log-sum-exp, CE and overwrites the row with
+//! `dlogits = grad_scale * w * (softmax - onehot)`; then `dx_chunk (n, H) = dlogits @ W`
+//! (cuBLASLt) is scattered into `dx`, which starts at zero (skipped rows stay exactly 0).
+//! With `grad_scale == 0` (loss only) the second GEMM is skipped: `dx` is all zeros. The
+//! per-row CE (f64) and correctness flags are downloaded once at the end (one sync) and
+//! summed on the host in row order, like the reference. No `(T, V)` tensor ever exists.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use dflash_core::{Error, LossOps, LossStats, Result, Tensor};
+
+use crate::gemm::RowMajorGemm;
+use crate::storage::{DType, f32_bytes};
+use crate::{CudaBackend, grid1d};
+
+/// Most rows per logits chunk.
+const CHUNK_ROWS: usize = 1024;
+/// Largest logits chunk (bytes): 256 MiB, i.e. ~440 rows at a 152K vocabulary.
+const LOGITS_BYTES: usize = 256 << 20;
+
+fn chunk_rows(v: usize) -> usize {
+    (LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CHUNK_ROWS)
+}
+
+/// Threads per row block of the per-row kernels.
+fn row_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (512, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Checks `x (T, H)` against `w_head (V, H)` and returns `(T, H, V)`.
+    fn head_dims(&self, op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
+        let (t, h) = x.shape().as_matrix();
+        if w.dims().len() != 2 || w.dims()[1] != h {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "x {:?} has {h} columns but w_head {:?} must be (V, {h})",
+                    x.shape(),
+                    w.shape()
+                ),
+            ));
+        }
+        Ok((t, h, w.dims()[0]))
+    }
+
+    /// The loss workspace, grown to at least `bytes`.
+    fn with_loss_ws<R>(
+        &self,
+        op: &'static str,
+        bytes: usize,
+        f: impl FnOnce(&mut CudaSlice<u8>) -> Result<R>,
+    ) -> Result<R> {
+        let mut guard = self.loss_ws.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_none_or(|b| b.len() < bytes) {
+            *guard = None; // free first
+            // SAFETY: every region of the workspace is written before it is read.
+            let buf = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| {
+                Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("allocating the {bytes}-byte loss workspace failed: {e}"),
+                )
+            })?;
+            *guard = Some(buf);
+        }
+        f(guard.as_mut().expect("workspace just ensured"))
+    }
+}
+
+impl LossOps for CudaBackend {
+    fn linear_cross_entropy(
+        &self,
+        x: &Tensor,
+        w_head: &Tensor,
+        labels: &[u32],
+        weights: &[f32],
+        grad_scale: f32,
+    ) -> Result<(LossStats, Tensor)> {
+        let op = "linear_cross_entropy";
+        let (t, h, v) = self.head_dims(op, x, w_head)?;
+        if labels.len() != t || weights.len() != t {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "x {:?} has {t} rows but {} labels and {} weights",
+                    x.shape(),
+                    labels.len(),
+                    weights.len()
+                ),
+            ));
+        }
+        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w_head)?);
+        let mut rows = Vec::new();
+        let mut act_labels = Vec::new();
+        let mut act_weights = Vec::new();
+        for (row, (&lab, &wt)) in labels.iter().zip(weights).enumerate() {
+            if !(wt.is_finite() && wt >= 0.0) {
+                return Err(Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("row {row}: weight {wt} must be finite and >= 0"),
+                ));
+            }
+            if wt == 0.0 {
+                continue;
+            }
+            if lab as usize >= v {
+                return Err(Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("row {row}: label {lab} is out of range for vocab size V = {v}"),
+                ));
+            }
+            rows.push(row as i32);
+            act_labels.push(lab as i32);
+            act_weights.push(wt);
+        }
+        let mut dx = self.zeros_f32(op, t * h)?;
+        let na = rows.len();
+        let mut stats = LossStats::default();
+        if na == 0 || h == 0 {
+            // Nothing supervised: zero stats and dx. With H = 0 every logit is 0, so each
+            // active row has CE = ln V and argmax 0 (what the reference's empty GEMM gives).
+            for (&lab, &wt) in act_labels.iter().zip(&act_weights) {
+                stats.weighted_loss += wt as f64 * (v as f64).ln();
+                stats.weight_sum += wt as f64;
+                stats.counted += 1;
+                stats.correct += (lab == 0) as u64;
+            }
+            return Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())));
+        }
+        let rows_dev = self.upload_i32(op, &rows)?;
+        let labels_dev = self.upload_i32(op, &act_labels)?;
+        let mut weights_dev = self.alloc_f32(op, na)?;
+        self.stream
+            .memcpy_htod(f32_bytes(&act_weights), &mut weights_dev)
+            .map_err(|e| self.drv(op, e))?;
+        let mut ce_dev = self.alloc(op, 2 * na, DType::F32)?; // na f64
+        let mut correct_dev = self.alloc(op, na, DType::F32)?; // na i32
+
+        let chunk = chunk_rows(v);
+        let (xc_len, logits_len) = (chunk * h, chunk * v);
+        let ws_bytes = (2 * xc_len + logits_len) * 4 + 256 * 3;
+        let (h64, v32) = (h as i64, v as i32);
+        self.with_loss_ws(op, ws_bytes, |wsb| {
+            // Workspace regions (256-byte aligned): xc (chunk, H), dxc (chunk, H), logits (chunk, V).
+            let al = |b: usize| b.div_ceil(256) * 256;
+            let off_dxc = al(xc_len * 4);
+            let off_logits = off_dxc + al(xc_len * 4);
+            for c0 in (0..na).step_by(chunk) {
+                let n = chunk.min(na - c0);
+                let n64 = n as i64;
+                // xc = x[rows[c0..c0+n]]
+                {
+                    let mut xc = wsb.slice_mut(0..n * h * 4);
+                    let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
+                    let mut l = self.stream.launch_builder(&self.k().gather_rows_f32);
+                    l.arg(&mut xc).arg(&xs.buf).arg(&rv).arg(&n64).arg(&h64);
+                    self.launch(op, l, grid1d(n * h))?;
+                }
+                // logits (n, V) = xc (n, H) @ W (V, H)^T
+                {
+                    let (base, _g) = wsb.device_ptr_mut(&self.stream);
+                    let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                    self.gemm_raw(
+                        op,
+                        &RowMajorGemm {
+                            m: n,
+                            n: v,
+                            k: h,
+                            a: base,
+                            a_cols: h,
+                            ta: false,
+                            b: pw,
+                            b_cols: h,
+                            tb: true,
+                            c: base + off_logits as u64,
+                            alpha: 1.0,
+                            beta: 0.0,
+                        },
+                    )?;
+                }
+                // per-row statistics; logits -> dlogits in place
+                {
+                    let mut lg = wsb.slice_mut(off_logits..off_logits + n * v * 4);
+                    let lv = labels_dev.slice(c0 * 4..(c0 + n) * 4);
+                    let wv = weights_dev.slice(c0 * 4..(c0 + n) * 4);
+                    let mut cv = ce_dev.slice_mut(c0 * 8..(c0 + n) * 8);
+                    let mut okv = correct_dev.slice_mut(c0 * 4..(c0 + n) * 4);
+                    let mut l = self.stream.launch_builder(&self.k().ce_rows);
+                    l.arg(&mut lg)
+                        .arg(&lv)
+                        .arg(&wv)
+                        .arg(&v32)
+                        .arg(&grad_scale)
+                        .arg(&mut cv)
+                        .arg(&mut okv);
+                    self.launch(op, l, row_cfg(n))?;
+                }
+                if grad_scale != 0.0 {
+                    // dxc (n, H) = dlogits (n, V) @ W (V, H)
+                    {
+                        let (base, _g) = wsb.device_ptr_mut(&self.stream);
+                        let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                        self.gemm_raw(
+                            op,
+                            &RowMajorGemm {
+                                m: n,
+                                n: h,
+                                k: v,
+                                a: base + off_logits as u64,
+                                a_cols: v,
+                                ta: false,
+                                b: pw,
+                                b_cols: h,
+                                tb: false,
+                                c: base + off_dxc as u64,
+                                alpha: 1.0,
+                                beta: 0.0,
+                            },
+                        )?;
+                    }
+                    let dxc = wsb.slice(off_dxc..off_dxc + n * h * 4);
+                    let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
+                    let mut l = self.stream.launch_builder(&self.k().scatter_rows_f32);
+                    l.arg(&mut dx).arg(&dxc).arg(&rv).arg(&n64).arg(&h64);
+                    self.launch(op, l, grid1d(n * h))?;
+                }
+            }
+            Ok(())
+        })?;
+        let ce: Vec<f64> = self.download_pod(op, &ce_dev, na)?;
+        let ok: Vec<i32> = self.download_pod(op, &correct_dev, na)?;
+        for ((&wt, &c), &k) in act_weights.iter().zip(&ce).zip(&ok) {
+            let wt = wt as f64;
+            stats.weighted_loss += wt * c;
+            stats.weight_sum += wt;
+            stats.counted += 1;
+            stats.correct += (k != 0) as u64;
+        }
+        Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())))
+    }
+
+    fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
+        let op = "linear_argmax";
+        let (t, h, v) = self.head_dims(op, x, w_head)?;
+        if v == 0 {
+            return Err(self.shape_err(op, format!("w_head {:?} has no rows", w_head.shape())));
+        }
+        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w_head)?);
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        if h == 0 {
+            return Ok(vec![0; t]); // all logits 0: lowest index
+        }
+        let mut out = self.alloc(op, t, DType::F32)?; // t i32
+        let chunk = chunk_rows(v);
+        let v32 = v as i32;
+        self.with_loss_ws(op, chunk * v * 4, |wsb| {
+            for r0 in (0..t).step_by(chunk) {
+                let n = chunk.min(t - r0);
+                {
+                    let (base, _g) = wsb.device_ptr_mut(&self.stream);
+                    let (px, _gx) = xs.buf.device_ptr(&self.stream);
+                    let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                    self.gemm_raw(
+                        op,
+                        &RowMajorGemm {
+                            m: n,
+                            n: v,
+                            k: h,
+                            a: px + (r0 * h * 4) as u64,
+                            a_cols: h,
+                            ta: false,
+                            b: pw,
+                            b_cols: h,
+                            tb: true,
+                            c: base,
+                            alpha: 1.0,
+                            beta: 0.0,
+                        },
+                    )?;
+                }
+                let lg = wsb.slice(0..n * v * 4);
+                let mut ov = out.slice_mut(r0 * 4..(r0 + n) * 4);
+                let mut l = self.stream.launch_builder(&self.k().argmax_rows);
+                l.arg(&lg).arg(&v32).arg(&mut ov);
+                self.launch(op, l, row_cfg(n))?;
+            }
+            Ok(())
+        })?;
+        let ids: Vec<i32> = self.download_pod(op, &out, t)?;
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+}

@@ -1,0 +1,308 @@
+//! Buffers, host transfers and elementwise glue (kernels in `kernels/elementwise.cu`).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use dflash_core::{MemoryOps, Result, Tensor};
+
+use crate::storage::{DType, f32_bytes, f32_bytes_mut};
+use crate::{CudaBackend, grid1d};
+
+/// Blocks of the first pass of the two-pass reductions (a function of nothing but the
+/// element count, so the summation order, hence the result, is the same on every run).
+fn reduce_blocks(n: usize) -> usize {
+    n.div_ceil(256 * 8).clamp(1, 1024)
+}
+
+/// A same-dtype copy of any tensor of this backend.
+pub(crate) fn copy_any(be: &CudaBackend, op: &'static str, t: &Tensor) -> Result<Tensor> {
+    let s = be.any(op, t)?;
+    let mut out = be.alloc(op, s.len, s.dtype)?;
+    if s.len > 0 {
+        be.stream
+            .memcpy_dtod(&s.view(0, s.len), &mut out.slice_mut(0..s.bytes()))
+            .map_err(|e| be.drv(op, e))?;
+    }
+    Ok(be.tensor(out, s.dtype, t.shape().clone()))
+}
+
+impl MemoryOps for CudaBackend {
+    fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        let op = "upload";
+        let numel: usize = shape.iter().product();
+        if data.len() != numel {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "{} host elements for shape {shape:?} ({numel} elements)",
+                    data.len()
+                ),
+            ));
+        }
+        let mut buf = self.alloc(op, numel, DType::F32)?;
+        if numel > 0 {
+            self.stream
+                .memcpy_htod(f32_bytes(data), &mut buf)
+                .map_err(|e| self.drv(op, e))?;
+        }
+        Ok(self.tensor(buf, DType::F32, shape))
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let op = "download";
+        let s = self.any(op, t)?;
+        let f32_tensor;
+        let s = if s.dtype == DType::F32 {
+            s
+        } else {
+            f32_tensor = self.to_dtype(t, DType::F32)?;
+            self.any(op, &f32_tensor)?
+        };
+        let mut out = vec![0.0f32; s.len];
+        if s.len > 0 {
+            self.stream
+                .memcpy_dtoh(&s.view(0, s.len), f32_bytes_mut(&mut out))
+                .map_err(|e| self.drv(op, e))?;
+        }
+        self.stream.synchronize().map_err(|e| self.drv(op, e))?;
+        self.dev.ctx.check_err().map_err(|e| self.drv(op, e))?;
+        Ok(out)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = shape.iter().product();
+        Ok(self.tensor(self.zeros_f32("zeros", n)?, DType::F32, shape))
+    }
+
+    fn copy(&self, t: &Tensor) -> Result<Tensor> {
+        copy_any(self, "copy", t)
+    }
+
+    fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let op = "narrow_rows";
+        let s = self.any(op, t)?;
+        let Some((&rows, rest)) = t.dims().split_first() else {
+            return Err(self.shape_err(op, "cannot narrow a rank-0 tensor"));
+        };
+        if start.checked_add(len).is_none_or(|end| end > rows) {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
+                    t.shape()
+                ),
+            ));
+        }
+        let row: usize = rest.iter().product();
+        let n = len * row;
+        let mut out = self.alloc(op, n, s.dtype)?;
+        if n > 0 {
+            self.stream
+                .memcpy_dtod(
+                    &s.view(start * row, (start + len) * row),
+                    &mut out.slice_mut(0..n * s.dtype.size()),
+                )
+                .map_err(|e| self.drv(op, e))?;
+        }
+        let mut dims = vec![len];
+        dims.extend_from_slice(rest);
+        Ok(self.tensor(out, s.dtype, dims))
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let op = "concat_rows";
+        let Some(first) = parts.first() else {
+            return Err(self.shape_err(op, "no tensors to concatenate"));
+        };
+        if first.dims().is_empty() {
+            return Err(self.shape_err(op, "cannot concatenate rank-0 tensors"));
+        }
+        let rest = &first.dims()[1..];
+        let dtype = self.any(op, first)?.dtype;
+        let mut rows = 0;
+        let mut stores = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            if p.dims().is_empty() || &p.dims()[1..] != rest {
+                return Err(self.shape_err(
+                    op,
+                    format!(
+                        "part {i} is {:?} but part 0 is {:?}",
+                        p.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+            let s = self.any(op, p)?;
+            if s.dtype != dtype {
+                return Err(self.shape_err(
+                    op,
+                    format!(
+                        "part {i} is {} but part 0 is {}",
+                        s.dtype.name(),
+                        dtype.name()
+                    ),
+                ));
+            }
+            rows += p.dims()[0];
+            stores.push(s);
+        }
+        let total: usize = stores.iter().map(|s| s.len).sum();
+        let mut out = self.alloc(op, total, dtype)?;
+        let mut off = 0; // bytes
+        for s in stores {
+            if s.len > 0 {
+                self.stream
+                    .memcpy_dtod(&s.view(0, s.len), &mut out.slice_mut(off..off + s.bytes()))
+                    .map_err(|e| self.drv(op, e))?;
+            }
+            off += s.bytes();
+        }
+        let mut dims = vec![rows];
+        dims.extend_from_slice(rest);
+        Ok(self.tensor(out, dtype, dims))
+    }
+
+    fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let op = "concat_cols";
+        let Some(first) = parts.first() else {
+            return Err(self.shape_err(op, "no tensors to concatenate"));
+        };
+        let (rows, _) = first.shape().as_matrix();
+        let mut stores = Vec::with_capacity(parts.len());
+        let mut cols = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let (r, c) = p.shape().as_matrix();
+            if r != rows {
+                return Err(self.shape_err(
+                    op,
+                    format!(
+                        "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
+                        p.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+            stores.push(self.f32s(op, p)?);
+            cols.push(c);
+        }
+        let total: usize = cols.iter().sum();
+        let mut out = self.alloc_f32(op, rows * total)?;
+        let mut col_off = 0usize;
+        for (s, &c) in stores.iter().zip(&cols) {
+            let n = rows * c;
+            if n > 0 {
+                let (r64, c64, t64, o64) = (rows as i64, c as i64, total as i64, col_off as i64);
+                let mut l = self.stream.launch_builder(&self.k().copy_cols_f32);
+                l.arg(&mut out)
+                    .arg(&s.buf)
+                    .arg(&r64)
+                    .arg(&c64)
+                    .arg(&t64)
+                    .arg(&o64);
+                self.launch(op, l, grid1d(n))?;
+            }
+            col_off += c;
+        }
+        Ok(self.tensor(out, DType::F32, [rows, total]))
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let op = "add";
+        self.same_shape(op, "a and b", a, b)?;
+        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let n = x.len;
+        let mut out = self.alloc_f32(op, n)?;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self.stream.launch_builder(&self.k().add_f32);
+            l.arg(&mut out).arg(&x.buf).arg(&y.buf).arg(&n64);
+            self.launch(op, l, grid1d(n))?;
+        }
+        Ok(self.tensor(out, DType::F32, a.shape().clone()))
+    }
+
+    fn add_assign(&self, acc: &mut Tensor, x: &Tensor) -> Result<()> {
+        let op = "add_assign";
+        if acc.numel() != x.numel() {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "acc {:?} vs x {:?} (element counts differ)",
+                    acc.shape(),
+                    x.shape()
+                ),
+            ));
+        }
+        let xs = self.f32s(op, x)?;
+        let a = self.f32s_mut(op, acc)?;
+        let n = a.len;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self.stream.launch_builder(&self.dev.kernels.add_assign_f32);
+            l.arg(&mut a.buf).arg(&xs.buf).arg(&n64);
+            self.launch(op, l, grid1d(n))?;
+        }
+        Ok(())
+    }
+
+    fn scale_assign(&self, t: &mut Tensor, s: f32) -> Result<()> {
+        let op = "scale_assign";
+        let a = self.f32s_mut(op, t)?;
+        let n = a.len;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self.stream.launch_builder(&self.dev.kernels.scale_f32);
+            l.arg(&mut a.buf).arg(&n64).arg(&s);
+            self.launch(op, l, grid1d(n))?;
+        }
+        Ok(())
+    }
+
+    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
+        let op = "sum_squares";
+        let x = self.f32s(op, t)?;
+        let n = x.len;
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let g = reduce_blocks(n);
+        let mut partial = self.alloc(op, 2 * g, DType::F32)?; // g f64
+        let mut out = self.alloc(op, 2, DType::F32)?; // 1 f64
+        let n64 = n as i64;
+        let g32 = g as i32;
+        let mut l = self.stream.launch_builder(&self.k().sum_squares_partial);
+        l.arg(&x.buf).arg(&n64).arg(&mut partial);
+        self.launch(op, l, cfg_blocks(g))?;
+        let mut l = self.stream.launch_builder(&self.k().sum_final_f64);
+        l.arg(&partial).arg(&g32).arg(&mut out);
+        self.launch(op, l, cfg_blocks(1))?;
+        Ok(self.download_pod::<f64>(op, &out, 1)?[0])
+    }
+
+    fn all_finite(&self, t: &Tensor) -> Result<bool> {
+        let op = "all_finite";
+        let x = self.f32s(op, t)?;
+        let n = x.len;
+        if n == 0 {
+            return Ok(true);
+        }
+        let g = reduce_blocks(n);
+        let mut partial = self.alloc(op, 2 * g, DType::F32)?; // g u64
+        let mut out = self.alloc(op, 2, DType::F32)?; // 1 u64
+        let n64 = n as i64;
+        let g32 = g as i32;
+        let mut l = self.stream.launch_builder(&self.k().nonfinite_partial);
+        l.arg(&x.buf).arg(&n64).arg(&mut partial);
+        self.launch(op, l, cfg_blocks(g))?;
+        let mut l = self.stream.launch_builder(&self.k().sum_final_u64);
+        l.arg(&partial).arg(&g32).arg(&mut out);
+        self.launch(op, l, cfg_blocks(1))?;
+        Ok(self.download_pod::<u64>(op, &out, 1)?[0] == 0)
+    }
+}
+
+fn cfg_blocks(blocks: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

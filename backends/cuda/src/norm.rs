@@ -1,0 +1,145 @@
+//! RMSNorm over the last dim (`kernels/norm.cu`), f32 accumulation.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use dflash_core::{NormOps, Result, Tensor};
+
+use crate::storage::DType;
+use crate::{CudaBackend, row_blocks};
+
+/// Rows per split of the dw column reduction (each thread then sums rps / 8 rows).
+const DW_ROWS_PER_SPLIT: usize = 256;
+
+impl CudaBackend {
+    /// Checks `x (R, C)` against `w (C)` and returns `(R, C)`.
+    fn norm_dims(&self, op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize)> {
+        let (r, c) = x.shape().as_matrix();
+        if w.numel() != c {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "x {:?} has {c} columns but w {:?} has {} elements",
+                    x.shape(),
+                    w.shape(),
+                    w.numel()
+                ),
+            ));
+        }
+        Ok((r, c))
+    }
+}
+
+impl NormOps for CudaBackend {
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+        let op = "rms_norm";
+        let (r, c) = self.norm_dims(op, x, w)?;
+        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w)?);
+        let mut y = self.alloc_f32(op, r * c)?;
+        let mut rstd = self.alloc_f32(op, r)?;
+        if c == 0 {
+            // mean of nothing: the reference leaves rstd at 0
+            self.fill(op, &mut rstd, r, 0.0)?;
+        } else if r > 0 {
+            let c32 = c as i32;
+            let mut l = self.stream.launch_builder(&self.k().rms_norm_fwd);
+            l.arg(&mut y)
+                .arg(&mut rstd)
+                .arg(&xs.buf)
+                .arg(&ws.buf)
+                .arg(&c32)
+                .arg(&eps);
+            self.launch(op, l, row_blocks(r, c, 256))?;
+        }
+        Ok((
+            self.tensor(y, DType::F32, x.shape().clone()),
+            self.tensor(rstd, DType::F32, [r]),
+        ))
+    }
+
+    fn rms_norm_backward(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "rms_norm_backward";
+        let (r, c) = self.norm_dims(op, x, w)?;
+        self.same_shape(op, "dy and x", dy, x)?;
+        if rstd.numel() != r {
+            return Err(self.shape_err(
+                op,
+                format!("rstd {:?} but x {:?} has {r} rows", rstd.shape(), x.shape()),
+            ));
+        }
+        let (dys, xs, ws, rs) = (
+            self.f32s(op, dy)?,
+            self.f32s(op, x)?,
+            self.f32s(op, w)?,
+            self.f32s(op, rstd)?,
+        );
+        let mut dx = self.alloc_f32(op, r * c)?;
+        let mut dw = self.alloc_f32(op, c)?;
+        if c == 0 {
+            return Ok((
+                self.tensor(dx, DType::F32, x.shape().clone()),
+                self.tensor(dw, DType::F32, w.shape().clone()),
+            ));
+        }
+        if r == 0 {
+            self.fill(op, &mut dw, c, 0.0)?;
+            return Ok((
+                self.tensor(dx, DType::F32, x.shape().clone()),
+                self.tensor(dw, DType::F32, w.shape().clone()),
+            ));
+        }
+        let c32 = c as i32;
+        let mut l = self.stream.launch_builder(&self.k().rms_norm_bwd_dx);
+        l.arg(&mut dx)
+            .arg(&dys.buf)
+            .arg(&xs.buf)
+            .arg(&ws.buf)
+            .arg(&rs.buf)
+            .arg(&c32);
+        self.launch(op, l, row_blocks(r, c, 256))?;
+
+        let splits = r.div_ceil(DW_ROWS_PER_SPLIT).min(4096);
+        let rps = r.div_ceil(splits);
+        let mut partial = self.alloc_f32(op, splits * c)?;
+        let (r64, rps64) = (r as i64, rps as i64);
+        let mut l = self
+            .stream
+            .launch_builder(&self.k().rms_norm_bwd_dw_partial);
+        l.arg(&mut partial)
+            .arg(&dys.buf)
+            .arg(&xs.buf)
+            .arg(&rs.buf)
+            .arg(&r64)
+            .arg(&c32)
+            .arg(&rps64);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            },
+        )?;
+        let s32 = splits as i32;
+        let mut l = self.stream.launch_builder(&self.k().rms_norm_bwd_dw_final);
+        l.arg(&mut dw).arg(&partial).arg(&s32).arg(&c32);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (c.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        )?;
+        Ok((
+            self.tensor(dx, DType::F32, x.shape().clone()),
+            self.tensor(dw, DType::F32, w.shape().clone()),
+        ))
+    }
+}

@@ -1,0 +1,73 @@
+//! Rotary position embedding, HF "rotate half" layout (`kernels/rope.cu`). Positions are
+//! uploaded as i32; angles are evaluated in f64 on the device.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use dflash_core::{Result, RopeOps, Tensor};
+
+use crate::CudaBackend;
+use crate::storage::DType;
+
+impl CudaBackend {
+    fn rotate(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        positions: &[i32],
+        theta: f32,
+        sign: f32,
+    ) -> Result<Tensor> {
+        let xs = self.f32s(op, x)?;
+        let dims = x.dims();
+        let t = positions.len();
+        let d = dims.last().copied().unwrap_or(0);
+        if dims.len() < 2 || dims[0] != t || d % 2 != 0 {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "x {:?} must be (T, heads, D) with T = {t} positions and D even",
+                    x.shape()
+                ),
+            ));
+        }
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(self.shape_err(op, format!("theta must be finite and > 0, got {theta}")));
+        }
+        let n = xs.len;
+        let mut y = self.alloc_f32(op, n)?;
+        if n == 0 {
+            return Ok(self.tensor(y, DType::F32, x.shape().clone()));
+        }
+        let heads = (n / t / d) as i32;
+        let pos = self.upload_i32(op, positions)?;
+        let (d32, th) = (d as i32, theta as f64);
+        let threads = ((heads as usize * d / 2).div_ceil(32) * 32).clamp(32, 256) as u32;
+        let mut l = self.stream.launch_builder(&self.k().rope_rotate);
+        l.arg(&mut y)
+            .arg(&xs.buf)
+            .arg(&pos)
+            .arg(&heads)
+            .arg(&d32)
+            .arg(&th)
+            .arg(&sign);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (t as u32, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: (d * 4) as u32,
+            },
+        )?;
+        Ok(self.tensor(y, DType::F32, x.shape().clone()))
+    }
+}
+
+impl RopeOps for CudaBackend {
+    fn rope(&self, x: &Tensor, positions: &[i32], theta: f32) -> Result<Tensor> {
+        self.rotate("rope", x, positions, theta, 1.0)
+    }
+
+    fn rope_backward(&self, dy: &Tensor, positions: &[i32], theta: f32) -> Result<Tensor> {
+        self.rotate("rope_backward", dy, positions, theta, -1.0)
+    }
+}
