@@ -4,6 +4,10 @@
 //!   (`configs/default.toml`) unless `--config` is given; other args pass through.
 //! - `conformance`   run the backend/attention-kernel conformance suite.
 //! - `test`          the test command CI runs.
+//! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
+//!   DESIGN.md §4 comparisons). With `--backend cuda` it defaults
+//!   `--attention` to `cuda-simple`, and without `--out` writes
+//!   `bench/results/<gpu-name-slug>.json`.
 
 use std::process::{Command, ExitCode};
 
@@ -52,6 +56,35 @@ fn main() -> ExitCode {
             c.args(&rest);
             status(c)
         }
+        "bench" => {
+            // `--flag value` or `--flag=value`.
+            let value = |flag: &str| -> Option<String> {
+                let eq = format!("{flag}=");
+                rest.iter().enumerate().find_map(|(i, a)| {
+                    if a == flag {
+                        rest.get(i + 1).cloned()
+                    } else {
+                        a.strip_prefix(&eq).map(str::to_string)
+                    }
+                })
+            };
+            let has = |flag: &str| {
+                let eq = format!("{flag}=");
+                rest.iter().any(|a| a == flag || a.starts_with(&eq))
+            };
+            let cuda = value("--backend").as_deref() == Some("cuda");
+            let mut c = cargo();
+            c.current_dir(&root)
+                .args(["run", "--release", "--quiet", "-p", "dflash-cli"]);
+            c.args(["--", "bench"]).args(&rest);
+            if cuda && !has("--attention") {
+                c.args(["--attention", "cuda-simple"]);
+            }
+            if cuda && !has("--out") && !has("--results-dir") {
+                c.args(["--results-dir", "bench/results"]);
+            }
+            status(c)
+        }
         "conformance" => {
             let mut c = cargo();
             c.current_dir(&root)
@@ -67,7 +100,9 @@ fn main() -> ExitCode {
             status(c)
         }
         _ => {
-            eprintln!("usage: cargo xtask <train|eval|status|backends|conformance|test> [ARGS]");
+            eprintln!(
+                "usage: cargo xtask <train|eval|status|backends|bench|conformance|test> [ARGS]"
+            );
             ExitCode::FAILURE
         }
     }

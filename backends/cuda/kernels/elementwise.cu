@@ -105,3 +105,30 @@ extern "C" __global__ void f32_to_bf16(unsigned short* out, const float* x, long
 extern "C" __global__ void bf16_to_f32(float* out, const unsigned short* x, long long n) {
     for (long long i = gtid(); i < n; i += gstride()) out[i] = __uint_as_float(((unsigned int)x[i]) << 16);
 }
+
+// The same counter-based N(0, std^2) stream as dflash_core::ops::memory::normal_host
+// (splitmix64 + Box-Muller in f64), one thread per pair, so weights for benchmarks are
+// generated on the device, never uploaded, and match the host generator.
+__device__ __forceinline__ unsigned long long splitmix64_dev(unsigned long long x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+extern "C" __global__ void random_normal_f32(float* out, long long n, float std_, unsigned long long seed) {
+    const unsigned long long golden = 0x9E3779B97F4A7C15ull;
+    const unsigned long long key = splitmix64_dev(seed + golden);
+    const double scale = 1.0 / 9007199254740992.0; // 2^-53
+    const long long pairs = (n + 1) / 2;
+    for (long long p = gtid(); p < pairs; p += gstride()) {
+        unsigned long long c0 = 2ull * (unsigned long long)p, c1 = c0 + 1ull;
+        unsigned long long b0 = splitmix64_dev(key + (c0 + 1ull) * golden) >> 11;
+        unsigned long long b1 = splitmix64_dev(key + (c1 + 1ull) * golden) >> 11;
+        double u1 = (double)(b0 + 1ull) * scale;
+        double u2 = (double)b1 * scale;
+        double r = sqrt(-2.0 * log(u1));
+        double s, c;
+        sincos(2.0 * 3.141592653589793 * u2, &s, &c);
+        out[2 * p] = (float)(r * c * (double)std_);
+        if (2 * p + 1 < n) out[2 * p + 1] = (float)(r * s * (double)std_);
+    }
+}

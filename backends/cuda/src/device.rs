@@ -159,3 +159,48 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) {
         }
     }
 }
+
+/// Reads (or, with `reset`, zeroes) the default pool's high-water mark and current use, in
+/// bytes: every stream-ordered allocation of this backend comes from that pool, so its
+/// `USED_MEM_HIGH` is the peak of live tensors plus workspaces. `None` where the device has
+/// no memory pools.
+pub(crate) fn pool_usage(ctx: &Arc<CudaContext>, reset: bool) -> Option<(u64, u64)> {
+    if !ctx.has_async_alloc() {
+        return None;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let (mut used, mut high): (u64, u64) = (0, 0);
+    // SAFETY: `pool` is written by the driver before use; both attributes are u64 values as
+    // the driver documents (CU_MEMPOOL_ATTR_USED_MEM_CURRENT / _HIGH); resetting HIGH takes 0.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            != sys::cudaError_enum::CUDA_SUCCESS
+        {
+            return None;
+        }
+        if reset {
+            let zero: u64 = 0;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &zero as *const u64 as *mut std::ffi::c_void,
+            );
+        }
+        let ok_used = sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            &mut used as *mut u64 as *mut std::ffi::c_void,
+        );
+        let ok_high = sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            &mut high as *mut u64 as *mut std::ffi::c_void,
+        );
+        if ok_used != sys::cudaError_enum::CUDA_SUCCESS
+            || ok_high != sys::cudaError_enum::CUDA_SUCCESS
+        {
+            return None;
+        }
+    }
+    Some((used, high))
+}

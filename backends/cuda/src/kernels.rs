@@ -55,7 +55,7 @@ kernel_set! {
     "elementwise.cu" => [
         fill_f32, add_f32, add_assign_f32, scale_f32, copy_cols_f32, gather_rows_f32,
         scatter_rows_f32, sum_squares_partial, sum_final_f64, nonfinite_partial, sum_final_u64,
-        f32_to_bf16, bf16_to_f32,
+        f32_to_bf16, bf16_to_f32, random_normal_f32,
     ],
     "norm.cu" => [rms_norm_fwd, rms_norm_bwd_dx, rms_norm_bwd_dw_partial, rms_norm_bwd_dw_final],
     "rope.cu" => [rope_rotate],

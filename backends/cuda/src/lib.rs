@@ -408,6 +408,20 @@ impl BackendInfo for CudaBackend {
     fn attention_kernel(&self) -> &str {
         &self.attention_name
     }
+    fn synchronize(&self) -> Result<()> {
+        CudaBackend::synchronize(self)
+    }
+    fn memory_stats(&self) -> Option<dflash_core::MemoryStats> {
+        let (in_use, peak) = device::pool_usage(&self.dev.ctx, false)?;
+        Some(dflash_core::MemoryStats {
+            in_use_bytes: in_use,
+            peak_bytes: peak,
+        })
+    }
+    fn reset_peak_memory(&self) {
+        let _ = self.synchronize();
+        let _ = device::pool_usage(&self.dev.ctx, true);
+    }
 }
 
 fn create(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {

@@ -1,7 +1,7 @@
 //! Buffers, host transfers and elementwise glue (kernels in `kernels/elementwise.cu`).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use dflash_core::{MemoryOps, Result, Tensor};
+use dflash_core::{Error, MemoryOps, Result, Tensor};
 
 use crate::storage::{DType, f32_bytes, f32_bytes_mut};
 use crate::{CudaBackend, grid1d};
@@ -65,6 +65,30 @@ impl MemoryOps for CudaBackend {
         self.stream.synchronize().map_err(|e| self.drv(op, e))?;
         self.dev.ctx.check_err().map_err(|e| self.drv(op, e))?;
         Ok(out)
+    }
+
+    /// Generated on the device (no host buffer, no upload): the same stream as the host
+    /// generator, so a seed gives the same weights on every backend.
+    fn random_normal(&self, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {
+        let op = "random_normal";
+        if !(std.is_finite() && std >= 0.0) {
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!("std must be a finite number >= 0, got {std} (shape {shape:?})"),
+            ));
+        }
+        let n: usize = shape.iter().product();
+        let mut buf = self.alloc_f32(op, n)?;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self
+                .stream
+                .launch_builder(&self.dev.kernels.random_normal_f32);
+            l.arg(&mut buf).arg(&n64).arg(&std).arg(&seed);
+            self.launch(op, l, grid1d(n.div_ceil(2)))?;
+        }
+        Ok(self.tensor(buf, DType::F32, shape))
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {

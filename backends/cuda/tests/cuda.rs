@@ -1511,3 +1511,55 @@ fn timing_report() {
         28.0 * n as f64 / ms / 1e6
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Device-side random weights and memory accounting (used by the benchmarks)
+
+#[test]
+fn random_normal_matches_the_host_generator_and_memory_is_tracked() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    // Odd length: the last pair is half-written. Same counter-based stream on both sides;
+    // only the last ulp of f64 log/sincos may differ, so 1e-6 relative after rounding to f32.
+    let (n, std, seed) = (100_001usize, 0.02f32, 42u64);
+    let dev = down(&cu, &cu.random_normal(&[n], std, seed).unwrap());
+    let host = down(&rf, &rf.random_normal(&[n], std, seed).unwrap());
+    let worst = dev
+        .iter()
+        .zip(&host)
+        .map(|(a, b)| ((a - b).abs() / b.abs().max(1e-3 * std)) as f64)
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-6,
+        "random_normal: worst relative difference {worst:e}"
+    );
+    assert!(cu.random_normal(&[4], f32::NAN, 1).is_err());
+    println!("  random_normal vs host generator: worst rel {worst:.2e} (tol 1e-6)");
+
+    // Peak memory follows a 256 MiB allocation and resets to what is live.
+    let Some(before) = cu.memory_stats() else {
+        println!("  memory_stats: not available on this device");
+        return;
+    };
+    cu.reset_peak_memory();
+    let big = cu.zeros(&[64 << 20]).unwrap(); // 256 MiB of f32
+    cu.synchronize().unwrap();
+    let during = cu.memory_stats().unwrap();
+    assert!(
+        during.peak_bytes >= before.in_use_bytes + (256 << 20),
+        "{before:?} -> {during:?}"
+    );
+    drop(big);
+    cu.synchronize().unwrap();
+    cu.reset_peak_memory();
+    let after = cu.memory_stats().unwrap();
+    assert!(
+        after.peak_bytes < during.peak_bytes,
+        "{during:?} -> {after:?}"
+    );
+    println!(
+        "  memory_stats: peak {} MiB with the buffer, {} MiB after reset",
+        during.peak_bytes >> 20,
+        after.peak_bytes >> 20
+    );
+}

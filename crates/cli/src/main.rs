@@ -53,6 +53,99 @@ enum Command {
     Status { run_dir: PathBuf },
     /// Registered backends and attention kernels.
     Backends,
+    /// Benchmarks against the measured PyTorch anchors of DESIGN.md §4: prints a table and
+    /// writes the results as a JSON list.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Registered backend to run on (see `dflash backends`).
+    #[arg(long)]
+    backend: String,
+    /// Attention kernel of the backend (default: the backend options' default).
+    #[arg(long)]
+    attention: Option<String>,
+    /// `full`: the §4 shapes (a GPU); `smoke`: tiny shapes over the same code paths.
+    #[arg(long, default_value = "full")]
+    scale: dflash_bench::Scale,
+    /// Run only the figures whose name contains SUBSTRING.
+    #[arg(long, value_name = "SUBSTRING")]
+    only: Option<String>,
+    /// Write the JSON list here (parent directories are created).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Without --out: write DIR/<device slug>.json, the slug taken from the backend's device
+    /// name (e.g. `nvidia-h200`).
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    results_dir: Option<PathBuf>,
+    /// Device ordinal (GPU backends).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Worker threads (CPU backends; 0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Warm-up runs per figure (default per benchmark).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Timed runs per figure, median reported (default per benchmark).
+    #[arg(long)]
+    runs: Option<usize>,
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    let mut opts = dflash_core::registry::BackendOptions {
+        device: args.device,
+        threads: args.threads,
+        ..Default::default()
+    };
+    if let Some(a) = args.attention {
+        opts.attention = a;
+    }
+    let backend = dflash_core::registry::create_backend(&args.backend, &opts)
+        .with_context(|| format!("creating backend {:?}", args.backend))?;
+    let bench_opts = dflash_bench::BenchOptions {
+        scale: args.scale,
+        only: args.only,
+        warmup: args.warmup,
+        runs: args.runs,
+    };
+    if let Some(only) = &bench_opts.only {
+        let all = dflash_bench::figure_names();
+        if !all.iter().any(|n| n.contains(only.as_str())) {
+            anyhow::bail!(
+                "no figure matches --only {only:?}; figures: {}",
+                all.join(", ")
+            );
+        }
+    }
+    println!(
+        "bench: backend {} on {}, attention {}, scale {}",
+        backend.name(),
+        backend.device(),
+        backend.attention_kernel(),
+        args.scale
+    );
+    let out = args.out.or_else(|| {
+        args.results_dir.map(|d| {
+            d.join(format!(
+                "{}.json",
+                dflash_bench::device_slug(&backend.device())
+            ))
+        })
+    });
+    println!("{}", dflash_bench::table_header());
+    let results = dflash_bench::run_suite(backend, &bench_opts, |r| {
+        println!("{}", dflash_bench::table_row(r));
+    })?;
+    if results.is_empty() {
+        println!("nothing measured (memory figures need a backend that reports memory_stats)");
+    }
+    if let Some(path) = out {
+        dflash_bench::write_json(&path, &results)?;
+        println!("wrote {} results to {}", results.len(), path.display());
+    }
+    Ok(())
 }
 
 fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
@@ -159,6 +252,7 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Command::Status { run_dir } => status(&run_dir)?,
+        Command::Bench(args) => bench(args)?,
         Command::Backends => {
             println!(
                 "backends: {}",
@@ -176,6 +270,7 @@ fn run(cli: Cli) -> Result<()> {
 fn main() -> ExitCode {
     dflash_backend_reference::link();
     dflash_attention_tiled::link();
+    dflash_backend_cuda::link();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -101,6 +101,64 @@ impl Qwen3Target {
         })
     }
 
+    /// A target with random weights and no files (benchmarks, tests): linear weights,
+    /// embedding and LM head `N(0, 0.02^2)` from [`dflash_core::MemoryOps::random_normal`]
+    /// (generated on the device where the backend can), norm weights 1. Only layers up to
+    /// the deepest of `layer_ids` are built. Deterministic in `seed`.
+    pub fn random(
+        backend: Arc<dyn Backend>,
+        cfg: Qwen3Config,
+        layer_ids: &[usize],
+        seed: u64,
+    ) -> Result<Self> {
+        if let Some(&bad) = layer_ids.iter().find(|&&l| l >= cfg.num_hidden_layers) {
+            return Err(ModelError::Input(format!(
+                "target layer id {bad} is out of range: the random target has {} layers",
+                cfg.num_hidden_layers
+            )));
+        }
+        let b = backend.as_ref();
+        let dims = layer_dims(&cfg);
+        const STD: f32 = 0.02;
+        let mut next_seed = seed;
+        let mut random = |shape: &[usize]| -> Result<Tensor> {
+            next_seed = next_seed.wrapping_add(1);
+            if shape.len() == 1 {
+                Ok(b.upload(&vec![1.0; shape[0]], shape)?) // norm weights
+            } else {
+                Ok(b.random_normal(shape, STD, next_seed)?)
+            }
+        };
+        let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
+        let shapes = LayerWeights::shapes(&dims, cfg.intermediate_size);
+        let mut layers = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            let ts = shapes
+                .iter()
+                .map(|s| random(s))
+                .collect::<Result<Vec<_>>>()?;
+            layers.push(LayerWeights::from_vec(ts));
+        }
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed = random(&[v, h])?;
+        let norm = Some(random(&[h])?);
+        let lm_head = Some(if cfg.tie_word_embeddings {
+            b.copy(&embed)?
+        } else {
+            random(&[v, h])?
+        });
+        Ok(Qwen3Target {
+            backend,
+            cfg,
+            dims,
+            layers,
+            layer_ids: layer_ids.to_vec(),
+            embed,
+            lm_head,
+            norm,
+        })
+    }
+
     pub fn config(&self) -> &Qwen3Config {
         &self.cfg
     }

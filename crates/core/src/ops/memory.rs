@@ -1,4 +1,4 @@
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// Buffers, host transfers and elementwise glue. The host side of every transfer is `f32`;
 /// the device format (f32, bf16, ...) is the backend's business.
@@ -23,4 +23,95 @@ pub trait MemoryOps {
     fn sum_squares(&self, t: &Tensor) -> Result<f64>;
     /// Whether every element is finite.
     fn all_finite(&self, t: &Tensor) -> Result<bool>;
+
+    /// A tensor of `N(0, std^2)` samples, deterministic in `seed` (random weights and inputs
+    /// for benchmarks and tests). The default draws [`normal_host`] on the host and uploads it;
+    /// GPU backends override it to generate on the device (their stream need not match the
+    /// host one, only be deterministic in `seed`).
+    fn random_normal(&self, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {
+        if !(std.is_finite() && std >= 0.0) {
+            return Err(Error::op(
+                "random_normal",
+                "host",
+                format!("std must be a finite number >= 0, got {std} (shape {shape:?})"),
+            ));
+        }
+        let n = shape.iter().product();
+        self.upload(&normal_host(n, std, seed), shape)
+    }
+}
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The splitmix64 output function (Steele, Lea, Flood 2014).
+fn splitmix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `n` samples of `N(0, std^2)`, deterministic in `seed`, counter-based so any range can be
+/// produced independently (in parallel here, on a device elsewhere):
+///
+/// ```text
+/// key      = splitmix64(seed + GOLDEN)
+/// u(c)     = splitmix64(key + (c + 1) * GOLDEN) >> 11                  53 random bits
+/// pair p   : u1 = (u(2p) + 1) * 2^-53 in (0, 1],  u2 = u(2p+1) * 2^-53 in [0, 1)
+///            r = sqrt(-2 ln u1);  x[2p] = r cos(2 pi u2) * std,  x[2p+1] = r sin(2 pi u2) * std
+/// ```
+/// (Box-Muller in f64, rounded to f32.)
+pub fn normal_host(n: usize, std: f32, seed: u64) -> Vec<f32> {
+    let key = splitmix64(seed.wrapping_add(GOLDEN));
+    let bits = |c: u64| splitmix64(key.wrapping_add(c.wrapping_add(1).wrapping_mul(GOLDEN))) >> 11;
+    let scale = 1.0 / (1u64 << 53) as f64;
+    let fill = |start: usize, out: &mut [f32]| {
+        // `start` is even: whole pairs per chunk.
+        for (j, pair) in out.chunks_mut(2).enumerate() {
+            let p = (start / 2 + j) as u64;
+            let u1 = (bits(2 * p) + 1) as f64 * scale;
+            let u2 = bits(2 * p + 1) as f64 * scale;
+            let r = (-2.0 * u1.ln()).sqrt();
+            let (s, c) = (2.0 * std::f64::consts::PI * u2).sin_cos();
+            pair[0] = (r * c * std as f64) as f32;
+            if let Some(x) = pair.get_mut(1) {
+                *x = (r * s * std as f64) as f32;
+            }
+        }
+    };
+    let mut out = vec![0.0f32; n];
+    const SERIAL: usize = 1 << 20;
+    if n <= SERIAL {
+        fill(0, &mut out);
+        return out;
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let chunk = n.div_ceil(threads).next_multiple_of(2).max(SERIAL);
+    std::thread::scope(|s| {
+        for (i, part) in out.chunks_mut(chunk).enumerate() {
+            let fill = &fill;
+            s.spawn(move || fill(i * chunk, part));
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normal_host;
+
+    #[test]
+    fn normal_host_is_deterministic_counter_based_and_normal() {
+        let big = normal_host(3_000_001, 2.0, 7); // parallel path, odd length
+        let small = normal_host(1001, 2.0, 7); // serial path
+        assert_eq!(&big[..1001], &small[..]);
+        assert_eq!(normal_host(1001, 2.0, 7), small);
+        assert_ne!(normal_host(1001, 2.0, 8), small);
+        let n = big.len() as f64;
+        let mean = big.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = big.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        assert!((var - 4.0).abs() < 0.02, "var {var}");
+        assert!(big.iter().all(|x| x.is_finite()));
+        assert!(normal_host(0, 1.0, 1).is_empty());
+    }
 }

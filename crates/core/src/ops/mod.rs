@@ -24,6 +24,16 @@ pub use norm::NormOps;
 pub use optimizer::{AdamWParams, OptimizerOps};
 pub use rope::RopeOps;
 
+/// Device memory of a backend instance, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes held by live tensors (and workspaces) now.
+    pub in_use_bytes: u64,
+    /// High-water mark of `in_use_bytes` since creation or the last
+    /// [`BackendInfo::reset_peak_memory`].
+    pub peak_bytes: u64,
+}
+
 /// Identity of a backend instance.
 pub trait BackendInfo: Send + Sync {
     /// Registered name, e.g. `"reference"`.
@@ -32,4 +42,17 @@ pub trait BackendInfo: Send + Sync {
     fn device(&self) -> String;
     /// Name of the attention kernel this instance dispatches to.
     fn attention_kernel(&self) -> &str;
+
+    /// Waits until every op enqueued so far has finished (and reports any asynchronous error
+    /// it raised). Timing code calls this before reading the clock. Host backends finish each
+    /// op before returning, so the default does nothing; GPU backends wait for their stream.
+    fn synchronize(&self) -> crate::Result<()> {
+        Ok(())
+    }
+    /// Device memory in use and its peak, when the backend tracks them (`None` otherwise).
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
+    /// Restarts the peak of [`BackendInfo::memory_stats`] from the memory in use now.
+    fn reset_peak_memory(&self) {}
 }

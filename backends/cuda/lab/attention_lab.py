@@ -1,0 +1,808 @@
+#!/usr/bin/env python3
+"""Kernel lab for backends/cuda/kernels/attention.cu (llm.c style: build, check, time in one go).
+
+Two modes:
+  --compile-only   no GPU needed: NVRTC (found via ctypes: $NVRTC_LIB, /usr/local/cuda*, pip's
+                   nvidia-cuda-nvrtc) compiles every variant for compute_90 exactly as the Rust
+                   backend will, then ptxas (if found) prints registers / spills per kernel.
+  default          on an H200 with torch + CuPy: the same NVRTC PTX is loaded through CuPy (the
+                   driver JIT-compiles it, as cudarc does), checked against a dense fp64 PyTorch
+                   reference on small shapes (outputs poisoned with NaN first), then the DESIGN §4
+                   benchmark shapes are timed (CUDA events, warm-up, median), together with torch's
+                   own SDPA (and, with --flex, compiled flex_attention) in the same process.
+
+Usage (repo root):
+  python3 backends/cuda/lab/attention_lab.py --compile-only
+  set -o pipefail; PYTHONUNBUFFERED=1 python3 backends/cuda/lab/attention_lab.py [--flex] 2>&1 | tee $OUT/lab.log
+"""
+import argparse
+import ctypes
+import ctypes.util
+import glob
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+SRC = os.path.join(ROOT, "backends", "cuda", "kernels", "attention.cu")
+NVRTC_OPTS = ["--gpu-architecture=compute_90", "-std=c++17"]
+
+# name -> extra NVRTC options. "ship" is the file as it is; the others are head_dim-128 variants.
+# Names starting with "t_" use lab-only timing knobs that skip work (wrong results): timed only.
+O128 = "-DATTN_ONLY_D128"
+VARIANTS = {
+    "ship": [],
+    "f_bn32": [O128, "-DATTN_FWD_CFG_128=128,128,32,4,false"],
+    "f_bn48": [O128, "-DATTN_FWD_CFG_128=128,128,48,4,false"],
+}
+# Earlier runs also timed (logs/run2-v2-variants.log, logs/run3-v3-flex.log): head-major grid
+# order (ATTN_FWD_ORDER/ATTN_BWD_ORDER=1), an 8-warp forward (128,128,64,8,true), 64-row forwards
+# with Q in registers (128,64,64,4,true and 128,64,32,4,true with 3 CTAs/SM), and the timing knobs
+# -DATTN_LAB_SKIP_SOFTMAX / _SKIP_PV / _SKIP_LOAD / _SKIP_DQ (names "t_..." are timed only).
+
+# DESIGN §4 anchors (TFLOP/s, one H200, PyTorch 2.11): (fwd, fwd+bwd)
+ANCHORS = {
+    "dflash ctx4096+256": (246.0, 207.0),
+    "dflash ctx8192+512": (270.0, 237.0),
+    "dflash ctx2048+128": (107.0, 88.0),
+    "causal S8192 h32": (602.0, 519.0),
+}
+TIMING_ONLY = lambda name: name.startswith("t_")  # noqa: E731
+
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# NVRTC through ctypes (identical options to the Rust backend)
+# ------------------------------------------------------------------------------------------------
+def _nvrtc_candidates():
+    c = []
+    if os.environ.get("NVRTC_LIB"):
+        c.append(os.environ["NVRTC_LIB"])
+    pat = re.compile(r"libnvrtc\.so(\.\d+)*$")
+    for d in sorted(glob.glob("/usr/local/cuda*/targets/x86_64-linux/lib")) + sorted(glob.glob("/usr/local/cuda*/lib64")):
+        c += sorted(p for p in glob.glob(os.path.join(d, "libnvrtc.so*")) if pat.search(p))
+    for sp in sys.path + ["/tmp/cudatools"]:
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
+            c += sorted(p for p in glob.glob(os.path.join(sp, sub, "libnvrtc.so*")) if pat.search(p))
+    f = ctypes.util.find_library("nvrtc")
+    if f:
+        c.append(f)
+    return c
+
+
+_NVRTC = None
+
+
+def nvrtc():
+    global _NVRTC
+    if _NVRTC is not None:
+        return _NVRTC
+    errs = []
+    for path in _nvrtc_candidates():
+        try:
+            d = os.path.dirname(path)
+            for b in sorted(glob.glob(os.path.join(d, "libnvrtc-builtins.so*"))):
+                if ".alt." not in b:
+                    try:
+                        ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+                    except OSError:
+                        pass
+            lib = ctypes.CDLL(path)
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+            _NVRTC = (lib, path, f"{major.value}.{minor.value}")
+            return _NVRTC
+        except OSError as e:
+            errs.append(f"{path}: {e}")
+    raise RuntimeError("libnvrtc not found; tried: " + "; ".join(errs or ["nothing"]))
+
+
+def nvrtc_compile(src, opts, name="attention.cu"):
+    lib, _, _ = nvrtc()
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
+    if rc:
+        raise RuntimeError(f"nvrtcCreateProgram rc={rc}")
+    bopts = [o.encode() for o in opts]
+    arr = (ctypes.c_char_p * len(bopts))(*bopts)
+    rc = lib.nvrtcCompileProgram(prog, len(bopts), arr)
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    logtxt = buf.value.decode(errors="replace")
+    if rc:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        raise RuntimeError(f"NVRTC failed (rc={rc}) with {opts}:\n{logtxt}")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetPTX(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return buf.value, logtxt
+
+
+def find_ptxas():
+    c = [shutil.which("ptxas")] + sorted(glob.glob("/usr/local/cuda*/bin/ptxas"))
+    for sp in sys.path + ["/tmp/cudatools"]:
+        c.append(os.path.join(sp, "nvidia/cu13/bin/ptxas"))
+    for p in c:
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+def ptxas_report(ptx, tag):
+    ptxas = find_ptxas()
+    if not ptxas:
+        return f"[{tag}] ptxas not found: no resource report"
+    with tempfile.TemporaryDirectory() as d:
+        pp = os.path.join(d, "a.ptx")
+        open(pp, "wb").write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90", "-v", pp, "-o", os.path.join(d, "a.cubin")], capture_output=True, text=True)
+    lines, cur = [], None
+    for ln in (r.stdout + r.stderr).splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", ln)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ln)
+        if m and cur:
+            spill = f"spill st/ld {m.group(1)}/{m.group(2)} B"
+            continue
+        m = re.search(r"Used (\d+) registers", ln)
+        if m and cur:
+            if cur.startswith("attn_fwd") or cur.startswith("attn_bwd_dkdv"):
+                lines.append(f"  [{tag}] {cur:24s} regs {m.group(1):>3s}  {spill}")
+            cur = None
+    if r.returncode:
+        lines.append(f"  [{tag}] ptxas failed: {r.stderr[-2000:]}")
+    return "\n".join(lines)
+
+
+def build_all(variants):
+    src = open(SRC).read()
+    with ThreadPoolExecutor(max_workers=len(variants)) as ex:
+        futs = {k: ex.submit(nvrtc_compile, src, NVRTC_OPTS + v) for k, v in variants.items()}
+        return {k: f.result()[0] for k, f in futs.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Masks (DESIGN §2.3 / §3), as the four i32 arrays of the C ABI
+# ------------------------------------------------------------------------------------------------
+def _norm(s, e):
+    import numpy as np
+
+    empty = s >= e
+    s = np.where(empty, 0, s)
+    e = np.where(empty, 0, e)
+    return s.astype(np.int32), e.astype(np.int32)
+
+
+def mask_dflash(S, anchors, bs=16, window=None):
+    """Row (b, j), anchor a: [0, a) and [S+bs*b, S+bs*b+bs); a < 0 marks a padding block (sees nothing).
+    Sliding (window W): [max(0, a+j-W+1), a) and [S+bs*b, S+bs*b+j+1)."""
+    import numpy as np
+
+    anchors = np.asarray(anchors, dtype=np.int64)
+    N = len(anchors)
+    a = np.repeat(anchors, bs)
+    b = np.repeat(np.arange(N), bs)
+    j = np.tile(np.arange(bs), N)
+    blk = S + bs * b
+    if window is None:
+        fs, fe, ss, se = np.zeros_like(a), a.copy(), blk, blk + bs
+    else:
+        fs, fe, ss, se = np.maximum(0, a + j - window + 1), a.copy(), blk, blk + j + 1
+    pad = a < 0
+    for x in (fs, fe, ss, se):
+        x[pad] = 0
+    fs, fe = _norm(fs, fe)
+    ss, se = _norm(ss, se)
+    return (fs, fe, ss, se), S + bs * N
+
+
+def mask_causal(T):
+    import numpy as np
+
+    i = np.arange(T)
+    z = np.zeros(T, np.int32)
+    return (z, (i + 1).astype(np.int32), z.copy(), z.copy()), T
+
+
+def mask_document(lens):
+    import numpy as np
+
+    fs, fe = [], []
+    st = 0
+    for L in lens:
+        for i in range(L):
+            fs.append(st)
+            fe.append(st + i + 1)
+        st += L
+    z = np.zeros(st, np.int32)
+    return (np.array(fs, np.int32), np.array(fe, np.int32), z, z.copy()), st
+
+
+def mask_dense(Tq, Tk):
+    import numpy as np
+
+    z = np.zeros(Tq, np.int32)
+    return (z, np.full(Tq, Tk, np.int32), z.copy(), z.copy()), Tk
+
+
+def sample_anchors(rng, S, N):
+    import numpy as np
+
+    return np.sort(rng.choice(S - 1, size=N, replace=False)).astype(np.int64)
+
+
+def visible_pairs(m):
+    import numpy as np
+
+    fs, fe, ss, se = m
+    return int(np.maximum(fe.astype(np.int64) - fs, 0).sum() + np.maximum(se.astype(np.int64) - ss, 0).sum())
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU side
+# ------------------------------------------------------------------------------------------------
+def gpu_main(args):
+    import numpy as np
+    import torch
+    import cupy as cp
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    lib, libpath, ver = nvrtc()
+    log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}, "
+        f"NVRTC {ver} ({libpath})")
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        log("nvidia-smi:", smi.stdout.strip())
+    except Exception as e:  # noqa
+        log("nvidia-smi failed:", e)
+
+    variants = {k: v for k, v in VARIANTS.items() if k == "ship" or args.variants}
+    t = time.time()
+    ptxs = build_all(variants)
+    log(f"NVRTC compiled {len(ptxs)} variant(s) in {time.time() - t:.1f}s")
+    if args.ptxas:
+        for k, p in ptxs.items():
+            rep = ptxas_report(p, k)
+            if rep:
+                print(rep, flush=True)
+
+    tmpdir = tempfile.mkdtemp(prefix="attnlab")
+
+    def ptr(x):
+        return np.uint64(x.data_ptr())
+
+    class Kernels:
+        def __init__(self, name, ptx):
+            path = os.path.join(tmpdir, name + ".ptx")
+            open(path, "wb").write(ptx)
+            t = time.time()
+            self.mod = cp.RawModule(path=path)  # cuModuleLoad: the driver JIT-compiles the PTX
+            cfgbuf = torch.zeros(30, dtype=torch.int32, device=dev)
+            self.mod.get_function("attn_config")((1,), (32,), (ptr(cfgbuf),))
+            torch.cuda.synchronize()
+            rows = cfgbuf.view(3, 10).cpu().tolist()
+            self.cfg = {r[0]: r for r in rows}
+            self.name = name
+            self.fns = {}
+            log(f"[{name}] module loaded (JIT) in {time.time() - t:.1f}s; config {rows}")
+
+        def fn(self, fname, smem=0):
+            if fname not in self.fns:
+                f = self.mod.get_function(fname)
+                if smem > 48 * 1024:
+                    f.max_dynamic_shared_size_bytes = smem
+                self.fns[fname] = f
+            return self.fns[fname]
+
+        def has(self, D):
+            try:
+                self.mod.get_function(f"attn_fwd_d{D}")
+                return True
+            except Exception:  # noqa
+                return False
+
+        def fwd(self, D, q, k, v, mk, out, lse, scale):
+            c = self.cfg[D]
+            Tq, Hq, _ = q.shape
+            Tk, Hkv, _ = k.shape
+            BM, thr, smem = c[1], c[2], c[3]
+            grid = ((Tq + BM - 1) // BM * Hq,)
+            self.fn(f"attn_fwd_d{D}", smem)(grid, (thr,), (
+                ptr(q), ptr(k), ptr(v), ptr(mk[0]), ptr(mk[1]), ptr(mk[2]), ptr(mk[3]), ptr(out), ptr(lse),
+                np.int32(Tq), np.int32(Tk), np.int32(Hq), np.int32(Hkv), np.float32(scale)), shared_mem=smem)
+
+        def workspace(self, D, Tq, Hq):
+            nqt = (Tq + 63) // 64
+            return dict(Di=torch.empty(Tq, Hq, dtype=torch.float32, device=dev),
+                        acc=torch.empty(Tq, Hq, D, dtype=torch.float32, device=dev),
+                        summ=torch.empty(nqt * 8, dtype=torch.int32, device=dev))
+
+        def bwd(self, D, q, k, v, o, lse, do, mk, dq, dk, dv, ws, scale):
+            c = self.cfg[D]
+            Tq, Hq, _ = q.shape
+            Tk, Hkv, _ = k.shape
+            BN, thr, smem = c[4], c[5], c[6]
+            nqt = (Tq + 63) // 64
+            self.fn(f"attn_bwd_pre_d{D}")((nqt,), (c[8],), (
+                ptr(o), ptr(do), ptr(mk[0]), ptr(mk[1]), ptr(mk[2]), ptr(mk[3]), ptr(ws["Di"]), ptr(ws["acc"]),
+                ptr(ws["summ"]), np.int32(Tq), np.int32(Hq)))
+            self.fn(f"attn_bwd_dkdv_d{D}", smem)(((Tk + BN - 1) // BN * Hkv,), (thr,), (
+                ptr(q), ptr(k), ptr(v), ptr(do), ptr(lse), ptr(ws["Di"]), ptr(ws["summ"]), ptr(mk[0]), ptr(mk[1]),
+                ptr(mk[2]), ptr(mk[3]), ptr(ws["acc"]), ptr(dk), ptr(dv), np.int32(Tq), np.int32(Tk), np.int32(Hq),
+                np.int32(Hkv), np.float32(scale)), shared_mem=smem)
+            n = Tq * Hq * D
+            self.fn("attn_bwd_dq_convert")(((n // 4 + 255) // 256,), (256,), (
+                ptr(ws["acc"]), ptr(dq), np.int64(n), np.float32(scale)))
+
+    kern = {}
+    for k, p in ptxs.items():
+        kern[k] = Kernels(k, p)
+    ship = kern["ship"]
+
+    def to_dev_mask(m):
+        return [torch.from_numpy(np.ascontiguousarray(x)).to(dev) for x in m]
+
+    # ---------------- reference ----------------
+    def reference(q, k, v, do, mk, scale):
+        Tq, Hq, D = q.shape
+        Tk, Hkv, _ = k.shape
+        G = Hq // Hkv
+        qd = q.double().permute(1, 0, 2).contiguous().requires_grad_()
+        kd = k.double().permute(1, 0, 2).contiguous().requires_grad_()
+        vd = v.double().permute(1, 0, 2).contiguous().requires_grad_()
+        ke, ve = kd.repeat_interleave(G, 0), vd.repeat_interleave(G, 0)
+        fs, fe, ss, se = [x.long() for x in mk]
+        kid = torch.arange(Tk, device=dev)[None, :]
+        vis = ((kid >= fs[:, None]) & (kid < fe[:, None])) | ((kid >= ss[:, None]) & (kid < se[:, None]))
+        has = vis.any(1)
+        s = torch.einsum("hqd,hkd->hqk", qd, ke) * scale
+        fill = torch.where(has[None, :, None], torch.tensor(float("-inf"), device=dev, dtype=torch.float64),
+                           torch.tensor(0.0, device=dev, dtype=torch.float64))
+        s_safe = torch.where(vis[None], s, fill)
+        lse = torch.logsumexp(s_safe, -1)
+        p = torch.where(vis[None], torch.exp(s_safe - lse[..., None]), torch.zeros((), device=dev, dtype=torch.float64))
+        out = p @ ve
+        (out * do.double().permute(1, 0, 2)).sum().backward()
+        lse_o = torch.where(has[None], lse, torch.tensor(float("-inf"), device=dev, dtype=torch.float64)).T
+        return (out.detach().permute(1, 0, 2), lse_o.detach(), qd.grad.permute(1, 0, 2), kd.grad.permute(1, 0, 2),
+                vd.grad.permute(1, 0, 2), has)
+
+    def rel(a, b):
+        a, b = a.double(), b.double()
+        return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+    TOL = dict(out=1e-2, lse=2e-3, dq=2e-2, dk=2e-2, dv=2e-2)
+    results = []
+
+    def check_case(K, name, D, Hq, Hkv, m, Tk, seed, do_bwd=True):
+        Tq = len(m[0])
+        g = torch.Generator(device=dev)
+        g.manual_seed(seed)
+        q = torch.randn(Tq, Hq, D, device=dev, generator=g).bfloat16()
+        k = torch.randn(Tk, Hkv, D, device=dev, generator=g).bfloat16()
+        v = torch.randn(Tk, Hkv, D, device=dev, generator=g).bfloat16()
+        do = torch.randn(Tq, Hq, D, device=dev, generator=g).bfloat16()
+        scale = D ** -0.5
+        mk = to_dev_mask(m)
+        out = torch.full((Tq, Hq, D), float("nan"), device=dev, dtype=torch.bfloat16)
+        lse = torch.full((Tq, Hq), float("nan"), device=dev)
+        K.fwd(D, q, k, v, mk, out, lse, scale)
+        torch.cuda.synchronize()
+        ro, rl, rdq, rdk, rdv, has = reference(q, k, v, do, mk, scale)
+        errs = {}
+        bad = []
+        errs["out"] = rel(out, ro) if not torch.isnan(out).any() else float("nan")
+        fin = torch.isfinite(rl)
+        if torch.isnan(lse).any() or not torch.equal(torch.isfinite(lse), fin) or not bool((lse[~fin] == float("-inf")).all()):
+            errs["lse"] = float("nan")
+        else:
+            errs["lse"] = (lse[fin].double() - rl[fin]).abs().max().item() if fin.any() else 0.0
+        if (~has).any() and not bool((out[~has] == 0).all()):
+            bad.append("empty rows not zero")
+        if do_bwd:
+            dq = torch.full_like(q, float("nan"))
+            dk = torch.full_like(k, float("nan"))
+            dv = torch.full_like(v, float("nan"))
+            ws = K.workspace(D, Tq, Hq)
+            ws["Di"].fill_(float("nan"))
+            ws["acc"].fill_(float("nan"))
+            ws["summ"].fill_(0x1234567)
+            K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale)
+            torch.cuda.synchronize()
+            for nm, x, r in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+                errs[nm] = rel(x, r) if not torch.isnan(x).any() else float("nan")
+        ok = all((not math.isnan(e)) and e <= TOL[n] for n, e in errs.items()) and not bad
+        es = " ".join(f"{n} {e:.2e}" for n, e in errs.items())
+        log(f"[{K.name}] check {name:34s} D={D:3d} Tq={Tq:5d} Tk={Tk:5d} H={Hq}/{Hkv}: {es} {'PASS' if ok else 'FAIL'} {' '.join(bad)}")
+        if not ok:
+            # where is it wrong? worst (row, head) for out and dq
+            for nm, x, r in (("out", out, ro),) + ((("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)) if do_bwd else ()):
+                d = (x.double() - r).abs().nan_to_num(1e9).amax(-1)  # (T, H)
+                idx = torch.topk(d.flatten(), 3).indices.tolist()
+                rows = [(i // d.shape[1], i % d.shape[1], d.flatten()[i].item()) for i in idx]
+                log(f"    worst {nm} (row, head, maxabs): {rows}")
+            fsn = [x[:8].tolist() for x in m]
+            log(f"    mask rows 0..7: fs {fsn[0]} fe {fsn[1]} ss {fsn[2]} se {fsn[3]}")
+        results.append((K.name, name, D, ok, errs))
+        return ok
+
+    rng = np.random.default_rng(1234)
+    t = time.time()
+    cases = []
+    for D in (128, 64, 256):
+        cases.append(("dense 200x300", D, 4, 2, *mask_dense(200, 300)))
+    cases.append(("causal 333", 128, 4, 4, *mask_causal(333)))
+    an = list(sample_anchors(rng, 300, 19)) + [-1, -1]
+    cases.append(("dflash S300 N21 (2 padding)", 128, 8, 2, *mask_dflash(300, an)))
+    cases.append(("dflash S300 N21 (2 padding)", 64, 8, 2, *mask_dflash(300, an)))
+    cases.append(("dflash S300 N21 (2 padding)", 256, 8, 2, *mask_dflash(300, an)))
+    cases.append(("dflash S1024 N64", 128, 8, 2, *mask_dflash(1024, sample_anchors(rng, 1024, 64))))
+    cases.append(("dflash S1000 N37 anchors<64", 128, 4, 1, *mask_dflash(1000, np.sort(rng.choice(64, 37, replace=False)))))
+    cases.append(("dflash-sliding W100 S700 N40", 128, 8, 2, *mask_dflash(700, sample_anchors(rng, 700, 40), window=100)))
+    cases.append(("document [100,250,50,7]", 128, 4, 2, *mask_document([100, 250, 50, 7])))
+    all_ok = True
+    for i, (nm, D, Hq, Hkv, m, Tk) in enumerate(cases):
+        try:
+            all_ok &= check_case(ship, nm, D, Hq, Hkv, m, Tk, seed=100 + i)
+        except Exception as e:  # noqa
+            log(f"[ship] check {nm} D={D}: EXCEPTION {type(e).__name__}: {e}")
+            all_ok = False
+            if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+                log("CUDA context is gone; stopping")
+                summary(results, [], all_ok)
+                return 1
+    for vn, K in kern.items():
+        if vn == "ship" or TIMING_ONLY(vn):
+            continue
+        for i, (nm, D, Hq, Hkv, m, Tk) in enumerate(cases):
+            if D == 128 and nm.startswith(("dense", "dflash S1024", "dflash S300")):
+                try:
+                    check_case(K, nm, D, Hq, Hkv, m, Tk, seed=200 + i)
+                except Exception as e:  # noqa
+                    log(f"[{vn}] check {nm}: EXCEPTION {e}")
+    log(f"correctness done in {time.time() - t:.1f}s: {'ALL PASS' if all_ok else 'FAILURES'}")
+
+    def group_check(q, k, v, do, mk, scale, out, lse, dq, dk, dv):
+        """fp32 reference for kv head 0 and its G query heads, at full size (formula, no autograd)."""
+        Tq, Hq, D = q.shape
+        Tk, Hkv, _ = k.shape
+        G = Hq // Hkv
+        Q = q[:, :G].float().permute(1, 0, 2)
+        dO = do[:, :G].float().permute(1, 0, 2)
+        K, V = k[:, 0].float(), v[:, 0].float()
+        fs, fe, ss, se = [x.long() for x in mk]
+        kid = torch.arange(Tk, device=dev)[None, :]
+        vis = ((kid >= fs[:, None]) & (kid < fe[:, None])) | ((kid >= ss[:, None]) & (kid < se[:, None]))
+        s = (Q @ K.T) * scale
+        s.masked_fill_(~vis[None], float("-inf"))
+        lse_r = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse_r[..., None])
+        del s
+        o_r = p @ V
+        dp = dO @ V.T
+        di = (dO * o_r).sum(-1)
+        ds = p * (dp - di[..., None])
+        del dp
+        dq_r = scale * (ds @ K)
+        dk_r = scale * torch.einsum("gqk,gqd->kd", ds, Q)
+        dv_r = torch.einsum("gqk,gqd->kd", p, dO)
+        del p, ds
+        e = dict(out=rel(out[:, :G].float().permute(1, 0, 2), o_r),
+                 lse=(lse[:, :G].float().T - lse_r).abs().max().item(),
+                 dq=rel(dq[:, :G].float().permute(1, 0, 2), dq_r), dk=rel(dk[:, 0].float(), dk_r),
+                 dv=rel(dv[:, 0].float(), dv_r))
+        return {n: (x if x == x else float("inf")) for n, x in e.items()}
+
+    # ---------------- ceilings ----------------
+    def bench(fn, warmup=3, reps=15):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in ev:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        ts = [a.elapsed_time(b) for a, b in ev]
+        return statistics.median(ts), min(ts), max(ts)
+
+    ceil = {}
+    try:
+        A = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        B = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        ms = bench(lambda: A @ B)[0]
+        ceil["gemm"] = 2 * 8192 ** 3 / ms / 1e9
+        del A, B
+        mma_src = r'''
+extern "C" __global__ void mma_peak(float* out, int iters) {
+  unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3c003c00u, b1 = a0 + 11u;
+  float c[8][4];
+  for (int i = 0; i < 8; i++) for (int j = 0; j < 4; j++) c[i][j] = 0.f;
+  for (int it = 0; it < iters; it++) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[i][0]), "+f"(c[i][1]), "+f"(c[i][2]), "+f"(c[i][3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  float s = 0.f;
+  for (int i = 0; i < 8; i++) for (int j = 0; j < 4; j++) s += c[i][j];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}'''
+        mp, _ = nvrtc_compile(mma_src, NVRTC_OPTS, "mma_peak.cu")
+        pth = os.path.join(tmpdir, "mma.ptx")
+        open(pth, "wb").write(mp)
+        mfn = cp.RawModule(path=pth).get_function("mma_peak")
+        nblk, iters = props.multi_processor_count * 4, 4096
+        o = torch.empty(nblk * 256, device=dev)
+        ms = bench(lambda: mfn((nblk,), (256,), (ptr(o), np.int32(iters))))[0]
+        ceil["mma_sync"] = nblk * 8 * iters * 8 * 4096 / ms / 1e9
+        log(f"ceilings: torch bf16 GEMM 8192^3 {ceil['gemm']:.0f} TFLOP/s; mma.sync m16n8k16 bf16 peak {ceil['mma_sync']:.0f} TFLOP/s")
+    except Exception as e:  # noqa
+        log("ceiling measurement failed:", e)
+
+    # ---------------- benchmarks ----------------
+    shapes = [
+        ("dflash ctx4096+256", "dflash", 4096, 256, 32, 8),
+        ("dflash ctx8192+512", "dflash", 8192, 512, 32, 8),
+        ("dflash ctx2048+128", "dflash", 2048, 128, 32, 8),
+        ("causal S8192 h32", "causal", 8192, 0, 32, 32),
+        ("dense 4096x4096 h32/8", "dense", 4096, 0, 32, 8),
+    ]
+    D = 128
+    rows = []
+    flex_cache = {}
+    brng = np.random.default_rng(7)
+    for (label, kind, S, N, Hq, Hkv) in shapes:
+        if kind == "dflash":
+            anchors = sample_anchors(brng, S, N)
+            m, Tk = mask_dflash(S, anchors)
+        elif kind == "dense":
+            anchors = None
+            m, Tk = mask_dense(S, S)
+        else:
+            anchors = None
+            m, Tk = mask_causal(S)
+        Tq = len(m[0])
+        pairs = visible_pairs(m)
+        fl_f = 4.0 * Hq * D * pairs
+        fl_fb = 3.5 * fl_f
+        g = torch.Generator(device=dev)
+        g.manual_seed(11)
+        q = torch.randn(Tq, Hq, D, device=dev, generator=g).bfloat16()
+        k = torch.randn(Tk, Hkv, D, device=dev, generator=g).bfloat16()
+        v = torch.randn(Tk, Hkv, D, device=dev, generator=g).bfloat16()
+        do = torch.randn(Tq, Hq, D, device=dev, generator=g).bfloat16()
+        mk = to_dev_mask(m)
+        scale = D ** -0.5
+        row = dict(label=label, pairs=pairs, density=pairs / (Tq * Tk), Tq=Tq, Tk=Tk)
+        mine = {}
+        for vn, K in kern.items():
+            out = torch.full((Tq, Hq, D), float("nan"), device=dev, dtype=torch.bfloat16)
+            lse = torch.full((Tq, Hq), float("nan"), device=dev)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            ws = K.workspace(D, Tq, Hq)
+            try:
+                tf = bench(lambda: K.fwd(D, q, k, v, mk, out, lse, scale))
+                tb = bench(lambda: K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
+                tfb = bench(lambda: (K.fwd(D, q, k, v, mk, out, lse, scale),
+                                     K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale)))
+            except Exception as e:  # noqa
+                log(f"[{vn}] {label}: EXCEPTION {e}")
+                continue
+            nan = (not TIMING_ONLY(vn)) and bool(torch.isnan(out).any() or torch.isnan(dq).any() or torch.isnan(dk).any()
+                                                  or torch.isnan(dv).any())
+            mine[vn] = dict(fwd=tf, bwd=tb, fb=tfb, nan=nan)
+            log(f"[{vn}] {label}: fwd {tf[0]:.3f} ms {fl_f / tf[0] / 1e9:6.1f} TF | bwd {tb[0]:.3f} ms "
+                f"{2.5 * fl_f / tb[0] / 1e9:6.1f} TF | fwd+bwd {tfb[0]:.3f} ms {fl_fb / tfb[0] / 1e9:6.1f} TF"
+                f" (fwd spread {tf[1]:.3f}-{tf[2]:.3f}){' NaN!' if nan else ''}")
+            if vn == "ship":
+                ship_out = (out.clone(), lse.clone(), dq.clone(), dk.clone(), dv.clone())
+                try:
+                    ge = group_check(q, k, v, do, mk, scale, *ship_out)
+                    gok = all(e <= TOL[n] for n, e in ge.items())
+                    log(f"[ship] {label}: full-size check of GQA group 0 vs fp32 torch: " +
+                        " ".join(f"{n} {e:.2e}" for n, e in ge.items()) + (" PASS" if gok else " FAIL"))
+                    results.append(("ship", label + " (group 0, full size)", D, gok, ge))
+                    all_ok &= gok
+                except Exception as e:  # noqa
+                    log(f"[ship] {label}: group check failed: {e}")
+        row["mine"] = mine
+        # torch in the same run
+        qt_ = q.permute(1, 0, 2)[None].contiguous()
+        kt_ = k.permute(1, 0, 2)[None].contiguous()
+        vt_ = v.permute(1, 0, 2)[None].contiguous()
+        dot = do.permute(1, 0, 2)[None].contiguous()
+        tor = None
+        try:
+            import torch.nn.functional as F
+
+            if kind == "causal":
+                fwd_fn = lambda: F.scaled_dot_product_attention(qt_, kt_, vt_, is_causal=True)  # noqa
+                tname = "SDPA causal"
+            elif kind == "dense":
+                fwd_fn = lambda: F.scaled_dot_product_attention(qt_, kt_, vt_, enable_gqa=True)  # noqa
+                tname = "SDPA dense"
+            elif args.flex and time.time() - T0 < args.flex_deadline:
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+                if "flex" not in flex_cache:
+                    flex_cache["flex"] = torch.compile(flex_attention, dynamic=False)
+                flex_c = flex_cache["flex"]
+                at = torch.from_numpy(anchors).to(dev)
+
+                def mask_mod(b, h, qi, ki, at=at, S=S):
+                    blk = qi // 16
+                    a = at[blk]
+                    return (ki < a) | ((ki >= S + blk * 16) & (ki < S + blk * 16 + 16))
+
+                bm = create_block_mask(mask_mod, None, None, Tq, Tk, device="cuda")
+                fwd_fn = lambda: flex_c(qt_, kt_, vt_, block_mask=bm, scale=scale, enable_gqa=True)  # noqa
+                tname = "flex_attention"
+            else:
+                fwd_fn = None
+            if fwd_fn is not None:
+                tc = time.time()
+                with torch.no_grad():
+                    ref_out = fwd_fn()
+                torch.cuda.synchronize()
+                log(f"[torch] {label}: {tname} first call (compile) {time.time() - tc:.1f}s")
+                with torch.no_grad():
+                    tf = bench(fwd_fn)
+                qg, kg, vg = (x.detach().requires_grad_() for x in (qt_, kt_, vt_))
+                if kind == "causal":
+                    fb_fn = lambda: torch.autograd.grad(  # noqa
+                        F.scaled_dot_product_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), dot)
+                elif kind == "dense":
+                    fb_fn = lambda: torch.autograd.grad(  # noqa
+                        F.scaled_dot_product_attention(qg, kg, vg, enable_gqa=True), (qg, kg, vg), dot)
+                else:
+                    fb_fn = lambda: torch.autograd.grad(  # noqa
+                        flex_c(qg, kg, vg, block_mask=bm, scale=scale, enable_gqa=True), (qg, kg, vg), dot)
+                tc = time.time()
+                grads = fb_fn()
+                torch.cuda.synchronize()
+                log(f"[torch] {label}: {tname} first fwd+bwd (compile) {time.time() - tc:.1f}s")
+                tfb = bench(fb_fn)
+                tor = dict(name=tname, fwd=tf, fb=tfb)
+                # cross-check at full size: ours vs torch (both bf16)
+                mo, ml, mdq, mdk, mdv = ship_out
+                e_o = rel(mo, ref_out[0].permute(1, 0, 2))
+                e_g = [rel(a, b[0].permute(1, 0, 2)) for a, b in zip((mdq, mdk, mdv), grads)]
+                log(f"[torch] {label}: {tname} fwd {tf[0]:.3f} ms {fl_f / tf[0] / 1e9:6.1f} TF | fwd+bwd {tfb[0]:.3f} ms "
+                    f"{fl_fb / tfb[0] / 1e9:6.1f} TF | ours-vs-torch rel err out {e_o:.2e} dq {e_g[0]:.2e} dk {e_g[1]:.2e} dv {e_g[2]:.2e}")
+                del grads, ref_out
+        except Exception as e:  # noqa
+            log(f"[torch] {label}: EXCEPTION {type(e).__name__}: {str(e)[:500]}")
+        row["torch"] = tor
+        row["fl_f"], row["fl_fb"] = fl_f, fl_fb
+        rows.append(row)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+
+    summary(results, rows, all_ok, ceil)
+    return 0 if all_ok else 1
+
+
+def summary(results, rows, all_ok, ceil=None):
+    print("\n==================== SUMMARY ====================", flush=True)
+    print(f"correctness: {'ALL PASS' if all_ok else 'FAILURES'} ({sum(1 for r in results if r[3])}/{len(results)} cases)")
+    worst = {}
+    for vn, nm, D, ok, errs in results:
+        if vn != "ship":
+            continue
+        for n, e in errs.items():
+            worst[n] = max(worst.get(n, 0.0), e if not math.isnan(e) else float("inf"))
+    print("ship worst errors: " + " ".join(f"{n} {e:.2e}" for n, e in worst.items()) + "  (rel L2; lse max abs)")
+    if ceil:
+        print("ceilings: " + " ".join(f"{k} {v:.0f} TF" for k, v in ceil.items()))
+    for r in rows:
+        a = ANCHORS.get(r["label"], (float("nan"),) * 2)
+        print(f"{r['label']}: Tq {r['Tq']} Tk {r['Tk']} density {r['density']:.3f} pairs {r['pairs']}")
+        for vn, mm in r["mine"].items():
+            f = r["fl_f"] / mm["fwd"][0] / 1e9
+            fb = r["fl_fb"] / mm["fb"][0] / 1e9
+            b = 2.5 * r["fl_f"] / mm["bwd"][0] / 1e9
+            line = (f"  {vn:13s} fwd {mm['fwd'][0]:7.3f} ms {f:6.1f} TF ({f / a[0]:.2f}x anchor) | bwd {b:6.1f} TF | fwd+bwd "
+                    f"{mm['fb'][0]:7.3f} ms {fb:6.1f} TF ({fb / a[1]:.2f}x anchor)")
+            t = r.get("torch")
+            if t:
+                line += f" | same-run {t['name']}: {t['fwd'][0] / mm['fwd'][0]:.2f}x / {t['fb'][0] / mm['fb'][0]:.2f}x"
+            print(line)
+        t = r.get("torch")
+        if t:
+            print(f"  {t['name']:13s} fwd {t['fwd'][0]:7.3f} ms {r['fl_f'] / t['fwd'][0] / 1e9:6.1f} TF | fwd+bwd "
+                  f"{t['fb'][0]:7.3f} ms {r['fl_fb'] / t['fb'][0] / 1e9:6.1f} TF")
+    print(f"total wall {time.time() - T0:.1f}s", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true", help="NVRTC + ptxas report, no GPU")
+    ap.add_argument("--variants", action="store_true", default=True, help="also build and time the lab variants")
+    ap.add_argument("--no-variants", dest="variants", action="store_false")
+    ap.add_argument("--profile-once", action="store_true", help="one fwd + one bwd launch (for ncu)")
+    ap.add_argument("--ptxas", action="store_true", help="GPU mode: also print the ptxas resource report")
+    ap.add_argument("--flex", action="store_true", help="also time compiled flex_attention on the DFlash shapes")
+    ap.add_argument("--flex-deadline", type=float, default=240.0, help="skip further flex shapes after this many s")
+    args = ap.parse_args()
+    if args.compile_only:
+        lib, path, ver = nvrtc()
+        print(f"NVRTC {ver} at {path}")
+        t = time.time()
+        variants = VARIANTS if args.variants else {"ship": []}
+        ptxs = build_all(variants)
+        print(f"compiled {len(ptxs)} variant(s) in {time.time() - t:.1f}s")
+        for k, p in ptxs.items():
+            print(ptxas_report(p, k))
+        return 0
+    if args.profile_once:
+        return profile_once()
+    return gpu_main(args)
+
+
+def profile_once():
+    """One forward and one backward launch on the ctx 4096 + 256 DFlash shape, for ncu."""
+    import numpy as np
+    import torch
+    import cupy as cp
+
+    dev = torch.device("cuda")
+    ptx, _ = nvrtc_compile(open(SRC).read(), NVRTC_OPTS + ["-DATTN_ONLY_D128"])
+    path = os.path.join(tempfile.mkdtemp(), "a.ptx")
+    open(path, "wb").write(ptx)
+    mod = cp.RawModule(path=path)
+    cfgbuf = torch.zeros(30, dtype=torch.int32, device=dev)
+    P = lambda x: np.uint64(x.data_ptr())  # noqa: E731
+    mod.get_function("attn_config")((1,), (32,), (P(cfgbuf),))
+    c = {r[0]: r for r in cfgbuf.view(3, 10).cpu().tolist()}[128]
+    m, Tk = mask_dflash(4096, sample_anchors(np.random.default_rng(7), 4096, 256))
+    Tq, Hq, Hkv, D = len(m[0]), 32, 8, 128
+    mk = [torch.from_numpy(x).to(dev) for x in m]
+    q = torch.randn(Tq, Hq, D, device=dev).bfloat16()
+    k = torch.randn(Tk, Hkv, D, device=dev).bfloat16()
+    v = torch.randn(Tk, Hkv, D, device=dev).bfloat16()
+    do = torch.randn(Tq, Hq, D, device=dev).bfloat16()
+    out, lse = torch.empty_like(q), torch.empty(Tq, Hq, device=dev)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    Di, acc = torch.empty(Tq, Hq, device=dev), torch.empty(Tq, Hq, D, device=dev)
+    summ = torch.empty((Tq + 63) // 64 * 8, dtype=torch.int32, device=dev)
+    f = mod.get_function("attn_fwd_d128")
+    f.max_dynamic_shared_size_bytes = c[3]
+    b = mod.get_function("attn_bwd_dkdv_d128")
+    b.max_dynamic_shared_size_bytes = c[6]
+    i32, f32 = np.int32, np.float32
+    f(((Tq + c[1] - 1) // c[1] * Hq,), (c[2],), (P(q), P(k), P(v), *[P(x) for x in mk], P(out), P(lse), i32(Tq), i32(Tk),
+                                                i32(Hq), i32(Hkv), f32(D ** -0.5)), shared_mem=c[3])
+    mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
+                                                                     P(summ), i32(Tq), i32(Hq)))
+    b(((Tk + c[4] - 1) // c[4] * Hkv,), (c[5],), (P(q), P(k), P(v), P(do), P(lse), P(Di), P(summ), *[P(x) for x in mk],
+                                                  P(acc), P(dk), P(dv), i32(Tq), i32(Tk), i32(Hq), i32(Hkv),
+                                                  f32(D ** -0.5)), shared_mem=c[6])
+    torch.cuda.synchronize()
+    print("profile_once done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

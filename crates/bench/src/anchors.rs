@@ -1,0 +1,104 @@
+//! The measured anchors of DESIGN.md §4 (one H200, one run, PyTorch 2.11 stack), as data.
+//! Every benchmark result is named after the anchor it is compared with.
+
+use serde::{Deserialize, Serialize};
+
+/// Which direction is better for a figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Orientation {
+    /// Throughput: `ratio = ours / anchor`.
+    HigherIsBetter,
+    /// Memory: `ratio = anchor / ours`.
+    LowerIsBetter,
+}
+
+/// One measured figure of the PyTorch stack.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Anchor {
+    pub name: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+    pub orientation: Orientation,
+    /// What was measured, as DESIGN.md §4 says it.
+    pub what: &'static str,
+}
+
+impl Anchor {
+    /// `value` against this anchor, oriented so that > 1.0 is better than PyTorch.
+    pub fn ratio(&self, value: f64) -> f64 {
+        match self.orientation {
+            Orientation::HigherIsBetter => value / self.value,
+            Orientation::LowerIsBetter => self.value / value,
+        }
+    }
+}
+
+pub const TFLOPS: &str = "TFLOP/s";
+pub const KTOKS: &str = "K tok/s";
+pub const GIB: &str = "GiB";
+
+const fn hi(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Anchor {
+    Anchor {
+        name,
+        value,
+        unit,
+        orientation: Orientation::HigherIsBetter,
+        what,
+    }
+}
+
+const fn lo(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Anchor {
+    Anchor {
+        name,
+        value,
+        unit,
+        orientation: Orientation::LowerIsBetter,
+        what,
+    }
+}
+
+const DFLASH: &str = "flex_attention (compiled) on the DFlash mask, 32 q / 8 kv heads, d=128, bf16";
+const CAUSAL: &str = "causal SDPA (FlashAttention path), 32 heads, d=128, S=8192";
+const DRAFTER: &str = "PyTorch DFlash drafter train step, Qwen3-8B recipe, S=3072, 512 anchors";
+
+/// DESIGN.md §4, in table order. Attention TFLOP/s count visible pairs only
+/// (4 * heads * d per pair forward, 3.5x that forward + backward).
+pub const ANCHORS: &[Anchor] = &[
+    hi(
+        "gemm.bf16.8192",
+        780.0,
+        TFLOPS,
+        "bf16 GEMM 8192^3 (cuBLAS via torch), 776-784",
+    ),
+    hi("copy.d2d", 4.22, "TB/s", "device-to-device copy"),
+    hi("attention.dflash.ctx4096.fwd", 246.0, TFLOPS, DFLASH),
+    hi("attention.dflash.ctx4096.fwd_bwd", 207.0, TFLOPS, DFLASH),
+    hi("attention.dflash.ctx8192.fwd", 270.0, TFLOPS, DFLASH),
+    hi("attention.dflash.ctx8192.fwd_bwd", 237.0, TFLOPS, DFLASH),
+    hi("attention.dflash.ctx2048.fwd", 107.0, TFLOPS, DFLASH),
+    hi("attention.dflash.ctx2048.fwd_bwd", 88.0, TFLOPS, DFLASH),
+    hi("attention.causal.s8192.fwd", 602.0, TFLOPS, CAUSAL),
+    hi("attention.causal.s8192.fwd_bwd", 519.0, TFLOPS, CAUSAL),
+    hi(
+        "target.forward.4x4096",
+        30.5,
+        KTOKS,
+        "HF transformers Qwen3-8B-shape target forward (SDPA, bf16), 4x4096 tokens (461 TFLOP/s)",
+    ),
+    hi("drafter.step.b1.throughput", 17.8, KTOKS, DRAFTER),
+    lo("drafter.step.b1.peak_memory", 36.0, GIB, DRAFTER),
+    hi("drafter.step.b4.throughput", 18.3, KTOKS, DRAFTER),
+    lo("drafter.step.b4.peak_memory", 119.0, GIB, DRAFTER),
+    hi(
+        "pipeline.2gpu.throughput",
+        16.7,
+        KTOKS,
+        "whole pipeline, 2 GPUs: target on GPU 0, bounded queue, drafter on GPU 1, sustained",
+    ),
+];
+
+/// The anchor named `name`.
+pub fn anchor(name: &str) -> Option<&'static Anchor> {
+    ANCHORS.iter().find(|a| a.name == name)
+}

@@ -1,0 +1,176 @@
+//! One drafter training step of the Qwen3-8B recipe (5 layers, S = 3072, 512 anchors, block
+//! 16, k = 5 target features) at batch 1 and 4: forward + backward of every sequence (fused
+//! LM-head loss, activations kept), global grad norm, clipping and AdamW, as a single-GPU
+//! replica does it (no all-reduce). Features, weights and the frozen embedding / LM head are
+//! random (`MemoryOps::random_normal`). Reports K tok/s (S x batch tokens per step) and, when
+//! the backend tracks it, the peak device memory over the steps (everything resident counts:
+//! frozen tensors, weights, gradients, AdamW moments, activations).
+
+use std::sync::Arc;
+
+use dflash_config::{DrafterConfig, DrafterShape, default_gamma};
+use dflash_core::pipeline::HiddenSeq;
+use dflash_models::drafter::FrozenTarget;
+use dflash_models::{Drafter, DrafterGrads, DrafterParams};
+use dflash_training::optimizer::{AdamW, AdamWHyper, clip_grads, grad_norm};
+use dflash_training::{BlockSpec, PreparedSeq};
+
+use crate::util::SplitMix;
+use crate::{BenchError, Result, Scale, Suite, Timing};
+
+const SEED: u64 = 0xD2AF_7E25;
+pub const BATCHES: [usize; 2] = [1, 4];
+const LR: f32 = 6e-4;
+const GRAD_CLIP: f64 = 1.0;
+const INIT_STD: f32 = 0.02;
+
+/// `(S, anchors)` per sequence.
+pub fn shape(scale: Scale) -> (usize, usize) {
+    match scale {
+        Scale::Full => (3072, 512),
+        Scale::Smoke => (96, 8),
+    }
+}
+
+fn throughput_name(batch: usize) -> String {
+    format!("drafter.step.b{batch}.throughput")
+}
+fn memory_name(batch: usize) -> String {
+    format!("drafter.step.b{batch}.peak_memory")
+}
+
+pub fn figure_names() -> Vec<String> {
+    BATCHES
+        .iter()
+        .flat_map(|&b| [throughput_name(b), memory_name(b)])
+        .collect()
+}
+
+/// The standard recipe's drafter for the target of [`crate::target::config`].
+pub fn config(scale: Scale) -> Result<DrafterConfig> {
+    let target = crate::target::config(scale);
+    let mask = dflash_config::known_mask_token_id(target.vocab_size)
+        .unwrap_or(target.vocab_size as u32 - 1);
+    Ok(DrafterConfig::for_target(
+        &target,
+        &DrafterShape::standard(mask),
+    )?)
+}
+
+/// Random drafter weights drawn on the device: linear weights `N(0, 0.02^2)`, norms 1.
+fn random_params(s: &Suite<'_>, cfg: &DrafterConfig) -> Result<DrafterParams> {
+    let b = s.b();
+    let ts = DrafterParams::layout(cfg)
+        .iter()
+        .enumerate()
+        .map(|(i, (_, shape))| {
+            if shape.len() == 1 {
+                b.upload(&vec![1.0; shape[0]], shape)
+            } else {
+                b.random_normal(shape, INIT_STD, SEED + 100 + i as u64)
+            }
+        })
+        .collect::<dflash_core::Result<Vec<_>>>()?;
+    Ok(DrafterParams::from_tensors(ts))
+}
+
+pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
+    let names = figure_names();
+    if !s.wants_any(&names) {
+        return Ok(());
+    }
+    let timing = s.timing(match s.opts.scale {
+        Scale::Full => Timing { warmup: 1, runs: 3 },
+        Scale::Smoke => Timing { warmup: 1, runs: 3 },
+    });
+    let backend = s.backend.clone();
+    let b = backend.as_ref();
+    let cfg = config(s.opts.scale)?;
+    let (len, num_anchors) = shape(s.opts.scale);
+    let (v, h, k) = (cfg.vocab_size, cfg.hidden_size, cfg.num_target_features());
+    let frozen = Arc::new(FrozenTarget {
+        embed: b.random_normal(&[v, h], INIT_STD, SEED + 1)?,
+        lm_head: b.random_normal(&[v, h], INIT_STD, SEED + 2)?,
+    });
+    let params = random_params(s, &cfg)?;
+    let mut drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
+    let mut grads = DrafterGrads::zeros(b, &cfg)?;
+    let hyper = AdamWHyper {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let mut opt = AdamW::new(b, &cfg, hyper)?;
+
+    // Inputs of the largest batch; smaller batches use a prefix.
+    let max_batch = BATCHES.iter().copied().max().unwrap_or(1);
+    let spec = BlockSpec {
+        block_size: cfg.block_size,
+        num_anchors,
+        gamma: default_gamma(cfg.block_size) as f32,
+        mask_token_id: cfg.mask_token_id,
+        seed: SEED,
+    };
+    let mut rng = SplitMix::new(SEED);
+    let mut seqs = Vec::with_capacity(max_batch);
+    for i in 0..max_batch {
+        let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
+        let seq = HiddenSeq {
+            sample_id: i as u64,
+            ids: rng.tokens(len, v),
+            loss_mask: vec![1; len],
+            features: b.download(&feats)?,
+        };
+        seqs.push(PreparedSeq::new(seq, 0, &spec));
+    }
+    let desc = format!(
+        "{} layers, hidden {h}, {}/{} heads, d={}, MLP {}, vocab {v}, k={k}, S={len}, \
+         {num_anchors} anchors x {}",
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.block_size
+    );
+
+    for batch in BATCHES {
+        let (tp, mem) = (throughput_name(batch), memory_name(batch));
+        if !s.wants(&tp) && !s.wants(&mem) {
+            continue;
+        }
+        let batch_seqs = &seqs[..batch];
+        let weight_sum: f64 = batch_seqs.iter().map(|p| p.weight_sum()).sum();
+        if weight_sum <= 0.0 {
+            return Err(BenchError::Invalid {
+                bench: tp,
+                detail: "the sampled blocks supervise nothing".into(),
+            });
+        }
+        let inv = (1.0 / weight_sum) as f32;
+        let mut step = || -> Result<()> {
+            grads.zero_(b)?;
+            for p in batch_seqs {
+                drafter.forward_backward(&p.as_input(), inv, &mut grads, false)?;
+            }
+            let norm = grad_norm(b, &grads)?;
+            clip_grads(b, &mut grads, norm, GRAD_CLIP)?;
+            opt.update(b, &mut drafter.params, &grads, LR)?;
+            Ok(())
+        };
+        b.synchronize()?;
+        b.reset_peak_memory();
+        let t = crate::median_seconds(b, timing, &mut step)?;
+        let detail = format!("batch {batch}: {desc}");
+        if s.wants(&tp) {
+            s.record(&tp, (batch * len) as f64 / t / 1e3, t, detail.clone())?;
+        }
+        // Omitted when the backend does not track memory.
+        if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
+            let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
+            s.record(&mem, gib, t, detail)?;
+        }
+    }
+    Ok(())
+}

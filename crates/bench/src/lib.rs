@@ -1,0 +1,365 @@
+//! Benchmarks of dflash-rs against the measured PyTorch anchors of DESIGN.md §4.
+//!
+//! Written once over `&dyn Backend`, so they run on any registered backend:
+//! - DFlash-mask attention (ctx 4096 + 256 blocks, 8192 + 512, 2048 + 128; 32 q / 8 kv heads,
+//!   d = 128, block 16) and causal attention (S = 8192, 32 heads), forward and forward +
+//!   backward, in TFLOP/s over visible pairs ([`attention`]);
+//! - the Qwen3-8B-shape target forward, 4 x 4096 tokens, features of layers [1, 9, 17, 25, 33]
+//!   (so it stops after layer 33), in K tok/s ([`target`]);
+//! - the drafter training step of the Qwen3-8B recipe (5 layers, S = 3072, 512 anchors,
+//!   block 16, k = 5) at batch 1 and 4: K tok/s and peak device memory ([`drafter`]).
+//!
+//! Every result carries its anchor and `ratio`, oriented so that > 1.0 is better than the
+//! PyTorch stack (ours / anchor for speed, anchor / ours for memory). [`Scale::Smoke`] runs the
+//! same code paths on tiny shapes (CI, the reference backend); its ratios are against the same
+//! anchors and flagged `"scale": "smoke"`, meaningful only as a check that the suite runs.
+//!
+//! Timing: warm-up runs, then the median of N runs, with `synchronize()` before each clock read.
+
+pub mod anchors;
+pub mod attention;
+pub mod drafter;
+pub mod target;
+mod util;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dflash_core::Backend;
+use serde::{Deserialize, Serialize};
+
+pub use anchors::{ANCHORS, Anchor, Orientation, anchor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Backend(#[from] dflash_core::Error),
+    #[error(transparent)]
+    Model(#[from] dflash_models::ModelError),
+    #[error(transparent)]
+    Train(#[from] dflash_training::TrainError),
+    #[error(transparent)]
+    Config(#[from] dflash_config::ConfigError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("benchmark {bench}: {detail}")]
+    Invalid { bench: String, detail: String },
+}
+
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;
+
+/// Problem sizes: the §4 shapes, or tiny ones over the same code paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scale {
+    /// The shapes of DESIGN.md §4 (for a GPU such as the H200).
+    Full,
+    /// Tiny shapes, same code paths: seconds on the reference backend.
+    Smoke,
+}
+
+impl Scale {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scale::Full => "full",
+            Scale::Smoke => "smoke",
+        }
+    }
+}
+
+impl std::fmt::Display for Scale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Scale {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "full" => Ok(Scale::Full),
+            "smoke" => Ok(Scale::Smoke),
+            _ => Err(format!("unknown scale {s:?}; expected full or smoke")),
+        }
+    }
+}
+
+/// One measured figure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    /// Same as its anchor's name, e.g. `attention.dflash.ctx4096.fwd`.
+    pub name: String,
+    pub value: f64,
+    pub unit: String,
+    /// The PyTorch figure of DESIGN.md §4 (always the full-scale one).
+    pub anchor: f64,
+    /// `value / anchor` (higher is better) or `anchor / value` (lower is better): > 1.0 beats
+    /// the anchor.
+    pub ratio: f64,
+    pub orientation: Orientation,
+    pub scale: Scale,
+    /// Median wall time of one timed run, seconds.
+    pub seconds: f64,
+    /// Shapes and what one timed run covers.
+    pub detail: String,
+    pub backend: String,
+    pub device: String,
+    pub attention: String,
+}
+
+/// What to run and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    pub scale: Scale,
+    /// Run only results whose name contains this substring.
+    pub only: Option<String>,
+    /// Override the warm-up runs per figure.
+    pub warmup: Option<usize>,
+    /// Override the timed runs per figure (the median is reported).
+    pub runs: Option<usize>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            scale: Scale::Full,
+            only: None,
+            warmup: None,
+            runs: None,
+        }
+    }
+}
+
+impl BenchOptions {
+    pub fn smoke() -> Self {
+        BenchOptions {
+            scale: Scale::Smoke,
+            ..Self::default()
+        }
+    }
+    fn wants(&self, name: &str) -> bool {
+        self.only.as_deref().is_none_or(|s| name.contains(s))
+    }
+}
+
+/// Warm-up and timed run counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub warmup: usize,
+    pub runs: usize,
+}
+
+/// Runs `f` `warmup` times, then `runs` times, synchronizing the backend around each timed
+/// run; returns the median seconds of the timed runs.
+pub fn median_seconds(
+    b: &dyn Backend,
+    t: Timing,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..t.warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(t.runs.max(1));
+    for _ in 0..t.runs.max(1) {
+        b.synchronize()?;
+        let t0 = Instant::now();
+        f()?;
+        b.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut times))
+}
+
+/// Median (mean of the middle two for an even count).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// The running suite: backend, options, and the results so far (streamed to a callback).
+pub struct Suite<'a> {
+    pub backend: Arc<dyn Backend>,
+    pub opts: BenchOptions,
+    on_result: Box<dyn FnMut(&BenchResult) + 'a>,
+    results: Vec<BenchResult>,
+}
+
+impl Suite<'_> {
+    /// Whether the figure `name` is selected.
+    pub fn wants(&self, name: &str) -> bool {
+        self.opts.wants(name)
+    }
+    /// Whether any of `names` is selected (a group skips its set-up otherwise).
+    pub fn wants_any(&self, names: &[String]) -> bool {
+        names.iter().any(|n| self.wants(n))
+    }
+    /// `default` unless overridden by the options.
+    pub fn timing(&self, default: Timing) -> Timing {
+        Timing {
+            warmup: self.opts.warmup.unwrap_or(default.warmup),
+            runs: self.opts.runs.unwrap_or(default.runs).max(1),
+        }
+    }
+    pub fn b(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// Records the figure `name` (which must be an anchor's name) measured as `value`.
+    pub fn record(&mut self, name: &str, value: f64, seconds: f64, detail: String) -> Result<()> {
+        let a = anchor(name).ok_or_else(|| BenchError::Invalid {
+            bench: name.into(),
+            detail: "no anchor of that name in DESIGN.md §4".into(),
+        })?;
+        let b = self.backend.as_ref();
+        let r = BenchResult {
+            name: name.to_string(),
+            value,
+            unit: a.unit.to_string(),
+            anchor: a.value,
+            ratio: a.ratio(value),
+            orientation: a.orientation,
+            scale: self.opts.scale,
+            seconds,
+            detail,
+            backend: b.name().to_string(),
+            device: b.device(),
+            attention: b.attention_kernel().to_string(),
+        };
+        (self.on_result)(&r);
+        self.results.push(r);
+        Ok(())
+    }
+}
+
+/// Every figure name the suite can produce, in run order.
+pub fn figure_names() -> Vec<String> {
+    let mut v = attention::figure_names();
+    v.extend(target::figure_names());
+    v.extend(drafter::figure_names());
+    v
+}
+
+/// Runs the selected benchmarks on `backend`, calling `on_result` as each figure is measured.
+pub fn run_suite<'a>(
+    backend: Arc<dyn Backend>,
+    opts: &BenchOptions,
+    on_result: impl FnMut(&BenchResult) + 'a,
+) -> Result<Vec<BenchResult>> {
+    let mut s = Suite {
+        backend,
+        opts: opts.clone(),
+        on_result: Box::new(on_result),
+        results: Vec::new(),
+    };
+    attention::run(&mut s)?;
+    target::run(&mut s)?;
+    drafter::run(&mut s)?;
+    Ok(s.results)
+}
+
+/// A file-name slug of the accelerator in a `BackendInfo::device()` string: the text inside
+/// the first parentheses up to its first comma when there is one (`"cuda:0 (NVIDIA H200,
+/// sm_90)"` -> `nvidia-h200`), else the whole string; lower-case ASCII alphanumerics joined
+/// by single dashes.
+pub fn device_slug(device: &str) -> String {
+    let inner = match (device.find('('), device.rfind(')')) {
+        (Some(a), Some(b)) if b > a + 1 => device[a + 1..b].split(',').next().unwrap_or(""),
+        _ => device,
+    };
+    let src = if inner.trim().is_empty() {
+        device
+    } else {
+        inner
+    };
+    let mut out = String::new();
+    for c in src.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    while out.ends_with('-') {
+        out.pop();
+    }
+    if out.is_empty() { "device".into() } else { out }
+}
+
+/// Writes `results` as a pretty JSON list to `path`, creating parent directories.
+pub fn write_json(path: &Path, results: &[BenchResult]) -> Result<()> {
+    let io = |source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let mut text = serde_json::to_string_pretty(results)?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(io)
+}
+
+/// Reads a JSON list written by [`write_json`].
+pub fn read_json(path: &Path) -> Result<Vec<BenchResult>> {
+    let text = std::fs::read_to_string(path).map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn fmt_num(x: f64) -> String {
+    if !x.is_finite() {
+        format!("{x}")
+    } else if x == 0.0 || (1e-2..1e5).contains(&x.abs()) {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// The header line of [`table_row`]'s table.
+pub fn table_header() -> String {
+    format!(
+        "{:<34} {:>11} {:<8} {:>9} {:>10} {:>11}  {}",
+        "name", "value", "unit", "anchor", "ratio", "median s", "detail"
+    )
+}
+
+/// One aligned table line for a result.
+pub fn table_row(r: &BenchResult) -> String {
+    format!(
+        "{:<34} {:>11} {:<8} {:>9} {:>10} {:>11}  {}",
+        r.name,
+        fmt_num(r.value),
+        r.unit,
+        fmt_num(r.anchor),
+        fmt_num(r.ratio),
+        fmt_num(r.seconds),
+        r.detail
+    )
+}
+
+/// The whole table.
+pub fn format_table(results: &[BenchResult]) -> String {
+    let mut s = table_header();
+    for r in results {
+        s.push('\n');
+        s.push_str(&table_row(r));
+    }
+    s
+}

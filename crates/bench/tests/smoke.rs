@@ -1,0 +1,121 @@
+//! The whole suite at smoke scale on the reference backend: every figure measured, finite,
+//! positive, correctly oriented against its anchor, uniquely named, and the JSON round-trips.
+
+use std::collections::HashSet;
+
+use dflash_bench::{
+    BenchOptions, BenchResult, Orientation, Scale, anchor, device_slug, figure_names, read_json,
+    run_suite, write_json,
+};
+use dflash_core::registry::{BackendOptions, create_backend};
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+#[test]
+fn smoke_suite_on_reference() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let mut streamed = 0;
+    let results = run_suite(backend, &BenchOptions::smoke(), |_| streamed += 1).unwrap();
+    assert_eq!(streamed, results.len());
+
+    // Every figure except the memory ones (the reference backend does not track memory).
+    let expected: Vec<String> = figure_names()
+        .into_iter()
+        .filter(|n| !n.ends_with("peak_memory"))
+        .collect();
+    let got: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(got, expected);
+    let unique: HashSet<&str> = got.iter().copied().collect();
+    assert_eq!(unique.len(), results.len(), "names are unique");
+
+    for r in &results {
+        let a = anchor(&r.name).expect("every figure has an anchor");
+        assert_eq!(r.scale, Scale::Smoke);
+        assert_eq!(r.unit, a.unit);
+        assert_eq!(r.anchor, a.value);
+        assert_eq!(r.orientation, a.orientation);
+        assert_eq!(r.backend, "reference");
+        for (what, x) in [
+            ("value", r.value),
+            ("anchor", r.anchor),
+            ("ratio", r.ratio),
+            ("seconds", r.seconds),
+        ] {
+            assert!(x.is_finite() && x > 0.0, "{}: {what} = {x}", r.name);
+        }
+        let want = match r.orientation {
+            Orientation::HigherIsBetter => r.value / r.anchor,
+            Orientation::LowerIsBetter => r.anchor / r.value,
+        };
+        assert!(
+            close(r.ratio, want),
+            "{}: ratio {} != {want}",
+            r.name,
+            r.ratio
+        );
+    }
+
+    let dir = std::env::temp_dir().join(format!("dflash-bench-{}", std::process::id()));
+    let path = dir.join("nested/results.json");
+    write_json(&path, &results).unwrap();
+    let back: Vec<BenchResult> = read_json(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(back.len(), results.len());
+    for (a, b) in results.iter().zip(&back) {
+        assert_eq!(
+            (
+                &a.name,
+                &a.unit,
+                a.scale,
+                a.orientation,
+                &a.detail,
+                &a.device
+            ),
+            (
+                &b.name,
+                &b.unit,
+                b.scale,
+                b.orientation,
+                &b.detail,
+                &b.device
+            )
+        );
+        for (x, y) in [
+            (a.value, b.value),
+            (a.anchor, b.anchor),
+            (a.ratio, b.ratio),
+            (a.seconds, b.seconds),
+        ] {
+            assert!(close(x, y), "{}: {x} != {y} after the round trip", a.name);
+        }
+    }
+}
+
+#[test]
+fn only_selects_by_substring() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let opts = BenchOptions {
+        only: Some("causal.s8192.fwd_bwd".into()),
+        runs: Some(1),
+        warmup: Some(0),
+        ..BenchOptions::smoke()
+    };
+    let results = run_suite(backend, &opts, |_| {}).unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["attention.causal.s8192.fwd_bwd"]);
+}
+
+#[test]
+fn device_slugs() {
+    assert_eq!(device_slug("cuda:0 (NVIDIA H200, sm_90)"), "nvidia-h200");
+    assert_eq!(
+        device_slug("NVIDIA H100 80GB HBM3"),
+        "nvidia-h100-80gb-hbm3"
+    );
+    assert_eq!(device_slug("cpu (16 threads, all cores)"), "16-threads");
+    assert_eq!(device_slug("()"), "device");
+}

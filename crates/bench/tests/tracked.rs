@@ -1,0 +1,232 @@
+//! The memory figures and synchronisation, through a backend that reports memory: a thin
+//! wrapper over the reference backend with fixed `memory_stats` and counted calls.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dflash_bench::{BenchOptions, Orientation, run_suite};
+use dflash_core::mask::BlockMask;
+use dflash_core::registry::{BackendOptions, create_backend};
+use dflash_core::*;
+
+struct Tracked {
+    inner: Arc<dyn Backend>,
+    syncs: AtomicUsize,
+    resets: AtomicUsize,
+}
+
+const PEAK: u64 = 3 << 30;
+
+impl BackendInfo for Tracked {
+    fn name(&self) -> &'static str {
+        "tracked"
+    }
+    fn device(&self) -> String {
+        "test (Fake GPU, sm_00)".into()
+    }
+    fn attention_kernel(&self) -> &str {
+        self.inner.attention_kernel()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(MemoryStats {
+            in_use_bytes: 1 << 30,
+            peak_bytes: PEAK,
+        })
+    }
+    fn reset_peak_memory(&self) {
+        self.resets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl MemoryOps for Tracked {
+    fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        self.inner.upload(data, shape)
+    }
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        self.inner.download(t)
+    }
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        self.inner.zeros(shape)
+    }
+    fn copy(&self, t: &Tensor) -> Result<Tensor> {
+        self.inner.copy(t)
+    }
+    fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        self.inner.narrow_rows(t, start, len)
+    }
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        self.inner.concat_rows(parts)
+    }
+    fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        self.inner.concat_cols(parts)
+    }
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.inner.add(a, b)
+    }
+    fn add_assign(&self, acc: &mut Tensor, x: &Tensor) -> Result<()> {
+        self.inner.add_assign(acc, x)
+    }
+    fn scale_assign(&self, t: &mut Tensor, s: f32) -> Result<()> {
+        self.inner.scale_assign(t, s)
+    }
+    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
+        self.inner.sum_squares(t)
+    }
+    fn all_finite(&self, t: &Tensor) -> Result<bool> {
+        self.inner.all_finite(t)
+    }
+}
+
+impl GemmOps for Tracked {
+    fn matmul(&self, a: &Tensor, ta: Transpose, b: &Tensor, tb: Transpose) -> Result<Tensor> {
+        self.inner.matmul(a, ta, b, tb)
+    }
+    fn matmul_acc(
+        &self,
+        c: &mut Tensor,
+        a: &Tensor,
+        ta: Transpose,
+        b: &Tensor,
+        tb: Transpose,
+        beta: f32,
+    ) -> Result<()> {
+        self.inner.matmul_acc(c, a, ta, b, tb, beta)
+    }
+}
+
+impl NormOps for Tracked {
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+        self.inner.rms_norm(x, w, eps)
+    }
+    fn rms_norm_backward(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.inner.rms_norm_backward(dy, x, w, rstd)
+    }
+}
+
+impl RopeOps for Tracked {
+    fn rope(&self, x: &Tensor, positions: &[i32], theta: f32) -> Result<Tensor> {
+        self.inner.rope(x, positions, theta)
+    }
+    fn rope_backward(&self, dy: &Tensor, positions: &[i32], theta: f32) -> Result<Tensor> {
+        self.inner.rope_backward(dy, positions, theta)
+    }
+}
+
+impl ActivationOps for Tracked {
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.inner.swiglu(gate, up)
+    }
+    fn swiglu_backward(&self, dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.inner.swiglu_backward(dh, gate, up)
+    }
+}
+
+impl EmbeddingOps for Tracked {
+    fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+        self.inner.embedding(table, ids)
+    }
+}
+
+impl AttentionOps for Tracked {
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        self.inner.attention(q, k, v, mask, scale)
+    }
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        self.inner
+            .attention_backward(q, k, v, out, lse, d_out, mask, scale)
+    }
+}
+
+impl LossOps for Tracked {
+    fn linear_cross_entropy(
+        &self,
+        x: &Tensor,
+        w_head: &Tensor,
+        labels: &[u32],
+        weights: &[f32],
+        grad_scale: f32,
+    ) -> Result<(LossStats, Tensor)> {
+        self.inner
+            .linear_cross_entropy(x, w_head, labels, weights, grad_scale)
+    }
+    fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
+        self.inner.linear_argmax(x, w_head)
+    }
+}
+
+impl OptimizerOps for Tracked {
+    fn adamw_step(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamWParams,
+    ) -> Result<()> {
+        self.inner.adamw_step(param, grad, m, v, hp)
+    }
+}
+
+impl CollectiveOps for Tracked {
+    fn all_reduce_sum(&self, t: &mut Tensor, comm: &dyn Communicator) -> Result<()> {
+        self.inner.all_reduce_sum(t, comm)
+    }
+}
+
+#[test]
+fn memory_figures_are_recorded_and_lower_is_better() {
+    dflash_backend_reference::link();
+    let tracked = Arc::new(Tracked {
+        inner: create_backend("reference", &BackendOptions::default()).unwrap(),
+        syncs: AtomicUsize::new(0),
+        resets: AtomicUsize::new(0),
+    });
+    let opts = BenchOptions {
+        only: Some("drafter.step.b1".into()),
+        warmup: Some(0),
+        runs: Some(2),
+        ..BenchOptions::smoke()
+    };
+    let results = run_suite(tracked.clone(), &opts, |_| {}).unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["drafter.step.b1.throughput", "drafter.step.b1.peak_memory"]
+    );
+    let mem = &results[1];
+    assert_eq!(mem.orientation, Orientation::LowerIsBetter);
+    assert_eq!((mem.value, mem.unit.as_str()), (3.0, "GiB"));
+    assert_eq!(mem.ratio, 36.0 / 3.0);
+    assert_eq!(mem.device, "test (Fake GPU, sm_00)");
+    assert_eq!(dflash_bench::device_slug(&mem.device), "fake-gpu");
+    assert_eq!(tracked.resets.load(Ordering::Relaxed), 1);
+    // Before and after each of the 2 timed runs, plus once before the peak reset.
+    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5);
+}
