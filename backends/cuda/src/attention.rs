@@ -1,6 +1,6 @@
 //! Attention over a block-sparse mask: the device kernel `"cuda-simple"`
-//! (`kernels/attention_simple.cu`) or, by name, any registered host kernel through a host
-//! round trip.
+//! (`kernels/attention_simple.cu`), the bf16 flash kernel `"cuda-flash"` (`kernels/attention.cu`,
+//! see [`crate::flash`]) or, by name, any registered host kernel through a host round trip.
 //!
 //! Layouts as in `dflash_core::ops::attention`: `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)`,
 //! `out (Tq, Hq, D)`, `lse (Tq, Hq)`. The mask goes to the device as its four i32 interval
@@ -18,7 +18,7 @@ use crate::{AttnImpl, CudaBackend, warp_items};
 use cudarc::driver::PushKernelArg;
 
 /// Device attention kernels of this backend, selectable by name.
-pub const DEVICE_ATTENTION_KERNELS: &[&str] = &["cuda-simple"];
+pub const DEVICE_ATTENTION_KERNELS: &[&str] = &["cuda-simple", "cuda-flash"];
 
 /// Largest head dim of `cuda-simple` (32 lanes x 8 registers).
 const SIMPLE_MAX_HEAD_DIM: usize = 256;
@@ -187,6 +187,14 @@ impl AttentionOps for CudaBackend {
                     self.upload_f32(op, &lse, &[dims.q_rows, dims.q_heads])?,
                 ))
             }
+            AttnImpl::Flash => {
+                let (out, lse) =
+                    self.flash_forward(op, &dims, &qs.buf, &ks.buf, &vs.buf, mask, scale)?;
+                Ok((
+                    self.tensor(out, DType::F32, q.shape().clone()),
+                    self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
+                ))
+            }
             AttnImpl::Simple => {
                 self.simple_supports(op, &dims)?;
                 let mut out = self.alloc_f32(op, qs.len)?;
@@ -281,6 +289,16 @@ impl AttentionOps for CudaBackend {
                     self.upload_f32(op, &dq, q.dims())?,
                     self.upload_f32(op, &dk, k.dims())?,
                     self.upload_f32(op, &dv, v.dims())?,
+                ))
+            }
+            AttnImpl::Flash => {
+                let (dq, dk, dv) = self.flash_backward(
+                    op, &dims, &qs.buf, &ks.buf, &vs.buf, &os.buf, &ls.buf, &dos.buf, mask, scale,
+                )?;
+                Ok((
+                    self.tensor(dq, DType::F32, q.shape().clone()),
+                    self.tensor(dk, DType::F32, k.shape().clone()),
+                    self.tensor(dv, DType::F32, v.shape().clone()),
                 ))
             }
             AttnImpl::Simple => {

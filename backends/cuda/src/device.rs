@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, sys};
 
 use crate::CudaError;
+use crate::flash::FlashKernels;
 use crate::kernels::Kernels;
 
 pub(crate) struct Device {
@@ -23,6 +24,9 @@ pub(crate) struct Device {
     pub name: String,
     /// Compute capability `(major, minor)`.
     pub cc: (i32, i32),
+    /// `kernels/attention.cu` (`"cuda-flash"`), compiled on first use by a backend that
+    /// selects it; a failure is kept (as its message) and reported on every use.
+    pub(crate) flash: OnceLock<Result<FlashKernels, String>>,
 }
 
 static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
@@ -133,6 +137,7 @@ fn init(ordinal: usize) -> Result<Device, CudaError> {
         kernels,
         name,
         cc,
+        flash: OnceLock::new(),
     })
 }
 

@@ -66,6 +66,10 @@ kernel_set! {
     "attention_simple.cu" => [attn_fwd, attn_bwd_dsum, attn_bwd_dq, attn_bwd_dkdv],
 }
 
+/// `(file name, source)` of the bf16 flash attention (`"cuda-flash"`), compiled separately and
+/// only when a backend selects it (see [`crate::flash`]).
+pub const FLASH_SOURCE: (&str, &str) = ("attention.cu", include_str!("../kernels/attention.cu"));
+
 /// The full source NVRTC sees for `file`: the common prelude, then the file with its own line
 /// numbers.
 pub fn full_source(file: &str, src: &str) -> String {

@@ -23,6 +23,9 @@
 //!   (dq per query row, dk/dv per key row over a host-built key -> query-run index). Any
 //!   registered *host* attention kernel name (e.g. `"reference"`, `"tiled"`) also works, via a
 //!   host round trip (correct, slow: for conformance checks of CPU plugins).
+//!   `"cuda-flash"` (`kernels/attention.cu`, head_dim 64/128/256): the tuned bf16 block-sparse
+//!   flash attention; f32 tensors are rounded to bf16 around it (errors ~3e-3 relative), and
+//!   the file is compiled only when a backend selects it.
 //! - **Debug poison**: with `DFLASH_CUDA_POISON=1` (or [`CudaOptions::poison`]) every output
 //!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
 
@@ -31,6 +34,7 @@ mod attention;
 mod collective;
 pub mod device;
 mod embedding;
+mod flash;
 mod gemm;
 pub mod kernels;
 mod loss;
@@ -48,6 +52,7 @@ use dflash_core::registry::{BackendOptions, BackendRegistration, create_host_att
 use dflash_core::{Backend, BackendInfo, Error, HostAttentionKernel, Result, Tensor};
 
 pub use attention::{DEVICE_ATTENTION_KERNELS, key_query_runs};
+pub use flash::FLASH_HEAD_DIMS;
 pub use gemm::GemmPrecision;
 pub use storage::{CudaStorage, DType};
 
@@ -132,6 +137,8 @@ impl CudaOptions {
 enum AttnImpl {
     /// `kernels/attention_simple.cu`.
     Simple,
+    /// `kernels/attention.cu` (bf16 flash attention, head_dim 64/128/256), see [`flash`].
+    Flash,
     /// A host kernel from the registry, run through a host round trip.
     Host(Box<dyn HostAttentionKernel>),
 }
@@ -171,7 +178,8 @@ impl CudaBackend {
         })?;
         let blas = gemm::Blas::new(&stream).map_err(|e| e.into_core(&tag))?;
         let (attention, attention_name) = resolve_attention(&opts.attention)?;
-        Ok(CudaBackend {
+        let flash = matches!(attention, AttnImpl::Flash);
+        let backend = CudaBackend {
             dev,
             stream,
             ordinal,
@@ -181,7 +189,12 @@ impl CudaBackend {
             attention,
             attention_name,
             loss_ws: Mutex::new(None),
-        })
+        };
+        if flash {
+            // Compile attention.cu now (once per device) so that a failure shows at creation.
+            backend.flash("cuda_init")?;
+        }
+        Ok(backend)
     }
 
     pub fn ordinal(&self) -> usize {
@@ -370,8 +383,10 @@ pub(crate) fn warp_items(items: usize) -> LaunchConfig {
 }
 
 fn resolve_attention(name: &str) -> Result<(AttnImpl, String)> {
-    if DEVICE_ATTENTION_KERNELS.contains(&name) {
-        return Ok((AttnImpl::Simple, name.to_string()));
+    match name {
+        "cuda-simple" => return Ok((AttnImpl::Simple, name.to_string())),
+        "cuda-flash" => return Ok((AttnImpl::Flash, name.to_string())),
+        _ => debug_assert!(!DEVICE_ATTENTION_KERNELS.contains(&name)),
     }
     match create_host_attention(name) {
         Ok(k) => Ok((AttnImpl::Host(k), name.to_string())),

@@ -15,9 +15,14 @@ use rand_chacha::ChaCha8Rng;
 /// line when this machine has no CUDA. Any other start-up failure (e.g. a kernel that does
 /// not compile) fails the test.
 pub fn cuda_with(gemm: GemmPrecision) -> Option<CudaBackend> {
+    cuda_attn("cuda-simple", gemm)
+}
+
+/// As [`cuda_with`], with the attention kernel `attention` (e.g. `"cuda-flash"`).
+pub fn cuda_attn(attention: &str, gemm: GemmPrecision) -> Option<CudaBackend> {
     dflash_backend_cuda::link();
     let opts = BackendOptions {
-        attention: "cuda-simple".into(),
+        attention: attention.into(),
         threads: 0,
         device: 0,
     };
@@ -145,4 +150,91 @@ pub fn check_scalar(name: &str, got: f64, want: f64, rtol: f64, why: &str) {
         got.is_finite() && rel <= rtol,
         "{name}: got {got}, want {want} (rel {rel:.3e} > {rtol:.0e})"
     );
+}
+
+/// Round to bf16 (nearest even) and back, exactly as the backend's `f32_to_bf16` kernel does.
+pub fn bf16_round(x: f32) -> f32 {
+    let u = x.to_bits();
+    let r = if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        (u >> 16) | 0x0040
+    } else {
+        (u + 0x7fff + ((u >> 16) & 1)) >> 16
+    };
+    f32::from_bits(r << 16)
+}
+
+/// Relative L2 error `||got - want|| / ||want||` (f64 sums); non-finite values must match
+/// exactly (NaN never passes) and are left out of the norms. Prints and asserts `<= tol`.
+pub fn check_rel_l2(name: &str, got: &[f32], want: &[f32], tol: f64, why: &str) -> f64 {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{name}: length {} vs {}",
+        got.len(),
+        want.len()
+    );
+    let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !w.is_finite() || !g.is_finite() {
+            assert!(
+                !g.is_nan() && g.to_bits() == w.to_bits(),
+                "{name}[{i}]: got {g}, want {w} (a non-finite value must match exactly; NaN never passes)"
+            );
+            continue;
+        }
+        let e = g as f64 - w as f64;
+        num += e * e;
+        den += (w as f64) * (w as f64);
+        max_abs = max_abs.max(e.abs());
+    }
+    let rel = if den > 0.0 {
+        (num / den).sqrt()
+    } else if num == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
+    println!(
+        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  [rel-L2 tol {tol:.0e}: {why}]",
+        rel / tol
+    );
+    assert!(
+        rel <= tol,
+        "{name}: relative L2 error {rel:.3e} > {tol:.0e}"
+    );
+    rel
+}
+
+/// Element `i` passes when `|got - want| <= tol * max(1, |want_i|)`; non-finite values must
+/// match exactly (NaN never passes). For log-sum-exps, whose absolute error scales with their
+/// magnitude once it exceeds 1.
+pub fn check_abs_scaled(name: &str, got: &[f32], want: &[f32], tol: f64, why: &str) -> f64 {
+    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
+    let (mut worst, mut worst_abs, mut at) = (0.0f64, 0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !w.is_finite() || !g.is_finite() {
+            assert!(
+                !g.is_nan() && g.to_bits() == w.to_bits(),
+                "{name}[{i}]: got {g}, want {w} (a non-finite value must match exactly; NaN never passes)"
+            );
+            continue;
+        }
+        let err = (g as f64 - w as f64).abs();
+        let r = err / (tol * (w as f64).abs().max(1.0));
+        worst_abs = worst_abs.max(err);
+        if r > worst {
+            worst = r;
+            at = i;
+        }
+    }
+    println!(
+        "  {name:<44} max_abs_err {worst_abs:9.2e}  err/tol {worst:5.3}  [tol {tol:.0e} * max(1, |ref|): {why}]"
+    );
+    assert!(
+        worst <= 1.0,
+        "{name}: element {at}: got {}, want {} (err/tol {worst:.3} > 1)",
+        got[at],
+        want[at]
+    );
+    worst_abs
 }

@@ -1,0 +1,516 @@
+//! The device attention kernel `"cuda-flash"`: the bf16 block-sparse flash attention of
+//! `kernels/attention.cu` (mma.sync, FA2-style backward; docs/kernel-lab-attention.md).
+//!
+//! The backend's tensors are f32, so each op converts its inputs to bf16 with `f32_to_bf16`
+//! (round to nearest even), runs the bf16 kernels and converts the bf16 results back with
+//! `bf16_to_f32`; lse, `D_i` and the dq accumulator stay f32. The forward's `out` is the
+//! kernel's bf16 `out` widened to f32, so the backward's re-rounding of `out` to bf16 is exact
+//! (it sees the very values the forward produced).
+//!
+//! `attention.cu` is compiled (NVRTC, the device's `compute_XY`) only when a backend selects
+//! `"cuda-flash"`: once per device, cached in [`crate::device::Device`]. The launch shapes come
+//! from the kernel itself (`attn_config`), read once after loading.
+//!
+//! Launch summary (kernel signatures in `kernels/attention.cu`, cross-checked with
+//! `lab/attention_lab.py`):
+//!
+//! | kernel | grid x block, dynamic smem | arguments |
+//! |---|---|---|
+//! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale |
+//! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
+//! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale |
+//! | `attn_bwd_dq_convert` | `ceil(n/1024)` x 256, 0 | dq_accum dq n(i64) scale |
+//!
+//! Pointers are bf16 (`unsigned short*`) for q/k/v/out/dout/dk/dv/dq, f32 for lse/Di/dq_accum,
+//! i32 for the mask arrays and the summaries; sizes are `int` except `n` (`long long`).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg, sys};
+use dflash_core::mask::BlockMask;
+use dflash_core::{AttnDims, Error, Result};
+
+use crate::storage::DType;
+use crate::{CudaBackend, CudaError, grid1d};
+
+/// Head dims `attention.cu` is instantiated for.
+pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Ints per head dim written by `attn_config`.
+const CONFIG_FIELDS: usize = 10;
+
+/// Kernels use `int` row indices and a `0x3fffffff` sentinel in the mask summaries; rows,
+/// keys and row x head products must stay below it.
+const MAX_ROWS: usize = 0x3fff_fffe;
+
+/// Launch shapes and functions of one head dim.
+pub(crate) struct FlashVariant {
+    pub d: usize,
+    fwd: CudaFunction,
+    pre: CudaFunction,
+    dkdv: CudaFunction,
+    fwd_bm: u32,
+    fwd_threads: u32,
+    fwd_smem: u32,
+    bwd_bn: u32,
+    bwd_threads: u32,
+    bwd_smem: u32,
+    /// Query rows per preprocess CTA / summary tile (64).
+    pre_rows: u32,
+    /// Threads of the preprocess CTA (256).
+    pre_threads: u32,
+    /// Why this head dim cannot run on this device (shared memory), if it cannot.
+    unsupported: Option<String>,
+}
+
+/// `attention.cu` loaded on one device.
+pub(crate) struct FlashKernels {
+    variants: Vec<FlashVariant>,
+    dq_convert: CudaFunction,
+}
+
+impl FlashKernels {
+    /// Compiles `attention.cu` for `arch`, loads it into `ctx`, reads `attn_config` (one
+    /// launch on `stream`, synchronised) and raises the dynamic shared memory limit of every
+    /// kernel that needs more than the default 48 KB.
+    pub(crate) fn load(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        cc: (i32, i32),
+    ) -> std::result::Result<FlashKernels, String> {
+        if cc.0 < 8 {
+            return Err(format!(
+                "needs compute capability >= 8.0 (bf16 mma.sync, cp.async); this device is {}.{}",
+                cc.0, cc.1
+            ));
+        }
+        let arch = format!("compute_{}{}", cc.0, cc.1);
+        let (file, src) = crate::kernels::FLASH_SOURCE;
+        let ptx = crate::kernels::compile(file, src, &arch).map_err(|e| e.to_string())?;
+        let drv = |what: String| move |e| CudaError::Driver { what, source: e }.to_string();
+        let module = ctx
+            .load_module(ptx)
+            .map_err(drv(format!("loading the module of {file} ({arch})")))?;
+        let func = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(drv(format!("loading kernel {name} of {file}")))
+        };
+
+        // Launch shapes from the kernel itself: 3 rows of CONFIG_FIELDS ints (D 64, 128, 256).
+        let config = func("attn_config")?;
+        let n_cfg = FLASH_HEAD_DIMS.len() * CONFIG_FIELDS;
+        let mut buf = stream
+            .alloc_zeros::<i32>(n_cfg)
+            .map_err(drv("allocating the attn_config buffer".into()))?;
+        {
+            let mut l = stream.launch_builder(&config);
+            l.arg(&mut buf);
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: attn_config(int* out) writes 3 * ATTN_CONFIG_FIELDS (= 30) ints; `buf`
+            // holds exactly that many i32.
+            unsafe { l.launch(cfg) }.map_err(drv("launching attn_config".into()))?;
+        }
+        let rows = stream
+            .clone_dtoh(&buf)
+            .map_err(drv("reading attn_config".into()))?;
+        stream
+            .synchronize()
+            .map_err(drv("running attn_config".into()))?;
+
+        let optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv("reading the opt-in shared memory limit".into()))?;
+        ctx.bind_to_thread()
+            .map_err(drv("binding the context".into()))?;
+
+        let mut variants = Vec::new();
+        for (i, &d) in FLASH_HEAD_DIMS.iter().enumerate() {
+            let r = &rows[i * CONFIG_FIELDS..(i + 1) * CONFIG_FIELDS];
+            let bad = |what: &str| format!("attn_config row for D {d} is {r:?}: {what}");
+            if r[0] as usize != d {
+                return Err(bad("field 0 is not the head dim"));
+            }
+            let threads_ok = |t: i32| (32..=1024).contains(&t) && t % 32 == 0;
+            if r[1] <= 0 || !threads_ok(r[2]) || r[3] < 0 || r[4] <= 0 || !threads_ok(r[5]) {
+                return Err(bad("invalid launch shape"));
+            }
+            if r[6] < 0 || r[7] <= 0 || !threads_ok(r[8]) {
+                return Err(bad("invalid backward shape"));
+            }
+            let fwd = func(&format!("attn_fwd_d{d}"))?;
+            let pre = func(&format!("attn_bwd_pre_d{d}"))?;
+            let dkdv = func(&format!("attn_bwd_dkdv_d{d}"))?;
+            let (fwd_smem, bwd_smem) = (r[3], r[6]);
+            let unsupported = if fwd_smem.max(bwd_smem) > optin {
+                Some(format!(
+                    "head_dim {d} needs {} bytes of shared memory per block; this device allows {optin}",
+                    fwd_smem.max(bwd_smem)
+                ))
+            } else {
+                // Dynamic shared memory above 48 KB must be opted into, once per function.
+                let attr =
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                fwd.set_attribute(attr, fwd_smem).map_err(drv(format!(
+                    "raising attn_fwd_d{d}'s dynamic shared memory to {fwd_smem}"
+                )))?;
+                dkdv.set_attribute(attr, bwd_smem).map_err(drv(format!(
+                    "raising attn_bwd_dkdv_d{d}'s dynamic shared memory to {bwd_smem}"
+                )))?;
+                None
+            };
+            variants.push(FlashVariant {
+                d,
+                fwd,
+                pre,
+                dkdv,
+                fwd_bm: r[1] as u32,
+                fwd_threads: r[2] as u32,
+                fwd_smem: fwd_smem as u32,
+                bwd_bn: r[4] as u32,
+                bwd_threads: r[5] as u32,
+                bwd_smem: bwd_smem as u32,
+                pre_rows: r[7] as u32,
+                pre_threads: r[8] as u32,
+                unsupported,
+            });
+        }
+        Ok(FlashKernels {
+            variants,
+            dq_convert: func("attn_bwd_dq_convert")?,
+        })
+    }
+}
+
+/// `ceil(a / b) * m` as a 1-D grid size, or an error when it does not fit.
+fn grid(a: usize, b: u32, m: usize) -> Option<u32> {
+    let g = a.div_ceil(b as usize).checked_mul(m)?;
+    (g <= i32::MAX as usize).then_some(g as u32)
+}
+
+impl CudaBackend {
+    /// The compiled `attention.cu` of this device (compiled on first use, then cached; a
+    /// failure is cached too and reported every time).
+    pub(crate) fn flash(&self, op: &'static str) -> Result<&FlashKernels> {
+        let r = self
+            .dev
+            .flash
+            .get_or_init(|| FlashKernels::load(&self.dev.ctx, &self.stream, self.dev.cc));
+        r.as_ref().map_err(|e| {
+            Error::op(
+                op,
+                self.tag.clone(),
+                format!("attention kernel \"cuda-flash\" is unavailable: {e}"),
+            )
+        })
+    }
+
+    /// The variant for `dims`, after checking everything the kernels assume.
+    fn flash_variant<'a>(
+        &self,
+        op: &'static str,
+        fk: &'a FlashKernels,
+        dims: &AttnDims,
+    ) -> Result<&'a FlashVariant> {
+        let err = |m: String| {
+            Error::op(
+                op,
+                self.tag.clone(),
+                format!("attention kernel \"cuda-flash\" failed: {m}"),
+            )
+        };
+        let Some(v) = fk.variants.iter().find(|v| v.d == dims.head_dim) else {
+            return Err(err(format!(
+                "head_dim {} is not supported (cuda-flash supports {:?}; cuda-simple covers head_dim <= 256)",
+                dims.head_dim, FLASH_HEAD_DIMS
+            )));
+        };
+        if let Some(why) = &v.unsupported {
+            return Err(err(why.clone()));
+        }
+        if dims.q_heads == 0 || dims.kv_heads == 0 || !dims.q_heads.is_multiple_of(dims.kv_heads) {
+            return Err(err(format!(
+                "q_heads {} must be a positive multiple of kv_heads {}",
+                dims.q_heads, dims.kv_heads
+            )));
+        }
+        let big = [
+            dims.q_rows,
+            dims.kv_rows,
+            dims.q_rows.saturating_mul(dims.q_heads),
+            dims.kv_rows.saturating_mul(dims.kv_heads),
+        ];
+        if big.iter().any(|&x| x > MAX_ROWS) {
+            return Err(err(format!(
+                "Tq {}, Tk {}, Hq {}, Hkv {}: rows and rows x heads must be <= {MAX_ROWS}",
+                dims.q_rows, dims.kv_rows, dims.q_heads, dims.kv_heads
+            )));
+        }
+        Ok(v)
+    }
+
+    /// A bf16 copy (round to nearest even) of the first `n` f32 elements of `src`.
+    fn to_bf16_buf(
+        &self,
+        op: &'static str,
+        src: &CudaSlice<u8>,
+        n: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let mut out = self.alloc(op, n, DType::Bf16)?;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self.stream.launch_builder(&self.k().f32_to_bf16);
+            // f32_to_bf16(unsigned short* out, const float* x, long long n), grid-stride.
+            l.arg(&mut out).arg(src).arg(&n64);
+            self.launch(op, l, grid1d(n))?;
+        }
+        Ok(out)
+    }
+
+    /// An f32 copy of `n` bf16 elements.
+    fn to_f32_buf(&self, op: &'static str, src: &CudaSlice<u8>, n: usize) -> Result<CudaSlice<u8>> {
+        let mut out = self.alloc_f32(op, n)?;
+        if n > 0 {
+            let n64 = n as i64;
+            let mut l = self.stream.launch_builder(&self.k().bf16_to_f32);
+            // bf16_to_f32(float* out, const unsigned short* x, long long n), grid-stride.
+            l.arg(&mut out).arg(src).arg(&n64);
+            self.launch(op, l, grid1d(n))?;
+        }
+        Ok(out)
+    }
+
+    /// Uploads the mask's four i32 interval arrays (first start/end, second start/end).
+    fn flash_mask(&self, op: &'static str, mask: &BlockMask) -> Result<[CudaSlice<u8>; 4]> {
+        let [f0, f1, s0, s1] = mask.to_i32_arrays();
+        Ok([
+            self.upload_i32(op, &f0)?,
+            self.upload_i32(op, &f1)?,
+            self.upload_i32(op, &s0)?,
+            self.upload_i32(op, &s1)?,
+        ])
+    }
+
+    /// Forward: returns `(out f32 (Tq*Hq*D), lse f32 (Tq*Hq))` buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_forward(
+        &self,
+        op: &'static str,
+        dims: &AttnDims,
+        q: &CudaSlice<u8>,
+        k: &CudaSlice<u8>,
+        v: &CudaSlice<u8>,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(CudaSlice<u8>, CudaSlice<u8>)> {
+        let fk = self.flash(op)?;
+        let var = self.flash_variant(op, fk, dims)?;
+        let d = dims.head_dim;
+        let (nq, nk) = (
+            dims.q_rows * dims.q_heads * d,
+            dims.kv_rows * dims.kv_heads * d,
+        );
+        let nl = dims.q_rows * dims.q_heads;
+        let mut lse = self.alloc_f32(op, nl)?;
+        if nl == 0 {
+            return Ok((self.alloc_f32(op, nq)?, lse));
+        }
+        let g = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
+            .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
+        let (qb, kb, vb) = (
+            self.to_bf16_buf(op, q, nq)?,
+            self.to_bf16_buf(op, k, nk)?,
+            self.to_bf16_buf(op, v, nk)?,
+        );
+        let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
+        let mut out_b = self.alloc(op, nq, DType::Bf16)?;
+        let (tq, tk, hq, hkv) = (
+            dims.q_rows as i32,
+            dims.kv_rows as i32,
+            dims.q_heads as i32,
+            dims.kv_heads as i32,
+        );
+        let mut l = self.stream.launch_builder(&var.fwd);
+        // attn_fwd_d{D}(const bf16* q, k, v, const int* fs, fe, ss, se, bf16* out, float* lse,
+        //               int Tq, int Tk, int Hq, int Hkv, float scale)
+        l.arg(&qb)
+            .arg(&kb)
+            .arg(&vb)
+            .arg(&fs)
+            .arg(&fe)
+            .arg(&ss)
+            .arg(&se)
+            .arg(&mut out_b)
+            .arg(&mut lse)
+            .arg(&tq)
+            .arg(&tk)
+            .arg(&hq)
+            .arg(&hkv)
+            .arg(&scale);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (g, 1, 1),
+                block_dim: (var.fwd_threads, 1, 1),
+                shared_mem_bytes: var.fwd_smem,
+            },
+        )?;
+        let out = self.to_f32_buf(op, &out_b, nq)?;
+        Ok((out, lse))
+    }
+
+    /// Backward: returns `(dq, dk, dv)` f32 buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_backward(
+        &self,
+        op: &'static str,
+        dims: &AttnDims,
+        q: &CudaSlice<u8>,
+        k: &CudaSlice<u8>,
+        v: &CudaSlice<u8>,
+        out: &CudaSlice<u8>,
+        lse: &CudaSlice<u8>,
+        d_out: &CudaSlice<u8>,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>)> {
+        let fk = self.flash(op)?;
+        let var = self.flash_variant(op, fk, dims)?;
+        let d = dims.head_dim;
+        let (nq, nk) = (
+            dims.q_rows * dims.q_heads * d,
+            dims.kv_rows * dims.kv_heads * d,
+        );
+        let nl = dims.q_rows * dims.q_heads;
+        if nl == 0 {
+            // No query rows: no gradient flows anywhere.
+            return Ok((
+                self.alloc_f32(op, 0)?,
+                self.zeros_f32(op, nk)?,
+                self.zeros_f32(op, nk)?,
+            ));
+        }
+        let n_pre = dims.q_rows.div_ceil(var.pre_rows as usize);
+        let g_pre = grid(dims.q_rows, var.pre_rows, 1)
+            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
+        let g_dkdv = grid(dims.kv_rows, var.bwd_bn, dims.kv_heads)
+            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
+        // dq_convert handles 4 elements per thread, 256 threads per block; nq is a multiple of
+        // 4 because D is.
+        let g_conv = grid(nq, 1024, 1)
+            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
+        debug_assert!(nq % 4 == 0);
+
+        let (qb, kb, vb) = (
+            self.to_bf16_buf(op, q, nq)?,
+            self.to_bf16_buf(op, k, nk)?,
+            self.to_bf16_buf(op, v, nk)?,
+        );
+        // `out` is the forward's bf16 output widened to f32: re-rounding it is exact.
+        let (ob, dob) = (
+            self.to_bf16_buf(op, out, nq)?,
+            self.to_bf16_buf(op, d_out, nq)?,
+        );
+        let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
+        let (tq, tk, hq, hkv) = (
+            dims.q_rows as i32,
+            dims.kv_rows as i32,
+            dims.q_heads as i32,
+            dims.kv_heads as i32,
+        );
+        // Workspaces: D_i (Tq, Hq) f32; dq_accum (Tq, Hq, D) f32 (zeroed by the preprocess
+        // kernel, so no memset); 8 i32 summary values per query tile of `pre_rows` rows.
+        let mut di = self.alloc_f32(op, nl)?;
+        let mut dq_acc = self.alloc_f32(op, nq)?;
+        let mut summary = self.alloc(op, n_pre * 8, DType::F32)?; // 4-byte elements (i32)
+
+        // attn_bwd_pre_d{D}(const bf16* o, dout, const int* fs, fe, ss, se, float* Di,
+        //                   float* dq_accum, int* summary, int Tq, int Hq)
+        let mut l = self.stream.launch_builder(&var.pre);
+        l.arg(&ob)
+            .arg(&dob)
+            .arg(&fs)
+            .arg(&fe)
+            .arg(&ss)
+            .arg(&se)
+            .arg(&mut di)
+            .arg(&mut dq_acc)
+            .arg(&mut summary)
+            .arg(&tq)
+            .arg(&hq);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (g_pre, 1, 1),
+                block_dim: (var.pre_threads, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        )?;
+
+        let mut dk_b = self.alloc(op, nk, DType::Bf16)?;
+        let mut dv_b = self.alloc(op, nk, DType::Bf16)?;
+        if g_dkdv > 0 {
+            // attn_bwd_dkdv_d{D}(const bf16* q, k, v, dout, const float* lse, Di,
+            //                    const int* summary, fs, fe, ss, se, float* dq_accum,
+            //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale)
+            let mut l = self.stream.launch_builder(&var.dkdv);
+            l.arg(&qb)
+                .arg(&kb)
+                .arg(&vb)
+                .arg(&dob)
+                .arg(lse)
+                .arg(&di)
+                .arg(&summary)
+                .arg(&fs)
+                .arg(&fe)
+                .arg(&ss)
+                .arg(&se)
+                .arg(&mut dq_acc)
+                .arg(&mut dk_b)
+                .arg(&mut dv_b)
+                .arg(&tq)
+                .arg(&tk)
+                .arg(&hq)
+                .arg(&hkv)
+                .arg(&scale);
+            self.launch(
+                op,
+                l,
+                LaunchConfig {
+                    grid_dim: (g_dkdv, 1, 1),
+                    block_dim: (var.bwd_threads, 1, 1),
+                    shared_mem_bytes: var.bwd_smem,
+                },
+            )?;
+        }
+
+        // attn_bwd_dq_convert(const float* dq_accum, bf16* dq, long long n, float scale)
+        let mut dq_b = self.alloc(op, nq, DType::Bf16)?;
+        let n64 = nq as i64;
+        let mut l = self.stream.launch_builder(&fk.dq_convert);
+        l.arg(&dq_acc).arg(&mut dq_b).arg(&n64).arg(&scale);
+        self.launch(
+            op,
+            l,
+            LaunchConfig {
+                grid_dim: (g_conv, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        )?;
+
+        Ok((
+            self.to_f32_buf(op, &dq_b, nq)?,
+            self.to_f32_buf(op, &dk_b, nk)?,
+            self.to_f32_buf(op, &dv_b, nk)?,
+        ))
+    }
+}
