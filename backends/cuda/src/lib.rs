@@ -448,6 +448,7 @@ inventory::submit! {
         name: "cuda",
         description: "NVIDIA GPUs through CUDA (cudarc, dynamic loading; NVRTC kernels, cuBLASLt GEMMs)",
         create,
+        device_count: || device::device_count().unwrap_or(0),
     }
 }
 

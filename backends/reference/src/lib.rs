@@ -113,6 +113,7 @@ inventory::submit! {
         name: "reference",
         description: "dense CPU reference (f32 storage, f64 accumulation); defines correctness",
         create,
+        device_count: || 1,
     }
 }
 

@@ -31,8 +31,24 @@ pub struct BackendRegistration {
     pub name: &'static str,
     pub description: &'static str,
     pub create: fn(&BackendOptions) -> Result<Arc<dyn Backend>>,
+    /// Devices this backend can use on this machine (0 when it is unavailable). Workers are
+    /// spread over them; with fewer devices than workers, devices are shared.
+    pub device_count: fn() -> usize,
 }
 inventory::collect!(BackendRegistration);
+
+/// How many devices backend `name` has here (1 for host backends).
+pub fn device_count(name: &str) -> Result<usize> {
+    inventory::iter::<BackendRegistration>
+        .into_iter()
+        .find(|r| r.name == name)
+        .map(|r| (r.device_count)())
+        .ok_or_else(|| Error::UnknownName {
+            kind: "backend",
+            name: name.to_string(),
+            available: backend_names(),
+        })
+}
 
 /// A host-memory attention kernel. GPU backends will add a device-memory sibling.
 pub struct AttentionKernelRegistration {

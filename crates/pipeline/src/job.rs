@@ -245,13 +245,17 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
     let n_targets = cfg.pipeline.target_workers.max(1);
     let n_drafters = cfg.pipeline.drafter_workers.max(1);
 
-    // Backends: targets on devices 0..T, drafters on T..T+D (CPU backends ignore the index).
+    // Backends: targets on devices 0..T, drafters on T..T+D, wrapping around when there are
+    // fewer devices than workers (a device then hosts target and drafter work on their own
+    // streams). CPU backends have one device.
+    let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
     let target_backends = (0..n_targets)
-        .map(|i| backend_for(cfg, i))
+        .map(|i| backend_for(cfg, i % n_dev))
         .collect::<Result<Vec<_>>>()?;
     let drafter_backends = (0..n_drafters)
-        .map(|i| backend_for(cfg, n_targets + i))
+        .map(|i| backend_for(cfg, (n_targets + i) % n_dev))
         .collect::<Result<Vec<_>>>()?;
+
     let b0 = &drafter_backends[0];
     eprintln!(
         "backend {} on {} | attention kernel {} | {} target worker(s), {} drafter replica(s)",
