@@ -14,10 +14,12 @@
 //! - **Storage** ([`CudaStorage`]): device bytes plus a [`DType`] tag. v1 keeps every tensor in
 //!   f32 (parameters are their own fp32 master copies). A bf16 activation path adds bf16 kernel
 //!   variants behind the same ops; [`CudaBackend::to_dtype`] already converts.
-//! - **GEMM** ([`GemmPrecision`]): cuBLASLt with f32 operands and output. Default TF32 tensor
-//!   cores (operands rounded to 10 mantissa bits: about 1e-3 relative error per product term,
-//!   so GEMM outputs and everything downstream match the reference to ~1e-3, not ~1e-6);
-//!   `DFLASH_CUDA_GEMM=fp32` selects exact-f32 compute (slow, for checking).
+//! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 tensors in and out, f32 accumulation.
+//!   Default `Bf16` (the recipe's bf16-autocast precision): both operands rounded to bf16
+//!   into scratch, bf16 tensor cores, f32 output (about 4e-3 relative error per product term,
+//!   so GEMM outputs and everything downstream match the reference to ~1e-2, not ~1e-6);
+//!   `DFLASH_CUDA_GEMM=tf32` selects TF32 tensor cores (~1e-3), `fp32` exact f32 (slow, for
+//!   checking). Plans are cached per shape.
 //! - **Attention**: `"cuda-simple"` (`kernels/attention_simple.cu`): one warp per (query row,
 //!   head) with an online softmax over the row's <= 2 key intervals; an atomics-free backward
 //!   (dq per query row, dk/dv per key row over a host-built key -> query-run index). Any
@@ -103,26 +105,29 @@ pub struct CudaOptions {
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
-            gemm: GemmPrecision::Tf32,
+            gemm: GemmPrecision::Bf16,
             poison: false,
         }
     }
 }
 
 impl CudaOptions {
-    /// Defaults overridden by `DFLASH_CUDA_GEMM` (`tf32` | `fp32`) and `DFLASH_CUDA_POISON`
-    /// (`1` | `0`).
+    /// Defaults overridden by `DFLASH_CUDA_GEMM` (`bf16` (default) | `tf32` | `fp32`) and
+    /// `DFLASH_CUDA_POISON` (`1` | `0`).
     pub fn from_env() -> Result<Self> {
         let mut o = CudaOptions::default();
         if let Ok(v) = std::env::var("DFLASH_CUDA_GEMM") {
             o.gemm = match v.to_ascii_lowercase().as_str() {
+                "bf16" => GemmPrecision::Bf16,
                 "tf32" => GemmPrecision::Tf32,
                 "fp32" | "f32" => GemmPrecision::Fp32,
                 other => {
                     return Err(Error::op(
                         "cuda_init",
                         "cuda",
-                        format!("DFLASH_CUDA_GEMM={other:?}: expected \"tf32\" or \"fp32\""),
+                        format!(
+                            "DFLASH_CUDA_GEMM={other:?}: expected \"bf16\", \"tf32\" or \"fp32\""
+                        ),
                     ));
                 }
             };

@@ -139,6 +139,8 @@ impl LossOps for CudaBackend {
             }
             return Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())));
         }
+        // bf16 GEMMs: round the head weight once for every chunk's two GEMMs.
+        let wb = self.gemm_operand_bf16(op, &ws.buf, v * h)?;
         let rows_dev = self.upload_i32(op, &rows)?;
         let labels_dev = self.upload_i32(op, &act_labels)?;
         let mut weights_dev = self.alloc_f32(op, na)?;
@@ -172,6 +174,7 @@ impl LossOps for CudaBackend {
                 {
                     let (base, _g) = wsb.device_ptr_mut(&self.stream);
                     let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                    let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
                     self.gemm_raw(
                         op,
                         &RowMajorGemm {
@@ -187,6 +190,8 @@ impl LossOps for CudaBackend {
                             c: base + off_logits as u64,
                             alpha: 1.0,
                             beta: 0.0,
+                            a_bf16: None,
+                            b_bf16: wbp.as_ref().map(|p| p.0),
                         },
                     )?;
                 }
@@ -212,6 +217,7 @@ impl LossOps for CudaBackend {
                     {
                         let (base, _g) = wsb.device_ptr_mut(&self.stream);
                         let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                        let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
                         self.gemm_raw(
                             op,
                             &RowMajorGemm {
@@ -227,6 +233,8 @@ impl LossOps for CudaBackend {
                                 c: base + off_dxc as u64,
                                 alpha: 1.0,
                                 beta: 0.0,
+                                a_bf16: None,
+                                b_bf16: wbp.as_ref().map(|p| p.0),
                             },
                         )?;
                     }
@@ -264,6 +272,8 @@ impl LossOps for CudaBackend {
         if h == 0 {
             return Ok(vec![0; t]); // all logits 0: lowest index
         }
+        // bf16 GEMMs: round the head weight once for all chunks.
+        let wb = self.gemm_operand_bf16(op, &ws.buf, v * h)?;
         let mut out = self.alloc(op, t, DType::F32)?; // t i32
         let chunk = chunk_rows(v);
         let v32 = v as i32;
@@ -274,6 +284,7 @@ impl LossOps for CudaBackend {
                     let (base, _g) = wsb.device_ptr_mut(&self.stream);
                     let (px, _gx) = xs.buf.device_ptr(&self.stream);
                     let (pw, _gw) = ws.buf.device_ptr(&self.stream);
+                    let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
                     self.gemm_raw(
                         op,
                         &RowMajorGemm {
@@ -289,6 +300,8 @@ impl LossOps for CudaBackend {
                             c: base,
                             alpha: 1.0,
                             beta: 0.0,
+                            a_bf16: None,
+                            b_bf16: wbp.as_ref().map(|p| p.0),
                         },
                     )?;
                 }

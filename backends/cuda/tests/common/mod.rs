@@ -50,7 +50,8 @@ pub fn skip(reason: &str) {
     );
 }
 
-/// TF32 GEMMs (the default).
+/// TF32 GEMMs, pinned (not the backend default, bf16): the tolerances of tests that only
+/// use a GEMM incidentally were stated for TF32.
 pub fn cuda() -> Option<CudaBackend> {
     cuda_with(GemmPrecision::Tf32)
 }
