@@ -33,7 +33,7 @@ pub fn save_drafter(
 
 /// Reads a drafter directory, checking every tensor's presence and shape against its config.
 pub fn load_drafter(b: &dyn Backend, dir: &Path) -> Result<(DrafterConfig, DrafterParams)> {
-    let cfg = DrafterConfig::from_file(&dir.join("config.json"))?;
+    let cfg = DrafterConfig::from_file(dir.join("config.json"))?;
     let files = TensorFiles::open(dir)?;
     let ts = DrafterParams::layout(&cfg)
         .iter()
@@ -45,7 +45,7 @@ pub fn load_drafter(b: &dyn Backend, dir: &Path) -> Result<(DrafterConfig, Draft
 impl FrozenTarget {
     /// Loads only the target's embedding and LM head (tied embeddings handled).
     pub fn load(b: &dyn Backend, target_dir: &Path) -> Result<(Qwen3Config, Self)> {
-        let cfg = Qwen3Config::from_file(&target_dir.join("config.json"))?;
+        let cfg = Qwen3Config::from_file(target_dir.join("config.json"))?;
         let files = TensorFiles::open(target_dir)?;
         let shape = [cfg.vocab_size, cfg.hidden_size];
         let embed = files.read_f32("model.embed_tokens.weight", &shape)?;

@@ -248,7 +248,7 @@ impl Drafter {
     /// only for evaluation's last block near the end of a sequence (as the serving loop drafts).
     fn check_input(&self, inp: &DraftInput<'_>) -> Result<(usize, usize)> {
         let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
-        if inp.features.is_empty() || inp.features.len() % kh != 0 {
+        if inp.features.is_empty() || !inp.features.len().is_multiple_of(kh) {
             return Err(ModelError::Input(format!(
                 "features have {} values, not a positive multiple of k*H = {kh}",
                 inp.features.len()

@@ -9,6 +9,9 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{ModelError, Result, io_err};
 
+/// A tensor's file, dtype and bytes (borrowed from the memory map), and shape.
+type RawTensor<'a> = (&'a Path, (Dtype, &'a [u8]), Vec<usize>);
+
 /// All tensors of a checkpoint directory, memory-mapped, looked up by name.
 pub struct TensorFiles {
     dir: PathBuf,
@@ -154,7 +157,7 @@ impl TensorFiles {
         Ok(self.raw(name)?.2)
     }
 
-    fn raw(&self, name: &str) -> Result<(&Path, (Dtype, &[u8]), Vec<usize>)> {
+    fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
         let &i = self.index.get(name).ok_or_else(|| ModelError::Tensor {
             path: self.dir.clone(),
             name: name.into(),

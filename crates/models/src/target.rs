@@ -41,7 +41,7 @@ impl Qwen3Target {
     /// Loads an HF Qwen3 checkpoint directory (`config.json` + `model.safetensors` or a
     /// sharded index), keeping only the layers up to the deepest of `layer_ids`.
     pub fn load(backend: Arc<dyn Backend>, dir: &Path, layer_ids: &[usize]) -> Result<Self> {
-        let cfg = Qwen3Config::from_file(&dir.join("config.json"))?;
+        let cfg = Qwen3Config::from_file(dir.join("config.json"))?;
         let files = TensorFiles::open(dir)?;
         Self::from_files(backend, cfg, &files, layer_ids)
     }

@@ -68,7 +68,7 @@ fn too_long(cfg: &TrainConfig) -> TooLongPolicy {
 /// The drafter config of this run: from `init_from`, else the standard recipe for the target.
 fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig> {
     let d = match &cfg.drafter.init_from {
-        Some(dir) => DrafterConfig::from_file(&dir.join("config.json"))?,
+        Some(dir) => DrafterConfig::from_file(dir.join("config.json"))?,
         None => DrafterConfig::for_target(
             target,
             &DrafterShape {
@@ -473,6 +473,8 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
                 let world = comm.world_size();
                 let mut reorder = Reorder::new();
                 let mut run = || -> Result<()> {
+                    // `step` indexes the schedule, the LR schedule and the token counts alike.
+                    #[allow(clippy::needless_range_loop)]
                     for step in start_step as usize..end_step as usize {
                         let work = &schedule.steps[step];
                         for m in (0..work.micro.len()).filter(|m| m % world == rank) {
@@ -491,7 +493,7 @@ fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOu
                             }
                             **last = (summary.stats.loss(), summary.stats.accuracy());
                             let n = step as u64 + 1;
-                            if (cfg.train.save_every > 0 && n % cfg.train.save_every == 0)
+                            if (cfg.train.save_every > 0 && n.is_multiple_of(cfg.train.save_every))
                                 || n == total_steps
                                 || n == end_step
                             {

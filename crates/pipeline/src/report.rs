@@ -119,7 +119,7 @@ impl Reporter {
             bar.set_message(msg.clone());
         }
         let n = s.step + 1;
-        if n % self.log_every == 0 || n == self.total_steps {
+        if n.is_multiple_of(self.log_every) || n == self.total_steps {
             let done = (n - self.start_step).max(1) as f64;
             let eta = elapsed / done * (self.total_steps - n) as f64;
             let line = format!(

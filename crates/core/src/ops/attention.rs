@@ -24,7 +24,7 @@ impl AttnDims {
     }
     /// Checks the dims against the mask and slice lengths of a call.
     pub fn validate(&self, mask: &BlockMask) -> std::result::Result<(), String> {
-        if self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "q_heads {} is not a multiple of kv_heads {}",
                 self.q_heads, self.kv_heads
