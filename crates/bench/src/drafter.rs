@@ -20,6 +20,9 @@ use crate::{BenchError, Result, Scale, Suite, Timing};
 
 const SEED: u64 = 0xD2AF_7E25;
 pub const BATCHES: [usize; 2] = [1, 4];
+/// `(batch, recompute)` of each measured configuration: the recipe at batch 1 and 4, and
+/// batch 1 with per-layer activation recomputation (the memory-lean setting).
+const RUNS: [(usize, bool); 3] = [(1, false), (4, false), (1, true)];
 const LR: f32 = 6e-4;
 const GRAD_CLIP: f64 = 1.0;
 const INIT_STD: f32 = 0.02;
@@ -32,17 +35,23 @@ pub fn shape(scale: Scale) -> (usize, usize) {
     }
 }
 
-fn throughput_name(batch: usize) -> String {
-    format!("drafter.step.b{batch}.throughput")
+fn prefix(batch: usize, recompute: bool) -> String {
+    if recompute {
+        format!("drafter.step.recompute.b{batch}")
+    } else {
+        format!("drafter.step.b{batch}")
+    }
 }
-fn memory_name(batch: usize) -> String {
-    format!("drafter.step.b{batch}.peak_memory")
+fn throughput_name(batch: usize, recompute: bool) -> String {
+    format!("{}.throughput", prefix(batch, recompute))
+}
+fn memory_name(batch: usize, recompute: bool) -> String {
+    format!("{}.peak_memory", prefix(batch, recompute))
 }
 
 pub fn figure_names() -> Vec<String> {
-    BATCHES
-        .iter()
-        .flat_map(|&b| [throughput_name(b), memory_name(b)])
+    RUNS.iter()
+        .flat_map(|&(b, rc)| [throughput_name(b, rc), memory_name(b, rc)])
         .collect()
 }
 
@@ -135,8 +144,11 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         cfg.block_size
     );
 
-    for batch in BATCHES {
-        let (tp, mem) = (throughput_name(batch), memory_name(batch));
+    for (batch, recompute) in RUNS {
+        let (tp, mem) = (
+            throughput_name(batch, recompute),
+            memory_name(batch, recompute),
+        );
         if !s.wants(&tp) && !s.wants(&mem) {
             continue;
         }
@@ -152,7 +164,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         let mut step = || -> Result<()> {
             grads.zero_(b)?;
             for p in batch_seqs {
-                drafter.forward_backward(&p.as_input(), inv, &mut grads, false)?;
+                drafter.forward_backward(&p.as_input(), inv, &mut grads, recompute)?;
             }
             let norm = grad_norm(b, &grads)?;
             clip_grads(b, &mut grads, norm, GRAD_CLIP)?;
@@ -162,7 +174,10 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         b.synchronize()?;
         b.reset_peak_memory();
         let t = crate::median_seconds(b, timing, &mut step)?;
-        let detail = format!("batch {batch}: {desc}");
+        let detail = format!(
+            "batch {batch}{}: {desc}",
+            if recompute { ", recompute" } else { "" }
+        );
         if s.wants(&tp) {
             s.record(&tp, (batch * len) as f64 / t / 1e3, t, detail.clone())?;
         }
