@@ -1,6 +1,29 @@
 //! Shared helpers of the CUDA conformance tests: backends (with an explicit, clean skip when
 //! no CUDA device is present), seeded random inputs and tolerance checks that print the
 //! measured error of every comparison.
+//!
+//! The conformance tests check the CUDA backend against the reference backend, one
+//! integration-test file per op family (`memory gemm elementwise loss collective attention
+//! drafter_step device`), one test per op family, each running the op on both backends on
+//! fresh seeded random inputs (never zeros), CUDA outputs NaN-poisoned before the op writes
+//! them, with a stated tolerance and its reason; attention on every mask family; a whole
+//! drafter step (loss and every gradient).
+//!
+//! On a machine without CUDA every test prints `skipped: no CUDA device (<reason>)` and
+//! passes; `create_backend_cuda_is_clean` then checks the registry returns `Unavailable`.
+//!
+//! Tolerances, by cause:
+//! - exact: copies, gathers, f32 adds/scales (same single rounding on both sides);
+//! - f32 vs f64 accumulation (norm, attention, loss statistics): ~1e-6 relative, stated as
+//!   1e-5..1e-4 depending on the reduction length;
+//! - bf16 GEMMs (the backend default): both operands rounded to 8 mantissa bits, each
+//!   product term off by up to ~2^-8 relative (f32 accumulation): GEMM outputs ~4e-3 of
+//!   `sum |a||b|`, everything downstream ~1e-2 (drafter gradients: rel-L2 5e-2);
+//! - TF32 GEMMs: operands keep 10 mantissa bits, so each product term is off by up
+//!   to ~2^-10 relative: GEMM outputs ~1e-3 of `sum |a||b|`, and everything downstream of a
+//!   GEMM (loss, drafter gradients) ~1e-3..1e-2. Each such check also runs with exact-f32
+//!   GEMMs at a tight tolerance, which shows the difference is operand rounding and nothing
+//!   else. Tests that use a GEMM only incidentally pin TF32 (`common::cuda`).
 #![allow(dead_code)]
 
 use dflash_backend_cuda::{CudaBackend, CudaOptions, GemmPrecision};

@@ -1,18 +1,15 @@
-//! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
+//! The threaded run loop of a training job: target workers feeding the drafter replicas
+//! through bounded queues, with periodic reports, evals and checkpoints.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dflash_config::{
-    DType, DrafterConfig, DrafterShape, Qwen3Config, TooLong, TrainConfig,
-    default_num_target_features,
-};
-use dflash_core::pipeline::{HiddenSeq, Queue, Target};
-use dflash_core::registry::{BackendOptions, create_backend};
-use dflash_core::{Backend, Communicator};
-use dflash_data::{Dataset, SkipCounts, TooLongPolicy, open_dataset};
+use dflash_config::{Qwen3Config, TrainConfig};
+use dflash_core::Communicator;
+use dflash_core::pipeline::Queue;
+use dflash_data::{Dataset, SkipCounts, open_dataset};
 use dflash_models::checkpoint::load_drafter;
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::safetensors_io::write_atomic;
@@ -20,218 +17,19 @@ use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
 use dflash_training::optimizer::AdamWHyper;
 use dflash_training::{
-    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, TauReport, evaluate_tau, state,
+    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, evaluate_tau, state,
 };
 
+use super::TrainOutcome;
+use super::checkpoint::{latest_checkpoint, publish_checkpoint};
+use super::setup::{backend_for, drafter_config, eval_features, stop_tokens, too_long};
 use crate::comm::HostComm;
-use crate::error::{PipelineError, Result, cause_chain};
+use crate::error::{PipelineError, Result};
 use crate::report::Reporter;
 use crate::schedule::Schedule;
-use crate::workers::{Reorder, SampleRules, Shared, WorkItem, add_busy, featurise, target_worker};
+use crate::workers::{Reorder, SampleRules, Shared, WorkItem, add_busy, target_worker};
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TrainOutcome {
-    pub run_dir: PathBuf,
-    /// Optimizer steps of the run completed so far (less than the schedule's total when
-    /// `train.stop_at_step` ended this invocation early).
-    pub steps: u64,
-    pub final_loss: f64,
-    pub final_accuracy: f64,
-    pub first_loss: f64,
-    pub tau_before: Option<f64>,
-    pub tau_after: Option<f64>,
-    pub skipped_samples: u64,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct EvalOutcome {
-    pub report: TauReport,
-    pub skipped_samples: u64,
-}
-
-fn backend_for(cfg: &TrainConfig, device: usize) -> Result<Arc<dyn Backend>> {
-    let opts = BackendOptions {
-        attention: cfg.backend.attention.clone(),
-        threads: cfg.backend.threads,
-        device,
-    };
-    Ok(create_backend(&cfg.backend.name, &opts)?)
-}
-
-fn too_long(cfg: &TrainConfig) -> TooLongPolicy {
-    match cfg.data.too_long {
-        TooLong::Truncate => TooLongPolicy::Truncate,
-        TooLong::Skip => TooLongPolicy::Skip,
-    }
-}
-
-/// The drafter config of this run: from `init_from`, else the standard recipe for the target.
-fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig> {
-    let d = match &cfg.drafter.init_from {
-        Some(dir) => DrafterConfig::from_file(dir.join("config.json"))?,
-        None => DrafterConfig::for_target(
-            target,
-            &DrafterShape {
-                num_layers: cfg.drafter.num_layers,
-                block_size: cfg.drafter.block_size,
-                mask_token_id: cfg.mask_token_id(target)?,
-                // As documented for `drafter.num_target_features`: the count of
-                // `target_layer_ids` when only those are given.
-                num_target_features: match (
-                    &cfg.drafter.target_layer_ids,
-                    cfg.drafter.num_target_features,
-                ) {
-                    (_, Some(k)) => k,
-                    (Some(ids), None) => ids.len(),
-                    (None, None) => default_num_target_features(target.num_hidden_layers),
-                },
-                target_layer_ids: cfg.drafter.target_layer_ids.clone(),
-                intermediate_size: cfg.drafter.intermediate_size,
-                num_attention_heads: cfg.drafter.num_attention_heads,
-                num_key_value_heads: cfg.drafter.num_key_value_heads,
-                head_dim: cfg.drafter.head_dim,
-                layer_types: None,
-                sliding_window: None,
-                // The reference backend trains in f32 and saves what it trains.
-                dtype: DType::Float32,
-            },
-        )?,
-    };
-    d.validate_against(target)?;
-    Ok(d)
-}
-
-/// Featurises up to `max` eval samples once (reused before and after training).
-fn eval_features(
-    cfg: &TrainConfig,
-    target: &dyn Target,
-    path: &Path,
-    max: usize,
-) -> Result<(Vec<HiddenSeq>, u64)> {
-    let data = open_dataset(path)?;
-    let rules = SampleRules {
-        vocab_size: target.vocab_size(),
-        max_len: cfg.data.max_len,
-        min_supervised: 2,
-        too_long: too_long(cfg),
-    };
-    let skips = Mutex::new(SkipCounts::default());
-    let mut seqs = Vec::new();
-    for i in 0..data.len().min(max) {
-        if let Some(s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
-            seqs.push(s);
-        }
-    }
-    let skipped = skips
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .skipped();
-    Ok((seqs, skipped))
-}
-
-/// `dflash eval`: tau of the drafter in `drafter_dir` on `data` with the configured target.
-pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<EvalOutcome> {
-    let b = backend_for(cfg, 0)?;
-    let (dcfg, params) = load_drafter(b.as_ref(), drafter_dir)?;
-    let target = Qwen3Target::load(b.clone(), cfg.target_dir()?, &dcfg.target_layer_ids)?;
-    dcfg.validate_against(target.config())?;
-    let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
-    let drafter = Drafter::new(b, dcfg, params, Arc::new(frozen))?;
-    let (seqs, skipped_samples) = eval_features(
-        cfg,
-        &target,
-        data,
-        cfg.eval.max_samples.unwrap_or(usize::MAX),
-    )?;
-    Ok(EvalOutcome {
-        report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
-        skipped_samples,
-    })
-}
-
-/// The target's EOS ids: evaluation stops a sequence there, as the serving loop does.
-fn stop_tokens(target: &Qwen3Config) -> Vec<u32> {
-    target
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default()
-}
-
-fn run_dir(cfg: &TrainConfig) -> PathBuf {
-    let name = cfg.run.name.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        format!("run-{secs}")
-    });
-    // Never train into a directory holding another run: pick the first free `name-N`.
-    let base = cfg.run.dir.join(&name);
-    let occupied = |p: &Path| {
-        p.read_dir()
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
-    };
-    if !occupied(&base) {
-        return base;
-    }
-    (1..)
-        .map(|i| cfg.run.dir.join(format!("{name}-{i}")))
-        .find(|p| !occupied(p))
-        .expect("some suffix is free")
-}
-
-const LATEST: &str = "latest";
-
-/// Latest published checkpoint directory of a run, if any.
-pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
-    let ckpts = run_dir.join("checkpoints");
-    let name = std::fs::read_to_string(ckpts.join(LATEST)).ok()?;
-    Some(ckpts.join(name.trim()))
-}
-
-/// Writes `checkpoints/step-N`, then atomically points `checkpoints/latest` at it, then
-/// removes older ones: at every instant a complete checkpoint is published.
-fn publish_checkpoint(
-    run_dir: &Path,
-    replica: &DrafterReplica,
-    extra: serde_json::Value,
-) -> Result<()> {
-    let ckpts = run_dir.join("checkpoints");
-    let name = format!("step-{}", replica.step);
-    let dir = ckpts.join(&name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(PipelineError::io(&dir))?;
-    }
-    state::save(&dir, replica, extra)?;
-    write_atomic(&ckpts.join(LATEST), name.as_bytes())?;
-    if let Ok(entries) = std::fs::read_dir(&ckpts) {
-        for e in entries.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("step-") && n != name {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Runs a whole training job. With `resume`, continues the run in that directory exactly
-/// where its latest checkpoint left off.
-pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
-    let run_dir = resume
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| run_dir(cfg));
-    std::fs::create_dir_all(&run_dir).map_err(PipelineError::io(&run_dir))?;
-    let result = train_in(cfg, &run_dir, resume.is_some());
-    if let Err(e) = &result {
-        let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
-    }
-    result
-}
-
-fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
+pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
     // `train.stop_at_step` belongs to this invocation, not to the run: the config kept in the
     // run directory (which `train --resume` reuses) leaves it out.
     let mut kept = cfg.clone();

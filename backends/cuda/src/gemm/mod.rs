@@ -1,0 +1,273 @@
+//! Matrix products through cuBLASLt on `(rows, cols)` views of row-major tensors.
+//!
+//! Row-major `C (M, N) = op(A) (M, K) @ op(B) (K, N)` is column-major `C^T (N, M) =
+//! op(B)^T @ op(A)^T`, and a row-major `(r, c)` buffer read column-major is its transpose
+//! `(c, r)` with leading dimension `c`. So cuBLASLt is called with its `A` := our `B`
+//! (transposed iff `tb`), its `B` := our `A` (transposed iff `ta`), `m = N`, `n = M`, and every
+//! leading dimension equal to the stored column count. No copies, any transpose combination.
+//!
+//! Precision ([`GemmPrecision`]): f32 tensors, f32 output, f32 scale (alpha, beta) and f32
+//! accumulation in every mode. `Bf16` (default, the PyTorch bf16-autocast recipe's precision)
+//! rounds both operands to bf16 (RNE, `f32_to_bf16`) into stream-ordered scratch buffers
+//! freed right after the product, then runs cuBLASLt with bf16 A/B and f32 C/D; `Tf32` and
+//! `Fp32` run on the f32 operands with TF32 tensor-core or exact f32 compute.
+//!
+//! Plans (layouts, matmul descriptor and the heuristic's algorithm) are cached per
+//! [`plan::PlanKey`] (shape, transposes, leading dims, precision, pointer alignments), so
+//! repeated shapes skip the heuristic query.
+//!
+//! Files: `plan.rs` (cuBLASLt handle, descriptors, heuristic, plan cache, launch), `bf16.rs`
+//! (operand rounding and the bf16 path); here the row-major problem and [`GemmOps`].
+
+mod bf16;
+mod plan;
+
+pub(crate) use plan::Blas;
+
+use cudarc::driver::PushKernelArg;
+use dflash_core::{GemmOps, Result, Tensor, Transpose};
+
+use crate::CudaBackend;
+use crate::storage::DType;
+use plan::align_of_ptr;
+
+/// Operand/compute precision of the GEMMs (all modes: f32 tensors in and out, f32
+/// accumulation, f32 alpha/beta).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmPrecision {
+    /// Operands rounded to bf16 (8-bit mantissa, RNE) into scratch buffers, bf16 tensor
+    /// cores with `CUBLAS_COMPUTE_32F` (f32 accumulation), f32 output; beta applies to the f32
+    /// C. ~2^-8 relative error per product (both operands rounded); ~2x the TF32 rate. The
+    /// default: bf16 autocast with f32 master weights is the recipe we are compared against.
+    Bf16,
+    /// `CUBLAS_COMPUTE_32F_FAST_TF32`: operands rounded to TF32 (10-bit mantissa), f32
+    /// accumulation. ~1e-3 relative error per product; ~8x the f32 rate.
+    Tf32,
+    /// `CUBLAS_COMPUTE_32F`: exact f32 (SIMT). Matches the reference to ~1e-6.
+    Fp32,
+}
+
+impl GemmPrecision {
+    /// The `DFLASH_CUDA_GEMM` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmPrecision::Bf16 => "bf16",
+            GemmPrecision::Tf32 => "tf32",
+            GemmPrecision::Fp32 => "fp32",
+        }
+    }
+}
+/// One row-major GEMM on raw device addresses of f32 data: `C = alpha * op(A) @ op(B) +
+/// beta * C`.
+pub(crate) struct RowMajorGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Address of A and its stored column count (its row stride in elements).
+    pub a: u64,
+    pub a_cols: usize,
+    pub ta: bool,
+    pub b: u64,
+    pub b_cols: usize,
+    pub tb: bool,
+    /// Address of C; its row stride is `n`.
+    pub c: u64,
+    pub alpha: f32,
+    pub beta: f32,
+    /// Optional bf16 copies (RNE) of A / B with the same element offsets and row strides,
+    /// used in [`GemmPrecision::Bf16`] mode instead of converting per call (the fused loss
+    /// converts the head weight once per call, not once per chunk). Ignored in other modes.
+    pub a_bf16: Option<u64>,
+    pub b_bf16: Option<u64>,
+}
+
+impl CudaBackend {
+    /// Enqueues one GEMM on this backend's stream in the backend's [`GemmPrecision`]. The
+    /// caller holds the device-pointer guards of A, B and C (f32) across this call. `m`, `n`,
+    /// `k` must be > 0.
+    pub(crate) fn gemm_raw(&self, op: &'static str, g: &RowMajorGemm) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.drv(op, e))?;
+        if self.opts.gemm != GemmPrecision::Bf16 {
+            return self.gemm_f32(op, g, self.opts.gemm);
+        }
+        self.gemm_bf16(op, g)
+    }
+
+    /// TF32 or exact-f32 compute directly on the f32 operands.
+    fn gemm_f32(&self, op: &'static str, g: &RowMajorGemm, prec: GemmPrecision) -> Result<()> {
+        let key = self.plan_key(g, align_of_ptr(g.b), align_of_ptr(g.a), prec);
+        match self.plan(op, g, &key)? {
+            Some(plan) => self.run_plan(op, g, &plan, g.a, g.b, prec),
+            None => unreachable!("only bf16 plans may be missing"),
+        }
+    }
+}
+
+/// A strided `(rows, cols)` view of a stored `(R, C)` matrix, possibly transposed.
+#[derive(Debug, Clone, Copy)]
+struct MatView {
+    rows: usize,
+    cols: usize,
+    stored_cols: usize,
+    t: bool,
+}
+
+impl MatView {
+    fn of(r: usize, c: usize, t: Transpose) -> Self {
+        match t {
+            Transpose::No => MatView {
+                rows: r,
+                cols: c,
+                stored_cols: c,
+                t: false,
+            },
+            Transpose::Yes => MatView {
+                rows: c,
+                cols: r,
+                stored_cols: c,
+                t: true,
+            },
+        }
+    }
+}
+
+fn t_name(t: Transpose) -> &'static str {
+    match t {
+        Transpose::No => "",
+        Transpose::Yes => "^T",
+    }
+}
+
+impl CudaBackend {
+    fn views(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        ta: Transpose,
+        b: &Tensor,
+        tb: Transpose,
+    ) -> Result<(MatView, MatView)> {
+        let (ar, ac) = a.shape().as_matrix();
+        let (br, bc) = b.shape().as_matrix();
+        let (av, bv) = (MatView::of(ar, ac, ta), MatView::of(br, bc, tb));
+        if av.cols != bv.rows {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "a{} {:?} is ({}, {}) but b{} {:?} is ({}, {}): inner dims differ",
+                    t_name(ta),
+                    a.shape(),
+                    av.rows,
+                    av.cols,
+                    t_name(tb),
+                    b.shape(),
+                    bv.rows,
+                    bv.cols
+                ),
+            ));
+        }
+        Ok((av, bv))
+    }
+
+    /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors, handling empty dims.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_tensors(
+        &self,
+        op: &'static str,
+        c: &mut crate::storage::CudaStorage,
+        a: &crate::storage::CudaStorage,
+        av: MatView,
+        b: &crate::storage::CudaStorage,
+        bv: MatView,
+        beta: f32,
+    ) -> Result<()> {
+        let (m, k, n) = (av.rows, av.cols, bv.cols);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            // The product is empty: c = beta * c (and beta = 0 must not read c).
+            if beta == 0.0 {
+                return self.fill(op, &mut c.buf, m * n, 0.0);
+            }
+            let n64 = (m * n) as i64;
+            let mut l = self.stream.launch_builder(&self.k().scale_f32);
+            l.arg(&mut c.buf).arg(&n64).arg(&beta);
+            return self.launch(op, l, crate::grid1d(m * n));
+        }
+        let (pa, _ga) = a.ptr(&self.stream);
+        let (pb, _gb) = b.ptr(&self.stream);
+        let (pc, _gc) = c.ptr_mut(&self.stream);
+        self.gemm_raw(
+            op,
+            &RowMajorGemm {
+                m,
+                n,
+                k,
+                a: pa,
+                a_cols: av.stored_cols,
+                ta: av.t,
+                b: pb,
+                b_cols: bv.stored_cols,
+                tb: bv.t,
+                c: pc,
+                alpha: 1.0,
+                beta,
+                a_bf16: None,
+                b_bf16: None,
+            },
+        )
+    }
+}
+
+impl GemmOps for CudaBackend {
+    fn matmul(&self, a: &Tensor, ta: Transpose, b: &Tensor, tb: Transpose) -> Result<Tensor> {
+        let op = "matmul";
+        let (av, bv) = self.views(op, a, ta, b, tb)?;
+        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let (m, n) = (av.rows, bv.cols);
+        let buf = self.alloc_f32(op, m * n)?;
+        let mut c = crate::storage::CudaStorage {
+            buf,
+            dtype: DType::F32,
+            len: m * n,
+            ordinal: self.ordinal,
+        };
+        self.gemm_tensors(op, &mut c, x, av, y, bv, 0.0)?;
+        Ok(self.tensor(c.buf, DType::F32, [m, n]))
+    }
+
+    fn matmul_acc(
+        &self,
+        c: &mut Tensor,
+        a: &Tensor,
+        ta: Transpose,
+        b: &Tensor,
+        tb: Transpose,
+        beta: f32,
+    ) -> Result<()> {
+        let op = "matmul_acc";
+        let (av, bv) = self.views(op, a, ta, b, tb)?;
+        if c.shape().as_matrix() != (av.rows, bv.cols) {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "c {:?} but a{} {:?} @ b{} {:?} is ({}, {})",
+                    c.shape(),
+                    t_name(ta),
+                    a.shape(),
+                    t_name(tb),
+                    b.shape(),
+                    av.rows,
+                    bv.cols
+                ),
+            ));
+        }
+        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let cs = self.f32s_mut(op, c)?;
+        self.gemm_tensors(op, cs, x, av, y, bv, beta)
+    }
+}

@@ -1,0 +1,380 @@
+//! A whole drafter step (loss and every gradient) against the reference backend.
+//!
+//! Skips cleanly without CUDA; inputs, poisoning and the tolerance scheme: `common`.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use dflash_backend_cuda::GemmPrecision;
+use dflash_core::Backend;
+
+// ---------------------------------------------------------------------------------------
+// A whole drafter step
+
+mod drafter {
+    use super::*;
+    use dflash_config::{DrafterConfig, DrafterShape, LayerType, Qwen3Config};
+    use dflash_data::{block_targets, default_gamma};
+    use dflash_models::drafter::{FrozenTarget, normal_vec};
+    use dflash_models::{DraftInput, Drafter, DrafterParams};
+    use rand::Rng;
+
+    pub struct Problem {
+        pub cfg: DrafterConfig,
+        pub host_params: Vec<(String, Vec<usize>, Vec<f32>)>,
+        pub embed: Vec<f32>,
+        pub lm_head: Vec<f32>,
+        pub v: usize,
+        pub h: usize,
+        pub features: Vec<f32>,
+        pub anchors: Vec<i32>,
+        pub ids: Vec<u32>,
+        pub loss_mask: Vec<u8>,
+    }
+
+    fn target_cfg(v: usize, h: usize) -> Qwen3Config {
+        let json = format!(
+            r#"{{"model_type": "qwen3", "vocab_size": {v}, "hidden_size": {h},
+                "intermediate_size": {i}, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": {hd}, "rms_norm_eps": 1e-6,
+                "rope_theta": 10000.0, "max_position_embeddings": 4096,
+                "tie_word_embeddings": false, "torch_dtype": "float32"}}"#,
+            i = 2 * h,
+            hd = h / 4
+        );
+        Qwen3Config::from_json_str(&json, "test").expect("tiny target config")
+    }
+
+    /// `small = false`: the tiny drafter of the models tests (H 16, 2 layers, 4/2 heads of 8,
+    /// V 40, block 4, S 11, anchors [2, 3, 9, -1]). `small = true`: H 128, heads 4/2 of 64,
+    /// 3 layers (the middle one sliding, window 24), V 500, block 16, S 160, 10 blocks.
+    pub fn problem(small: bool, seed: u64) -> Problem {
+        let (h, v, bs, s, layers, hd) = if small {
+            (128, 500, 16, 160, 3, 64)
+        } else {
+            (16, 40, 4, 11, 2, 8)
+        };
+        let mask_id = (v - 1) as u32;
+        let mut shape = DrafterShape::standard(mask_id);
+        shape.num_layers = layers;
+        shape.block_size = bs;
+        shape.num_target_features = 2;
+        shape.target_layer_ids = Some(vec![1, 3]);
+        shape.intermediate_size = Some(if small { 256 } else { 24 });
+        shape.num_attention_heads = Some(4);
+        shape.num_key_value_heads = Some(2);
+        shape.head_dim = Some(hd);
+        shape.dtype = dflash_config::DType::Float32;
+        if small {
+            shape.layer_types = Some(vec![
+                LayerType::FullAttention,
+                LayerType::SlidingAttention,
+                LayerType::FullAttention,
+            ]);
+            shape.sliding_window = Some(24);
+        }
+        let cfg = DrafterConfig::for_target(&target_cfg(v, h), &shape).expect("drafter config");
+        let rf = reference();
+        let params = DrafterParams::init_random(&rf, &cfg, 0.2, seed).unwrap();
+        let mut r = rng(seed ^ 0x5eed);
+        let host_params = DrafterParams::layout(&cfg)
+            .into_iter()
+            .zip(params.tensors())
+            .map(|((name, shape), t)| {
+                let mut w = down(&rf, t);
+                if name.ends_with("norm.weight") {
+                    // Non-unit norm weights so gradient bugs they would hide show.
+                    w = normal_vec(&mut r, w.len(), 0.2)
+                        .iter()
+                        .map(|x| 1.0 + x)
+                        .collect();
+                }
+                (name, shape, w)
+            })
+            .collect();
+        let embed = normal_vec(&mut r, v * h, 1.0);
+        let lm_head = normal_vec(&mut r, v * h, 0.5);
+        let ids: Vec<u32> = (0..s).map(|_| r.random_range(0..mask_id)).collect();
+        let mut loss_mask = vec![1u8; s];
+        loss_mask[0] = 0;
+        loss_mask[1] = 0;
+        loss_mask[5] = 0;
+        let features = normal_vec(&mut r, s * 2 * h, 1.0);
+        let anchors = if small {
+            vec![2, 5, 30, 31, 70, 100, 150, 155, -1, -1] // overlapping, past the end, padding
+        } else {
+            vec![2, 3, 9, -1]
+        };
+        Problem {
+            cfg,
+            host_params,
+            embed,
+            lm_head,
+            v,
+            h,
+            features,
+            anchors,
+            ids,
+            loss_mask,
+        }
+    }
+
+    pub struct Run {
+        pub loss: f64,
+        pub weight_sum: f64,
+        pub correct: u64,
+        pub counted: u64,
+        pub loss_only: f64,
+        pub predict: Vec<u32>,
+        pub grads: Vec<(String, Vec<f32>)>,
+    }
+
+    pub fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool) -> Run {
+        let params = DrafterParams::from_tensors(
+            p.host_params
+                .iter()
+                .map(|(_, shape, w)| b.upload(w, shape).unwrap())
+                .collect(),
+        );
+        let frozen = Arc::new(FrozenTarget {
+            embed: b.upload(&p.embed, &[p.v, p.h]).unwrap(),
+            lm_head: b.upload(&p.lm_head, &[p.v, p.h]).unwrap(),
+        });
+        let bs = p.cfg.block_size;
+        let bt = block_targets(
+            &p.ids,
+            &p.loss_mask,
+            &p.anchors,
+            bs,
+            default_gamma(bs),
+            p.cfg.mask_token_id,
+        );
+        let inp = DraftInput {
+            features: &p.features,
+            anchors: &p.anchors,
+            block_ids: &bt.block_ids,
+            positions: &bt.positions,
+            labels: &bt.labels,
+            weights: &bt.weights,
+        };
+        let drafter = Drafter::new(b.clone(), p.cfg.clone(), params, frozen).unwrap();
+        let mut g = DrafterParams::zeros(b.as_ref(), &p.cfg).unwrap();
+        let stats = drafter
+            .forward_backward(&inp, 1.0 / 3.0, &mut g, recompute)
+            .unwrap();
+        let loss_only = drafter.loss(&inp).unwrap().weighted_loss;
+        let predict = drafter.predict(&inp).unwrap();
+        let grads = DrafterParams::layout(&p.cfg)
+            .into_iter()
+            .zip(g.tensors())
+            .map(|((name, _), t)| (name, b.download(t).unwrap()))
+            .collect();
+        Run {
+            loss: stats.weighted_loss,
+            weight_sum: stats.weight_sum,
+            correct: stats.correct,
+            counted: stats.counted,
+            loss_only,
+            predict,
+            grads,
+        }
+    }
+}
+
+#[test]
+fn drafter_step_matches_reference() {
+    dflash_backend_reference::link();
+    if cuda().is_none() {
+        return;
+    }
+    let reference: Arc<dyn Backend> = Arc::new(reference());
+    for small in [false, true] {
+        let p = drafter::problem(small, 11);
+        let want = drafter::run(reference.clone(), &p, false);
+        assert!(want.counted > 0 && want.loss > 0.0);
+        for t in DRAFTER_TOLS {
+            let (prec, why) = (t.prec, t.why);
+            let Some(cu) = cuda_with(prec) else { return };
+            let cu: Arc<dyn Backend> = Arc::new(cu);
+            for recompute in [false, true] {
+                let got = drafter::run(cu.clone(), &p, recompute);
+                let which = format!(
+                    "{} drafter, {prec:?}, recompute={recompute}",
+                    if small { "small" } else { "tiny" }
+                );
+                println!("{which}");
+                check_scalar("  loss sum(w*CE)", got.loss, want.loss, t.loss_rtol, why);
+                check_scalar(
+                    "  loss only (grad_scale 0)",
+                    got.loss_only,
+                    want.loss,
+                    t.loss_rtol,
+                    why,
+                );
+                check_scalar(
+                    "  weight_sum",
+                    got.weight_sum,
+                    want.weight_sum,
+                    1e-12,
+                    "same weights",
+                );
+                assert_eq!(got.counted, want.counted);
+                let slack = 1 + want.counted / t.correct_slack_div;
+                assert!(
+                    got.correct.abs_diff(want.correct) <= slack,
+                    "correct {} vs {}",
+                    got.correct,
+                    want.correct
+                );
+                let same = got
+                    .predict
+                    .iter()
+                    .zip(&want.predict)
+                    .filter(|(a, b)| a == b)
+                    .count();
+                println!(
+                    "    predict: {same} of {} slots equal; correct {} vs {}",
+                    want.predict.len(),
+                    got.correct,
+                    want.correct
+                );
+                assert!(
+                    same * 100 >= want.predict.len() * t.same_pct,
+                    "predictions differ too often"
+                );
+                for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
+                    if let Some(l2) = t.rel_l2 {
+                        check_rel_l2(&format!("  d {name}"), g, w, l2, why);
+                    }
+                    check(&format!("  d {name}"), g, w, t.rtol, t.atol, why);
+                }
+            }
+        }
+    }
+}
+
+/// Tolerances of one GEMM precision in the whole-drafter-step test.
+struct DrafterTol {
+    prec: GemmPrecision,
+    /// Per element: `|err| <= rtol * |want| + atol * max|want|`.
+    rtol: f64,
+    atol: f64,
+    /// Per tensor relative L2 bound (the precision check where per-element bounds are loose).
+    rel_l2: Option<f64>,
+    loss_rtol: f64,
+    /// `correct` may differ by `1 + counted / correct_slack_div`.
+    correct_slack_div: u64,
+    /// Percentage of equal greedy predictions required.
+    same_pct: usize,
+    why: &'static str,
+}
+
+/// bf16: 8x TF32's unit roundoff (2^-8 vs 2^-11 per operand), and every GEMM of the step
+/// (forward, both backward products, the fused CE) is affected, like the bf16 flash attention
+/// test (~3e-3 rel-L2 per op, rel-L2 3e-2 over a step) but on every projection: rel-L2 5e-2
+/// per gradient tensor (each bf16 GEMM output is ~2e-3..4e-3 rel-L2; ~20 GEMMs on a gradient's
+/// path compound to ~1e-2..2e-2). Per element the all-TF32 run reaches 5.5e-3 of max|want|;
+/// 8x that is ~4.4e-2, so atol 1e-1 of max (rtol 2e-1) catches only gross local errors. Loss
+/// rel 1e-2 (TF32 measured 8.9e-5; 8x is ~7e-4); predictions >= 90% equal, like the flash
+/// attention step.
+const DRAFTER_TOLS: [DrafterTol; 3] = [
+    DrafterTol {
+        prec: GemmPrecision::Bf16,
+        rtol: 2e-1,
+        atol: 1e-1,
+        rel_l2: Some(5e-2),
+        loss_rtol: 1e-2,
+        correct_slack_div: 20,
+        same_pct: 90,
+        why: "bf16 GEMM operands through every layer (~4e-3 per product, compounding)",
+    },
+    DrafterTol {
+        prec: GemmPrecision::Tf32,
+        rtol: 3e-2,
+        atol: 1e-2,
+        rel_l2: None,
+        loss_rtol: 5e-3,
+        correct_slack_div: 50,
+        same_pct: 95,
+        why: "TF32 GEMMs through every layer (~1e-3 per GEMM, compounding)",
+    },
+    DrafterTol {
+        prec: GemmPrecision::Fp32,
+        rtol: 1e-3,
+        atol: 1e-4,
+        rel_l2: None,
+        loss_rtol: 1e-5,
+        correct_slack_div: u64::MAX,
+        same_pct: 95,
+        why: "f32 kernels vs f64 reference reductions",
+    },
+];
+
+/// A whole drafter step (small config: head_dim 64, a sliding layer, overlapping and padding
+/// blocks) with `"cuda-flash"` attention and exact-f32 GEMMs, so the bf16 attention is the
+/// only low-precision part. Tolerances: each attention op is ~3e-3 relative (rel-L2, see the
+/// flash attention tests), compounding through 3 layers forward and backward: gradients
+/// rel-L2 3e-2 per tensor; per element rtol 1e-1, atol 5e-2 of the tensor's max (bf16 has 4x
+/// TF32's unit roundoff; the all-TF32 run reaches ~4.5e-3 of max per element, so ~2e-2 is
+/// expected here); loss rel 1e-2; >= 90% equal predictions.
+#[test]
+fn drafter_step_with_cuda_flash_matches_reference() {
+    dflash_backend_reference::link();
+    let Some(cu) = cuda_attn("cuda-flash", GemmPrecision::Fp32) else {
+        return;
+    };
+    let cu: Arc<dyn Backend> = Arc::new(cu);
+    let reference: Arc<dyn Backend> = Arc::new(reference());
+    let p = drafter::problem(true, 11);
+    let want = drafter::run(reference, &p, false);
+    assert!(want.counted > 0 && want.loss > 0.0);
+    let why = "bf16 flash attention (f32 GEMMs) vs f64 reference";
+    for recompute in [false, true] {
+        let got = drafter::run(cu.clone(), &p, recompute);
+        println!("small drafter, cuda-flash, Fp32 GEMMs, recompute={recompute}");
+        check_scalar("  loss sum(w*CE)", got.loss, want.loss, 1e-2, why);
+        check_scalar(
+            "  loss only (grad_scale 0)",
+            got.loss_only,
+            want.loss,
+            1e-2,
+            why,
+        );
+        check_scalar(
+            "  weight_sum",
+            got.weight_sum,
+            want.weight_sum,
+            1e-12,
+            "same weights",
+        );
+        assert_eq!(got.counted, want.counted);
+        assert!(
+            got.correct.abs_diff(want.correct) <= 1 + want.counted / 20,
+            "correct {} vs {}",
+            got.correct,
+            want.correct
+        );
+        let same = got
+            .predict
+            .iter()
+            .zip(&want.predict)
+            .filter(|(a, b)| a == b)
+            .count();
+        println!(
+            "    predict: {same} of {} slots equal; correct {} vs {}",
+            want.predict.len(),
+            got.correct,
+            want.correct
+        );
+        assert!(
+            same * 100 >= want.predict.len() * 90,
+            "predictions differ too often"
+        );
+        for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
+            check_rel_l2(&format!("  d {name}"), g, w, 3e-2, why);
+            check(&format!("  d {name}"), g, w, 1e-1, 5e-2, why);
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! RMSNorm, RoPE, SwiGLU, embedding and AdamW against the reference backend.
+//!
+//! Skips cleanly without CUDA; inputs, poisoning and the tolerance scheme: `common`.
+
+mod common;
+
+use rand::Rng;
+
+use common::*;
+use dflash_core::{
+    ActivationOps, AdamWParams, EmbeddingOps, MemoryOps, NormOps, OptimizerOps, RopeOps,
+};
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm
+
+#[test]
+fn norm_ops_match_reference() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    let mut r = rng(3);
+    // (rows, cols): odd widths, one wider than a block, the QK-norm shape (many short rows).
+    for &(rows, c) in &[(13, 24), (64, 4096), (3000, 64), (5, 1000), (1, 7)] {
+        let eps = 1e-6f32;
+        let x = rand_vec(&mut r, rows * c, 2.0);
+        let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
+        let dy = rand_vec(&mut r, rows * c, 1.0);
+        let (xc, wc, dyc) = (
+            up(&cu, &x, &[rows, c]),
+            up(&cu, &w, &[c]),
+            up(&cu, &dy, &[rows, c]),
+        );
+        let (xr, wr, dyr) = (
+            up(&rf, &x, &[rows, c]),
+            up(&rf, &w, &[c]),
+            up(&rf, &dy, &[rows, c]),
+        );
+        let (yc, rc) = cu.rms_norm(&xc, &wc, eps).unwrap();
+        let (yr, rr) = rf.rms_norm(&xr, &wr, eps).unwrap();
+        let why = "f32 row sums (up to C terms) vs f64";
+        check(
+            &format!("rms_norm y ({rows}x{c})"),
+            &down(&cu, &yc),
+            &down(&rf, &yr),
+            1e-5,
+            1e-6,
+            why,
+        );
+        check(
+            &format!("rms_norm rstd ({rows}x{c})"),
+            &down(&cu, &rc),
+            &down(&rf, &rr),
+            1e-5,
+            0.0,
+            why,
+        );
+        let (dxc, dwc) = cu.rms_norm_backward(&dyc, &xc, &wc, &rc).unwrap();
+        let (dxr, dwr) = rf.rms_norm_backward(&dyr, &xr, &wr, &rr).unwrap();
+        check(
+            &format!("rms_norm_backward dx ({rows}x{c})"),
+            &down(&cu, &dxc),
+            &down(&rf, &dxr),
+            1e-4,
+            1e-5,
+            "f32 row dot + cancellation in dy*w - xhat*dot",
+        );
+        check(
+            &format!("rms_norm_backward dw ({rows}x{c})"),
+            &down(&cu, &dwc),
+            &down(&rf, &dwr),
+            1e-4,
+            1e-5,
+            "f32 column sums over R rows vs f64",
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// RoPE
+
+#[test]
+fn rope_ops_match_reference() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    let mut r = rng(4);
+    for &(t, heads, d, theta) in &[
+        (11, 4, 8, 10_000.0f32),
+        (300, 8, 128, 1_000_000.0),
+        (40, 2, 64, 10_000.0),
+        (17, 1, 256, 500_000.0),
+    ] {
+        // Positions up to ~8K (where an f32 angle would already be off by ~1e-3 rad).
+        let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
+        let x = rand_vec(&mut r, t * heads * d, 1.0);
+        let (xc, xr) = (up(&cu, &x, &[t, heads, d]), up(&rf, &x, &[t, heads, d]));
+        let yc = cu.rope(&xc, &positions, theta).unwrap();
+        let yr = rf.rope(&xr, &positions, theta).unwrap();
+        check(
+            &format!("rope ({t},{heads},{d}) theta {theta}"),
+            &down(&cu, &yc),
+            &down(&rf, &yr),
+            1e-5,
+            1e-6,
+            "same f64 angles rounded to f32; FMA contraction",
+        );
+        let gc = cu.rope_backward(&xc, &positions, theta).unwrap();
+        let gr = rf.rope_backward(&xr, &positions, theta).unwrap();
+        check(
+            &format!("rope_backward ({t},{heads},{d})"),
+            &down(&cu, &gc),
+            &down(&rf, &gr),
+            1e-5,
+            1e-6,
+            "as rope",
+        );
+    }
+    let e = cu
+        .rope(&up(&cu, &[0.1; 12], &[2, 2, 3]), &[0, 1], 1e4)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("D even") && e.contains("cuda:0"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU
+
+#[test]
+fn activation_ops_match_reference() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    let mut r = rng(5);
+    let (t, i) = (333, 257);
+    let g = rand_vec(&mut r, t * i, 8.0); // deep into both tails of the sigmoid
+    let u = rand_vec(&mut r, t * i, 2.0);
+    let dh = rand_vec(&mut r, t * i, 1.0);
+    let s = [t, i];
+    let (gc, uc, dc) = (up(&cu, &g, &s), up(&cu, &u, &s), up(&cu, &dh, &s));
+    let (gr, ur, dr) = (up(&rf, &g, &s), up(&rf, &u, &s), up(&rf, &dh, &s));
+    let why = "f32 expf (<= 2 ulp) vs f64";
+    check(
+        "swiglu",
+        &down(&cu, &cu.swiglu(&gc, &uc).unwrap()),
+        &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
+        1e-5,
+        1e-7,
+        why,
+    );
+    let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
+    let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
+    check(
+        "swiglu_backward d_gate",
+        &down(&cu, &dgc),
+        &down(&rf, &dgr),
+        1e-5,
+        1e-7,
+        why,
+    );
+    check(
+        "swiglu_backward d_up",
+        &down(&cu, &duc),
+        &down(&rf, &dur),
+        1e-5,
+        1e-7,
+        why,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Embedding
+
+#[test]
+fn embedding_ops_match_reference() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    let mut r = rng(6);
+    let (v, h) = (1000, 96);
+    let table = rand_vec(&mut r, v * h, 1.0);
+    let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
+    let (tc, tr) = (up(&cu, &table, &[v, h]), up(&rf, &table, &[v, h]));
+    let ec = cu.embedding(&tc, &ids).unwrap();
+    assert_eq!(ec.dims(), &[ids.len(), h]);
+    check_exact(
+        "embedding gather",
+        &down(&cu, &ec),
+        &down(&rf, &rf.embedding(&tr, &ids).unwrap()),
+    );
+    let e1 = cu.embedding(&tc, &[3, 1000]).err().unwrap().to_string();
+    let e2 = rf.embedding(&tr, &[3, 1000]).err().unwrap().to_string();
+    assert_eq!(e1.replace("cuda:0", "cpu"), e2);
+}
+
+// ---------------------------------------------------------------------------------------
+// AdamW
+
+#[test]
+fn optimizer_ops_match_reference() {
+    let Some(cu) = cuda() else { return };
+    let rf = reference();
+    let mut r = rng(8);
+    let n = 100_003;
+    let p0 = rand_vec(&mut r, n, 1.0);
+    let (mut pc, mut mc, mut vc) = (
+        up(&cu, &p0, &[n]),
+        cu.zeros(&[n]).unwrap(),
+        cu.zeros(&[n]).unwrap(),
+    );
+    let (mut pr, mut mr, mut vr) = (
+        up(&rf, &p0, &[n]),
+        rf.zeros(&[n]).unwrap(),
+        rf.zeros(&[n]).unwrap(),
+    );
+    for step in 1..=5u64 {
+        let g = rand_vec(&mut r, n, 0.1);
+        let hp = AdamWParams {
+            lr: 6e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step,
+        };
+        cu.adamw_step(&mut pc, &up(&cu, &g, &[n]), &mut mc, &mut vc, &hp)
+            .unwrap();
+        rf.adamw_step(&mut pr, &up(&rf, &g, &[n]), &mut mr, &mut vr, &hp)
+            .unwrap();
+    }
+    let why = "same f64 per-element formula, one f32 rounding per state";
+    check(
+        "adamw param after 5 steps",
+        &down(&cu, &pc),
+        &down(&rf, &pr),
+        1e-7,
+        0.0,
+        why,
+    );
+    check("adamw m", &down(&cu, &mc), &down(&rf, &mr), 1e-7, 0.0, why);
+    check("adamw v", &down(&cu, &vc), &down(&rf, &vr), 1e-7, 0.0, why);
+}

@@ -1,0 +1,74 @@
+//! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
+
+mod checkpoint;
+mod run;
+mod setup;
+
+pub use checkpoint::latest_checkpoint;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dflash_config::TrainConfig;
+use dflash_models::checkpoint::load_drafter;
+use dflash_models::drafter::FrozenTarget;
+use dflash_models::{Drafter, Qwen3Target};
+use dflash_training::{TauReport, evaluate_tau};
+
+use crate::error::{PipelineError, Result, cause_chain};
+use run::train_in;
+use setup::{backend_for, eval_features, new_run_dir, stop_tokens};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainOutcome {
+    pub run_dir: PathBuf,
+    /// Optimizer steps of the run completed so far (less than the schedule's total when
+    /// `train.stop_at_step` ended this invocation early).
+    pub steps: u64,
+    pub final_loss: f64,
+    pub final_accuracy: f64,
+    pub first_loss: f64,
+    pub tau_before: Option<f64>,
+    pub tau_after: Option<f64>,
+    pub skipped_samples: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EvalOutcome {
+    pub report: TauReport,
+    pub skipped_samples: u64,
+}
+
+/// `dflash eval`: tau of the drafter in `drafter_dir` on `data` with the configured target.
+pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<EvalOutcome> {
+    let b = backend_for(cfg, 0)?;
+    let (dcfg, params) = load_drafter(b.as_ref(), drafter_dir)?;
+    let target = Qwen3Target::load(b.clone(), cfg.target_dir()?, &dcfg.target_layer_ids)?;
+    dcfg.validate_against(target.config())?;
+    let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
+    let drafter = Drafter::new(b, dcfg, params, Arc::new(frozen))?;
+    let (seqs, skipped_samples) = eval_features(
+        cfg,
+        &target,
+        data,
+        cfg.eval.max_samples.unwrap_or(usize::MAX),
+    )?;
+    Ok(EvalOutcome {
+        report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
+        skipped_samples,
+    })
+}
+
+/// Runs a whole training job. With `resume`, continues the run in that directory exactly
+/// where its latest checkpoint left off.
+pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
+    let run_dir = resume
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| new_run_dir(cfg));
+    std::fs::create_dir_all(&run_dir).map_err(PipelineError::io(&run_dir))?;
+    let result = train_in(cfg, &run_dir, resume.is_some());
+    if let Err(e) = &result {
+        let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
+    }
+    result
+}

@@ -1,0 +1,130 @@
+//! A job's setup: its backend, drafter config, eval features and a fresh run directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use dflash_config::{
+    DType, DrafterConfig, DrafterShape, Qwen3Config, TooLong, TrainConfig,
+    default_num_target_features,
+};
+use dflash_core::Backend;
+use dflash_core::pipeline::{HiddenSeq, Target};
+use dflash_core::registry::{BackendOptions, create_backend};
+use dflash_data::{SkipCounts, TooLongPolicy, open_dataset};
+
+use crate::error::Result;
+use crate::workers::{SampleRules, featurise};
+
+pub(super) fn backend_for(cfg: &TrainConfig, device: usize) -> Result<Arc<dyn Backend>> {
+    let opts = BackendOptions {
+        attention: cfg.backend.attention.clone(),
+        threads: cfg.backend.threads,
+        device,
+    };
+    Ok(create_backend(&cfg.backend.name, &opts)?)
+}
+
+pub(super) fn too_long(cfg: &TrainConfig) -> TooLongPolicy {
+    match cfg.data.too_long {
+        TooLong::Truncate => TooLongPolicy::Truncate,
+        TooLong::Skip => TooLongPolicy::Skip,
+    }
+}
+
+/// The drafter config of this run: from `init_from`, else the standard recipe for the target.
+pub(super) fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig> {
+    let d = match &cfg.drafter.init_from {
+        Some(dir) => DrafterConfig::from_file(dir.join("config.json"))?,
+        None => DrafterConfig::for_target(
+            target,
+            &DrafterShape {
+                num_layers: cfg.drafter.num_layers,
+                block_size: cfg.drafter.block_size,
+                mask_token_id: cfg.mask_token_id(target)?,
+                // As documented for `drafter.num_target_features`: the count of
+                // `target_layer_ids` when only those are given.
+                num_target_features: match (
+                    &cfg.drafter.target_layer_ids,
+                    cfg.drafter.num_target_features,
+                ) {
+                    (_, Some(k)) => k,
+                    (Some(ids), None) => ids.len(),
+                    (None, None) => default_num_target_features(target.num_hidden_layers),
+                },
+                target_layer_ids: cfg.drafter.target_layer_ids.clone(),
+                intermediate_size: cfg.drafter.intermediate_size,
+                num_attention_heads: cfg.drafter.num_attention_heads,
+                num_key_value_heads: cfg.drafter.num_key_value_heads,
+                head_dim: cfg.drafter.head_dim,
+                layer_types: None,
+                sliding_window: None,
+                // The reference backend trains in f32 and saves what it trains.
+                dtype: DType::Float32,
+            },
+        )?,
+    };
+    d.validate_against(target)?;
+    Ok(d)
+}
+
+/// Featurises up to `max` eval samples once (reused before and after training).
+pub(super) fn eval_features(
+    cfg: &TrainConfig,
+    target: &dyn Target,
+    path: &Path,
+    max: usize,
+) -> Result<(Vec<HiddenSeq>, u64)> {
+    let data = open_dataset(path)?;
+    let rules = SampleRules {
+        vocab_size: target.vocab_size(),
+        max_len: cfg.data.max_len,
+        min_supervised: 2,
+        too_long: too_long(cfg),
+    };
+    let skips = Mutex::new(SkipCounts::default());
+    let mut seqs = Vec::new();
+    for i in 0..data.len().min(max) {
+        if let Some(s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
+            seqs.push(s);
+        }
+    }
+    let skipped = skips
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .skipped();
+    Ok((seqs, skipped))
+}
+
+/// The target's EOS ids: evaluation stops a sequence there, as the serving loop does.
+pub(super) fn stop_tokens(target: &Qwen3Config) -> Vec<u32> {
+    target
+        .eos_token_id
+        .as_ref()
+        .map(|e| e.to_vec())
+        .unwrap_or_default()
+}
+
+/// A directory for a new run under `run.dir`, named `run.name` (default `run-<unix secs>`).
+pub(super) fn new_run_dir(cfg: &TrainConfig) -> PathBuf {
+    let name = cfg.run.name.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        format!("run-{secs}")
+    });
+    // Never train into a directory holding another run: pick the first free `name-N`.
+    let base = cfg.run.dir.join(&name);
+    let occupied = |p: &Path| {
+        p.read_dir()
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    };
+    if !occupied(&base) {
+        return base;
+    }
+    (1..)
+        .map(|i| cfg.run.dir.join(format!("{name}-{i}")))
+        .find(|p| !occupied(p))
+        .expect("some suffix is free")
+}
