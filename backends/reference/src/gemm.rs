@@ -73,13 +73,6 @@ pub(crate) fn sgemm(
     }
 }
 
-fn t_name(t: Transpose) -> &'static str {
-    match t {
-        Transpose::No => "",
-        Transpose::Yes => "^T",
-    }
-}
-
 /// Checks `op(a) @ op(b)` and returns both views.
 fn views(
     op: &'static str,
@@ -88,26 +81,11 @@ fn views(
     b: &Tensor,
     tb: Transpose,
 ) -> Result<(MatView, MatView)> {
+    dflash_core::ops::gemm::matmul_dims(a.shape(), ta, b.shape(), tb)
+        .map_err(|detail| shape_err(op, detail))?;
     let (ar, ac) = a.shape().as_matrix();
     let (br, bc) = b.shape().as_matrix();
-    let (av, bv) = (MatView::of(ar, ac, ta), MatView::of(br, bc, tb));
-    if av.cols != bv.rows {
-        return Err(shape_err(
-            op,
-            format!(
-                "a{} {:?} is ({}, {}) but b{} {:?} is ({}, {}): inner dims differ",
-                t_name(ta),
-                a.shape(),
-                av.rows,
-                av.cols,
-                t_name(tb),
-                b.shape(),
-                bv.rows,
-                bv.cols
-            ),
-        ));
-    }
-    Ok((av, bv))
+    Ok((MatView::of(ar, ac, ta), MatView::of(br, bc, tb)))
 }
 
 impl GemmOps for ReferenceBackend {
@@ -130,21 +108,8 @@ impl GemmOps for ReferenceBackend {
         beta: f32,
     ) -> Result<()> {
         let (av, bv) = views("matmul_acc", a, ta, b, tb)?;
-        if c.shape().as_matrix() != (av.rows, bv.cols) {
-            return Err(shape_err(
-                "matmul_acc",
-                format!(
-                    "c {:?} but a{} {:?} @ b{} {:?} is ({}, {})",
-                    c.shape(),
-                    t_name(ta),
-                    a.shape(),
-                    t_name(tb),
-                    b.shape(),
-                    av.rows,
-                    bv.cols
-                ),
-            ));
-        }
+        dflash_core::ops::gemm::matmul_acc_dims(c.shape(), a.shape(), ta, b.shape(), tb)
+            .map_err(|detail| shape_err("matmul_acc", detail))?;
         let (x, y) = (slice("matmul_acc", a)?, slice("matmul_acc", b)?);
         let c = slice_mut("matmul_acc", c)?;
         self.run(|| sgemm(x, av, y, bv, c, 1.0, beta));

@@ -134,13 +134,6 @@ impl MatView {
     }
 }
 
-fn t_name(t: Transpose) -> &'static str {
-    match t {
-        Transpose::No => "",
-        Transpose::Yes => "^T",
-    }
-}
-
 impl CudaBackend {
     fn views(
         &self,
@@ -150,26 +143,11 @@ impl CudaBackend {
         b: &Tensor,
         tb: Transpose,
     ) -> Result<(MatView, MatView)> {
+        dflash_core::ops::gemm::matmul_dims(a.shape(), ta, b.shape(), tb)
+            .map_err(|detail| self.shape_err(op, detail))?;
         let (ar, ac) = a.shape().as_matrix();
         let (br, bc) = b.shape().as_matrix();
-        let (av, bv) = (MatView::of(ar, ac, ta), MatView::of(br, bc, tb));
-        if av.cols != bv.rows {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "a{} {:?} is ({}, {}) but b{} {:?} is ({}, {}): inner dims differ",
-                    t_name(ta),
-                    a.shape(),
-                    av.rows,
-                    av.cols,
-                    t_name(tb),
-                    b.shape(),
-                    bv.rows,
-                    bv.cols
-                ),
-            ));
-        }
-        Ok((av, bv))
+        Ok((MatView::of(ar, ac, ta), MatView::of(br, bc, tb)))
     }
 
     /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors, handling empty dims.
@@ -251,21 +229,8 @@ impl GemmOps for CudaBackend {
     ) -> Result<()> {
         let op = "matmul_acc";
         let (av, bv) = self.views(op, a, ta, b, tb)?;
-        if c.shape().as_matrix() != (av.rows, bv.cols) {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "c {:?} but a{} {:?} @ b{} {:?} is ({}, {})",
-                    c.shape(),
-                    t_name(ta),
-                    a.shape(),
-                    t_name(tb),
-                    b.shape(),
-                    av.rows,
-                    bv.cols
-                ),
-            ));
-        }
+        dflash_core::ops::gemm::matmul_acc_dims(c.shape(), a.shape(), ta, b.shape(), tb)
+            .map_err(|detail| self.shape_err(op, detail))?;
         let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
         let cs = self.f32s_mut(op, c)?;
         self.gemm_tensors(op, cs, x, av, y, bv, beta)

@@ -26,3 +26,55 @@ pub trait GemmOps {
         self.matmul(x, Transpose::No, w, Transpose::Yes)
     }
 }
+
+impl Transpose {
+    /// `""` or `"^T"`, for messages.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Transpose::No => "",
+            Transpose::Yes => "^T",
+        }
+    }
+}
+
+/// `(M, K, N)` of `op(a) @ op(b)` for `(rows, cols)` views of `a` and `b` (leading dims folded
+/// into rows), or the message every backend reports when the inner dims differ.
+pub fn matmul_dims(
+    a: &crate::Shape,
+    ta: Transpose,
+    b: &crate::Shape,
+    tb: Transpose,
+) -> std::result::Result<(usize, usize, usize), String> {
+    let view = |s: &crate::Shape, t: Transpose| {
+        let (r, c) = s.as_matrix();
+        if t == Transpose::Yes { (c, r) } else { (r, c) }
+    };
+    let ((m, k), (k2, n)) = (view(a, ta), view(b, tb));
+    if k != k2 {
+        return Err(format!(
+            "a{} {a:?} is ({m}, {k}) but b{} {b:?} is ({k2}, {n}): inner dims differ",
+            ta.suffix(),
+            tb.suffix()
+        ));
+    }
+    Ok((m, k, n))
+}
+
+/// [`matmul_dims`] plus the check that `c` is `(M, N)`, for `c += op(a) @ op(b)`.
+pub fn matmul_acc_dims(
+    c: &crate::Shape,
+    a: &crate::Shape,
+    ta: Transpose,
+    b: &crate::Shape,
+    tb: Transpose,
+) -> std::result::Result<(usize, usize, usize), String> {
+    let (m, k, n) = matmul_dims(a, ta, b, tb)?;
+    if c.as_matrix() != (m, n) {
+        return Err(format!(
+            "c {c:?} but a{} {a:?} @ b{} {b:?} is ({m}, {n})",
+            ta.suffix(),
+            tb.suffix()
+        ));
+    }
+    Ok((m, k, n))
+}
