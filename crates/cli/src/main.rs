@@ -259,9 +259,17 @@ fn run(cli: Cli) -> Result<()> {
                 dflash_core::registry::backend_names().join(", ")
             );
             println!(
-                "attention kernels: {}",
+                "host attention kernels (any backend): {}",
                 dflash_core::registry::attention_kernel_names().join(", ")
             );
+            println!(
+                "cuda attention kernels: {}",
+                dflash_backend_cuda::DEVICE_ATTENTION_KERNELS.join(", ")
+            );
+            for name in dflash_core::registry::backend_names() {
+                let n = dflash_core::registry::device_count(&name).unwrap_or(0);
+                println!("{name}: {n} device(s) here");
+            }
         }
     }
     Ok(())
