@@ -93,29 +93,7 @@ impl CudaBackend {
         v: &Tensor,
         mask: &BlockMask,
     ) -> Result<AttnDims> {
-        self.same_shape(op, "k and v", k, v)?;
-        let (qd, kd) = (q.dims(), k.dims());
-        if qd.len() != 3 || kd.len() != 3 || qd[2] != kd[2] {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "q {:?} must be (Tq, Hq, D) and k/v {:?} (Tk, Hkv, D)",
-                    q.shape(),
-                    k.shape()
-                ),
-            ));
-        }
-        let dims = AttnDims {
-            q_rows: qd[0],
-            kv_rows: kd[0],
-            q_heads: qd[1],
-            kv_heads: kd[1],
-            head_dim: qd[2],
-        };
-        dims.validate(mask).map_err(|e| {
-            self.shape_err(op, format!("q {:?}, k/v {:?}: {e}", q.shape(), k.shape()))
-        })?;
-        Ok(dims)
+        AttnDims::of_tensors(q, k, v, mask).map_err(|e| self.shape_err(op, e))
     }
 
     fn kernel_err(&self, op: &'static str, e: String) -> Error {

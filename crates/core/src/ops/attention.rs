@@ -22,6 +22,41 @@ impl AttnDims {
     pub fn group(&self) -> usize {
         self.q_heads / self.kv_heads.max(1)
     }
+    /// The dims of `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)` checked against each other and the
+    /// mask; the error message (names the shapes) is what every backend reports.
+    pub fn of_tensors(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+    ) -> std::result::Result<Self, String> {
+        let (qd, kd) = (q.dims(), k.dims());
+        if k.dims() != v.dims() {
+            return Err(format!(
+                "k {:?} and v {:?} differ in shape",
+                k.shape(),
+                v.shape()
+            ));
+        }
+        if qd.len() != 3 || kd.len() != 3 || qd[2] != kd[2] {
+            return Err(format!(
+                "q {:?} must be (Tq, Hq, D) and k/v {:?} (Tk, Hkv, D)",
+                q.shape(),
+                k.shape()
+            ));
+        }
+        let dims = AttnDims {
+            q_rows: qd[0],
+            kv_rows: kd[0],
+            q_heads: qd[1],
+            kv_heads: kd[1],
+            head_dim: qd[2],
+        };
+        dims.validate(mask)
+            .map_err(|e| format!("q {:?}, k/v {:?}: {e}", q.shape(), k.shape()))?;
+        Ok(dims)
+    }
+
     /// Checks the dims against the mask and slice lengths of a call.
     pub fn validate(&self, mask: &BlockMask) -> std::result::Result<(), String> {
         if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
