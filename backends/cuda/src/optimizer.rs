@@ -3,7 +3,7 @@
 //! `p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m/bc1) / (sqrt(v/bc2) + eps)`.
 
 use cudarc::driver::PushKernelArg;
-use dflash_core::{AdamWParams, Error, OptimizerOps, Result, Tensor};
+use dflash_core::{AdamWParams, AdamWScalars, Error, OptimizerOps, Result, Tensor};
 
 use crate::{CudaBackend, grid1d};
 
@@ -17,22 +17,11 @@ impl OptimizerOps for CudaBackend {
         hp: &AdamWParams,
     ) -> Result<()> {
         let op = "adamw_step";
-        let n = param.numel();
-        if grad.numel() != n || m.numel() != n || v.numel() != n {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "param {:?}, grad {:?}, m {:?}, v {:?} must have equal element counts",
-                    param.shape(),
-                    grad.shape(),
-                    m.shape(),
-                    v.shape()
-                ),
-            ));
-        }
-        if hp.step == 0 {
-            return Err(Error::op(op, self.tag.clone(), "step is 1-based; got 0"));
-        }
+        let n = hp
+            .check_operands(param, grad, m, v)
+            .map_err(|e| self.shape_err(op, e))?;
+        hp.validate()
+            .map_err(|e| Error::op(op, self.tag.clone(), e))?;
         let g = self.f32s(op, grad)?;
         let p = self.f32s_mut(op, param)?;
         let ms = self.f32s_mut(op, m)?;
@@ -40,16 +29,15 @@ impl OptimizerOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let (lr, b1, b2, eps) = (
-            hp.lr as f64,
-            hp.beta1 as f64,
-            hp.beta2 as f64,
-            hp.eps as f64,
-        );
-        let decay = 1.0 - lr * hp.weight_decay as f64;
-        let t = hp.step.min(i32::MAX as u64) as i32;
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2 = 1.0 - b2.powi(t);
+        let AdamWScalars {
+            lr,
+            beta1: b1,
+            beta2: b2,
+            eps,
+            decay,
+            bc1,
+            bc2,
+        } = hp.scalars();
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(&self.dev.kernels.adamw_f32);
         l.arg(&mut p.buf)

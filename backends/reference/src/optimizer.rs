@@ -7,7 +7,7 @@
 //! ```
 //! Each element is updated in f64 and rounded once per state (p, m, v) to f32.
 
-use dflash_core::{AdamWParams, OptimizerOps, Result, Tensor};
+use dflash_core::{AdamWParams, AdamWScalars, OptimizerOps, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::ReferenceBackend;
@@ -25,41 +25,24 @@ impl OptimizerOps for ReferenceBackend {
         hp: &AdamWParams,
     ) -> Result<()> {
         let op = "adamw_step";
-        let n = param.numel();
-        if grad.numel() != n || m.numel() != n || v.numel() != n {
-            return Err(shape_err(
-                op,
-                format!(
-                    "param {:?}, grad {:?}, m {:?}, v {:?} must have equal element counts",
-                    param.shape(),
-                    grad.shape(),
-                    m.shape(),
-                    v.shape()
-                ),
-            ));
-        }
-        if hp.step == 0 {
-            return Err(dflash_core::Error::op(
-                op,
-                crate::DEVICE,
-                "step is 1-based; got 0",
-            ));
-        }
+        hp.check_operands(param, grad, m, v)
+            .map_err(|e| shape_err(op, e))?;
+        hp.validate()
+            .map_err(|e| dflash_core::Error::op(op, crate::DEVICE, e))?;
         let g = slice(op, grad)?;
         let p = slice_mut(op, param)?;
         let m = slice_mut(op, m)?;
         let v = slice_mut(op, v)?;
 
-        let (lr, b1, b2, eps) = (
-            hp.lr as f64,
-            hp.beta1 as f64,
-            hp.beta2 as f64,
-            hp.eps as f64,
-        );
-        let decay = 1.0 - lr * hp.weight_decay as f64;
-        let t = hp.step.min(i32::MAX as u64) as i32;
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2 = 1.0 - b2.powi(t);
+        let AdamWScalars {
+            lr,
+            beta1: b1,
+            beta2: b2,
+            eps,
+            decay,
+            bc1,
+            bc2,
+        } = hp.scalars();
         self.run(|| {
             p.par_chunks_mut(CHUNK)
                 .zip(m.par_chunks_mut(CHUNK))

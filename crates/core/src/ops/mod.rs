@@ -21,7 +21,7 @@ pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossOps, LossStats};
 pub use memory::MemoryOps;
 pub use norm::NormOps;
-pub use optimizer::{AdamWParams, OptimizerOps};
+pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
 pub use rope::RopeOps;
 
 /// Device memory of a backend instance, in bytes.

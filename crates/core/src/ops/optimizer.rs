@@ -25,3 +25,64 @@ pub trait OptimizerOps {
         hp: &AdamWParams,
     ) -> Result<()>;
 }
+
+/// The f64 scalars of one AdamW update, derived once from [`AdamWParams`] so every backend
+/// applies the same formula: `p = p * decay - lr * (m / bc1) / (sqrt(v / bc2) + eps)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWScalars {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// `1 - lr * weight_decay` (decoupled weight decay).
+    pub decay: f64,
+    /// Bias corrections `1 - beta^t`.
+    pub bc1: f64,
+    pub bc2: f64,
+}
+
+impl AdamWParams {
+    /// Checks a call's operands have equal element counts; returns the count. The message is
+    /// what every backend reports.
+    pub fn check_operands(
+        &self,
+        param: &Tensor,
+        grad: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> std::result::Result<usize, String> {
+        let n = param.numel();
+        if grad.numel() != n || m.numel() != n || v.numel() != n {
+            return Err(format!(
+                "param {:?}, grad {:?}, m {:?}, v {:?} must have equal element counts",
+                param.shape(),
+                grad.shape(),
+                m.shape(),
+                v.shape()
+            ));
+        }
+        Ok(n)
+    }
+
+    /// Checks the hyper-parameters themselves (the step is 1-based, for bias correction).
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.step == 0 {
+            return Err("step is 1-based; got 0".into());
+        }
+        Ok(())
+    }
+
+    pub fn scalars(&self) -> AdamWScalars {
+        let (lr, beta1, beta2) = (self.lr as f64, self.beta1 as f64, self.beta2 as f64);
+        let t = self.step.min(i32::MAX as u64) as i32;
+        AdamWScalars {
+            lr,
+            beta1,
+            beta2,
+            eps: self.eps as f64,
+            decay: 1.0 - lr * self.weight_decay as f64,
+            bc1: 1.0 - beta1.powi(t),
+            bc2: 1.0 - beta2.powi(t),
+        }
+    }
+}
