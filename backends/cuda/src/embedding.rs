@@ -1,5 +1,5 @@
-//! Row gather from a frozen `(V, H)` table (`kernels/embedding.cu`). Ids are validated on the
-//! host before anything is enqueued.
+//! Row gather from a frozen `(V, H)` table (`kernels/embedding.cu`), f32 or bf16 (widened
+//! exactly); the output is f32. Ids are validated on the host before anything is enqueued.
 
 use cudarc::driver::PushKernelArg;
 use dflash_core::{EmbeddingOps, Error, Result, Tensor};
@@ -10,7 +10,7 @@ use crate::{CudaBackend, grid1d};
 impl EmbeddingOps for CudaBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let op = "embedding";
-        let tab = self.f32s(op, table)?;
+        let tab = self.any(op, table)?;
         if table.dims().len() != 2 {
             return Err(self.shape_err(op, format!("table {:?} must be (V, H)", table.shape())));
         }
@@ -32,7 +32,11 @@ impl EmbeddingOps for CudaBackend {
         if n > 0 {
             let ids_dev = self.upload_i32(op, &idx)?;
             let (t64, h64) = (ids.len() as i64, h as i64);
-            let mut l = self.stream.launch_builder(&self.k().embedding_gather);
+            let f = match tab.dtype {
+                DType::F32 => &self.k().embedding_gather,
+                DType::Bf16 => &self.k().embedding_gather_bf16,
+            };
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut out)
                 .arg(&tab.buf)
                 .arg(&ids_dev)

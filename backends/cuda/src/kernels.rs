@@ -53,14 +53,14 @@ macro_rules! kernel_set {
 
 kernel_set! {
     "elementwise.cu" => [
-        fill_f32, add_f32, add_assign_f32, scale_f32, copy_cols_f32, gather_rows_f32,
+        fill_f32, add_f32, add_assign_f32, scale_f32, copy_cols_f32, copy_cols_u16, gather_rows_f32,
         scatter_rows_f32, sum_squares_partial, sum_final_f64, nonfinite_partial, sum_final_u64,
         f32_to_bf16, bf16_to_f32, random_normal_f32,
     ],
     "norm.cu" => [rms_norm_fwd, rms_norm_bwd_dx, rms_norm_bwd_dw_partial, rms_norm_bwd_dw_final],
     "rope.cu" => [rope_rotate],
     "activation.cu" => [swiglu_fwd, swiglu_bwd],
-    "embedding.cu" => [embedding_gather],
+    "embedding.cu" => [embedding_gather, embedding_gather_bf16],
     "loss.cu" => [ce_rows, argmax_rows],
     "optimizer.cu" => [adamw_f32],
     "attention_simple.cu" => [attn_fwd, attn_bwd_dsum, attn_bwd_dq, attn_bwd_dkdv],

@@ -11,12 +11,16 @@
 //!   transfers are explicit: `upload` copies synchronously from the caller's slice, `download`
 //!   (and every op that returns host values: `sum_squares`, `all_finite`, the loss statistics,
 //!   `linear_argmax`) synchronises the stream and reports any asynchronous error there.
-//! - **Storage** ([`CudaStorage`]): device bytes plus a [`DType`] tag. v1 keeps every tensor in
-//!   f32 (parameters are their own fp32 master copies). A bf16 activation path adds bf16 kernel
-//!   variants behind the same ops; [`CudaBackend::to_dtype`] already converts.
-//! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 tensors in and out, f32 accumulation.
-//!   Default `Bf16` (the recipe's bf16-autocast precision): both operands rounded to bf16
-//!   into scratch, bf16 tensor cores, f32 output (about 4e-3 relative error per product term,
+//! - **Storage** ([`CudaStorage`]): device bytes plus a [`DType`] tag. Computed tensors are
+//!   f32 (parameters are their own fp32 master copies). Read-only tensors (frozen weights,
+//!   target features) may be bf16: `to_compute_format` stores them in bf16 when the GEMMs are
+//!   bf16. bf16 is read by the GEMMs (either operand), `embedding` (table), the fused loss and
+//!   `linear_argmax` (LM head) and the memory ops (`download` widens); every other op rejects
+//!   it with an error naming op, dtype and device. [`CudaBackend::to_dtype`] converts (RNE).
+//! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 or bf16 operands, f32 out, f32 accumulation.
+//!   Default `Bf16` (the recipe's bf16-autocast precision): bf16 operands read in place, f32
+//!   ones rounded to bf16 into scratch, bf16 tensor cores, f32 output (about 4e-3 relative
+//!   error per product term,
 //!   so GEMM outputs and everything downstream match the reference to ~1e-2, not ~1e-6);
 //!   `DFLASH_CUDA_GEMM=tf32` selects TF32 tensor cores (~1e-3), `fp32` exact f32 (slow, for
 //!   checking). Plans are cached per shape.
@@ -245,9 +249,34 @@ impl CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut out).arg(&s.buf).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_convert(n))?;
         }
         Ok(self.tensor(out, dtype, t.shape().clone()))
+    }
+
+    /// Converts `n` elements at the raw device address `src` (of the other dtype) into `out`
+    /// as `to` (f32 -> bf16 rounds to nearest even, bf16 -> f32 is exact). For library
+    /// operands (GEMM views at offsets): the caller holds `src`'s device-pointer guard.
+    pub(crate) fn convert_raw(
+        &self,
+        op: &'static str,
+        out: &mut CudaSlice<u8>,
+        src: u64,
+        n: usize,
+        to: DType,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = match to {
+            DType::Bf16 => &self.dev.kernels.f32_to_bf16,
+            DType::F32 => &self.dev.kernels.bf16_to_f32,
+        };
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(f);
+        // (out, x, n): `src` is a raw device address (8 bytes, passed as the pointer argument).
+        l.arg(out).arg(&src).arg(&n64);
+        self.launch(op, l, grid_convert(n))
     }
 
     // ---- helpers shared by the op files ----
@@ -366,6 +395,12 @@ pub(crate) fn grid1d(n: usize) -> LaunchConfig {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// The launch of the f32 <-> bf16 conversion kernels: one thread per 8 elements (their
+/// vectorised path; grid-stride, so correct for any `n`).
+pub(crate) fn grid_convert(n: usize) -> LaunchConfig {
+    grid1d(n.div_ceil(8))
 }
 
 /// One block per row, `threads` = a warp multiple covering up to 256 columns per pass.

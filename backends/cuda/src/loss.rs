@@ -10,12 +10,16 @@
 //! With `grad_scale == 0` (loss only) the second GEMM is skipped: `dx` is all zeros. The
 //! per-row CE (f64) and correctness flags are downloaded once at the end (one sync) and
 //! summed on the host in row order, like the reference. No `(T, V)` tensor ever exists.
+//!
+//! The head may be f32 or bf16 (`to_compute_format`); `x` is f32. With bf16 GEMMs a bf16 head
+//! is read in place (no copy at all) and an f32 head is rounded once per call; with TF32/FP32
+//! GEMMs a bf16 head is widened once per call.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use dflash_core::{Error, LossOps, LossStats, Result, Tensor};
 
-use crate::gemm::RowMajorGemm;
-use crate::storage::{DType, f32_bytes};
+use crate::gemm::{GemmPrecision, Operand, RowMajorGemm};
+use crate::storage::{CudaStorage, DType, f32_bytes};
 use crate::{CudaBackend, grid1d};
 
 /// Most rows per logits chunk.
@@ -51,6 +55,29 @@ impl CudaBackend {
             ));
         }
         Ok((t, h, w.dims()[0]))
+    }
+
+    /// The LM head as the GEMMs of this call read it: `None` when its storage already is the
+    /// GEMM mode's operand type (a bf16 head in `Bf16` mode, an f32 head otherwise: read in
+    /// place, no copy), else one converted copy for every chunk's GEMMs (an f32 head rounded
+    /// to bf16, or a bf16 head widened to f32 for TF32/FP32 GEMMs). Returns the copy and the
+    /// dtype the GEMMs see.
+    fn head_operand(
+        &self,
+        op: &'static str,
+        w: &CudaStorage,
+    ) -> Result<(Option<CudaSlice<u8>>, DType)> {
+        let want = match self.opts.gemm {
+            GemmPrecision::Bf16 => DType::Bf16,
+            GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
+        };
+        if w.dtype == want || w.len == 0 {
+            return Ok((None, w.dtype));
+        }
+        let mut out = self.alloc(op, w.len, want)?;
+        let (p, _g) = w.ptr(&self.stream);
+        self.convert_raw(op, &mut out, p, w.len, want)?;
+        Ok((Some(out), want))
     }
 
     /// The loss workspace, grown to at least `bytes`.
@@ -99,7 +126,7 @@ impl LossOps for CudaBackend {
                 ),
             ));
         }
-        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w_head)?);
+        let (xs, ws) = (self.f32s(op, x)?, self.any(op, w_head)?);
         let mut rows = Vec::new();
         let mut act_labels = Vec::new();
         let mut act_weights = Vec::new();
@@ -139,8 +166,10 @@ impl LossOps for CudaBackend {
             }
             return Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())));
         }
-        // bf16 GEMMs: round the head weight once for every chunk's two GEMMs.
-        let wb = self.gemm_operand_bf16(op, &ws.buf, v * h)?;
+        // The head in the GEMMs' operand type: in place if it already is (a bf16 head with
+        // bf16 GEMMs), else converted once for every chunk's two GEMMs.
+        let (w_conv, w_dtype) = self.head_operand(op, ws)?;
+        let w_buf = w_conv.as_ref().unwrap_or(&ws.buf);
         let rows_dev = self.upload_i32(op, &rows)?;
         let labels_dev = self.upload_i32(op, &act_labels)?;
         let mut weights_dev = self.alloc_f32(op, na)?;
@@ -173,25 +202,22 @@ impl LossOps for CudaBackend {
                 // logits (n, V) = xc (n, H) @ W (V, H)^T
                 {
                     let (base, _g) = wsb.device_ptr_mut(&self.stream);
-                    let (pw, _gw) = ws.buf.device_ptr(&self.stream);
-                    let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
+                    let (pw, _gw) = w_buf.device_ptr(&self.stream);
                     self.gemm_raw(
                         op,
                         &RowMajorGemm {
                             m: n,
                             n: v,
                             k: h,
-                            a: base,
+                            a: Operand::f32(base),
                             a_cols: h,
                             ta: false,
-                            b: pw,
+                            b: Operand::new(pw, w_dtype),
                             b_cols: h,
                             tb: true,
                             c: base + off_logits as u64,
                             alpha: 1.0,
                             beta: 0.0,
-                            a_bf16: None,
-                            b_bf16: wbp.as_ref().map(|p| p.0),
                         },
                     )?;
                 }
@@ -216,25 +242,22 @@ impl LossOps for CudaBackend {
                     // dxc (n, H) = dlogits (n, V) @ W (V, H)
                     {
                         let (base, _g) = wsb.device_ptr_mut(&self.stream);
-                        let (pw, _gw) = ws.buf.device_ptr(&self.stream);
-                        let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
+                        let (pw, _gw) = w_buf.device_ptr(&self.stream);
                         self.gemm_raw(
                             op,
                             &RowMajorGemm {
                                 m: n,
                                 n: h,
                                 k: v,
-                                a: base + off_logits as u64,
+                                a: Operand::f32(base + off_logits as u64),
                                 a_cols: v,
                                 ta: false,
-                                b: pw,
+                                b: Operand::new(pw, w_dtype),
                                 b_cols: h,
                                 tb: false,
                                 c: base + off_dxc as u64,
                                 alpha: 1.0,
                                 beta: 0.0,
-                                a_bf16: None,
-                                b_bf16: wbp.as_ref().map(|p| p.0),
                             },
                         )?;
                     }
@@ -265,15 +288,16 @@ impl LossOps for CudaBackend {
         if v == 0 {
             return Err(self.shape_err(op, format!("w_head {:?} has no rows", w_head.shape())));
         }
-        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w_head)?);
+        let (xs, ws) = (self.f32s(op, x)?, self.any(op, w_head)?);
         if t == 0 {
             return Ok(Vec::new());
         }
         if h == 0 {
             return Ok(vec![0; t]); // all logits 0: lowest index
         }
-        // bf16 GEMMs: round the head weight once for all chunks.
-        let wb = self.gemm_operand_bf16(op, &ws.buf, v * h)?;
+        // The head in the GEMMs' operand type (in place, or converted once for all chunks).
+        let (w_conv, w_dtype) = self.head_operand(op, ws)?;
+        let w_buf = w_conv.as_ref().unwrap_or(&ws.buf);
         let mut out = self.alloc(op, t, DType::F32)?; // t i32
         let chunk = chunk_rows(v);
         let v32 = v as i32;
@@ -283,25 +307,22 @@ impl LossOps for CudaBackend {
                 {
                     let (base, _g) = wsb.device_ptr_mut(&self.stream);
                     let (px, _gx) = xs.buf.device_ptr(&self.stream);
-                    let (pw, _gw) = ws.buf.device_ptr(&self.stream);
-                    let wbp = wb.as_ref().map(|s| s.device_ptr(&self.stream));
+                    let (pw, _gw) = w_buf.device_ptr(&self.stream);
                     self.gemm_raw(
                         op,
                         &RowMajorGemm {
                             m: n,
                             n: v,
                             k: h,
-                            a: px + (r0 * h * 4) as u64,
+                            a: Operand::f32(px + (r0 * h * 4) as u64),
                             a_cols: h,
                             ta: false,
-                            b: pw,
+                            b: Operand::new(pw, w_dtype),
                             b_cols: h,
                             tb: true,
                             c: base,
                             alpha: 1.0,
                             beta: 0.0,
-                            a_bf16: None,
-                            b_bf16: wbp.as_ref().map(|p| p.0),
                         },
                     )?;
                 }

@@ -1,10 +1,12 @@
 //! Buffers, host transfers and elementwise glue (kernels in `kernels/elementwise.cu`).
+//! `download` (widened to f32), `copy`, `narrow_rows`, `concat_rows` and `concat_cols` take
+//! f32 and bf16 tensors (the result keeps the dtype); the arithmetic ops take f32 only.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{Error, MemoryOps, Result, Tensor};
 
 use crate::storage::{DType, f32_bytes, f32_bytes_mut};
-use crate::{CudaBackend, grid1d};
+use crate::{CudaBackend, GemmPrecision, grid1d};
 
 /// Blocks of the first pass of the two-pass reductions (a function of nothing but the
 /// element count, so the summation order, hence the result, is the same on every run).
@@ -25,6 +27,15 @@ pub(crate) fn copy_any(be: &CudaBackend, op: &'static str, t: &Tensor) -> Result
 }
 
 impl MemoryOps for CudaBackend {
+    /// Any dtype, this device (another backend instance on the same device counts: cudarc
+    /// orders its stream after the buffer's writes through the buffer's events).
+    fn is_local(&self, t: &Tensor) -> bool {
+        t.storage()
+            .as_any()
+            .downcast_ref::<crate::CudaStorage>()
+            .is_some_and(|s| s.ordinal == self.ordinal)
+    }
+
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
         let op = "upload";
         let numel: usize = shape.iter().product();
@@ -89,6 +100,19 @@ impl MemoryOps for CudaBackend {
             self.launch(op, l, grid1d(n.div_ceil(2)))?;
         }
         Ok(self.tensor(buf, DType::F32, shape))
+    }
+
+    /// With bf16 GEMMs ([`GemmPrecision::Bf16`], the default): `t` in bf16 (rounded to
+    /// nearest even; a bf16 `t` is returned as it is). GEMMs read it in place, `embedding`
+    /// gathers from it, the fused loss takes it as the LM head, memory ops copy it; every
+    /// other op rejects it by name. With TF32/FP32 GEMMs: `t` unchanged (their f32 operands
+    /// would only be widened back).
+    fn to_compute_format(&self, t: Tensor) -> Result<Tensor> {
+        let s = self.any("to_compute_format", &t)?;
+        if self.opts.gemm != GemmPrecision::Bf16 || s.dtype == DType::Bf16 {
+            return Ok(t);
+        }
+        self.to_dtype(&t, DType::Bf16)
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
@@ -190,6 +214,7 @@ impl MemoryOps for CudaBackend {
             return Err(self.shape_err(op, "no tensors to concatenate"));
         };
         let (rows, _) = first.shape().as_matrix();
+        let dtype = self.any(op, first)?.dtype;
         let mut stores = Vec::with_capacity(parts.len());
         let mut cols = Vec::with_capacity(parts.len());
         for (i, p) in parts.iter().enumerate() {
@@ -204,17 +229,33 @@ impl MemoryOps for CudaBackend {
                     ),
                 ));
             }
-            stores.push(self.f32s(op, p)?);
+            let s = self.any(op, p)?;
+            if s.dtype != dtype {
+                return Err(self.shape_err(
+                    op,
+                    format!(
+                        "part {i} is {} but part 0 is {}",
+                        s.dtype.name(),
+                        dtype.name()
+                    ),
+                ));
+            }
+            stores.push(s);
             cols.push(c);
         }
         let total: usize = cols.iter().sum();
-        let mut out = self.alloc_f32(op, rows * total)?;
+        let mut out = self.alloc(op, rows * total, dtype)?;
+        // A pure copy: the 4- or 2-byte kernel by element size.
+        let f = match dtype {
+            DType::F32 => &self.k().copy_cols_f32,
+            DType::Bf16 => &self.k().copy_cols_u16,
+        };
         let mut col_off = 0usize;
         for (s, &c) in stores.iter().zip(&cols) {
             let n = rows * c;
             if n > 0 {
                 let (r64, c64, t64, o64) = (rows as i64, c as i64, total as i64, col_off as i64);
-                let mut l = self.stream.launch_builder(&self.k().copy_cols_f32);
+                let mut l = self.stream.launch_builder(f);
                 l.arg(&mut out)
                     .arg(&s.buf)
                     .arg(&r64)
@@ -225,7 +266,7 @@ impl MemoryOps for CudaBackend {
             }
             col_off += c;
         }
-        Ok(self.tensor(out, DType::F32, [rows, total]))
+        Ok(self.tensor(out, dtype, [rows, total]))
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {

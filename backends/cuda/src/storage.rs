@@ -4,7 +4,9 @@
 //! The buffer is bytes (`CudaSlice<u8>`) so that memory ops (copy, narrow, concat, transfers)
 //! are dtype-generic and a bf16 activation path only needs conversion kernels
 //! ([`crate::CudaBackend::to_dtype`]) and bf16 variants of the compute kernels; model code does
-//! not change. v1: every op computes in f32 and rejects bf16 inputs with a clear error.
+//! not change. GEMMs, `embedding`, the fused loss's head and memory ops read bf16 (they take
+//! `CudaBackend::any`); every other op takes `CudaBackend::f32s`, which rejects bf16 with an
+//! error naming op, dtype and device.
 
 use std::any::Any;
 use std::fmt;
@@ -98,6 +100,44 @@ impl Storage for CudaStorage {
     }
     fn backend_name(&self) -> &'static str {
         "cuda"
+    }
+    /// Copies through the buffer's own stream (ordered after its pending writes), then widens
+    /// bf16 on the host.
+    fn read_host(&self, n: usize) -> Result<Vec<f32>> {
+        let device = format!("cuda:{}", self.ordinal);
+        if n > self.len {
+            return Err(Error::shape(
+                "read_host",
+                device,
+                format!("{n} elements asked of a buffer of {}", self.len),
+            ));
+        }
+        let mut bytes = vec![0u8; n * self.dtype.size()];
+        if n > 0 {
+            let stream = self.buf.stream().clone();
+            let drv = |e: cudarc::driver::DriverError| {
+                Error::op(
+                    "read_host",
+                    device.clone(),
+                    format!("CUDA driver error: {e}"),
+                )
+            };
+            stream
+                .memcpy_dtoh(&self.view(0, n), &mut bytes)
+                .map_err(drv)?;
+            stream.synchronize().map_err(drv)?;
+        }
+        Ok(match self.dtype {
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            // bf16 is the top half of an f32: widening is exact.
+            DType::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+                .collect(),
+        })
     }
 }
 

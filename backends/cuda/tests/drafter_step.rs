@@ -152,7 +152,7 @@ mod drafter {
             p.cfg.mask_token_id,
         );
         let inp = DraftInput {
-            features: &p.features,
+            features: (&p.features).into(),
             anchors: &p.anchors,
             block_ids: &bt.block_ids,
             positions: &bt.positions,

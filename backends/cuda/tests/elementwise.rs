@@ -237,3 +237,80 @@ fn optimizer_ops_match_reference() {
     check("adamw m", &down(&cu, &mc), &down(&rf, &mr), 1e-7, 0.0, why);
     check("adamw v", &down(&cu, &vc), &down(&rf, &vr), 1e-7, 0.0, why);
 }
+
+// ---------------------------------------------------------------------------------------
+// bf16 inputs
+
+/// `embedding` from a bf16 table (`to_compute_format` with bf16 GEMMs) is a pure gather and an
+/// exact widening: bit-exact against the reference on the bf16-rounded table, f32 output.
+/// Odd `H` puts rows of 2-byte elements at every alignment.
+#[test]
+fn embedding_bf16_table_matches_reference() {
+    let Some(cu) = cuda_with(dflash_backend_cuda::GemmPrecision::Bf16) else {
+        return;
+    };
+    let rf = reference();
+    let mut r = rng(104);
+    for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
+        let table = rand_vec(&mut r, v * h, 4.0);
+        let tb = bf16_rounded(&table);
+        assert!(table != tb);
+        let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
+        let tc = cu.to_compute_format(up(&cu, &table, &[v, h])).unwrap();
+        assert_eq!(dtype_of(&tc), dflash_backend_cuda::DType::Bf16);
+        let tr = up(&rf, &tb, &[v, h]);
+        let ec = cu.embedding(&tc, &ids).unwrap();
+        assert_eq!(ec.dims(), &[ids.len(), h]);
+        assert_eq!(dtype_of(&ec), dflash_backend_cuda::DType::F32);
+        check_exact(
+            &format!("embedding gather, bf16 table ({v}, {h})"),
+            &down(&cu, &ec),
+            &down(&rf, &rf.embedding(&tr, &ids).unwrap()),
+        );
+        let e1 = cu.embedding(&tc, &[3, v as u32]).err().unwrap().to_string();
+        let e2 = rf.embedding(&tr, &[3, v as u32]).err().unwrap().to_string();
+        assert_eq!(e1.replace("cuda:0", "cpu"), e2);
+    }
+}
+
+/// Ops with no bf16 variant report a bf16 input by op name, dtype and device instead of
+/// reading its bytes as f32.
+#[test]
+fn f32_only_ops_reject_bf16() {
+    let Some(cu) = cuda_with(dflash_backend_cuda::GemmPrecision::Bf16) else {
+        return;
+    };
+    let mut r = rng(105);
+    let (t, c) = (6, 16);
+    let x = rand_vec(&mut r, t * c, 1.0);
+    let w = rand_vec(&mut r, c, 1.0);
+    let (xf, wf) = (up(&cu, &x, &[t, c]), up(&cu, &w, &[c]));
+    let xb = cu.to_compute_format(up(&cu, &x, &[t, c])).unwrap();
+    let wb = cu.to_compute_format(up(&cu, &w, &[c])).unwrap();
+    assert_eq!(dtype_of(&xb), dflash_backend_cuda::DType::Bf16);
+    assert_bf16_rejected(cu.rms_norm(&xb, &wf, 1e-6), "rms_norm");
+    assert_bf16_rejected(cu.rms_norm(&xf, &wb, 1e-6), "rms_norm");
+    let (_, rstd) = cu.rms_norm(&xf, &wf, 1e-6).unwrap();
+    assert_bf16_rejected(
+        cu.rms_norm_backward(&xb, &xf, &wf, &rstd),
+        "rms_norm_backward",
+    );
+    let pos: Vec<i32> = (0..t as i32).collect();
+    assert_bf16_rejected(cu.rope(&xb, &pos, 1e4), "rope");
+    assert_bf16_rejected(cu.rope_backward(&xb, &pos, 1e4), "rope_backward");
+    assert_bf16_rejected(cu.swiglu(&xb, &xf), "swiglu");
+    assert_bf16_rejected(cu.swiglu_backward(&xf, &xf, &xb), "swiglu_backward");
+    let hp = AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step: 1,
+    };
+    let (mut m, mut v) = (cu.zeros(&[t, c]).unwrap(), cu.zeros(&[t, c]).unwrap());
+    let mut pb = cu.copy(&xb).unwrap();
+    assert_bf16_rejected(cu.adamw_step(&mut pb, &xf, &mut m, &mut v, &hp), "adamw");
+    let mut pf = cu.copy(&xf).unwrap();
+    assert_bf16_rejected(cu.adamw_step(&mut pf, &xb, &mut m, &mut v, &hp), "adamw");
+}

@@ -8,7 +8,7 @@ use rand::Rng;
 
 use common::*;
 use dflash_backend_cuda::GemmPrecision;
-use dflash_core::LossOps;
+use dflash_core::{LossOps, MemoryOps};
 
 // ---------------------------------------------------------------------------------------
 // Fused linear cross-entropy and argmax
@@ -165,4 +165,198 @@ fn loss_ops_match_reference() {
             diff.len()
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 LM head (`to_compute_format`)
+
+/// The fused loss and `linear_argmax` with a bf16 head, in every GEMM precision, against the
+/// reference on the same bf16-rounded head; `x` holds bf16-representable values too, so the
+/// logits GEMM multiplies exactly the reference's values in every mode (products exact in f32,
+/// only f32 accumulation differs): loss rel 1e-5, argmax ties only below a 1e-3 margin
+/// (accumulation error <= ~K * 2^-23 * sum|x||w| ~ 4e-4 here). dx also goes through the
+/// dlogits GEMM, whose f32 dlogits are rounded to bf16 / TF32 (bf16 / TF32 modes, the head
+/// itself exact): the general tolerances of those modes.
+#[test]
+fn loss_bf16_head_matches_reference() {
+    let rf = reference();
+    for (prec, (rtol_dx, atol_dx), why_dx) in [
+        (
+            GemmPrecision::Bf16,
+            (5e-2, 2e-2),
+            "dlogits rounded to bf16 for the dx GEMM (2^-9 relative per term); head exact",
+        ),
+        (
+            GemmPrecision::Tf32,
+            (3e-2, 1e-2),
+            "dlogits rounded to TF32 for the dx GEMM; head widened exactly",
+        ),
+        (
+            GemmPrecision::Fp32,
+            (2e-4, 2e-5),
+            "f32 GEMMs on the exactly widened head, f32 softmax vs f64",
+        ),
+    ] {
+        let Some(cu) = cuda_with(prec) else { return };
+        println!("fused CE with a bf16 head, {prec:?} GEMMs");
+        let mut r = rng(106);
+        // More than one 1024-row chunk and a tail.
+        let (t, h, v) = (2600, 64, 1200);
+        let x = bf16_rounded(&rand_vec(&mut r, t * h, 1.5));
+        let w = rand_vec(&mut r, v * h, 0.5);
+        let wb = bf16_rounded(&w);
+        assert!(w != wb);
+        let m = margins(&x, &wb, t, h, v);
+        let mut labels = Vec::new();
+        let mut weights = Vec::new();
+        for &(am, _) in &m {
+            labels.push(if r.random_bool(0.4) {
+                am as u32
+            } else {
+                r.random_range(0..v as u32)
+            });
+            weights.push(if r.random_bool(0.3) {
+                0.0
+            } else {
+                r.random_range(0.1f32..1.0)
+            });
+        }
+        let gs = 1.0 / 1234.5;
+        let xc = up(&cu, &x, &[t, h]);
+        // bf16 mode: what the models do (to_compute_format); the others keep f32 there, so
+        // convert explicitly to check that a bf16 head still works (widened once per call).
+        let wc = if prec == GemmPrecision::Bf16 {
+            cu.to_compute_format(up(&cu, &w, &[v, h])).unwrap()
+        } else {
+            up_bf16(&cu, &w, &[v, h])
+        };
+        assert_eq!(dtype_of(&wc), dflash_backend_cuda::DType::Bf16);
+        let (xr, wr) = (up(&rf, &x, &[t, h]), up(&rf, &wb, &[v, h]));
+        let (sc, dxc) = cu
+            .linear_cross_entropy(&xc, &wc, &labels, &weights, gs)
+            .unwrap();
+        let (sr, dxr) = rf
+            .linear_cross_entropy(&xr, &wr, &labels, &weights, gs)
+            .unwrap();
+        check_scalar(
+            "CE weighted_loss (bf16 head)",
+            sc.weighted_loss,
+            sr.weighted_loss,
+            1e-5,
+            "same operand values: f32 accumulation and f32 exp vs f64",
+        );
+        assert_eq!(sc.counted, sr.counted);
+        let margin = 1e-3;
+        let near_ties = (0..t)
+            .filter(|&i| weights[i] > 0.0 && m[i].1 < margin)
+            .count() as i64;
+        let dc = sc.correct as i64 - sr.correct as i64;
+        println!(
+            "  CE correct {} vs {} (rows with top-2 margin < {margin}: {near_ties})",
+            sc.correct, sr.correct
+        );
+        assert!(dc.abs() <= near_ties, "correct differs by {dc}");
+        let dxh = down(&cu, &dxc);
+        check(
+            "CE dx (bf16 head)",
+            &dxh,
+            &down(&rf, &dxr),
+            rtol_dx,
+            atol_dx,
+            why_dx,
+        );
+        for i in 0..t {
+            if weights[i] == 0.0 {
+                assert!(dxh[i * h..(i + 1) * h].iter().all(|&d| d == 0.0));
+            }
+        }
+        let ac = cu.linear_argmax(&xc, &wc).unwrap();
+        let ar = rf.linear_argmax(&xr, &wr).unwrap();
+        let diff: Vec<usize> = (0..t).filter(|&i| ac[i] != ar[i]).collect();
+        for &i in &diff {
+            assert!(
+                m[i].1 < margin,
+                "argmax row {i}: {} vs {}, margin {}",
+                ac[i],
+                ar[i],
+                m[i].1
+            );
+        }
+        println!(
+            "  linear_argmax (bf16 head): {} of {t} rows differ, all within margin < {margin}",
+            diff.len()
+        );
+        // x has no bf16 path: rejected by name.
+        let xb = up_bf16(&cu, &x, &[t, h]);
+        assert_bf16_rejected(
+            cu.linear_cross_entropy(&xb, &wc, &labels, &weights, gs),
+            "linear_cross_entropy",
+        );
+    }
+}
+
+/// With bf16 GEMMs a bf16 head is read in place: the device pool's peak during the loss grows
+/// by far less than the head's size (an f32 head, rounded once per call, grows it by at least
+/// the bf16 copy: the check can see a copy). Loss only (`grad_scale` 0), so the dlogits GEMM
+/// (which rounds a chunk of dlogits) does not run; the workspace is allocated by a first call.
+/// Needs `--test-threads 1` (the pool is per device), as `run_all.sh` passes.
+#[test]
+fn loss_bf16_head_is_not_copied() {
+    use dflash_core::BackendInfo;
+    let Some(cu) = cuda_with(GemmPrecision::Bf16) else {
+        return;
+    };
+    let (t, h, v) = (300, 128, 131072);
+    let head_bf16_bytes = (v * h * 2) as u64; // 32 MiB
+    let x = cu.random_normal(&[t, h], 1.0, 1).unwrap();
+    let wf = cu.random_normal(&[v, h], 0.05, 2).unwrap();
+    let wb = cu.to_compute_format(cu.copy(&wf).unwrap()).unwrap();
+    assert_eq!(dtype_of(&wb), dflash_backend_cuda::DType::Bf16);
+    let mut r = rng(107);
+    let labels: Vec<u32> = (0..t).map(|_| r.random_range(0..v as u32)).collect();
+    let weights = vec![1.0f32; t];
+    let (s_warm, _) = cu
+        .linear_cross_entropy(&x, &wb, &labels, &weights, 0.0)
+        .unwrap();
+    let growth = |w: &dflash_core::Tensor| -> (u64, f64) {
+        cu.synchronize().unwrap();
+        cu.reset_peak_memory();
+        let before = cu.memory_stats().unwrap();
+        let (s, dx) = cu
+            .linear_cross_entropy(&x, w, &labels, &weights, 0.0)
+            .unwrap();
+        cu.synchronize().unwrap();
+        let after = cu.memory_stats().unwrap();
+        drop(dx);
+        (after.peak_bytes - before.in_use_bytes, s.weighted_loss)
+    };
+    if cu.memory_stats().is_none() {
+        println!("  memory_stats: not available on this device; skipped");
+        return;
+    }
+    let (g_bf16, l_bf16) = growth(&wb);
+    let (g_f32, l_f32) = growth(&wf);
+    println!(
+        "  loss peak growth: bf16 head {:.2} MiB, f32 head {:.2} MiB (bf16 head copy = {} MiB)",
+        g_bf16 as f64 / 1048576.0,
+        g_f32 as f64 / 1048576.0,
+        head_bf16_bytes >> 20
+    );
+    assert!(
+        g_bf16 < head_bf16_bytes / 2,
+        "the loss allocated {g_bf16} bytes with a bf16 head: a copy of the head?"
+    );
+    assert!(
+        g_f32 >= head_bf16_bytes,
+        "the f32 head's bf16 copy ({head_bf16_bytes} bytes) did not show ({g_f32} bytes)"
+    );
+    // Same values either way (the f32 head is rounded exactly as to_compute_format rounds it).
+    check_scalar(
+        "loss, bf16 head vs f32 head rounded per call",
+        l_f32,
+        l_bf16,
+        1e-9,
+        "the same bf16 operands (expected bit-identical)",
+    );
+    assert_eq!(l_bf16.to_bits(), s_warm.weighted_loss.to_bits());
 }

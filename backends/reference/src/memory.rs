@@ -10,6 +10,9 @@ use crate::storage::{host_tensor, same_shape, shape_err, slice, slice_mut};
 const ELEMWISE_CHUNK: usize = 1 << 14;
 
 impl MemoryOps for ReferenceBackend {
+    fn is_local(&self, t: &Tensor) -> bool {
+        t.storage().as_any().is::<crate::HostStorage>()
+    }
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
         if data.len() != numel {

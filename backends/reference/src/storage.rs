@@ -20,6 +20,15 @@ impl Storage for HostStorage {
     fn backend_name(&self) -> &'static str {
         "reference"
     }
+    fn read_host(&self, n: usize) -> Result<Vec<f32>> {
+        self.0.get(..n).map(<[f32]>::to_vec).ok_or_else(|| {
+            Error::shape(
+                "read_host",
+                DEVICE,
+                format!("{n} elements asked of a buffer of {}", self.0.len()),
+            )
+        })
+    }
 }
 
 /// Wraps host data in a reference tensor. The caller guarantees `data.len() == numel`

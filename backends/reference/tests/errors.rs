@@ -27,6 +27,12 @@ impl Storage for FakeStorage {
     fn backend_name(&self) -> &'static str {
         "fakegpu"
     }
+    fn read_host(&self, _n: usize) -> dflash_core::Result<Vec<f32>> {
+        Err(Error::Unavailable {
+            name: "fakegpu".into(),
+            reason: "a fake buffer has no values".into(),
+        })
+    }
 }
 
 fn msg<T: std::fmt::Debug>(r: dflash_core::Result<T>) -> (Error, String) {

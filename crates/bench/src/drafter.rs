@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use dflash_config::{DrafterConfig, DrafterShape, default_gamma};
-use dflash_core::pipeline::HiddenSeq;
+use dflash_core::pipeline::{Features, HiddenSeq};
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, DrafterGrads, DrafterParams};
 use dflash_training::optimizer::{AdamW, AdamWHyper, clip_grads, grad_norm};
@@ -98,8 +98,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     let (len, num_anchors) = shape(s.opts.scale);
     let (v, h, k) = (cfg.vocab_size, cfg.hidden_size, cfg.num_target_features());
     let frozen = Arc::new(FrozenTarget {
-        embed: b.random_normal(&[v, h], INIT_STD, SEED + 1)?,
-        lm_head: b.random_normal(&[v, h], INIT_STD, SEED + 2)?,
+        embed: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 1)?)?,
+        lm_head: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 2)?)?,
     });
     let params = random_params(s, &cfg)?;
     let mut drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
@@ -129,7 +129,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
             sample_id: i as u64,
             ids: rng.tokens(len, v),
             loss_mask: vec![1; len],
-            features: b.download(&feats)?,
+            // Left on the device in its compute format, as the target workers hand them over.
+            features: Features::Tensor(b.to_compute_format(feats)?),
         };
         seqs.push(PreparedSeq::new(seq, 0, &spec));
     }

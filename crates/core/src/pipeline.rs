@@ -3,8 +3,78 @@
 
 use std::time::Duration;
 
+use crate::Tensor;
+
+/// A sequence's `(S, k*H)` target features: the k chosen target layers' outputs,
+/// concatenated per token in `target_layer_ids` order (the input of the drafter's `fc`).
+#[derive(Debug)]
+pub enum Features {
+    /// A tensor of the target's backend, left where the target computed it (on a GPU: in
+    /// device memory, in that backend's compute format). The drafter takes it as it is when
+    /// it runs on the same device, and imports it otherwise.
+    Tensor(Tensor),
+    /// Host memory, row-major (tests, and features made without a backend).
+    Host(Vec<f32>),
+}
+
+/// A borrowed [`Features`].
+#[derive(Debug, Clone, Copy)]
+pub enum FeaturesRef<'a> {
+    Tensor(&'a Tensor),
+    Host(&'a [f32]),
+}
+
+impl Features {
+    pub fn as_ref(&self) -> FeaturesRef<'_> {
+        match self {
+            Features::Tensor(t) => FeaturesRef::Tensor(t),
+            Features::Host(h) => FeaturesRef::Host(h),
+        }
+    }
+    /// The values in host memory (copied back from a device when they live there).
+    pub fn to_host(&self) -> crate::Result<Vec<f32>> {
+        self.as_ref().to_host()
+    }
+}
+
+impl<'a> FeaturesRef<'a> {
+    /// Number of values, `S * k * H`.
+    pub fn len(&self) -> usize {
+        match self {
+            FeaturesRef::Tensor(t) => t.numel(),
+            FeaturesRef::Host(h) => h.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The values in host memory.
+    pub fn to_host(&self) -> crate::Result<Vec<f32>> {
+        match self {
+            FeaturesRef::Tensor(t) => t.storage().read_host(t.numel()),
+            FeaturesRef::Host(h) => Ok(h.to_vec()),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for FeaturesRef<'a> {
+    fn from(h: &'a [f32]) -> Self {
+        FeaturesRef::Host(h)
+    }
+}
+impl<'a> From<&'a Vec<f32>> for FeaturesRef<'a> {
+    fn from(h: &'a Vec<f32>) -> Self {
+        FeaturesRef::Host(h)
+    }
+}
+impl<'a> From<&'a Features> for FeaturesRef<'a> {
+    fn from(f: &'a Features) -> Self {
+        f.as_ref()
+    }
+}
+
 /// One sequence's target features, ready for the drafter.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct HiddenSeq {
     /// Stable id of the sample in the dataset (anchor sampling is seeded by it).
     pub sample_id: u64,
@@ -12,13 +82,12 @@ pub struct HiddenSeq {
     pub ids: Vec<u32>,
     /// `(S)` 1 where the token is supervised (assistant tokens).
     pub loss_mask: Vec<u8>,
-    /// `(S, k*H)`: the k chosen target layers' outputs, concatenated per token in
-    /// `target_layer_ids` order (the input of the drafter's `fc`).
-    pub features: Vec<f32>,
+    /// `(S, k*H)`.
+    pub features: Features,
 }
 
 /// A micro-batch of features tagged with its place in the schedule.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct HiddenBatch {
     pub epoch: u64,
     /// Optimizer step this micro-batch belongs to.
@@ -40,8 +109,9 @@ pub trait Target: Send + Sync {
     fn vocab_size(&self) -> usize;
     /// Target layer ids whose outputs are emitted, in order.
     fn layer_ids(&self) -> &[usize];
-    /// `(S)` ids -> `(S, k*H)` features, running no layer past the deepest needed one.
-    fn features(&self, ids: &[u32]) -> crate::Result<Vec<f32>>;
+    /// `(S)` ids -> `(S, k*H)` features, running no layer past the deepest needed one. They
+    /// stay where the target computed them ([`Features::Tensor`] on its backend).
+    fn features(&self, ids: &[u32]) -> crate::Result<Features>;
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -11,6 +11,10 @@ pub trait Storage: Any + Send + Sync + fmt::Debug {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// Which backend made this buffer (for error messages).
     fn backend_name(&self) -> &'static str;
+    /// The first `n` elements widened to `f32` in host memory, without the owning backend at
+    /// hand: how a tensor crosses to another backend or device when no direct path exists
+    /// ([`crate::MemoryOps::import`]). Waits for pending writes to the buffer.
+    fn read_host(&self, n: usize) -> Result<Vec<f32>, crate::Error>;
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]

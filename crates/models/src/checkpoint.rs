@@ -60,9 +60,10 @@ impl FrozenTarget {
                 detail: "missing and tie_word_embeddings is false".into(),
             });
         };
+        // Read-only from here on: in the backend's compute format (bf16 on a GPU).
         let frozen = FrozenTarget {
-            embed: b.upload(&embed, &shape)?,
-            lm_head: b.upload(&head, &shape)?,
+            embed: b.to_compute_format(b.upload(&embed, &shape)?)?,
+            lm_head: b.to_compute_format(b.upload(&head, &shape)?)?,
         };
         Ok((cfg, frozen))
     }

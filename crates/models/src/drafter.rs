@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use dflash_config::{DrafterConfig, LayerType};
 use dflash_core::mask::BlockMask;
+use dflash_core::pipeline::FeaturesRef;
 use dflash_core::{Backend, LossStats, Tensor, Transpose};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -159,8 +160,9 @@ pub struct FrozenTarget {
 /// One sequence's drafter input: context features and the sampled blocks.
 #[derive(Debug, Clone, Copy)]
 pub struct DraftInput<'a> {
-    /// `(S, k*H)`
-    pub features: &'a [f32],
+    /// `(S, k*H)`: host values, or a tensor (taken as it is when it lives on the drafter's
+    /// device, imported otherwise).
+    pub features: FeaturesRef<'a>,
     /// `(N)` sorted anchors; negative = padding block.
     pub anchors: &'a [i32],
     /// `(N*bs)` `[token at anchor, MASK, ...]` per block.
@@ -185,9 +187,24 @@ pub struct Drafter {
     frozen: Arc<FrozenTarget>,
 }
 
-struct Prepared {
+/// The features tensor the drafter reads: the caller's own when it lives here, else a copy.
+enum MaybeOwned<'a> {
+    Borrowed(&'a Tensor),
+    Owned(Tensor),
+}
+
+impl MaybeOwned<'_> {
+    fn get(&self) -> &Tensor {
+        match self {
+            MaybeOwned::Borrowed(t) => t,
+            MaybeOwned::Owned(t) => t,
+        }
+    }
+}
+
+struct Prepared<'a> {
     s: usize,
-    feats: Tensor,
+    feats: MaybeOwned<'a>,
     c: Tensor,
     ctx: Tensor,
     rstd_c: Tensor,
@@ -254,6 +271,14 @@ impl Drafter {
                 inp.features.len()
             )));
         }
+        if let FeaturesRef::Tensor(t) = inp.features
+            && (t.dims().len() != 2 || t.dims()[1] != kh)
+        {
+            return Err(ModelError::Input(format!(
+                "features tensor has shape {:?}, expected (S, k*H = {kh})",
+                t.dims()
+            )));
+        }
         let n = inp.anchors.len().max(1);
         let bs = inp.block_ids.len() / n;
         if bs == 0 || bs > self.cfg.block_size || inp.block_ids.len() != bs * inp.anchors.len() {
@@ -280,12 +305,16 @@ impl Drafter {
         Ok((inp.features.len() / kh, bs))
     }
 
-    fn prepare(&self, inp: &DraftInput<'_>) -> Result<Prepared> {
+    fn prepare<'a>(&self, inp: &DraftInput<'a>) -> Result<Prepared<'a>> {
         let b = self.backend.as_ref();
         let (s, bs) = self.check_input(inp)?;
         let kh = self.cfg.target_layer_ids.len() * self.cfg.hidden_size;
-        let feats = b.upload(inp.features, &[s, kh])?;
-        let c = b.linear(&feats, &self.params.fc)?; // (S, H)
+        let feats = match inp.features {
+            FeaturesRef::Host(h) => MaybeOwned::Owned(b.upload(h, &[s, kh])?),
+            FeaturesRef::Tensor(t) if b.is_local(t) => MaybeOwned::Borrowed(t),
+            FeaturesRef::Tensor(t) => MaybeOwned::Owned(b.import(t)?),
+        };
+        let c = b.linear(feats.get(), &self.params.fc)?; // (S, H)
         let (ctx, rstd_c) = b.rms_norm(&c, &self.params.hidden_norm, self.dims.eps)?;
         let masks = self
             .cfg
@@ -421,7 +450,7 @@ impl Drafter {
             &mut grads.fc,
             &dc,
             Transpose::Yes,
-            &p.feats,
+            p.feats.get(),
             Transpose::No,
             1.0,
         )?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dflash_config::Qwen3Config;
 use dflash_core::mask::BlockMask;
+use dflash_core::pipeline::Features;
 use dflash_core::{Backend, Tensor};
 
 use crate::error::{ModelError, Result};
@@ -37,6 +38,16 @@ pub fn layer_dims(cfg: &Qwen3Config) -> LayerDims {
     }
 }
 
+/// A frozen weight in the backend's compute format (bf16 on a GPU with bf16 GEMMs: half the
+/// memory and no conversion per use). Norm weights (1-D) stay f32: the norms read them in f32.
+fn frozen(b: &dyn Backend, t: Tensor) -> Result<Tensor> {
+    Ok(if t.dims().len() == 2 {
+        b.to_compute_format(t)?
+    } else {
+        t
+    })
+}
+
 impl Qwen3Target {
     /// Loads an HF Qwen3 checkpoint directory (`config.json` + `model.safetensors` or a
     /// sharded index), keeping only the layers up to the deepest of `layer_ids`.
@@ -62,7 +73,7 @@ impl Qwen3Target {
         let b = backend.as_ref();
         let dims = layer_dims(&cfg);
         let load = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            Ok(b.upload(&files.read_f32(name, shape)?, shape)?)
+            frozen(b, b.upload(&files.read_f32(name, shape)?, shape)?)
         };
         let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
         let shapes = LayerWeights::shapes(&dims, cfg.intermediate_size);
@@ -126,7 +137,7 @@ impl Qwen3Target {
             if shape.len() == 1 {
                 Ok(b.upload(&vec![1.0; shape[0]], shape)?) // norm weights
             } else {
-                Ok(b.random_normal(shape, STD, next_seed)?)
+                frozen(b, b.random_normal(shape, STD, next_seed)?)
             }
         };
         let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
@@ -244,7 +255,7 @@ impl dflash_core::pipeline::Target for Qwen3Target {
     fn layer_ids(&self) -> &[usize] {
         &self.layer_ids
     }
-    fn features(&self, ids: &[u32]) -> dflash_core::Result<Vec<f32>> {
+    fn features(&self, ids: &[u32]) -> dflash_core::Result<Features> {
         let b = self.backend.as_ref();
         let mut chosen: Vec<Option<Tensor>> = (0..self.layer_ids.len()).map(|_| None).collect();
         let depth = self.layers.len();
@@ -271,6 +282,10 @@ impl dflash_core::pipeline::Target for Qwen3Target {
             .iter()
             .map(|t| t.as_ref().expect("every id <= depth"))
             .collect();
-        b.download(&b.concat_cols(&parts)?)
+        // Left on the target's device, in its compute format (bf16 for bf16 GEMMs: the
+        // drafter's fc reads them as a GEMM operand, which rounds them to bf16 anyway).
+        Ok(Features::Tensor(
+            b.to_compute_format(b.concat_cols(&parts)?)?,
+        ))
     }
 }

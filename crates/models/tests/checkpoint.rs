@@ -149,7 +149,7 @@ fn save_writes_the_serving_layout_and_round_trips_bit_exactly() {
         MASK_ID,
     );
     let inp = DraftInput {
-        features: &seq.features,
+        features: (&seq.features).into(),
         anchors: &ANCHORS,
         block_ids: &bt.block_ids,
         positions: &bt.positions,

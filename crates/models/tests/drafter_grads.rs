@@ -69,7 +69,7 @@ fn problem(seed: u64) -> Problem {
 
 fn input<'a>(seq: &'a Sequence, bt: &'a BlockTargets) -> DraftInput<'a> {
     DraftInput {
-        features: &seq.features,
+        features: (&seq.features).into(),
         anchors: &ANCHORS,
         block_ids: &bt.block_ids,
         positions: &bt.positions,

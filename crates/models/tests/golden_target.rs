@@ -137,7 +137,7 @@ fn features_concatenate_chosen_layers_in_order() {
     assert_eq!(target.hidden_size(), HID);
     assert_eq!(target.vocab_size(), VOCAB);
     for (r, ids) in g.ids.iter().enumerate() {
-        let f = target.features(ids).unwrap();
+        let f = target.features(ids).unwrap().to_host().unwrap();
         assert_eq!(f.len(), T * 2 * HID);
         let (mut first, mut second) = (Vec::new(), Vec::new());
         for tok in f.chunks(2 * HID) {
@@ -174,7 +174,7 @@ fn shallow_load_runs_only_needed_layers() {
         let hs = target.hidden_states(ids).unwrap();
         assert_eq!(hs.len(), 2, "embedding + layer 0 only");
         check(&g, &hs[1], "layer_output.0", r, HID, "[0]-loaded layer 0");
-        let f = target.features(ids).unwrap();
+        let f = target.features(ids).unwrap().to_host().unwrap();
         check(&g, &f, "layer_output.0", r, HID, "[0]-loaded features");
     }
 }
@@ -206,7 +206,7 @@ fn deeper_layers_are_never_loaded() {
     let g = Golden::open();
     let target = Qwen3Target::load(backend(), tmp.path(), &[1, 0]).unwrap();
     let ids = &g.ids[1];
-    let f = target.features(ids).unwrap();
+    let f = target.features(ids).unwrap().to_host().unwrap();
     let (l1, l0): (Vec<f32>, Vec<f32>) = {
         let (mut a, mut c) = (Vec::new(), Vec::new());
         for tok in f.chunks(2 * HID) {

@@ -47,7 +47,7 @@ fn predict_blocks(
         }
         let (labels, weights) = (vec![0u32; rows], vec![0f32; rows]);
         let input = DraftInput {
-            features: &seq.features,
+            features: seq.features.as_ref(),
             anchors: chunk,
             block_ids: &block_ids,
             positions: &positions,

@@ -2,7 +2,7 @@
 //! sample) — never per worker, so any split of the work samples the same blocks — then
 //! block ids, positions, labels and weights (DESIGN.md §2.3).
 
-use dflash_core::pipeline::HiddenSeq;
+use dflash_core::pipeline::{Features, HiddenSeq};
 use dflash_models::DraftInput;
 
 /// How blocks are drawn from a sequence.
@@ -16,9 +16,9 @@ pub struct BlockSpec {
 }
 
 /// A sequence ready for [`dflash_models::Drafter::forward_backward`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct PreparedSeq {
-    pub features: Vec<f32>,
+    pub features: Features,
     pub anchors: Vec<i32>,
     pub block_ids: Vec<u32>,
     pub positions: Vec<i32>,
@@ -56,7 +56,7 @@ impl PreparedSeq {
 
     pub fn as_input(&self) -> DraftInput<'_> {
         DraftInput {
-            features: &self.features,
+            features: self.features.as_ref(),
             anchors: &self.anchors,
             block_ids: &self.block_ids,
             positions: &self.positions,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use dflash_config::{DType, DrafterConfig, DrafterShape, Qwen3Config};
 use dflash_core::Backend;
 use dflash_core::Communicator;
-use dflash_core::pipeline::{HiddenSeq, Target};
+use dflash_core::pipeline::{Features, HiddenSeq, Target};
 use dflash_core::registry::{BackendOptions, create_backend};
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{DraftInput, Drafter, DrafterParams, Qwen3Target};
@@ -63,13 +63,30 @@ fn data_sample(i: usize) -> (Vec<u32>, Vec<u8>) {
     (s.ids, s.loss_mask)
 }
 
+/// Host features (the tests below slice, poison and clone them).
 fn seq(target: &Qwen3Target, id: u64, ids: Vec<u32>, loss_mask: Vec<u8>) -> HiddenSeq {
-    let features = target.features(&ids).unwrap();
+    let features = Features::Host(target.features(&ids).unwrap().to_host().unwrap());
     HiddenSeq {
         sample_id: id,
         ids,
         loss_mask,
         features,
+    }
+}
+
+fn host(f: &Features) -> &[f32] {
+    match f {
+        Features::Host(h) => h,
+        Features::Tensor(_) => panic!("these tests keep features on the host"),
+    }
+}
+
+fn clone_seq(s: &HiddenSeq) -> HiddenSeq {
+    HiddenSeq {
+        sample_id: s.sample_id,
+        ids: s.ids.clone(),
+        loss_mask: s.loss_mask.clone(),
+        features: Features::Host(host(&s.features).to_vec()),
     }
 }
 
@@ -79,7 +96,7 @@ fn predict_len(d: &Drafter, features: &[f32], ids: &[u32], a: usize, bs: usize) 
     block_ids[0] = ids[a];
     let positions: Vec<i32> = (0..bs).map(|j| (a + j) as i32).collect();
     let input = DraftInput {
-        features,
+        features: features.into(),
         anchors: &[a as i32],
         block_ids: &block_ids,
         positions: &positions,
@@ -111,7 +128,7 @@ fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
     let mut cycles = Vec::new();
     let mut a = p0;
     while a + 1 < n {
-        let mut features = s.features[..a * kh].to_vec();
+        let mut features = host(&s.features)[..a * kh].to_vec();
         features.extend((0..kh).map(|i| ((i * 37 % 11) as f32 - 5.0) * 3.0));
         let len = bs.min(n - a);
         let pred = predict_len(d, &features, &s.ids, a, len);
@@ -141,7 +158,7 @@ fn generate(
     let mut planned = Vec::new();
     while ids.len() < len {
         let a = ids.len() - 1;
-        let features = target.features(&ids).unwrap();
+        let features = target.features(&ids).unwrap().to_host().unwrap();
         let pred = predict_one(d, &features, &ids, a);
         let k = plan[planned.len() % plan.len()].min(bs - 1);
         ids.extend_from_slice(&pred[1..=k]);
@@ -213,7 +230,7 @@ fn check_tau_chain(attention: &str) {
     let n = ids.len();
     let none = seq(&t, 2, ids.clone(), vec![0; n]);
     let last_only = seq(&t, 3, ids, (0..n).map(|i| u8::from(i + 1 == n)).collect());
-    let mut all: Vec<HiddenSeq> = seqs.iter().map(|(s, _)| s.clone()).collect();
+    let mut all: Vec<HiddenSeq> = seqs.iter().map(|(s, _)| clone_seq(s)).collect();
     all.insert(1, none);
     all.push(last_only);
     let report = evaluate_tau(&d, &all, &[]).unwrap();
@@ -391,9 +408,18 @@ fn training_batches(b: &Arc<dyn Backend>, cfg: &DrafterConfig) -> (Vec<PreparedS
         let s = seq(&t, i as u64, ids[r.clone()].to_vec(), mask[r].to_vec());
         good.push(PreparedSeq::new(s, 0, &spec));
     }
-    let mut bad = good[0].clone();
+    let g = &good[0];
     let kh = cfg.hidden_size * cfg.target_layer_ids.len();
-    bad.features[..kh].fill(f32::NAN); // position 0: context of every anchor
+    let mut features = host(&g.features).to_vec();
+    features[..kh].fill(f32::NAN); // position 0: context of every anchor
+    let bad = PreparedSeq {
+        features: Features::Host(features),
+        anchors: g.anchors.clone(),
+        block_ids: g.block_ids.clone(),
+        positions: g.positions.clone(),
+        labels: g.labels.clone(),
+        weights: g.weights.clone(),
+    };
     (good, bad)
 }
 

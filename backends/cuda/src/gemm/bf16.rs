@@ -1,116 +1,58 @@
-//! bf16 operands: rounding f32 operands to bf16 scratch (exactly the span cuBLASLt reads)
-//! and the bf16 GEMM path built on them.
+//! The bf16 GEMM path: bf16 operands read in place, f32 operands rounded into bf16 scratch
+//! (exactly the span cuBLASLt reads).
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use dflash_core::Result;
 
 use super::plan::align_of_ptr;
-use super::{GemmPrecision, RowMajorGemm};
+use super::{GemmPrecision, RowMajorGemm, scratch_or};
+use crate::CudaBackend;
 use crate::storage::DType;
-use crate::{CudaBackend, grid1d};
 
 /// Elements cuBLASLt may read of a row-major operand stored with `stored_cols` columns whose
 /// used part is `rows x cols` (transpose already applied to the stored shape): the span from
-/// the first element to the last used one. The bf16 copy covers exactly this span, so it has
-/// the same leading dimension and never reads past what the f32 GEMM would read.
+/// the first element to the last used one. A converted copy covers exactly this span, so it
+/// has the same leading dimension and never reads past what the GEMM would read.
 pub(super) fn operand_span(stored_rows: usize, used_cols: usize, stored_cols: usize) -> usize {
     (stored_rows - 1) * stored_cols + used_cols
 }
 
 impl CudaBackend {
-    /// The bf16 GEMM: operands rounded into stream-ordered scratch here unless the caller
-    /// passed bf16 copies, f32 C; TF32 where cuBLASLt has no bf16 algorithm for the problem.
+    /// The bf16 GEMM: bf16 operands as they are, f32 operands rounded (RNE) into
+    /// stream-ordered scratch, f32 C; TF32 where cuBLASLt has no bf16 algorithm for the
+    /// problem (then bf16 operands are widened instead, exactly).
     pub(super) fn gemm_bf16(&self, op: &'static str, g: &RowMajorGemm) -> Result<()> {
-        // Stored shapes: A is (k, m) if ta else (m, k); B is (n, k) if tb else (k, n).
-        let na = if g.ta {
-            operand_span(g.k, g.m, g.a_cols)
-        } else {
-            operand_span(g.m, g.k, g.a_cols)
+        let (na, nb) = g.spans();
+        // Scratch from the stream-ordered pool for f32 operands only, dropped (freed in stream
+        // order, after the matmul) when this function returns; declared before the guards
+        // below, so they drop after them. Allocated (not yet written) before the plan lookup
+        // so that the plan key sees the real pointer alignments.
+        let mut sa = match g.a.dtype {
+            DType::Bf16 => None,
+            DType::F32 => Some(self.alloc(op, na, DType::Bf16)?),
         };
-        let nb = if g.tb {
-            operand_span(g.n, g.k, g.b_cols)
-        } else {
-            operand_span(g.k, g.n, g.b_cols)
+        let mut sb = match g.b.dtype {
+            DType::Bf16 => None,
+            DType::F32 => Some(self.alloc(op, nb, DType::Bf16)?),
         };
-        // Scratch from the stream-ordered pool (unless the caller passed a bf16 copy), dropped
-        // (freed in stream order, after the matmul) when this function returns; declared
-        // before the guards below, so they drop after them.
-        let mut sa = match g.a_bf16 {
-            Some(_) => None,
-            None => Some(self.alloc(op, na, DType::Bf16)?),
+        let key = {
+            let (pa, _ga) = scratch_or(&sa, g.a.ptr, &self.stream);
+            let (pb, _gb) = scratch_or(&sb, g.b.ptr, &self.stream);
+            self.plan_key(g, align_of_ptr(pb), align_of_ptr(pa), GemmPrecision::Bf16)
         };
-        let mut sb = match g.b_bf16 {
-            Some(_) => None,
-            None => Some(self.alloc(op, nb, DType::Bf16)?),
-        };
-        let align = |s: &Option<CudaSlice<u8>>, given: Option<u64>| match s {
-            Some(s) => align_of_ptr(s.device_ptr(&self.stream).0),
-            None => align_of_ptr(given.unwrap_or(0)),
-        };
-        let key = self.plan_key(
-            g,
-            align(&sb, g.b_bf16),
-            align(&sa, g.a_bf16),
-            GemmPrecision::Bf16,
-        );
         let Some(plan) = self.plan(op, g, &key)? else {
             // cuBLASLt has no bf16 algorithm for this problem (reported once per plan key
-            // when the plan was built): TF32 on the f32 operands instead.
+            // when the plan was built): TF32 instead (bf16 operands widened, exactly).
+            drop((sa, sb));
             return self.gemm_f32(op, g, GemmPrecision::Tf32);
         };
         if let Some(s) = sa.as_mut() {
-            self.bf16_copy(op, s, g.a, na)?;
+            self.convert_raw(op, s, g.a.ptr, na, DType::Bf16)?;
         }
         if let Some(s) = sb.as_mut() {
-            self.bf16_copy(op, s, g.b, nb)?;
+            self.convert_raw(op, s, g.b.ptr, nb, DType::Bf16)?;
         }
-        let (pa, _ga) = match (&sa, g.a_bf16) {
-            (Some(s), _) => {
-                let (p, guard) = s.device_ptr(&self.stream);
-                (p, Some(guard))
-            }
-            (None, p) => (p.unwrap_or(0), None),
-        };
-        let (pb, _gb) = match (&sb, g.b_bf16) {
-            (Some(s), _) => {
-                let (p, guard) = s.device_ptr(&self.stream);
-                (p, Some(guard))
-            }
-            (None, p) => (p.unwrap_or(0), None),
-        };
+        let (pa, _ga) = scratch_or(&sa, g.a.ptr, &self.stream);
+        let (pb, _gb) = scratch_or(&sb, g.b.ptr, &self.stream);
         self.run_plan(op, g, &plan, pa, pb, GemmPrecision::Bf16)
-    }
-
-    /// With bf16 GEMMs, a bf16 copy of the first `n` f32 elements of `src` for
-    /// [`RowMajorGemm::a_bf16`] / `b_bf16` (an operand reused by many GEMMs); otherwise `None`.
-    pub(crate) fn gemm_operand_bf16(
-        &self,
-        op: &'static str,
-        src: &CudaSlice<u8>,
-        n: usize,
-    ) -> Result<Option<CudaSlice<u8>>> {
-        if self.opts.gemm != GemmPrecision::Bf16 || n == 0 {
-            return Ok(None);
-        }
-        let mut out = self.alloc(op, n, DType::Bf16)?;
-        let (p, _g) = src.device_ptr(&self.stream);
-        self.bf16_copy(op, &mut out, p, n)?;
-        Ok(Some(out))
-    }
-
-    /// Rounds `n` f32 elements at device address `src` to bf16 (nearest even) into `out`.
-    pub(super) fn bf16_copy(
-        &self,
-        op: &'static str,
-        out: &mut CudaSlice<u8>,
-        src: u64,
-        n: usize,
-    ) -> Result<()> {
-        let n64 = n as i64;
-        let mut l = self.stream.launch_builder(&self.k().f32_to_bf16);
-        // f32_to_bf16(unsigned short* out, const float* x, long long n), grid-stride; `src`
-        // is a raw device address (8 bytes, passed as the pointer argument).
-        l.arg(out).arg(&src).arg(&n64);
-        self.launch(op, l, grid1d(n))
     }
 }

@@ -6,11 +6,13 @@
 //! (transposed iff `tb`), its `B` := our `A` (transposed iff `ta`), `m = N`, `n = M`, and every
 //! leading dimension equal to the stored column count. No copies, any transpose combination.
 //!
-//! Precision ([`GemmPrecision`]): f32 tensors, f32 output, f32 scale (alpha, beta) and f32
-//! accumulation in every mode. `Bf16` (default, the PyTorch bf16-autocast recipe's precision)
-//! rounds both operands to bf16 (RNE, `f32_to_bf16`) into stream-ordered scratch buffers
-//! freed right after the product, then runs cuBLASLt with bf16 A/B and f32 C/D; `Tf32` and
-//! `Fp32` run on the f32 operands with TF32 tensor-core or exact f32 compute.
+//! Precision ([`GemmPrecision`]): operands f32 or bf16 (each independently: a tensor kept in
+//! bf16 by `to_compute_format`, e.g. a frozen weight), f32 output, f32 scale (alpha, beta)
+//! and f32 accumulation in every mode. `Bf16` (default, the PyTorch bf16-autocast recipe's
+//! precision) reads bf16 operands in place and rounds f32 ones to bf16 (RNE, `f32_to_bf16`)
+//! into stream-ordered scratch buffers freed right after the product, then runs cuBLASLt with
+//! bf16 A/B and f32 C/D; `Tf32` and `Fp32` run on f32 operands (a bf16 one widened exactly
+//! into scratch first) with TF32 tensor-core or exact f32 compute.
 //!
 //! Plans (layouts, matmul descriptor and the heuristic's algorithm) are cached per
 //! [`plan::PlanKey`] (shape, transposes, leading dims, precision, pointer alignments), so
@@ -24,7 +26,7 @@ mod plan;
 
 pub(crate) use plan::Blas;
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use dflash_core::{GemmOps, Result, Tensor, Transpose};
 
 use crate::CudaBackend;
@@ -57,52 +59,128 @@ impl GemmPrecision {
         }
     }
 }
-/// One row-major GEMM on raw device addresses of f32 data: `C = alpha * op(A) @ op(B) +
-/// beta * C`.
+/// A GEMM operand: the raw device address of its first element and the element type stored
+/// there (f32, or bf16 for tensors kept in bf16, see `MemoryOps::to_compute_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Operand {
+    pub ptr: u64,
+    pub dtype: DType,
+}
+
+impl Operand {
+    pub fn f32(ptr: u64) -> Self {
+        Operand {
+            ptr,
+            dtype: DType::F32,
+        }
+    }
+    pub fn new(ptr: u64, dtype: DType) -> Self {
+        Operand { ptr, dtype }
+    }
+}
+
+/// One row-major GEMM on raw device addresses: `C = alpha * op(A) @ op(B) + beta * C`, A and
+/// B f32 or bf16 (each independently), C f32.
 pub(crate) struct RowMajorGemm {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    /// Address of A and its stored column count (its row stride in elements).
-    pub a: u64,
+    /// A and its stored column count (its row stride in elements).
+    pub a: Operand,
     pub a_cols: usize,
     pub ta: bool,
-    pub b: u64,
+    pub b: Operand,
     pub b_cols: usize,
     pub tb: bool,
-    /// Address of C; its row stride is `n`.
+    /// Address of C (f32); its row stride is `n`.
     pub c: u64,
     pub alpha: f32,
     pub beta: f32,
-    /// Optional bf16 copies (RNE) of A / B with the same element offsets and row strides,
-    /// used in [`GemmPrecision::Bf16`] mode instead of converting per call (the fused loss
-    /// converts the head weight once per call, not once per chunk). Ignored in other modes.
-    pub a_bf16: Option<u64>,
-    pub b_bf16: Option<u64>,
+}
+
+impl RowMajorGemm {
+    /// Elements cuBLASLt reads of A and of B (from the first to the last used one): what a
+    /// converted copy of each must cover.
+    fn spans(&self) -> (usize, usize) {
+        // Stored shapes: A is (k, m) if ta else (m, k); B is (n, k) if tb else (k, n).
+        let na = if self.ta {
+            bf16::operand_span(self.k, self.m, self.a_cols)
+        } else {
+            bf16::operand_span(self.m, self.k, self.a_cols)
+        };
+        let nb = if self.tb {
+            bf16::operand_span(self.n, self.k, self.b_cols)
+        } else {
+            bf16::operand_span(self.k, self.n, self.b_cols)
+        };
+        (na, nb)
+    }
 }
 
 impl CudaBackend {
     /// Enqueues one GEMM on this backend's stream in the backend's [`GemmPrecision`]. The
-    /// caller holds the device-pointer guards of A, B and C (f32) across this call. `m`, `n`,
-    /// `k` must be > 0.
+    /// caller holds the device-pointer guards of A, B and C across this call. `m`, `n`, `k`
+    /// must be > 0. Operands not in the mode's type are converted into stream-ordered scratch
+    /// (f32 -> bf16 in `Bf16` mode, bf16 -> f32 (exact) in `Tf32` / `Fp32`); an operand
+    /// already in it is read in place.
     pub(crate) fn gemm_raw(&self, op: &'static str, g: &RowMajorGemm) -> Result<()> {
         self.stream
             .context()
             .bind_to_thread()
             .map_err(|e| self.drv(op, e))?;
-        if self.opts.gemm != GemmPrecision::Bf16 {
-            return self.gemm_f32(op, g, self.opts.gemm);
+        match self.opts.gemm {
+            GemmPrecision::Bf16 => self.gemm_bf16(op, g),
+            prec => self.gemm_f32(op, g, prec),
         }
-        self.gemm_bf16(op, g)
     }
 
-    /// TF32 or exact-f32 compute directly on the f32 operands.
+    /// TF32 or exact-f32 compute on f32 operands; a bf16 operand is first widened (exactly)
+    /// into f32 scratch covering the span cuBLASLt reads.
     fn gemm_f32(&self, op: &'static str, g: &RowMajorGemm, prec: GemmPrecision) -> Result<()> {
-        let key = self.plan_key(g, align_of_ptr(g.b), align_of_ptr(g.a), prec);
+        let (na, nb) = g.spans();
+        // Scratch (declared before the pointer guards, so it is freed, in stream order, after
+        // the matmul is enqueued).
+        let sa = self.operand_in(op, g.a, na, DType::F32)?;
+        let sb = self.operand_in(op, g.b, nb, DType::F32)?;
+        let (pa, _ga) = scratch_or(&sa, g.a.ptr, &self.stream);
+        let (pb, _gb) = scratch_or(&sb, g.b.ptr, &self.stream);
+        let key = self.plan_key(g, align_of_ptr(pb), align_of_ptr(pa), prec);
         match self.plan(op, g, &key)? {
-            Some(plan) => self.run_plan(op, g, &plan, g.a, g.b, prec),
+            Some(plan) => self.run_plan(op, g, &plan, pa, pb, prec),
             None => unreachable!("only bf16 plans may be missing"),
         }
+    }
+
+    /// `x` as `want`: `None` if it already is (read in place), else a converted scratch copy of
+    /// its first `n` elements.
+    fn operand_in(
+        &self,
+        op: &'static str,
+        x: Operand,
+        n: usize,
+        want: DType,
+    ) -> Result<Option<CudaSlice<u8>>> {
+        if x.dtype == want {
+            return Ok(None);
+        }
+        let mut s = self.alloc(op, n, want)?;
+        self.convert_raw(op, &mut s, x.ptr, n, want)?;
+        Ok(Some(s))
+    }
+}
+
+/// The address of `scratch` (with its guard) if there is one, else `ptr`.
+fn scratch_or<'a>(
+    scratch: &'a Option<CudaSlice<u8>>,
+    ptr: u64,
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
+    match scratch {
+        Some(s) => {
+            let (p, g) = s.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (ptr, None),
     }
 }
 
@@ -150,7 +228,8 @@ impl CudaBackend {
         Ok((MatView::of(ar, ac, ta), MatView::of(br, bc, tb)))
     }
 
-    /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors, handling empty dims.
+    /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors (a, b f32 or bf16; c f32),
+    /// handling empty dims.
     #[allow(clippy::too_many_arguments)]
     fn gemm_tensors(
         &self,
@@ -185,17 +264,15 @@ impl CudaBackend {
                 m,
                 n,
                 k,
-                a: pa,
+                a: Operand::new(pa, a.dtype),
                 a_cols: av.stored_cols,
                 ta: av.t,
-                b: pb,
+                b: Operand::new(pb, b.dtype),
                 b_cols: bv.stored_cols,
                 tb: bv.t,
                 c: pc,
                 alpha: 1.0,
                 beta,
-                a_bf16: None,
-                b_bf16: None,
             },
         )
     }
@@ -205,7 +282,7 @@ impl GemmOps for CudaBackend {
     fn matmul(&self, a: &Tensor, ta: Transpose, b: &Tensor, tb: Transpose) -> Result<Tensor> {
         let op = "matmul";
         let (av, bv) = self.views(op, a, ta, b, tb)?;
-        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let (x, y) = (self.any(op, a)?, self.any(op, b)?);
         let (m, n) = (av.rows, bv.cols);
         let buf = self.alloc_f32(op, m * n)?;
         let mut c = crate::storage::CudaStorage {
@@ -231,7 +308,7 @@ impl GemmOps for CudaBackend {
         let (av, bv) = self.views(op, a, ta, b, tb)?;
         dflash_core::ops::gemm::matmul_acc_dims(c.shape(), a.shape(), ta, b.shape(), tb)
             .map_err(|detail| self.shape_err(op, detail))?;
-        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let (x, y) = (self.any(op, a)?, self.any(op, b)?);
         let cs = self.f32s_mut(op, c)?;
         self.gemm_tensors(op, cs, x, av, y, bv, beta)
     }

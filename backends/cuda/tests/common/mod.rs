@@ -19,6 +19,10 @@
 //! - bf16 GEMMs (the backend default): both operands rounded to 8 mantissa bits, each
 //!   product term off by up to ~2^-8 relative (f32 accumulation): GEMM outputs ~4e-3 of
 //!   `sum |a||b|`, everything downstream ~1e-2 (drafter gradients: rel-L2 5e-2);
+//! - bf16 storage (`to_compute_format`): compared with the reference on the same bf16-rounded
+//!   values; memory ops, embedding and the conversions bit-exact; GEMMs whose operands are all
+//!   bf16-representable multiply exactly in every mode, so 1e-4 of `sum |a||b|` (f32
+//!   accumulation only);
 //! - TF32 GEMMs: operands keep 10 mantissa bits, so each product term is off by up
 //!   to ~2^-10 relative: GEMM outputs ~1e-3 of `sum |a||b|`, and everything downstream of a
 //!   GEMM (loss, drafter gradients) ~1e-3..1e-2. Each such check also runs with exact-f32
@@ -261,4 +265,81 @@ pub fn check_abs_scaled(name: &str, got: &[f32], want: &[f32], tol: f64, why: &s
         want[at]
     );
     worst_abs
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 storage (`to_compute_format`)
+
+/// The element type of a CUDA tensor.
+pub fn dtype_of(t: &Tensor) -> dflash_backend_cuda::DType {
+    t.storage()
+        .as_any()
+        .downcast_ref::<dflash_backend_cuda::CudaStorage>()
+        .expect("a CUDA tensor")
+        .dtype()
+}
+
+/// Every element rounded to bf16 (nearest even, by the `half` crate, independently of the
+/// backend's kernel) and widened back to f32: the values a bf16 tensor holds.
+pub fn bf16_rounded(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect()
+}
+
+/// `data` uploaded and converted to bf16 on the device (whatever the GEMM mode).
+pub fn up_bf16(cu: &CudaBackend, data: &[f32], shape: &[usize]) -> Tensor {
+    let t = cu
+        .to_dtype(&up(cu, data, shape), dflash_backend_cuda::DType::Bf16)
+        .expect("to_dtype bf16");
+    assert_eq!(dtype_of(&t), dflash_backend_cuda::DType::Bf16);
+    t
+}
+
+/// Element `i` passes when `|got - want| <= tol * scale_i` (for GEMMs `scale = sum_k
+/// |a_ik||b_kj|`, the natural error scale of a dot product). Prints the worst ratio; NaN or
+/// infinity in `got` fails.
+pub fn check_scaled(
+    name: &str,
+    got: &[f32],
+    want: &[f32],
+    scale: &[f32],
+    tol: f64,
+    why: &str,
+) -> f64 {
+    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
+    assert_eq!(got.len(), scale.len(), "{name}: scale length differs");
+    let (mut worst, mut at) = (0.0f64, 0usize);
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        assert!(g.is_finite(), "{name}[{i}]: got {g}");
+        let r = (g as f64 - w as f64).abs() / (s as f64 + 1e-30);
+        if r > worst {
+            worst = r;
+            at = i;
+        }
+    }
+    println!(
+        "  {name:<44} max err/scale {worst:9.2e}  err/tol {:5.3}  [tol {tol:.0e} of sum|a||b|: {why}]",
+        worst / tol
+    );
+    assert!(
+        worst <= tol,
+        "{name}: element {at}: got {}, want {} (err/scale {worst:.3e} > {tol:.0e})",
+        got[at],
+        want[at]
+    );
+    worst
+}
+
+/// Asserts that `r` failed with an error naming `op`, `bf16` and the device (`cuda:0`).
+pub fn assert_bf16_rejected<T>(r: dflash_core::Result<T>, op: &str) {
+    let e = match r {
+        Ok(_) => panic!("{op} accepted a bf16 input (it computes in f32 only)"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains(op) && e.contains("bf16") && e.contains("cuda:0"),
+        "{op}: the error must name op, dtype and device: {e}"
+    );
+    println!("  {op:<44} rejects bf16: {e}");
 }

@@ -24,6 +24,33 @@ pub trait MemoryOps {
     /// Whether every element is finite.
     fn all_finite(&self, t: &Tensor) -> Result<bool>;
 
+    /// `t` in the backend's storage format for tensors that compute ops only *read*: frozen
+    /// weights (the target's layers, the drafter's frozen embedding and LM head), target
+    /// features on their way to the drafter, benchmark inputs. A GPU backend whose GEMMs take
+    /// bf16 operands stores them in bf16 (half the bytes, no conversion per use); the default
+    /// keeps `t` as it is. The result is still a valid input of `download`, `copy`,
+    /// `narrow_rows`, `concat_*`, `linear`/`matmul` (as an operand), `embedding` (as the table),
+    /// `attention` (q, k, v) and the fused loss (as the LM head); an op that cannot read it
+    /// reports that by name instead of computing garbage.
+    fn to_compute_format(&self, t: Tensor) -> Result<Tensor> {
+        Ok(t)
+    }
+
+    /// Whether `t` is this backend's own tensor on its own device, so that ops take it as
+    /// it is. The default says no, which routes every foreign tensor through [`Self::import`].
+    fn is_local(&self, t: &Tensor) -> bool {
+        let _ = t;
+        false
+    }
+
+    /// `t`, made by another backend or on another device, as a tensor of this one (same
+    /// shape and values, in [`Self::to_compute_format`]). The default goes through host
+    /// memory; a backend with a direct path (peer copies) overrides it.
+    fn import(&self, t: &Tensor) -> Result<Tensor> {
+        let host = t.storage().read_host(t.numel())?;
+        self.to_compute_format(self.upload(&host, t.dims())?)
+    }
+
     /// A tensor of `N(0, std^2)` samples, deterministic in `seed` (random weights and inputs
     /// for benchmarks and tests). The default draws [`normal_host`] on the host and uploads it;
     /// GPU backends override it to generate on the device (their stream need not match the

@@ -8,7 +8,7 @@ use dflash_config::{
     default_num_target_features,
 };
 use dflash_core::Backend;
-use dflash_core::pipeline::{HiddenSeq, Target};
+use dflash_core::pipeline::{Features, HiddenSeq, Target};
 use dflash_core::registry::{BackendOptions, create_backend};
 use dflash_data::{SkipCounts, TooLongPolicy, open_dataset};
 
@@ -84,7 +84,9 @@ pub(super) fn eval_features(
     let skips = Mutex::new(SkipCounts::default());
     let mut seqs = Vec::new();
     for i in 0..data.len().min(max) {
-        if let Some(s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
+        if let Some(mut s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
+            // Kept in host memory between the two evaluations, not on the training device.
+            s.features = Features::Host(s.features.to_host()?);
             seqs.push(s);
         }
     }
