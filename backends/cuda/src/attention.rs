@@ -84,6 +84,16 @@ pub fn key_query_runs(mask: &BlockMask) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
 }
 
 impl CudaBackend {
+    /// An attention operand: any dtype for `cuda-flash` (bf16 goes to the kernel as it is,
+    /// f32 is rounded to bf16 there) and for host kernels (downloads widen bf16); f32 for
+    /// `cuda-simple`, which computes in f32.
+    fn attn_in<'a>(&self, op: &'static str, t: &'a Tensor) -> Result<&'a crate::CudaStorage> {
+        match self.attention {
+            AttnImpl::Simple => self.f32s(op, t),
+            AttnImpl::Flash | AttnImpl::Host(_) => self.any(op, t),
+        }
+    }
+
     /// Checks `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)` and builds the dims.
     fn attn_dims(
         &self,
@@ -150,7 +160,11 @@ impl AttentionOps for CudaBackend {
         use dflash_core::MemoryOps;
         let op = "attention";
         let dims = self.attn_dims(op, q, k, v, mask)?;
-        let (qs, ks, vs) = (self.f32s(op, q)?, self.f32s(op, k)?, self.f32s(op, v)?);
+        let (qs, ks, vs) = (
+            self.attn_in(op, q)?,
+            self.attn_in(op, k)?,
+            self.attn_in(op, v)?,
+        );
         let nl = dims.q_rows * dims.q_heads;
         match &self.attention {
             AttnImpl::Host(kernel) => {
@@ -166,8 +180,7 @@ impl AttentionOps for CudaBackend {
                 ))
             }
             AttnImpl::Flash => {
-                let (out, lse) =
-                    self.flash_forward(op, &dims, &qs.buf, &ks.buf, &vs.buf, mask, scale)?;
+                let (out, lse) = self.flash_forward(op, &dims, qs, ks, vs, mask, scale)?;
                 Ok((
                     self.tensor(out, DType::F32, q.shape().clone()),
                     self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
@@ -240,11 +253,15 @@ impl AttentionOps for CudaBackend {
                 ),
             ));
         }
-        let (qs, ks, vs) = (self.f32s(op, q)?, self.f32s(op, k)?, self.f32s(op, v)?);
+        let (qs, ks, vs) = (
+            self.attn_in(op, q)?,
+            self.attn_in(op, k)?,
+            self.attn_in(op, v)?,
+        );
         let (os, ls, dos) = (
-            self.f32s(op, out)?,
+            self.attn_in(op, out)?,
             self.f32s(op, lse)?,
-            self.f32s(op, d_out)?,
+            self.attn_in(op, d_out)?,
         );
         match &self.attention {
             AttnImpl::Host(kernel) => {
@@ -270,9 +287,8 @@ impl AttentionOps for CudaBackend {
                 ))
             }
             AttnImpl::Flash => {
-                let (dq, dk, dv) = self.flash_backward(
-                    op, &dims, &qs.buf, &ks.buf, &vs.buf, &os.buf, &ls.buf, &dos.buf, mask, scale,
-                )?;
+                let (dq, dk, dv) =
+                    self.flash_backward(op, &dims, qs, ks, vs, os, &ls.buf, dos, mask, scale)?;
                 Ok((
                     self.tensor(dq, DType::F32, q.shape().clone()),
                     self.tensor(dk, DType::F32, k.shape().clone()),

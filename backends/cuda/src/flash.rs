@@ -1,15 +1,19 @@
 //! The device attention kernel `"cuda-flash"`: the bf16 block-sparse flash attention of
 //! `kernels/attention.cu` (mma.sync, FA2-style backward; docs/kernel-lab-attention.md).
 //!
-//! The backend's tensors are f32, so each op converts its inputs to bf16 with `f32_to_bf16`
-//! (round to nearest even), runs the bf16 kernels and converts the bf16 results back with
-//! `bf16_to_f32`; lse, `D_i` and the dq accumulator stay f32. The forward's `out` is the
-//! kernel's bf16 `out` widened to f32, so the backward's re-rounding of `out` to bf16 is exact
+//! Inputs (q, k, v, and the backward's out and d_out) are passed as [`FlashIn`]: an f32
+//! buffer (`CudaSlice<u8>` of f32, rounded to bf16 with `f32_to_bf16`, round to nearest even,
+//! before the kernel) or a [`CudaStorage`] of either dtype (a `DType::Bf16` storage goes to
+//! the kernel as it is, no conversion; an f32 one is rounded). Outputs: out/dq/dk/dv are the
+//! kernel's bf16 results widened to f32 with `bf16_to_f32`; lse, `D_i` and the dq accumulator
+//! are f32. The forward's `out` is bf16-valued, so the backward's re-rounding of it is exact
 //! (it sees the very values the forward produced).
 //!
-//! `attention.cu` is compiled (NVRTC, the device's `compute_XY`) only when a backend selects
-//! `"cuda-flash"`: once per device, cached in [`crate::device::Device`]. The launch shapes come
-//! from the kernel itself (`attn_config`), read once after loading.
+//! `attention.cu` is compiled (NVRTC) only when a backend selects `"cuda-flash"`: once per
+//! device, cached in [`crate::device::Device`]. Architecture: `compute_90a` on compute
+//! capability 9.0 (Hopper: the forward uses `wgmma`), else the device's `compute_XY` (the
+//! forward uses `mma.sync`). The launch shapes come from the kernel itself (`attn_config`),
+//! read once after loading.
 //!
 //! Launch summary (kernel signatures in `kernels/attention.cu`, cross-checked with
 //! `lab/attention_lab.py`):
@@ -30,7 +34,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKer
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Error, Result};
 
-use crate::storage::DType;
+use crate::storage::{CudaStorage, DType};
 use crate::{CudaBackend, CudaError, grid1d};
 
 /// Head dims `attention.cu` is instantiated for.
@@ -42,6 +46,41 @@ const CONFIG_FIELDS: usize = 10;
 /// Kernels use `int` row indices and a `0x3fffffff` sentinel in the mask summaries; rows,
 /// keys and row x head products must stay below it.
 const MAX_ROWS: usize = 0x3fff_fffe;
+
+/// An input of the flash kernels: an f32 buffer or a dtype-tagged storage (f32 or bf16).
+pub(crate) trait FlashIn {
+    /// The device buffer and the dtype of its elements.
+    fn flash_buf(&self) -> (&CudaSlice<u8>, DType);
+}
+
+/// A bare buffer is f32 (what the backend's f32 tensors hold).
+impl FlashIn for CudaSlice<u8> {
+    fn flash_buf(&self) -> (&CudaSlice<u8>, DType) {
+        (self, DType::F32)
+    }
+}
+
+/// A storage carries its dtype: bf16 goes to the kernels unconverted.
+impl FlashIn for CudaStorage {
+    fn flash_buf(&self) -> (&CudaSlice<u8>, DType) {
+        (&self.buf, self.dtype)
+    }
+}
+
+/// A bf16 kernel operand: borrowed when the input already is bf16, else a rounded copy.
+enum Bf16Buf<'a> {
+    Borrowed(&'a CudaSlice<u8>),
+    Owned(CudaSlice<u8>),
+}
+
+impl Bf16Buf<'_> {
+    fn get(&self) -> &CudaSlice<u8> {
+        match self {
+            Bf16Buf::Borrowed(b) => b,
+            Bf16Buf::Owned(b) => b,
+        }
+    }
+}
 
 /// Launch shapes and functions of one head dim.
 pub(crate) struct FlashVariant {
@@ -84,7 +123,13 @@ impl FlashKernels {
                 cc.0, cc.1
             ));
         }
-        let arch = format!("compute_{}{}", cc.0, cc.1);
+        // Hopper: the arch-specific target, so that the forward can use wgmma
+        // (`__CUDA_ARCH_FEAT_SM90_ALL`); other devices: the mma.sync kernels.
+        let arch = if cc == (9, 0) {
+            "compute_90a".to_string()
+        } else {
+            format!("compute_{}{}", cc.0, cc.1)
+        };
         let (file, src) = crate::kernels::FLASH_SOURCE;
         let ptx = crate::kernels::compile(file, src, &arch).map_err(|e| e.to_string())?;
         let drv = |what: String| move |e| CudaError::Driver { what, source: e }.to_string();
@@ -273,6 +318,32 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// `x` as a bf16 operand of `n` elements: itself when it is bf16 already, else a rounded
+    /// copy. Fails when the buffer is shorter than `n` elements.
+    fn bf16_operand<'a, T: FlashIn + ?Sized>(
+        &self,
+        op: &'static str,
+        what: &str,
+        x: &'a T,
+        n: usize,
+    ) -> Result<Bf16Buf<'a>> {
+        let (buf, dtype) = x.flash_buf();
+        if buf.len() < n * dtype.size() {
+            return Err(self.shape_err(
+                op,
+                format!(
+                    "{what}: {} bytes hold fewer than {n} {} elements",
+                    buf.len(),
+                    dtype.name()
+                ),
+            ));
+        }
+        Ok(match dtype {
+            DType::Bf16 => Bf16Buf::Borrowed(buf),
+            DType::F32 => Bf16Buf::Owned(self.to_bf16_buf(op, buf, n)?),
+        })
+    }
+
     /// An f32 copy of `n` bf16 elements.
     fn to_f32_buf(&self, op: &'static str, src: &CudaSlice<u8>, n: usize) -> Result<CudaSlice<u8>> {
         let mut out = self.alloc_f32(op, n)?;
@@ -297,15 +368,16 @@ impl CudaBackend {
         ])
     }
 
-    /// Forward: returns `(out f32 (Tq*Hq*D), lse f32 (Tq*Hq))` buffers.
+    /// Forward: returns `(out f32 (Tq*Hq*D), lse f32 (Tq*Hq))` buffers. q, k, v: f32
+    /// buffers or storages of either dtype (bf16 ones are used without conversion).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_forward(
+    pub(crate) fn flash_forward<Q: FlashIn + ?Sized, K: FlashIn + ?Sized, V: FlashIn + ?Sized>(
         &self,
         op: &'static str,
         dims: &AttnDims,
-        q: &CudaSlice<u8>,
-        k: &CudaSlice<u8>,
-        v: &CudaSlice<u8>,
+        q: &Q,
+        k: &K,
+        v: &V,
         mask: &BlockMask,
         scale: f32,
     ) -> Result<(CudaSlice<u8>, CudaSlice<u8>)> {
@@ -324,10 +396,11 @@ impl CudaBackend {
         let g = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
         let (qb, kb, vb) = (
-            self.to_bf16_buf(op, q, nq)?,
-            self.to_bf16_buf(op, k, nk)?,
-            self.to_bf16_buf(op, v, nk)?,
+            self.bf16_operand(op, "q", q, nq)?,
+            self.bf16_operand(op, "k", k, nk)?,
+            self.bf16_operand(op, "v", v, nk)?,
         );
+        let (qb, kb, vb) = (qb.get(), kb.get(), vb.get());
         let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
         let mut out_b = self.alloc(op, nq, DType::Bf16)?;
         let (tq, tk, hq, hkv) = (
@@ -339,9 +412,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&var.fwd);
         // attn_fwd_d{D}(const bf16* q, k, v, const int* fs, fe, ss, se, bf16* out, float* lse,
         //               int Tq, int Tk, int Hq, int Hkv, float scale)
-        l.arg(&qb)
-            .arg(&kb)
-            .arg(&vb)
+        l.arg(qb)
+            .arg(kb)
+            .arg(vb)
             .arg(&fs)
             .arg(&fe)
             .arg(&ss)
@@ -366,18 +439,25 @@ impl CudaBackend {
         Ok((out, lse))
     }
 
-    /// Backward: returns `(dq, dk, dv)` f32 buffers.
+    /// Backward: returns `(dq, dk, dv)` f32 buffers. q, k, v, out, d_out: f32 buffers or
+    /// storages of either dtype (bf16 ones are used without conversion); lse f32.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_backward(
+    pub(crate) fn flash_backward<
+        Q: FlashIn + ?Sized,
+        K: FlashIn + ?Sized,
+        V: FlashIn + ?Sized,
+        O: FlashIn + ?Sized,
+        G: FlashIn + ?Sized,
+    >(
         &self,
         op: &'static str,
         dims: &AttnDims,
-        q: &CudaSlice<u8>,
-        k: &CudaSlice<u8>,
-        v: &CudaSlice<u8>,
-        out: &CudaSlice<u8>,
+        q: &Q,
+        k: &K,
+        v: &V,
+        out: &O,
         lse: &CudaSlice<u8>,
-        d_out: &CudaSlice<u8>,
+        d_out: &G,
         mask: &BlockMask,
         scale: f32,
     ) -> Result<(CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>)> {
@@ -409,15 +489,16 @@ impl CudaBackend {
         debug_assert!(nq % 4 == 0);
 
         let (qb, kb, vb) = (
-            self.to_bf16_buf(op, q, nq)?,
-            self.to_bf16_buf(op, k, nk)?,
-            self.to_bf16_buf(op, v, nk)?,
+            self.bf16_operand(op, "q", q, nq)?,
+            self.bf16_operand(op, "k", k, nk)?,
+            self.bf16_operand(op, "v", v, nk)?,
         );
-        // `out` is the forward's bf16 output widened to f32: re-rounding it is exact.
+        // `out` is the forward's bf16 output (widened to f32 or not): re-rounding it is exact.
         let (ob, dob) = (
-            self.to_bf16_buf(op, out, nq)?,
-            self.to_bf16_buf(op, d_out, nq)?,
+            self.bf16_operand(op, "out", out, nq)?,
+            self.bf16_operand(op, "d_out", d_out, nq)?,
         );
+        let (qb, kb, vb, ob, dob) = (qb.get(), kb.get(), vb.get(), ob.get(), dob.get());
         let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
         let (tq, tk, hq, hkv) = (
             dims.q_rows as i32,
@@ -434,8 +515,8 @@ impl CudaBackend {
         // attn_bwd_pre_d{D}(const bf16* o, dout, const int* fs, fe, ss, se, float* Di,
         //                   float* dq_accum, int* summary, int Tq, int Hq)
         let mut l = self.stream.launch_builder(&var.pre);
-        l.arg(&ob)
-            .arg(&dob)
+        l.arg(ob)
+            .arg(dob)
             .arg(&fs)
             .arg(&fe)
             .arg(&ss)
@@ -462,10 +543,10 @@ impl CudaBackend {
             //                    const int* summary, fs, fe, ss, se, float* dq_accum,
             //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale)
             let mut l = self.stream.launch_builder(&var.dkdv);
-            l.arg(&qb)
-                .arg(&kb)
-                .arg(&vb)
-                .arg(&dob)
+            l.arg(qb)
+                .arg(kb)
+                .arg(vb)
+                .arg(dob)
                 .arg(lse)
                 .arg(&di)
                 .arg(&summary)

@@ -385,3 +385,93 @@ fn attention_cuda_flash_matches_reference() {
     }
     println!("  unsupported head dims: clean errors");
 }
+
+/// `cuda-flash` takes bf16 q, k, v (and the backward's out and d_out) as they are: the
+/// kernel rounds f32 inputs to bf16 itself, so feeding the same values already in bf16 must
+/// give bit-identical out, lse, dq, dk, dv (any difference would mean a wrong buffer or
+/// dtype reached the kernel). `cuda-simple` computes in f32 and refuses bf16 by name.
+#[test]
+fn attention_cuda_flash_takes_bf16_inputs_bit_identically() {
+    let Some(cu) = cuda_attn("cuda-flash", GemmPrecision::Bf16) else {
+        return;
+    };
+    let mut r = rng(41);
+    let (s, bs, hq, hkv) = (96, 8, 4, 2);
+    let anchors = [3, 17, 40, 41, 77, -1];
+    let mask = BlockMask::dflash(s, bs, &anchors).unwrap();
+    for d in dflash_backend_cuda::FLASH_HEAD_DIMS {
+        let (tq, tk) = (mask.q_len(), mask.kv_len());
+        let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
+        let q = bf16_rounded(&rand_vec(&mut r, tq * hq * d, 2.0));
+        let k = bf16_rounded(&rand_vec(&mut r, tk * hkv * d, 2.0));
+        let v = bf16_rounded(&rand_vec(&mut r, tk * hkv * d, 1.0));
+        let d_out = bf16_rounded(&rand_vec(&mut r, tq * hq * d, 1.0));
+        let scale = (d as f32).powf(-0.5);
+        let f32_in = [up(&cu, &q, &qs), up(&cu, &k, &ks), up(&cu, &v, &ks)];
+        let bf_in = [
+            up_bf16(&cu, &q, &qs),
+            up_bf16(&cu, &k, &ks),
+            up_bf16(&cu, &v, &ks),
+        ];
+        let (o32, l32) = cu
+            .attention(&f32_in[0], &f32_in[1], &f32_in[2], &mask, scale)
+            .unwrap();
+        let (obf, lbf) = cu
+            .attention(&bf_in[0], &bf_in[1], &bf_in[2], &mask, scale)
+            .unwrap();
+        check_exact(
+            &format!("flash bf16-in out D{d}"),
+            &down(&cu, &obf),
+            &down(&cu, &o32),
+        );
+        check_exact(
+            &format!("flash bf16-in lse D{d}"),
+            &down(&cu, &lbf),
+            &down(&cu, &l32),
+        );
+        // The forward's out is bf16-valued, so its bf16 copy is exact.
+        let o_bf = cu.to_dtype(&o32, dflash_backend_cuda::DType::Bf16).unwrap();
+        let (d32, dbf) = (up(&cu, &d_out, &qs), up_bf16(&cu, &d_out, &qs));
+        let g32 = cu
+            .attention_backward(
+                &f32_in[0], &f32_in[1], &f32_in[2], &o32, &l32, &d32, &mask, scale,
+            )
+            .unwrap();
+        let gbf = cu
+            .attention_backward(
+                &bf_in[0], &bf_in[1], &bf_in[2], &o_bf, &l32, &dbf, &mask, scale,
+            )
+            .unwrap();
+        // dq accumulates with f32 atomics (order not fixed): equal to rounding, not bits.
+        let why = "dq: f32 atomic accumulation order";
+        check(
+            &format!("flash bf16-in dq D{d}"),
+            &down(&cu, &gbf.0),
+            &down(&cu, &g32.0),
+            1e-5,
+            1e-6,
+            why,
+        );
+        check_exact(
+            &format!("flash bf16-in dk D{d}"),
+            &down(&cu, &gbf.1),
+            &down(&cu, &g32.1),
+        );
+        check_exact(
+            &format!("flash bf16-in dv D{d}"),
+            &down(&cu, &gbf.2),
+            &down(&cu, &g32.2),
+        );
+    }
+    let Some(simple) = cuda_attn("cuda-simple", GemmPrecision::Bf16) else {
+        return;
+    };
+    let (tq, tk) = (mask.q_len(), mask.kv_len());
+    let q = up_bf16(&simple, &rand_vec(&mut r, tq * hq * 64, 1.0), &[tq, hq, 64]);
+    let k = up(
+        &simple,
+        &rand_vec(&mut r, tk * hkv * 64, 1.0),
+        &[tk, hkv, 64],
+    );
+    assert_bf16_rejected(simple.attention(&q, &k, &k, &mask, 0.125), "attention");
+}

@@ -144,9 +144,14 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         let (mask, tq) = case.mask()?;
         let tk = mask.kv_len();
         let h = case.heads;
-        let q = b.random_normal(&[tq, h.q, h.dim], 1.0, SEED + 1)?;
-        let k = b.random_normal(&[tk, h.kv, h.dim], 1.0, SEED + 2)?;
-        let v = b.random_normal(&[tk, h.kv, h.dim], 1.0, SEED + 3)?;
+        // Inputs in the backend's compute format (bf16 on CUDA), as the anchors' bf16
+        // tensors are; outputs and gradients are whatever the backend returns (f32 today).
+        let input = |shape: &[usize], seed: u64| -> Result<dflash_core::Tensor> {
+            Ok(b.to_compute_format(b.random_normal(shape, 1.0, seed)?)?)
+        };
+        let q = input(&[tq, h.q, h.dim], SEED + 1)?;
+        let k = input(&[tk, h.kv, h.dim], SEED + 2)?;
+        let v = input(&[tk, h.kv, h.dim], SEED + 3)?;
         let scale = (h.dim as f32).powf(-0.5);
         let pairs = mask.visible_pairs();
         let fwd_flops = 4.0 * (h.q * h.dim) as f64 * pairs as f64;
@@ -159,7 +164,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
             s.record(&fwd_name, fwd_flops / t / 1e12, t, detail.clone())?;
         }
         if want_bwd {
-            let d_out = b.random_normal(&[tq, h.q, h.dim], 1.0, SEED + 4)?;
+            let d_out = input(&[tq, h.q, h.dim], SEED + 4)?;
             let t = crate::median_seconds(b, timing, || {
                 let (out, lse) = b.attention(&q, &k, &v, &mask, scale)?;
                 b.attention_backward(&q, &k, &v, &out, &lse, &d_out, &mask, scale)?;
