@@ -1,5 +1,5 @@
 //! AdamW, one fused f32-storage kernel with f64 per-element math (`kernels/optimizer.cu`),
-//! the torch.optim.AdamW formula:
+//! the torch.optim.AdamW formula on `g = grad * grad_scale` (f32 product):
 //! `p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m/bc1) / (sqrt(v/bc2) + eps)`.
 
 use cudarc::driver::PushKernelArg;
@@ -44,6 +44,7 @@ impl OptimizerOps for CudaBackend {
             .arg(&mut ms.buf)
             .arg(&mut vs.buf)
             .arg(&g.buf)
+            .arg(&hp.grad_scale)
             .arg(&n64)
             .arg(&lr)
             .arg(&b1)

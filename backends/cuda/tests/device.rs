@@ -154,6 +154,7 @@ fn errors_name_op_shapes_and_device() {
         eps: 1e-8,
         weight_decay: 0.0,
         step: 0,
+        grad_scale: 1.0,
     };
     let (g, mut m, mut v) = (
         up(&cu, &[0.1; 4], &[4]),
@@ -386,6 +387,7 @@ fn timing_report() {
             eps: 1e-8,
             weight_decay: 0.0,
             step,
+            grad_scale: 1.0,
         };
         cu.adamw_step(&mut p, &g, &mut m, &mut v2, &hp).unwrap();
     });

@@ -219,6 +219,7 @@ fn optimizer_ops_match_reference() {
             eps: 1e-8,
             weight_decay: 0.1,
             step,
+            grad_scale: 0.37 * step as f32,
         };
         cu.adamw_step(&mut pc, &up(&cu, &g, &[n]), &mut mc, &mut vc, &hp)
             .unwrap();
@@ -307,6 +308,7 @@ fn f32_only_ops_reject_bf16() {
         eps: 1e-8,
         weight_decay: 0.0,
         step: 1,
+        grad_scale: 1.0,
     };
     let (mut m, mut v) = (cu.zeros(&[t, c]).unwrap(), cu.zeros(&[t, c]).unwrap());
     let mut pb = cu.copy(&xb).unwrap();

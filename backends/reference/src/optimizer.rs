@@ -43,6 +43,7 @@ impl OptimizerOps for ReferenceBackend {
             bc1,
             bc2,
         } = hp.scalars();
+        let gs = hp.grad_scale;
         self.run(|| {
             p.par_chunks_mut(CHUNK)
                 .zip(m.par_chunks_mut(CHUNK))
@@ -50,7 +51,7 @@ impl OptimizerOps for ReferenceBackend {
                 .zip(g.par_chunks(CHUNK))
                 .for_each(|(((p, m), v), g)| {
                     for i in 0..p.len() {
-                        let gi = g[i] as f64;
+                        let gi = (g[i] * gs) as f64;
                         let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
                         let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
                         let pi = p[i] as f64 * decay;

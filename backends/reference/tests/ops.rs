@@ -278,15 +278,18 @@ fn adamw_matches_scalar_loop_over_three_steps() {
             eps: 1e-8,
             weight_decay: 0.1,
             step,
+            // A clipping-like factor, applied to g in f32 as the formula below does.
+            grad_scale: 0.6,
         };
         be.adamw_step(&mut p, &up(&be, &g, &[n]), &mut m, &mut v, &hp)
             .unwrap();
         // torch.optim.AdamW, written out per element in f64.
         let (lr, b1, b2) = (hp.lr as f64, hp.beta1 as f64, hp.beta2 as f64);
         for i in 0..n {
+            let gi = (g[i] * hp.grad_scale) as f64;
             sp[i] -= lr * hp.weight_decay as f64 * sp[i];
-            sm[i] = b1 * sm[i] + (1.0 - b1) * g[i] as f64;
-            sv[i] = b2 * sv[i] + (1.0 - b2) * (g[i] as f64).powi(2);
+            sm[i] = b1 * sm[i] + (1.0 - b1) * gi;
+            sv[i] = b2 * sv[i] + (1.0 - b2) * gi.powi(2);
             let mhat = sm[i] / (1.0 - b1.powi(step as i32));
             let vhat = sv[i] / (1.0 - b2.powi(step as i32));
             sp[i] -= lr * mhat / (vhat.sqrt() + hp.eps as f64);

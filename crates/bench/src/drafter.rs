@@ -12,7 +12,7 @@ use dflash_config::{DrafterConfig, DrafterShape, default_gamma};
 use dflash_core::pipeline::{Features, HiddenSeq};
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, DrafterGrads, DrafterParams};
-use dflash_training::optimizer::{AdamW, AdamWHyper, clip_grads, grad_norm};
+use dflash_training::optimizer::{AdamW, AdamWHyper, clip_factor, grad_norm};
 use dflash_training::{BlockSpec, PreparedSeq};
 
 use crate::util::SplitMix;
@@ -112,8 +112,6 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     };
     let mut opt = AdamW::new(b, &cfg, hyper)?;
 
-    // Inputs of the largest batch; smaller batches use a prefix.
-    let max_batch = BATCHES.iter().copied().max().unwrap_or(1);
     let spec = BlockSpec {
         block_size: cfg.block_size,
         num_anchors,
@@ -121,19 +119,23 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         mask_token_id: cfg.mask_token_id,
         seed: SEED,
     };
-    let mut rng = SplitMix::new(SEED);
-    let mut seqs = Vec::with_capacity(max_batch);
-    for i in 0..max_batch {
-        let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
-        let seq = HiddenSeq {
-            sample_id: i as u64,
-            ids: rng.tokens(len, v),
-            loss_mask: vec![1; len],
-            // Left on the device in its compute format, as the target workers hand them over.
-            features: Features::Tensor(b.to_compute_format(feats)?),
-        };
-        seqs.push(PreparedSeq::new(seq, 0, &spec));
-    }
+    // One batch's inputs at a time, so a figure's peak memory holds only its own batch's
+    // features (as the trainer's queue hands them over: on the device, compute format).
+    let make_seqs = |batch: usize| -> Result<Vec<PreparedSeq>> {
+        let mut rng = SplitMix::new(SEED);
+        let mut seqs = Vec::with_capacity(batch);
+        for i in 0..batch {
+            let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
+            let seq = HiddenSeq {
+                sample_id: i as u64,
+                ids: rng.tokens(len, v),
+                loss_mask: vec![1; len],
+                features: Features::Tensor(b.to_compute_format(feats)?),
+            };
+            seqs.push(PreparedSeq::new(seq, 0, &spec));
+        }
+        Ok(seqs)
+    };
     let desc = format!(
         "{} layers, hidden {h}, {}/{} heads, d={}, MLP {}, vocab {v}, k={k}, S={len}, \
          {num_anchors} anchors x {}",
@@ -153,7 +155,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         if !s.wants(&tp) && !s.wants(&mem) {
             continue;
         }
-        let batch_seqs = &seqs[..batch];
+        let seqs = make_seqs(batch)?;
+        let batch_seqs = &seqs[..];
         let weight_sum: f64 = batch_seqs.iter().map(|p| p.weight_sum()).sum();
         if weight_sum <= 0.0 {
             return Err(BenchError::Invalid {
@@ -168,8 +171,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
                 drafter.forward_backward(&p.as_input(), inv, &mut grads, recompute)?;
             }
             let norm = grad_norm(b, &grads)?;
-            clip_grads(b, &mut grads, norm, GRAD_CLIP)?;
-            opt.update(b, &mut drafter.params, &grads, LR)?;
+            let scale = clip_factor(norm, GRAD_CLIP) as f32;
+            opt.update(b, &mut drafter.params, &grads, LR, scale)?;
             Ok(())
         };
         b.synchronize()?;

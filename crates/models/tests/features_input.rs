@@ -9,7 +9,7 @@ use std::any::Any;
 
 use common::*;
 use dflash_core::pipeline::FeaturesRef;
-use dflash_core::{MemoryOps, Storage, Tensor};
+use dflash_core::{Storage, Tensor};
 use dflash_data::{block_targets, default_gamma};
 use dflash_models::{DraftInput, Drafter, DrafterGrads};
 

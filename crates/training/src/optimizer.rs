@@ -32,13 +32,15 @@ impl AdamW {
         })
     }
 
-    /// One update with learning rate `lr`.
+    /// One update with learning rate `lr` on `grads * grad_scale` (the gradients themselves
+    /// are not modified: normalisation and clipping ride along in the optimizer's pass).
     pub fn update(
         &mut self,
         b: &dyn Backend,
         params: &mut DrafterParams,
         grads: &DrafterGrads,
         lr: f32,
+        grad_scale: f32,
     ) -> Result<()> {
         self.step += 1;
         let hp = AdamWParams {
@@ -48,6 +50,7 @@ impl AdamW {
             eps: self.hyper.eps,
             weight_decay: self.hyper.weight_decay,
             step: self.step,
+            grad_scale,
         };
         let ps = params.tensors_mut();
         let gs = grads.tensors();
@@ -69,19 +72,13 @@ pub fn grad_norm(b: &dyn Backend, grads: &DrafterGrads) -> Result<f64> {
     Ok(sq.sqrt())
 }
 
-/// Scales gradients so their global norm is at most `max_norm` (PyTorch's
-/// `clip_grad_norm_`: factor `max_norm / (norm + 1e-6)` when it is below 1).
-pub fn clip_grads(
-    b: &dyn Backend,
-    grads: &mut DrafterGrads,
-    norm: f64,
-    max_norm: f64,
-) -> Result<()> {
+/// The factor that brings gradients of global norm `norm` to at most `max_norm` (PyTorch's
+/// `clip_grad_norm_`: `max_norm / (norm + 1e-6)` when that is below 1; 1 otherwise or when
+/// `max_norm` is 0, i.e. clipping is off). Applied through [`AdamW::update`]'s `grad_scale`.
+pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
     if max_norm > 0.0 && norm > max_norm {
-        let f = (max_norm / (norm + 1e-6)) as f32;
-        for g in grads.tensors_mut() {
-            b.scale_assign(g, f)?;
-        }
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
     }
-    Ok(())
 }

@@ -9,7 +9,7 @@ use dflash_core::{Backend, Communicator, LossStats};
 use dflash_models::{Drafter, DrafterGrads};
 
 use crate::error::{Result, TrainError};
-use crate::optimizer::{AdamW, clip_grads, grad_norm};
+use crate::optimizer::{AdamW, clip_factor, grad_norm};
 use crate::prepare::PreparedSeq;
 
 /// What one optimizer step did, identical on every replica.
@@ -104,16 +104,15 @@ impl DrafterReplica {
             applied: false,
         };
         if stats.weight_sum > 0.0 {
-            let inv = (1.0 / stats.weight_sum) as f32;
-            for g in self.grads.tensors_mut() {
-                b.scale_assign(g, inv)?;
-            }
-            let norm = grad_norm(b, &self.grads)?;
+            // Gradients hold sums over the step's supervised slots: the mean (1 / weight sum)
+            // and the clipping factor scale them inside the optimizer's pass.
+            let inv = 1.0 / stats.weight_sum;
+            let norm = grad_norm(b, &self.grads)? * inv;
             summary.grad_norm = norm;
             if norm.is_finite() && stats.loss().is_finite() {
-                clip_grads(b, &mut self.grads, norm, self.grad_clip)?;
+                let scale = (inv * clip_factor(norm, self.grad_clip)) as f32;
                 self.optimizer
-                    .update(b, &mut self.drafter.params, &self.grads, lr as f32)?;
+                    .update(b, &mut self.drafter.params, &self.grads, lr as f32, scale)?;
                 summary.applied = true;
                 self.nonfinite_run = 0;
             } else {

@@ -13,7 +13,7 @@ use dflash_core::registry::{BackendOptions, create_backend};
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{DraftInput, Drafter, DrafterParams, Qwen3Target};
 use dflash_training::eval::sequence_cycles;
-use dflash_training::optimizer::{AdamWHyper, clip_grads, grad_norm};
+use dflash_training::optimizer::{AdamWHyper, clip_factor, grad_norm};
 use dflash_training::{
     AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, TrainError, evaluate_tau, state,
 };
@@ -321,26 +321,50 @@ fn grad_norm_and_clipping() {
     let norm = grad_norm(b.as_ref(), &grads).unwrap();
     assert!((norm - expect).abs() <= 1e-9 * expect, "{norm} vs {expect}");
 
+    // Below the limit, or clipping disabled (0): factor 1. Above: max / (norm + 1e-6)
+    // (PyTorch's clip_grad_norm_).
+    assert_eq!(clip_factor(norm, 2.0 * norm), 1.0);
+    assert_eq!(clip_factor(norm, 0.0), 1.0);
+    let max = norm / 4.0;
+    let f = clip_factor(norm, max);
+    assert_eq!(f, max / (norm + 1e-6));
+
+    // The factor is applied inside AdamW's pass, without touching the gradients: the update
+    // equals, bit for bit, one on gradients scaled beforehand (both round g * f to f32), and
+    // the gradients scaled that way have the clipped norm.
     let snapshot = |g: &DrafterParams| -> Vec<Vec<f32>> {
         g.tensors().iter().map(|t| b.download(t).unwrap()).collect()
     };
     let before = snapshot(&grads);
-    // Below the limit, or clipping disabled (0): untouched.
-    clip_grads(b.as_ref(), &mut grads, norm, 2.0 * norm).unwrap();
-    clip_grads(b.as_ref(), &mut grads, norm, 0.0).unwrap();
-    assert_eq!(snapshot(&grads), before);
-    // Above: every element scaled by max / (norm + 1e-6) (PyTorch's clip_grad_norm_).
-    let max = norm / 4.0;
-    clip_grads(b.as_ref(), &mut grads, norm, max).unwrap();
-    let f = (max / (norm + 1e-6)) as f32;
-    for (x, y) in before
-        .iter()
-        .flatten()
-        .zip(snapshot(&grads).iter().flatten())
-    {
-        assert_eq!(*y, x * f);
+    let params = |seed: u64| {
+        let mut p = DrafterParams::zeros(b.as_ref(), &cfg).unwrap();
+        for (i, t) in p.tensors_mut().into_iter().enumerate() {
+            let n = t.numel();
+            let v: Vec<f32> = (0..n)
+                .map(|j| ((j * 31 + i * 17 + seed as usize) % 97) as f32 * 0.01 - 0.48)
+                .collect();
+            *t = b.upload(&v, t.dims()).unwrap();
+        }
+        p
+    };
+    let (mut fused, mut plain) = (params(3), params(3));
+    let mut opt_fused = AdamW::new(b.as_ref(), &cfg, HYPER).unwrap();
+    let mut opt_plain = AdamW::new(b.as_ref(), &cfg, HYPER).unwrap();
+    opt_fused
+        .update(b.as_ref(), &mut fused, &grads, 1e-2, f as f32)
+        .unwrap();
+    assert_eq!(snapshot(&grads), before, "grads are only read");
+    let mut scaled = DrafterParams::zeros(b.as_ref(), &cfg).unwrap();
+    for (s, g) in scaled.tensors_mut().into_iter().zip(grads.tensors()) {
+        *s = b.copy(g).unwrap();
+        b.scale_assign(s, f as f32).unwrap();
     }
-    let after = grad_norm(b.as_ref(), &grads).unwrap();
+    opt_plain
+        .update(b.as_ref(), &mut plain, &scaled, 1e-2, 1.0)
+        .unwrap();
+    assert_eq!(snapshot(&fused), snapshot(&plain));
+    assert_ne!(snapshot(&fused), snapshot(&params(3)), "the update moved something");
+    let after = grad_norm(b.as_ref(), &scaled).unwrap();
     assert!((after - max).abs() <= 1e-5 * max, "{after} vs {max}");
 }
 

@@ -10,12 +10,17 @@ pub struct AdamWParams {
     pub weight_decay: f32,
     /// 1-based step count, for bias correction.
     pub step: u64,
+    /// Every gradient element is multiplied by this (in f32) before the update: loss
+    /// normalisation and gradient clipping folded into the optimizer's one pass over memory
+    /// instead of extra passes over every gradient. 1.0 for none.
+    pub grad_scale: f32,
 }
 
 /// AdamW with fp32 master weights and fp32 moments. On an f32 backend the parameter is its
 /// own master copy; a bf16 backend keeps `master` in f32 and writes the rounded value back.
 pub trait OptimizerOps {
-    /// Decoupled weight decay, bias-corrected moments; updates `param`, `m`, `v` in place.
+    /// Decoupled weight decay, bias-corrected moments, on `grad * hp.grad_scale`; updates
+    /// `param`, `m`, `v` in place (`grad` is only read).
     fn adamw_step(
         &self,
         param: &mut Tensor,
@@ -68,6 +73,9 @@ impl AdamWParams {
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.step == 0 {
             return Err("step is 1-based; got 0".into());
+        }
+        if !self.grad_scale.is_finite() {
+            return Err(format!("grad_scale must be finite, got {}", self.grad_scale));
         }
         Ok(())
     }
