@@ -52,3 +52,33 @@ __device__ __forceinline__ long long gtid() {
 __device__ __forceinline__ long long gstride() {
     return (long long)gridDim.x * blockDim.x;
 }
+
+// ---- Activation storage types (f32, or bf16 as raw u16 bits) ----
+// Kernels are templated on the element type of each activation pointer: `df_ld` loads an
+// element as f32 (bf16 widening is exact), `df_st` stores an f32 result (bf16: rounded once,
+// to nearest even; NaN stays a quiet NaN with its sign). All math is f32 in between. The
+// extern "C" instantiations are named with one letter per templated pointer, `f` (f32) or `b`
+// (bf16), outputs first, e.g. `add_bff` = bf16 out, f32 a, f32 b (`DF_INST*` below enumerate
+// them in the order the Rust side indexes: f = 0, b = 1, first letter most significant).
+typedef unsigned short df_bf16;
+
+__device__ __forceinline__ unsigned int df_bf16_bits(float f) {
+    const unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;  // quiet NaN
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float df_ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float df_ld(const df_bf16* p, long long i) {
+    return __uint_as_float(((unsigned int)p[i]) << 16);
+}
+__device__ __forceinline__ void df_st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void df_st(df_bf16* p, long long i, float v) {
+    p[i] = (df_bf16)df_bf16_bits(v);
+}
+
+#define DF_T_f float
+#define DF_T_b df_bf16
+#define DF_INST2(M) M(f) M(b)
+#define DF_INST4(M) M(f, f) M(f, b) M(b, f) M(b, b)
+#define DF_INST8(M) \
+    M(f, f, f) M(f, f, b) M(f, b, f) M(f, b, b) M(b, f, f) M(b, f, b) M(b, b, f) M(b, b, b)

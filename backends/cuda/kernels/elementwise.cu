@@ -1,22 +1,48 @@
 // Memory and elementwise ops: fill, add, add_assign, scale, column concatenation, row
 // gather/scatter, sum of squares (two-pass, f64), non-finite count (two-pass), and the
-// f32 <-> bf16 conversions (bf16 storage of read-only tensors, bf16 GEMM operands).
+// f32 <-> bf16 conversions. The arithmetic kernels are templated on each pointer's element
+// type (f32 or bf16, see common.cuh) and compute in f32 (sums of squares in f64).
 
 extern "C" __global__ void fill_f32(float* x, long long n, float v) {
     for (long long i = gtid(); i < n; i += gstride()) x[i] = v;
 }
 
-extern "C" __global__ void add_f32(float* out, const float* a, const float* b, long long n) {
-    for (long long i = gtid(); i < n; i += gstride()) out[i] = a[i] + b[i];
+extern "C" __global__ void fill_u16(unsigned short* x, long long n, unsigned int v) {
+    for (long long i = gtid(); i < n; i += gstride()) x[i] = (unsigned short)v;
 }
 
-extern "C" __global__ void add_assign_f32(float* acc, const float* x, long long n) {
-    for (long long i = gtid(); i < n; i += gstride()) acc[i] += x[i];
+// out = a + b, each of f32 or bf16 (add_<out><a><b>).
+template <typename TO, typename TA, typename TB>
+__device__ __forceinline__ void add_t(TO* out, const TA* a, const TB* b, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) df_st(out, i, df_ld(a, i) + df_ld(b, i));
 }
+#define DF_ADD(O, A, B)                                                                      \
+    extern "C" __global__ void add_##O##A##B(DF_T_##O* out, const DF_T_##A* a,               \
+                                             const DF_T_##B* b, long long n) {               \
+        add_t(out, a, b, n);                                                                 \
+    }
+DF_INST8(DF_ADD)
 
-extern "C" __global__ void scale_f32(float* x, long long n, float s) {
-    for (long long i = gtid(); i < n; i += gstride()) x[i] *= s;
+// acc += x, acc keeps its type (add_assign_<acc><x>).
+template <typename TA, typename TX>
+__device__ __forceinline__ void add_assign_t(TA* acc, const TX* x, long long n) {
+    for (long long i = gtid(); i < n; i += gstride()) df_st(acc, i, df_ld(acc, i) + df_ld(x, i));
 }
+#define DF_ADD_ASSIGN(A, X)                                                                  \
+    extern "C" __global__ void add_assign_##A##X(DF_T_##A* acc, const DF_T_##X* x,           \
+                                                 long long n) {                              \
+        add_assign_t(acc, x, n);                                                             \
+    }
+DF_INST4(DF_ADD_ASSIGN)
+
+// x *= s in place (scale_<x>).
+template <typename T>
+__device__ __forceinline__ void scale_t(T* x, long long n, float s) {
+    for (long long i = gtid(); i < n; i += gstride()) df_st(x, i, df_ld(x, i) * s);
+}
+#define DF_SCALE(T) \
+    extern "C" __global__ void scale_##T(DF_T_##T* x, long long n, float s) { scale_t(x, n, s); }
+DF_INST2(DF_SCALE)
 
 // out (rows, out_cols)[:, col_off .. col_off + cols] = src (rows, cols)
 extern "C" __global__ void copy_cols_f32(float* out, const float* src, long long rows,
@@ -49,27 +75,52 @@ extern "C" __global__ void gather_rows_f32(float* out, const float* x, const int
     }
 }
 
-// out[rows[i], :] = x (n, cols)
-extern "C" __global__ void scatter_rows_f32(float* out, const float* x, const int* rows,
-                                            long long n, long long cols) {
+// The same gather for 2-byte elements (bf16 rows; a pure copy).
+extern "C" __global__ void gather_rows_u16(unsigned short* out, const unsigned short* x,
+                                           const int* rows, long long n, long long cols) {
     const long long total = n * cols;
     for (long long i = gtid(); i < total; i += gstride()) {
         const long long r = i / cols, c = i - r * cols;
-        out[(long long)rows[r] * cols + c] = x[i];
+        out[i] = x[(long long)rows[r] * cols + c];
     }
 }
 
-// Pass 1 of sum(x^2): block b writes the f64 sum of its grid-stride share to partial[b].
-extern "C" __global__ void sum_squares_partial(const float* x, long long n, double* partial) {
+// out[rows[i], :] = x (n, cols), x f32, out f32 or bf16 (scatter_rows_<out>).
+template <typename TO>
+__device__ __forceinline__ void scatter_rows_t(TO* out, const float* x, const int* rows,
+                                               long long n, long long cols) {
+    const long long total = n * cols;
+    for (long long i = gtid(); i < total; i += gstride()) {
+        const long long r = i / cols, c = i - r * cols;
+        df_st(out, (long long)rows[r] * cols + c, x[i]);
+    }
+}
+#define DF_SCATTER(O)                                                                        \
+    extern "C" __global__ void scatter_rows_##O(DF_T_##O* out, const float* x, const int* rows, \
+                                                long long n, long long cols) {               \
+        scatter_rows_t(out, x, rows, n, cols);                                               \
+    }
+DF_INST2(DF_SCATTER)
+
+// Pass 1 of sum(x^2): block b writes the f64 sum of its grid-stride share to partial[b]
+// (sum_squares_partial_<x>).
+template <typename T>
+__device__ __forceinline__ void sum_squares_partial_t(const T* x, long long n, double* partial) {
     __shared__ double sh[32];
     double acc = 0.0;
     for (long long i = gtid(); i < n; i += gstride()) {
-        const double v = (double)x[i];
+        const double v = (double)df_ld(x, i);
         acc += v * v;
     }
     acc = block_sum(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
+#define DF_SUMSQ(T)                                                                          \
+    extern "C" __global__ void sum_squares_partial_##T(const DF_T_##T* x, long long n,        \
+                                                       double* partial) {                    \
+        sum_squares_partial_t(x, n, partial);                                                \
+    }
+DF_INST2(DF_SUMSQ)
 
 // Pass 2: one block sums the partials in a fixed order.
 extern "C" __global__ void sum_final_f64(const double* partial, int n, double* out) {
@@ -80,14 +131,21 @@ extern "C" __global__ void sum_final_f64(const double* partial, int n, double* o
     if (threadIdx.x == 0) out[0] = acc;
 }
 
-extern "C" __global__ void nonfinite_partial(const float* x, long long n,
-                                             unsigned long long* partial) {
+template <typename T>
+__device__ __forceinline__ void nonfinite_partial_t(const T* x, long long n,
+                                                    unsigned long long* partial) {
     __shared__ unsigned long long sh[32];
     unsigned long long acc = 0;
-    for (long long i = gtid(); i < n; i += gstride()) acc += isfinite(x[i]) ? 0 : 1;
+    for (long long i = gtid(); i < n; i += gstride()) acc += isfinite(df_ld(x, i)) ? 0 : 1;
     acc = block_sum(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
+#define DF_NONFINITE(T)                                                                      \
+    extern "C" __global__ void nonfinite_partial_##T(const DF_T_##T* x, long long n,          \
+                                                     unsigned long long* partial) {          \
+        nonfinite_partial_t(x, n, partial);                                                  \
+    }
+DF_INST2(DF_NONFINITE)
 
 extern "C" __global__ void sum_final_u64(const unsigned long long* partial, int n,
                                          unsigned long long* out) {
@@ -106,11 +164,7 @@ extern "C" __global__ void sum_final_u64(const unsigned long long* partial, int 
 // last n % 8 elements go one per thread; otherwise one element per thread. Grid-stride, so any
 // launch shape is correct (the Rust side launches ceil(n / 8) threads). (16 elements per
 // thread for bf16 -> f32 measured slower on the H200: 2230 vs 3237 GB/s.)
-__device__ __forceinline__ unsigned int bf16_rne_bits(float f) {
-    const unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;  // quiet NaN
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
+__device__ __forceinline__ unsigned int bf16_rne_bits(float f) { return df_bf16_bits(f); }
 // Two bf16 in one word, element `lo` first (little-endian).
 __device__ __forceinline__ unsigned int bf16_pack2(float lo, float hi) {
     return bf16_rne_bits(lo) | (bf16_rne_bits(hi) << 16);

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttentionOps, AttnDims, Error, Result, Tensor};
 
+use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes};
 use crate::{AttnImpl, CudaBackend, warp_items};
 use cudarc::driver::PushKernelArg;
@@ -84,14 +85,12 @@ pub fn key_query_runs(mask: &BlockMask) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
 }
 
 impl CudaBackend {
-    /// An attention operand: any dtype for `cuda-flash` (bf16 goes to the kernel as it is,
-    /// f32 is rounded to bf16 there) and for host kernels (downloads widen bf16); f32 for
-    /// `cuda-simple`, which computes in f32.
+    /// An attention operand, any dtype: `cuda-flash` takes bf16 as it is and rounds f32 to
+    /// bf16; host kernels get downloads (bf16 widened); `cuda-simple` reads either (its kernels
+    /// are instantiated per (output, input) dtype; a call with mixed input dtypes widens its
+    /// bf16 inputs exactly first).
     fn attn_in<'a>(&self, op: &'static str, t: &'a Tensor) -> Result<&'a crate::CudaStorage> {
-        match self.attention {
-            AttnImpl::Simple => self.f32s(op, t),
-            AttnImpl::Flash | AttnImpl::Host(_) => self.any(op, t),
-        }
+        self.any(op, t)
     }
 
     /// Checks `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)` and builds the dims.
@@ -188,9 +187,11 @@ impl AttentionOps for CudaBackend {
             }
             AttnImpl::Simple => {
                 self.simple_supports(op, &dims)?;
-                let mut out = self.alloc_f32(op, qs.len)?;
+                let od = self.opts.activations;
+                let mut out = self.alloc(op, qs.len, od)?;
                 let mut lse = self.alloc_f32(op, nl)?;
                 if nl > 0 {
+                    let (id, [qb, kb, vb]) = self.uniform(op, [qs, ks, vs])?;
                     let [f0, f1, s0, s1] = mask.to_i32_arrays();
                     let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
                     let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
@@ -200,10 +201,15 @@ impl AttentionOps for CudaBackend {
                         dims.kv_heads as i32,
                         dims.head_dim as i32,
                     );
-                    let mut l = self.stream.launch_builder(&self.k().attn_fwd);
-                    l.arg(&qs.buf)
-                        .arg(&ks.buf)
-                        .arg(&vs.buf)
+                    let kn = self.k();
+                    let f = pick(
+                        &[&kn.attn_fwd_ff, &kn.attn_fwd_fb, &kn.attn_fwd_bf, &kn.attn_fwd_bb],
+                        &[od, id],
+                    );
+                    let mut l = self.stream.launch_builder(f);
+                    l.arg(qb.get())
+                        .arg(kb.get())
+                        .arg(vb.get())
                         .arg(&f0)
                         .arg(&f1)
                         .arg(&s0)
@@ -218,7 +224,7 @@ impl AttentionOps for CudaBackend {
                     self.launch(op, l, warp_items(nl))?;
                 }
                 Ok((
-                    self.tensor(out, DType::F32, q.shape().clone()),
+                    self.tensor(out, od, q.shape().clone()),
                     self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
                 ))
             }
@@ -299,9 +305,12 @@ impl AttentionOps for CudaBackend {
                 self.simple_supports(op, &dims)?;
                 let nl = dims.q_rows * dims.q_heads;
                 let nk = dims.kv_rows * dims.kv_heads;
-                let mut dq = self.alloc_f32(op, qs.len)?;
-                let mut dk = self.alloc_f32(op, ks.len)?;
-                let mut dv = self.alloc_f32(op, vs.len)?;
+                let od = self.opts.activations;
+                let mut dq = self.alloc(op, qs.len, od)?;
+                let mut dk = self.alloc(op, ks.len, od)?;
+                let mut dv = self.alloc(op, vs.len, od)?;
+                let (id, [qb, kb, vb, ob, dob]) = self.uniform(op, [qs, ks, vs, os, dos])?;
+                let kn = self.k();
                 let (tq, tk, hq, hkv, d) = (
                     dims.q_rows as i32,
                     dims.kv_rows as i32,
@@ -312,9 +321,10 @@ impl AttentionOps for CudaBackend {
                 let mut dsum = self.alloc_f32(op, nl)?;
                 if nl > 0 {
                     let (rows64, d32) = (nl as i64, d);
-                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dsum);
-                    l.arg(&os.buf)
-                        .arg(&dos.buf)
+                    let f = pick(&[&kn.attn_bwd_dsum_f, &kn.attn_bwd_dsum_b], &[id]);
+                    let mut l = self.stream.launch_builder(f);
+                    l.arg(ob.get())
+                        .arg(dob.get())
                         .arg(&mut dsum)
                         .arg(&rows64)
                         .arg(&d32);
@@ -323,11 +333,20 @@ impl AttentionOps for CudaBackend {
                     let [f0, f1, s0, s1] = mask.to_i32_arrays();
                     let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
                     let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
-                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dq);
-                    l.arg(&qs.buf)
-                        .arg(&ks.buf)
-                        .arg(&vs.buf)
-                        .arg(&dos.buf)
+                    let f = pick(
+                        &[
+                            &kn.attn_bwd_dq_ff,
+                            &kn.attn_bwd_dq_fb,
+                            &kn.attn_bwd_dq_bf,
+                            &kn.attn_bwd_dq_bb,
+                        ],
+                        &[od, id],
+                    );
+                    let mut l = self.stream.launch_builder(f);
+                    l.arg(qb.get())
+                        .arg(kb.get())
+                        .arg(vb.get())
+                        .arg(dob.get())
                         .arg(&ls.buf)
                         .arg(&dsum)
                         .arg(&f0)
@@ -347,11 +366,20 @@ impl AttentionOps for CudaBackend {
                     let off = self.upload_i32(op, &off)?;
                     let rs = self.upload_i32(op, &rs)?;
                     let re = self.upload_i32(op, &re)?;
-                    let mut l = self.stream.launch_builder(&self.k().attn_bwd_dkdv);
-                    l.arg(&qs.buf)
-                        .arg(&ks.buf)
-                        .arg(&vs.buf)
-                        .arg(&dos.buf)
+                    let f = pick(
+                        &[
+                            &kn.attn_bwd_dkdv_ff,
+                            &kn.attn_bwd_dkdv_fb,
+                            &kn.attn_bwd_dkdv_bf,
+                            &kn.attn_bwd_dkdv_bb,
+                        ],
+                        &[od, id],
+                    );
+                    let mut l = self.stream.launch_builder(f);
+                    l.arg(qb.get())
+                        .arg(kb.get())
+                        .arg(vb.get())
+                        .arg(dob.get())
                         .arg(&ls.buf)
                         .arg(&dsum)
                         .arg(&off)
@@ -367,9 +395,9 @@ impl AttentionOps for CudaBackend {
                     self.launch(op, l, warp_items(nk))?;
                 }
                 Ok((
-                    self.tensor(dq, DType::F32, q.shape().clone()),
-                    self.tensor(dk, DType::F32, k.shape().clone()),
-                    self.tensor(dv, DType::F32, v.shape().clone()),
+                    self.tensor(dq, od, q.shape().clone()),
+                    self.tensor(dk, od, k.shape().clone()),
+                    self.tensor(dv, od, v.shape().clone()),
                 ))
             }
         }

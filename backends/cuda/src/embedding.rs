@@ -1,10 +1,12 @@
-//! Row gather from a frozen `(V, H)` table (`kernels/embedding.cu`), f32 or bf16 (widened
-//! exactly); the output is f32. Ids are validated on the host before anything is enqueued.
+//! Row gather from a frozen `(V, H)` table (`kernels/embedding.cu`), f32 or bf16; the output is
+//! an activation (`CudaOptions::activations`): a same-dtype gather is an exact copy, a bf16
+//! table into f32 widens exactly, an f32 table into bf16 rounds once (RNE). Ids are validated
+//! on the host before anything is enqueued.
 
 use cudarc::driver::PushKernelArg;
 use dflash_core::{EmbeddingOps, Error, Result, Tensor};
 
-use crate::storage::DType;
+use crate::kernels::pick;
 use crate::{CudaBackend, grid1d};
 
 impl EmbeddingOps for CudaBackend {
@@ -28,14 +30,21 @@ impl EmbeddingOps for CudaBackend {
             idx.push(id as i32);
         }
         let n = ids.len() * h;
-        let mut out = self.alloc_f32(op, n)?;
+        let od = self.opts.activations;
+        let mut out = self.alloc(op, n, od)?;
         if n > 0 {
             let ids_dev = self.upload_i32(op, &idx)?;
             let (t64, h64) = (ids.len() as i64, h as i64);
-            let f = match tab.dtype {
-                DType::F32 => &self.k().embedding_gather,
-                DType::Bf16 => &self.k().embedding_gather_bf16,
-            };
+            let k = self.k();
+            let f = pick(
+                &[
+                    &k.embedding_gather_ff,
+                    &k.embedding_gather_fb,
+                    &k.embedding_gather_bf,
+                    &k.embedding_gather_bb,
+                ],
+                &[od, tab.dtype],
+            );
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut out)
                 .arg(&tab.buf)
@@ -44,6 +53,6 @@ impl EmbeddingOps for CudaBackend {
                 .arg(&h64);
             self.launch(op, l, grid1d(n))?;
         }
-        Ok(self.tensor(out, DType::F32, [ids.len(), h]))
+        Ok(self.tensor(out, od, [ids.len(), h]))
     }
 }

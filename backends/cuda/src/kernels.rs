@@ -51,19 +51,55 @@ macro_rules! kernel_set {
     };
 }
 
+// Templated kernels are instantiated per element type of their activation pointers (f32 or
+// bf16), one letter each (`f` / `b`), outputs first, e.g. `add_bff`; see `kernels/common.cuh`
+// and [`pick`].
 kernel_set! {
     "elementwise.cu" => [
-        fill_f32, add_f32, add_assign_f32, scale_f32, copy_cols_f32, copy_cols_u16, gather_rows_f32,
-        scatter_rows_f32, sum_squares_partial, sum_final_f64, nonfinite_partial, sum_final_u64,
+        fill_f32, fill_u16,
+        add_fff, add_ffb, add_fbf, add_fbb, add_bff, add_bfb, add_bbf, add_bbb,
+        add_assign_ff, add_assign_fb, add_assign_bf, add_assign_bb,
+        scale_f, scale_b,
+        copy_cols_f32, copy_cols_u16, gather_rows_f32, gather_rows_u16,
+        scatter_rows_f, scatter_rows_b,
+        sum_squares_partial_f, sum_squares_partial_b, sum_final_f64,
+        nonfinite_partial_f, nonfinite_partial_b, sum_final_u64,
         f32_to_bf16, bf16_to_f32, random_normal_f32,
     ],
-    "norm.cu" => [rms_norm_fwd, rms_norm_bwd_dx, rms_norm_bwd_dw_partial, rms_norm_bwd_dw_final],
-    "rope.cu" => [rope_rotate],
-    "activation.cu" => [swiglu_fwd, swiglu_bwd],
-    "embedding.cu" => [embedding_gather, embedding_gather_bf16],
+    "norm.cu" => [
+        rms_norm_fwd_ff, rms_norm_fwd_fb, rms_norm_fwd_bf, rms_norm_fwd_bb,
+        rms_norm_bwd_dx_fff, rms_norm_bwd_dx_ffb, rms_norm_bwd_dx_fbf, rms_norm_bwd_dx_fbb,
+        rms_norm_bwd_dx_bff, rms_norm_bwd_dx_bfb, rms_norm_bwd_dx_bbf, rms_norm_bwd_dx_bbb,
+        rms_norm_bwd_dw_partial_ff, rms_norm_bwd_dw_partial_fb, rms_norm_bwd_dw_partial_bf,
+        rms_norm_bwd_dw_partial_bb, rms_norm_bwd_dw_final,
+    ],
+    "rope.cu" => [rope_rotate_ff, rope_rotate_fb, rope_rotate_bf, rope_rotate_bb],
+    "activation.cu" => [
+        swiglu_fwd_ff, swiglu_fwd_fb, swiglu_fwd_bf, swiglu_fwd_bb,
+        swiglu_bwd_ff, swiglu_bwd_fb, swiglu_bwd_bf, swiglu_bwd_bb,
+    ],
+    "embedding.cu" => [
+        embedding_gather_ff, embedding_gather_fb, embedding_gather_bf, embedding_gather_bb,
+    ],
     "loss.cu" => [ce_rows, argmax_rows],
     "optimizer.cu" => [adamw_f32],
-    "attention_simple.cu" => [attn_fwd, attn_bwd_dsum, attn_bwd_dq, attn_bwd_dkdv],
+    "attention_simple.cu" => [
+        attn_fwd_ff, attn_fwd_fb, attn_fwd_bf, attn_fwd_bb,
+        attn_bwd_dsum_f, attn_bwd_dsum_b,
+        attn_bwd_dq_ff, attn_bwd_dq_fb, attn_bwd_dq_bf, attn_bwd_dq_bb,
+        attn_bwd_dkdv_ff, attn_bwd_dkdv_fb, attn_bwd_dkdv_bf, attn_bwd_dkdv_bb,
+    ],
+}
+
+/// The instantiation of a templated kernel for the element types `dts` (outputs first, in
+/// the order of its name's letters): `fs` lists the instantiations in `DF_INST*` order
+/// (`f` = 0, `b` = 1, first letter most significant).
+pub(crate) fn pick<'a>(fs: &[&'a CudaFunction], dts: &[crate::DType]) -> &'a CudaFunction {
+    debug_assert_eq!(fs.len(), 1 << dts.len());
+    let i = dts
+        .iter()
+        .fold(0usize, |i, d| 2 * i + usize::from(*d == crate::DType::Bf16));
+    fs[i]
 }
 
 /// `(file name, source)` of the bf16 flash attention (`"cuda-flash"`), compiled separately and

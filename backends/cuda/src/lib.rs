@@ -11,13 +11,21 @@
 //!   transfers are explicit: `upload` copies synchronously from the caller's slice, `download`
 //!   (and every op that returns host values: `sum_squares`, `all_finite`, the loss statistics,
 //!   `linear_argmax`) synchronises the stream and reports any asynchronous error there.
-//! - **Storage** ([`CudaStorage`]): device bytes plus a [`DType`] tag. Computed tensors are
-//!   f32 (parameters are their own fp32 master copies). Read-only tensors (frozen weights,
-//!   target features) may be bf16: `to_compute_format` stores them in bf16 when the GEMMs are
-//!   bf16. bf16 is read by the GEMMs (either operand), `embedding` (table), the fused loss and
-//!   `linear_argmax` (LM head) and the memory ops (`download` widens); every other op rejects
-//!   it with an error naming op, dtype and device. [`CudaBackend::to_dtype`] converts (RNE).
-//! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 or bf16 operands, f32 out, f32 accumulation.
+//! - **Storage** ([`CudaStorage`]): device bytes plus a [`DType`] tag. **Activations** (what
+//!   ops compute: GEMM / embedding / norm / rope / swiglu / add / `cuda-simple` attention
+//!   outputs and the activation gradients) are written in [`CudaOptions::activations`]
+//!   (`DFLASH_CUDA_ACTIVATIONS=bf16|f32`; default bf16 with bf16 GEMMs, f32 otherwise: mixed
+//!   precision as PyTorch autocast does it). Every op reads f32 or bf16 for each activation
+//!   input (kernels templated on the element type, f32 math, one RNE rounding on store).
+//!   Always f32: statistics (rstd, lse, loss statistics), parameter gradients (`matmul_acc`
+//!   keeps its accumulator's dtype, `add_assign` / `scale_assign` likewise; `zeros` makes
+//!   f32), and everything made by `upload` / `zeros` / `random_normal` (parameters are their
+//!   own fp32 master copies). `to_compute_format` stores read-only tensors (frozen weights,
+//!   target features) in bf16 when the GEMMs are bf16. AdamW and `all_reduce_sum` take f32
+//!   only (by name, with an error naming op, dtype and device). [`CudaBackend::to_dtype`]
+//!   converts (RNE).
+//! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 or bf16 operands, f32 or bf16 out (bf16 D
+//!   written by cuBLASLt in bf16 mode, via f32 scratch in TF32/FP32 mode), f32 accumulation.
 //!   Default `Bf16` (the recipe's bf16-autocast precision): bf16 operands read in place, f32
 //!   ones rounded to bf16 into scratch, bf16 tensor cores, f32 output (about 4e-3 relative
 //!   error per product term,
@@ -30,10 +38,12 @@
 //!   registered *host* attention kernel name (e.g. `"reference"`, `"tiled"`) also works, via a
 //!   host round trip (correct, slow: for conformance checks of CPU plugins).
 //!   `"cuda-flash"` (`kernels/attention.cu`, head_dim 64/128/256): the tuned bf16 block-sparse
-//!   flash attention; f32 tensors are rounded to bf16 around it (errors ~3e-3 relative), and
-//!   the file is compiled only when a backend selects it.
+//!   flash attention; f32 tensors are rounded to bf16 around it (errors ~3e-3 relative), its
+//!   outputs are still f32 whatever the activation dtype (see `flash.rs`), and the file is
+//!   compiled only when a backend selects it.
 //! - **Debug poison**: with `DFLASH_CUDA_POISON=1` (or [`CudaOptions::poison`]) every output
-//!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
+//!   buffer an op allocates is first filled with NaN (f32 NaN, or the bf16 quiet NaN 0x7FC0),
+//!   so an unwritten element shows up.
 
 mod activation;
 mod attention;
@@ -61,6 +71,7 @@ pub use attention::{DEVICE_ATTENTION_KERNELS, key_query_runs};
 pub use flash::FLASH_HEAD_DIMS;
 pub use gemm::GemmPrecision;
 pub use storage::{CudaStorage, DType};
+pub(crate) use storage::InBuf;
 
 use device::Device;
 
@@ -102,21 +113,41 @@ impl CudaError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOptions {
     pub gemm: GemmPrecision,
+    /// Storage type of the activations every op writes (GEMM / attention / norm / rope /
+    /// swiglu / add / embedding outputs and the activation gradients). Statistics, parameter
+    /// gradients and everything made by `upload` / `zeros` / `random_normal` stay f32.
+    pub activations: DType,
     /// Fill every allocated output with NaN before the op writes it (debugging/tests).
     pub poison: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions {
-            gemm: GemmPrecision::Bf16,
-            poison: false,
-        }
+        CudaOptions::for_gemm(GemmPrecision::Bf16)
     }
 }
 
 impl CudaOptions {
-    /// Defaults overridden by `DFLASH_CUDA_GEMM` (`bf16` (default) | `tf32` | `fp32`) and
+    /// The activation type that goes with a GEMM precision: bf16 activations with bf16 GEMMs
+    /// (PyTorch bf16 autocast), f32 otherwise.
+    pub fn default_activations(gemm: GemmPrecision) -> DType {
+        match gemm {
+            GemmPrecision::Bf16 => DType::Bf16,
+            GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
+        }
+    }
+
+    /// `gemm` with its default activation type, poison off.
+    pub fn for_gemm(gemm: GemmPrecision) -> Self {
+        CudaOptions {
+            gemm,
+            activations: Self::default_activations(gemm),
+            poison: false,
+        }
+    }
+
+    /// Defaults overridden by `DFLASH_CUDA_GEMM` (`bf16` (default) | `tf32` | `fp32`),
+    /// `DFLASH_CUDA_ACTIVATIONS` (`bf16` | `f32`; default bf16 with bf16 GEMMs, else f32) and
     /// `DFLASH_CUDA_POISON` (`1` | `0`).
     pub fn from_env() -> Result<Self> {
         let mut o = CudaOptions::default();
@@ -136,10 +167,27 @@ impl CudaOptions {
                 }
             };
         }
+        o.activations = Self::default_activations(o.gemm);
+        if let Ok(v) = std::env::var("DFLASH_CUDA_ACTIVATIONS") {
+            o.activations = parse_activations(&v)?;
+        }
         if let Ok(v) = std::env::var("DFLASH_CUDA_POISON") {
             o.poison = !matches!(v.as_str(), "" | "0" | "false");
         }
         Ok(o)
+    }
+}
+
+/// A `DFLASH_CUDA_ACTIVATIONS` value: `bf16` or `f32` (`fp32` accepted), any case.
+pub fn parse_activations(v: &str) -> Result<DType> {
+    match v.to_ascii_lowercase().as_str() {
+        "bf16" => Ok(DType::Bf16),
+        "f32" | "fp32" => Ok(DType::F32),
+        other => Err(Error::op(
+            "cuda_init",
+            "cuda",
+            format!("DFLASH_CUDA_ACTIVATIONS={other:?}: expected \"bf16\" or \"f32\""),
+        )),
     }
 }
 
@@ -231,6 +279,13 @@ impl CudaBackend {
             .map_err(|e| self.drv("synchronize", e))
     }
 
+    /// An uninitialised tensor of `dtype` (in poison mode: every element NaN, f32 NaN or the
+    /// bf16 quiet NaN 0x7FC0). For tests and diagnostics of the poison mode.
+    pub fn uninit(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        Ok(self.tensor(self.alloc("uninit", n, dtype)?, dtype, shape))
+    }
+
     /// Converts a tensor to `dtype` (f32 <-> bf16, round to nearest even), a new tensor.
     pub fn to_dtype(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
         let op = "to_dtype";
@@ -289,7 +344,8 @@ impl CudaBackend {
         Error::op(op, self.tag.clone(), format!("CUDA driver error: {e}"))
     }
 
-    /// Uninitialised device memory for `n` elements (NaN-filled in poison mode when f32).
+    /// Uninitialised device memory for `n` elements (NaN-filled in poison mode: f32 NaN, or
+    /// the bf16 quiet NaN 0x7FC0).
     pub(crate) fn alloc(&self, op: &'static str, n: usize, dtype: DType) -> Result<CudaSlice<u8>> {
         let bytes = (n * dtype.size()).max(16);
         // SAFETY: the memory is written before it is read by every op that allocates it
@@ -301,8 +357,8 @@ impl CudaBackend {
                 format!("allocating {bytes} bytes failed: {e}"),
             )
         })?;
-        if self.opts.poison && dtype == DType::F32 && n > 0 {
-            self.fill(op, &mut buf, n, f32::NAN)?;
+        if self.opts.poison && n > 0 {
+            self.fill_dt(op, &mut buf, n, dtype, f32::NAN)?;
         }
         Ok(buf)
     }
@@ -312,9 +368,24 @@ impl CudaBackend {
         self.alloc(op, n, DType::F32)
     }
 
+    /// The activation storage type of this backend.
+    pub fn activations(&self) -> DType {
+        self.opts.activations
+    }
+
     /// Zero-filled f32 buffer of `n` elements.
     pub(crate) fn zeros_f32(&self, op: &'static str, n: usize) -> Result<CudaSlice<u8>> {
-        let bytes = (n * 4).max(16);
+        self.zeros_dt(op, n, DType::F32)
+    }
+
+    /// Zero-filled buffer of `n` elements of `dtype` (0.0 is all-zero bytes in both).
+    pub(crate) fn zeros_dt(
+        &self,
+        op: &'static str,
+        n: usize,
+        dtype: DType,
+    ) -> Result<CudaSlice<u8>> {
+        let bytes = (n * dtype.size()).max(16);
         self.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
             Error::op(
                 op,
@@ -324,6 +395,7 @@ impl CudaBackend {
         })
     }
 
+    /// Fills `n` f32 elements with `v`.
     pub(crate) fn fill(
         &self,
         op: &'static str,
@@ -331,13 +403,98 @@ impl CudaBackend {
         n: usize,
         v: f32,
     ) -> Result<()> {
+        self.fill_dt(op, buf, n, DType::F32, v)
+    }
+
+    /// Fills `n` elements of `dtype` with `v` (rounded to bf16, nearest even, for bf16).
+    pub(crate) fn fill_dt(
+        &self,
+        op: &'static str,
+        buf: &mut CudaSlice<u8>,
+        n: usize,
+        dtype: DType,
+        v: f32,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
         let n64 = n as i64;
-        let mut l = self.stream.launch_builder(&self.dev.kernels.fill_f32);
-        l.arg(buf).arg(&n64).arg(&v);
-        self.launch(op, l, grid1d(n))
+        match dtype {
+            DType::F32 => {
+                let mut l = self.stream.launch_builder(&self.dev.kernels.fill_f32);
+                l.arg(buf).arg(&n64).arg(&v);
+                self.launch(op, l, grid1d(n))
+            }
+            DType::Bf16 => {
+                let bits = storage::bf16_bits(v) as u32;
+                let mut l = self.stream.launch_builder(&self.dev.kernels.fill_u16);
+                l.arg(buf).arg(&n64).arg(&bits);
+                self.launch(op, l, grid1d(n))
+            }
+        }
+    }
+
+    /// Converts `n` elements from the raw device address `src` into the raw address `dst`
+    /// as `to` (the other dtype at `src`). The caller holds both pointers' guards.
+    pub(crate) fn convert_ptr(
+        &self,
+        op: &'static str,
+        dst: u64,
+        src: u64,
+        n: usize,
+        to: DType,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = match to {
+            DType::Bf16 => &self.dev.kernels.f32_to_bf16,
+            DType::F32 => &self.dev.kernels.bf16_to_f32,
+        };
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&dst).arg(&src).arg(&n64);
+        self.launch(op, l, grid_convert(n))
+    }
+
+    /// The activation inputs of one kernel in one dtype: their own when they all agree
+    /// (borrowed), else f32, with the bf16 ones widened (exactly) into scratch. Kernels with
+    /// several activation inputs are instantiated per (output, input) type pair rather than
+    /// per combination; mixed inputs are rare (the models never mix them there) and widening
+    /// changes no value.
+    pub(crate) fn uniform<'a, const N: usize>(
+        &self,
+        op: &'static str,
+        xs: [&'a CudaStorage; N],
+    ) -> Result<(DType, [InBuf<'a>; N])> {
+        let d0 = xs.first().map_or(DType::F32, |s| s.dtype);
+        if xs.iter().all(|s| s.dtype == d0) {
+            return Ok((d0, xs.map(|s| InBuf::Borrowed(&s.buf))));
+        }
+        let mut out = Vec::with_capacity(N);
+        for s in xs {
+            out.push(self.widen(op, s)?);
+        }
+        let arr: [InBuf<'a>; N] = match out.try_into() {
+            Ok(a) => a,
+            Err(_) => unreachable!("N buffers were pushed"),
+        };
+        Ok((DType::F32, arr))
+    }
+
+    /// `s` as f32: borrowed when it is f32, else an exact widened copy.
+    pub(crate) fn widen<'a>(&self, op: &'static str, s: &'a CudaStorage) -> Result<InBuf<'a>> {
+        if s.dtype == DType::F32 {
+            return Ok(InBuf::Borrowed(&s.buf));
+        }
+        let mut w = self.alloc_f32(op, s.len)?;
+        if s.len > 0 {
+            let n64 = s.len as i64;
+            let mut l = self.stream.launch_builder(&self.dev.kernels.bf16_to_f32);
+            l.arg(&mut w).arg(&s.buf).arg(&n64);
+            self.launch(op, l, grid_convert(s.len))?;
+        }
+        Ok(InBuf::Owned(w))
     }
 
     /// Uploads host i32 data (indices, positions, mask intervals) to a fresh device buffer.

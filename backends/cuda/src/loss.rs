@@ -11,7 +11,10 @@
 //! per-row CE (f64) and correctness flags are downloaded once at the end (one sync) and
 //! summed on the host in row order, like the reference. No `(T, V)` tensor ever exists.
 //!
-//! The head may be f32 or bf16 (`to_compute_format`); `x` is f32. With bf16 GEMMs a bf16 head
+//! The head may be f32 or bf16 (`to_compute_format`); `x` may be f32 or bf16 (gathered in its
+//! own dtype, so a bf16 `x` is a bf16 GEMM operand read in place); `dx` is an activation
+//! gradient (`CudaOptions::activations`: the f32 `dx` chunk of the GEMM is rounded once when
+//! scattered). Logits, dlogits and the per-row statistics stay f32. With bf16 GEMMs a bf16 head
 //! is read in place (no copy at all) and an f32 head is rounded once per call; with TF32/FP32
 //! GEMMs a bf16 head is widened once per call.
 
@@ -126,7 +129,7 @@ impl LossOps for CudaBackend {
                 ),
             ));
         }
-        let (xs, ws) = (self.f32s(op, x)?, self.any(op, w_head)?);
+        let (xs, ws) = (self.any(op, x)?, self.any(op, w_head)?);
         let mut rows = Vec::new();
         let mut act_labels = Vec::new();
         let mut act_weights = Vec::new();
@@ -152,7 +155,8 @@ impl LossOps for CudaBackend {
             act_labels.push(lab as i32);
             act_weights.push(wt);
         }
-        let mut dx = self.zeros_f32(op, t * h)?;
+        let od = self.opts.activations;
+        let mut dx = self.zeros_dt(op, t * h, od)?;
         let na = rows.len();
         let mut stats = LossStats::default();
         if na == 0 || h == 0 {
@@ -164,7 +168,7 @@ impl LossOps for CudaBackend {
                 stats.counted += 1;
                 stats.correct += (lab == 0) as u64;
             }
-            return Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())));
+            return Ok((stats, self.tensor(dx, od, x.shape().clone())));
         }
         // The head in the GEMMs' operand type: in place if it already is (a bf16 head with
         // bf16 GEMMs), else converted once for every chunk's two GEMMs.
@@ -191,11 +195,15 @@ impl LossOps for CudaBackend {
             for c0 in (0..na).step_by(chunk) {
                 let n = chunk.min(na - c0);
                 let n64 = n as i64;
-                // xc = x[rows[c0..c0+n]]
+                // xc = x[rows[c0..c0+n]], in x's dtype (a copy)
                 {
-                    let mut xc = wsb.slice_mut(0..n * h * 4);
+                    let mut xc = wsb.slice_mut(0..n * h * xs.dtype.size());
                     let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let mut l = self.stream.launch_builder(&self.k().gather_rows_f32);
+                    let f = match xs.dtype {
+                        DType::F32 => &self.k().gather_rows_f32,
+                        DType::Bf16 => &self.k().gather_rows_u16,
+                    };
+                    let mut l = self.stream.launch_builder(f);
                     l.arg(&mut xc).arg(&xs.buf).arg(&rv).arg(&n64).arg(&h64);
                     self.launch(op, l, grid1d(n * h))?;
                 }
@@ -209,13 +217,14 @@ impl LossOps for CudaBackend {
                             m: n,
                             n: v,
                             k: h,
-                            a: Operand::f32(base),
+                            a: Operand::new(base, xs.dtype),
                             a_cols: h,
                             ta: false,
                             b: Operand::new(pw, w_dtype),
                             b_cols: h,
                             tb: true,
                             c: base + off_logits as u64,
+                            c_dtype: DType::F32,
                             alpha: 1.0,
                             beta: 0.0,
                         },
@@ -256,6 +265,7 @@ impl LossOps for CudaBackend {
                                 b_cols: h,
                                 tb: false,
                                 c: base + off_dxc as u64,
+                                c_dtype: DType::F32,
                                 alpha: 1.0,
                                 beta: 0.0,
                             },
@@ -263,7 +273,9 @@ impl LossOps for CudaBackend {
                     }
                     let dxc = wsb.slice(off_dxc..off_dxc + n * h * 4);
                     let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let mut l = self.stream.launch_builder(&self.k().scatter_rows_f32);
+                    let k = self.k();
+                    let f = crate::kernels::pick(&[&k.scatter_rows_f, &k.scatter_rows_b], &[od]);
+                    let mut l = self.stream.launch_builder(f);
                     l.arg(&mut dx).arg(&dxc).arg(&rv).arg(&n64).arg(&h64);
                     self.launch(op, l, grid1d(n * h))?;
                 }
@@ -279,7 +291,7 @@ impl LossOps for CudaBackend {
             stats.counted += 1;
             stats.correct += (k != 0) as u64;
         }
-        Ok((stats, self.tensor(dx, DType::F32, x.shape().clone())))
+        Ok((stats, self.tensor(dx, od, x.shape().clone())))
     }
 
     fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
@@ -288,7 +300,7 @@ impl LossOps for CudaBackend {
         if v == 0 {
             return Err(self.shape_err(op, format!("w_head {:?} has no rows", w_head.shape())));
         }
-        let (xs, ws) = (self.f32s(op, x)?, self.any(op, w_head)?);
+        let (xs, ws) = (self.any(op, x)?, self.any(op, w_head)?);
         if t == 0 {
             return Ok(Vec::new());
         }
@@ -314,13 +326,14 @@ impl LossOps for CudaBackend {
                             m: n,
                             n: v,
                             k: h,
-                            a: Operand::f32(px + (r0 * h * 4) as u64),
+                            a: Operand::new(px + (r0 * h * xs.dtype.size()) as u64, xs.dtype),
                             a_cols: h,
                             ta: false,
                             b: Operand::new(pw, w_dtype),
                             b_cols: h,
                             tb: true,
                             c: base,
+                            c_dtype: DType::F32,
                             alpha: 1.0,
                             beta: 0.0,
                         },

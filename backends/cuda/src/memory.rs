@@ -1,11 +1,16 @@
 //! Buffers, host transfers and elementwise glue (kernels in `kernels/elementwise.cu`).
 //! `download` (widened to f32), `copy`, `narrow_rows`, `concat_rows` and `concat_cols` take
-//! f32 and bf16 tensors (the result keeps the dtype); the arithmetic ops take f32 only.
+//! f32 and bf16 tensors (the result keeps the dtype). The arithmetic ops take either dtype for
+//! every input: `add` writes an activation (`CudaOptions::activations`), `add_assign` and
+//! `scale_assign` keep the accumulator's dtype, `sum_squares` / `all_finite` read any dtype.
+//! `upload`, `zeros` and `random_normal` always make f32 (parameters, master weights,
+//! gradient accumulators, optimizer moments).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{Error, MemoryOps, Result, Tensor};
 
 use crate::storage::{DType, f32_bytes, f32_bytes_mut};
+use crate::kernels::pick;
 use crate::{CudaBackend, GemmPrecision, grid1d};
 
 /// Blocks of the first pass of the two-pass reductions (a function of nothing but the
@@ -269,21 +274,32 @@ impl MemoryOps for CudaBackend {
         Ok(self.tensor(out, dtype, [rows, total]))
     }
 
+    /// Any dtypes (each independently); the sum is an activation (`opts.activations`).
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let op = "add";
         self.same_shape(op, "a and b", a, b)?;
-        let (x, y) = (self.f32s(op, a)?, self.f32s(op, b)?);
+        let (x, y) = (self.any(op, a)?, self.any(op, b)?);
         let n = x.len;
-        let mut out = self.alloc_f32(op, n)?;
+        let od = self.opts.activations;
+        let mut out = self.alloc(op, n, od)?;
         if n > 0 {
+            let k = self.k();
+            let f = pick(
+                &[
+                    &k.add_fff, &k.add_ffb, &k.add_fbf, &k.add_fbb, &k.add_bff, &k.add_bfb,
+                    &k.add_bbf, &k.add_bbb,
+                ],
+                &[od, x.dtype, y.dtype],
+            );
             let n64 = n as i64;
-            let mut l = self.stream.launch_builder(&self.k().add_f32);
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut out).arg(&x.buf).arg(&y.buf).arg(&n64);
             self.launch(op, l, grid1d(n))?;
         }
-        Ok(self.tensor(out, DType::F32, a.shape().clone()))
+        Ok(self.tensor(out, od, a.shape().clone()))
     }
 
+    /// `acc` keeps its dtype (f32 gradient accumulators stay f32); `x` any dtype.
     fn add_assign(&self, acc: &mut Tensor, x: &Tensor) -> Result<()> {
         let op = "add_assign";
         if acc.numel() != x.numel() {
@@ -296,34 +312,48 @@ impl MemoryOps for CudaBackend {
                 ),
             ));
         }
-        let xs = self.f32s(op, x)?;
-        let a = self.f32s_mut(op, acc)?;
+        let xs = self.any(op, x)?;
+        let a = self.any_mut(op, acc)?;
         let n = a.len;
         if n > 0 {
+            let k = self.k();
+            let f = pick(
+                &[
+                    &k.add_assign_ff,
+                    &k.add_assign_fb,
+                    &k.add_assign_bf,
+                    &k.add_assign_bb,
+                ],
+                &[a.dtype, xs.dtype],
+            );
             let n64 = n as i64;
-            let mut l = self.stream.launch_builder(&self.dev.kernels.add_assign_f32);
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut a.buf).arg(&xs.buf).arg(&n64);
             self.launch(op, l, grid1d(n))?;
         }
         Ok(())
     }
 
+    /// In place, any dtype (kept).
     fn scale_assign(&self, t: &mut Tensor, s: f32) -> Result<()> {
         let op = "scale_assign";
-        let a = self.f32s_mut(op, t)?;
+        let a = self.any_mut(op, t)?;
         let n = a.len;
         if n > 0 {
+            let k = self.k();
+            let f = pick(&[&k.scale_f, &k.scale_b], &[a.dtype]);
             let n64 = n as i64;
-            let mut l = self.stream.launch_builder(&self.dev.kernels.scale_f32);
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut a.buf).arg(&n64).arg(&s);
             self.launch(op, l, grid1d(n))?;
         }
         Ok(())
     }
 
+    /// Any dtype; f64 sums.
     fn sum_squares(&self, t: &Tensor) -> Result<f64> {
         let op = "sum_squares";
-        let x = self.f32s(op, t)?;
+        let x = self.any(op, t)?;
         let n = x.len;
         if n == 0 {
             return Ok(0.0);
@@ -333,7 +363,12 @@ impl MemoryOps for CudaBackend {
         let mut out = self.alloc(op, 2, DType::F32)?; // 1 f64
         let n64 = n as i64;
         let g32 = g as i32;
-        let mut l = self.stream.launch_builder(&self.k().sum_squares_partial);
+        let k = self.k();
+        let f = pick(
+            &[&k.sum_squares_partial_f, &k.sum_squares_partial_b],
+            &[x.dtype],
+        );
+        let mut l = self.stream.launch_builder(f);
         l.arg(&x.buf).arg(&n64).arg(&mut partial);
         self.launch(op, l, cfg_blocks(g))?;
         let mut l = self.stream.launch_builder(&self.k().sum_final_f64);
@@ -342,9 +377,10 @@ impl MemoryOps for CudaBackend {
         Ok(self.download_pod::<f64>(op, &out, 1)?[0])
     }
 
+    /// Any dtype.
     fn all_finite(&self, t: &Tensor) -> Result<bool> {
         let op = "all_finite";
-        let x = self.f32s(op, t)?;
+        let x = self.any(op, t)?;
         let n = x.len;
         if n == 0 {
             return Ok(true);
@@ -354,7 +390,9 @@ impl MemoryOps for CudaBackend {
         let mut out = self.alloc(op, 2, DType::F32)?; // 1 u64
         let n64 = n as i64;
         let g32 = g as i32;
-        let mut l = self.stream.launch_builder(&self.k().nonfinite_partial);
+        let k = self.k();
+        let f = pick(&[&k.nonfinite_partial_f, &k.nonfinite_partial_b], &[x.dtype]);
+        let mut l = self.stream.launch_builder(f);
         l.arg(&x.buf).arg(&n64).arg(&mut partial);
         self.launch(op, l, cfg_blocks(g))?;
         let mut l = self.stream.launch_builder(&self.k().sum_final_u64);

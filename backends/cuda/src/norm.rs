@@ -1,8 +1,12 @@
-//! RMSNorm over the last dim (`kernels/norm.cu`), f32 accumulation.
+//! RMSNorm over the last dim (`kernels/norm.cu`), f32 accumulation. `x` / `dy` are f32 or bf16
+//! (each independently); `y` and `dx` are activations (`CudaOptions::activations`); `rstd` and
+//! the weight gradient `dw` are always f32. A bf16 weight (not expected: norm weights are
+//! parameters) is widened exactly first.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{NormOps, Result, Tensor};
 
+use crate::kernels::pick;
 use crate::storage::DType;
 use crate::{CudaBackend, row_blocks};
 
@@ -32,25 +36,37 @@ impl NormOps for CudaBackend {
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
         let op = "rms_norm";
         let (r, c) = self.norm_dims(op, x, w)?;
-        let (xs, ws) = (self.f32s(op, x)?, self.f32s(op, w)?);
-        let mut y = self.alloc_f32(op, r * c)?;
+        let (xs, ws) = (self.any(op, x)?, self.any(op, w)?);
+        let ws = self.widen(op, ws)?;
+        let od = self.opts.activations;
+        let mut y = self.alloc(op, r * c, od)?;
         let mut rstd = self.alloc_f32(op, r)?;
         if c == 0 {
             // mean of nothing: the reference leaves rstd at 0
             self.fill(op, &mut rstd, r, 0.0)?;
         } else if r > 0 {
             let c32 = c as i32;
-            let mut l = self.stream.launch_builder(&self.k().rms_norm_fwd);
+            let k = self.k();
+            let f = pick(
+                &[
+                    &k.rms_norm_fwd_ff,
+                    &k.rms_norm_fwd_fb,
+                    &k.rms_norm_fwd_bf,
+                    &k.rms_norm_fwd_bb,
+                ],
+                &[od, xs.dtype],
+            );
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut y)
                 .arg(&mut rstd)
                 .arg(&xs.buf)
-                .arg(&ws.buf)
+                .arg(ws.get())
                 .arg(&c32)
                 .arg(&eps);
             self.launch(op, l, row_blocks(r, c, 256))?;
         }
         Ok((
-            self.tensor(y, DType::F32, x.shape().clone()),
+            self.tensor(y, od, x.shape().clone()),
             self.tensor(rstd, DType::F32, [r]),
         ))
     }
@@ -72,32 +88,48 @@ impl NormOps for CudaBackend {
             ));
         }
         let (dys, xs, ws, rs) = (
-            self.f32s(op, dy)?,
-            self.f32s(op, x)?,
-            self.f32s(op, w)?,
+            self.any(op, dy)?,
+            self.any(op, x)?,
+            self.any(op, w)?,
             self.f32s(op, rstd)?,
         );
-        let mut dx = self.alloc_f32(op, r * c)?;
+        let ws = self.widen(op, ws)?;
+        let od = self.opts.activations;
+        let mut dx = self.alloc(op, r * c, od)?;
         let mut dw = self.alloc_f32(op, c)?;
         if c == 0 {
             return Ok((
-                self.tensor(dx, DType::F32, x.shape().clone()),
+                self.tensor(dx, od, x.shape().clone()),
                 self.tensor(dw, DType::F32, w.shape().clone()),
             ));
         }
         if r == 0 {
             self.fill(op, &mut dw, c, 0.0)?;
             return Ok((
-                self.tensor(dx, DType::F32, x.shape().clone()),
+                self.tensor(dx, od, x.shape().clone()),
                 self.tensor(dw, DType::F32, w.shape().clone()),
             ));
         }
         let c32 = c as i32;
-        let mut l = self.stream.launch_builder(&self.k().rms_norm_bwd_dx);
+        let k = self.k();
+        let f = pick(
+            &[
+                &k.rms_norm_bwd_dx_fff,
+                &k.rms_norm_bwd_dx_ffb,
+                &k.rms_norm_bwd_dx_fbf,
+                &k.rms_norm_bwd_dx_fbb,
+                &k.rms_norm_bwd_dx_bff,
+                &k.rms_norm_bwd_dx_bfb,
+                &k.rms_norm_bwd_dx_bbf,
+                &k.rms_norm_bwd_dx_bbb,
+            ],
+            &[od, dys.dtype, xs.dtype],
+        );
+        let mut l = self.stream.launch_builder(f);
         l.arg(&mut dx)
             .arg(&dys.buf)
             .arg(&xs.buf)
-            .arg(&ws.buf)
+            .arg(ws.get())
             .arg(&rs.buf)
             .arg(&c32);
         self.launch(op, l, row_blocks(r, c, 256))?;
@@ -106,9 +138,16 @@ impl NormOps for CudaBackend {
         let rps = r.div_ceil(splits);
         let mut partial = self.alloc_f32(op, splits * c)?;
         let (r64, rps64) = (r as i64, rps as i64);
-        let mut l = self
-            .stream
-            .launch_builder(&self.k().rms_norm_bwd_dw_partial);
+        let f = pick(
+            &[
+                &k.rms_norm_bwd_dw_partial_ff,
+                &k.rms_norm_bwd_dw_partial_fb,
+                &k.rms_norm_bwd_dw_partial_bf,
+                &k.rms_norm_bwd_dw_partial_bb,
+            ],
+            &[dys.dtype, xs.dtype],
+        );
+        let mut l = self.stream.launch_builder(f);
         l.arg(&mut partial)
             .arg(&dys.buf)
             .arg(&xs.buf)
@@ -138,7 +177,7 @@ impl NormOps for CudaBackend {
             },
         )?;
         Ok((
-            self.tensor(dx, DType::F32, x.shape().clone()),
+            self.tensor(dx, od, x.shape().clone()),
             self.tensor(dw, DType::F32, w.shape().clone()),
         ))
     }

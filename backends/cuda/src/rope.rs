@@ -1,11 +1,12 @@
 //! Rotary position embedding, HF "rotate half" layout (`kernels/rope.cu`). Positions are
-//! uploaded as i32; angles are evaluated in f64 on the device.
+//! uploaded as i32; angles are evaluated in f64 on the device. Input f32 or bf16; the output
+//! (forward and backward) is an activation (`CudaOptions::activations`).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{Result, RopeOps, Tensor};
 
 use crate::CudaBackend;
-use crate::storage::DType;
+use crate::kernels::pick;
 
 impl CudaBackend {
     fn rotate(
@@ -16,7 +17,7 @@ impl CudaBackend {
         theta: f32,
         sign: f32,
     ) -> Result<Tensor> {
-        let xs = self.f32s(op, x)?;
+        let xs = self.any(op, x)?;
         let dims = x.dims();
         let t = positions.len();
         let d = dims.last().copied().unwrap_or(0);
@@ -33,15 +34,26 @@ impl CudaBackend {
             return Err(self.shape_err(op, format!("theta must be finite and > 0, got {theta}")));
         }
         let n = xs.len;
-        let mut y = self.alloc_f32(op, n)?;
+        let od = self.opts.activations;
+        let mut y = self.alloc(op, n, od)?;
         if n == 0 {
-            return Ok(self.tensor(y, DType::F32, x.shape().clone()));
+            return Ok(self.tensor(y, od, x.shape().clone()));
         }
         let heads = (n / t / d) as i32;
         let pos = self.upload_i32(op, positions)?;
         let (d32, th) = (d as i32, theta as f64);
         let threads = ((heads as usize * d / 2).div_ceil(32) * 32).clamp(32, 256) as u32;
-        let mut l = self.stream.launch_builder(&self.k().rope_rotate);
+        let k = self.k();
+        let f = pick(
+            &[
+                &k.rope_rotate_ff,
+                &k.rope_rotate_fb,
+                &k.rope_rotate_bf,
+                &k.rope_rotate_bb,
+            ],
+            &[od, xs.dtype],
+        );
+        let mut l = self.stream.launch_builder(f);
         l.arg(&mut y)
             .arg(&xs.buf)
             .arg(&pos)
@@ -58,7 +70,7 @@ impl CudaBackend {
                 shared_mem_bytes: (d * 4) as u32,
             },
         )?;
-        Ok(self.tensor(y, DType::F32, x.shape().clone()))
+        Ok(self.tensor(y, od, x.shape().clone()))
     }
 }
 

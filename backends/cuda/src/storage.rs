@@ -4,9 +4,10 @@
 //! The buffer is bytes (`CudaSlice<u8>`) so that memory ops (copy, narrow, concat, transfers)
 //! are dtype-generic and a bf16 activation path only needs conversion kernels
 //! ([`crate::CudaBackend::to_dtype`]) and bf16 variants of the compute kernels; model code does
-//! not change. GEMMs, `embedding`, the fused loss's head and memory ops read bf16 (they take
-//! `CudaBackend::any`); every other op takes `CudaBackend::f32s`, which rejects bf16 with an
-//! error naming op, dtype and device.
+//! not change. Every compute op reads f32 or bf16 activations (`CudaBackend::any`) and writes
+//! activations in `CudaOptions::activations`; only tensors that must be f32 (statistics such
+//! as rstd / lse, the AdamW state, collectives' gradients) go through `CudaBackend::f32s`,
+//! which rejects bf16 with an error naming op, dtype and device.
 
 use std::any::Any;
 use std::fmt;
@@ -197,6 +198,23 @@ impl CudaBackend {
         Ok(s)
     }
 
+    /// This backend's storage of `t`, any dtype, mutable (in-place ops keep `t`'s dtype).
+    pub(crate) fn any_mut<'a>(
+        &self,
+        op: &'static str,
+        t: &'a mut Tensor,
+    ) -> Result<&'a mut CudaStorage> {
+        let shape = t.shape().clone();
+        let backend = t.storage().backend_name();
+        match t.storage_mut().as_any_mut().downcast_mut::<CudaStorage>() {
+            Some(s) => {
+                self.check_storage(op, s, &shape)?;
+                Ok(s)
+            }
+            None => Err(self.foreign(op, backend, &shape)),
+        }
+    }
+
     pub(crate) fn f32s_mut<'a>(
         &self,
         op: &'static str,
@@ -266,6 +284,32 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// A kernel input buffer: borrowed from a tensor, or a converted scratch copy that lives as
+/// long as this value (freed in stream order after the kernels enqueued meanwhile).
+pub(crate) enum InBuf<'a> {
+    Borrowed(&'a CudaSlice<u8>),
+    Owned(CudaSlice<u8>),
+}
+
+impl InBuf<'_> {
+    pub(crate) fn get(&self) -> &CudaSlice<u8> {
+        match self {
+            InBuf::Borrowed(b) => b,
+            InBuf::Owned(b) => b,
+        }
+    }
+}
+
+/// `x` rounded to bf16 bits (nearest even; NaN -> quiet NaN keeping sign and high payload, so
+/// f32 NaN gives 0x7FC0), as the device's `f32_to_bf16` does.
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 0x0040) as u16;
+    }
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
 }
 
 /// Host `f32` data as bytes, for byte-typed device buffers.

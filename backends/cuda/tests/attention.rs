@@ -186,6 +186,7 @@ fn attention_ops_match_reference() {
         },
         dflash_backend_cuda::CudaOptions {
             gemm: GemmPrecision::Tf32,
+            activations: dflash_backend_cuda::DType::F32,
             poison: true,
         },
     )
@@ -473,5 +474,80 @@ fn attention_cuda_flash_takes_bf16_inputs_bit_identically() {
         &rand_vec(&mut r, tk * hkv * 64, 1.0),
         &[tk, hkv, 64],
     );
-    assert_bf16_rejected(simple.attention(&q, &k, &k, &mask, 0.125), "attention");
+    // cuda-simple reads bf16 (and mixed) inputs too (formerly rejected here); checked
+    // against the reference by `attention_cuda_simple_bf16_activations_match_reference`.
+    let (o, l) = simple.attention(&q, &k, &k, &mask, 0.125).unwrap();
+    assert_eq!(dtype_of(&o), dflash_backend_cuda::DType::F32);
+    assert_eq!(dtype_of(&l), dflash_backend_cuda::DType::F32);
+}
+
+// ---------------------------------------------------------------------------------------
+// cuda-simple with bf16 activations
+
+/// `"cuda-simple"` with bf16 activations: q/k/v/d_out in f32, bf16 and mixed (q and d_out bf16,
+/// k and v f32: widened exactly), against the reference on the same values (bf16-rounded where
+/// bf16); the backward gets, on both sides, the out the CUDA forward stored (bf16). out / dq /
+/// dk / dv are bf16: the f32 tolerances of `attention_case` plus one bf16 rounding (2^-8 of
+/// |ref|, `check_bf16`); lse stays f32 at its f32 tolerance.
+#[test]
+fn attention_cuda_simple_bf16_activations_match_reference() {
+    use dflash_backend_cuda::DType;
+    let Some(cu) = cuda_attn_act("cuda-simple", GemmPrecision::Tf32, DType::Bf16) else {
+        return;
+    };
+    let rf = reference();
+    let dflash = BlockMask::dflash(40, 4, &[1, 5, 6, 20, 37, -1, -1]).unwrap();
+    let causal = BlockMask::causal(45).unwrap();
+    let mut r = rng(215);
+    for (name, mask, hq, hkv, d) in [
+        ("dflash", &dflash, 4, 2, 64),
+        ("causal", &causal, 8, 2, 128),
+        ("dflash", &dflash, 3, 3, 40),
+    ] {
+        let (tq, tk) = (mask.q_len(), mask.kv_len());
+        let q = rand_vec(&mut r, tq * hq * d, 2.0);
+        let k = rand_vec(&mut r, tk * hkv * d, 2.0);
+        let v = rand_vec(&mut r, tk * hkv * d, 1.0);
+        let dout = rand_vec(&mut r, tq * hq * d, 1.0);
+        let scale = (d as f32).powf(-0.5);
+        let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
+        for (qd, kd) in [
+            (DType::F32, DType::F32),
+            (DType::Bf16, DType::Bf16),
+            (DType::Bf16, DType::F32),
+        ] {
+            let tag = format!("{name} Hq{hq}/Hkv{hkv} D{d} q,dO {} k,v {}", qd.name(), kd.name());
+            let (qc, qv) = up_as(&cu, &q, &qs, qd);
+            let (kc, kv) = up_as(&cu, &k, &ks, kd);
+            let (vc, vv) = up_as(&cu, &v, &ks, kd);
+            let (dc, dv) = up_as(&cu, &dout, &qs, qd);
+            let (qr, kr, vr, dr) = (
+                up(&rf, &qv, &qs),
+                up(&rf, &kv, &ks),
+                up(&rf, &vv, &ks),
+                up(&rf, &dv, &qs),
+            );
+            let (oc, lc) = cu.attention(&qc, &kc, &vc, mask, scale).unwrap();
+            let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
+            assert_dtype("attention out", &oc, DType::Bf16);
+            assert_dtype("attention lse", &lc, DType::F32);
+            let why = "f32 online softmax vs f64";
+            check_bf16(&format!("bf16 attn out {tag}"), &down(&cu, &oc), &down(&rf, &or), 1e-4, 2e-5, why);
+            check(&format!("bf16 attn lse {tag}"), &down(&cu, &lc), &down(&rf, &lr), 1e-5, 1e-6, why);
+            // Both backwards see the out CUDA stored.
+            let o_held = down(&cu, &oc);
+            let orb = up(&rf, &o_held, &qs);
+            let (gq, gk, gv) = cu
+                .attention_backward(&qc, &kc, &vc, &oc, &lc, &dc, mask, scale)
+                .unwrap();
+            let (wq, wk, wv) = rf
+                .attention_backward(&qr, &kr, &vr, &orb, &lr, &dr, mask, scale)
+                .unwrap();
+            let why = "f32 sums over visible pairs vs f64";
+            for (n, g, w) in [("dq", &gq, &wq), ("dk", &gk, &wk), ("dv", &gv, &wv)] {
+                assert_dtype(n, g, DType::Bf16);
+                check_bf16(&format!("bf16 attn {n} {tag}"), &down(&cu, g), &down(&rf, w), 2e-4, 5e-5, why);
+            }
+        }
+    }
 }

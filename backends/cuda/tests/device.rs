@@ -266,6 +266,7 @@ fn timing_report() {
         },
         dflash_backend_cuda::CudaOptions {
             gemm: GemmPrecision::Tf32,
+            activations: dflash_backend_cuda::DType::F32,
             poison: false,
         },
     )
@@ -325,6 +326,7 @@ fn timing_report() {
         },
         dflash_backend_cuda::CudaOptions {
             gemm: GemmPrecision::Bf16,
+            activations: dflash_backend_cuda::DType::F32,
             poison: false,
         },
     )

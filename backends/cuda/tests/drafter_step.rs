@@ -378,3 +378,136 @@ fn drafter_step_with_cuda_flash_matches_reference() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// bf16 activations
+
+/// The whole drafter step with bf16 GEMMs and bf16 activations (the backend default) against
+/// the reference. On top of the bf16-GEMM run above (rel-L2 5e-2 per gradient: operand
+/// rounding of ~20 GEMMs on a gradient's path), every stored activation and activation
+/// gradient is now rounded once to bf16: per layer ~12 elementwise outputs on the forward
+/// (norms, rope, swiglu, adds, attention) and ~15 on the backward, each 2^-9 RMS relative at
+/// most (~1.1e-3 for uniformly distributed rounding), i.e. ~55 roundings over a tiny/small
+/// step; GEMM operands were already bf16, so only the elementwise roundings are new. As a
+/// random walk that is ~sqrt(55) * 1.1e-3 ~ 8e-3, worst-case aligned ~2.5e-2: gradient rel-L2
+/// 7.5e-2 (5e-2 + 2.5e-2), per element rtol 2e-1 / atol 1e-1 of max (gross errors only, as
+/// bf16 GEMMs); loss rel 2e-2 (bf16 GEMMs 1e-2 + the same margin); predictions >= 85% equal;
+/// `correct` within 1 + counted/10. Parameter gradients must come back f32.
+#[test]
+fn drafter_step_bf16_activations_matches_reference() {
+    use dflash_backend_cuda::DType;
+    dflash_backend_reference::link();
+    let Some(cu) = cuda_act(GemmPrecision::Bf16, DType::Bf16) else {
+        return;
+    };
+    let cu: Arc<dyn Backend> = Arc::new(cu);
+    let reference: Arc<dyn Backend> = Arc::new(reference());
+    let why = "bf16 GEMM operands + bf16 activation storage through every layer";
+    for small in [false, true] {
+        let p = drafter::problem(small, 11);
+        let want = drafter::run(reference.clone(), &p, false);
+        for recompute in [false, true] {
+            let got = drafter::run(cu.clone(), &p, recompute);
+            println!(
+                "{} drafter, bf16 GEMMs + bf16 activations, recompute={recompute}",
+                if small { "small" } else { "tiny" }
+            );
+            check_scalar("  loss sum(w*CE)", got.loss, want.loss, 2e-2, why);
+            check_scalar("  loss only", got.loss_only, want.loss, 2e-2, why);
+            assert_eq!(got.counted, want.counted);
+            let slack = 1 + want.counted / 10;
+            assert!(
+                got.correct.abs_diff(want.correct) <= slack,
+                "correct {} vs {}",
+                got.correct,
+                want.correct
+            );
+            let same = got
+                .predict
+                .iter()
+                .zip(&want.predict)
+                .filter(|(a, b)| a == b)
+                .count();
+            println!("    predict: {same} of {} slots equal", want.predict.len());
+            assert!(same * 100 >= want.predict.len() * 85, "predictions differ too often");
+            for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
+                check_rel_l2(&format!("  d {name}"), g, w, 7.5e-2, why);
+                check(&format!("  d {name}"), g, w, 2e-1, 1e-1, why);
+            }
+        }
+    }
+    // Parameter gradients stay f32 (zeros + matmul_acc / add_assign keep the dtype).
+    let p = drafter::problem(false, 11);
+    let g = dflash_models::DrafterParams::zeros(cu.as_ref(), &p.cfg).unwrap();
+    for t in g.tensors() {
+        assert_dtype("parameter gradient", t, DType::F32);
+    }
+}
+
+/// The target forward (random Qwen3, 4 layers: hidden states of every layer, the features the
+/// drafter reads, the logits) on CUDA with bf16 GEMMs, in both activation modes, against the
+/// reference with the same weights (`random_normal` is the same stream on every backend; the
+/// CUDA copy of each frozen weight is rounded to bf16 by `to_compute_format`). Hidden states
+/// are residual sums dominated by the embedding: weight rounding (2^-9 RMS per operand) and,
+/// with bf16 activations, one rounding per stored output (~8 per layer) keep them within
+/// rel-L2 2e-2; logits pass through the final norm and the bf16 LM head: rel-L2 5e-2.
+#[test]
+fn target_forward_matches_reference_in_both_activation_modes() {
+    use dflash_backend_cuda::DType;
+    use dflash_config::Qwen3Config;
+    use dflash_core::pipeline::{Features, Target};
+    use dflash_models::Qwen3Target;
+    dflash_backend_reference::link();
+    if cuda().is_none() {
+        return;
+    }
+    let (v, h) = (300, 64);
+    let json = format!(
+        r#"{{"model_type": "qwen3", "vocab_size": {v}, "hidden_size": {h},
+            "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "max_position_embeddings": 4096,
+            "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
+    );
+    let cfg = Qwen3Config::from_json_str(&json, "test").unwrap();
+    let ids: Vec<u32> = (0..57).map(|i| (i * 37 % v) as u32).collect();
+    let layer_ids = [1usize, 3];
+    let rb: Arc<dyn Backend> = Arc::new(reference());
+    let tr = Qwen3Target::random(rb.clone(), cfg.clone(), &[3], 5).unwrap();
+    let want_h = tr.hidden_states(&ids).unwrap();
+    let want_l = tr.logits(&ids).unwrap();
+    let tr2 = Qwen3Target::random(rb.clone(), cfg.clone(), &layer_ids, 5).unwrap();
+    let want_f = match tr2.features(&ids).unwrap() {
+        Features::Tensor(t) => rb.download(&t).unwrap(),
+        Features::Host(hst) => hst,
+    };
+    for act in [DType::F32, DType::Bf16] {
+        let Some(cu) = cuda_act(GemmPrecision::Bf16, act) else {
+            return;
+        };
+        let cb: Arc<dyn Backend> = Arc::new(cu);
+        let why = format!("bf16 GEMMs, {} activations", act.name());
+        let t = Qwen3Target::random(cb.clone(), cfg.clone(), &[3], 5).unwrap();
+        let got_h = t.hidden_states(&ids).unwrap();
+        for (i, (g, w)) in got_h.iter().zip(&want_h).enumerate() {
+            check_rel_l2(&format!("target hidden state {i} ({})", act.name()), g, w, 2e-2, &why);
+        }
+        check_rel_l2(
+            &format!("target logits ({})", act.name()),
+            &t.logits(&ids).unwrap(),
+            &want_l,
+            5e-2,
+            &why,
+        );
+        let t2 = Qwen3Target::random(cb.clone(), cfg.clone(), &layer_ids, 5).unwrap();
+        let got_f = match t2.features(&ids).unwrap() {
+            Features::Tensor(f) => {
+                // bf16 GEMMs: the features are kept in bf16 (to_compute_format).
+                assert_dtype("target features", &f, DType::Bf16);
+                cb.download(&f).unwrap()
+            }
+            Features::Host(hst) => hst,
+        };
+        check_rel_l2(&format!("target features ({})", act.name()), &got_f, &want_f, 2e-2, &why);
+    }
+}

@@ -274,8 +274,10 @@ fn embedding_bf16_table_matches_reference() {
     }
 }
 
-/// Ops with no bf16 variant report a bf16 input by op name, dtype and device instead of
-/// reading its bytes as f32.
+/// Ops with no bf16 variant (AdamW: parameters, moments and gradients are f32 by design;
+/// the statistics input `rstd` of `rms_norm_backward`) report a bf16 input by op name, dtype
+/// and device instead of reading its bytes as f32. (RMSNorm, RoPE and SwiGLU took this test's
+/// bf16 rejections before they gained bf16 inputs: see `bf16_activations_*` below.)
 #[test]
 fn f32_only_ops_reject_bf16() {
     let Some(cu) = cuda_with(dflash_backend_cuda::GemmPrecision::Bf16) else {
@@ -287,20 +289,15 @@ fn f32_only_ops_reject_bf16() {
     let w = rand_vec(&mut r, c, 1.0);
     let (xf, wf) = (up(&cu, &x, &[t, c]), up(&cu, &w, &[c]));
     let xb = cu.to_compute_format(up(&cu, &x, &[t, c])).unwrap();
-    let wb = cu.to_compute_format(up(&cu, &w, &[c])).unwrap();
     assert_eq!(dtype_of(&xb), dflash_backend_cuda::DType::Bf16);
-    assert_bf16_rejected(cu.rms_norm(&xb, &wf, 1e-6), "rms_norm");
-    assert_bf16_rejected(cu.rms_norm(&xf, &wb, 1e-6), "rms_norm");
     let (_, rstd) = cu.rms_norm(&xf, &wf, 1e-6).unwrap();
+    let rstd_b = cu
+        .to_dtype(&rstd, dflash_backend_cuda::DType::Bf16)
+        .unwrap();
     assert_bf16_rejected(
-        cu.rms_norm_backward(&xb, &xf, &wf, &rstd),
+        cu.rms_norm_backward(&xf, &xf, &wf, &rstd_b),
         "rms_norm_backward",
     );
-    let pos: Vec<i32> = (0..t as i32).collect();
-    assert_bf16_rejected(cu.rope(&xb, &pos, 1e4), "rope");
-    assert_bf16_rejected(cu.rope_backward(&xb, &pos, 1e4), "rope_backward");
-    assert_bf16_rejected(cu.swiglu(&xb, &xf), "swiglu");
-    assert_bf16_rejected(cu.swiglu_backward(&xf, &xf, &xb), "swiglu_backward");
     let hp = AdamWParams {
         lr: 1e-3,
         beta1: 0.9,
@@ -315,4 +312,203 @@ fn f32_only_ops_reject_bf16() {
     assert_bf16_rejected(cu.adamw_step(&mut pb, &xf, &mut m, &mut v, &hp), "adamw");
     let mut pf = cu.copy(&xf).unwrap();
     assert_bf16_rejected(cu.adamw_step(&mut pf, &xb, &mut m, &mut v, &hp), "adamw");
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 activations (`CudaOptions::activations = Bf16`): every input in f32 and in bf16,
+// mixed included, against the reference on the same (bf16-rounded) values; outputs poisoned
+// (bf16 NaN 0x7FC0) before the op writes them. Tolerance (`check_bf16`): the op's own f32
+// tolerance (above) plus one bf16 rounding of the f32 result, 2^-8 of |ref|. Statistics and
+// parameter gradients (rstd, dw) stay f32 at the f32 tolerances.
+
+use dflash_backend_cuda::{DType, GemmPrecision};
+
+fn cuda_bf16_act() -> Option<dflash_backend_cuda::CudaBackend> {
+    // No GEMM in these ops: the GEMM precision does not matter.
+    cuda_act(GemmPrecision::Tf32, DType::Bf16)
+}
+
+fn dt(d: DType) -> &'static str {
+    d.name()
+}
+
+#[test]
+fn bf16_activations_norm_matches_reference() {
+    let Some(cu) = cuda_bf16_act() else { return };
+    let rf = reference();
+    let mut r = rng(201);
+    for &(rows, c) in &[(13, 24), (64, 4096), (3000, 64), (1, 7)] {
+        let eps = 1e-6f32;
+        let x = rand_vec(&mut r, rows * c, 2.0);
+        let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
+        let dy = rand_vec(&mut r, rows * c, 1.0);
+        let (wc, wr) = (up(&cu, &w, &[c]), up(&rf, &w, &[c]));
+        for xd in DTYPES {
+            let (xc, xv) = up_as(&cu, &x, &[rows, c], xd);
+            let xr = up(&rf, &xv, &[rows, c]);
+            let (yc, rc) = cu.rms_norm(&xc, &wc, eps).unwrap();
+            let (yr, rr) = rf.rms_norm(&xr, &wr, eps).unwrap();
+            assert_dtype("rms_norm y", &yc, DType::Bf16);
+            assert_dtype("rms_norm rstd", &rc, DType::F32);
+            check_bf16(
+                &format!("bf16 rms_norm y ({rows}x{c}, x {})", dt(xd)),
+                &down(&cu, &yc),
+                &down(&rf, &yr),
+                1e-5,
+                1e-6,
+                "f32 row sums vs f64",
+            );
+            check(
+                &format!("bf16 rms_norm rstd ({rows}x{c}, x {})", dt(xd)),
+                &down(&cu, &rc),
+                &down(&rf, &rr),
+                1e-5,
+                0.0,
+                "f32 statistic: f32 row sums vs f64",
+            );
+            for gd in DTYPES {
+                let (dyc, dyv) = up_as(&cu, &dy, &[rows, c], gd);
+                let dyr = up(&rf, &dyv, &[rows, c]);
+                let (dxc, dwc) = cu.rms_norm_backward(&dyc, &xc, &wc, &rc).unwrap();
+                let (dxr, dwr) = rf.rms_norm_backward(&dyr, &xr, &wr, &rr).unwrap();
+                assert_dtype("rms_norm_backward dx", &dxc, DType::Bf16);
+                assert_dtype("rms_norm_backward dw", &dwc, DType::F32);
+                check_bf16(
+                    &format!("bf16 rms_norm_backward dx (dy {}, x {})", dt(gd), dt(xd)),
+                    &down(&cu, &dxc),
+                    &down(&rf, &dxr),
+                    1e-4,
+                    1e-5,
+                    "f32 row dot + cancellation",
+                );
+                check(
+                    &format!("bf16 rms_norm_backward dw (dy {}, x {})", dt(gd), dt(xd)),
+                    &down(&cu, &dwc),
+                    &down(&rf, &dwr),
+                    1e-4,
+                    1e-5,
+                    "f32 parameter gradient: f32 column sums vs f64",
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_activations_rope_matches_reference() {
+    let Some(cu) = cuda_bf16_act() else { return };
+    let rf = reference();
+    let mut r = rng(202);
+    for &(t, heads, d, theta) in &[
+        (11, 4, 8, 10_000.0f32),
+        (300, 8, 128, 1_000_000.0),
+        (17, 1, 256, 500_000.0),
+    ] {
+        let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
+        let x = rand_vec(&mut r, t * heads * d, 1.0);
+        for xd in DTYPES {
+            let (xc, xv) = up_as(&cu, &x, &[t, heads, d], xd);
+            let xr = up(&rf, &xv, &[t, heads, d]);
+            let yc = cu.rope(&xc, &positions, theta).unwrap();
+            assert_dtype("rope", &yc, DType::Bf16);
+            check_bf16(
+                &format!("bf16 rope ({t},{heads},{d}), x {}", dt(xd)),
+                &down(&cu, &yc),
+                &down(&rf, &rf.rope(&xr, &positions, theta).unwrap()),
+                1e-5,
+                1e-6,
+                "same f64 angles rounded to f32",
+            );
+            let gc = cu.rope_backward(&xc, &positions, theta).unwrap();
+            assert_dtype("rope_backward", &gc, DType::Bf16);
+            check_bf16(
+                &format!("bf16 rope_backward ({t},{heads},{d}), dy {}", dt(xd)),
+                &down(&cu, &gc),
+                &down(&rf, &rf.rope_backward(&xr, &positions, theta).unwrap()),
+                1e-5,
+                1e-6,
+                "as rope",
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_activations_swiglu_matches_reference() {
+    let Some(cu) = cuda_bf16_act() else { return };
+    let rf = reference();
+    let mut r = rng(203);
+    let (t, i) = (333, 257);
+    let s = [t, i];
+    let g = rand_vec(&mut r, t * i, 8.0);
+    let u = rand_vec(&mut r, t * i, 2.0);
+    let dh = rand_vec(&mut r, t * i, 1.0);
+    let why = "f32 expf (<= 2 ulp) vs f64";
+    // (dh, g, u) dtypes: uniform and mixed (a mixed call widens its bf16 inputs exactly).
+    for (dd, gd, ud) in [
+        (DType::F32, DType::F32, DType::F32),
+        (DType::Bf16, DType::Bf16, DType::Bf16),
+        (DType::Bf16, DType::F32, DType::Bf16),
+        (DType::F32, DType::Bf16, DType::F32),
+    ] {
+        let (gc, gv) = up_as(&cu, &g, &s, gd);
+        let (uc, uv) = up_as(&cu, &u, &s, ud);
+        let (dc, dv) = up_as(&cu, &dh, &s, dd);
+        let (gr, ur, dr) = (up(&rf, &gv, &s), up(&rf, &uv, &s), up(&rf, &dv, &s));
+        let tag = format!("g {}, u {}", dt(gd), dt(ud));
+        let hc = cu.swiglu(&gc, &uc).unwrap();
+        assert_dtype("swiglu", &hc, DType::Bf16);
+        check_bf16(
+            &format!("bf16 swiglu ({tag})"),
+            &down(&cu, &hc),
+            &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
+            1e-5,
+            1e-7,
+            why,
+        );
+        let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
+        let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
+        assert_dtype("swiglu_backward d_gate", &dgc, DType::Bf16);
+        assert_dtype("swiglu_backward d_up", &duc, DType::Bf16);
+        check_bf16(
+            &format!("bf16 swiglu_backward d_gate (dh {}, {tag})", dt(dd)),
+            &down(&cu, &dgc),
+            &down(&rf, &dgr),
+            1e-5,
+            1e-7,
+            why,
+        );
+        check_bf16(
+            &format!("bf16 swiglu_backward d_up (dh {}, {tag})", dt(dd)),
+            &down(&cu, &duc),
+            &down(&rf, &dur),
+            1e-5,
+            1e-7,
+            why,
+        );
+    }
+}
+
+/// `embedding` into bf16 activations: a gather, so bit-exact: a bf16 table copies, an f32
+/// table rounds once (RNE, compared with the `half` crate's rounding of the reference).
+#[test]
+fn bf16_activations_embedding_matches_reference() {
+    let Some(cu) = cuda_bf16_act() else { return };
+    let rf = reference();
+    let mut r = rng(204);
+    for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
+        let table = rand_vec(&mut r, v * h, 4.0);
+        let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
+        for td in DTYPES {
+            let (tc, tv) = up_as(&cu, &table, &[v, h], td);
+            let ec = cu.embedding(&tc, &ids).unwrap();
+            assert_dtype("embedding", &ec, DType::Bf16);
+            let want = down(&rf, &rf.embedding(&up(&rf, &tv, &[v, h]), &ids).unwrap());
+            check_exact(
+                &format!("bf16 embedding ({v}, {h}), table {}", dt(td)),
+                &down(&cu, &ec),
+                &bf16_rounded(&want),
+            );
+        }
+    }
 }

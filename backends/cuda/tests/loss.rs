@@ -286,12 +286,15 @@ fn loss_bf16_head_matches_reference() {
             "  linear_argmax (bf16 head): {} of {t} rows differ, all within margin < {margin}",
             diff.len()
         );
-        // x has no bf16 path: rejected by name.
+        // A bf16 x is read too (formerly rejected; checked in detail, with bf16
+        // activations, by `loss_bf16_activations_match_reference`). With f32 activations dx
+        // stays f32.
         let xb = up_bf16(&cu, &x, &[t, h]);
-        assert_bf16_rejected(
-            cu.linear_cross_entropy(&xb, &wc, &labels, &weights, gs),
-            "linear_cross_entropy",
-        );
+        let (sb, dxb) = cu
+            .linear_cross_entropy(&xb, &wc, &labels, &weights, gs)
+            .unwrap();
+        assert_eq!(dtype_of(&dxb), dflash_backend_cuda::DType::F32);
+        assert!(sb.weighted_loss.is_finite() && sb.counted == sc.counted);
     }
 }
 
@@ -359,4 +362,78 @@ fn loss_bf16_head_is_not_copied() {
         "the same bf16 operands (expected bit-identical)",
     );
     assert_eq!(l_bf16.to_bits(), s_warm.weighted_loss.to_bits());
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 activations
+
+/// The fused CE with bf16 activations: `x` f32 or bf16 (bf16-representable values in both, so
+/// the loss's inputs are the same), head bf16; dx comes back bf16, the statistics as f64 /
+/// counts. Exact-f32 GEMMs (`Fp32`), so the only rounding beyond the f32 loss's is dx's
+/// storage: loss rel 1e-5 (f32 exp / accumulation vs f64, as `loss_bf16_head_matches_reference`
+/// FP32), dx 2^-8 |ref| + the FP32 dx tolerance (2e-4 rel, 2e-5 of max). Rows with weight 0
+/// get dx exactly 0. `linear_argmax` reads a bf16 x: ties within the margin only.
+#[test]
+fn loss_bf16_activations_match_reference() {
+    use dflash_backend_cuda::{DType, GemmPrecision};
+    let Some(cu) = cuda_act(GemmPrecision::Fp32, DType::Bf16) else {
+        return;
+    };
+    let rf = reference();
+    let mut r = rng(214);
+    let (t, h, v) = (300, 64, 1500);
+    let x = bf16_rounded(&rand_vec(&mut r, t * h, 1.0));
+    let w = bf16_rounded(&rand_vec(&mut r, v * h, 0.2));
+    let labels: Vec<u32> = (0..t).map(|_| r.random_range(0..v as u32)).collect();
+    let weights: Vec<f32> = (0..t)
+        .map(|i| if i % 7 == 0 { 0.0 } else { r.random_range(0.1..1.0) })
+        .collect();
+    let gs = 0.37;
+    let wc = up_bf16(&cu, &w, &[v, h]);
+    let (xr, wr) = (up(&rf, &x, &[t, h]), up(&rf, &w, &[v, h]));
+    let (sr, dxr) = rf
+        .linear_cross_entropy(&xr, &wr, &labels, &weights, gs)
+        .unwrap();
+    let dxr = down(&rf, &dxr);
+    let ar = rf.linear_argmax(&xr, &wr).unwrap();
+    let m = margins(&x, &w, t, h, v);
+    for xd in [DType::F32, DType::Bf16] {
+        let (xc, _) = up_as(&cu, &x, &[t, h], xd);
+        let (sc, dxc) = cu
+            .linear_cross_entropy(&xc, &wc, &labels, &weights, gs)
+            .unwrap();
+        assert_dtype("CE dx", &dxc, DType::Bf16);
+        check_scalar(
+            &format!("bf16-activation CE loss (x {})", xd.name()),
+            sc.weighted_loss,
+            sr.weighted_loss,
+            1e-5,
+            "f32 exp / accumulation vs f64 (exact-f32 GEMMs)",
+        );
+        assert_eq!(sc.counted, sr.counted);
+        let dxh = down(&cu, &dxc);
+        check_bf16(
+            &format!("bf16-activation CE dx (x {})", xd.name()),
+            &dxh,
+            &dxr,
+            2e-4,
+            2e-5,
+            "FP32 GEMM dx tolerance",
+        );
+        for i in 0..t {
+            if weights[i] == 0.0 {
+                assert!(dxh[i * h..(i + 1) * h].iter().all(|&d| d == 0.0));
+            }
+        }
+        let ac = cu.linear_argmax(&xc, &wc).unwrap();
+        for i in 0..t {
+            assert!(
+                ac[i] == ar[i] || m[i].1 < 1e-3,
+                "argmax row {i}: {} vs {} (margin {})",
+                ac[i],
+                ar[i],
+                m[i].1
+            );
+        }
+    }
 }

@@ -99,8 +99,15 @@ fn memory_ops_match_reference() {
         .map(|&v| half::bf16::from_f32(v).to_f32())
         .collect();
     check_exact("to_dtype f32 -> bf16 -> f32", &back, &want);
-    let e = cu.add(&bf, &bf).err().unwrap();
-    assert!(e.to_string().contains("bf16"), "{e}");
+    // bf16 inputs are read by the arithmetic ops (formerly an error here): with f32
+    // activations, bf16 + bf16 is the exact f32 sum of the widened values.
+    let s2 = cu.add(&bf, &bf).unwrap();
+    assert_eq!(dtype_of(&s2), DType::F32);
+    check_exact(
+        "add(bf16, bf16), f32 activations",
+        &down(&cu, &s2),
+        &want.iter().map(|v| v + v).collect::<Vec<_>>(),
+    );
     // Shape errors match the reference's.
     let e1 = cu.narrow_rows(&xc, 30, 10).err().unwrap().to_string();
     let e2 = rf.narrow_rows(&xr, 30, 10).err().unwrap().to_string();
@@ -204,14 +211,38 @@ fn bf16_memory_ops_match_reference() {
         &down(&cu32, &kept),
         &x,
     );
-    // The arithmetic memory ops compute in f32 only.
-    assert_bf16_rejected(cu.add(&xc, &xf), "add");
+    // The arithmetic memory ops take bf16 inputs too (formerly rejected; checked in detail,
+    // with bf16 activations, by `bf16_activation_memory_ops_match_reference`). With f32
+    // activations (`cuda_with`) `add` of a bf16 and an f32 input is f32 and exact here: the
+    // bf16 value widens exactly and the f32 add rounds once, like the reference.
+    let s = cu.add(&xc, &xf).unwrap();
+    assert_eq!(dtype_of(&s), DType::F32);
+    let xr32 = up(&rf, &x, &[rows, cols]);
+    check_exact(
+        "add(bf16, f32), f32 activations",
+        &down(&cu, &s),
+        &down(&rf, &rf.add(&xr, &xr32).unwrap()),
+    );
     let mut acc = cu.copy(&xf).unwrap();
-    assert_bf16_rejected(cu.add_assign(&mut acc, &xc), "add_assign");
+    cu.add_assign(&mut acc, &xc).unwrap();
+    assert_eq!(dtype_of(&acc), DType::F32, "add_assign keeps acc's dtype");
     let mut xcm = cu.copy(&xc).unwrap();
-    assert_bf16_rejected(cu.scale_assign(&mut xcm, 2.0), "scale_assign");
-    assert_bf16_rejected(cu.sum_squares(&xc), "sum_squares");
-    assert_bf16_rejected(cu.all_finite(&xc), "all_finite");
+    cu.scale_assign(&mut xcm, 2.0).unwrap();
+    assert_eq!(dtype_of(&xcm), DType::Bf16, "scale_assign keeps the dtype");
+    check_exact(
+        "scale_assign(bf16, 2) (exact: a power of two)",
+        &down(&cu, &xcm),
+        &xb.iter().map(|v| v * 2.0).collect::<Vec<_>>(),
+    );
+    let want: f64 = xb.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    check_scalar(
+        "sum_squares(bf16)",
+        cu.sum_squares(&xc).unwrap(),
+        want,
+        1e-10,
+        "f64 sums of exactly widened values, other order",
+    );
+    assert!(cu.all_finite(&xc).unwrap());
 }
 
 /// The conversion kernels against a host round-to-nearest-even (the `half` crate): every
@@ -341,6 +372,7 @@ fn bf16_conversion_bandwidth() {
         &opts,
         CudaOptions {
             gemm: GemmPrecision::Tf32,
+            activations: DType::F32,
             poison: false,
         },
     )
@@ -374,4 +406,151 @@ fn bf16_conversion_bandwidth() {
             bw / 4220.0
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 activations
+
+/// With bf16 activations: `add` of every input dtype combination writes bf16; `add_assign`
+/// and `scale_assign` keep the accumulator's dtype; `sum_squares` / `all_finite` read bf16.
+/// All bit-exact: the device computes the same single f32 operation as the reference (on the
+/// same, bf16-widened, values) and rounds it once (RNE) when storing bf16, which the host
+/// reproduces with the `half` crate. Outputs are poisoned first; the poison of a bf16 buffer
+/// is the bf16 quiet NaN 0x7FC0.
+#[test]
+fn bf16_activation_memory_ops_match_reference() {
+    use dflash_backend_cuda::GemmPrecision;
+    let Some(cu) = cuda_act(GemmPrecision::Tf32, DType::Bf16) else {
+        return;
+    };
+    let rf = reference();
+    let mut r = rng(211);
+    let (rows, cols) = (37, 29);
+    let s = [rows, cols];
+    let x = rand_vec(&mut r, rows * cols, 3.0);
+    let y = rand_vec(&mut r, rows * cols, 3.0);
+    // Poison: an unwritten bf16 element reads back as NaN (0x7FC0 widened: 0x7FC00000).
+    let un = cu.uninit(&[1000], DType::Bf16).unwrap();
+    assert!(
+        down(&cu, &un).iter().all(|v| v.to_bits() == 0x7fc0_0000),
+        "bf16 poison must be 0x7FC0"
+    );
+    println!("  bf16 poison: 1000 of 1000 elements are 0x7FC0");
+    for ad in DTYPES {
+        for bd in DTYPES {
+            let (ac, av) = up_as(&cu, &x, &s, ad);
+            let (bc, bv) = up_as(&cu, &y, &s, bd);
+            let (ar, br) = (up(&rf, &av, &s), up(&rf, &bv, &s));
+            let sum = cu.add(&ac, &bc).unwrap();
+            assert_dtype("add", &sum, DType::Bf16);
+            let want = down(&rf, &rf.add(&ar, &br).unwrap());
+            check_exact(
+                &format!("bf16 add({}, {})", ad.name(), bd.name()),
+                &down(&cu, &sum),
+                &bf16_rounded(&want),
+            );
+            // acc keeps its dtype.
+            let mut acc = cu.copy(&ac).unwrap();
+            cu.add_assign(&mut acc, &bc).unwrap();
+            assert_dtype("add_assign", &acc, ad);
+            let want_acc = match ad {
+                DType::F32 => want.clone(),
+                DType::Bf16 => bf16_rounded(&want),
+            };
+            check_exact(
+                &format!("add_assign(acc {}, x {})", ad.name(), bd.name()),
+                &down(&cu, &acc),
+                &want_acc,
+            );
+        }
+        let (mut t, tv) = up_as(&cu, &x, &s, ad);
+        cu.scale_assign(&mut t, 0.3).unwrap();
+        assert_dtype("scale_assign", &t, ad);
+        let mut tr = up(&rf, &tv, &s);
+        rf.scale_assign(&mut tr, 0.3).unwrap();
+        let want = down(&rf, &tr);
+        let want = if ad == DType::Bf16 {
+            bf16_rounded(&want)
+        } else {
+            want
+        };
+        check_exact(
+            &format!("scale_assign({}, 0.3)", ad.name()),
+            &down(&cu, &t),
+            &want,
+        );
+    }
+    // Reductions over bf16, f64 sums.
+    let (xc, xv) = up_as(&cu, &x, &s, DType::Bf16);
+    check_scalar(
+        "sum_squares(bf16)",
+        cu.sum_squares(&xc).unwrap(),
+        rf.sum_squares(&up(&rf, &xv, &s)).unwrap(),
+        1e-10,
+        "f64 sums of the same values, other order",
+    );
+    assert!(cu.all_finite(&xc).unwrap());
+    let mut bad = x.clone();
+    bad[500] = f32::INFINITY;
+    let (bc, _) = up_as(&cu, &bad, &s, DType::Bf16);
+    assert!(!cu.all_finite(&bc).unwrap(), "an infinite bf16 element");
+    // What stays f32: upload, zeros, random_normal.
+    assert_dtype("upload", &up(&cu, &x, &s), DType::F32);
+    assert_dtype("zeros", &cu.zeros(&s).unwrap(), DType::F32);
+    assert_dtype(
+        "random_normal",
+        &cu.random_normal(&s, 1.0, 3).unwrap(),
+        DType::F32,
+    );
+}
+
+/// Peak memory: a `linear` whose output is a bf16 activation allocates half the output bytes
+/// of the f32 one (operands bf16, read in place by the bf16 GEMM: the output is the only
+/// allocation). Reads the device pool's peak, so it needs `--test-threads 1` (as run_all.sh
+/// runs it).
+#[test]
+fn linear_bf16_activations_halve_the_output_allocation() {
+    use dflash_backend_cuda::GemmPrecision;
+    use dflash_core::{BackendInfo, GemmOps};
+    let (Some(c32), Some(c16)) = (
+        cuda_act(GemmPrecision::Bf16, DType::F32),
+        cuda_act(GemmPrecision::Bf16, DType::Bf16),
+    ) else {
+        return;
+    };
+    let (t, k, n) = (4096usize, 256usize, 4096usize); // output 64 MiB f32, 32 MiB bf16
+    let mut r = rng(212);
+    let x = rand_vec(&mut r, t * k, 1.0);
+    let w = rand_vec(&mut r, n * k, 1.0);
+    let mut growth = Vec::new();
+    for cu in [&c32, &c16] {
+        let xb = up_bf16(cu, &x, &[t, k]);
+        let wb = up_bf16(cu, &w, &[n, k]);
+        // Warm the plan cache (the heuristic query) outside the measurement.
+        drop(cu.linear(&xb, &wb).unwrap());
+        cu.synchronize().unwrap();
+        cu.reset_peak_memory();
+        let Some(before) = cu.memory_stats() else {
+            println!("  memory_stats: not available on this device");
+            return;
+        };
+        let y = cu.linear(&xb, &wb).unwrap();
+        cu.synchronize().unwrap();
+        let after = cu.memory_stats().unwrap();
+        let g = after.peak_bytes.saturating_sub(before.in_use_bytes);
+        println!(
+            "  linear {t}x{k}x{n}, {} activations: pool peak grew by {:.2} MiB",
+            dtype_of(&y).name(),
+            g as f64 / (1 << 20) as f64
+        );
+        growth.push(g);
+        drop(y);
+    }
+    let out32 = (t * n * 4) as u64;
+    assert!(growth[0] >= out32, "f32 output must be allocated: {growth:?}");
+    assert!(
+        growth[1] >= out32 / 2 && growth[1] <= out32 / 2 + (2 << 20),
+        "bf16 output must take half the bytes (+ <= 2 MiB pool granularity): {growth:?}"
+    );
+    assert!(growth[1] * 2 <= growth[0] + (4 << 20), "{growth:?}");
 }

@@ -18,7 +18,7 @@ pub(super) fn operand_span(stored_rows: usize, used_cols: usize, stored_cols: us
 
 impl CudaBackend {
     /// The bf16 GEMM: bf16 operands as they are, f32 operands rounded (RNE) into
-    /// stream-ordered scratch, f32 C; TF32 where cuBLASLt has no bf16 algorithm for the
+    /// stream-ordered scratch, f32 or bf16 C; TF32 where cuBLASLt has no bf16 algorithm for the
     /// problem (then bf16 operands are widened instead, exactly).
     pub(super) fn gemm_bf16(&self, op: &'static str, g: &RowMajorGemm) -> Result<()> {
         let (na, nb) = g.spans();

@@ -7,11 +7,14 @@
 //! leading dimension equal to the stored column count. No copies, any transpose combination.
 //!
 //! Precision ([`GemmPrecision`]): operands f32 or bf16 (each independently: a tensor kept in
-//! bf16 by `to_compute_format`, e.g. a frozen weight), f32 output, f32 scale (alpha, beta)
-//! and f32 accumulation in every mode. `Bf16` (default, the PyTorch bf16-autocast recipe's
+//! bf16 by `to_compute_format`, e.g. a frozen weight, or a bf16 activation), output f32 or
+//! bf16 (`matmul`: `CudaOptions::activations`; `matmul_acc`: c's dtype), f32 scale (alpha,
+//! beta) and f32 accumulation in every mode. In `Bf16` mode cuBLASLt writes a bf16 D itself
+//! (one rounding of the f32 result); TF32/FP32 have no bf16-D matmul, so a bf16 C goes through
+//! f32 scratch (see `gemm_f32`). `Bf16` (default, the PyTorch bf16-autocast recipe's
 //! precision) reads bf16 operands in place and rounds f32 ones to bf16 (RNE, `f32_to_bf16`)
 //! into stream-ordered scratch buffers freed right after the product, then runs cuBLASLt with
-//! bf16 A/B and f32 C/D; `Tf32` and `Fp32` run on f32 operands (a bf16 one widened exactly
+//! bf16 A/B and f32 or bf16 C/D; `Tf32` and `Fp32` run on f32 operands (a bf16 one widened exactly
 //! into scratch first) with TF32 tensor-core or exact f32 compute.
 //!
 //! Plans (layouts, matmul descriptor and the heuristic's algorithm) are cached per
@@ -26,7 +29,7 @@ mod plan;
 
 pub(crate) use plan::Blas;
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use dflash_core::{GemmOps, Result, Tensor, Transpose};
 
 use crate::CudaBackend;
@@ -79,8 +82,9 @@ impl Operand {
     }
 }
 
-/// One row-major GEMM on raw device addresses: `C = alpha * op(A) @ op(B) + beta * C`, A and
-/// B f32 or bf16 (each independently), C f32.
+/// One row-major GEMM on raw device addresses: `C = alpha * op(A) @ op(B) + beta * C`, A, B
+/// and C f32 or bf16 (each independently; f32 accumulation and scale always, C rounded once).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RowMajorGemm {
     pub m: usize,
     pub n: usize,
@@ -92,8 +96,10 @@ pub(crate) struct RowMajorGemm {
     pub b: Operand,
     pub b_cols: usize,
     pub tb: bool,
-    /// Address of C (f32); its row stride is `n`.
+    /// Address of C; its row stride is `n`.
     pub c: u64,
+    /// Element type of C (= D): f32, or bf16 for bf16 activations.
+    pub c_dtype: DType,
     pub alpha: f32,
     pub beta: f32,
 }
@@ -135,8 +141,25 @@ impl CudaBackend {
     }
 
     /// TF32 or exact-f32 compute on f32 operands; a bf16 operand is first widened (exactly)
-    /// into f32 scratch covering the span cuBLASLt reads.
+    /// into f32 scratch covering the span cuBLASLt reads. cuBLASLt has no f32-operand matmul
+    /// with a bf16 C/D, so a bf16 C goes through an f32 scratch C: widened into it when beta
+    /// != 0, the product written there, then rounded (RNE) back into C.
     fn gemm_f32(&self, op: &'static str, g: &RowMajorGemm, prec: GemmPrecision) -> Result<()> {
+        if g.c_dtype == DType::Bf16 {
+            let mn = g.m * g.n;
+            let mut sc = self.alloc(op, mn, DType::F32)?;
+            let (ps, _gs) = sc.device_ptr_mut(&self.stream);
+            if g.beta != 0.0 {
+                self.convert_ptr(op, ps, g.c, mn, DType::F32)?;
+            }
+            let g32 = RowMajorGemm {
+                c: ps,
+                c_dtype: DType::F32,
+                ..*g
+            };
+            self.gemm_f32(op, &g32, prec)?;
+            return self.convert_ptr(op, g.c, ps, mn, DType::Bf16);
+        }
         let (na, nb) = g.spans();
         // Scratch (declared before the pointer guards, so it is freed, in stream order, after
         // the matmul is enqueued).
@@ -228,8 +251,8 @@ impl CudaBackend {
         Ok((MatView::of(ar, ac, ta), MatView::of(br, bc, tb)))
     }
 
-    /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors (a, b f32 or bf16; c f32),
-    /// handling empty dims.
+    /// `c = alpha * op(a) @ op(b) + beta * c` for whole tensors (a, b, c f32 or bf16), handling
+    /// empty dims.
     #[allow(clippy::too_many_arguments)]
     fn gemm_tensors(
         &self,
@@ -248,15 +271,18 @@ impl CudaBackend {
         if k == 0 {
             // The product is empty: c = beta * c (and beta = 0 must not read c).
             if beta == 0.0 {
-                return self.fill(op, &mut c.buf, m * n, 0.0);
+                return self.fill_dt(op, &mut c.buf, m * n, c.dtype, 0.0);
             }
             let n64 = (m * n) as i64;
-            let mut l = self.stream.launch_builder(&self.k().scale_f32);
+            let k = self.k();
+            let f = crate::kernels::pick(&[&k.scale_f, &k.scale_b], &[c.dtype]);
+            let mut l = self.stream.launch_builder(f);
             l.arg(&mut c.buf).arg(&n64).arg(&beta);
             return self.launch(op, l, crate::grid1d(m * n));
         }
         let (pa, _ga) = a.ptr(&self.stream);
         let (pb, _gb) = b.ptr(&self.stream);
+        let c_dtype = c.dtype;
         let (pc, _gc) = c.ptr_mut(&self.stream);
         self.gemm_raw(
             op,
@@ -271,6 +297,7 @@ impl CudaBackend {
                 b_cols: bv.stored_cols,
                 tb: bv.t,
                 c: pc,
+                c_dtype,
                 alpha: 1.0,
                 beta,
             },
@@ -279,22 +306,27 @@ impl CudaBackend {
 }
 
 impl GemmOps for CudaBackend {
+    /// The product is an activation: written in `CudaOptions::activations` (a bf16 D straight
+    /// from cuBLASLt in bf16 GEMM mode: f32 accumulation, one rounding).
     fn matmul(&self, a: &Tensor, ta: Transpose, b: &Tensor, tb: Transpose) -> Result<Tensor> {
         let op = "matmul";
         let (av, bv) = self.views(op, a, ta, b, tb)?;
         let (x, y) = (self.any(op, a)?, self.any(op, b)?);
         let (m, n) = (av.rows, bv.cols);
-        let buf = self.alloc_f32(op, m * n)?;
+        let od = self.opts.activations;
+        let buf = self.alloc(op, m * n, od)?;
         let mut c = crate::storage::CudaStorage {
             buf,
-            dtype: DType::F32,
+            dtype: od,
             len: m * n,
             ordinal: self.ordinal,
         };
         self.gemm_tensors(op, &mut c, x, av, y, bv, 0.0)?;
-        Ok(self.tensor(c.buf, DType::F32, [m, n]))
+        Ok(self.tensor(c.buf, od, [m, n]))
     }
 
+    /// `c` keeps its dtype: f32 for parameter gradients (`zeros`), bf16 when it is an
+    /// activation gradient that a `matmul` made in bf16.
     fn matmul_acc(
         &self,
         c: &mut Tensor,
@@ -309,7 +341,7 @@ impl GemmOps for CudaBackend {
         dflash_core::ops::gemm::matmul_acc_dims(c.shape(), a.shape(), ta, b.shape(), tb)
             .map_err(|detail| self.shape_err(op, detail))?;
         let (x, y) = (self.any(op, a)?, self.any(op, b)?);
-        let cs = self.f32s_mut(op, c)?;
+        let cs = self.any_mut(op, c)?;
         self.gemm_tensors(op, cs, x, av, y, bv, beta)
     }
 }

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use dflash_core::Result;
 
 use super::{GemmPrecision, RowMajorGemm};
+use crate::storage::DType;
 use crate::{CudaBackend, CudaError};
 
 /// cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper).
@@ -19,7 +20,8 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// row count from step to step, so the key set is not bounded by the model alone).
 const MAX_PLANS: usize = 4096;
 
-/// What a cached plan depends on: the column-major problem cuBLASLt sees.
+/// What a cached plan depends on: the column-major problem cuBLASLt sees (including the
+/// output dtype: a bf16-D plan is never reused for an f32 D or vice versa).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct PlanKey {
     m: u64,
@@ -31,6 +33,8 @@ pub(super) struct PlanKey {
     ldb: i64,
     ldc: i64,
     prec: GemmPrecision,
+    /// Element type of C (= D): the plan's C layout type.
+    c_dtype: DType,
     /// Alignments (bytes, <= 256) of the A, B, C (= D) pointers handed to cuBLASLt.
     align: [u32; 3],
 }
@@ -167,6 +171,7 @@ impl CudaBackend {
             ldb: g.a_cols as i64,
             ldc: g.n as i64,
             prec,
+            c_dtype: g.c_dtype,
             align: [align_a, align_b, align_of_ptr(g.c)],
         }
     }
@@ -198,7 +203,7 @@ impl CudaBackend {
     }
 
     /// Enqueues the matmul of `plan` with our A at `pa` and our B at `pb` (f32, or bf16 for a
-    /// bf16 plan; cuBLASLt's A is our B and vice versa), C/D f32 at `g.c`.
+    /// bf16 plan; cuBLASLt's A is our B and vice versa), C/D (f32 or bf16) at `g.c`.
     pub(super) fn run_plan(
         &self,
         op: &'static str,
@@ -287,10 +292,16 @@ impl CudaBackend {
             let b_l = Layout(
                 lt::create_matrix_layout(ab_t, br, bc, key.ldb).map_err(|e| err("layout B", e))?,
             );
+            // C = D: f32, or bf16 (bf16 A/B only: the caller routes f32-operand modes with a
+            // bf16 C through f32 scratch).
+            let c_t = match key.c_dtype {
+                DType::F32 => f32t,
+                DType::Bf16 => lts::cudaDataType_t::CUDA_R_16BF,
+            };
             let c_l = Layout(
-                lt::create_matrix_layout(f32t, m, n, key.ldc).map_err(|e| err("layout C", e))?,
+                lt::create_matrix_layout(c_t, m, n, key.ldc).map_err(|e| err("layout C", e))?,
             );
-            // Scale type f32 in every mode (alpha/beta are f32; C/D are f32).
+            // Scale type f32 in every mode (alpha/beta are f32, whatever C/D's type).
             let desc = Desc(lt::create_matmul_desc(compute, f32t).map_err(|e| err("desc", e))?);
             for (attr, t) in [
                 (

@@ -28,9 +28,13 @@
 //!   GEMM (loss, drafter gradients) ~1e-3..1e-2. Each such check also runs with exact-f32
 //!   GEMMs at a tight tolerance, which shows the difference is operand rounding and nothing
 //!   else. Tests that use a GEMM only incidentally pin TF32 (`common::cuda`).
+//! - bf16 activations (`cuda_act`, `CudaOptions::activations = Bf16`): an op computes in f32
+//!   and rounds its output once (RNE) to bf16, so the tolerance is the op's f32 tolerance plus
+//!   2^-8 of |ref| (`check_bf16`), against the reference on the same bf16-rounded inputs.
+//!   Every other helper here gives f32 activations, so the tolerances above keep their meaning.
 #![allow(dead_code)]
 
-use dflash_backend_cuda::{CudaBackend, CudaOptions, GemmPrecision};
+use dflash_backend_cuda::{CudaBackend, CudaOptions, DType, GemmPrecision};
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Error, MemoryOps, Tensor};
@@ -40,20 +44,42 @@ use rand_chacha::ChaCha8Rng;
 /// The CUDA backend on device 0 with debug poison on (every output allocation NaN-filled
 /// first, so an unwritten element fails the comparison), or `None` after printing the skip
 /// line when this machine has no CUDA. Any other start-up failure (e.g. a kernel that does
-/// not compile) fails the test.
+/// not compile) fails the test. Activations f32 (the tight f32 tolerances of the tests that
+/// use it were stated for f32 activations); bf16 activations: [`cuda_act`].
 pub fn cuda_with(gemm: GemmPrecision) -> Option<CudaBackend> {
     cuda_attn("cuda-simple", gemm)
 }
 
-/// As [`cuda_with`], with the attention kernel `attention` (e.g. `"cuda-flash"`).
+/// As [`cuda_with`], with the attention kernel `attention` (e.g. `"cuda-flash"`); f32
+/// activations.
 pub fn cuda_attn(attention: &str, gemm: GemmPrecision) -> Option<CudaBackend> {
+    cuda_attn_act(attention, gemm, DType::F32)
+}
+
+/// As [`cuda_with`], with activations stored as `activations`.
+pub fn cuda_act(gemm: GemmPrecision, activations: DType) -> Option<CudaBackend> {
+    cuda_attn_act("cuda-simple", gemm, activations)
+}
+
+/// The CUDA backend with attention kernel `attention`, GEMM precision `gemm`, activation
+/// dtype `activations`, poison on.
+pub fn cuda_attn_act(
+    attention: &str,
+    gemm: GemmPrecision,
+    activations: DType,
+) -> Option<CudaBackend> {
     dflash_backend_cuda::link();
     let opts = BackendOptions {
         attention: attention.into(),
         threads: 0,
         device: 0,
     };
-    match CudaBackend::with_options(&opts, CudaOptions { gemm, poison: true }) {
+    let copts = CudaOptions {
+        gemm,
+        activations,
+        poison: true,
+    };
+    match CudaBackend::with_options(&opts, copts) {
         Ok(b) => Some(b),
         Err(Error::Unavailable { reason, .. }) => {
             skip(&reason);
@@ -343,3 +369,50 @@ pub fn assert_bf16_rejected<T>(r: dflash_core::Result<T>, op: &str) {
     );
     println!("  {op:<44} rejects bf16: {e}");
 }
+
+// ---------------------------------------------------------------------------------------
+// bf16 activations (`CudaOptions::activations = Bf16`)
+
+/// bf16's unit roundoff: one round-to-nearest-even to 8 significant bits moves a value by at
+/// most 2^-8 of itself (half an ulp, ulp <= 2^-7 relative).
+pub const BF16_ROUND: f64 = 1.0 / 256.0;
+
+/// A bf16 activation output against the reference's f32 result on the same (bf16-rounded)
+/// inputs: the op computes in f32 and rounds once on store, so element `i` passes when
+/// `|got - want| <= (2^-8 + rtol) |want_i| + atol * max|want|`, where `rtol` / `atol` are the
+/// op's own f32-vs-reference tolerance (stated by the caller in `why`). Also asserts the
+/// values are bf16-representable (they came out of bf16 storage).
+pub fn check_bf16(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64, why: &str) -> f64 {
+    for (i, &g) in got.iter().enumerate() {
+        assert_eq!(
+            g.to_bits() & 0xffff,
+            0,
+            "{name}[{i}] = {g} is not a bf16 value"
+        );
+    }
+    check(
+        name,
+        got,
+        want,
+        BF16_ROUND + rtol,
+        atol,
+        &format!("one bf16 rounding of the f32 result (2^-8) + {why}"),
+    )
+}
+
+/// The CUDA tensor's dtype must be `want`.
+pub fn assert_dtype(name: &str, t: &Tensor, want: DType) {
+    assert_eq!(dtype_of(t), want, "{name}: dtype");
+}
+
+/// `data` on the CUDA backend as `dtype` (bf16: rounded on the device), and the values it
+/// holds (bf16-rounded for bf16), for the reference.
+pub fn up_as(cu: &CudaBackend, data: &[f32], shape: &[usize], dtype: DType) -> (Tensor, Vec<f32>) {
+    match dtype {
+        DType::F32 => (up(cu, data, shape), data.to_vec()),
+        DType::Bf16 => (up_bf16(cu, data, shape), bf16_rounded(data)),
+    }
+}
+
+/// Both dtypes, for input combinations.
+pub const DTYPES: [DType; 2] = [DType::F32, DType::Bf16];
