@@ -97,13 +97,18 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     let cfg = config(s.opts.scale)?;
     let (len, num_anchors) = shape(s.opts.scale);
     let (v, h, k) = (cfg.vocab_size, cfg.hidden_size, cfg.num_target_features());
+    // Where the memory goes: the pool's bytes in use after each part is made.
+    let mut ledger = Ledger::start(b)?;
     let frozen = Arc::new(FrozenTarget {
         embed: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 1)?)?,
         lm_head: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 2)?)?,
     });
+    ledger.part(b, "frozen embed+LM head")?;
     let params = random_params(s, &cfg)?;
     let mut drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
+    ledger.part(b, "params")?;
     let mut grads = DrafterGrads::zeros(b, &cfg)?;
+    ledger.part(b, "grads")?;
     let hyper = AdamWHyper {
         beta1: 0.9,
         beta2: 0.999,
@@ -111,6 +116,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         weight_decay: 0.0,
     };
     let mut opt = AdamW::new(b, &cfg, hyper)?;
+    ledger.part(b, "AdamW m+v")?;
 
     let spec = BlockSpec {
         block_size: cfg.block_size,
@@ -155,7 +161,11 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         if !s.wants(&tp) && !s.wants(&mem) {
             continue;
         }
+        let mut ledger = ledger.clone();
+        // Workspaces earlier figures left behind (e.g. the loss's) count as workspace.
+        let kept = ledger.rebase(b)?;
         let seqs = make_seqs(batch)?;
+        ledger.part(b, "features")?;
         let batch_seqs = &seqs[..];
         let weight_sum: f64 = batch_seqs.iter().map(|p| p.weight_sum()).sum();
         if weight_sum <= 0.0 {
@@ -188,8 +198,66 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         // Omitted when the backend does not track memory.
         if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
             let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
-            s.record(&mem, gib, t, detail)?;
+            let parts = ledger.describe(m.peak_bytes, kept);
+            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}"))?;
         }
     }
     Ok(())
+}
+
+/// Bytes in use after each part of the step's state is made (from the backend's memory pool),
+/// so the peak-memory figure can say where its bytes go. Empty when the backend does not track
+/// memory.
+#[derive(Clone)]
+struct Ledger {
+    last: Option<u64>,
+    parts: Vec<(&'static str, u64)>,
+}
+
+impl Ledger {
+    fn start(b: &dyn dflash_core::Backend) -> Result<Self> {
+        b.synchronize()?;
+        Ok(Ledger {
+            last: b.memory_stats().map(|m| m.in_use_bytes),
+            parts: Vec::new(),
+        })
+    }
+
+    fn part(&mut self, b: &dyn dflash_core::Backend, name: &'static str) -> Result<()> {
+        b.synchronize()?;
+        if let (Some(last), Some(m)) = (self.last, b.memory_stats()) {
+            self.parts.push((name, m.in_use_bytes.saturating_sub(last)));
+            self.last = Some(m.in_use_bytes);
+        }
+        Ok(())
+    }
+
+    /// Restarts the count from the bytes in use now; returns what was added since the last
+    /// part (workspaces kept from earlier work).
+    fn rebase(&mut self, b: &dyn dflash_core::Backend) -> Result<u64> {
+        b.synchronize()?;
+        let (Some(last), Some(m)) = (self.last, b.memory_stats()) else {
+            return Ok(0);
+        };
+        self.last = Some(m.in_use_bytes);
+        Ok(m.in_use_bytes.saturating_sub(last))
+    }
+
+    /// `name x.xx, ...`, then what the step added at its peak plus `kept` (activations and
+    /// workspaces).
+    fn describe(&self, peak: u64, kept: u64) -> String {
+        let gib = |x: u64| x as f64 / (1u64 << 30) as f64;
+        let mut out: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(n, x)| format!("{n} {:.2}", gib(*x)))
+            .collect();
+        if let Some(last) = self.last {
+            out.push(format!(
+                "activations+workspace {:.2}",
+                gib(peak.saturating_sub(last) + kept)
+            ));
+        }
+        out.join(", ")
+    }
 }
