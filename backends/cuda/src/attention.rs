@@ -193,8 +193,14 @@ impl AttentionOps for CudaBackend {
                 if nl > 0 {
                     let (id, [qb, kb, vb]) = self.uniform(op, [qs, ks, vs])?;
                     let [f0, f1, s0, s1] = mask.to_i32_arrays();
-                    let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
-                    let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
+                    let (f0, f1) = (
+                        self.upload_i32_cached(op, &f0)?,
+                        self.upload_i32_cached(op, &f1)?,
+                    );
+                    let (s0, s1) = (
+                        self.upload_i32_cached(op, &s0)?,
+                        self.upload_i32_cached(op, &s1)?,
+                    );
                     let (tq, hq, hkv, d) = (
                         dims.q_rows as i32,
                         dims.q_heads as i32,
@@ -210,10 +216,10 @@ impl AttentionOps for CudaBackend {
                     l.arg(qb.get())
                         .arg(kb.get())
                         .arg(vb.get())
-                        .arg(&f0)
-                        .arg(&f1)
-                        .arg(&s0)
-                        .arg(&s1)
+                        .arg(&*f0)
+                        .arg(&*f1)
+                        .arg(&*s0)
+                        .arg(&*s1)
                         .arg(&mut out)
                         .arg(&mut lse)
                         .arg(&tq)
@@ -331,8 +337,14 @@ impl AttentionOps for CudaBackend {
                     self.launch(op, l, warp_items(nl))?;
 
                     let [f0, f1, s0, s1] = mask.to_i32_arrays();
-                    let (f0, f1) = (self.upload_i32(op, &f0)?, self.upload_i32(op, &f1)?);
-                    let (s0, s1) = (self.upload_i32(op, &s0)?, self.upload_i32(op, &s1)?);
+                    let (f0, f1) = (
+                        self.upload_i32_cached(op, &f0)?,
+                        self.upload_i32_cached(op, &f1)?,
+                    );
+                    let (s0, s1) = (
+                        self.upload_i32_cached(op, &s0)?,
+                        self.upload_i32_cached(op, &s1)?,
+                    );
                     let f = pick(
                         &[
                             &kn.attn_bwd_dq_ff,
@@ -349,10 +361,10 @@ impl AttentionOps for CudaBackend {
                         .arg(dob.get())
                         .arg(&ls.buf)
                         .arg(&dsum)
-                        .arg(&f0)
-                        .arg(&f1)
-                        .arg(&s0)
-                        .arg(&s1)
+                        .arg(&*f0)
+                        .arg(&*f1)
+                        .arg(&*s0)
+                        .arg(&*s1)
                         .arg(&mut dq)
                         .arg(&tq)
                         .arg(&hq)

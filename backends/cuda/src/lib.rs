@@ -213,6 +213,8 @@ pub struct CudaBackend {
     attention_name: String,
     /// Reusable workspace of the fused loss (grown on demand).
     loss_ws: Mutex<Option<CudaSlice<u8>>>,
+    /// Recently uploaded index arrays, see [`CudaBackend::upload_i32_cached`].
+    uploads: Mutex<std::collections::VecDeque<CachedUpload>>,
 }
 
 impl CudaBackend {
@@ -246,6 +248,7 @@ impl CudaBackend {
             attention,
             attention_name,
             loss_ws: Mutex::new(None),
+            uploads: Mutex::new(std::collections::VecDeque::new()),
         };
         if flash {
             // Compile attention.cu now (once per device) so that a failure shows at creation.
@@ -508,6 +511,29 @@ impl CudaBackend {
         Ok(buf)
     }
 
+    /// As [`Self::upload_i32`], for arrays that recur: rotary positions and mask intervals
+    /// are the same in every layer of a forward and its backward (and, at equal lengths, in
+    /// every sequence of a target batch). The last [`UPLOAD_CACHE_ENTRIES`] arrays stay on the
+    /// device and an identical array (compared in full, not by hash) reuses its buffer: no
+    /// host-to-device copy of pageable memory, which may wait for the stream, per layer.
+    pub(crate) fn upload_i32_cached(
+        &self,
+        op: &'static str,
+        data: &[i32],
+    ) -> Result<Arc<CudaSlice<u8>>> {
+        let mut cache = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = cache.iter().position(|(d, _)| d.as_slice() == data) {
+            let hit = cache.remove(i).expect("index from position");
+            let buf = hit.1.clone();
+            cache.push_front(hit);
+            return Ok(buf);
+        }
+        let buf = Arc::new(self.upload_i32(op, data)?);
+        cache.push_front((data.to_vec(), buf.clone()));
+        cache.truncate(UPLOAD_CACHE_ENTRIES);
+        Ok(buf)
+    }
+
     /// Downloads `n` plain values of type `T` (synchronises the stream).
     pub(crate) fn download_pod<T: Copy + Default>(
         &self,
@@ -543,6 +569,13 @@ impl CudaBackend {
             .map_err(|e| Error::op(op, self.tag.clone(), format!("kernel launch failed: {e}")))
     }
 }
+
+/// A host index array and its device copy.
+type CachedUpload = (Vec<i32>, Arc<CudaSlice<u8>>);
+
+/// Index arrays [`CudaBackend::upload_i32_cached`] keeps (a layer's positions and mask
+/// intervals, for queries and context, with room for the backward's).
+const UPLOAD_CACHE_ENTRIES: usize = 16;
 
 /// A grid-stride 1-D launch of 256-thread blocks over `n` elements.
 pub(crate) fn grid1d(n: usize) -> LaunchConfig {

@@ -40,7 +40,7 @@ impl CudaBackend {
             return Ok(self.tensor(y, od, x.shape().clone()));
         }
         let heads = (n / t / d) as i32;
-        let pos = self.upload_i32(op, positions)?;
+        let pos = self.upload_i32_cached(op, positions)?;
         let (d32, th) = (d as i32, theta as f64);
         let threads = ((heads as usize * d / 2).div_ceil(32) * 32).clamp(32, 256) as u32;
         let k = self.k();
@@ -56,7 +56,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut y)
             .arg(&xs.buf)
-            .arg(&pos)
+            .arg(&*pos)
             .arg(&heads)
             .arg(&d32)
             .arg(&th)

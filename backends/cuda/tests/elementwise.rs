@@ -78,6 +78,30 @@ fn norm_ops_match_reference() {
 // ---------------------------------------------------------------------------------------
 // RoPE
 
+/// Positions and masks are uploaded through a small content-keyed cache: arrays of equal
+/// length but different values must never share a buffer, and a repeat must still be right
+/// after other arrays went through. Exact: the same kernel on the same inputs.
+#[test]
+fn rope_positions_cache_never_serves_stale_values() {
+    let Some(cu) = cuda() else { return };
+    let mut r = rng(44);
+    let (t, heads, d, theta) = (64, 2, 64, 10_000.0f32);
+    let x = up(&cu, &rand_vec(&mut r, t * heads * d, 1.0), &[t, heads, d]);
+    let pos: Vec<Vec<i32>> = (0..20)
+        .map(|_| (0..t).map(|_| r.random_range(0..4096)).collect())
+        .collect();
+    let fresh: Vec<Vec<f32>> = pos
+        .iter()
+        .map(|p| down(&cu, &cu.rope(&x, p, theta).unwrap()))
+        .collect();
+    for i in [3, 0, 19, 7, 3, 18, 0] {
+        let again = down(&cu, &cu.rope(&x, &pos[i], theta).unwrap());
+        check_exact(&format!("rope with positions #{i} again"), &again, &fresh[i]);
+        let other = (i + 1) % pos.len();
+        assert_ne!(again, fresh[other], "positions #{i} and #{other} gave the same output");
+    }
+}
+
 #[test]
 fn rope_ops_match_reference() {
     let Some(cu) = cuda() else { return };
