@@ -4,8 +4,10 @@
 //! once. Per chunk of up to `CHUNK_ROWS` active rows (fewer when the vocabulary is large, so
 //! the logits chunk stays within `LOGITS_BYTES`): gather `x` rows into `xc (n, H)`; `logits
 //! (n, V) = xc @ W^T` (cuBLASLt) into a reusable workspace; one block per row
-//! (`kernels/loss.cu`) computes max/argmax, log-sum-exp, CE and overwrites the row with
-//! `dlogits = grad_scale * w * (softmax - onehot)`; then `dx_chunk (n, H) = dlogits @ W`
+//! (`kernels/loss.cu`) computes max/argmax, log-sum-exp, CE in one pass and overwrites the
+//! row with `dlogits = grad_scale * w * (softmax - onehot)` (as bf16 in the row's first half
+//! when the GEMMs are bf16: the next GEMM's operand, with no conversion pass); then
+//! `dx_chunk (n, H) = dlogits @ W`
 //! (cuBLASLt) is scattered into `dx`, which starts at zero (skipped rows stay exactly 0).
 //! With `grad_scale == 0` (loss only) the second GEMM is skipped: `dx` is all zeros. The
 //! per-row CE (f64) and correctness flags are downloaded once at the end (one sync) and
@@ -183,6 +185,16 @@ impl LossOps for CudaBackend {
         let mut ce_dev = self.alloc(op, 2 * na, DType::F32)?; // na f64
         let mut correct_dev = self.alloc(op, na, DType::F32)?; // na i32
 
+        // With bf16 GEMMs the dlogits are written as bf16 into the first half of each logits
+        // row (row stride 2V elements) and the dX GEMM reads them there, unconverted.
+        let dl_dtype = match self.opts.gemm {
+            GemmPrecision::Bf16 => DType::Bf16,
+            GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
+        };
+        let (dl_bf16, dl_stride) = match dl_dtype {
+            DType::Bf16 => (1i32, 2 * v),
+            DType::F32 => (0i32, v),
+        };
         let chunk = chunk_rows(v);
         let (xc_len, logits_len) = (chunk * h, chunk * v);
         let ws_bytes = (2 * xc_len + logits_len) * 4 + 256 * 3;
@@ -243,6 +255,7 @@ impl LossOps for CudaBackend {
                         .arg(&wv)
                         .arg(&v32)
                         .arg(&grad_scale)
+                        .arg(&dl_bf16)
                         .arg(&mut cv)
                         .arg(&mut okv);
                     self.launch(op, l, row_cfg(n))?;
@@ -258,8 +271,8 @@ impl LossOps for CudaBackend {
                                 m: n,
                                 n: h,
                                 k: v,
-                                a: Operand::f32(base + off_logits as u64),
-                                a_cols: v,
+                                a: Operand::new(base + off_logits as u64, dl_dtype),
+                                a_cols: dl_stride,
                                 ta: false,
                                 b: Operand::new(pw, w_dtype),
                                 b_cols: h,

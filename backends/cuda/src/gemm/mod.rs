@@ -71,12 +71,6 @@ pub(crate) struct Operand {
 }
 
 impl Operand {
-    pub fn f32(ptr: u64) -> Self {
-        Operand {
-            ptr,
-            dtype: DType::F32,
-        }
-    }
     pub fn new(ptr: u64, dtype: DType) -> Self {
         Operand { ptr, dtype }
     }
