@@ -14,10 +14,9 @@ __device__ __forceinline__ ArgMax am_better(ArgMax a, ArgMax b) {
     return a;
 }
 
-// Block-wide argmax; result returned to every thread.
-__device__ ArgMax block_argmax(const float* z, int V, ArgMax* sh) {
-    ArgMax best = {-DF_INF, 0x7fffffff};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) best = am_better(best, ArgMax{z[j], j});
+// Block-wide argmax of each thread's candidate; the result is returned to every thread.
+// `sh` holds >= 32 elements; safe to call repeatedly with it (it synchronises before reuse).
+__device__ ArgMax block_argmax_of(ArgMax best, ArgMax* sh) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         ArgMax other;
@@ -33,6 +32,13 @@ __device__ ArgMax block_argmax(const float* z, int V, ArgMax* sh) {
     for (int k = 1; k < nw; ++k) r = am_better(r, sh[k]);
     if (r.i == 0x7fffffff) r.i = 0;  // an all-NaN row: index 0, like the reference
     return r;
+}
+
+// Block-wide argmax of a row.
+__device__ ArgMax block_argmax(const float* z, int V, ArgMax* sh) {
+    ArgMax best = {-DF_INF, 0x7fffffff};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) best = am_better(best, ArgMax{z[j], j});
+    return block_argmax_of(best, sh);
 }
 
 // Two passes over the row instead of three: (1) online, per thread, the argmax and the sum of
@@ -64,19 +70,7 @@ extern "C" __global__ void ce_rows(float* logits, const int* labels, const float
             s += (double)expf(zj - m);  // a NaN logit makes the sum (hence the loss) NaN
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        ArgMax other;
-        other.v = __shfl_xor_sync(0xffffffffu, best.v, o);
-        other.i = __shfl_xor_sync(0xffffffffu, best.i, o);
-        best = am_better(best, other);
-    }
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0) sh_am[wid] = best;
-    __syncthreads();
-    ArgMax am = sh_am[0];
-    for (int k = 1; k < nw; ++k) am = am_better(am, sh_am[k]);
-    if (am.i == 0x7fffffff) am.i = 0;  // an all-NaN row: index 0, like the reference
+    const ArgMax am = block_argmax_of(best, sh_am);
     const float mx = am.v;
     // Rescale to the row max; a thread that saw only -inf (or nothing) adds 0.
     double sum = (m == -DF_INF) ? (s != s ? s : 0.0) : s * exp((double)(m - mx));

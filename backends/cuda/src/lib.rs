@@ -323,18 +323,9 @@ impl CudaBackend {
         n: usize,
         to: DType,
     ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let f = match to {
-            DType::Bf16 => &self.dev.kernels.f32_to_bf16,
-            DType::F32 => &self.dev.kernels.bf16_to_f32,
-        };
-        let n64 = n as i64;
-        let mut l = self.stream.launch_builder(f);
-        // (out, x, n): `src` is a raw device address (8 bytes, passed as the pointer argument).
-        l.arg(out).arg(&src).arg(&n64);
-        self.launch(op, l, grid_convert(n))
+        use cudarc::driver::DevicePtrMut;
+        let (dst, _guard) = out.device_ptr_mut(&self.stream);
+        self.convert_ptr(op, dst, src, n, to)
     }
 
     // ---- helpers shared by the op files ----
