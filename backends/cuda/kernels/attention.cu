@@ -3,10 +3,12 @@
 // Compiled once per device at start-up by NVRTC with only its built-in headers:
 //   nvrtc options: --gpu-architecture=compute_90a (H100/H200; compute_XY elsewhere)  (PTX, JIT-compiled
 //   by the driver)
-// Forward on compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`, S = Q K^T with
-// both operands in 128-byte-swizzled shared memory, O += P V with P in registers), see attn_fwd_wg_impl.
-// Otherwise, and for the whole backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`,
-// operands from shared memory through `ldmatrix`. Global->shared copies through `cp.async`.
+// On compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`) for the forward (S = Q K^T
+// with both operands in 128-byte-swizzled shared memory, O += P V with P in registers, attn_fwd_wg_impl)
+// and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK, dQ per key tile,
+// attn_bwd_wg_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
+// the head_dim-256 backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from
+// shared memory through `ldmatrix`. Global->shared copies through `cp.async`.
 // bf16 inputs/outputs, fp32 accumulation and softmax statistics, f32 lse.
 //
 // Layouts (crates/core/src/ops/attention.rs): q (Tq,Hq,D), k/v (Tk,Hkv,D), out (Tq,Hq,D) row-major,
@@ -45,7 +47,7 @@
 //
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
 // emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
-// ATTN_*_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
+// ATTN_*_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
 // compiles this file with none of them defined.
 
 typedef unsigned short bf16_t;
@@ -539,6 +541,14 @@ static __device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long lon
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(sc));
+}
+
+static __device__ __forceinline__ void wgmma_ss_tt_n64(float* d, unsigned long long da, unsigned long long db, int sc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(sc));
 }
 
@@ -1259,6 +1269,379 @@ __device__ __forceinline__ void attn_bwd_dkdv_impl(
     }
 }
 
+// ------------------------------------------------------------------------------------------------
+// Backward main, Hopper path (compute_90a): warpgroup MMA, FA3's structure. One CTA per (key tile of
+// BN = 128 keys, kv head), two warpgroups of 64 keys each, 256 threads. K, V resident in shared
+// memory; per listed (query tile of BM = 64 rows x group head) step, Q and dO (double-buffered,
+// cp.async), lse, D_i and the row intervals arrive in the same 128-byte-swizzled layout as the
+// forward. Per warpgroup (64 keys):
+//   S^T  = K_wg Q^T, dP^T = V_wg dO^T   SS wgmma m64n64k16 (both K-major), f32 in registers
+//   P^T  = exp2(S^T*scale*log2e - lse*log2e) (masked), dS^T = P^T (dP^T - D_i)
+//   dV  += P^T dO, dK += dS^T Q         RS wgmma m64nDk16 (P^T / dS^T as register A fragments, dO / Q
+//                                        through transposed descriptors), accumulators in registers
+//   dS^T -> shared memory (bf16, swizzled), barrier, then
+//   dQ   = dS K                          SS wgmma m64n64k16, A = dS^T (transposed), B = K (transposed);
+//                                        d128: warpgroup w computes columns [64w, 64w+64); d64: warpgroup 0
+//   dq_accum += dQ                       red.global.add.v2.f32
+// The dK/dV wgmmas stay in flight across the dS^T store, the barrier and the dQ issue; all is retired
+// before the next step's barrier, after which the step after next is prefetched into the freed Q/dO
+// stage. ptxas pipelines these wgmmas only if no non-wgmma instruction writes an accumulator while any
+// wgmma is in flight and no wgmma is conditional inside a group (else it serializes every wgmma of the
+// kernel: C7515, as in runs 8-9): hence one wait for S^T and dP^T together, dQ without zero-fill
+// (scale-d 0 first) over all 8 k-steps (an invisible warpgroup writes zero dS^T rows), and dQ reduced
+// at once (keeping it in flight into the next step runs out of registers: C7511). A warpgroup skips (S, dP, dK, dV and its half of dQ) a partial step
+// none of whose 64 rows can see any of its 64 keys. d256 keeps the mma.sync backward (dK and dV
+// accumulators alone would be 256 registers per thread).
+// ------------------------------------------------------------------------------------------------
+template <int D>
+struct WgBwdCfg {
+    static constexpr int BN = 128, BM = BWD_BM, THREADS = 256;
+    static constexpr int KV = BN * D * 2;  // bytes of the K (or V) tile
+    static constexpr int QS = BM * D * 2;  // bytes of one Q (or dO) stage
+    static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + 2 * QS, OFF_DS = OFF_DO + 2 * QS;
+    static constexpr int OFF_LSE = OFF_DS + BN * BM * 2;  // [2][BM] f32
+    static constexpr int OFF_DI = OFF_LSE + 2 * BM * 4;   // [2][BM] f32
+    static constexpr int OFF_ROW = OFF_DI + 2 * BM * 4;   // [2][BM] int4
+    static constexpr int LISTN = THREADS;
+    static constexpr int OFF_LIST = OFF_ROW + 2 * BM * 16;
+    static constexpr int OFF_CNT = OFF_LIST + LISTN * 4;  // [8] warp counts, [2] warpgroup visibility
+    static constexpr int SMEM = 1024 + OFF_CNT + 16 * 4;
+    static constexpr int DQN = D == 64 ? 64 : D / 2;      // dQ columns per warpgroup
+    static constexpr int NWQ = D / DQN;                   // warpgroups computing dQ
+    static constexpr int LDE = D + 8;                     // epilogue staging row (elements)
+    static_assert(BN * LDE * 2 <= 4 * QS, "epilogue staging fits in the Q/dO area");
+    static_assert(BM == 64 && DQN == 64, "tile shape");
+};
+
+#ifdef ATTN_WGMMA
+template <int D>
+__device__ __forceinline__ void attn_bwd_wg_impl(
+    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
+    const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
+    const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
+    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale) {
+    using C = WgBwdCfg<D>;
+    constexpr int BM = C::BM, BN = C::BN;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_a = smem_u32(smem_raw);
+    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
+    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
+    const u32 sba = raw_a + pad;
+    float* sLse = (float*)(sb + C::OFF_LSE);
+    float* sDi = (float*)(sb + C::OFF_DI);
+    int4* sRow = (int4*)(sb + C::OFF_ROW);
+    int* sList = (int*)(sb + C::OFF_LIST);
+    int* sCnt = (int*)(sb + C::OFF_CNT);
+    int* sWv = sCnt + 8;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int G = Hq / Hkv;
+    const int hk = blockIdx.x % Hkv;
+    const int kt = blockIdx.x / Hkv;  // early key tiles (seen by most queries) first, kv heads interleaved
+    const int k0 = kt * BN;
+    const int k1 = min(k0 + BN, Tk);
+    const int nqt = (Tq + BM - 1) / BM;
+    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
+    const float sl2 = scale * ATTN_LOG2E;
+    constexpr int DT = D / 8;
+    constexpr int RPT = C::THREADS / DT;  // rows per loader pass (a multiple of 8: one swizzle phase)
+    static_assert(C::THREADS % DT == 0 && RPT % 8 == 0 && BM % RPT == 0 && BN % RPT == 0 && C::THREADS >= 3 * BM,
+                  "loader shape");
+    const int lrow = tid / DT, lc = tid % DT;
+    const u32 swz = (u32)((((lc & 7) ^ (lrow & 7)) << 4) + lrow * 128);
+
+    // K, V tile (panels of 64 columns x BN rows)
+    {
+        const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + swz;
+        const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + swz;
+        const bf16_t* gk0 = k + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+        const bf16_t* gv0 = v + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+#pragma unroll
+        for (int j = 0; j < BN / RPT; j++) {
+            const bool ok = k0 + lrow + j * RPT < Tk;
+            const size_t o = (size_t)j * RPT * kstride;
+            cp_async16(dK + j * RPT * 128, ok ? gk0 + o : k, ok);
+            cp_async16(dV + j * RPT * 128, ok ? gv0 + o : v, ok);
+        }
+    }
+    cp_async_commit();
+
+    float dka[D / 2], dva[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.f;
+
+    const u32 dQs = sba + C::OFF_Q + (lc >> 3) * (BM * 128) + swz;
+    const u32 dOs = sba + C::OFF_DO + (lc >> 3) * (BM * 128) + swz;
+    const size_t qstep = (size_t)RPT * qstride;
+    int rot = 0, total = 1;
+    auto list_at = [&](int it) {
+        int li = it / G + rot;
+        if (li >= total) li -= total;
+        return sList[li];
+    };
+    auto load_stage = [&](int it, int st) {
+        const int li = it / G;
+        const int e = list_at(it);
+        const int q0 = (e & 0x3fffffff) * BM;
+        const int h = hk * G + (it - li * G);
+        const size_t base = (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
+#pragma unroll
+        for (int j = 0; j < BM / RPT; j++) {
+            const bool ok = q0 + lrow + j * RPT < Tq;
+            const size_t o = base + j * qstep;
+            cp_async16(dQs + st * C::QS + j * RPT * 128, ok ? q + o : q, ok);
+            cp_async16(dOs + st * C::QS + j * RPT * 128, ok ? dout + o : dout, ok);
+        }
+        if (tid < 3 * BM) {
+            const int r = tid % BM, role = tid / BM;
+            const int row = q0 + r;
+            const bool ok = row < Tq;
+            const size_t rr = ok ? (size_t)row : 0;
+            int* dRow = (int*)(sRow + st * BM + r);
+            if (role == 0) {
+                cp_async4(smem_u32(sLse + st * BM + r), lse + rr * Hq + h, ok);
+                cp_async4(smem_u32(sDi + st * BM + r), Di + rr * Hq + h, ok);
+            } else if (role == 1) {
+                cp_async4(smem_u32(dRow + 0), fs + rr, ok);
+                cp_async4(smem_u32(dRow + 1), fe + rr, ok);
+            } else {
+                cp_async4(smem_u32(dRow + 2), ss + rr, ok);
+                cp_async4(smem_u32(dRow + 3), se + rr, ok);
+            }
+        }
+    };
+
+    // descriptors (start addresses advance per k-step: +32 B inside a 128-byte row for K-major
+    // operands, +16 rows (2048 B) for MN-major ones)
+    const u64 dKa = gdesc(sba + C::OFF_K + wg * 64 * 128, 16, 1024);  // A: this warpgroup's keys, K-major
+    const u64 dVa = gdesc(sba + C::OFF_V + wg * 64 * 128, 16, 1024);
+    const u64 dQb = gdesc(sba + C::OFF_Q, 16, 1024);                  // B: Q rows (N = queries), K-major
+    const u64 dOb = gdesc(sba + C::OFF_DO, 16, 1024);
+    const u64 dQt = gdesc(sba + C::OFF_Q, BM * 128, 1024);            // B: Q (K = queries, N = D), MN-major
+    const u64 dOt = gdesc(sba + C::OFF_DO, BM * 128, 1024);
+    const u64 dSa = gdesc(sba + C::OFF_DS, BN * 128, 1024);           // A: dS^T (M = queries), MN-major
+    const u64 dKt = gdesc(sba + C::OFF_K + (wg * C::DQN / 64) * (BN * 128), BN * 128, 1024);  // B: K (N = D)
+    unsigned char* sDS = sb + C::OFF_DS;
+
+
+    for (int base = 0; base < nqt; base += C::LISTN) {
+        // ---- list the query tiles of this chunk that can see key tile [k0, k1) ----
+        int entry = -1;
+        {
+            const int qt = base + tid;
+            if (qt < nqt) {
+                const int4 s0 = *(const int4*)(summary + qt * 8);
+                const int4 s1 = *(const int4*)(summary + qt * 8 + 4);
+                bool vis = overlaps(s0.x, s0.y, k0, k1) || overlaps(s1.x, s1.y, k0, k1);
+                bool full = (k0 >= s0.z && k0 + BN <= s0.w) || (k0 >= s1.z && k0 + BN <= s1.w);
+                if (vis) entry = qt | (full ? 0 : 0x40000000);
+            }
+        }
+        const u32 bal = __ballot_sync(0xffffffffu, entry >= 0);
+        if (lane == 0) sCnt[warp] = __popc(bal);
+        __syncthreads();
+        int off = 0;
+        total = 0;
+        for (int w = 0; w < C::THREADS / 32; w++) {
+            int c = sCnt[w];
+            off += (w < warp) ? c : 0;
+            total += c;
+        }
+        if (entry >= 0) sList[off + __popc(bal & ((1u << lane) - 1u))] = entry;
+        __syncthreads();
+        const int nit = total * G;
+        if (nit == 0) continue;
+        rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
+
+        load_stage(0, 0);
+        cp_async_commit();
+        for (int it = 0; it < nit; it++) {
+            cp_async_wait<0>();
+            fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+            __syncthreads();      // stage it landed; every wgmma of step it-1 retired (stage it+1 is free)
+            if (it + 1 < nit) {
+                load_stage(it + 1, (it + 1) & 1);
+                cp_async_commit();
+            }
+            const int st = it & 1;
+            const int li = it / G;
+            const int e = list_at(it);
+            const int q0 = (e & 0x3fffffff) * BM;
+            const int h = hk * G + (it - li * G);
+            const bool full = !(e & 0x40000000);
+            const float* lS = sLse + st * BM;
+            const float* dI = sDi + st * BM;
+            const int4* rows = sRow + st * BM;
+            const int kw0 = k0 + wg * 64;  // first key of this warpgroup
+            bool vis = true;
+            if (!full) {
+                const int4 x = rows[lane], y = rows[lane + 32];
+                const int kb = kw0 + 64;
+                vis = __any_sync(0xffffffffu, overlaps(x.x, x.y, kw0, kb) || overlaps(x.z, x.w, kw0, kb) ||
+                                                  overlaps(y.x, y.y, kw0, kb) || overlaps(y.z, y.w, kw0, kb));
+            }
+            if (wq == 0 && lane == 0) sWv[wg] = vis ? 1 : 0;
+            u32 pa[4][4], da[4][4];
+            if (vis) {
+                float s[BM / 2], dp[BM / 2];
+                const u64 qo = (u64)((st * C::QS) >> 4);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                    const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                    wgmma_ss<64>(s, dKa + oa, dQb + qo + ob, kk > 0 ? 1 : 0);
+                }
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                    const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                    wgmma_ss<64>(dp, dVa + oa, dOb + qo + ob, kk > 0 ? 1 : 0);
+                }
+                wg_commit();
+                // wait for both: retiring only S^T (wait_group 1) and rewriting its registers while dP^T runs
+                // makes ptxas serialize every wgmma of the kernel (C7515), measured in run 8
+                wg_wait<0>();
+                fence_regs<BM / 2>(s);
+                fence_regs<BM / 2>(dp);
+                const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
+#pragma unroll
+                for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const int qc = nt * 8 + 2 * (lane & 3) + x;
+                        const float nl = -lS[qc] * ATTN_LOG2E;
+                        int4 iv = make_int4(0, 0, 0, 0);
+                        if (!full) iv = rows[qc];
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const int key = kr + 8 * i;
+                            const bool ok = full || in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w);
+                            s[nt * 4 + 2 * i + x] = ok ? ex2(fmaf(s[nt * 4 + 2 * i + x], sl2, nl)) : 0.f;
+                        }
+                    }
+#pragma unroll
+                for (int kc = 0; kc < BM / 16; kc++) {
+                    pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
+                    pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
+                    pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
+                    pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const float di = dI[nt * 8 + 2 * (lane & 3) + x];
+#pragma unroll
+                        for (int i = 0; i < 2; i++) dp[nt * 4 + 2 * i + x] = s[nt * 4 + 2 * i + x] * (dp[nt * 4 + 2 * i + x] - di);
+                    }
+#pragma unroll
+                for (int kc = 0; kc < BM / 16; kc++) {
+                    da[kc][0] = pack_bf16(dp[(2 * kc) * 4 + 0], dp[(2 * kc) * 4 + 1]);
+                    da[kc][1] = pack_bf16(dp[(2 * kc) * 4 + 2], dp[(2 * kc) * 4 + 3]);
+                    da[kc][2] = pack_bf16(dp[(2 * kc + 1) * 4 + 0], dp[(2 * kc + 1) * 4 + 1]);
+                    da[kc][3] = pack_bf16(dp[(2 * kc + 1) * 4 + 2], dp[(2 * kc + 1) * 4 + 3]);
+                }
+                // dV += P^T dO, dK += dS^T Q: in flight across the dS^T store, the barrier and the dQ issue
+                wg_fence();
+#pragma unroll
+                for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dva, pa[kc], dOt + qo + (u64)((kc * 16 * 128) >> 4));
+#pragma unroll
+                for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
+                wg_commit();
+                // dS^T -> shared memory: row = key (wg*64 + ...), 64 query columns = one 128-byte swizzled row
+#pragma unroll
+                for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+                        *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) =
+                            da[nt >> 1][(nt & 1) * 2 + i];
+                    }
+                fence_proxy_async();
+            } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
+#pragma unroll
+                for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+                        *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = 0u;
+                    }
+                fence_proxy_async();
+            }
+            __syncthreads();  // dS^T of both warpgroups and their visibility flags are in shared memory
+#ifndef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
+            if (wg < C::NWQ) {
+                const int v0 = sWv[0], v1 = sWv[1];
+                if (v0 | v1) {
+                    // no zero-fill of dq (a non-wgmma definition of an accumulator while dK/dV are in
+                    // flight serializes the wgmmas): the first issued k-step overwrites (scale-d 0)
+                    float dq[C::DQN / 2];
+                    wg_fence();
+#pragma unroll
+                    for (int kc = 0; kc < BN / 16; kc++) {  // all 8 k-steps (conditional wgmmas serialize too)
+                        const u64 o = (u64)((kc * 16 * 128) >> 4);
+                        wgmma_ss_tt_n64(dq, dSa + o, dKt + o, kc > 0 ? 1 : 0);
+                    }
+                    wg_commit();
+                    wg_wait<0>();  // (also retires dK/dV)
+                    fence_regs<C::DQN / 2>(dq);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int row = q0 + wq * 16 + (lane >> 2) + 8 * i;
+                        if (row < Tq) {
+                            float* dst = dq_accum + ((size_t)row * Hq + h) * D + wg * C::DQN + 2 * (lane & 3);
+#pragma unroll
+                            for (int nt = 0; nt < C::DQN / 8; nt++)
+                                red_add_v2(dst + nt * 8, dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                        }
+                    }
+                }
+            }
+#endif
+            wg_wait<0>();  // dK/dV of this step retire before the next barrier frees its Q/dO stage
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    wg_wait<0>();
+    fence_regs<D / 2>(dka);
+    fence_regs<D / 2>(dva);
+    __syncthreads();
+
+    // ---- epilogue: dK (scaled) and dV through shared memory (padded rows in the Q/dO area) ----------
+    bf16_t* sE = (bf16_t*)(sb + C::OFF_Q);
+#pragma unroll
+    for (int pass = 0; pass < 2; pass++) {
+        bf16_t* dst = pass == 0 ? dk : dv;
+        const float f = pass == 0 ? scale : 1.f;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                const float a0 = pass == 0 ? dka[nt * 4 + 2 * i] : dva[nt * 4 + 2 * i];
+                const float a1 = pass == 0 ? dka[nt * 4 + 2 * i + 1] : dva[nt * 4 + 2 * i + 1];
+                *(u32*)(sE + r * C::LDE + nt * 8 + 2 * (lane & 3)) = pack_bf16(a0 * f, a1 * f);
+            }
+        }
+        __syncthreads();
+        bf16_t* g0 = dst + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+#pragma unroll
+        for (int j = 0; j < BN / RPT; j++)
+            if (k0 + lrow + j * RPT < Tk)
+                *(uint4*)(g0 + (size_t)j * RPT * kstride) = *(const uint4*)(sE + (lrow + j * RPT) * C::LDE + lc * 8);
+        __syncthreads();
+    }
+}
+#else
+template <int D>
+__device__ __forceinline__ void attn_bwd_wg_impl(const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*,
+                                                 const float*, const int*, const int*, const int*, const int*,
+                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float) {}
+#endif  // ATTN_WGMMA
+
 extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const float* __restrict__ acc, bf16_t* __restrict__ dq,
                                                                      long long n, float scale) {
     long long i = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
@@ -1326,6 +1709,21 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
 #endif
 
+// Backward: the wgmma kernel (attn_bwd_wg_impl) where compiled for compute_90a, for D 64 and 128;
+// the mma.sync kernel otherwise (and for D 256, and with -DATTN_BWD_MMA, a lab variant).
+#if defined(ATTN_WGMMA) && !defined(ATTN_BWD_MMA)
+#define ATTN_BWD_WG_ON 1
+#else
+#define ATTN_BWD_WG_ON 0
+#endif
+template <int D, int NW, int DSPLIT>
+struct BwdSel {
+    static constexpr bool WG = ATTN_BWD_WG_ON && D <= 128;
+    static constexpr int BN = WG ? WgBwdCfg<D <= 128 ? D : 128>::BN : BwdCfg<D, NW, DSPLIT>::BN;
+    static constexpr int THREADS = WG ? WgBwdCfg<D <= 128 ? D : 128>::THREADS : BwdCfg<D, NW, DSPLIT>::THREADS;
+    static constexpr int SMEM = WG ? WgBwdCfg<D <= 128 ? D : 128>::SMEM : BwdCfg<D, NW, DSPLIT>::SMEM;
+};
+
 #define ATTN_DEFINE(DD)                                                                                               \
     extern "C" __global__ void __launch_bounds__(ATTN_FWD_C(DD)::THREADS, ATTN_FWD_MINB(DD)) attn_fwd_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs, const int* fe, const int* ss,               \
@@ -1337,12 +1735,16 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
         float* dq_accum, int* summary, int Tq, int Hq) {                                                               \
         attn_bwd_pre_impl<DD>(o, dout, fs, fe, ss, se, Di, dq_accum, summary, Tq, Hq);                                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(BwdCfg<ATTN_BWD_CFG_##DD>::THREADS, 1) attn_bwd_dkdv_d##DD(         \
+    extern "C" __global__ void __launch_bounds__(BwdSel<ATTN_BWD_CFG_##DD>::THREADS, 1) attn_bwd_dkdv_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout, const float* lse, const float* Di,      \
         const int* summary, const int* fs, const int* fe, const int* ss, const int* se, float* dq_accum, bf16_t* dk,  \
         bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale) {                                                    \
-        attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq,  \
-                                              Tk, Hq, Hkv, scale);                                                     \
+        if constexpr (BwdSel<ATTN_BWD_CFG_##DD>::WG)                                                                   \
+            attn_bwd_wg_impl<DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq, Tk, Hq, Hkv,   \
+                                 scale);                                                                               \
+        else                                                                                                           \
+            attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv,  \
+                                                  Tq, Tk, Hq, Hkv, scale);                                             \
     }
 
 // ATTN_ONLY_D128 (kernel lab variants) instantiates head_dim 128 only.
@@ -1362,9 +1764,9 @@ ATTN_DEFINE(256)
     p[1] = ATTN_FWD_C(DD)::BM_;                                                                               \
     p[2] = ATTN_FWD_C(DD)::THREADS;                                                 \
     p[3] = ATTN_FWD_C(DD)::SMEM;                                                    \
-    p[4] = BwdCfg<ATTN_BWD_CFG_##DD>::BN;                                                      \
-    p[5] = BwdCfg<ATTN_BWD_CFG_##DD>::THREADS;                                                 \
-    p[6] = BwdCfg<ATTN_BWD_CFG_##DD>::SMEM;                                                    \
+    p[4] = BwdSel<ATTN_BWD_CFG_##DD>::BN;                                                      \
+    p[5] = BwdSel<ATTN_BWD_CFG_##DD>::THREADS;                                                 \
+    p[6] = BwdSel<ATTN_BWD_CFG_##DD>::SMEM;                                                    \
     p[7] = BWD_BM;                                                                             \
     p[8] = PRE_THREADS;                                                                        \
     p[9] = 0;

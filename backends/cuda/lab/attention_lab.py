@@ -40,9 +40,11 @@ NVRTC_OPTS = ["--gpu-architecture=compute_90a", "-std=c++17"]  # as the backend 
 O128 = "-DATTN_ONLY_D128"
 VARIANTS = {
     "ship": [],
-    "mma": ["-DATTN_NO_WGMMA"],  # the mma.sync forward (what compute_90 / non-Hopper devices get)
-    "wg_bn64": [O128, "-DATTN_WG_CFG_128=128,64"],  # wgmma forward with 64-key tiles
+    "mma": ["-DATTN_NO_WGMMA"],  # mma.sync forward and backward (what compute_90 / non-Hopper devices get)
+    "bwd_mma": [O128, "-DATTN_BWD_MMA"],  # wgmma forward + the mma.sync backward (runs 1-7)
+    "t_nodq": [O128, "-DATTN_LAB_SKIP_DQ"],  # timing only: the wgmma backward without its dQ phase
 }
+# Run 5 also timed "wg_bn64" (-DATTN_WG_CFG_128=128,64: wgmma forward with 64-key tiles).
 # Earlier runs also timed (logs/run2-v2-variants.log, logs/run3-v3-flex.log): head-major grid
 # order (ATTN_FWD_ORDER/ATTN_BWD_ORDER=1), an 8-warp forward (128,128,64,8,true), 64-row forwards
 # with Q in registers (128,64,64,4,true and 128,64,32,4,true with 3 CTAs/SM), and the timing knobs

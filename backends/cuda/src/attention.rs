@@ -181,7 +181,7 @@ impl AttentionOps for CudaBackend {
             AttnImpl::Flash => {
                 let (out, lse) = self.flash_forward(op, &dims, qs, ks, vs, mask, scale)?;
                 Ok((
-                    self.tensor(out, DType::F32, q.shape().clone()),
+                    self.tensor(out.0, out.1, q.shape().clone()),
                     self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
                 ))
             }
@@ -209,7 +209,12 @@ impl AttentionOps for CudaBackend {
                     );
                     let kn = self.k();
                     let f = pick(
-                        &[&kn.attn_fwd_ff, &kn.attn_fwd_fb, &kn.attn_fwd_bf, &kn.attn_fwd_bb],
+                        &[
+                            &kn.attn_fwd_ff,
+                            &kn.attn_fwd_fb,
+                            &kn.attn_fwd_bf,
+                            &kn.attn_fwd_bb,
+                        ],
                         &[od, id],
                     );
                     let mut l = self.stream.launch_builder(f);
@@ -302,9 +307,9 @@ impl AttentionOps for CudaBackend {
                 let (dq, dk, dv) =
                     self.flash_backward(op, &dims, qs, ks, vs, os, &ls.buf, dos, mask, scale)?;
                 Ok((
-                    self.tensor(dq, DType::F32, q.shape().clone()),
-                    self.tensor(dk, DType::F32, k.shape().clone()),
-                    self.tensor(dv, DType::F32, v.shape().clone()),
+                    self.tensor(dq.0, dq.1, q.shape().clone()),
+                    self.tensor(dk.0, dk.1, k.shape().clone()),
+                    self.tensor(dv.0, dv.1, v.shape().clone()),
                 ))
             }
             AttnImpl::Simple => {

@@ -1,18 +1,20 @@
 //! The device attention kernel `"cuda-flash"`: the bf16 block-sparse flash attention of
-//! `kernels/attention.cu` (mma.sync, FA2-style backward; docs/kernel-lab-attention.md).
+//! `kernels/attention.cu` (FA2/FA3-style: dK/dV per key tile, dQ through f32 reductions;
+//! docs/kernel-lab-attention.md).
 //!
 //! Inputs (q, k, v, and the backward's out and d_out) are passed as [`FlashIn`]: an f32
 //! buffer (`CudaSlice<u8>` of f32, rounded to bf16 with `f32_to_bf16`, round to nearest even,
 //! before the kernel) or a [`CudaStorage`] of either dtype (a `DType::Bf16` storage goes to
 //! the kernel as it is, no conversion; an f32 one is rounded). Outputs: out/dq/dk/dv are the
-//! kernel's bf16 results widened to f32 with `bf16_to_f32`; lse, `D_i` and the dq accumulator
-//! are f32. The forward's `out` is bf16-valued, so the backward's re-rounding of it is exact
+//! kernel's bf16 results, returned as they are with bf16 activations and widened to f32 with
+//! `bf16_to_f32` otherwise; lse, `D_i` and the dq accumulator are f32. The forward's `out` is bf16-valued, so the backward's re-rounding of it is exact
 //! (it sees the very values the forward produced).
 //!
 //! `attention.cu` is compiled (NVRTC) only when a backend selects `"cuda-flash"`: once per
 //! device, cached in [`crate::device::Device`]. Architecture: `compute_90a` on compute
-//! capability 9.0 (Hopper: the forward uses `wgmma`), else the device's `compute_XY` (the
-//! forward uses `mma.sync`). The launch shapes come from the kernel itself (`attn_config`),
+//! capability 9.0 (Hopper: the forward and the head_dim 64/128 backward use `wgmma`; the
+//! head_dim-256 backward stays on `mma.sync`), else the device's `compute_XY` (everything on
+//! `mma.sync`). The launch shapes come from the kernel itself (`attn_config`),
 //! read once after loading.
 //!
 //! Launch summary (kernel signatures in `kernels/attention.cu`, cross-checked with
@@ -46,6 +48,9 @@ const CONFIG_FIELDS: usize = 10;
 /// Kernels use `int` row indices and a `0x3fffffff` sentinel in the mask summaries; rows,
 /// keys and row x head products must stay below it.
 const MAX_ROWS: usize = 0x3fff_fffe;
+
+/// An output buffer and the dtype of its elements.
+pub(crate) type Tagged = (CudaSlice<u8>, DType);
 
 /// An input of the flash kernels: an f32 buffer or a dtype-tagged storage (f32 or bf16).
 pub(crate) trait FlashIn {
@@ -123,7 +128,7 @@ impl FlashKernels {
                 cc.0, cc.1
             ));
         }
-        // Hopper: the arch-specific target, so that the forward can use wgmma
+        // Hopper: the arch-specific target, so that the forward and the backward can use wgmma
         // (`__CUDA_ARCH_FEAT_SM90_ALL`); other devices: the mma.sync kernels.
         let arch = if cc == (9, 0) {
             "compute_90a".to_string()
@@ -358,14 +363,29 @@ impl CudaBackend {
     }
 
     /// Uploads the mask's four i32 interval arrays (first start/end, second start/end).
-    fn flash_mask(&self, op: &'static str, mask: &BlockMask) -> Result<[CudaSlice<u8>; 4]> {
+    /// Through the upload cache: a forward and its backward, and every layer with the same
+    /// mask, share one copy.
+    fn flash_mask(
+        &self,
+        op: &'static str,
+        mask: &BlockMask,
+    ) -> Result<[std::sync::Arc<CudaSlice<u8>>; 4]> {
         let [f0, f1, s0, s1] = mask.to_i32_arrays();
         Ok([
-            self.upload_i32(op, &f0)?,
-            self.upload_i32(op, &f1)?,
-            self.upload_i32(op, &s0)?,
-            self.upload_i32(op, &s1)?,
+            self.upload_i32_cached(op, &f0)?,
+            self.upload_i32_cached(op, &f1)?,
+            self.upload_i32_cached(op, &s0)?,
+            self.upload_i32_cached(op, &s1)?,
         ])
+    }
+
+    /// A bf16 kernel result as the backend's activation dtype: as it is for bf16
+    /// activations, widened (exactly) to f32 otherwise. Returns the buffer and its dtype.
+    fn flash_result(&self, op: &'static str, b: CudaSlice<u8>, n: usize) -> Result<Tagged> {
+        match self.opts.activations {
+            DType::Bf16 => Ok((b, DType::Bf16)),
+            DType::F32 => Ok((self.to_f32_buf(op, &b, n)?, DType::F32)),
+        }
     }
 
     /// Forward: returns `(out f32 (Tq*Hq*D), lse f32 (Tq*Hq))` buffers. q, k, v: f32
@@ -380,7 +400,7 @@ impl CudaBackend {
         v: &V,
         mask: &BlockMask,
         scale: f32,
-    ) -> Result<(CudaSlice<u8>, CudaSlice<u8>)> {
+    ) -> Result<(Tagged, CudaSlice<u8>)> {
         let fk = self.flash(op)?;
         let var = self.flash_variant(op, fk, dims)?;
         let d = dims.head_dim;
@@ -391,7 +411,7 @@ impl CudaBackend {
         let nl = dims.q_rows * dims.q_heads;
         let mut lse = self.alloc_f32(op, nl)?;
         if nl == 0 {
-            return Ok((self.alloc_f32(op, nq)?, lse));
+            return Ok(((self.alloc_f32(op, nq)?, DType::F32), lse));
         }
         let g = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
@@ -415,10 +435,10 @@ impl CudaBackend {
         l.arg(qb)
             .arg(kb)
             .arg(vb)
-            .arg(&fs)
-            .arg(&fe)
-            .arg(&ss)
-            .arg(&se)
+            .arg(&*fs)
+            .arg(&*fe)
+            .arg(&*ss)
+            .arg(&*se)
             .arg(&mut out_b)
             .arg(&mut lse)
             .arg(&tq)
@@ -435,7 +455,7 @@ impl CudaBackend {
                 shared_mem_bytes: var.fwd_smem,
             },
         )?;
-        let out = self.to_f32_buf(op, &out_b, nq)?;
+        let out = self.flash_result(op, out_b, nq)?;
         Ok((out, lse))
     }
 
@@ -460,7 +480,7 @@ impl CudaBackend {
         d_out: &G,
         mask: &BlockMask,
         scale: f32,
-    ) -> Result<(CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>)> {
+    ) -> Result<(Tagged, Tagged, Tagged)> {
         let fk = self.flash(op)?;
         let var = self.flash_variant(op, fk, dims)?;
         let d = dims.head_dim;
@@ -472,9 +492,9 @@ impl CudaBackend {
         if nl == 0 {
             // No query rows: no gradient flows anywhere.
             return Ok((
-                self.alloc_f32(op, 0)?,
-                self.zeros_f32(op, nk)?,
-                self.zeros_f32(op, nk)?,
+                (self.alloc_f32(op, 0)?, DType::F32),
+                (self.zeros_f32(op, nk)?, DType::F32),
+                (self.zeros_f32(op, nk)?, DType::F32),
             ));
         }
         let n_pre = dims.q_rows.div_ceil(var.pre_rows as usize);
@@ -517,10 +537,10 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&var.pre);
         l.arg(ob)
             .arg(dob)
-            .arg(&fs)
-            .arg(&fe)
-            .arg(&ss)
-            .arg(&se)
+            .arg(&*fs)
+            .arg(&*fe)
+            .arg(&*ss)
+            .arg(&*se)
             .arg(&mut di)
             .arg(&mut dq_acc)
             .arg(&mut summary)
@@ -550,10 +570,10 @@ impl CudaBackend {
                 .arg(lse)
                 .arg(&di)
                 .arg(&summary)
-                .arg(&fs)
-                .arg(&fe)
-                .arg(&ss)
-                .arg(&se)
+                .arg(&*fs)
+                .arg(&*fe)
+                .arg(&*ss)
+                .arg(&*se)
                 .arg(&mut dq_acc)
                 .arg(&mut dk_b)
                 .arg(&mut dv_b)
@@ -589,9 +609,9 @@ impl CudaBackend {
         )?;
 
         Ok((
-            self.to_f32_buf(op, &dq_b, nq)?,
-            self.to_f32_buf(op, &dk_b, nk)?,
-            self.to_f32_buf(op, &dv_b, nk)?,
+            self.flash_result(op, dq_b, nq)?,
+            self.flash_result(op, dk_b, nk)?,
+            self.flash_result(op, dv_b, nk)?,
         ))
     }
 }

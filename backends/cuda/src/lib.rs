@@ -70,8 +70,8 @@ use dflash_core::{Backend, BackendInfo, Error, HostAttentionKernel, Result, Tens
 pub use attention::{DEVICE_ATTENTION_KERNELS, key_query_runs};
 pub use flash::FLASH_HEAD_DIMS;
 pub use gemm::GemmPrecision;
-pub use storage::{CudaStorage, DType};
 pub(crate) use storage::InBuf;
+pub use storage::{CudaStorage, DType};
 
 use device::Device;
 

@@ -9,8 +9,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{Error, MemoryOps, Result, Tensor};
 
-use crate::storage::{DType, f32_bytes, f32_bytes_mut};
 use crate::kernels::pick;
+use crate::storage::{DType, f32_bytes, f32_bytes_mut};
 use crate::{CudaBackend, GemmPrecision, grid1d};
 
 /// Blocks of the first pass of the two-pass reductions (a function of nothing but the
@@ -391,7 +391,10 @@ impl MemoryOps for CudaBackend {
         let n64 = n as i64;
         let g32 = g as i32;
         let k = self.k();
-        let f = pick(&[&k.nonfinite_partial_f, &k.nonfinite_partial_b], &[x.dtype]);
+        let f = pick(
+            &[&k.nonfinite_partial_f, &k.nonfinite_partial_b],
+            &[x.dtype],
+        );
         let mut l = self.stream.launch_builder(f);
         l.arg(&x.buf).arg(&n64).arg(&mut partial);
         self.launch(op, l, cfg_blocks(g))?;

@@ -464,6 +464,56 @@ fn attention_cuda_flash_takes_bf16_inputs_bit_identically() {
             &down(&cu, &g32.2),
         );
     }
+    // With bf16 activations the kernel's bf16 results come back as they are (no widening):
+    // the same values the f32 mode returns widened, so equal bit for bit (dq: atomics).
+    let Some(act) = cuda_attn_act(
+        "cuda-flash",
+        GemmPrecision::Bf16,
+        dflash_backend_cuda::DType::Bf16,
+    ) else {
+        return;
+    };
+    let d = 128;
+    let (tq, tk) = (mask.q_len(), mask.kv_len());
+    let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
+    let inputs = [
+        rand_vec(&mut r, tq * hq * d, 2.0),
+        rand_vec(&mut r, tk * hkv * d, 2.0),
+        rand_vec(&mut r, tk * hkv * d, 1.0),
+        rand_vec(&mut r, tq * hq * d, 1.0),
+    ];
+    let run = |be: &CudaBackend| {
+        let q = up(be, &inputs[0], &qs);
+        let k = up(be, &inputs[1], &ks);
+        let v = up(be, &inputs[2], &ks);
+        let d_out = up(be, &inputs[3], &qs);
+        let (o, l) = be.attention(&q, &k, &v, &mask, 0.09).unwrap();
+        let (dq, dk, dv) = be
+            .attention_backward(&q, &k, &v, &o, &l, &d_out, &mask, 0.09)
+            .unwrap();
+        let dtypes = [&o, &dq, &dk, &dv].map(dtype_of);
+        let vals = [&o, &l, &dq, &dk, &dv].map(|t| down(be, t));
+        (dtypes, vals)
+    };
+    let (t32, v32) = run(&cu);
+    let (tbf, vbf) = run(&act);
+    assert_eq!(t32, [dflash_backend_cuda::DType::F32; 4]);
+    assert_eq!(tbf, [dflash_backend_cuda::DType::Bf16; 4]);
+    for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
+        if *name == "dq" {
+            let why = "dq: f32 atomic accumulation order";
+            check(
+                "flash bf16-activation dq",
+                &vbf[i],
+                &v32[i],
+                1e-2,
+                1e-5,
+                why,
+            );
+        } else {
+            check_exact(&format!("flash bf16-activation {name}"), &vbf[i], &v32[i]);
+        }
+    }
     let Some(simple) = cuda_attn("cuda-simple", GemmPrecision::Bf16) else {
         return;
     };
@@ -516,7 +566,11 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
             (DType::Bf16, DType::Bf16),
             (DType::Bf16, DType::F32),
         ] {
-            let tag = format!("{name} Hq{hq}/Hkv{hkv} D{d} q,dO {} k,v {}", qd.name(), kd.name());
+            let tag = format!(
+                "{name} Hq{hq}/Hkv{hkv} D{d} q,dO {} k,v {}",
+                qd.name(),
+                kd.name()
+            );
             let (qc, qv) = up_as(&cu, &q, &qs, qd);
             let (kc, kv) = up_as(&cu, &k, &ks, kd);
             let (vc, vv) = up_as(&cu, &v, &ks, kd);
@@ -532,8 +586,22 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
             assert_dtype("attention out", &oc, DType::Bf16);
             assert_dtype("attention lse", &lc, DType::F32);
             let why = "f32 online softmax vs f64";
-            check_bf16(&format!("bf16 attn out {tag}"), &down(&cu, &oc), &down(&rf, &or), 1e-4, 2e-5, why);
-            check(&format!("bf16 attn lse {tag}"), &down(&cu, &lc), &down(&rf, &lr), 1e-5, 1e-6, why);
+            check_bf16(
+                &format!("bf16 attn out {tag}"),
+                &down(&cu, &oc),
+                &down(&rf, &or),
+                1e-4,
+                2e-5,
+                why,
+            );
+            check(
+                &format!("bf16 attn lse {tag}"),
+                &down(&cu, &lc),
+                &down(&rf, &lr),
+                1e-5,
+                1e-6,
+                why,
+            );
             // Both backwards see the out CUDA stored.
             let o_held = down(&cu, &oc);
             let orb = up(&rf, &o_held, &qs);
@@ -546,7 +614,14 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
             let why = "f32 sums over visible pairs vs f64";
             for (n, g, w) in [("dq", &gq, &wq), ("dk", &gk, &wk), ("dv", &gv, &wv)] {
                 assert_dtype(n, g, DType::Bf16);
-                check_bf16(&format!("bf16 attn {n} {tag}"), &down(&cu, g), &down(&rf, w), 2e-4, 5e-5, why);
+                check_bf16(
+                    &format!("bf16 attn {n} {tag}"),
+                    &down(&cu, g),
+                    &down(&rf, w),
+                    2e-4,
+                    5e-5,
+                    why,
+                );
             }
         }
     }

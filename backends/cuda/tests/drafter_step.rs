@@ -397,46 +397,65 @@ fn drafter_step_with_cuda_flash_matches_reference() {
 fn drafter_step_bf16_activations_matches_reference() {
     use dflash_backend_cuda::DType;
     dflash_backend_reference::link();
-    let Some(cu) = cuda_act(GemmPrecision::Bf16, DType::Bf16) else {
+    let Some(simple) = cuda_act(GemmPrecision::Bf16, DType::Bf16) else {
         return;
     };
-    let cu: Arc<dyn Backend> = Arc::new(cu);
+    let Some(flash) = cuda_attn_act("cuda-flash", GemmPrecision::Bf16, DType::Bf16) else {
+        return;
+    };
     let reference: Arc<dyn Backend> = Arc::new(reference());
+    // cuda-flash (its head dims: the small problem only) adds its own bf16 rounding of P and
+    // dS: rel-L2 <= 3e-2 budget in its f32-GEMM test above (measured ~1.5e-2), on top.
+    // (backend, its attention, which problems (small?), gradient rel-L2 tolerance)
+    type Run = (Arc<dyn Backend>, &'static str, &'static [bool], f64);
+    let runs: [Run; 2] = [
+        (Arc::new(simple), "cuda-simple", &[false, true], 7.5e-2),
+        (Arc::new(flash), "cuda-flash", &[true], 1e-1),
+    ];
     let why = "bf16 GEMM operands + bf16 activation storage through every layer";
-    for small in [false, true] {
-        let p = drafter::problem(small, 11);
-        let want = drafter::run(reference.clone(), &p, false);
-        for recompute in [false, true] {
-            let got = drafter::run(cu.clone(), &p, recompute);
-            println!(
-                "{} drafter, bf16 GEMMs + bf16 activations, recompute={recompute}",
-                if small { "small" } else { "tiny" }
-            );
-            check_scalar("  loss sum(w*CE)", got.loss, want.loss, 2e-2, why);
-            check_scalar("  loss only", got.loss_only, want.loss, 2e-2, why);
-            assert_eq!(got.counted, want.counted);
-            let slack = 1 + want.counted / 10;
-            assert!(
-                got.correct.abs_diff(want.correct) <= slack,
-                "correct {} vs {}",
-                got.correct,
-                want.correct
-            );
-            let same = got
-                .predict
-                .iter()
-                .zip(&want.predict)
-                .filter(|(a, b)| a == b)
-                .count();
-            println!("    predict: {same} of {} slots equal", want.predict.len());
-            assert!(same * 100 >= want.predict.len() * 85, "predictions differ too often");
-            for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
-                check_rel_l2(&format!("  d {name}"), g, w, 7.5e-2, why);
-                check(&format!("  d {name}"), g, w, 2e-1, 1e-1, why);
+    for (cu, attn, smalls, tol_l2) in runs {
+        for &small in smalls {
+            let p = drafter::problem(small, 11);
+            let want = drafter::run(reference.clone(), &p, false);
+            for recompute in [false, true] {
+                let got = drafter::run(cu.clone(), &p, recompute);
+                println!(
+                    "{} drafter, {attn}, bf16 GEMMs + bf16 activations, recompute={recompute}",
+                    if small { "small" } else { "tiny" }
+                );
+                check_scalar("  loss sum(w*CE)", got.loss, want.loss, 2e-2, why);
+                check_scalar("  loss only", got.loss_only, want.loss, 2e-2, why);
+                assert_eq!(got.counted, want.counted);
+                let slack = 1 + want.counted / 10;
+                assert!(
+                    got.correct.abs_diff(want.correct) <= slack,
+                    "correct {} vs {}",
+                    got.correct,
+                    want.correct
+                );
+                let same = got
+                    .predict
+                    .iter()
+                    .zip(&want.predict)
+                    .filter(|(a, b)| a == b)
+                    .count();
+                println!("    predict: {same} of {} slots equal", want.predict.len());
+                assert!(
+                    same * 100 >= want.predict.len() * 85,
+                    "predictions differ too often"
+                );
+                for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
+                    check_rel_l2(&format!("  d {name}"), g, w, tol_l2, why);
+                    check(&format!("  d {name}"), g, w, 2e-1, 1e-1, why);
+                }
             }
         }
     }
     // Parameter gradients stay f32 (zeros + matmul_acc / add_assign keep the dtype).
+    let cu: Arc<dyn Backend> = match cuda_act(GemmPrecision::Bf16, DType::Bf16) {
+        Some(b) => Arc::new(b),
+        None => return,
+    };
     let p = drafter::problem(false, 11);
     let g = dflash_models::DrafterParams::zeros(cu.as_ref(), &p.cfg).unwrap();
     for t in g.tensors() {
@@ -490,7 +509,13 @@ fn target_forward_matches_reference_in_both_activation_modes() {
         let t = Qwen3Target::random(cb.clone(), cfg.clone(), &[3], 5).unwrap();
         let got_h = t.hidden_states(&ids).unwrap();
         for (i, (g, w)) in got_h.iter().zip(&want_h).enumerate() {
-            check_rel_l2(&format!("target hidden state {i} ({})", act.name()), g, w, 2e-2, &why);
+            check_rel_l2(
+                &format!("target hidden state {i} ({})", act.name()),
+                g,
+                w,
+                2e-2,
+                &why,
+            );
         }
         check_rel_l2(
             &format!("target logits ({})", act.name()),
@@ -508,6 +533,12 @@ fn target_forward_matches_reference_in_both_activation_modes() {
             }
             Features::Host(hst) => hst,
         };
-        check_rel_l2(&format!("target features ({})", act.name()), &got_f, &want_f, 2e-2, &why);
+        check_rel_l2(
+            &format!("target features ({})", act.name()),
+            &got_f,
+            &want_f,
+            2e-2,
+            &why,
+        );
     }
 }

@@ -96,9 +96,16 @@ fn rope_positions_cache_never_serves_stale_values() {
         .collect();
     for i in [3, 0, 19, 7, 3, 18, 0] {
         let again = down(&cu, &cu.rope(&x, &pos[i], theta).unwrap());
-        check_exact(&format!("rope with positions #{i} again"), &again, &fresh[i]);
+        check_exact(
+            &format!("rope with positions #{i} again"),
+            &again,
+            &fresh[i],
+        );
         let other = (i + 1) % pos.len();
-        assert_ne!(again, fresh[other], "positions #{i} and #{other} gave the same output");
+        assert_ne!(
+            again, fresh[other],
+            "positions #{i} and #{other} gave the same output"
+        );
     }
 }
 

@@ -464,7 +464,8 @@ fn gemm_bf16_activations_match_reference() {
                     for (cd, beta) in [(DType::Bf16, 1.0f32), (DType::Bf16, 0.5), (DType::F32, 1.0)]
                     {
                         let (mut cc, _) = up_as(&cu, &c0, &[m, n], cd);
-                        cu.matmul_acc(&mut cc, &ac, tr(ta), &bc, tr(tb), beta).unwrap();
+                        cu.matmul_acc(&mut cc, &ac, tr(ta), &bc, tr(tb), beta)
+                            .unwrap();
                         assert_dtype("matmul_acc keeps c's dtype", &cc, cd);
                         let got = down(&cu, &cc);
                         let rel = if cd == DType::Bf16 { BF16_ROUND } else { 0.0 };
@@ -487,7 +488,9 @@ fn gemm_bf16_activations_match_reference() {
         // linear = matmul(x, w^T): bf16 out.
         let x = rand_vec(&mut r, 9 * 16, 1.0);
         let w = rand_vec(&mut r, 5 * 16, 1.0);
-        let y = cu.linear(&up(&cu, &x, &[9, 16]), &up(&cu, &w, &[5, 16])).unwrap();
+        let y = cu
+            .linear(&up(&cu, &x, &[9, 16]), &up(&cu, &w, &[5, 16]))
+            .unwrap();
         assert_dtype("linear", &y, DType::Bf16);
         assert_eq!(cu.gemm_bf16_fallbacks(), 0, "no bf16 plan may be missing");
         println!(

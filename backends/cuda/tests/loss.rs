@@ -386,7 +386,13 @@ fn loss_bf16_activations_match_reference() {
     let w = bf16_rounded(&rand_vec(&mut r, v * h, 0.2));
     let labels: Vec<u32> = (0..t).map(|_| r.random_range(0..v as u32)).collect();
     let weights: Vec<f32> = (0..t)
-        .map(|i| if i % 7 == 0 { 0.0 } else { r.random_range(0.1..1.0) })
+        .map(|i| {
+            if i % 7 == 0 {
+                0.0
+            } else {
+                r.random_range(0.1..1.0)
+            }
+        })
         .collect();
     let gs = 0.37;
     let wc = up_bf16(&cu, &w, &[v, h]);

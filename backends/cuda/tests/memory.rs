@@ -547,7 +547,10 @@ fn linear_bf16_activations_halve_the_output_allocation() {
         drop(y);
     }
     let out32 = (t * n * 4) as u64;
-    assert!(growth[0] >= out32, "f32 output must be allocated: {growth:?}");
+    assert!(
+        growth[0] >= out32,
+        "f32 output must be allocated: {growth:?}"
+    );
     assert!(
         growth[1] >= out32 / 2 && growth[1] <= out32 / 2 + (2 << 20),
         "bf16 output must take half the bytes (+ <= 2 MiB pool granularity): {growth:?}"
