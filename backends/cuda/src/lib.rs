@@ -27,9 +27,9 @@
 //! - **GEMM** ([`GemmPrecision`]): cuBLASLt, f32 or bf16 operands, f32 or bf16 out (bf16 D
 //!   written by cuBLASLt in bf16 mode, via f32 scratch in TF32/FP32 mode), f32 accumulation.
 //!   Default `Bf16` (the recipe's bf16-autocast precision): bf16 operands read in place, f32
-//!   ones rounded to bf16 into scratch, bf16 tensor cores, f32 output (about 4e-3 relative
-//!   error per product term,
-//!   so GEMM outputs and everything downstream match the reference to ~1e-2, not ~1e-6);
+//!   ones rounded to bf16 into scratch, bf16 tensor cores, output in the activation dtype
+//!   (about 4e-3 relative error per product term, so GEMM outputs and everything downstream
+//!   match the reference to ~1e-2, not ~1e-6);
 //!   `DFLASH_CUDA_GEMM=tf32` selects TF32 tensor cores (~1e-3), `fp32` exact f32 (slow, for
 //!   checking). Plans are cached per shape.
 //! - **Attention**: `"cuda-simple"` (`kernels/attention_simple.cu`): one warp per (query row,
@@ -38,9 +38,10 @@
 //!   registered *host* attention kernel name (e.g. `"reference"`, `"tiled"`) also works, via a
 //!   host round trip (correct, slow: for conformance checks of CPU plugins).
 //!   `"cuda-flash"` (`kernels/attention.cu`, head_dim 64/128/256): the tuned bf16 block-sparse
-//!   flash attention; f32 tensors are rounded to bf16 around it (errors ~3e-3 relative), its
-//!   outputs are still f32 whatever the activation dtype (see `flash.rs`), and the file is
-//!   compiled only when a backend selects it.
+//!   flash attention (wgmma forward and head_dim 64/128 backward on Hopper, mma.sync
+//!   elsewhere); bf16 inputs are read in place, f32 ones rounded to bf16 (errors ~3e-3
+//!   relative); out/dq/dk/dv come back in the activation dtype, lse in f32 (see `flash.rs`);
+//!   the file is compiled only when a backend selects it.
 //! - **Debug poison**: with `DFLASH_CUDA_POISON=1` (or [`CudaOptions::poison`]) every output
 //!   buffer an op allocates is first filled with NaN (f32 NaN, or the bf16 quiet NaN 0x7FC0),
 //!   so an unwritten element shows up.
