@@ -6,7 +6,7 @@
 //! - `test`          the test command CI runs.
 //! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
 //!   DESIGN.md §4 comparisons). With `--backend cuda` it defaults
-//!   `--attention` to `cuda-simple`, and without `--out` writes
+//!   `--attention` to `cuda-flash` (the tuned kernel), and without `--out` writes
 //!   `bench/results/<gpu-name-slug>.json`.
 
 use std::process::{Command, ExitCode};
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
                 .args(["run", "--release", "--quiet", "-p", "dflash-cli"]);
             c.args(["--", "bench"]).args(&rest);
             if cuda && !has("--attention") {
-                c.args(["--attention", "cuda-simple"]);
+                c.args(["--attention", "cuda-flash"]);
             }
             if cuda && !has("--out") && !has("--results-dir") {
                 c.args(["--results-dir", "bench/results"]);
