@@ -345,13 +345,8 @@ impl CudaBackend {
         let bytes = (n * dtype.size()).max(16);
         // SAFETY: the memory is written before it is read by every op that allocates it
         // (the poison mode exists to test exactly that).
-        let mut buf = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| {
-            Error::op(
-                op,
-                self.tag.clone(),
-                format!("allocating {bytes} bytes failed: {e}"),
-            )
-        })?;
+        let mut buf =
+            unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| self.alloc_err(op, bytes, e))?;
         if self.opts.poison && n > 0 {
             self.fill_dt(op, &mut buf, n, dtype, f32::NAN)?;
         }
@@ -381,13 +376,35 @@ impl CudaBackend {
         dtype: DType,
     ) -> Result<CudaSlice<u8>> {
         let bytes = (n * dtype.size()).max(16);
-        self.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
-            Error::op(
+        self.stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| self.alloc_err(op, bytes, e))
+    }
+
+    /// A failed allocation of `bytes`: [`Error::OutOfMemory`] (with the device's free and
+    /// total memory) when the device is full, else a driver error naming op and size.
+    pub(crate) fn alloc_err(&self, op: &'static str, bytes: usize, e: DriverError) -> Error {
+        use cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
+        if e.0 == CUDA_ERROR_OUT_OF_MEMORY {
+            let info = self
+                .dev
+                .ctx
+                .bind_to_thread()
+                .ok()
+                .and_then(|_| cudarc::driver::result::mem_get_info().ok());
+            return Error::OutOfMemory {
                 op,
-                self.tag.clone(),
-                format!("allocating {bytes} bytes failed: {e}"),
-            )
-        })
+                device: self.tag.clone(),
+                requested: bytes as u64,
+                free: info.map(|(f, _)| f as u64),
+                total: info.map(|(_, t)| t as u64),
+            };
+        }
+        Error::op(
+            op,
+            self.tag.clone(),
+            format!("allocating {bytes} bytes failed: {e}"),
+        )
     }
 
     /// Fills `n` f32 elements with `v`.

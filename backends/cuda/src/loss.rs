@@ -96,13 +96,8 @@ impl CudaBackend {
         if guard.as_ref().is_none_or(|b| b.len() < bytes) {
             *guard = None; // free first
             // SAFETY: every region of the workspace is written before it is read.
-            let buf = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| {
-                Error::op(
-                    op,
-                    self.tag.clone(),
-                    format!("allocating the {bytes}-byte loss workspace failed: {e}"),
-                )
-            })?;
+            let buf = unsafe { self.stream.alloc::<u8>(bytes) }
+                .map_err(|e| self.alloc_err(op, bytes, e))?;
             *guard = Some(buf);
         }
         f(guard.as_mut().expect("workspace just ensured"))

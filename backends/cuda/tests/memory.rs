@@ -557,3 +557,39 @@ fn linear_bf16_activations_halve_the_output_allocation() {
     );
     assert!(growth[1] * 2 <= growth[0] + (4 << 20), "{growth:?}");
 }
+
+/// An allocation the device cannot hold is `Error::OutOfMemory` naming op, device, size and
+/// the device's free/total memory (so a job can name its knobs), not a generic driver error;
+/// the backend stays usable afterwards.
+#[test]
+fn allocation_beyond_the_device_is_out_of_memory() {
+    let Some(cu) = cuda() else { return };
+    let n: usize = 1 << 40; // 4 TiB of f32: more than any GPU has
+    match cu.zeros(&[n]) {
+        Err(dflash_core::Error::OutOfMemory {
+            op,
+            device,
+            requested,
+            free,
+            total,
+        }) => {
+            assert_eq!(op, "zeros");
+            assert_eq!(device, "cuda:0");
+            assert_eq!(requested, 4 * n as u64);
+            let (free, total) = (free.expect("free bytes"), total.expect("total bytes"));
+            assert!(
+                free <= total && total > 1 << 30,
+                "free {free}, total {total}"
+            );
+            println!("  4 TiB zeros -> out of memory ({free} of {total} bytes free)");
+        }
+        Err(e) => panic!("expected OutOfMemory, got: {e}"),
+        Ok(_) => panic!("allocated 4 TiB"),
+    }
+    let x = rand_vec(&mut rng(3), 1000, 1.0);
+    assert_eq!(
+        down(&cu, &up(&cu, &x, &[1000])),
+        x,
+        "usable after the failure"
+    );
+}

@@ -24,6 +24,15 @@ pub enum PipelineError {
     },
     #[error("{0}")]
     Job(String),
+    #[error(
+        "the job does not fit in the memory of {device}: set train.recompute = true (recompute \
+         each drafter layer in the backward), or lower data.token_budget, data.num_anchors or \
+         drafter.num_layers, or give the drafter a larger GPU"
+    )]
+    DoesNotFit {
+        device: String,
+        source: Box<PipelineError>,
+    },
 }
 
 impl PipelineError {
@@ -35,6 +44,45 @@ impl PipelineError {
 
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
 
+impl PipelineError {
+    /// The device whose memory ran out, when this error (through any wrapper) is an
+    /// out-of-memory failure of a backend op.
+    pub fn out_of_memory_device(&self) -> Option<&str> {
+        use dflash_core::Error as CoreError;
+        use dflash_models::ModelError;
+        use dflash_training::TrainError;
+        let core = match self {
+            PipelineError::Backend(e)
+            | PipelineError::Model(ModelError::Backend(e))
+            | PipelineError::Train(TrainError::Backend(e))
+            | PipelineError::Train(TrainError::Model(ModelError::Backend(e))) => e,
+            PipelineError::Worker { source, .. } | PipelineError::DoesNotFit { source, .. } => {
+                return source.out_of_memory_device();
+            }
+            _ => return None,
+        };
+        match core {
+            CoreError::OutOfMemory { device, .. } => Some(device),
+            _ => None,
+        }
+    }
+
+    /// An out-of-memory failure becomes [`PipelineError::DoesNotFit`], which names the knobs
+    /// that shrink the job (the original error stays its cause); anything else is unchanged.
+    pub fn with_fit_advice(self) -> PipelineError {
+        if matches!(self, PipelineError::DoesNotFit { .. }) {
+            return self;
+        }
+        match self.out_of_memory_device().map(str::to_string) {
+            Some(device) => PipelineError::DoesNotFit {
+                device,
+                source: Box::new(self),
+            },
+            None => self,
+        }
+    }
+}
+
 /// `error: a\n  caused by: b\n  caused by: c` — what binaries print and `error.txt` holds.
 pub fn cause_chain(e: &dyn std::error::Error) -> String {
     let mut s = format!("error: {e}");
@@ -44,4 +92,59 @@ pub fn cause_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oom() -> dflash_core::Error {
+        dflash_core::Error::OutOfMemory {
+            op: "linear",
+            device: "cuda:1".into(),
+            requested: 3 << 30,
+            free: Some(1 << 30),
+            total: Some(80 << 30),
+        }
+    }
+
+    #[test]
+    fn out_of_memory_anywhere_in_a_worker_names_the_knobs_and_keeps_the_cause() {
+        let nested = PipelineError::Worker {
+            worker: "drafter replica 1".into(),
+            source: Box::new(PipelineError::Train(dflash_training::TrainError::Model(
+                dflash_models::ModelError::Backend(oom()),
+            ))),
+        };
+        let e = nested.with_fit_advice();
+        let chain = cause_chain(&e);
+        assert!(matches!(&e, PipelineError::DoesNotFit { device, .. } if device == "cuda:1"));
+        for needle in [
+            "does not fit in the memory of cuda:1",
+            "train.recompute",
+            "data.token_budget",
+            "drafter replica 1 failed",
+            "linear on cuda:1: out of device memory: 3221225472 bytes requested (1.00 GiB of 80.00 GiB free)",
+        ] {
+            assert!(chain.contains(needle), "{needle:?} missing from:\n{chain}");
+        }
+        // Applying it twice does not stack the advice.
+        assert!(matches!(
+            e.with_fit_advice(),
+            PipelineError::DoesNotFit { source, .. } if !matches!(*source, PipelineError::DoesNotFit { .. })
+        ));
+    }
+
+    #[test]
+    fn other_errors_are_left_alone() {
+        let e = PipelineError::Backend(dflash_core::Error::op("linear", "cuda:0", "boom"))
+            .with_fit_advice();
+        assert!(matches!(e, PipelineError::Backend(_)));
+        assert!(
+            PipelineError::Job("x".into())
+                .with_fit_advice()
+                .out_of_memory_device()
+                .is_none()
+        );
+    }
 }

@@ -66,7 +66,7 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));
     std::fs::create_dir_all(&run_dir).map_err(PipelineError::io(&run_dir))?;
-    let result = train_in(cfg, &run_dir, resume.is_some());
+    let result = train_in(cfg, &run_dir, resume.is_some()).map_err(PipelineError::with_fit_advice);
     if let Err(e) = &result {
         let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
     }
