@@ -38,8 +38,13 @@ fn host_local_and_imported_features_train_identically() {
     let cfg = tiny_drafter_cfg();
     let k = cfg.target_layer_ids.len();
     let frozen = random_frozen(b.as_ref(), V, H, 3).tensors;
-    let drafter = Drafter::new(b.clone(), cfg.clone(), random_params(b.as_ref(), &cfg, 4), frozen)
-        .unwrap();
+    let drafter = Drafter::new(
+        b.clone(),
+        cfg.clone(),
+        random_params(b.as_ref(), &cfg, 4),
+        frozen,
+    )
+    .unwrap();
     let seq = random_sequence(k, 5);
     let bt = block_targets(
         &seq.ids,
@@ -91,5 +96,8 @@ fn host_local_and_imported_features_train_identically() {
         weights: &bt.weights,
     };
     let err = drafter.loss(&inp).unwrap_err().to_string();
-    assert!(err.contains("features tensor") && err.contains(&format!("{}", k * H)), "{err}");
+    assert!(
+        err.contains("features tensor") && err.contains(&format!("{}", k * H)),
+        "{err}"
+    );
 }

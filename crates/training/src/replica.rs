@@ -111,8 +111,13 @@ impl DrafterReplica {
             summary.grad_norm = norm;
             if norm.is_finite() && stats.loss().is_finite() {
                 let scale = (inv * clip_factor(norm, self.grad_clip)) as f32;
-                self.optimizer
-                    .update(b, &mut self.drafter.params, &self.grads, lr as f32, scale)?;
+                self.optimizer.update(
+                    b,
+                    &mut self.drafter.params,
+                    &self.grads,
+                    lr as f32,
+                    scale,
+                )?;
                 summary.applied = true;
                 self.nonfinite_run = 0;
             } else {

@@ -363,7 +363,11 @@ fn grad_norm_and_clipping() {
         .update(b.as_ref(), &mut plain, &scaled, 1e-2, 1.0)
         .unwrap();
     assert_eq!(snapshot(&fused), snapshot(&plain));
-    assert_ne!(snapshot(&fused), snapshot(&params(3)), "the update moved something");
+    assert_ne!(
+        snapshot(&fused),
+        snapshot(&params(3)),
+        "the update moved something"
+    );
     let after = grad_norm(b.as_ref(), &scaled).unwrap();
     assert!((after - max).abs() <= 1e-5 * max, "{after} vs {max}");
 }

@@ -75,7 +75,10 @@ impl AdamWParams {
             return Err("step is 1-based; got 0".into());
         }
         if !self.grad_scale.is_finite() {
-            return Err(format!("grad_scale must be finite, got {}", self.grad_scale));
+            return Err(format!(
+                "grad_scale must be finite, got {}",
+                self.grad_scale
+            ));
         }
         Ok(())
     }
