@@ -227,6 +227,12 @@ fn memory_figures_are_recorded_and_lower_is_better() {
     assert_eq!(mem.device, "test (Fake GPU, sm_00)");
     assert_eq!(dflash_bench::device_slug(&mem.device), "fake-gpu");
     assert_eq!(tracked.resets.load(Ordering::Relaxed), 1);
-    // Before and after each of the 2 timed runs, plus once before the peak reset.
-    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5);
+    // Before and after each of the 2 timed runs, plus once before the peak reset; and one per
+    // memory-ledger reading (start, frozen, params, grads, AdamW, rebase, features).
+    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7);
+    // The peak figure says where its bytes go.
+    for part in ["frozen embed+LM head", "params", "grads", "AdamW m+v", "features"] {
+        assert!(mem.detail.contains(part), "{part:?} missing: {}", mem.detail);
+    }
+    assert!(mem.detail.contains("activations+workspace"), "{}", mem.detail);
 }
