@@ -4,14 +4,16 @@
 
 use std::path::Path;
 
-use dflash_config::{DrafterConfig, Qwen3Config};
+use dflash_config::{DType, DrafterConfig, Qwen3Config};
 use dflash_core::Backend;
+use safetensors::Dtype;
 
 use crate::drafter::{DrafterParams, FrozenTarget};
 use crate::error::{ModelError, Result};
-use crate::safetensors_io::{TensorFiles, write_atomic, write_f32_atomic};
+use crate::safetensors_io::{TensorFiles, write_atomic, write_tensors_atomic};
 
-/// Writes `dir/config.json` and `dir/model.safetensors`.
+/// Writes `dir/config.json` and `dir/model.safetensors`, the tensors stored in `cfg.dtype`
+/// (what the config says; bf16/f16 rounded to nearest even).
 pub fn save_drafter(
     b: &dyn Backend,
     dir: &Path,
@@ -25,7 +27,12 @@ pub fn save_drafter(
         .map(|((name, shape), t)| Ok((name, shape, b.download(t)?)))
         .collect::<Result<Vec<_>>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_f32_atomic(&dir.join("model.safetensors"), &tensors, Some(meta))?;
+    let dtype = match cfg.dtype {
+        DType::Float32 => Dtype::F32,
+        DType::BFloat16 => Dtype::BF16,
+        DType::Float16 => Dtype::F16,
+    };
+    write_tensors_atomic(&dir.join("model.safetensors"), &tensors, dtype, Some(meta))?;
     let json = serde_json::to_string_pretty(&cfg.to_json()).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), json.as_bytes())?;
     Ok(())

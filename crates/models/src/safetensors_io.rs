@@ -187,15 +187,46 @@ pub fn write_f32_atomic(
     tensors: &[(String, Vec<usize>, Vec<f32>)],
     metadata: Option<HashMap<String, String>>,
 ) -> Result<()> {
+    write_tensors_atomic(path, tensors, Dtype::F32, metadata)
+}
+
+/// Writes f32 host tensors to `path` atomically, stored as `dtype` (F32, or BF16 / F16 rounded
+/// to nearest even, as `torch.Tensor.to` does).
+pub fn write_tensors_atomic(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    dtype: Dtype,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
+    let encode = |d: &[f32]| -> Option<Vec<u8>> {
+        Some(match dtype {
+            Dtype::F32 => d.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Dtype::BF16 => d
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            Dtype::F16 => d
+                .iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            _ => return None,
+        })
+    };
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
-        .map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
+        .map(|(name, _, d)| {
+            encode(d).ok_or_else(|| ModelError::Tensor {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                detail: format!("cannot store tensors as {dtype:?} (F32, BF16 or F16)"),
+            })
+        })
+        .collect::<Result<_>>()?;
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .zip(&bytes)
         .map(|((name, shape, _), b)| {
-            safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b)
+            safetensors::tensor::TensorView::new(dtype, shape.clone(), b)
                 .map(|v| (name.clone(), v))
                 .map_err(|e| ModelError::Tensor {
                     path: path.to_path_buf(),

@@ -198,6 +198,53 @@ fn save_writes_the_serving_layout_and_round_trips_bit_exactly() {
     );
 }
 
+/// A drafter saved as bf16 or f16 (what published DFlash drafters ship): every tensor stored
+/// in that dtype, each value the f32 one rounded to nearest even (as `torch.Tensor.to` does),
+/// `config.json` saying so, and loading widens them back exactly.
+#[test]
+fn save_in_half_precision_rounds_once_and_says_so() {
+    let b = backend();
+    let params = random_params(b.as_ref(), &tiny_drafter_cfg(), 17);
+    let want = download_all(b.as_ref(), &params);
+    for (dtype, st_dtype, name, round) in [
+        (
+            dflash_config::DType::BFloat16,
+            Dtype::BF16,
+            "bfloat16",
+            (|x| half::bf16::from_f32(x).to_f32()) as fn(f32) -> f32,
+        ),
+        (dflash_config::DType::Float16, Dtype::F16, "float16", |x| {
+            half::f16::from_f32(x).to_f32()
+        }),
+    ] {
+        let cfg = dflash_config::DrafterConfig {
+            dtype,
+            ..tiny_drafter_cfg()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        save_drafter(b.as_ref(), dir.path(), &cfg, &params).unwrap();
+        let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        for (n, v) in st.tensors() {
+            assert_eq!(v.dtype(), st_dtype, "{n}");
+        }
+        let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(j["dtype"], name);
+        let (cfg2, loaded) = load_drafter(b.as_ref(), dir.path()).unwrap();
+        assert_eq!(cfg2.dtype, dtype);
+        let have = download_all(b.as_ref(), &loaded);
+        let mut changed = 0;
+        for (w, h) in want.iter().zip(&have) {
+            for (&x, &y) in w.iter().zip(h) {
+                assert_eq!(y.to_bits(), round(x).to_bits(), "{name}: {x} stored as {y}");
+                changed += usize::from(x != y);
+            }
+        }
+        assert!(changed > 0, "{name}: random f32 values must lose bits");
+    }
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let (b, dir, _) = saved();

@@ -810,3 +810,59 @@ fn zero_epochs_with_max_steps_runs_max_steps() {
     let m = metrics(&out.run_dir);
     assert_eq!(m.last().unwrap()["epoch"], 1);
 }
+
+/// `drafter.save_dtype = "bfloat16"`: the served drafter in the run directory is bf16 (as the
+/// published drafters are) and says so in its config; the resumable checkpoint keeps the f32
+/// master weights, and the served values are exactly those rounded.
+#[test]
+fn served_drafter_is_saved_in_the_asked_dtype_and_checkpoints_stay_f32() {
+    link();
+    let fx = Fixture::new(&tiny_samples(8));
+    let cfg = fx.config(&[
+        ("train.max_steps", "2"),
+        ("train.save_every", "2"),
+        ("drafter.save_dtype", "\"bfloat16\""),
+    ]);
+    let out = train(&cfg, None).unwrap();
+    let dtypes = |path: &Path| -> Vec<safetensors::Dtype> {
+        let bytes = std::fs::read(path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensors().into_iter().map(|(_, v)| v.dtype()).collect()
+    };
+    let served = out.run_dir.join("model.safetensors");
+    assert!(
+        dtypes(&served)
+            .iter()
+            .all(|d| *d == safetensors::Dtype::BF16)
+    );
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.run_dir.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["dtype"], "bfloat16");
+    let latest = std::fs::read_to_string(out.run_dir.join("checkpoints/latest")).unwrap();
+    let ckpt = out.run_dir.join("checkpoints").join(latest.trim());
+    let master = ckpt.join("model.safetensors");
+    assert!(
+        dtypes(&master)
+            .iter()
+            .all(|d| *d == safetensors::Dtype::F32)
+    );
+    for ((n, s), (m, f)) in tensors(&served).iter().zip(tensors(&master)) {
+        assert_eq!(n, &m);
+        let rounded: Vec<f32> = f
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_f32())
+            .collect();
+        assert_eq!(s, &rounded, "{n}");
+    }
+    // A bad value is an error naming the key.
+    let err = TrainConfig::load_toml_str(
+        &config_text(&fx.data(), &fx.runs(), "save_dtype = \"int8\""),
+        "test",
+        Path::new("/"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("save_dtype") || err.contains("int8"), "{err}");
+}

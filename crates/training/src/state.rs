@@ -38,7 +38,12 @@ pub fn save(dir: &Path, replica: &DrafterReplica, extra: serde_json::Value) -> R
     let b = replica.drafter.backend().clone();
     let b = b.as_ref();
     let cfg = replica.drafter.config();
-    save_drafter(b, dir, cfg, &replica.drafter.params)?;
+    // The f32 master weights, whatever dtype the served drafter is saved in.
+    let master = dflash_config::DrafterConfig {
+        dtype: dflash_config::DType::Float32,
+        ..cfg.clone()
+    };
+    save_drafter(b, dir, &master, &replica.drafter.params)?;
     let layout = DrafterParams::layout(cfg);
     let mut tensors = Vec::new();
     for (prefix, moments) in [("m", &replica.optimizer.m), ("v", &replica.optimizer.v)] {

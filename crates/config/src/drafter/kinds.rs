@@ -37,7 +37,10 @@ impl fmt::Display for LayerType {
 }
 
 /// Storage dtype written as `dtype` in the drafter's config (what `model.safetensors` holds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum DType {
     #[default]
     BFloat16,

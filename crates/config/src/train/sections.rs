@@ -40,6 +40,10 @@ pub struct DrafterSection {
     /// Start from this drafter directory (its `config.json` then defines the drafter's shape, and
     /// the shape fields above are ignored). Default: none (fresh initialization).
     pub init_from: Option<PathBuf>,
+    /// Storage dtype of the trained drafter saved in the run directory (`"float32"`,
+    /// `"bfloat16"` as the published DFlash drafters, or `"float16"`); its `config.json` says
+    /// the same. Resumable checkpoints always keep the f32 master weights. Default `"float32"`.
+    pub save_dtype: crate::DType,
 }
 
 impl Default for DrafterSection {
@@ -55,6 +59,7 @@ impl Default for DrafterSection {
             num_key_value_heads: None,
             head_dim: None,
             init_from: None,
+            save_dtype: crate::DType::Float32,
         }
     }
 }

@@ -346,12 +346,12 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
         .flatten()
         .ok_or_else(|| PipelineError::Job("drafter replica 0 ended without a result".into()))?;
     let b = replica.drafter.backend().clone();
-    dflash_models::checkpoint::save_drafter(
-        b.as_ref(),
-        run_dir,
-        replica.drafter.config(),
-        &replica.drafter.params,
-    )?;
+    // The served drafter, in the dtype the job asks for (checkpoints keep f32).
+    let served = dflash_config::DrafterConfig {
+        dtype: cfg.drafter.save_dtype,
+        ..replica.drafter.config().clone()
+    };
+    dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, &replica.drafter.params)?;
     let tau_after = match &eval_seqs {
         Some(seqs) => {
             let t = evaluate_tau(&replica.drafter, seqs, &stop_tokens(&tcfg))?.tau;
