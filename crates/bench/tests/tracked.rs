@@ -231,8 +231,22 @@ fn memory_figures_are_recorded_and_lower_is_better() {
     // memory-ledger reading (start, frozen, params, grads, AdamW, rebase, features).
     assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7);
     // The peak figure says where its bytes go.
-    for part in ["frozen embed+LM head", "params", "grads", "AdamW m+v", "features"] {
-        assert!(mem.detail.contains(part), "{part:?} missing: {}", mem.detail);
+    for part in [
+        "frozen embed+LM head",
+        "params",
+        "grads",
+        "AdamW m+v",
+        "features",
+    ] {
+        assert!(
+            mem.detail.contains(part),
+            "{part:?} missing: {}",
+            mem.detail
+        );
     }
-    assert!(mem.detail.contains("activations+workspace"), "{}", mem.detail);
+    assert!(
+        mem.detail.contains("activations+workspace"),
+        "{}",
+        mem.detail
+    );
 }
