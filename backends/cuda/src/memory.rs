@@ -19,6 +19,28 @@ fn reduce_blocks(n: usize) -> usize {
     n.div_ceil(256 * 8).clamp(1, 1024)
 }
 
+/// Part `i` of a concatenation, which must have part 0's dtype (parts are copied as bytes).
+fn part_of_dtype<'a>(
+    be: &CudaBackend,
+    op: &'static str,
+    i: usize,
+    p: &'a Tensor,
+    dtype: DType,
+) -> Result<&'a crate::CudaStorage> {
+    let s = be.any(op, p)?;
+    if s.dtype != dtype {
+        return Err(be.shape_err(
+            op,
+            format!(
+                "part {i} is {} but part 0 is {}",
+                s.dtype.name(),
+                dtype.name()
+            ),
+        ));
+    }
+    Ok(s)
+}
+
 /// A same-dtype copy of any tensor of this backend.
 pub(crate) fn copy_any(be: &CudaBackend, op: &'static str, t: &Tensor) -> Result<Tensor> {
     let s = be.any(op, t)?;
@@ -183,17 +205,7 @@ impl MemoryOps for CudaBackend {
                     ),
                 ));
             }
-            let s = self.any(op, p)?;
-            if s.dtype != dtype {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {} but part 0 is {}",
-                        s.dtype.name(),
-                        dtype.name()
-                    ),
-                ));
-            }
+            let s = part_of_dtype(self, op, i, p, dtype)?;
             rows += p.dims()[0];
             stores.push(s);
         }
@@ -234,17 +246,7 @@ impl MemoryOps for CudaBackend {
                     ),
                 ));
             }
-            let s = self.any(op, p)?;
-            if s.dtype != dtype {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {} but part 0 is {}",
-                        s.dtype.name(),
-                        dtype.name()
-                    ),
-                ));
-            }
+            let s = part_of_dtype(self, op, i, p, dtype)?;
             stores.push(s);
             cols.push(c);
         }

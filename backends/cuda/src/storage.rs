@@ -221,15 +221,9 @@ impl CudaBackend {
         t: &'a mut Tensor,
     ) -> Result<&'a mut CudaStorage> {
         let shape = t.shape().clone();
-        let backend = t.storage().backend_name();
-        match t.storage_mut().as_any_mut().downcast_mut::<CudaStorage>() {
-            Some(s) => {
-                self.check_storage(op, s, &shape)?;
-                self.want_f32(op, s, &shape)?;
-                Ok(s)
-            }
-            None => Err(self.foreign(op, backend, &shape)),
-        }
+        let s = self.any_mut(op, t)?;
+        self.want_f32(op, s, &shape)?;
+        Ok(s)
     }
 
     fn want_f32(&self, op: &'static str, s: &CudaStorage, shape: &Shape) -> Result<()> {
