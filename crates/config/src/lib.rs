@@ -16,6 +16,7 @@
 mod drafter;
 mod error;
 mod json;
+mod layer_checks;
 mod qwen3;
 mod rope;
 mod train;

@@ -192,40 +192,25 @@ impl Qwen3Config {
             field: field.to_string(),
             message,
         };
-        for (field, v) in [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("head_dim", self.head_dim),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ] {
-            if v == 0 {
-                return Err(inv(field, "must be at least 1".into()));
-            }
-        }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return Err(inv(
+        crate::layer_checks::check_layer_shape(
+            &[
+                ("vocab_size", self.vocab_size),
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("num_hidden_layers", self.num_hidden_layers),
+                ("num_key_value_heads", self.num_key_value_heads),
+                ("head_dim", self.head_dim),
+                ("max_position_embeddings", self.max_position_embeddings),
+            ],
+            (
+                self.num_attention_heads,
+                self.num_key_value_heads,
                 "num_key_value_heads",
-                format!(
-                    "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                    self.num_attention_heads, self.num_key_value_heads
-                ),
-            ));
-        }
-        if self.head_dim % 2 != 0 {
-            return Err(inv(
-                "head_dim",
-                format!("RoPE needs an even head_dim, got {}", self.head_dim),
-            ));
-        }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(inv(
-                "rms_norm_eps",
-                format!("must be a positive number, got {}", self.rms_norm_eps),
-            ));
-        }
+            ),
+            self.head_dim,
+            self.rms_norm_eps,
+        )
+        .map_err(|(field, message)| inv(field, message))?;
         Ok(())
     }
 }

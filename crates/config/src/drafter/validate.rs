@@ -17,21 +17,27 @@ impl DrafterConfig {
             field: field.to_string(),
             message,
         };
-        for (field, v) in [
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("head_dim", self.head_dim),
-            ("vocab_size", self.vocab_size),
-            ("max_position_embeddings", self.max_position_embeddings),
-            ("num_target_layers", self.num_target_layers),
-        ] {
-            if v == 0 {
-                return Err(inv(field, "must be at least 1".into()));
-            }
-        }
+        crate::layer_checks::check_layer_shape(
+            &[
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("num_hidden_layers", self.num_hidden_layers),
+                ("num_attention_heads", self.num_attention_heads),
+                ("num_key_value_heads", self.num_key_value_heads),
+                ("head_dim", self.head_dim),
+                ("vocab_size", self.vocab_size),
+                ("max_position_embeddings", self.max_position_embeddings),
+                ("num_target_layers", self.num_target_layers),
+            ],
+            (
+                self.num_attention_heads,
+                self.num_key_value_heads,
+                "num_attention_heads",
+            ),
+            self.head_dim,
+            self.rms_norm_eps,
+        )
+        .map_err(|(field, message)| inv(field, message))?;
         if self.block_size < 2 {
             return Err(inv(
                 "block_size",
@@ -39,27 +45,6 @@ impl DrafterConfig {
                     "must be at least 2 (anchor + one predicted token), got {}",
                     self.block_size
                 ),
-            ));
-        }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return Err(inv(
-                "num_attention_heads",
-                format!(
-                    "{} heads is not a multiple of num_key_value_heads {}",
-                    self.num_attention_heads, self.num_key_value_heads
-                ),
-            ));
-        }
-        if self.head_dim % 2 != 0 {
-            return Err(inv(
-                "head_dim",
-                format!("RoPE needs an even head_dim, got {}", self.head_dim),
-            ));
-        }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(inv(
-                "rms_norm_eps",
-                format!("must be a positive number, got {}", self.rms_norm_eps),
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
