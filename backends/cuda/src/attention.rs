@@ -255,21 +255,8 @@ impl AttentionOps for CudaBackend {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         use dflash_core::MemoryOps;
         let op = "attention_backward";
-        let dims = self.attn_dims(op, q, k, v, mask)?;
-        self.same_shape(op, "out and q", out, q)?;
-        self.same_shape(op, "d_out and q", d_out, q)?;
-        if lse.numel() != dims.q_rows * dims.q_heads {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "lse {:?} but q {:?} needs ({}, {})",
-                    lse.shape(),
-                    q.shape(),
-                    dims.q_rows,
-                    dims.q_heads
-                ),
-            ));
-        }
+        let dims = AttnDims::of_backward(q, k, v, out, lse, d_out, mask)
+            .map_err(|e| self.shape_err(op, e))?;
         let (qs, ks, vs) = (
             self.attn_in(op, q)?,
             self.attn_in(op, k)?,

@@ -10,7 +10,7 @@ use dflash_core::mask::BlockMask;
 use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, Result, Tensor};
 use rayon::prelude::*;
 
-use crate::storage::{host_tensor, same_shape, shape_err, slice};
+use crate::storage::{host_tensor, shape_err, slice};
 use crate::{DEVICE, ReferenceBackend};
 
 /// Keys per dk/dv task in the backward: each task owns the keys `[k0, k0 + KEY_BLOCK)` of
@@ -301,21 +301,8 @@ impl AttentionOps for ReferenceBackend {
         scale: f32,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let op = "attention_backward";
-        let dims = attn_dims(op, q, k, v, mask)?;
-        same_shape(op, "out and q", out, q)?;
-        same_shape(op, "d_out and q", d_out, q)?;
-        if lse.numel() != dims.q_rows * dims.q_heads {
-            return Err(shape_err(
-                op,
-                format!(
-                    "lse {:?} but q {:?} needs ({}, {})",
-                    lse.shape(),
-                    q.shape(),
-                    dims.q_rows,
-                    dims.q_heads
-                ),
-            ));
-        }
+        let dims =
+            AttnDims::of_backward(q, k, v, out, lse, d_out, mask).map_err(|e| shape_err(op, e))?;
         let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
         let (os, ls, dos) = (slice(op, out)?, slice(op, lse)?, slice(op, d_out)?);
         // Poisoned: the kernel must overwrite every element.

@@ -57,6 +57,36 @@ impl AttnDims {
         Ok(dims)
     }
 
+    /// As [`Self::of_tensors`], for a backward call: `out` and `d_out` shaped like `q`, and
+    /// `lse` holding `Tq * Hq` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of_backward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+    ) -> std::result::Result<Self, String> {
+        let dims = Self::of_tensors(q, k, v, mask)?;
+        for (what, t) in [("out and q", out), ("d_out and q", d_out)] {
+            if t.dims() != q.dims() {
+                return Err(format!("{what}: {:?} vs {:?}", t.shape(), q.shape()));
+            }
+        }
+        if lse.numel() != dims.q_rows * dims.q_heads {
+            return Err(format!(
+                "lse {:?} but q {:?} needs ({}, {})",
+                lse.shape(),
+                q.shape(),
+                dims.q_rows,
+                dims.q_heads
+            ));
+        }
+        Ok(dims)
+    }
+
     /// Checks the dims against the mask and slice lengths of a call.
     pub fn validate(&self, mask: &BlockMask) -> std::result::Result<(), String> {
         if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
