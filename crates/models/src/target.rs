@@ -63,53 +63,24 @@ impl Qwen3Target {
         files: &TensorFiles,
         layer_ids: &[usize],
     ) -> Result<Self> {
-        if let Some(&bad) = layer_ids.iter().find(|&&l| l >= cfg.num_hidden_layers) {
-            return Err(ModelError::Input(format!(
-                "target layer id {bad} is out of range: the target in {} has {} layers",
-                files.dir().display(),
-                cfg.num_hidden_layers
-            )));
-        }
-        let b = backend.as_ref();
-        let dims = layer_dims(&cfg);
-        let load = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            frozen(b, b.upload(&files.read_f32(name, shape)?, shape)?)
-        };
-        let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
-        let shapes = LayerWeights::shapes(&dims, cfg.intermediate_size);
-        let mut layers = Vec::with_capacity(depth);
-        for i in 0..depth {
-            let ts = LAYER_TENSOR_NAMES
-                .iter()
-                .zip(&shapes)
-                .map(|(n, s)| load(&format!("model.layers.{i}.{n}"), s))
-                .collect::<Result<Vec<_>>>()?;
-            layers.push(LayerWeights::from_vec(ts));
-        }
-        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = load("model.embed_tokens.weight", &[v, h])?;
-        let norm = Some(load("model.norm.weight", &[h])?);
-        let lm_head = if files.contains("lm_head.weight") {
-            Some(load("lm_head.weight", &[v, h])?)
-        } else if cfg.tie_word_embeddings {
-            Some(b.copy(&embed)?)
-        } else {
+        let origin = format!("the target in {}", files.dir().display());
+        let has_lm_head = files.contains("lm_head.weight");
+        if !has_lm_head && !cfg.tie_word_embeddings {
             return Err(ModelError::Tensor {
                 path: files.dir().to_path_buf(),
                 name: "lm_head.weight".into(),
                 detail: "missing and tie_word_embeddings is false".into(),
             });
-        };
-        Ok(Qwen3Target {
+        }
+        let b = backend.clone();
+        Self::assemble(
             backend,
             cfg,
-            dims,
-            layers,
-            layer_ids: layer_ids.to_vec(),
-            embed,
-            lm_head,
-            norm,
-        })
+            layer_ids,
+            &origin,
+            has_lm_head,
+            |name, shape| frozen(b.as_ref(), b.upload(&files.read_f32(name, shape)?, shape)?),
+        )
     }
 
     /// A target with random weights and no files (benchmarks, tests): linear weights,
@@ -122,42 +93,65 @@ impl Qwen3Target {
         layer_ids: &[usize],
         seed: u64,
     ) -> Result<Self> {
+        const STD: f32 = 0.02;
+        let has_lm_head = !cfg.tie_word_embeddings;
+        let b = backend.clone();
+        let mut next_seed = seed;
+        Self::assemble(
+            backend,
+            cfg,
+            layer_ids,
+            "the random target",
+            has_lm_head,
+            |_, shape| {
+                next_seed = next_seed.wrapping_add(1);
+                if shape.len() == 1 {
+                    Ok(b.upload(&vec![1.0; shape[0]], shape)?) // norm weights
+                } else {
+                    frozen(b.as_ref(), b.random_normal(shape, STD, next_seed)?)
+                }
+            },
+        )
+    }
+
+    /// Builds the target from `tensor(name, shape)` (files or random), in a fixed order:
+    /// the layers up to the deepest of `layer_ids`, the embedding, the final norm, then the LM
+    /// head (`has_lm_head`), else a copy of the embedding (tied). `origin` names the source
+    /// in errors.
+    fn assemble(
+        backend: Arc<dyn Backend>,
+        cfg: Qwen3Config,
+        layer_ids: &[usize],
+        origin: &str,
+        has_lm_head: bool,
+        mut tensor: impl FnMut(&str, &[usize]) -> Result<Tensor>,
+    ) -> Result<Self> {
         if let Some(&bad) = layer_ids.iter().find(|&&l| l >= cfg.num_hidden_layers) {
             return Err(ModelError::Input(format!(
-                "target layer id {bad} is out of range: the random target has {} layers",
+                "target layer id {bad} is out of range: {origin} has {} layers",
                 cfg.num_hidden_layers
             )));
         }
-        let b = backend.as_ref();
         let dims = layer_dims(&cfg);
-        const STD: f32 = 0.02;
-        let mut next_seed = seed;
-        let mut random = |shape: &[usize]| -> Result<Tensor> {
-            next_seed = next_seed.wrapping_add(1);
-            if shape.len() == 1 {
-                Ok(b.upload(&vec![1.0; shape[0]], shape)?) // norm weights
-            } else {
-                frozen(b, b.random_normal(shape, STD, next_seed)?)
-            }
-        };
         let depth = layer_ids.iter().max().map_or(0, |m| m + 1);
         let shapes = LayerWeights::shapes(&dims, cfg.intermediate_size);
         let mut layers = Vec::with_capacity(depth);
-        for _ in 0..depth {
-            let ts = shapes
+        for i in 0..depth {
+            let ts = LAYER_TENSOR_NAMES
                 .iter()
-                .map(|s| random(s))
+                .zip(&shapes)
+                .map(|(n, s)| tensor(&format!("model.layers.{i}.{n}"), s))
                 .collect::<Result<Vec<_>>>()?;
             layers.push(LayerWeights::from_vec(ts));
         }
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let embed = random(&[v, h])?;
-        let norm = Some(random(&[h])?);
-        let lm_head = Some(if cfg.tie_word_embeddings {
-            b.copy(&embed)?
+        let embed = tensor("model.embed_tokens.weight", &[v, h])?;
+        let norm = Some(tensor("model.norm.weight", &[h])?);
+        let lm_head = if has_lm_head {
+            tensor("lm_head.weight", &[v, h])?
         } else {
-            random(&[v, h])?
-        });
+            backend.copy(&embed)?
+        };
         Ok(Qwen3Target {
             backend,
             cfg,
@@ -165,7 +159,7 @@ impl Qwen3Target {
             layers,
             layer_ids: layer_ids.to_vec(),
             embed,
-            lm_head,
+            lm_head: Some(lm_head),
             norm,
         })
     }
