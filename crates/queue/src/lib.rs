@@ -108,16 +108,21 @@ impl<T> BoundedQueue<T> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push_impl(&self, item: T, timeout: Duration) -> Result<(), (T, QueueError)> {
+    /// Blocks on `cv` until `decide` settles the call (`Some`), or `timeout` passes
+    /// (`Timeout`). Returns the still-held guard, the outcome, and the time spent waiting
+    /// (zero when it never had to wait).
+    fn wait_for<R>(
+        &self,
+        cv: &Condvar,
+        timeout: Duration,
+        mut decide: impl FnMut(&mut State<T>) -> Option<Result<R, QueueError>>,
+    ) -> (MutexGuard<'_, State<T>>, Result<R, QueueError>, Duration) {
         let mut st = self.lock();
         let mut waited_since: Option<Instant> = None;
         let end = deadline(timeout);
         let result = loop {
-            if st.closed {
-                break Err(QueueError::Closed(self.name.clone()));
-            }
-            if st.items.len() < self.capacity {
-                break Ok(());
+            if let Some(r) = decide(&mut st) {
+                break r;
             }
             let now = Instant::now();
             let left = match end {
@@ -128,17 +133,28 @@ impl<T> BoundedQueue<T> {
             waited_since.get_or_insert(now);
             st = match end {
                 Some(_) => {
-                    self.not_full
-                        .wait_timeout(st, left)
+                    cv.wait_timeout(st, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
-                None => self.not_full.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => cv.wait(st).unwrap_or_else(|e| e.into_inner()),
             };
         };
-        if let Some(t0) = waited_since {
-            st.push_wait += t0.elapsed();
-        }
+        let waited = waited_since.map_or(Duration::ZERO, |t0| t0.elapsed());
+        (st, result, waited)
+    }
+
+    fn push_impl(&self, item: T, timeout: Duration) -> Result<(), (T, QueueError)> {
+        let (mut st, result, waited) = self.wait_for(&self.not_full, timeout, |st| {
+            if st.closed {
+                Some(Err(QueueError::Closed(self.name.clone())))
+            } else if st.items.len() < self.capacity {
+                Some(Ok(()))
+            } else {
+                None
+            }
+        });
+        st.push_wait += waited;
         match result {
             Ok(()) => {
                 st.items.push_back(item);
@@ -153,36 +169,13 @@ impl<T> BoundedQueue<T> {
     }
 
     fn pop_impl(&self, timeout: Duration) -> Result<T, QueueError> {
-        let mut st = self.lock();
-        let mut waited_since: Option<Instant> = None;
-        let end = deadline(timeout);
-        let result = loop {
-            if let Some(item) = st.items.pop_front() {
-                break Ok(item);
-            }
-            if st.closed {
-                break Err(QueueError::Closed(self.name.clone()));
-            }
-            let now = Instant::now();
-            let left = match end {
-                Some(end) if now >= end => break Err(QueueError::Timeout(self.name.clone())),
-                Some(end) => end - now,
-                None => Duration::MAX,
-            };
-            waited_since.get_or_insert(now);
-            st = match end {
-                Some(_) => {
-                    self.not_empty
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                None => self.not_empty.wait(st).unwrap_or_else(|e| e.into_inner()),
-            };
-        };
-        if let Some(t0) = waited_since {
-            st.pop_wait += t0.elapsed();
-        }
+        let (mut st, result, waited) =
+            self.wait_for(&self.not_empty, timeout, |st| match st.items.pop_front() {
+                Some(item) => Some(Ok(item)),
+                None if st.closed => Some(Err(QueueError::Closed(self.name.clone()))),
+                None => None,
+            });
+        st.pop_wait += waited;
         if result.is_ok() {
             st.popped += 1;
             drop(st);
