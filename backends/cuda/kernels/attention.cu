@@ -4,7 +4,7 @@
 //   nvrtc options: --gpu-architecture=compute_90a (H100/H200; compute_XY elsewhere)  (PTX, JIT-compiled
 //   by the driver)
 // On compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`) for the forward (S = Q K^T
-// with both operands in 128-byte-swizzled shared memory, O += P V with P in registers, attn_fwd_wg_impl)
+// with both operands in 128-byte-swizzled shared memory, O += P V with P in registers, overlapped with the softmax: attn_fwd_wg2_impl)
 // and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK, dQ per key tile,
 // attn_bwd_wg_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
 // the head_dim-256 backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from
@@ -613,240 +613,10 @@ struct WgCfg {
     static_assert(D % 64 == 0 && BN % 64 == 0, "tile shape");
 };
 
-template <int D, int BN>
-__device__ __forceinline__ void attn_fwd_wg_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                                 const bf16_t* __restrict__ v, const int* __restrict__ fs,
-                                                 const int* __restrict__ fe, const int* __restrict__ ss,
-                                                 const int* __restrict__ se, bf16_t* __restrict__ out,
-                                                 float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
-                                                 float scale) {
-    using C = WgCfg<D, BN>;
-    constexpr int BM = C::BM;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 raw_a = smem_u32(smem_raw);
-    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
-    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
-    const u32 sba = raw_a + pad;
-    int4* sRow = (int4*)(sb + C::OFF_ROW);
-    int* sRed = (int*)(sRow + BM);
-    int* sSum = sRed + 8 * 8;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2;
-    const int nqt = (Tq + BM - 1) / BM;
-    const int bid = blockIdx.x;
-    const int qt = nqt - 1 - bid / Hq;  // heavy (late) query tiles first, all heads interleaved
-    const int h = bid % Hq;
-    const int hk = h / (Hq / Hkv);
-    const int q0 = qt * BM;
-    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
-    const float sl2 = scale * ATTN_LOG2E;
-
-    {
-        int vals[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) vals[i] = (i == 3 || i == 7) ? -ATTN_BIG : ATTN_BIG;
-        for (int r = tid; r < BM; r += C::THREADS) {
-            int row = q0 + r;
-            bool valid = row < Tq;
-            int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
-            sRow[r] = iv;
-            int t[8];
-            row_summary(valid, iv.x, iv.y, iv.z, iv.w, t);
-#pragma unroll
-            for (int i = 0; i < 8; i++) vals[i] = min(vals[i], t[i]);
-        }
-        block_summary<8>(vals, sRed, sSum);
-    }
-    const int lo1 = sSum[0], hi1 = sSum[1], flo1 = sSum[2], fhi1 = sSum[3];
-    const int lo2 = sSum[4], hi2 = sSum[5], flo2 = sSum[6], fhi2 = sSum[7];
-    int a1 = 0, b1 = 0, a2 = 0, b2 = 0;
-    if (lo1 < hi1) { a1 = lo1 / BN; b1 = (hi1 + BN - 1) / BN; }
-    if (lo2 < hi2) { a2 = lo2 / BN; b2 = (hi2 + BN - 1) / BN; }
-    if (a1 >= b1) { a1 = a2; b1 = b2; a2 = b2 = 0; }
-    else if (a2 < b2) {
-        if (a2 < b1 && a1 < b2) { a1 = min(a1, a2); b1 = max(b1, b2); a2 = b2 = 0; }
-        else if (a2 < a1) { int t = a1; a1 = a2; a2 = t; t = b1; b1 = b2; b2 = t; }
-    }
-    const int n1 = max(b1 - a1, 0), n2 = max(b2 - a2, 0), n = n1 + n2;
-    constexpr int DT = D / 8;  // 16-byte chunks per row
-    if (n == 0) {
-        for (int i = tid; i < BM * DT; i += C::THREADS) {
-            int r = i / DT, c = i % DT;
-            if (q0 + r < Tq) *(uint4*)(out + (size_t)(q0 + r) * qstride + (size_t)h * D + c * 8) = make_uint4(0, 0, 0, 0);
-        }
-        for (int r = tid; r < BM; r += C::THREADS)
-            if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
-        return;
-    }
-    auto tile_of = [&](int t) { return t < n1 ? a1 + t : a2 + (t - n1); };
-
-    // Loaders: thread copies 16-byte chunk lc of rows lrow + j*RPT (RPT is a multiple of 8, so the
-    // swizzle term (lrow & 7) is the same for every pass).
-    constexpr int RPT = C::THREADS / DT;
-    static_assert(RPT % 8 == 0 && BN % RPT == 0 && BM % RPT == 0, "loader shape");
-    const int lrow = tid / DT, lc = tid % DT;
-    const u32 swz = (u32)((((lc & 7) ^ (lrow & 7)) << 4) + lrow * 128);
-    const u32 dQ = sba + (lc >> 3) * (BM * 128) + swz;
-    const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + swz;
-    const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + swz;
-    const bf16_t* gk0 = k + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-    const bf16_t* gv0 = v + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-    auto load_kv = [&](int kt, int st) {
-        const int kr = kt * BN + lrow;
-        const size_t off = (size_t)kt * BN * kstride;
-#pragma unroll
-        for (int j = 0; j < BN / RPT; j++) {
-            const bool ok = kr + j * RPT < Tk;
-            const size_t o2 = off + (size_t)j * RPT * kstride;
-            cp_async16(dK + st * C::SKV + j * RPT * 128, ok ? gk0 + o2 : k, ok);
-            cp_async16(dV + st * C::SKV + j * RPT * 128, ok ? gv0 + o2 : v, ok);
-        }
-    };
-    {
-        const bf16_t* gq0 = q + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BM / RPT; j++) {
-            const bool ok = q0 + lrow + j * RPT < Tq;
-            cp_async16(dQ + j * RPT * 128, ok ? gq0 + (size_t)j * RPT * qstride : q, ok);
-        }
-    }
-    load_kv(tile_of(0), 0);
-    cp_async_commit();
-
-    float o[D / 2];
-    float s[BN / 2];
-    float m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    m[0] = m[1] = ATTN_NEG_INF;
-    l[0] = l[1] = 0.f;
-    const int rw = warp * 16;  // this warp's first row in the tile (wg * 64 + (warp & 3) * 16)
-    // descriptors (start addresses advance per k-step inside a 128-byte row: +32 B per 16 elements)
-    const u64 dscQ = gdesc(sba + wg * 64 * 128, 16, 1024);
-    const u64 dscK = gdesc(sba + C::OFF_K, 16, 1024);
-    const u64 dscV = gdesc(sba + C::OFF_V, BN * 128, 1024);
-
-    for (int t = 0; t < n; t++) {
-        if (t + 1 < n) {
-            load_kv(tile_of(t + 1), (t + 1) & 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-        __syncthreads();
-        const int st = t & 1;
-        const int kt = tile_of(t);
-        const int k0 = kt * BN;
-        const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
-        bool vis = true;
-        if (!full) {  // can any of this warpgroup's 64 rows see a key of the tile?
-            const int4 x = sRow[wg * 64 + lane], y = sRow[wg * 64 + 32 + lane];
-            const int kb = k0 + BN;
-            vis = __any_sync(0xffffffffu, overlaps(x.x, x.y, k0, kb) || overlaps(x.z, x.w, k0, kb) ||
-                                              overlaps(y.x, y.y, k0, kb) || overlaps(y.z, y.w, k0, kb));
-        }
-        if (vis) {
-            const u64 kst = (u64)((st * C::SKV) >> 4);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const u64 offq = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
-                const u64 offk = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
-                wgmma_ss<BN>(s, dscQ + offq, dscK + kst + offk, kk > 0 ? 1 : 0);
-            }
-            wg_commit();
-            wg_wait<0>();
-            fence_regs<BN / 2>(s);
-            if (!full) {
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int4 iv = sRow[rw + (lane >> 2) + 8 * i];
-#pragma unroll
-                    for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
-                            if (!(in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w))) s[nt * 4 + 2 * i + e] = ATTN_NEG_INF;
-                        }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = m[i];
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float base = (mx == ATTN_NEG_INF) ? 0.f : mx * sl2;
-                const float alpha = ex2(m[i] * sl2 - base);
-                m[i] = mx;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float p = ex2(fmaf(s[nt * 4 + 2 * i + e], sl2, -base));
-                        s[nt * 4 + 2 * i + e] = p;
-                        rs += p;
-                    }
-                l[i] = l[i] * alpha + rs;
-#pragma unroll
-                for (int dt = 0; dt < D / 8; dt++) {
-                    o[dt * 4 + 2 * i] *= alpha;
-                    o[dt * 4 + 2 * i + 1] *= alpha;
-                }
-            }
-            u32 pa[BN / 16][4];
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) {
-                pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
-                pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
-                pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
-                pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
-            }
-            fence_regs<D / 2>(o);
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) wgmma_rs<D>(o, pa[kc], dscV + kst + (u64)((kc * 16 * 128) >> 4));
-            wg_commit();
-            wg_wait<0>();
-            fence_regs<D / 2>(o);
-        }
-        __syncthreads();  // (dropping it and loading tile t+1 after the first barrier: no faster, run 6)
-    }
-
-    // ---- epilogue: normalise, write lse, stage O through smem (padded rows) for 16-byte stores ----
-    bf16_t* sO = (bf16_t*)sb;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float ls = l[i];
-        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-        ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-        const float inv = ls > 0.f ? 1.f / ls : 0.f;
-        const int r = rw + (lane >> 2) + 8 * i;
-        if ((lane & 3) == 0 && q0 + r < Tq)
-            lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) = pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
-    }
-    __syncthreads();
-    {
-        bf16_t* go0 = out + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BM / RPT; j++)
-            if (q0 + lrow + j * RPT < Tq)
-                *(uint4*)(go0 + (size_t)j * RPT * qstride) = *(const uint4*)(sO + (lrow + j * RPT) * C::LDO + lc * 8);
-    }
-}
-
 #ifndef ATTN_FWD_PP
 #define ATTN_FWD_PP 1
 #endif
-// Forward v13 (run 12; attn_fwd_wg_impl above is the run 5-10 kernel, lab variant -DATTN_FWD_V11):
+// Forward v13 (run 12; the run 5-10 forward, v11, is in git history: see docs/kernel-lab-attention.md):
 // FA3's intra-warpgroup overlap. Iteration t issues S_t = Q K_t and then O += P_{t-1} V_{t-1} (two
 // wgmma groups), then the cp.async loads of K_{t+1} and V_t (so the loader's instructions run while
 // the tensor cores work), then waits for S_t only (wait_group 1) and runs the mask + online softmax
@@ -2053,11 +1823,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #endif
 #define ATTN_FWD_C(DD) WgCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
-#ifdef ATTN_FWD_V11  // lab variant: the run-5..10 forward (no intra-warpgroup overlap)
-#define ATTN_FWD_CALL(DD) attn_fwd_wg_impl<ATTN_WG_CFG_##DD>
-#else
 #define ATTN_FWD_CALL(DD) attn_fwd_wg2_impl<ATTN_WG_CFG_##DD>
-#endif
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD

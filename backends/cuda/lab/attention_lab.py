@@ -40,7 +40,6 @@ NVRTC_OPTS = ["--gpu-architecture=compute_90a", "-std=c++17"]  # as the backend 
 O128 = "-DATTN_ONLY_D128"
 VARIANTS = {
     "ship": [],
-    "v11": [O128, "-DATTN_FWD_V11"],  # the run-5..10 wgmma forward (no intra-warpgroup overlap), same backward
     "v13_nopp": [O128, "-DATTN_FWD_PP=0"],  # without the warpgroup issue order (run 12: "ship" was this)
     "v13_nopin": [O128, "-DATTN_FWD_NOPIN"],  # without the store that keeps the softmax above wait_group 0
     "t_nosm": [O128, "-DATTN_LAB_SKIP_SOFTMAX"],  # timing only: forward without mask/softmax
