@@ -243,15 +243,22 @@ pub fn write_tensors_atomic(
 }
 
 /// Temp file + fsync + rename: a crash mid-write never leaves a torn `path`.
+///
+/// The temp name is unique per call (process id and a process-wide counter), so threads that
+/// write the same path at once each rename a whole file of their own: the last rename wins and
+/// no writer can truncate another's temp file.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let serial = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{file_name}.tmp-{}-{serial}", std::process::id()));
     let result = (|| {
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(data).map_err(io_err(&tmp))?;

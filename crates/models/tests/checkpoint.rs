@@ -406,3 +406,28 @@ fn write_atomic_replaces_content_and_leaves_no_temp_files() {
     assert_eq!(listing(&dir.path().join("nested")), ["blocker", "out.bin"]);
     assert_eq!(listing(&blocker), ["keep"]);
 }
+
+#[test]
+fn write_atomic_from_many_threads_leaves_one_whole_file() {
+    // Eight threads replace the same file at once, each with a distinct payload of a distinct
+    // length. Whatever order the renames land in, the file must be exactly one of the payloads
+    // (never a mix or a truncation) and no temp file may remain.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.bin");
+    let payloads: Vec<Vec<u8>> = (0..8u8)
+        .map(|i| vec![b'a' + i; 4096 * (i as usize + 1)])
+        .collect();
+    std::thread::scope(|s| {
+        for p in &payloads {
+            let path = &path;
+            s.spawn(move || {
+                for _ in 0..20 {
+                    write_atomic(path, p).unwrap();
+                }
+            });
+        }
+    });
+    let got = std::fs::read(&path).unwrap();
+    assert!(payloads.contains(&got), "torn file of {} bytes", got.len());
+    assert_eq!(listing(dir.path()), ["shared.bin"]);
+}
