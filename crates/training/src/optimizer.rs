@@ -65,11 +65,8 @@ impl AdamW {
 
 /// Global L2 norm of all gradients (f64 accumulation).
 pub fn grad_norm(b: &dyn Backend, grads: &DrafterGrads) -> Result<f64> {
-    let mut sq = 0.0;
-    for g in grads.tensors() {
-        sq += b.sum_squares(g)?;
-    }
-    Ok(sq.sqrt())
+    let sums = b.sum_squares_many(&grads.tensors())?;
+    Ok(sums.iter().sum::<f64>().sqrt())
 }
 
 /// The factor that brings gradients of global norm `norm` to at most `max_norm` (PyTorch's

@@ -21,6 +21,12 @@ pub trait MemoryOps {
     fn scale_assign(&self, t: &mut Tensor, s: f32) -> Result<()>;
     /// `sum(t^2)` in f64, for gradient norms.
     fn sum_squares(&self, t: &Tensor) -> Result<f64>;
+    /// [`Self::sum_squares`] of each tensor, with the same values. A device backend overrides
+    /// it to read all the sums back in one host transfer (a gradient norm over a drafter's
+    /// ~60 tensors would otherwise wait on the device once per tensor).
+    fn sum_squares_many(&self, ts: &[&Tensor]) -> Result<Vec<f64>> {
+        ts.iter().map(|t| self.sum_squares(t)).collect()
+    }
     /// Whether every element is finite.
     fn all_finite(&self, t: &Tensor) -> Result<bool>;
 
