@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 use dflash_core::{ActivationOps, Result, Tensor};
 
 use crate::kernels::pick;
-use crate::{CudaBackend, grid1d};
+use crate::{CudaBackend, grid_vec8};
 
 impl ActivationOps for CudaBackend {
     fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -31,7 +31,7 @@ impl ActivationOps for CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut h).arg(gb.get()).arg(ub.get()).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(self.tensor(h, od, gate.shape().clone()))
     }
@@ -65,7 +65,7 @@ impl ActivationOps for CudaBackend {
                 .arg(gb.get())
                 .arg(ub.get())
                 .arg(&n64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok((
             self.tensor(dg, od, gate.shape().clone()),

@@ -7,7 +7,7 @@ use cudarc::driver::PushKernelArg;
 use dflash_core::{EmbeddingOps, Error, Result, Tensor};
 
 use crate::kernels::pick;
-use crate::{CudaBackend, grid1d};
+use crate::{CudaBackend, grid_vec8};
 
 impl EmbeddingOps for CudaBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
@@ -51,7 +51,7 @@ impl EmbeddingOps for CudaBackend {
                 .arg(&ids_dev)
                 .arg(&t64)
                 .arg(&h64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(self.tensor(out, od, [ids.len(), h]))
     }

@@ -13,6 +13,22 @@ use crate::CudaError;
 /// Helpers prepended to every file (NVRTC has no file system).
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
+/// The source of a file of the kernel set as compiled: `kernels/vec.cuh` (16-byte vector
+/// loads/stores for the memory-bound kernels), then the file, each with its own line numbers
+/// (the common prelude goes in front, in [`full_source`]). Not used for `attention.cu`.
+macro_rules! kernel_src {
+    ($file:literal) => {
+        concat!(
+            "#line 1 \"vec.cuh\"\n",
+            include_str!("../kernels/vec.cuh"),
+            "\n#line 1 \"",
+            $file,
+            "\"\n",
+            include_str!(concat!("../kernels/", $file))
+        )
+    };
+}
+
 macro_rules! kernel_set {
     ($( $file:literal => [ $( $f:ident ),* $(,)? ] ),* $(,)?) => {
         /// Every kernel of the backend, loaded on one device.
@@ -22,7 +38,7 @@ macro_rules! kernel_set {
 
         /// `(file name, source)` of every kernel file.
         pub const SOURCES: &[(&str, &str)] = &[
-            $( ($file, include_str!(concat!("../kernels/", $file))), )*
+            $( ($file, kernel_src!($file)), )*
         ];
 
         impl Kernels {
@@ -30,7 +46,7 @@ macro_rules! kernel_set {
             pub(crate) fn load(ctx: &Arc<CudaContext>, arch: &str) -> Result<Kernels, CudaError> {
                 $(
                     let module = {
-                        let ptx = compile($file, include_str!(concat!("../kernels/", $file)), arch)?;
+                        let ptx = compile($file, kernel_src!($file), arch)?;
                         ctx.load_module(ptx).map_err(|e| CudaError::Driver {
                             what: format!("loading the module of {} ({arch})", $file),
                             source: e,

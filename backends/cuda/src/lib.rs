@@ -308,7 +308,7 @@ impl CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut out).arg(&s.buf).arg(&n64);
-            self.launch(op, l, grid_convert(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(self.tensor(out, dtype, t.shape().clone()))
     }
@@ -466,7 +466,7 @@ impl CudaBackend {
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(f);
         l.arg(&dst).arg(&src).arg(&n64);
-        self.launch(op, l, grid_convert(n))
+        self.launch(op, l, grid_vec8(n))
     }
 
     /// The activation inputs of one kernel in one dtype: their own when they all agree
@@ -504,7 +504,7 @@ impl CudaBackend {
             let n64 = s.len as i64;
             let mut l = self.stream.launch_builder(&self.dev.kernels.bf16_to_f32);
             l.arg(&mut w).arg(&s.buf).arg(&n64);
-            self.launch(op, l, grid_convert(s.len))?;
+            self.launch(op, l, grid_vec8(s.len))?;
         }
         Ok(InBuf::Owned(w))
     }
@@ -596,20 +596,11 @@ pub(crate) fn grid1d(n: usize) -> LaunchConfig {
     }
 }
 
-/// The launch of the f32 <-> bf16 conversion kernels: one thread per 8 elements (their
-/// vectorised path; grid-stride, so correct for any `n`).
-pub(crate) fn grid_convert(n: usize) -> LaunchConfig {
+/// The launch of the vectorised elementwise kernels (f32 <-> bf16 conversions, add,
+/// add_assign, scale, SwiGLU, embedding): one thread per 8 elements (their 16-byte path;
+/// grid-stride, so correct for any `n`).
+pub(crate) fn grid_vec8(n: usize) -> LaunchConfig {
     grid1d(n.div_ceil(8))
-}
-
-/// One block per row, `threads` = a warp multiple covering up to 256 columns per pass.
-pub(crate) fn row_blocks(rows: usize, cols: usize, max_threads: usize) -> LaunchConfig {
-    let threads = cols.div_ceil(32).clamp(1, max_threads / 32) * 32;
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 /// One warp per item, 4 warps per block.

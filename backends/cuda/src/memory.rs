@@ -11,7 +11,7 @@ use dflash_core::{Error, MemoryOps, Result, Tensor};
 
 use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes, f32_bytes_mut};
-use crate::{CudaBackend, GemmPrecision, grid1d};
+use crate::{CudaBackend, GemmPrecision, grid_vec8, grid1d};
 
 /// Blocks of the first pass of the two-pass reductions (a function of nothing but the
 /// element count, so the summation order, hence the result, is the same on every run).
@@ -277,6 +277,7 @@ impl MemoryOps for CudaBackend {
     }
 
     /// Any dtypes (each independently); the sum is an activation (`opts.activations`).
+    /// `add`, `add_assign` and `scale_assign` run 8 elements per thread (16-byte accesses).
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let op = "add";
         self.same_shape(op, "a and b", a, b)?;
@@ -296,7 +297,7 @@ impl MemoryOps for CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut out).arg(&x.buf).arg(&y.buf).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(self.tensor(out, od, a.shape().clone()))
     }
@@ -331,7 +332,7 @@ impl MemoryOps for CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut a.buf).arg(&xs.buf).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(())
     }
@@ -347,7 +348,7 @@ impl MemoryOps for CudaBackend {
             let n64 = n as i64;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut a.buf).arg(&n64).arg(&s);
-            self.launch(op, l, grid1d(n))?;
+            self.launch(op, l, grid_vec8(n))?;
         }
         Ok(())
     }
@@ -377,6 +378,43 @@ impl MemoryOps for CudaBackend {
         l.arg(&partial).arg(&g32).arg(&mut out);
         self.launch(op, l, cfg_blocks(1))?;
         Ok(self.download_pod::<f64>(op, &out, 1)?[0])
+    }
+
+    /// Any dtype: the same kernels and summation order as `sum_squares` (so the same bits),
+    /// with every tensor's partials in one buffer and one host read for all the sums.
+    fn sum_squares_many(&self, ts: &[&Tensor]) -> Result<Vec<f64>> {
+        let op = "sum_squares_many";
+        let xs = ts
+            .iter()
+            .map(|t| self.any(op, t))
+            .collect::<Result<Vec<_>>>()?;
+        let blocks: Vec<usize> = xs.iter().map(|x| reduce_blocks(x.len)).collect();
+        let total: usize = blocks.iter().sum();
+        let mut partial = self.alloc(op, 2 * total.max(1), DType::F32)?; // total f64
+        let mut out = self.zeros_f32(op, 2 * ts.len().max(1))?; // ts.len() f64, 0 for empty tensors
+        let k = self.k();
+        let mut off = 0usize;
+        for (i, (x, &g)) in xs.iter().zip(&blocks).enumerate() {
+            if x.len > 0 {
+                let n64 = x.len as i64;
+                let g32 = g as i32;
+                let f = pick(
+                    &[&k.sum_squares_partial_f, &k.sum_squares_partial_b],
+                    &[x.dtype],
+                );
+                let mut part = partial.slice_mut(8 * off..8 * (off + g));
+                let mut l = self.stream.launch_builder(f);
+                l.arg(&x.buf).arg(&n64).arg(&mut part);
+                self.launch(op, l, cfg_blocks(g))?;
+                let part = partial.slice(8 * off..8 * (off + g));
+                let mut dst = out.slice_mut(8 * i..8 * (i + 1));
+                let mut l = self.stream.launch_builder(&k.sum_final_f64);
+                l.arg(&part).arg(&g32).arg(&mut dst);
+                self.launch(op, l, cfg_blocks(1))?;
+            }
+            off += g;
+        }
+        self.download_pod::<f64>(op, &out, ts.len())
     }
 
     /// Any dtype.

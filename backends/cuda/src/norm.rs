@@ -6,12 +6,48 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use dflash_core::{NormOps, Result, Tensor};
 
+use crate::CudaBackend;
 use crate::kernels::pick;
 use crate::storage::DType;
-use crate::{CudaBackend, row_blocks};
 
 /// Rows per split of the dw column reduction (each thread then sums rps / 8 rows).
 const DW_ROWS_PER_SPLIT: usize = 256;
+
+/// 8-element vectors a thread holds per row on the kernels' vector path (`DF_NORM_NV` in
+/// `kernels/norm.cu`).
+const NORM_NV: usize = 4;
+
+/// Threads per block when several rows share a block (groups of <= 32 lanes).
+const NORM_BLOCK: usize = 256;
+
+/// Most lanes for one (wide) row: the y / dx kernels use up to ~96 registers per thread, so a
+/// block of 1024 cannot launch (64 K registers per SM); `__launch_bounds__(512)` in norm.cu
+/// matches this.
+const NORM_MAX_LANES: usize = 512;
+
+/// The y / dx launch for `r` rows of `c` columns and its group size `G` (lanes per row): the
+/// fewest lanes that hold the row in registers (`NORM_NV` vectors of 8 each): a power of two
+/// <= 32 for rows of <= 1024 columns (`NORM_BLOCK / G` rows per block), else a warp multiple
+/// <= `NORM_MAX_LANES` (one row per block; beyond 16384 columns the kernel takes its scalar
+/// path). A function of `c` only, so the summation order is too.
+fn norm_launch(r: usize, c: usize) -> (LaunchConfig, i32) {
+    let per_lane = c.div_ceil(8).div_ceil(NORM_NV).max(1);
+    let (g, rows_per_block) = if per_lane <= 32 {
+        let g = per_lane.next_power_of_two();
+        (g, NORM_BLOCK / g)
+    } else {
+        (per_lane.div_ceil(32).min(NORM_MAX_LANES / 32) * 32, 1)
+    };
+    let block = if g <= 32 { NORM_BLOCK } else { g };
+    (
+        LaunchConfig {
+            grid_dim: (r.div_ceil(rows_per_block) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        g as i32,
+    )
+}
 
 impl CudaBackend {
     /// Checks `x (R, C)` against `w (C)` and returns `(R, C)`.
@@ -45,7 +81,8 @@ impl NormOps for CudaBackend {
             // mean of nothing: the reference leaves rstd at 0
             self.fill(op, &mut rstd, r, 0.0)?;
         } else if r > 0 {
-            let c32 = c as i32;
+            let (c32, r64) = (c as i32, r as i64);
+            let (cfg, g) = norm_launch(r, c);
             let k = self.k();
             let f = pick(
                 &[
@@ -61,9 +98,11 @@ impl NormOps for CudaBackend {
                 .arg(&mut rstd)
                 .arg(&xs.buf)
                 .arg(ws.get())
+                .arg(&r64)
                 .arg(&c32)
-                .arg(&eps);
-            self.launch(op, l, row_blocks(r, c, 256))?;
+                .arg(&eps)
+                .arg(&g);
+            self.launch(op, l, cfg)?;
         }
         Ok((
             self.tensor(y, od, x.shape().clone()),
@@ -110,7 +149,8 @@ impl NormOps for CudaBackend {
                 self.tensor(dw, DType::F32, w.shape().clone()),
             ));
         }
-        let c32 = c as i32;
+        let (c32, r64) = (c as i32, r as i64);
+        let (cfg, g) = norm_launch(r, c);
         let k = self.k();
         let f = pick(
             &[
@@ -131,13 +171,15 @@ impl NormOps for CudaBackend {
             .arg(&xs.buf)
             .arg(ws.get())
             .arg(&rs.buf)
-            .arg(&c32);
-        self.launch(op, l, row_blocks(r, c, 256))?;
+            .arg(&r64)
+            .arg(&c32)
+            .arg(&g);
+        self.launch(op, l, cfg)?;
 
         let splits = r.div_ceil(DW_ROWS_PER_SPLIT).min(4096);
         let rps = r.div_ceil(splits);
         let mut partial = self.alloc_f32(op, splits * c)?;
-        let (r64, rps64) = (r as i64, rps as i64);
+        let rps64 = rps as i64;
         let f = pick(
             &[
                 &k.rms_norm_bwd_dw_partial_ff,
@@ -159,7 +201,7 @@ impl NormOps for CudaBackend {
             op,
             l,
             LaunchConfig {
-                grid_dim: (c.div_ceil(32) as u32, splits as u32, 1),
+                grid_dim: (c.div_ceil(256) as u32, splits as u32, 1),
                 block_dim: (32, 8, 1),
                 shared_mem_bytes: 0,
             },

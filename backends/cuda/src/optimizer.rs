@@ -1,6 +1,7 @@
 //! AdamW, one fused f32-storage kernel with f64 per-element math (`kernels/optimizer.cu`),
 //! the torch.optim.AdamW formula on `g = grad * grad_scale` (f32 product):
 //! `p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m/bc1) / (sqrt(v/bc2) + eps)`.
+//! 4 elements per thread (16-byte accesses of p, m, v, g) when aligned.
 
 use cudarc::driver::PushKernelArg;
 use dflash_core::{AdamWParams, AdamWScalars, Error, OptimizerOps, Result, Tensor};
@@ -53,6 +54,7 @@ impl OptimizerOps for CudaBackend {
             .arg(&decay)
             .arg(&bc1)
             .arg(&bc2);
-        self.launch(op, l, grid1d(n))
+        // One thread per 4 elements (the kernel's float4 path; grid-stride, any n).
+        self.launch(op, l, grid1d(n.div_ceil(4)))
     }
 }

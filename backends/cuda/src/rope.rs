@@ -42,7 +42,11 @@ impl CudaBackend {
         let heads = (n / t / d) as i32;
         let pos = self.upload_i32_cached(op, positions)?;
         let (d32, th) = (d as i32, theta as f64);
-        let threads = ((heads as usize * d / 2).div_ceil(32) * 32).clamp(32, 256) as u32;
+        // One thread per rotated pair, or per 8 pairs where the kernel vectorises (D/2 % 8 == 0;
+        // it also needs 16-byte aligned pointers, which every tensor base is, and falls back
+        // to pairs otherwise: correct with either launch).
+        let items = heads as usize * d / 2 / if (d / 2) % 8 == 0 { 8 } else { 1 };
+        let threads = (items.div_ceil(32) * 32).clamp(32, 256) as u32;
         let k = self.k();
         let f = pick(
             &[

@@ -19,8 +19,23 @@ fn norm_ops_match_reference() {
     let Some(cu) = cuda() else { return };
     let rf = reference();
     let mut r = rng(3);
-    // (rows, cols): odd widths, one wider than a block, the QK-norm shape (many short rows).
-    for &(rows, c) in &[(13, 24), (64, 4096), (3000, 64), (5, 1000), (1, 7)] {
+    // (rows, cols): odd widths, one wider than a block, the QK-norm shape (many short rows);
+    // widths not divisible by 8 (the kernels' scalar path), a width past 32 vectors per lane
+    // group (8200: one row per block, 288 threads), the widest row the vector path holds
+    // (16384: 512 lanes), and wider ones (20000, 40000: the scalar path at 512 lanes).
+    for &(rows, c) in &[
+        (13, 24),
+        (64, 4096),
+        (3000, 64),
+        (5, 1000),
+        (1, 7),
+        (37, 100),
+        (1000, 128),
+        (3, 8200),
+        (2, 16384),
+        (2, 20000),
+        (2, 40000),
+    ] {
         let eps = 1e-6f32;
         let x = rand_vec(&mut r, rows * c, 2.0);
         let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
@@ -119,6 +134,9 @@ fn rope_ops_match_reference() {
         (300, 8, 128, 1_000_000.0),
         (40, 2, 64, 10_000.0),
         (17, 1, 256, 500_000.0),
+        // D/2 not a multiple of 8 (the kernel's scalar path), odd head counts
+        (9, 3, 20, 10_000.0),
+        (5, 5, 16, 10_000.0),
     ] {
         // Positions up to ~8K (where an f32 angle would already be off by ~1e-3 rad).
         let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
@@ -368,7 +386,14 @@ fn bf16_activations_norm_matches_reference() {
     let Some(cu) = cuda_bf16_act() else { return };
     let rf = reference();
     let mut r = rng(201);
-    for &(rows, c) in &[(13, 24), (64, 4096), (3000, 64), (1, 7)] {
+    for &(rows, c) in &[
+        (13, 24),
+        (64, 4096),
+        (3000, 64),
+        (1, 7),
+        (37, 100),
+        (3, 8200),
+    ] {
         let eps = 1e-6f32;
         let x = rand_vec(&mut r, rows * c, 2.0);
         let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
@@ -434,6 +459,7 @@ fn bf16_activations_rope_matches_reference() {
         (11, 4, 8, 10_000.0f32),
         (300, 8, 128, 1_000_000.0),
         (17, 1, 256, 500_000.0),
+        (9, 3, 20, 10_000.0),
     ] {
         let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
         let x = rand_vec(&mut r, t * heads * d, 1.0);

@@ -81,6 +81,16 @@ fn memory_ops_match_reference() {
         sc.to_bits(),
         "sum_squares is deterministic"
     );
+    // The batched form reads every sum back at once; each must be the single-tensor sum, bit
+    // for bit (same kernels, same order), empty tensors included.
+    let empty = up(&cu, &[], &[0]);
+    let many = cu.sum_squares_many(&[&bc, &xc, &empty, &bc]).unwrap();
+    let one = [sc, cu.sum_squares(&xc).unwrap(), 0.0, sc];
+    assert_eq!(
+        many.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "sum_squares_many {many:?} vs sum_squares {one:?}"
+    );
     assert!(cu.all_finite(&bc).unwrap());
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut b2 = big.clone();
