@@ -6,7 +6,7 @@
 // On compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`) for the forward (S = Q K^T
 // with both operands in 128-byte-swizzled shared memory, O += P V with P in registers, overlapped with the softmax: attn_fwd_wg2_impl)
 // and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK, dQ per key tile,
-// attn_bwd_wg_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
+// attn_bwd_ws_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
 // the head_dim-256 backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from
 // shared memory through `ldmatrix`. Global->shared copies through `cp.async`.
 // bf16 inputs/outputs, fp32 accumulation and softmax statistics, f32 lse.
@@ -1391,426 +1391,41 @@ __device__ __forceinline__ void attn_bwd_dkdv_impl(
     }
 }
 
-// ------------------------------------------------------------------------------------------------
-// Backward main, Hopper path v11 (runs 10-12; since run 17 only the lab variant -DATTN_BWD_WS=0: the shipped
-// v14, attn_bwd_ws_impl below, is its warp-specialised form): warpgroup MMA, FA3's structure. One CTA per (key tile of
-// BN = 128 keys, kv head), two warpgroups of 64 keys each, 256 threads. K, V resident in shared
-// memory; per listed (query tile of BM = 64 rows x group head) step, Q and dO (double-buffered,
-// cp.async), lse, D_i and the row intervals arrive in the same 128-byte-swizzled layout as the
-// forward. Per warpgroup (64 keys):
-//   S^T  = K_wg Q^T, dP^T = V_wg dO^T   SS wgmma m64n64k16 (both K-major), f32 in registers
-//   P^T  = exp2(S^T*scale*log2e - lse*log2e) (masked), dS^T = P^T (dP^T - D_i)
-//   dV  += P^T dO, dK += dS^T Q         RS wgmma m64nDk16 (P^T / dS^T as register A fragments, dO / Q
-//                                        through transposed descriptors), accumulators in registers
-//   dS^T -> shared memory (bf16, swizzled), barrier, then
-//   dQ   = dS K                          SS wgmma m64n64k16, A = dS^T (transposed), B = K (transposed);
-//                                        d128: warpgroup w computes columns [64w, 64w+64); d64: warpgroup 0
-//   dq_accum += dQ                       red.global.add.v2.f32
-// The dK/dV wgmmas stay in flight across the dS^T store, the barrier and the dQ issue; all is retired
-// before the next step's barrier, after which the step after next is prefetched into the freed Q/dO
-// stage. ptxas pipelines these wgmmas only if no non-wgmma instruction writes an accumulator while any
-// wgmma is in flight and no wgmma is conditional inside a group (else it serializes every wgmma of the
-// kernel: C7515, as in runs 8-9): hence one wait for S^T and dP^T together, dQ without zero-fill
-// (scale-d 0 first) over all 8 k-steps (an invisible warpgroup writes zero dS^T rows), and dQ reduced
-// at once (keeping it in flight into the next step runs out of registers: C7511). A warpgroup skips (S, dP, dK, dV and its half of dQ) a partial step
-// none of whose 64 rows can see any of its 64 keys. d256 keeps the mma.sync backward (dK and dV
-// accumulators alone would be 256 registers per thread).
-// ------------------------------------------------------------------------------------------------
-template <int D>
-struct WgBwdCfg {
-    static constexpr int BN = 128, BM = BWD_BM, THREADS = 256;
-    static constexpr int KV = BN * D * 2;  // bytes of the K (or V) tile
-    static constexpr int QS = BM * D * 2;  // bytes of one Q (or dO) stage
-    static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + 2 * QS, OFF_DS = OFF_DO + 2 * QS;
-    static constexpr int OFF_LSE = OFF_DS + BN * BM * 2;  // [2][BM] f32
-    static constexpr int OFF_DI = OFF_LSE + 2 * BM * 4;   // [2][BM] f32
-    static constexpr int OFF_ROW = OFF_DI + 2 * BM * 4;   // [2][BM] int4
-    static constexpr int LISTN = THREADS;
-    static constexpr int OFF_LIST = OFF_ROW + 2 * BM * 16;
-    static constexpr int OFF_CNT = OFF_LIST + LISTN * 4;  // [8] warp counts, [2] warpgroup visibility
-    static constexpr int SMEM = 1024 + OFF_CNT + 16 * 4;
-    static constexpr int DQN = D == 64 ? 64 : D / 2;      // dQ columns per warpgroup
-    static constexpr int NWQ = D / DQN;                   // warpgroups computing dQ
-    static constexpr int LDE = D + 8;                     // epilogue staging row (elements)
-    static_assert(BN * LDE * 2 <= 4 * QS, "epilogue staging fits in the Q/dO area");
-    static_assert(BM == 64 && DQN == 64, "tile shape");
-};
-
-#ifdef ATTN_WGMMA
-template <int D>
-__device__ __forceinline__ void attn_bwd_wg_impl(
-    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
-    const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
-    const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
-    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale) {
-    using C = WgBwdCfg<D>;
-    constexpr int BM = C::BM, BN = C::BN;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 raw_a = smem_u32(smem_raw);
-    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
-    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
-    const u32 sba = raw_a + pad;
-    float* sLse = (float*)(sb + C::OFF_LSE);
-    float* sDi = (float*)(sb + C::OFF_DI);
-    int4* sRow = (int4*)(sb + C::OFF_ROW);
-    int* sList = (int*)(sb + C::OFF_LIST);
-    int* sCnt = (int*)(sb + C::OFF_CNT);
-    int* sWv = sCnt + 8;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
-    const int G = Hq / Hkv;
-    const int hk = blockIdx.x % Hkv;
-    const int kt = blockIdx.x / Hkv;  // early key tiles (seen by most queries) first, kv heads interleaved
-    const int k0 = kt * BN;
-    const int k1 = min(k0 + BN, Tk);
-    const int nqt = (Tq + BM - 1) / BM;
-    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
-    const float sl2 = scale * ATTN_LOG2E;
-    constexpr int DT = D / 8;
-    constexpr int RPT = C::THREADS / DT;  // rows per loader pass (a multiple of 8: one swizzle phase)
-    static_assert(C::THREADS % DT == 0 && RPT % 8 == 0 && BM % RPT == 0 && BN % RPT == 0 && C::THREADS >= 3 * BM,
-                  "loader shape");
-    const int lrow = tid / DT, lc = tid % DT;
-    const u32 swz = (u32)((((lc & 7) ^ (lrow & 7)) << 4) + lrow * 128);
-
-    // K, V tile (panels of 64 columns x BN rows)
-    {
-        const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + swz;
-        const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + swz;
-        const bf16_t* gk0 = k + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
-        const bf16_t* gv0 = v + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BN / RPT; j++) {
-            const bool ok = k0 + lrow + j * RPT < Tk;
-            const size_t o = (size_t)j * RPT * kstride;
-            cp_async16(dK + j * RPT * 128, ok ? gk0 + o : k, ok);
-            cp_async16(dV + j * RPT * 128, ok ? gv0 + o : v, ok);
-        }
-    }
-    cp_async_commit();
-
-    float dka[D / 2], dva[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.f;
-
-    const u32 dQs = sba + C::OFF_Q + (lc >> 3) * (BM * 128) + swz;
-    const u32 dOs = sba + C::OFF_DO + (lc >> 3) * (BM * 128) + swz;
-    const size_t qstep = (size_t)RPT * qstride;
-    int rot = 0, total = 1;
-    auto list_at = [&](int it) {
-        int li = it / G + rot;
-        if (li >= total) li -= total;
-        return sList[li];
-    };
-    auto load_stage = [&](int it, int st) {
-        const int li = it / G;
-        const int e = list_at(it);
-        const int q0 = (e & 0x3fffffff) * BM;
-        const int h = hk * G + (it - li * G);
-        const size_t base = (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BM / RPT; j++) {
-            const bool ok = q0 + lrow + j * RPT < Tq;
-            const size_t o = base + j * qstep;
-            cp_async16(dQs + st * C::QS + j * RPT * 128, ok ? q + o : q, ok);
-            cp_async16(dOs + st * C::QS + j * RPT * 128, ok ? dout + o : dout, ok);
-        }
-        if (tid < 3 * BM) {
-            const int r = tid % BM, role = tid / BM;
-            const int row = q0 + r;
-            const bool ok = row < Tq;
-            const size_t rr = ok ? (size_t)row : 0;
-            int* dRow = (int*)(sRow + st * BM + r);
-            if (role == 0) {
-                cp_async4(smem_u32(sLse + st * BM + r), lse + rr * Hq + h, ok);
-                cp_async4(smem_u32(sDi + st * BM + r), Di + rr * Hq + h, ok);
-            } else if (role == 1) {
-                cp_async4(smem_u32(dRow + 0), fs + rr, ok);
-                cp_async4(smem_u32(dRow + 1), fe + rr, ok);
-            } else {
-                cp_async4(smem_u32(dRow + 2), ss + rr, ok);
-                cp_async4(smem_u32(dRow + 3), se + rr, ok);
-            }
-        }
-    };
-
-    // descriptors (start addresses advance per k-step: +32 B inside a 128-byte row for K-major
-    // operands, +16 rows (2048 B) for MN-major ones)
-    const u64 dKa = gdesc(sba + C::OFF_K + wg * 64 * 128, 16, 1024);  // A: this warpgroup's keys, K-major
-    const u64 dVa = gdesc(sba + C::OFF_V + wg * 64 * 128, 16, 1024);
-    const u64 dQb = gdesc(sba + C::OFF_Q, 16, 1024);                  // B: Q rows (N = queries), K-major
-    const u64 dOb = gdesc(sba + C::OFF_DO, 16, 1024);
-    const u64 dQt = gdesc(sba + C::OFF_Q, BM * 128, 1024);            // B: Q (K = queries, N = D), MN-major
-    const u64 dOt = gdesc(sba + C::OFF_DO, BM * 128, 1024);
-    const u64 dSa = gdesc(sba + C::OFF_DS, BN * 128, 1024);           // A: dS^T (M = queries), MN-major
-    const u64 dKt = gdesc(sba + C::OFF_K + (wg * C::DQN / 64) * (BN * 128), BN * 128, 1024);  // B: K (N = D)
-    unsigned char* sDS = sb + C::OFF_DS;
-
-
-    for (int base = 0; base < nqt; base += C::LISTN) {
-        // ---- list the query tiles of this chunk that can see key tile [k0, k1) ----
-        int entry = -1;
-        {
-            const int qt = base + tid;
-            if (qt < nqt) {
-                const int4 s0 = *(const int4*)(summary + qt * 8);
-                const int4 s1 = *(const int4*)(summary + qt * 8 + 4);
-                bool vis = overlaps(s0.x, s0.y, k0, k1) || overlaps(s1.x, s1.y, k0, k1);
-                bool full = (k0 >= s0.z && k0 + BN <= s0.w) || (k0 >= s1.z && k0 + BN <= s1.w);
-                if (vis) entry = qt | (full ? 0 : 0x40000000);
-            }
-        }
-        const u32 bal = __ballot_sync(0xffffffffu, entry >= 0);
-        if (lane == 0) sCnt[warp] = __popc(bal);
-        __syncthreads();
-        int off = 0;
-        total = 0;
-        for (int w = 0; w < C::THREADS / 32; w++) {
-            int c = sCnt[w];
-            off += (w < warp) ? c : 0;
-            total += c;
-        }
-        if (entry >= 0) sList[off + __popc(bal & ((1u << lane) - 1u))] = entry;
-        __syncthreads();
-        const int nit = total * G;
-        if (nit == 0) continue;
-        rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
-
-        load_stage(0, 0);
-        cp_async_commit();
-        for (int it = 0; it < nit; it++) {
-            cp_async_wait<0>();
-            fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-            __syncthreads();      // stage it landed; every wgmma of step it-1 retired (stage it+1 is free)
-            if (it + 1 < nit) {
-                load_stage(it + 1, (it + 1) & 1);
-                cp_async_commit();
-            }
-            const int st = it & 1;
-            const int li = it / G;
-            const int e = list_at(it);
-            const int q0 = (e & 0x3fffffff) * BM;
-            const int h = hk * G + (it - li * G);
-            const bool full = !(e & 0x40000000);
-            const float* lS = sLse + st * BM;
-            const float* dI = sDi + st * BM;
-            const int4* rows = sRow + st * BM;
-            const int kw0 = k0 + wg * 64;  // first key of this warpgroup
-            bool vis = true;
-            if (!full) {
-                const int4 x = rows[lane], y = rows[lane + 32];
-                const int kb = kw0 + 64;
-                vis = __any_sync(0xffffffffu, overlaps(x.x, x.y, kw0, kb) || overlaps(x.z, x.w, kw0, kb) ||
-                                                  overlaps(y.x, y.y, kw0, kb) || overlaps(y.z, y.w, kw0, kb));
-            }
-            if (wq == 0 && lane == 0) sWv[wg] = vis ? 1 : 0;
-            u32 pa[4][4], da[4][4];
-            if (vis) {
-                float s[BM / 2], dp[BM / 2];
-                const u64 qo = (u64)((st * C::QS) >> 4);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
-                    const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
-                    wgmma_ss<64>(s, dKa + oa, dQb + qo + ob, kk > 0 ? 1 : 0);
-                }
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
-                    const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
-                    wgmma_ss<64>(dp, dVa + oa, dOb + qo + ob, kk > 0 ? 1 : 0);
-                }
-                wg_commit();
-                // wait for both: retiring only S^T (wait_group 1) and rewriting its registers while dP^T runs
-                // makes ptxas serialize every wgmma of the kernel (C7515), measured in run 8
-                wg_wait<0>();
-                fence_regs<BM / 2>(s);
-                fence_regs<BM / 2>(dp);
-                const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
-#pragma unroll
-                for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                    for (int x = 0; x < 2; x++) {
-                        const int qc = nt * 8 + 2 * (lane & 3) + x;
-                        const float nl = -lS[qc] * ATTN_LOG2E;
-                        int4 iv = make_int4(0, 0, 0, 0);
-                        if (!full) iv = rows[qc];
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const int key = kr + 8 * i;
-                            const bool ok = full || in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w);
-                            s[nt * 4 + 2 * i + x] = ok ? ex2(fmaf(s[nt * 4 + 2 * i + x], sl2, nl)) : 0.f;
-                        }
-                    }
-#pragma unroll
-                for (int kc = 0; kc < BM / 16; kc++) {
-                    pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
-                    pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
-                    pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
-                    pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                    for (int x = 0; x < 2; x++) {
-                        const float di = dI[nt * 8 + 2 * (lane & 3) + x];
-#pragma unroll
-                        for (int i = 0; i < 2; i++) dp[nt * 4 + 2 * i + x] = s[nt * 4 + 2 * i + x] * (dp[nt * 4 + 2 * i + x] - di);
-                    }
-#pragma unroll
-                for (int kc = 0; kc < BM / 16; kc++) {
-                    da[kc][0] = pack_bf16(dp[(2 * kc) * 4 + 0], dp[(2 * kc) * 4 + 1]);
-                    da[kc][1] = pack_bf16(dp[(2 * kc) * 4 + 2], dp[(2 * kc) * 4 + 3]);
-                    da[kc][2] = pack_bf16(dp[(2 * kc + 1) * 4 + 0], dp[(2 * kc + 1) * 4 + 1]);
-                    da[kc][3] = pack_bf16(dp[(2 * kc + 1) * 4 + 2], dp[(2 * kc + 1) * 4 + 3]);
-                }
-                // dV += P^T dO, dK += dS^T Q: in flight across the dS^T store, the barrier and the dQ issue
-                wg_fence();
-#pragma unroll
-                for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dva, pa[kc], dOt + qo + (u64)((kc * 16 * 128) >> 4));
-#pragma unroll
-                for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
-                wg_commit();
-                // dS^T -> shared memory: row = key (wg*64 + ...), 64 query columns = one 128-byte swizzled row
-#pragma unroll
-                for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
-                        *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) =
-                            da[nt >> 1][(nt & 1) * 2 + i];
-                    }
-                fence_proxy_async();
-            } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
-#pragma unroll
-                for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
-                        *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = 0u;
-                    }
-                fence_proxy_async();
-            }
-            __syncthreads();  // dS^T of both warpgroups and their visibility flags are in shared memory
-#ifndef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
-            if (wg < C::NWQ) {
-                const int v0 = sWv[0], v1 = sWv[1];
-                if (v0 | v1) {
-                    // no zero-fill of dq (a non-wgmma definition of an accumulator while dK/dV are in
-                    // flight serializes the wgmmas): the first issued k-step overwrites (scale-d 0)
-                    float dq[C::DQN / 2];
-                    wg_fence();
-#pragma unroll
-                    for (int kc = 0; kc < BN / 16; kc++) {  // all 8 k-steps (conditional wgmmas serialize too)
-                        const u64 o = (u64)((kc * 16 * 128) >> 4);
-                        wgmma_ss_tt_n64(dq, dSa + o, dKt + o, kc > 0 ? 1 : 0);
-                    }
-                    wg_commit();
-                    wg_wait<0>();  // (also retires dK/dV)
-                    fence_regs<C::DQN / 2>(dq);
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const int row = q0 + wq * 16 + (lane >> 2) + 8 * i;
-                        if (row < Tq) {
-                            float* dst = dq_accum + ((size_t)row * Hq + h) * D + wg * C::DQN + 2 * (lane & 3);
-#pragma unroll
-                            for (int nt = 0; nt < C::DQN / 8; nt++)
-                                red_add_v2(dst + nt * 8, dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
-                        }
-                    }
-                }
-            }
-#endif
-            wg_wait<0>();  // dK/dV of this step retire before the next barrier frees its Q/dO stage
-        }
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-    wg_wait<0>();
-    fence_regs<D / 2>(dka);
-    fence_regs<D / 2>(dva);
-    __syncthreads();
-
-    // ---- epilogue: dK (scaled) and dV through shared memory (padded rows in the Q/dO area) ----------
-    bf16_t* sE = (bf16_t*)(sb + C::OFF_Q);
-#pragma unroll
-    for (int pass = 0; pass < 2; pass++) {
-        bf16_t* dst = pass == 0 ? dk : dv;
-        const float f = pass == 0 ? scale : 1.f;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
-#pragma unroll
-            for (int nt = 0; nt < D / 8; nt++) {
-                const float a0 = pass == 0 ? dka[nt * 4 + 2 * i] : dva[nt * 4 + 2 * i];
-                const float a1 = pass == 0 ? dka[nt * 4 + 2 * i + 1] : dva[nt * 4 + 2 * i + 1];
-                *(u32*)(sE + r * C::LDE + nt * 8 + 2 * (lane & 3)) = pack_bf16(a0 * f, a1 * f);
-            }
-        }
-        __syncthreads();
-        bf16_t* g0 = dst + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BN / RPT; j++)
-            if (k0 + lrow + j * RPT < Tk)
-                *(uint4*)(g0 + (size_t)j * RPT * kstride) = *(const uint4*)(sE + (lrow + j * RPT) * C::LDE + lc * 8);
-        __syncthreads();
-    }
-}
-#else
-template <int D>
-__device__ __forceinline__ void attn_bwd_wg_impl(const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*,
-                                                 const float*, const int*, const int*, const int*, const int*,
-                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float) {}
-#endif  // ATTN_WGMMA
 
 // ------------------------------------------------------------------------------------------------
-// Backward on Hopper, v14 (runs 13-17, shipped): warp-specialised form of v11 (FA3's producer / consumer
-// split). 384 threads, setmaxnreg: the producer warpgroup drops to 24 registers, the two consumer
-// warpgroups rise to 240 (launch bound 168 x 384 = the register file).
-//   warpgroups 0, 1 (consumers, 64 keys each): per (query tile, head) step, as v11: S^T = K Q^T and
-//     dP^T = V dO^T (SS wgmma), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (RS wgmma),
-//     dS^T to shared memory, one named barrier (bar 1, the consumers only), then dQ = dS K (SS wgmma,
-//     both operands transposed), staged as f32 in shared memory (rows padded by 32 B: conflict-free
-//     v2 stores) for the writer. ATTN_BWD_ALTQ=1 (default): the whole dQ of step g (two 64-column
-//     halves, 8 k-steps each) by warpgroup g & 1 while the other goes on to step g + 1; 0: each
-//     warpgroup its D/2 columns every step (as v11). ATTN_BWD_DQ2=1 (default): one dS^T buffer, freed
-//     by an mbarrier (ds_free) once the dQ wgmmas retired, and two dQ staging tiles used alternately;
-//     0: two dS^T buffers and one dQ tile.
-//   warpgroup 2 (producer): warp 8 / 9 load Q / dO, warp 10 lse, D_i and the row intervals of each step
-//     into a 2-stage ring (cp.async; each thread waits for its own copies, fence.proxy.async, then
-//     arrives on the stage's "full" mbarrier; ATTN_BWD_NOINC=1: cp.async.mbarrier.arrive.noinc instead);
-//     the consumers release a stage with one arrive per warp ("empty") after the step's last wgmma
-//     wait. Warp 11 is the dQ writer: it waits for a staged tile (dq_full), adds it into dq_accum
-//     with one cp.reduce.async.bulk per row (ATTN_BWD_DQW=1: red.global.add.v4.f32, much slower), and
-//     frees the tile (dq_empty) once the bulk reads are done.
-// No CTA barrier inside the step loop (the query-tile list is still built by all 384 threads with
-// bar.sync 0 per chunk of 384 query tiles). K and V are loaded by the consumers, the dK/dV epilogue
-// is v11's. ptxas: 168 registers (the launch bound; consumers 240), a few spill bytes, no C75xx,
-// every wgmma group pipelined (backends/cuda/lab/sass_order.py: H W0 E H W0 H W0 W0 W0).
-// ATTN_BWD_PW1=1 (lab variant, no faster in runs 13-15): S^T and dP^T as two wgmma groups, P^T
-// computed (into registers that are no accumulator) between wait_group 1 and wait_group 0, pinned there
-// by a shared store (as the forward). ATTN_BWD_WS=0 builds v11 (attn_bwd_wg_impl, 256 threads) instead.
+// Backward on Hopper, v14 (runs 13-17; its unspecialised form v11, runs 10-12, and the lab variants
+// that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
+// tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
+// K-major panels), one step per listed (query tile of BM = 64 rows x group head). 384 threads in three
+// roles; setmaxnreg: the producer warpgroup drops to 24 registers, the two consumers rise to 240
+// (launch bound 168 x 384 = the register file).
+//   warpgroups 0, 1 (consumers, 64 keys each), per step:
+//     S^T  = K_wg Q^T, dP^T = V_wg dO^T   SS wgmma m64n64k16, one wait for both
+//     P^T  = exp2(S^T*scale*log2e - lse*log2e) (masked), dS^T = P^T (dP^T - D_i), in registers
+//     dV  += P^T dO, dK += dS^T Q         RS wgmma m64nDk16 (P^T / dS^T as A fragments), left in flight
+//     dS^T -> shared memory (bf16, swizzled), one named barrier (bar 1: the consumers only), then
+//     dQ   = dS K                          SS wgmma, both operands transposed: the whole dQ of step g
+//                                          (two 64-column halves) by warpgroup g & 1 while the other
+//                                          goes on to step g + 1; staged as f32 in shared memory (rows
+//                                          padded by 32 B: conflict-free v2 stores), two tiles used
+//                                          alternately; the one dS^T buffer is freed by an mbarrier
+//                                          (ds_free) once the dQ wgmmas retired.
+//     A warpgroup skips (S, dP, dK, dV) a partial step none of whose 64 rows sees any of its 64 keys.
+//   warpgroup 2 (producer): warps 8 / 9 load Q / dO, warp 10 lse, D_i and the row intervals of each
+//     step into a 2-stage ring (cp.async; each thread waits for its own copies, fence.proxy.async,
+//     then arrives on the stage's "full" mbarrier); the consumers release a stage with one arrive per
+//     warp ("empty") after the step's last wgmma wait. Warp 11 is the dQ writer: it waits for a staged
+//     tile (dq_full), adds it into dq_accum with one cp.reduce.async.bulk per row (512 B), and frees the
+//     tile (dq_empty) once the bulk reads are done.
+// No CTA barrier inside the step loop (the query-tile list is built by all 384 threads with bar.sync 0
+// per chunk of 384 query tiles). ptxas pipelines the wgmmas only if no non-wgmma instruction writes an
+// accumulator while any wgmma is in flight and no wgmma is conditional inside a group (else it
+// serialises every wgmma of the kernel: C7515): hence one wait for S^T and dP^T together, dQ without a
+// zero fill (scale-d 0 first) over all 8 k-steps. ptxas: 168 registers (the launch bound; consumers
+// 240), a few spill bytes in the producer branch only, no C75xx (backends/cuda/lab/sass_order.py:
+// H W0 E H W0 H W0 W0 W0). d256 keeps the mma.sync backward (dK and dV accumulators alone would be
+// 256 registers per thread).
 // ------------------------------------------------------------------------------------------------
-#ifndef ATTN_BWD_WS
-#define ATTN_BWD_WS 1
-#endif
-#ifndef ATTN_BWD_DQW
-#define ATTN_BWD_DQW 0
-#endif
-#ifndef ATTN_BWD_PW1
-#define ATTN_BWD_PW1 0
-#endif
-#ifndef ATTN_BWD_NOINC
-#define ATTN_BWD_NOINC 0
-#endif
-#ifndef ATTN_BWD_ALTQ  // 1 (default): the whole dQ of step g by warpgroup g & 1 (two 64-column halves); the
-#define ATTN_BWD_ALTQ 1   //    other goes on to step g + 1 at once. 0: each warpgroup its D/2 columns (as v11)
-#endif
-#ifndef ATTN_BWD_DQ2  // 1 (default): one dS^T buffer (released by an mbarrier after the dQ wgmmas) and two dQ
-#define ATTN_BWD_DQ2 1   //    tiles staged alternately. 0: two dS^T buffers, one dQ tile
-#endif
 #ifndef ATTN_BWD_REG_C
 #define ATTN_BWD_REG_C 240
 #endif
@@ -1824,13 +1439,10 @@ struct WsBwdCfg {
     static constexpr int QS = BM * D * 2;   // bytes of one Q (or dO) stage
     static constexpr int DS = BN * BM * 2;  // bytes of one dS^T buffer
     static constexpr int DQN = D == 64 ? 64 : D / 2;  // dQ columns per warpgroup
-    static constexpr int NWQ = D / DQN;               // warpgroups computing dQ
     static constexpr int DQLD = D * 4 + 32;           // bytes per staged dQ row (conflict-free v2 stores)
     static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + 2 * QS, OFF_DS = OFF_DO + 2 * QS;
-    static constexpr int NDQ = ATTN_BWD_DQ2 ? 2 : 1;  // staged dQ tiles
-    static constexpr int NDS = ATTN_BWD_DQ2 ? 1 : 2;  // dS^T buffers
-    static constexpr int OFF_DQ = OFF_DS + NDS * DS;
-    static constexpr int OFF_LSE = OFF_DQ + NDQ * BM * DQLD;  // [2][BM] f32
+    static constexpr int OFF_DQ = OFF_DS + DS;              // one dS^T buffer, then two staged dQ tiles
+    static constexpr int OFF_LSE = OFF_DQ + 2 * BM * DQLD;  // [2][BM] f32
     static constexpr int OFF_DI = OFF_LSE + 2 * BM * 4;  // [2][BM] f32
     static constexpr int OFF_ROW = OFF_DI + 2 * BM * 4;  // [2][BM] int4
     static constexpr int LISTN = THREADS;
@@ -1857,9 +1469,6 @@ static __device__ __forceinline__ void bwd_mbar_wait(u32 a, u32 parity) {
                      : "=r"(ok) : "r"(a), "r"(parity) : "memory");
     } while (!ok);
 }
-static __device__ __forceinline__ void bwd_cp_async_arrive(u32 a) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
-}
 static __device__ __forceinline__ void bwd_bar_all() { asm volatile("bar.sync 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_red(float* dst, u32 src, u32 bytes) {
@@ -1869,10 +1478,6 @@ static __device__ __forceinline__ void bwd_bulk_red(float* dst, u32 src, u32 byt
 static __device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-static __device__ __forceinline__ void bwd_red_v4(float* p, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
 
 template <int D>
 __device__ __forceinline__ void attn_bwd_ws_impl(
@@ -1894,8 +1499,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     int* sList = (int*)(sb + C::OFF_LIST);
     int* sCnt = (int*)(sb + C::OFF_CNT);
     int* sWv = sCnt + 16;   // [2 buffers][2 warpgroups]
-    int* sDqf = sCnt + 20;  // [NDQ] dQ of the staged step present (written by thread 0)
-    // mbarriers: full[2], empty[2], dq_full[NDQ], dq_empty[NDQ], ds_free (DQ2)
+    int* sDqf = sCnt + 20;  // [2] dQ of the staged step present (written by thread 0)
+    // mbarriers: full[2], empty[2], dq_full[2], dq_empty[2], ds_free
     const u32 barF = sba + C::OFF_BAR, barE = barF + 16, barQF = barF + 32, barQE = barF + 48, barDS = barF + 64;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
@@ -1912,9 +1517,9 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
         bwd_mbar_init(barF + 8, 96);
         bwd_mbar_init(barE, 8);
         bwd_mbar_init(barE + 8, 8);
-        bwd_mbar_init(barQF, ATTN_BWD_ALTQ ? 128 : C::NWQ * 128);
+        bwd_mbar_init(barQF, 128);
         bwd_mbar_init(barQE, 1);
-        bwd_mbar_init(barQF + 8, ATTN_BWD_ALTQ ? 128 : C::NWQ * 128);
+        bwd_mbar_init(barQF + 8, 128);
         bwd_mbar_init(barQE + 8, 1);
         bwd_mbar_init(barDS, C::NCT);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1998,22 +1603,18 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             cp_async4(smem_u32(dRow + 3), se + rr, ok);
                         }
                     }
-#if ATTN_BWD_NOINC  // the stage's mbarrier counts this thread's copies when they land
-                    bwd_cp_async_arrive(barF + 8 * st);
-#else  // wait for this thread's copies, publish them to the async proxy (as v11's loaders), then arrive
                     cp_async_commit();
                     cp_async_wait<0>();
                     fence_proxy_async();
                     bwd_mbar_arrive(barF + 8 * st);
-#endif
                 }
             } else {
                 // dQ writer
                 for (int it = 0; it < nit; it++) {
                     const int g = g0 + it;
                   {
-                    const int w = C::NDQ == 2 ? (g & 1) : 0;  // staged tile of step g, and its phase
-                    bwd_mbar_wait(barQF + 8 * w, C::NDQ == 2 ? (g >> 1) & 1 : g & 1);
+                    const int w = g & 1;  // staged tile of step g, and its phase
+                    bwd_mbar_wait(barQF + 8 * w, (g >> 1) & 1);
 #ifdef ATTN_LAB_SKIP_DQRED  // lab-only timing knob (wrong dq): the writer reduces nothing
                     if (false) {
 #else
@@ -2023,7 +1624,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         const int e = list_at(it);
                         const int q0 = (e & 0x3fffffff) * BM;
                         const int h = hk * G + (it - li * G);
-#if ATTN_BWD_DQW == 0
 #pragma unroll
                         for (int j = 0; j < 2; j++) {
                             const int r = lane + 32 * j;
@@ -2033,17 +1633,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         }
                         bwd_bulk_commit();
                         bwd_bulk_wait_read();
-#else
-                        constexpr int CH = D / 4;  // float4 chunks per row
-#pragma unroll 4
-                        for (int x = lane; x < BM * CH; x += 32) {
-                            const int r = x / CH, c = x % CH;
-                            if (q0 + r < Tq) {
-                                const float4 val = *(const float4*)(sb + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD + c * 16);
-                                bwd_red_v4(dq_accum + ((size_t)(q0 + r) * Hq + h) * D + c * 4, val);
-                            }
-                        }
-#endif
                     }
                     __syncwarp();
                     if (lane == 0) bwd_mbar_arrive(barQE + 8 * w);
@@ -2052,9 +1641,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             }
             g0 += nit;
         }
-#if ATTN_BWD_DQW == 0
         if (wq == 3) bwd_bulk_wait_all();
-#endif
     } else {
         // ================================ consumer warpgroups ================================
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_BWD_REG_C));
@@ -2090,7 +1677,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
         const u64 dQt = gdesc(sba + C::OFF_Q, BM * 128, 1024);            // B: Q (K = queries, N = D), MN-major
         const u64 dOt = gdesc(sba + C::OFF_DO, BM * 128, 1024);
         const u64 dSa = gdesc(sba + C::OFF_DS, BN * 128, 1024);           // A: dS^T (M = queries), MN-major
-        const u64 dKt = gdesc(sba + C::OFF_K + (wg * C::DQN / 64) * (BN * 128), BN * 128, 1024);  // B: K (N = D)
         const u64 dKt0 = gdesc(sba + C::OFF_K, BN * 128, 1024);  // ALTQ: B = K, D columns from 0
 
         int g0 = 0;
@@ -2109,9 +1695,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             for (int it = 0; it < nit; it++) {
                 const int g = g0 + it, st = g & 1;
                 bwd_mbar_wait(barF + 8 * st, (g >> 1) & 1);
-#if ATTN_BWD_NOINC
-                fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-#endif  // (else each loader thread fenced its own landed copies before arriving)
                 const int li = it / G;
                 const int e = list_at(it);
                 const int q0 = (e & 0x3fffffff) * BM;
@@ -2120,7 +1703,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 const float* lS = sLse + st * BM;
                 const float* dI = sDi + st * BM;
                 const int4* rows = sRow + st * BM;
-                unsigned char* sDS = sb + C::OFF_DS + (C::NDS == 2 ? st * C::DS : 0);
+                unsigned char* sDS = sb + C::OFF_DS;
                 const int kw0 = k0 + wg * 64;  // first key of this warpgroup
                 bool vis = true;
                 if (!full) {
@@ -2141,9 +1724,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
                         wgmma_ss<64>(s, dKa + oa, dQb + qo + ob, kk > 0 ? 1 : 0);
                     }
-#if ATTN_BWD_PW1
-                    wg_commit();
-#endif
 #pragma unroll
                     for (int kk = 0; kk < D / 16; kk++) {
                         const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
@@ -2151,14 +1731,9 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         wgmma_ss<64>(dp, dVa + oa, dOb + qo + ob, kk > 0 ? 1 : 0);
                     }
                     wg_commit();
-#if ATTN_BWD_PW1
-                    wg_wait<1>();  // S^T only; dP^T still runs
-                    fence_regs<BM / 2>(s);
-#else
                     wg_wait<0>();
                     fence_regs<BM / 2>(s);
                     fence_regs<BM / 2>(dp);
-#endif
                     float p[BM / 2];  // P^T: not an accumulator (writing s in place while dP^T runs serializes)
                     const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
 #pragma unroll
@@ -2183,18 +1758,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         pa[kc][2] = pack_bf16(p[(2 * kc + 1) * 4 + 0], p[(2 * kc + 1) * 4 + 1]);
                         pa[kc][3] = pack_bf16(p[(2 * kc + 1) * 4 + 2], p[(2 * kc + 1) * 4 + 3]);
                     }
-#if ATTN_BWD_PW1
-#ifndef ATTN_BWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the exponentials (see the forward)
-                    {
-                        u32 x = 0;
-#pragma unroll
-                        for (int kc = 0; kc < BM / 16; kc++) x ^= pa[kc][0] ^ pa[kc][1] ^ pa[kc][2] ^ pa[kc][3];
-                        sCnt[24 + wg] = (int)x;
-                    }
-#endif
-                    wg_wait<0>();
-                    fence_regs<BM / 2>(dp);
-#endif
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
@@ -2218,7 +1781,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 #pragma unroll
                     for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
                     wg_commit();
-                    if (C::NDS == 1 && g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
+                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
@@ -2228,7 +1791,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         }
                     fence_proxy_async();
                 } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
-                    if (C::NDS == 1 && g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);
+                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
@@ -2240,11 +1803,10 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 }
                 bwd_bar_cons();  // dS^T of both warpgroups and their visibility flags are in shared memory
                 const int vq = sWv[st * 2] | sWv[st * 2 + 1];
-#if ATTN_BWD_ALTQ
                 if (wg == (g & 1)) {
-                    const int w = C::NDQ == 2 ? (g & 1) : 0;  // staged dQ tile of this step
-                    auto wait_free = [&]() {                  // the writer has read what step g - NDQ staged there
-                        if (g >= C::NDQ) bwd_mbar_wait(barQE + 8 * w, C::NDQ == 2 ? ((g >> 1) - 1) & 1 : (g - 1) & 1);
+                    const int w = g & 1;       // staged dQ tile of this step
+                    auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
+                        if (g >= 2) bwd_mbar_wait(barQE + 8 * w, ((g >> 1) - 1) & 1);
                     };
 #ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
                     if (false) {
@@ -2257,14 +1819,14 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             wg_fence();
 #pragma unroll
                             for (int kc = 0; kc < BN / 16; kc++) {
-                                const u64 o = (u64)(((kc * 16 * 128) + (C::NDS == 2 ? st * C::DS : 0)) >> 4);
+                                const u64 o = (u64)((kc * 16 * 128) >> 4);
                                 wgmma_ss_tt_n64(dq, dSa + o, dKt0 + (u64)((hh * BN * 128 + kc * 16 * 128) >> 4),
                                                 kc > 0 ? 1 : 0);
                             }
                             wg_commit();
                             wg_wait<0>();  // (also retires dK/dV)
                             fence_regs<32>(dq);
-                            if (C::NDS == 1 && hh == D / 64 - 1) bwd_mbar_arrive(barDS);  // dS^T read by all halves
+                            if (hh == D / 64 - 1) bwd_mbar_arrive(barDS);  // dS^T read by all halves
                             if (hh == 0) wait_free();
 #pragma unroll
                             for (int i = 0; i < 2; i++) {
@@ -2276,11 +1838,9 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                                     *(float2*)(dst + nt * 32) = make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
                             }
                         }
-#if ATTN_BWD_DQW == 0
                         fence_proxy_async();  // read by the bulk-copy (async) proxy
-#endif
                     } else {
-                        if (C::NDS == 1) bwd_mbar_arrive(barDS);
+                        bwd_mbar_arrive(barDS);
                         wait_free();
                     }
 #ifdef ATTN_LAB_SKIP_DQ
@@ -2290,57 +1850,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 #endif
                     bwd_mbar_arrive(barQF + 8 * w);
                 } else {
-                    if (C::NDS == 1) bwd_mbar_arrive(barDS);
+                    bwd_mbar_arrive(barDS);
                 }
-#else
-                if (wg < C::NWQ) {
-                    const int w = C::NDQ == 2 ? (g & 1) : 0;  // staged dQ tile of this step
-                    auto wait_free = [&]() {                  // the writer has read what step g - NDQ staged there
-                        if (g >= C::NDQ) bwd_mbar_wait(barQE + 8 * w, C::NDQ == 2 ? ((g >> 1) - 1) & 1 : (g - 1) & 1);
-                    };
-#ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
-                    if (false) {
-#else
-                    if (vq) {
-#endif
-                        float dq[C::DQN / 2];
-                        wg_fence();
-#pragma unroll
-                        for (int kc = 0; kc < BN / 16; kc++) {  // all 8 k-steps (conditional wgmmas serialize)
-                            const u64 o = (u64)(((kc * 16 * 128) + (C::NDS == 2 ? st * C::DS : 0)) >> 4);
-                            wgmma_ss_tt_n64(dq, dSa + o, dKt + (u64)((kc * 16 * 128) >> 4), kc > 0 ? 1 : 0);
-                        }
-                        wg_commit();
-                        wg_wait<0>();  // (also retires dK/dV)
-                        fence_regs<C::DQN / 2>(dq);
-                        if (C::NDS == 1) bwd_mbar_arrive(barDS);
-                        wait_free();
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const int r = wq * 16 + (lane >> 2) + 8 * i;
-                            unsigned char* dst =
-                                sb + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD + (wg * C::DQN + 2 * (lane & 3)) * 4;
-#pragma unroll
-                            for (int nt = 0; nt < C::DQN / 8; nt++)
-                                *(float2*)(dst + nt * 32) = make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
-                        }
-#if ATTN_BWD_DQW == 0
-                        fence_proxy_async();  // read by the bulk-copy (async) proxy
-#endif
-                    } else {
-                        if (C::NDS == 1) bwd_mbar_arrive(barDS);
-                        wait_free();
-                    }
-#ifdef ATTN_LAB_SKIP_DQ
-                    if (tid == 0) *(volatile int*)(sDqf + w) = 0;
-#else
-                    if (tid == 0) *(volatile int*)(sDqf + w) = vq;
-#endif
-                    bwd_mbar_arrive(barQF + 8 * w);
-                } else {
-                    if (C::NDS == 1) bwd_mbar_arrive(barDS);
-                }
-#endif  // ATTN_BWD_ALTQ
                 wg_wait<0>();  // dK/dV of this step retire before the stage is released
                 __syncwarp();
                 if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
@@ -2454,27 +1965,19 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
 #endif
 
-// Backward: the wgmma kernel (attn_bwd_wg_impl) where compiled for compute_90a, for D 64 and 128;
+// Backward: the wgmma kernel (attn_bwd_ws_impl) where compiled for compute_90a, for D 64 and 128;
 // the mma.sync kernel otherwise (and for D 256, and with -DATTN_BWD_MMA, a lab variant).
 #if defined(ATTN_WGMMA) && !defined(ATTN_BWD_MMA)
 #define ATTN_BWD_WG_ON 1
 #else
 #define ATTN_BWD_WG_ON 0
 #endif
-// ATTN_BWD_WS (default 1): the warp-specialised v14 kernel (attn_bwd_ws_impl, 384 threads); 0: v11.
-#if ATTN_BWD_WS
-#define ATTN_BWD_WGC WsBwdCfg
-#define ATTN_BWD_WG_CALL attn_bwd_ws_impl
-#else
-#define ATTN_BWD_WGC WgBwdCfg
-#define ATTN_BWD_WG_CALL attn_bwd_wg_impl
-#endif
 template <int D, int NW, int DSPLIT>
 struct BwdSel {
     static constexpr bool WG = ATTN_BWD_WG_ON && D <= 128;
-    static constexpr int BN = WG ? ATTN_BWD_WGC<D <= 128 ? D : 128>::BN : BwdCfg<D, NW, DSPLIT>::BN;
-    static constexpr int THREADS = WG ? ATTN_BWD_WGC<D <= 128 ? D : 128>::THREADS : BwdCfg<D, NW, DSPLIT>::THREADS;
-    static constexpr int SMEM = WG ? ATTN_BWD_WGC<D <= 128 ? D : 128>::SMEM : BwdCfg<D, NW, DSPLIT>::SMEM;
+    static constexpr int BN = WG ? WsBwdCfg<D <= 128 ? D : 128>::BN : BwdCfg<D, NW, DSPLIT>::BN;
+    static constexpr int THREADS = WG ? WsBwdCfg<D <= 128 ? D : 128>::THREADS : BwdCfg<D, NW, DSPLIT>::THREADS;
+    static constexpr int SMEM = WG ? WsBwdCfg<D <= 128 ? D : 128>::SMEM : BwdCfg<D, NW, DSPLIT>::SMEM;
 };
 
 #define ATTN_DEFINE(DD)                                                                                               \
@@ -2493,7 +1996,7 @@ struct BwdSel {
         const int* summary, const int* fs, const int* fe, const int* ss, const int* se, float* dq_accum, bf16_t* dk,  \
         bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale) {                                                    \
         if constexpr (BwdSel<ATTN_BWD_CFG_##DD>::WG)                                                                   \
-            ATTN_BWD_WG_CALL<DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq, Tk, Hq, Hkv,   \
+            attn_bwd_ws_impl<DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq, Tk, Hq, Hkv,   \
                                  scale);                                                                               \
         else                                                                                                           \
             attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv,  \
