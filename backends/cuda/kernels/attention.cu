@@ -4,7 +4,8 @@
 //   nvrtc options: --gpu-architecture=compute_90a (H100/H200; compute_XY elsewhere)  (PTX, JIT-compiled
 //   by the driver)
 // On compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`) for the forward (S = Q K^T
-// with both operands in 128-byte-swizzled shared memory, O += P V with P in registers, overlapped with the softmax: attn_fwd_wg2_impl)
+// with both operands in 128-byte-swizzled shared memory, O += P V with P in registers; warp-specialised: a
+// cp.async producer warpgroup on mbarriers + two consumer warpgroups ping-ponging softmax and GEMMs: attn_fwd_ws_impl)
 // and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK, dQ per key tile,
 // attn_bwd_ws_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
 // the head_dim-256 backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from
@@ -49,7 +50,8 @@
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
 // emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
 // ATTN_*_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
-// compiles this file with none of them defined.
+// compiles this file with none of them defined (likewise the forward's ATTN_FWD_WS, ATTN_FWD_WS_MAXD, ATTN_FWD_REG_P/C,
+// ATTN_FWD_NOTURN, ATTN_FWD_NOPIN, ATTN_FWD_PP and ATTN_LAB_TRACE).
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -366,7 +368,7 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
     {
         int vals[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) vals[i] = (i == 3 || i == 7) ? -ATTN_BIG : ATTN_BIG;
+        for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
         for (int r = tid; r < BM; r += C::THREADS) {
             int row = q0 + r;
             bool valid = row < Tq;
@@ -617,7 +619,8 @@ struct WgCfg {
 #ifndef ATTN_FWD_PP
 #define ATTN_FWD_PP 1
 #endif
-// Forward v13 (run 12; the run 5-10 forward, v11, is in git history: see docs/kernel-lab-attention.md):
+// Forward v13 (run 12; shipped until run 17, now the lab variant -DATTN_FWD_WS=0; the run 5-10 forward, v11, is
+// in git history: see docs/kernel-lab-attention.md):
 // FA3's intra-warpgroup overlap. Iteration t issues S_t = Q K_t and then O += P_{t-1} V_{t-1} (two
 // wgmma groups), then the cp.async loads of K_{t+1} and V_t (so the loader's instructions run while
 // the tensor cores work), then waits for S_t only (wait_group 1) and runs the mask + online softmax
@@ -662,7 +665,7 @@ __device__ __forceinline__ void attn_fwd_wg2_impl(const bf16_t* __restrict__ q, 
     {
         int vals[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) vals[i] = (i == 3 || i == 7) ? -ATTN_BIG : ATTN_BIG;
+        for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
         for (int r = tid; r < BM; r += C::THREADS) {
             int row = q0 + r;
             bool valid = row < Tq;
@@ -964,6 +967,496 @@ __device__ __forceinline__ void attn_fwd_wg2_impl(const bf16_t* __restrict__ q, 
                 *(uint4*)(go0 + (size_t)j * RPT * qstride) = *(const uint4*)(sO + (lrow + j * RPT) * C::LDO + lc * 8);
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Forward v14 (warp-specialised, FA3's structure on cp.async): 384 threads = 3 warpgroups.
+// Warpgroup 0 is the producer: its 128 threads issue the cp.async copies of Q, K_t and V_t into
+// 2-stage K and V rings (V one tile behind K, as in v13), and publish each copy group on a per-stage
+// "full" mbarrier (cp.async.wait_group 1 + fence.proxy.async + mbarrier.arrive by every producer
+// thread, count 128) once the group after it is issued; before refilling a stage it waits on that
+// stage's "empty" mbarrier (one arrive per consumer warp, count 8). Warpgroups 1 and 2 are the
+// consumers (64 query rows each): per key tile, v13's intra-warpgroup overlap (S_t and PV_{t-1} as
+// two wgmma groups, softmax of tile t between wait_group 1 and 0), with O rescaled between the two
+// issues (the S_t GEMM hides it) so only the P pack follows wait_group 0, and FA3's inter-warpgroup
+// ping-pong: a consumer issues its two groups only in its turn (bar.sync on its own named barrier,
+// bar.arrive on the other's right after the issue), so one warpgroup's softmax runs under the other's
+// GEMMs; no CTA-wide barrier inside the loop. setmaxnreg: producer REG_P, consumers REG_C.
+// Same ptxas rules as v13: every path drains its own wgmma groups; the pin keeps the softmax above
+// wait_group 0. ATTN_FWD_WS=0 (lab) restores v13 for every head dim.
+// ------------------------------------------------------------------------------------------------
+static __device__ __forceinline__ void mbar_init(u32 a, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(u32 a) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
+}
+// arrive by the threads with pred != 0 only (no branch: the caller may have wgmmas in flight)
+static __device__ __forceinline__ void mbar_arrive_if(u32 a, int pred) {
+    asm volatile("{\n.reg .pred p;\n.reg .b64 st;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a),
+                 "r"(pred)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+static __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+#ifdef ATTN_LAB_TRACE  // lab-only: clock64 at the loop events of CTA ATTN_LAB_TRACE (thread 0 of each warpgroup)
+__device__ long long attn_trace[3 * 256 * 12];
+static __device__ __forceinline__ void attn_tr(int c, int t, int e) {
+    long long x;
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(x)::"memory");
+    const int ok = blockIdx.x == ATTN_LAB_TRACE && (threadIdx.x & 127) == 0 && t < 256;
+    long long* a = attn_trace + ((c * 256 + (t & 255)) * 12 + e);
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(a), "l"(x), "r"(ok) : "memory");
+}
+#define ATTN_TR(c, t, e) attn_tr(c, t, e)
+#else
+#define ATTN_TR(c, t, e)
+#endif
+#ifndef ATTN_FWD_REG_P
+#define ATTN_FWD_REG_P 40
+#endif
+#ifndef ATTN_FWD_REG_C
+#define ATTN_FWD_REG_C 232
+#endif
+template <int D, int BN>
+struct WsCfg {
+    static constexpr int BM_ = 128;
+    static constexpr int BM = 128;
+    static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
+    static constexpr int NWARP = THREADS / 32;
+    static constexpr int SQ = BM * D * 2;   // bytes
+    static constexpr int SKV = BN * D * 2;  // bytes, one K (or V) stage
+    static constexpr int OFF_K = SQ, OFF_V = SQ + 2 * SKV, OFF_ROW = SQ + 4 * SKV;
+    static constexpr int OFF_RED = OFF_ROW + BM * 16;        // block_summary scratch, 8 ints per warp
+    static constexpr int OFF_SUM = OFF_RED + NWARP * 8 * 4;  // 8 ints
+    static constexpr int OFF_PIN = OFF_SUM + 8 * 4;          // 32 dead floats (the pin stores)
+    static constexpr int OFF_BAR = OFF_PIN + 32 * 4;         // 8 mbarriers: K full[2], K empty[2], V full[2], V empty[2]
+    static constexpr int SMEM = 1024 + OFF_BAR + 8 * 8;
+    static constexpr int LDO = D + 8;  // epilogue staging row (elements)
+    static constexpr int REG_P = ATTN_FWD_REG_P, REG_C = ATTN_FWD_REG_C;
+    static_assert(BM * LDO * 2 <= OFF_ROW, "epilogue staging fits");
+    static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
+    static_assert(D % 64 == 0 && BN % 64 == 0, "tile shape");
+    static_assert(128 * REG_P + 256 * REG_C <= 65536, "register file");
+};
+
+template <int D, int BN>
+__device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                 const bf16_t* __restrict__ v, const int* __restrict__ fs,
+                                                 const int* __restrict__ fe, const int* __restrict__ ss,
+                                                 const int* __restrict__ se, bf16_t* __restrict__ out,
+                                                 float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
+                                                 float scale) {
+    using C = WsCfg<D, BN>;
+    constexpr int BM = C::BM;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_a = smem_u32(smem_raw);
+    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
+    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
+    const u32 sba = raw_a + pad;
+    int4* sRow = (int4*)(sb + C::OFF_ROW);
+    int* sRed = (int*)(sb + C::OFF_RED);
+    int* sSum = (int*)(sb + C::OFF_SUM);
+    const u32 bKf = sba + C::OFF_BAR, bKe = bKf + 16, bVf = bKf + 32, bVe = bKf + 48;  // stage s: +8*s
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;
+    const int nqt = (Tq + BM - 1) / BM;
+    const int bid = blockIdx.x;
+    const int qt = nqt - 1 - bid / Hq;  // heavy (late) query tiles first, all heads interleaved
+    const int h = bid % Hq;
+    const int hk = h / (Hq / Hkv);
+    const int q0 = qt * BM;
+    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            mbar_init(bKf + 8 * s, 128);
+            mbar_init(bVf + 8 * s, 128);
+            mbar_init(bKe + 8 * s, 8);
+            mbar_init(bVe + 8 * s, 8);
+        }
+    }
+    {  // (block_summary's barriers also publish the mbarrier inits)
+        int vals[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
+        for (int r = tid; r < BM; r += C::THREADS) {
+            int row = q0 + r;
+            bool valid = row < Tq;
+            int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
+            sRow[r] = iv;
+            int t[8];
+            row_summary(valid, iv.x, iv.y, iv.z, iv.w, t);
+#pragma unroll
+            for (int i = 0; i < 8; i++) vals[i] = min(vals[i], t[i]);
+        }
+        block_summary<C::NWARP>(vals, sRed, sSum);
+    }
+    const int lo1 = sSum[0], hi1 = sSum[1], flo1 = sSum[2], fhi1 = sSum[3];
+    const int lo2 = sSum[4], hi2 = sSum[5], flo2 = sSum[6], fhi2 = sSum[7];
+    int a1 = 0, b1 = 0, a2 = 0, b2 = 0;
+    if (lo1 < hi1) { a1 = lo1 / BN; b1 = (hi1 + BN - 1) / BN; }
+    if (lo2 < hi2) { a2 = lo2 / BN; b2 = (hi2 + BN - 1) / BN; }
+    if (a1 >= b1) { a1 = a2; b1 = b2; a2 = b2 = 0; }
+    else if (a2 < b2) {
+        if (a2 < b1 && a1 < b2) { a1 = min(a1, a2); b1 = max(b1, b2); a2 = b2 = 0; }
+        else if (a2 < a1) { int t = a1; a1 = a2; a2 = t; t = b1; b1 = b2; b2 = t; }
+    }
+    const int n1 = max(b1 - a1, 0), n2 = max(b2 - a2, 0), n = n1 + n2;
+    constexpr int DT = D / 8;  // 16-byte chunks per row
+    if (n == 0) {
+        for (int i = tid; i < BM * DT; i += C::THREADS) {
+            int r = i / DT, c = i % DT;
+            if (q0 + r < Tq) *(uint4*)(out + (size_t)(q0 + r) * qstride + (size_t)h * D + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+        for (int r = tid; r < BM; r += C::THREADS)
+            if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
+        return;
+    }
+    auto tile_of = [&](int t) { return t < n1 ? a1 + t : a2 + (t - n1); };
+
+    if (wg == 0) {
+        // ================================ producer ================================
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::REG_P));
+        constexpr int RPT = 128 / DT;  // rows per pass of the 128 producer threads
+        static_assert((RPT & (RPT - 1)) == 0 && BN % RPT == 0 && BM % RPT == 0, "loader shape");
+        const int lrow = tid / DT, lc = tid % DT;
+        // row r = lrow + j*RPT, 16-byte chunk lc: chunk slot (lc & 7) ^ (r & 7) (128-byte swizzle);
+        // (lrow + j*RPT) & 7 == (lrow & 7) ^ ((j*RPT) & 7) since RPT is a power of two and lrow < RPT.
+        const u32 xo = (u32)(((lc & 7) ^ (lrow & 7)) << 4);
+        const u32 dQ = sba + (lc >> 3) * (BM * 128) + lrow * 128;
+        const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + lrow * 128;
+        const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + lrow * 128;
+        const size_t rstep = (size_t)RPT * kstride;
+        auto load_rows = [&](const bf16_t* __restrict__ g0, const bf16_t* __restrict__ base, u32 d, int kt) {
+            const bf16_t* g = g0 + (size_t)kt * BN * kstride;
+            if (kt * BN + BN <= Tk) {
+#pragma unroll
+                for (int j = 0; j < BN / RPT; j++) {
+                    cp_async16(d + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), g, true);
+                    g += rstep;
+                }
+            } else {
+                const int kr = kt * BN + lrow;
+#pragma unroll
+                for (int j = 0; j < BN / RPT; j++) {
+                    const bool ok = kr + j * RPT < Tk;
+                    cp_async16(d + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), ok ? g : base, ok);
+                    g += rstep;
+                }
+            }
+        };
+        const bf16_t* gk0 = k + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
+        const bf16_t* gv0 = v + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
+        {
+            const bf16_t* gq0 = q + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
+#pragma unroll
+            for (int j = 0; j < BM / RPT; j++) {
+                const bool ok = q0 + lrow + j * RPT < Tq;
+                cp_async16(dQ + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), ok ? gq0 + (size_t)j * RPT * qstride : q,
+                           ok);
+            }
+        }
+        load_rows(gk0, k, dK, tile_of(0));
+        cp_async_commit();  // group: Q + K_0, published on K full[0]
+        // Group order K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}; each group is published
+        // (its copies complete, fenced for the async proxy) once the next one is issued.
+        u32 prev = bKf;
+        for (int t = 1; t <= n; t++) {
+            if (t < n) {
+                const int s = t & 1;
+                ATTN_TR(2, t, 0);
+                if (t >= 2) mbar_wait(bKe + 8 * s, ((t >> 1) - 1) & 1);  // both consumers are done with K_{t-2}
+                ATTN_TR(2, t, 1);
+#ifdef ATTN_LAB_SKIP_LOAD  // lab-only timing knob (wrong results): K/V of tiles 0 and 1 reused
+                if (t < 2)
+#endif
+                    load_rows(gk0, k, dK + s * C::SKV, tile_of(t));
+                cp_async_commit();
+                cp_async_wait<1>();
+                fence_proxy_async();
+                mbar_arrive(prev);
+                ATTN_TR(2, t, 2);
+                prev = bKf + 8 * s;
+            }
+            const int tv = t - 1, s = tv & 1;
+            ATTN_TR(2, t, 3);
+            if (tv >= 2) mbar_wait(bVe + 8 * s, ((tv >> 1) - 1) & 1);  // both consumers are done with V_{tv-2}
+            ATTN_TR(2, t, 4);
+#ifdef ATTN_LAB_SKIP_LOAD
+            if (tv < 2)
+#endif
+                load_rows(gv0, v, dV + s * C::SKV, tile_of(tv));
+            cp_async_commit();
+            cp_async_wait<1>();
+            fence_proxy_async();
+            mbar_arrive(prev);
+            ATTN_TR(2, t, 5);
+            prev = bVf + 8 * s;
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(prev);
+    } else {
+        // ================================ consumers ================================
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::REG_C));
+        const int c = wg - 1;                  // rows [64c, 64c + 64) of the tile
+        const int rw = c * 64 + (warp & 3) * 16;  // this warp's first row
+        const float sl2 = scale * ATTN_LOG2E;
+        const int lead = lane == 0;
+        float o[D / 2];
+        float s[BN / 2];
+        u32 pa[BN / 16][4];
+        float m[2], l[2], alpha[2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+        m[0] = m[1] = ATTN_NEG_INF;
+        l[0] = l[1] = 0.f;
+        alpha[0] = alpha[1] = 1.f;
+        const u64 dscQ = gdesc(sba + c * 64 * 128, 16, 1024);
+        const u64 dscK = gdesc(sba + C::OFF_K, 16, 1024);
+        const u64 dscV = gdesc(sba + C::OFF_V, BN * 128, 1024);
+
+        auto issue_s = [&](int st) {
+            const u64 kst = (u64)((st * C::SKV) >> 4);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const u64 offq = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                const u64 offk = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                wgmma_ss<BN>(s, dscQ + offq, dscK + kst + offk, kk > 0 ? 1 : 0);
+            }
+            wg_commit();
+        };
+        auto issue_pv = [&](int st) {
+            const u64 vst = (u64)((st * C::SKV) >> 4);
+            fence_regs<D / 2>(o);
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) wgmma_rs<D>(o, pa[kc], dscV + vst + (u64)((kc * 16 * 128) >> 4));
+            wg_commit();
+        };
+        auto tile_vis = [&](int k0, bool full) -> bool {
+            if (full) return true;
+            const int4 x = sRow[c * 64 + lane], y = sRow[c * 64 + 32 + lane];
+            const int kb = k0 + BN;
+            return __any_sync(0xffffffffu, overlaps(x.x, x.y, k0, kb) || overlaps(x.z, x.w, k0, kb) ||
+                                               overlaps(y.x, y.y, k0, kb) || overlaps(y.z, y.w, k0, kb)) != 0;
+        };
+        // mask + online softmax of s (tile at key k0): s becomes P (unnormalised), m/l updated,
+        // alpha = the factor O must be rescaled by before P V is added.
+        int tr_t = 0;  // (ATTN_LAB_TRACE) the tile index, for the event inside the softmax
+        (void)tr_t;
+        auto softmax = [&](int k0, bool full) {
+#ifndef ATTN_LAB_SKIP_SOFTMAX  // lab-only timing knob (wrong results)
+            if (!full) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int4 iv = sRow[rw + (lane >> 2) + 8 * i];
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
+                            if (!(in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w))) s[nt * 4 + 2 * i + e] = ATTN_NEG_INF;
+                        }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mx = m[i];
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float base = (mx == ATTN_NEG_INF) ? 0.f : mx * sl2;
+                alpha[i] = ex2(m[i] * sl2 - base);
+                m[i] = mx;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float p = ex2(fmaf(s[nt * 4 + 2 * i + e], sl2, -base));
+                        s[nt * 4 + 2 * i + e] = p;
+                        rs += p;
+                    }
+                l[i] = l[i] * alpha[i] + rs;
+                if (i == 0) ATTN_TR(c, tr_t, 5);
+            }
+#else
+            alpha[0] = alpha[1] = 1.f;
+            l[0] += s[0];
+            l[1] += s[2];
+#endif
+        };
+        auto rescale = [&]() {
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt * 4 + 0] *= alpha[0];
+                o[dt * 4 + 1] *= alpha[0];
+                o[dt * 4 + 2] *= alpha[1];
+                o[dt * 4 + 3] *= alpha[1];
+            }
+        };
+        auto pack = [&]() {
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) {
+                pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
+                pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
+                pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
+                pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
+            }
+        };
+        const int my_turn = 2 + c, other_turn = 3 - c;  // named barriers 2, 3 (256 threads each)
+#ifdef ATTN_FWD_NOTURN  // lab variant: no ping-pong between the consumers
+#define named_sync(a, b) ((void)0)
+#define named_arrive(a, b) ((void)0)
+#endif
+        if (c == 1) named_arrive(2, 256);               // consumer 0 takes the first turn
+        bool pend = false;  // P of the previous tile sits in pa (and its alpha in alpha), PV not yet issued
+        for (int t = 0; t < n; t++) {
+            const int k0 = tile_of(t) * BN;
+            const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
+            const bool vis = tile_vis(k0, full);
+            const int sk = t & 1, sv = (t - 1) & 1;
+#ifdef ATTN_LAB_TRACE
+            tr_t = t;
+#endif
+            ATTN_TR(c, t, 0);
+            mbar_wait(bKf + 8 * sk, (t >> 1) & 1);                     // K_t (and Q)
+            if (t > 0) mbar_wait(bVf + 8 * sv, ((t - 1) >> 1) & 1);  // V_{t-1}
+            ATTN_TR(c, t, 1);
+            named_sync(my_turn, 256);
+            ATTN_TR(c, t, 2);
+            // Each path drains its own wgmma groups before the paths join (ptxas: no accumulator
+            // phi merges while a wgmma is in flight).
+            if (vis && pend) {
+                issue_s(sk);
+                rescale();  // O (PV_{t-2} complete) *= alpha_{t-1}, under the S_t GEMM
+                issue_pv(sv);
+                named_arrive(other_turn, 256);
+                ATTN_TR(c, t, 3);
+                wg_wait<1>();
+                ATTN_TR(c, t, 4);
+                mbar_arrive_if(bKe + 8 * sk, lead);  // K_t read
+                fence_regs<BN / 2>(s);
+                softmax(k0, full);
+                ATTN_TR(c, t, 6);
+#ifndef ATTN_FWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the softmax (v13)
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sba + C::OFF_PIN + 4 * lane), "f"(l[0] + l[1]) : "memory");
+#endif
+                wg_wait<0>();
+                ATTN_TR(c, t, 7);
+                mbar_arrive_if(bVe + 8 * sv, lead);  // V_{t-1} read
+                fence_regs<D / 2>(o);
+                pack();
+                ATTN_TR(c, t, 8);
+            } else if (vis) {
+                issue_s(sk);
+                named_arrive(other_turn, 256);
+                wg_wait<0>();
+                mbar_arrive_if(bKe + 8 * sk, lead);
+                if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
+                fence_regs<BN / 2>(s);
+                softmax(k0, full);
+                pack();
+            } else if (pend) {
+                rescale();
+                issue_pv(sv);
+                named_arrive(other_turn, 256);
+                mbar_arrive_if(bKe + 8 * sk, lead);
+                wg_wait<0>();
+                mbar_arrive_if(bVe + 8 * sv, lead);
+                fence_regs<D / 2>(o);
+            } else {
+                named_arrive(other_turn, 256);
+                mbar_arrive_if(bKe + 8 * sk, lead);
+                if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
+            }
+            pend = vis;
+        }
+        mbar_wait(bVf + 8 * ((n - 1) & 1), ((n - 1) >> 1) & 1);  // V_{n-1}
+        named_sync(my_turn, 256);
+        if (pend) {
+            rescale();
+            issue_pv((n - 1) & 1);
+            if (c == 0) named_arrive(other_turn, 256);  // consumer 1's last turn
+            wg_wait<0>();
+            fence_regs<D / 2>(o);
+        } else {
+            if (c == 0) named_arrive(other_turn, 256);
+        }
+#ifdef ATTN_FWD_NOTURN
+#undef named_sync
+#undef named_arrive
+#endif
+        named_sync(4, 256);  // both consumers done with Q/K/V (every copy has landed: all full barriers were waited)
+
+        // ---- epilogue: normalise, write lse, stage O through smem (padded rows) for 16-byte stores ----
+        bf16_t* sO = (bf16_t*)sb;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float ls = l[i];
+            ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+            ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+            const float inv = ls > 0.f ? 1.f / ls : 0.f;
+            const int r = rw + (lane >> 2) + 8 * i;
+            if ((lane & 3) == 0 && q0 + r < Tq)
+                lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++)
+                *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) = pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
+        }
+        named_sync(4, 256);
+        {
+            constexpr int RPC = 256 / DT;  // rows per pass of the 256 consumer threads
+            const int ct = tid - 128, lrow = ct / DT, lc = ct % DT;
+            bf16_t* go0 = out + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
+#pragma unroll
+            for (int j = 0; j < BM / RPC; j++)
+                if (q0 + lrow + j * RPC < Tq)
+                    *(uint4*)(go0 + (size_t)j * RPC * qstride) = *(const uint4*)(sO + (lrow + j * RPC) * C::LDO + lc * 8);
+        }
+    }
+}
+
+// Forward selection on compute_90a: v14 (warp-specialised) where ATTN_FWD_WS is on and D <= ATTN_FWD_WS_MAXD,
+// else v13.
+#ifndef ATTN_FWD_WS
+#define ATTN_FWD_WS 1
+#endif
+#ifndef ATTN_FWD_WS_MAXD
+#define ATTN_FWD_WS_MAXD 256
+#endif
+template <int D, int BN>
+struct FwdWgSel {
+    static constexpr bool WS = ATTN_FWD_WS && D <= ATTN_FWD_WS_MAXD;
+    static constexpr int BM_ = 128;
+    static constexpr int BM = 128;
+    static constexpr int THREADS = WS ? WsCfg<D, BN>::THREADS : WgCfg<D, BN>::THREADS;
+    static constexpr int SMEM = WS ? WsCfg<D, BN>::SMEM : WgCfg<D, BN>::SMEM;
+};
+template <int D, int BN>
+__device__ __forceinline__ void attn_fwd_wg_sel(const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs,
+                                                const int* fe, const int* ss, const int* se, bf16_t* out, float* lse,
+                                                int Tq, int Tk, int Hq, int Hkv, float scale) {
+    if constexpr (FwdWgSel<D, BN>::WS)
+        attn_fwd_ws_impl<D, BN>(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale);
+    else
+        attn_fwd_wg2_impl<D, BN>(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale);
+}
 #endif  // ATTN_WGMMA
 
 // ------------------------------------------------------------------------------------------------
@@ -1008,7 +1501,7 @@ __device__ __forceinline__ void attn_bwd_pre_impl(const bf16_t* __restrict__ o, 
     }
     int vals[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) vals[i] = (i == 3 || i == 7) ? -ATTN_BIG : ATTN_BIG;
+    for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
     if (tid < BWD_BM) {
         int row = q0 + tid;
         bool valid = row < Tq;
@@ -1956,9 +2449,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #ifndef ATTN_WG_CFG_256
 #define ATTN_WG_CFG_256 256, 64
 #endif
-#define ATTN_FWD_C(DD) WgCfg<ATTN_WG_CFG_##DD>
+#define ATTN_FWD_C(DD) FwdWgSel<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
-#define ATTN_FWD_CALL(DD) attn_fwd_wg2_impl<ATTN_WG_CFG_##DD>
+#define ATTN_FWD_CALL(DD) attn_fwd_wg_sel<ATTN_WG_CFG_##DD>
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD

@@ -40,11 +40,21 @@ NVRTC_OPTS = ["--gpu-architecture=compute_90a", "-std=c++17"]  # as the backend 
 O128 = "-DATTN_ONLY_D128"
 VARIANTS = {
     "ship": [],
-    "v13_nopp": [O128, "-DATTN_FWD_PP=0"],  # without the warpgroup issue order (run 12: "ship" was this)
-    "v13_nopin": [O128, "-DATTN_FWD_NOPIN"],  # without the store that keeps the softmax above wait_group 0
+    "v13_nopp": [O128, "-DATTN_FWD_WS=0", "-DATTN_FWD_PP=0"],  # without the warpgroup issue order (run 12: "ship" was this)
+    "v13_nopin": [O128, "-DATTN_FWD_WS=0", "-DATTN_FWD_NOPIN"],  # without the store that keeps the softmax above wait_group 0
     "t_nosm": [O128, "-DATTN_LAB_SKIP_SOFTMAX"],  # timing only: forward without mask/softmax
     "t_noload": [O128, "-DATTN_LAB_SKIP_LOAD"],  # timing only: forward, K/V of tiles 0/1 reused
     "t_nosm_noload": [O128, "-DATTN_LAB_SKIP_SOFTMAX", "-DATTN_LAB_SKIP_LOAD"],  # timing only: both
+    # forward v14 (warp-specialised, run 13+): ship is v14; "v13" = the previous forward in the same process
+    "v13": [O128, "-DATTN_FWD_WS=0"],
+    "v14_noturn": [O128, "-DATTN_FWD_NOTURN"],  # v14 without the consumers' ping-pong
+    "v14_nopin": [O128, "-DATTN_FWD_NOPIN"],  # v14 without the pin store
+    # names starting with "trace": -DATTN_LAB_TRACE=0, clock64 at the loop events of CTA 0, summarised per shape
+    "trace": [O128, "-DATTN_LAB_TRACE=0"],
+    # runs 14-17 also timed (macros since removed, no gain; see the doc's history): ATTN_FWD_P1W (one producer warp
+    # polls the empty barriers), ATTN_FWD_ILP (4 independent max/sum chains per row), ATTN_FWD_POLY=1/2 (1/4 or 1/2
+    # of the exponentials as a degree-5 polynomial on the FMA pipe), ATTN_LAB_NOMUFU (timing: no MUFU.EX2).
+    "t13_nosm": [O128, "-DATTN_FWD_WS=0", "-DATTN_LAB_SKIP_SOFTMAX"],  # timing only: v13 without softmax
     # backward: ship = v14 (warp-specialised, runs 13-17); its d128 lab variants of runs 13-17 (v11,
     # v14a = dQ split by columns, PW1, red.v4 writer, arrive.noinc) left the file after run 17: the
     # commit before "attention.cu ships one backward" has them, with their names in the doc's history.
@@ -60,7 +70,10 @@ if os.environ.get("ATTN_LAB_VARIANTS") is not None:
     _keep = set(os.environ["ATTN_LAB_VARIANTS"].split(","))
     VARIANTS = {k: v for k, v in VARIANTS.items() if k == "ship" or k in _keep}
 # Variants timed for the forward only (their backward is the shipped one): saves device time.
-FWD_ONLY = {"v13_nopp", "v13_nopin", "t_nosm", "t_noload", "t_nosm_noload"}
+FWD_ONLY = {"v13_nopp", "v13_nopin", "t_nosm", "t_noload", "t_nosm_noload", "v13", "v14_noturn", "v14_nopin",
+            "t13_nosm", "trace"}
+# run 13+: the v13 variants carry -DATTN_FWD_WS=0; the t_* knobs now act on v14 (ship).
+# --only NAME,NAME restricts the variants.
 # Run 11 timed "v12_pp", "t12_nosm", "t12_noload" (the v12 forward: no pin, predicated loaders); run 12
 # timed "v13_pp" (-DATTN_FWD_PP=1, shipped since) against ship = v13 without it.
 # Run 10 also timed "mma" (-DATTN_NO_WGMMA: the mma.sync forward and backward of non-Hopper devices),
@@ -299,7 +312,7 @@ def gpu_main(args):
     except Exception as e:  # noqa
         log("nvidia-smi failed:", e)
 
-    variants = {k: v for k, v in VARIANTS.items() if k == "ship" or args.variants}
+    variants = {k: v for k, v in VARIANTS.items() if k == "ship" or (args.variants and (not args.only or k in args.only))}
     t = time.time()
     ptxs = build_all(variants)
     log(f"NVRTC compiled {len(ptxs)} variant(s) in {time.time() - t:.1f}s")
@@ -643,6 +656,11 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
             except Exception as e:  # noqa
                 log(f"[{vn}] {label}: EXCEPTION {e}")
                 continue
+            if vn.startswith("trace"):
+                try:
+                    trace_summary(K, vn, label, lambda: K.fwd(D, q, k, v, mk, out, lse, scale))
+                except Exception as e:  # noqa
+                    log(f"[{vn}] {label}: trace failed: {type(e).__name__}: {e}")
             nan = (not TIMING_ONLY(vn)) and bool(torch.isnan(out).any() or (vn not in FWD_ONLY and (
                 torch.isnan(dq).any() or torch.isnan(dk).any() or torch.isnan(dv).any())))
             mine[vn] = dict(fwd=tf, bwd=tb, fb=tfb, nan=nan)
@@ -737,6 +755,51 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
     return 0 if all_ok else 1
 
 
+def trace_summary(K, vn, label, launch):
+    """-DATTN_LAB_TRACE=0: clock64 stamps of CTA 0 (thread 0 of each warpgroup), one launch. Consumers c = 0, 1:
+    per key tile t, events 0 top, 1 K/V full, 2 turn, 3 issued, 4 S done, 5 row 0 done (ILP: maxima done),
+    6 softmax done, 7 PV done, 8 packed (4-8 only on the overlapped path); producer (c = 2): 0/1 before/after the K empty wait, 2 K_t published... ,
+    3/4 before/after the V empty wait, 5 published."""
+    import numpy as np
+    import cupy as cp
+    import torch
+
+    g = K.mod.get_global("attn_trace")
+    arr = cp.ndarray((3, 256, 12), dtype=cp.int64, memptr=g)
+    arr.fill(0)
+    cp.cuda.Device().synchronize()
+    launch()
+    torch.cuda.synchronize()
+    a = arr.get().astype(np.float64)
+    t0 = a[0, 0, 0]
+    names = ["full", "turn", "issue", "S wait", "sm1", "sm2", "PV wait", "pack"]  # sm1: row 0 (ILP: the maxima)
+    for c in (0, 1):
+        ok = np.all(a[c, :, :9] > 0, axis=1)
+        ts = np.nonzero(ok)[0]
+        if len(ts) < 3:
+            log(f"[{vn}] {label}: consumer {c}: only {len(ts)} overlapped iterations traced")
+            continue
+        mid = ts[len(ts) // 4: 3 * len(ts) // 4 + 1]
+        d = np.diff(a[c, mid, :9], axis=1)
+        per = np.diff(a[c, mid, 0])
+        per = per[per > 0]
+        log(f"[{vn}] {label}: consumer {c}, {len(ts)} overlapped tiles, middle {len(mid)}: mean cycles " +
+            " ".join(f"{n} {x:.0f}" for n, x in zip(names, d.mean(0))) + f" | period {np.median(per):.0f}")
+    both = np.all(a[0, :, :9] > 0, axis=1) & np.all(a[1, :, :9] > 0, axis=1)
+    ts = np.nonzero(both)[0]
+    if len(ts):
+        t = ts[len(ts) // 2]
+        for tt in (t, t + 1):
+            log(f"[{vn}] {label}: t={tt} c0 " + " ".join(f"{x - t0:.0f}" for x in a[0, tt, :9]) + " | c1 " +
+                " ".join(f"{x - t0:.0f}" for x in a[1, tt, :9]))
+        pr = a[2, t - 1: t + 2]
+        log(f"[{vn}] {label}: producer t={t - 1}..{t + 1}: " + " | ".join(" ".join(f"{x - t0:.0f}" for x in r[:6]) for r in pr))
+        pw = a[2, 2:, 1] - a[2, 2:, 0]
+        vw = a[2, 2:, 4] - a[2, 2:, 3]
+        m = (a[2, 2:, 0] > 0) & (a[2, 2:, 1] > 0)
+        log(f"[{vn}] {label}: producer mean empty-wait K {pw[m].mean():.0f} V {vw[m].mean():.0f} cycles")
+
+
 def summary(results, rows, all_ok, ceil=None):
     print("\n==================== SUMMARY ====================", flush=True)
     print(f"correctness: {'ALL PASS' if all_ok else 'FAILURES'} ({sum(1 for r in results if r[3])}/{len(results)} cases)")
@@ -777,13 +840,14 @@ def main():
     ap.add_argument("--profile-once", action="store_true", help="one fwd + one bwd launch (for ncu)")
     ap.add_argument("--ptxas", action="store_true", help="GPU mode: also print the ptxas resource report")
     ap.add_argument("--flex", action="store_true", help="also time compiled flex_attention on the DFlash shapes")
+    ap.add_argument("--only", type=lambda x: set(x.split(",")), default=None, help="comma-separated variant names")
     ap.add_argument("--flex-deadline", type=float, default=240.0, help="skip further flex shapes after this many s")
     args = ap.parse_args()
     if args.compile_only:
         lib, path, ver = nvrtc()
         print(f"NVRTC {ver} at {path}")
         t = time.time()
-        variants = VARIANTS if args.variants else {"ship": []}
+        variants = {k: v for k, v in VARIANTS.items() if k == "ship" or (args.variants and (not args.only or k in args.only))}
         ptxs = build_all(variants)
         print(f"compiled {len(ptxs)} variant(s) in {time.time() - t:.1f}s")
         for k, p in ptxs.items():
@@ -801,7 +865,8 @@ def profile_once():
     import cupy as cp
 
     dev = torch.device("cuda")
-    ptx, _ = nvrtc_compile(open(SRC).read(), NVRTC_OPTS + ["-DATTN_ONLY_D128"])
+    extra = os.environ.get("ATTN_LAB_DEFS", "").split()  # e.g. ATTN_LAB_DEFS="-DATTN_FWD_WS=0" (a lab variant)
+    ptx, _ = nvrtc_compile(open(SRC).read(), NVRTC_OPTS + ["-DATTN_ONLY_D128"] + extra)
     path = os.path.join(tempfile.mkdtemp(), "a.ptx")
     open(path, "wb").write(ptx)
     mod = cp.RawModule(path=path)
