@@ -50,8 +50,8 @@
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
 // emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
 // ATTN_*_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
-// compiles this file with none of them defined (likewise the forward's ATTN_FWD_WS, ATTN_FWD_WS_MAXD, ATTN_FWD_REG_P/C,
-// ATTN_FWD_NOTURN, ATTN_FWD_NOPIN, ATTN_FWD_PP and ATTN_LAB_TRACE).
+// compiles this file with none of them defined (likewise the forward's ATTN_FWD_REG_P/C, ATTN_FWD_NOTURN,
+// ATTN_FWD_NOPIN and ATTN_LAB_TRACE).
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -602,387 +602,26 @@ static __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db) 
     else wgmma_rs_n256(d, a, db);
 }
 
-template <int D, int BN>
-struct WgCfg {
-    static constexpr int BM_ = 128;
-    static constexpr int BM = 128;
-    static constexpr int THREADS = 256;
-    static constexpr int SQ = BM * D * 2;   // bytes
-    static constexpr int SKV = BN * D * 2;  // bytes, one K (or V) stage
-    static constexpr int OFF_K = SQ, OFF_V = SQ + 2 * SKV, OFF_ROW = SQ + 4 * SKV;
-    static constexpr int SMEM = 1024 + OFF_ROW + BM * 16 + 8 * 8 * 4 + 8 * 4;
-    static constexpr int LDO = D + 8;  // epilogue staging row (elements)
-    static_assert(BM * LDO * 2 <= OFF_ROW, "epilogue staging fits");
-    static_assert(D % 64 == 0 && BN % 64 == 0, "tile shape");
-};
-
-#ifndef ATTN_FWD_PP
-#define ATTN_FWD_PP 1
-#endif
-// Forward v13 (run 12; shipped until run 17, now the lab variant -DATTN_FWD_WS=0; the run 5-10 forward, v11, is
-// in git history: see docs/kernel-lab-attention.md):
-// FA3's intra-warpgroup overlap. Iteration t issues S_t = Q K_t and then O += P_{t-1} V_{t-1} (two
-// wgmma groups), then the cp.async loads of K_{t+1} and V_t (so the loader's instructions run while
-// the tensor cores work), then waits for S_t only (wait_group 1) and runs the mask + online softmax
-// of tile t while PV_{t-1} is still in flight; O is rescaled and P_t packed after wait_group 0.
-// K and V have separate 2-stage rings, V one tile behind K, so one CTA barrier per key tile
-// suffices (it also publishes the cp.async data of K_t and V_{t-1}). Two ptxas pitfalls, both
-// checked in the SASS: (1) the four paths (tile visible or not to this warpgroup x P pending or not)
-// each drain their own wgmma groups, since a merge of accumulator registers while a wgmma is in
-// flight serialises every wgmma of the kernel (C7514/C7515); (2) a shared store of a value that
-// depends on every exponential keeps ptxas from hoisting wait_group 0 above the softmax.
-// ATTN_FWD_PP=1 (lab): warpgroup 1 issues only after warpgroup 0 (named barrier), FA3's ping-pong
-// order within the lock-step tile loop.
-template <int D, int BN>
-__device__ __forceinline__ void attn_fwd_wg2_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                                  const bf16_t* __restrict__ v, const int* __restrict__ fs,
-                                                  const int* __restrict__ fe, const int* __restrict__ ss,
-                                                  const int* __restrict__ se, bf16_t* __restrict__ out,
-                                                  float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
-                                                  float scale) {
-    using C = WgCfg<D, BN>;
-    constexpr int BM = C::BM;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 raw_a = smem_u32(smem_raw);
-    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
-    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
-    const u32 sba = raw_a + pad;
-    int4* sRow = (int4*)(sb + C::OFF_ROW);
-    int* sRed = (int*)(sRow + BM);
-    int* sSum = sRed + 8 * 8;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2;
-    const int nqt = (Tq + BM - 1) / BM;
-    const int bid = blockIdx.x;
-    const int qt = nqt - 1 - bid / Hq;  // heavy (late) query tiles first, all heads interleaved
-    const int h = bid % Hq;
-    const int hk = h / (Hq / Hkv);
-    const int q0 = qt * BM;
-    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
-    const float sl2 = scale * ATTN_LOG2E;
-
-    {
-        int vals[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
-        for (int r = tid; r < BM; r += C::THREADS) {
-            int row = q0 + r;
-            bool valid = row < Tq;
-            int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
-            sRow[r] = iv;
-            int t[8];
-            row_summary(valid, iv.x, iv.y, iv.z, iv.w, t);
-#pragma unroll
-            for (int i = 0; i < 8; i++) vals[i] = min(vals[i], t[i]);
-        }
-        block_summary<8>(vals, sRed, sSum);
-    }
-    const int lo1 = sSum[0], hi1 = sSum[1], flo1 = sSum[2], fhi1 = sSum[3];
-    const int lo2 = sSum[4], hi2 = sSum[5], flo2 = sSum[6], fhi2 = sSum[7];
-    int a1 = 0, b1 = 0, a2 = 0, b2 = 0;
-    if (lo1 < hi1) { a1 = lo1 / BN; b1 = (hi1 + BN - 1) / BN; }
-    if (lo2 < hi2) { a2 = lo2 / BN; b2 = (hi2 + BN - 1) / BN; }
-    if (a1 >= b1) { a1 = a2; b1 = b2; a2 = b2 = 0; }
-    else if (a2 < b2) {
-        if (a2 < b1 && a1 < b2) { a1 = min(a1, a2); b1 = max(b1, b2); a2 = b2 = 0; }
-        else if (a2 < a1) { int t = a1; a1 = a2; a2 = t; t = b1; b1 = b2; b2 = t; }
-    }
-    const int n1 = max(b1 - a1, 0), n2 = max(b2 - a2, 0), n = n1 + n2;
-    constexpr int DT = D / 8;  // 16-byte chunks per row
-    if (n == 0) {
-        for (int i = tid; i < BM * DT; i += C::THREADS) {
-            int r = i / DT, c = i % DT;
-            if (q0 + r < Tq) *(uint4*)(out + (size_t)(q0 + r) * qstride + (size_t)h * D + c * 8) = make_uint4(0, 0, 0, 0);
-        }
-        for (int r = tid; r < BM; r += C::THREADS)
-            if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
-        return;
-    }
-    auto tile_of = [&](int t) { return t < n1 ? a1 + t : a2 + (t - n1); };
-
-    constexpr int RPT = C::THREADS / DT;
-    static_assert(RPT % 8 == 0 && BN % RPT == 0 && BM % RPT == 0, "loader shape");
-    const int lrow = tid / DT, lc = tid % DT;
-    const u32 swz = (u32)((((lc & 7) ^ (lrow & 7)) << 4) + lrow * 128);
-    const u32 dQ = sba + (lc >> 3) * (BM * 128) + swz;
-    const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + swz;
-    const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + swz;
-    const bf16_t* gk0 = k + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-    const bf16_t* gv0 = v + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-    // K/V tile loaders: a tile inside [0, Tk) (all but possibly the last) takes one pointer increment
-    // per 16-byte copy (run 11: the predicated 64-bit index arithmetic cost ~12 instructions per copy).
-    const size_t rstep = (size_t)RPT * kstride;
-    auto load_rows = [&](const bf16_t* __restrict__ g0, const bf16_t* __restrict__ base, u32 d, int kt) {
-        const bf16_t* g = g0 + (size_t)kt * BN * kstride;
-        if (kt * BN + BN <= Tk) {
-#pragma unroll
-            for (int j = 0; j < BN / RPT; j++) {
-                cp_async16(d + j * RPT * 128, g, true);
-                g += rstep;
-            }
-        } else {
-            const int kr = kt * BN + lrow;
-#pragma unroll
-            for (int j = 0; j < BN / RPT; j++) {
-                const bool ok = kr + j * RPT < Tk;
-                cp_async16(d + j * RPT * 128, ok ? g : base, ok);
-                g += rstep;
-            }
-        }
-    };
-    auto load_k = [&](int kt, int st) { load_rows(gk0, k, dK + st * C::SKV, kt); };
-    auto load_v = [&](int kt, int st) { load_rows(gv0, v, dV + st * C::SKV, kt); };
-    {
-        const bf16_t* gq0 = q + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BM / RPT; j++) {
-            const bool ok = q0 + lrow + j * RPT < Tq;
-            cp_async16(dQ + j * RPT * 128, ok ? gq0 + (size_t)j * RPT * qstride : q, ok);
-        }
-    }
-    load_k(tile_of(0), 0);
-    cp_async_commit();
-    if (n > 1) load_k(tile_of(1), 1);
-    load_v(tile_of(0), 0);
-    cp_async_commit();
-
-    float o[D / 2];
-    float s[BN / 2];
-    u32 pa[BN / 16][4];
-    float m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    m[0] = m[1] = ATTN_NEG_INF;
-    l[0] = l[1] = 0.f;
-    const int rw = warp * 16;  // this warp's first row in the tile (wg * 64 + (warp & 3) * 16)
-    const u64 dscQ = gdesc(sba + wg * 64 * 128, 16, 1024);
-    const u64 dscK = gdesc(sba + C::OFF_K, 16, 1024);
-    const u64 dscV = gdesc(sba + C::OFF_V, BN * 128, 1024);
-
-    auto issue_s = [&](int st) {
-        const u64 kst = (u64)((st * C::SKV) >> 4);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const u64 offq = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
-            const u64 offk = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
-            wgmma_ss<BN>(s, dscQ + offq, dscK + kst + offk, kk > 0 ? 1 : 0);
-        }
-        wg_commit();
-    };
-    auto issue_pv = [&](int st) {
-        const u64 vst = (u64)((st * C::SKV) >> 4);
-        fence_regs<D / 2>(o);
-        wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++) wgmma_rs<D>(o, pa[kc], dscV + vst + (u64)((kc * 16 * 128) >> 4));
-        wg_commit();
-    };
-    auto tile_vis = [&](int k0, bool full) -> bool {
-        if (full) return true;
-        const int4 x = sRow[wg * 64 + lane], y = sRow[wg * 64 + 32 + lane];
-        const int kb = k0 + BN;
-        return __any_sync(0xffffffffu, overlaps(x.x, x.y, k0, kb) || overlaps(x.z, x.w, k0, kb) ||
-                                           overlaps(y.x, y.y, k0, kb) || overlaps(y.z, y.w, k0, kb)) != 0;
-    };
-    // mask + online softmax of s (tile at key k0): s becomes P (unnormalised, f32), m/l updated,
-    // alpha = the factor O must be rescaled by (applied by the caller once PV_{t-1} is done).
-    auto softmax = [&](int k0, bool full, float (&alpha)[2]) {
-#ifndef ATTN_LAB_SKIP_SOFTMAX  // lab-only timing knob (wrong results)
-        if (!full) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int4 iv = sRow[rw + (lane >> 2) + 8 * i];
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
-                        if (!(in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w))) s[nt * 4 + 2 * i + e] = ATTN_NEG_INF;
-                    }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = m[i];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = (mx == ATTN_NEG_INF) ? 0.f : mx * sl2;
-            alpha[i] = ex2(m[i] * sl2 - base);
-            m[i] = mx;
-            float rs = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = ex2(fmaf(s[nt * 4 + 2 * i + e], sl2, -base));
-                    s[nt * 4 + 2 * i + e] = p;
-                    rs += p;
-                }
-            l[i] = l[i] * alpha[i] + rs;
-        }
-#else
-        alpha[0] = alpha[1] = 1.f;
-        l[0] += s[0];
-        l[1] += s[2];
-#endif
-    };
-    auto rescale_pack = [&](const float (&alpha)[2]) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt * 4 + 0] *= alpha[0];
-            o[dt * 4 + 1] *= alpha[0];
-            o[dt * 4 + 2] *= alpha[1];
-            o[dt * 4 + 3] *= alpha[1];
-        }
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++) {
-            pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
-            pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
-            pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
-            pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
-        }
-    };
-
-    // cp.async of K_{t+1} and V_t (one group), issued after this iteration's wgmmas
-    auto load_next = [&](int t) {
-#ifdef ATTN_LAB_SKIP_LOAD  // lab-only timing knob (wrong results): tiles 0 and 1 reused
-        if (t < 2) {
-#else
-        {
-#endif
-            if (t + 1 < n) load_k(tile_of(t + 1), (t + 1) & 1);
-            load_v(tile_of(t), t & 1);
-        }
-        cp_async_commit();
-    };
-    // tile 0
-    cp_async_wait<1>();   // Q, K_0
-    fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
-    bool pend;  // P of the previous tile sits in pa, its PV not yet issued
-    {
-        const int k0 = tile_of(0) * BN;
-        const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
-        pend = tile_vis(k0, full);
-        if (pend) {
-            issue_s(0);
-            wg_wait<0>();
-            fence_regs<BN / 2>(s);
-            float alpha[2];
-            softmax(k0, full, alpha);
-            rescale_pack(alpha);
-        }
-    }
-    for (int t = 1; t < n; t++) {
-        cp_async_wait<0>();  // K_t, V_{t-1} (issued one iteration ago)
-        fence_proxy_async();
-        __syncthreads();  // also: every warpgroup is done with K_{t-1} and V_{t-2}, whose stages are refilled below
-        const int k0 = tile_of(t) * BN;
-        const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
-        const bool vis = tile_vis(k0, full);
-#if ATTN_FWD_PP  // warpgroup 1 issues its wgmmas only after warpgroup 0 has issued its own (named barrier 1)
-        if (wg == 1) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-#define ATTN_PP_ARRIVE() \
-    if (wg == 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory")
-#else
-#define ATTN_PP_ARRIVE()
-#endif
-        // Each path drains its own wgmma groups before the paths join: ptxas serialises every wgmma
-        // of the kernel when accumulator registers are merged (phi moves) while a wgmma is in flight.
-        if (vis && pend) {
-            issue_s(t & 1);
-            issue_pv((t - 1) & 1);
-            ATTN_PP_ARRIVE();
-            load_next(t);
-            wg_wait<1>();
-            fence_regs<BN / 2>(s);
-            float alpha[2];
-            softmax(k0, full, alpha);
-            // A shared store of a value that depends on every exponential (l) pins the softmax above the
-            // wait: without it ptxas hoists wait_group 0 right under wait_group 1 (SASS of run 11), which
-            // serialised the softmax behind PV_{t-1} and made this overlap a loss (v12 in run 11).
-#ifndef ATTN_FWD_NOPIN  // lab variant: without the pin
-            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(sRed + lane)), "f"(l[0] + l[1]) : "memory");
-#endif
-            wg_wait<0>();
-            fence_regs<D / 2>(o);
-            rescale_pack(alpha);
-        } else if (vis) {
-            issue_s(t & 1);
-            ATTN_PP_ARRIVE();
-            load_next(t);
-            wg_wait<0>();
-            fence_regs<BN / 2>(s);
-            float alpha[2];
-            softmax(k0, full, alpha);
-            rescale_pack(alpha);
-        } else if (pend) {
-            issue_pv((t - 1) & 1);
-            ATTN_PP_ARRIVE();
-            load_next(t);
-            wg_wait<0>();
-            fence_regs<D / 2>(o);
-        } else {
-            ATTN_PP_ARRIVE();
-            load_next(t);
-        }
-#undef ATTN_PP_ARRIVE
-        pend = vis;
-    }
-    cp_async_wait<0>();  // V_{n-1}
-    fence_proxy_async();
-    __syncthreads();
-    if (pend) {
-        issue_pv((n - 1) & 1);
-        wg_wait<0>();
-        fence_regs<D / 2>(o);
-    }
-    __syncthreads();  // the epilogue staging below overwrites Q/K smem
-
-    // ---- epilogue: normalise, write lse, stage O through smem (padded rows) for 16-byte stores ----
-    bf16_t* sO = (bf16_t*)sb;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float ls = l[i];
-        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-        ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-        const float inv = ls > 0.f ? 1.f / ls : 0.f;
-        const int r = rw + (lane >> 2) + 8 * i;
-        if ((lane & 3) == 0 && q0 + r < Tq)
-            lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) = pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
-    }
-    __syncthreads();
-    {
-        bf16_t* go0 = out + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
-#pragma unroll
-        for (int j = 0; j < BM / RPT; j++)
-            if (q0 + lrow + j * RPT < Tq)
-                *(uint4*)(go0 + (size_t)j * RPT * qstride) = *(const uint4*)(sO + (lrow + j * RPT) * C::LDO + lc * 8);
-    }
-}
-
 // ------------------------------------------------------------------------------------------------
 // Forward v14 (warp-specialised, FA3's structure on cp.async): 384 threads = 3 warpgroups.
 // Warpgroup 0 is the producer: its 128 threads issue the cp.async copies of Q, K_t and V_t into
-// 2-stage K and V rings (V one tile behind K, as in v13), and publish each copy group on a per-stage
+// 2-stage K and V rings (V one tile behind K), and publish each copy group on a per-stage
 // "full" mbarrier (cp.async.wait_group 1 + fence.proxy.async + mbarrier.arrive by every producer
 // thread, count 128) once the group after it is issued; before refilling a stage it waits on that
 // stage's "empty" mbarrier (one arrive per consumer warp, count 8). Warpgroups 1 and 2 are the
-// consumers (64 query rows each): per key tile, v13's intra-warpgroup overlap (S_t and PV_{t-1} as
+// consumers (64 query rows each): per key tile, FA3's intra-warpgroup overlap (S_t and PV_{t-1} as
 // two wgmma groups, softmax of tile t between wait_group 1 and 0), with O rescaled between the two
 // issues (the S_t GEMM hides it) so only the P pack follows wait_group 0, and FA3's inter-warpgroup
 // ping-pong: a consumer issues its two groups only in its turn (bar.sync on its own named barrier,
 // bar.arrive on the other's right after the issue), so one warpgroup's softmax runs under the other's
 // GEMMs; no CTA-wide barrier inside the loop. setmaxnreg: producer REG_P, consumers REG_C.
-// Same ptxas rules as v13: every path drains its own wgmma groups; the pin keeps the softmax above
-// wait_group 0. ATTN_FWD_WS=0 (lab) restores v13 for every head dim.
+// Two ptxas pitfalls, both checked in the SASS (v12/v13, runs 11-12): (1) the paths (tile visible
+// or not to this warpgroup x P pending or not) each drain their own wgmma groups, since a merge of
+// accumulator registers while a wgmma is in flight serialises every wgmma of the kernel
+// (C7514/C7515); (2) a shared store of a value that depends on every exponential (the "pin") keeps
+// ptxas from hoisting wait_group 0 above the softmax. The earlier forwards (v13: the same consumer
+// loop in two lock-step warpgroups that also load; v11) are in git history, see
+// docs/kernel-lab-attention.md.
 // ------------------------------------------------------------------------------------------------
 static __device__ __forceinline__ void mbar_init(u32 a, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
@@ -1354,7 +993,7 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
                 fence_regs<BN / 2>(s);
                 softmax(k0, full);
                 ATTN_TR(c, t, 6);
-#ifndef ATTN_FWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the softmax (v13)
+#ifndef ATTN_FWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the softmax (pitfall 2 above)
                 asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sba + C::OFF_PIN + 4 * lane), "f"(l[0] + l[1]) : "memory");
 #endif
                 wg_wait<0>();
@@ -1432,31 +1071,6 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
     }
 }
 
-// Forward selection on compute_90a: v14 (warp-specialised) where ATTN_FWD_WS is on and D <= ATTN_FWD_WS_MAXD,
-// else v13.
-#ifndef ATTN_FWD_WS
-#define ATTN_FWD_WS 1
-#endif
-#ifndef ATTN_FWD_WS_MAXD
-#define ATTN_FWD_WS_MAXD 256
-#endif
-template <int D, int BN>
-struct FwdWgSel {
-    static constexpr bool WS = ATTN_FWD_WS && D <= ATTN_FWD_WS_MAXD;
-    static constexpr int BM_ = 128;
-    static constexpr int BM = 128;
-    static constexpr int THREADS = WS ? WsCfg<D, BN>::THREADS : WgCfg<D, BN>::THREADS;
-    static constexpr int SMEM = WS ? WsCfg<D, BN>::SMEM : WgCfg<D, BN>::SMEM;
-};
-template <int D, int BN>
-__device__ __forceinline__ void attn_fwd_wg_sel(const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs,
-                                                const int* fe, const int* ss, const int* se, bf16_t* out, float* lse,
-                                                int Tq, int Tk, int Hq, int Hkv, float scale) {
-    if constexpr (FwdWgSel<D, BN>::WS)
-        attn_fwd_ws_impl<D, BN>(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale);
-    else
-        attn_fwd_wg2_impl<D, BN>(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale);
-}
 #endif  // ATTN_WGMMA
 
 // ------------------------------------------------------------------------------------------------
@@ -2449,9 +2063,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #ifndef ATTN_WG_CFG_256
 #define ATTN_WG_CFG_256 256, 64
 #endif
-#define ATTN_FWD_C(DD) FwdWgSel<ATTN_WG_CFG_##DD>
+#define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
-#define ATTN_FWD_CALL(DD) attn_fwd_wg_sel<ATTN_WG_CFG_##DD>
+#define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD

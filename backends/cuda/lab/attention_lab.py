@@ -40,13 +40,11 @@ NVRTC_OPTS = ["--gpu-architecture=compute_90a", "-std=c++17"]  # as the backend 
 O128 = "-DATTN_ONLY_D128"
 VARIANTS = {
     "ship": [],
-    "v13_nopp": [O128, "-DATTN_FWD_WS=0", "-DATTN_FWD_PP=0"],  # without the warpgroup issue order (run 12: "ship" was this)
-    "v13_nopin": [O128, "-DATTN_FWD_WS=0", "-DATTN_FWD_NOPIN"],  # without the store that keeps the softmax above wait_group 0
     "t_nosm": [O128, "-DATTN_LAB_SKIP_SOFTMAX"],  # timing only: forward without mask/softmax
     "t_noload": [O128, "-DATTN_LAB_SKIP_LOAD"],  # timing only: forward, K/V of tiles 0/1 reused
     "t_nosm_noload": [O128, "-DATTN_LAB_SKIP_SOFTMAX", "-DATTN_LAB_SKIP_LOAD"],  # timing only: both
-    # forward v14 (warp-specialised, run 13+): ship is v14; "v13" = the previous forward in the same process
-    "v13": [O128, "-DATTN_FWD_WS=0"],
+    # forward v14 (warp-specialised, run 13+): ship is v14; v13 (-DATTN_FWD_WS=0 in runs 13-19, the variants
+    # "v13", "v13_nopp", "v13_nopin", "t13_nosm") left the file after run 19: git history has it
     "v14_noturn": [O128, "-DATTN_FWD_NOTURN"],  # v14 without the consumers' ping-pong
     "v14_nopin": [O128, "-DATTN_FWD_NOPIN"],  # v14 without the pin store
     # names starting with "trace": -DATTN_LAB_TRACE=0, clock64 at the loop events of CTA 0, summarised per shape
@@ -54,7 +52,6 @@ VARIANTS = {
     # runs 14-17 also timed (macros since removed, no gain; see the doc's history): ATTN_FWD_P1W (one producer warp
     # polls the empty barriers), ATTN_FWD_ILP (4 independent max/sum chains per row), ATTN_FWD_POLY=1/2 (1/4 or 1/2
     # of the exponentials as a degree-5 polynomial on the FMA pipe), ATTN_LAB_NOMUFU (timing: no MUFU.EX2).
-    "t13_nosm": [O128, "-DATTN_FWD_WS=0", "-DATTN_LAB_SKIP_SOFTMAX"],  # timing only: v13 without softmax
     # backward: ship = v14 (warp-specialised, runs 13-17); its d128 lab variants of runs 13-17 (v11,
     # v14a = dQ split by columns, PW1, red.v4 writer, arrive.noinc) left the file after run 17: the
     # commit before "attention.cu ships one backward" has them, with their names in the doc's history.
@@ -70,9 +67,8 @@ if os.environ.get("ATTN_LAB_VARIANTS") is not None:
     _keep = set(os.environ["ATTN_LAB_VARIANTS"].split(","))
     VARIANTS = {k: v for k, v in VARIANTS.items() if k == "ship" or k in _keep}
 # Variants timed for the forward only (their backward is the shipped one): saves device time.
-FWD_ONLY = {"v13_nopp", "v13_nopin", "t_nosm", "t_noload", "t_nosm_noload", "v13", "v14_noturn", "v14_nopin",
-            "t13_nosm", "trace"}
-# run 13+: the v13 variants carry -DATTN_FWD_WS=0; the t_* knobs now act on v14 (ship).
+FWD_ONLY = {"t_nosm", "t_noload", "t_nosm_noload", "v14_noturn", "v14_nopin", "trace"}
+# run 13+: the t_* knobs act on v14 (ship).
 # --only NAME,NAME restricts the variants.
 # Run 11 timed "v12_pp", "t12_nosm", "t12_noload" (the v12 forward: no pin, predicated loaders); run 12
 # timed "v13_pp" (-DATTN_FWD_PP=1, shipped since) against ship = v13 without it.
@@ -865,7 +861,7 @@ def profile_once():
     import cupy as cp
 
     dev = torch.device("cuda")
-    extra = os.environ.get("ATTN_LAB_DEFS", "").split()  # e.g. ATTN_LAB_DEFS="-DATTN_FWD_WS=0" (a lab variant)
+    extra = os.environ.get("ATTN_LAB_DEFS", "").split()  # e.g. ATTN_LAB_DEFS="-DATTN_FWD_NOTURN" (a lab variant)
     ptx, _ = nvrtc_compile(open(SRC).read(), NVRTC_OPTS + ["-DATTN_ONLY_D128"] + extra)
     path = os.path.join(tempfile.mkdtemp(), "a.ptx")
     open(path, "wb").write(ptx)
