@@ -9,7 +9,78 @@ use common::*;
 use dflash_backend_cuda::{CudaBackend, GemmPrecision, key_query_runs};
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::BackendOptions;
-use dflash_core::{AttentionOps, BackendInfo};
+use dflash_core::{AttentionOps, BackendInfo, MemoryOps, Tensor};
+
+// ---------------------------------------------------------------------------------------
+// Shared setup
+
+/// Fresh random inputs of one attention case (never zeros): q, k (scale 2), v, d_out (1).
+struct AttnInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    d_out: Vec<f32>,
+    qs: [usize; 3],
+    ks: [usize; 3],
+    scale: f32,
+}
+
+impl AttnInputs {
+    fn random(mask: &BlockMask, hq: usize, hkv: usize, d: usize, seed: u64) -> Self {
+        let mut r = rng(seed);
+        let (tq, tk) = (mask.q_len(), mask.kv_len());
+        Self {
+            q: rand_vec(&mut r, tq * hq * d, 2.0),
+            k: rand_vec(&mut r, tk * hkv * d, 2.0),
+            v: rand_vec(&mut r, tk * hkv * d, 1.0),
+            d_out: rand_vec(&mut r, tq * hq * d, 1.0),
+            qs: [tq, hq, d],
+            ks: [tk, hkv, d],
+            scale: (d as f32).powf(-0.5),
+        }
+    }
+
+    /// `[q, k, v, d_out]` on `be`, each value passed through `f` (identity, or bf16 rounding).
+    fn upload(&self, be: &dyn MemoryOps, f: impl Fn(f32) -> f32) -> [Tensor; 4] {
+        let on = |x: &[f32], shape: &[usize]| {
+            up(be, &x.iter().map(|&v| f(v)).collect::<Vec<_>>(), shape)
+        };
+        [
+            on(&self.q, &self.qs),
+            on(&self.k, &self.ks),
+            on(&self.v, &self.ks),
+            on(&self.d_out, &self.qs),
+        ]
+    }
+}
+
+/// The mask families of the conformance cases: DFlash with overlapping anchors (5, 6), one
+/// block past the end and padding blocks; sliding DFlash; causal; document; sliding window.
+fn conformance_masks() -> Vec<(&'static str, BlockMask)> {
+    let s = 40;
+    vec![
+        (
+            "dflash",
+            BlockMask::dflash(s, 4, &[1, 5, 6, 20, 37, -1, -1]).unwrap(),
+        ),
+        (
+            "dflash_sliding",
+            BlockMask::dflash_sliding(s, 4, &[3, 9, 10, 30, -1], 7).unwrap(),
+        ),
+        ("causal", BlockMask::causal(45).unwrap()),
+        ("document", BlockMask::document(&[10, 1, 17, 9]).unwrap()),
+        ("sliding", BlockMask::sliding_window(50, 8).unwrap()),
+    ]
+}
+
+/// A DFlash mask spanning several 128-row query tiles and key tiles: 512 context rows, 48
+/// blocks of 16 (two overlapping, two padding).
+fn big_dflash_mask() -> BlockMask {
+    let mut anchors: Vec<i32> = (0..46).map(|i| 10 + i * 10).collect();
+    anchors[1] = anchors[0] + 3;
+    anchors.extend([-1, -1]);
+    BlockMask::dflash(512, 16, &anchors).unwrap()
+}
 
 // ---------------------------------------------------------------------------------------
 // Attention
@@ -24,26 +95,10 @@ fn attention_case(
     seed: u64,
 ) {
     let rf = reference();
-    let mut r = rng(seed);
-    let (tq, tk) = (mask.q_len(), mask.kv_len());
-    let q = rand_vec(&mut r, tq * hq * d, 2.0);
-    let k = rand_vec(&mut r, tk * hkv * d, 2.0);
-    let v = rand_vec(&mut r, tk * hkv * d, 1.0);
-    let d_out = rand_vec(&mut r, tq * hq * d, 1.0);
-    let scale = (d as f32).powf(-0.5);
-    let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
-    let (qc, kc, vc, dc) = (
-        up(cu, &q, &qs),
-        up(cu, &k, &ks),
-        up(cu, &v, &ks),
-        up(cu, &d_out, &qs),
-    );
-    let (qr, kr, vr, dr) = (
-        up(&rf, &q, &qs),
-        up(&rf, &k, &ks),
-        up(&rf, &v, &ks),
-        up(&rf, &d_out, &qs),
-    );
+    let inputs = AttnInputs::random(mask, hq, hkv, d, seed);
+    let scale = inputs.scale;
+    let [qc, kc, vc, dc] = inputs.upload(cu, |v| v);
+    let [qr, kr, vr, dr] = inputs.upload(&rf, |v| v);
     let (oc, lc) = cu.attention(&qc, &kc, &vc, mask, scale).unwrap();
     let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
     let why = "f32 online softmax vs f64";
@@ -71,30 +126,16 @@ fn attention_case(
         .attention_backward(&qr, &kr, &vr, &or, &lr, &dr, mask, scale)
         .unwrap();
     let why = "f32 sums over visible pairs vs f64";
-    check(
-        &format!("attn dq   {tag}"),
-        &down(cu, &gq),
-        &down(&rf, &wq),
-        2e-4,
-        5e-5,
-        why,
-    );
-    check(
-        &format!("attn dk   {tag}"),
-        &down(cu, &gk),
-        &down(&rf, &wk),
-        2e-4,
-        5e-5,
-        why,
-    );
-    check(
-        &format!("attn dv   {tag}"),
-        &down(cu, &gv),
-        &down(&rf, &wv),
-        2e-4,
-        5e-5,
-        why,
-    );
+    for (g, got, want) in [("dq", &gq, &wq), ("dk", &gk, &wk), ("dv", &gv, &wv)] {
+        check(
+            &format!("attn {g}   {tag}"),
+            &down(cu, got),
+            &down(&rf, want),
+            2e-4,
+            5e-5,
+            why,
+        );
+    }
 }
 
 /// The backward's key -> query-run index (built on the host) against the dense mask, on
@@ -139,32 +180,23 @@ fn key_query_runs_match_dense_mask() {
 #[test]
 fn attention_ops_match_reference() {
     let Some(cu) = cuda() else { return };
-    let s = 40;
-    // DFlash: overlapping anchors (5, 6), one block past the end, padding blocks.
-    let dflash = BlockMask::dflash(s, 4, &[1, 5, 6, 20, 37, -1, -1]).unwrap();
-    let sliding_dflash = BlockMask::dflash_sliding(s, 4, &[3, 9, 10, 30, -1], 7).unwrap();
-    let causal = BlockMask::causal(45).unwrap();
-    let document = BlockMask::document(&[10, 1, 17, 9]).unwrap();
-    let sliding = BlockMask::sliding_window(50, 8).unwrap();
+    let masks = conformance_masks();
     let mut seed = 100;
     for &(hq, hkv, d) in &[(4, 2, 64), (8, 2, 128), (2, 1, 256), (3, 3, 8), (4, 1, 40)] {
-        for (name, mask) in [
-            ("dflash", &dflash),
-            ("dflash_sliding", &sliding_dflash),
-            ("causal", &causal),
-            ("document", &document),
-            ("sliding", &sliding),
-        ] {
+        for (name, mask) in &masks {
             seed += 1;
             attention_case(&cu, name, mask, hq, hkv, d, seed);
         }
     }
-    // A bigger DFlash case: 512 context rows, 48 blocks of 16 (two overlapping, two padding).
-    let mut anchors: Vec<i32> = (0..46).map(|i| 10 + i * 10).collect();
-    anchors[1] = anchors[0] + 3;
-    anchors.extend([-1, -1]);
-    let big = BlockMask::dflash(512, 16, &anchors).unwrap();
-    attention_case(&cu, "dflash S512 N48 bs16", &big, 8, 2, 128, 7);
+    attention_case(
+        &cu,
+        "dflash S512 N48 bs16",
+        &big_dflash_mask(),
+        8,
+        2,
+        128,
+        7,
+    );
     // head_dim above the kernel's limit is a clean error.
     let q = up(&cu, &vec![0.1; 2 * 288], &[2, 1, 288]);
     let m2 = BlockMask::causal(2).unwrap();
@@ -192,7 +224,15 @@ fn attention_ops_match_reference() {
     )
     .unwrap();
     assert_eq!(host.attention_kernel(), "reference");
-    attention_case(&host, "dflash via host 'reference'", &dflash, 4, 2, 64, 5);
+    attention_case(
+        &host,
+        "dflash via host 'reference'",
+        &masks[0].1,
+        4,
+        2,
+        64,
+        5,
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -212,11 +252,6 @@ fn attention_ops_match_reference() {
 //    lse |err| <= 2e-2 * max(1, |lse|) (rows seeing a single key carry that key's score
 //    error undiluted).
 
-fn round_vec(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| bf16_round(v)).collect()
-}
-
-#[allow(clippy::too_many_arguments)]
 fn flash_case(
     cu: &CudaBackend,
     name: &str,
@@ -227,20 +262,9 @@ fn flash_case(
     seed: u64,
 ) {
     let rf = reference();
-    let mut r = rng(seed);
-    let (tq, tk) = (mask.q_len(), mask.kv_len());
-    let q = rand_vec(&mut r, tq * hq * d, 2.0);
-    let k = rand_vec(&mut r, tk * hkv * d, 2.0);
-    let v = rand_vec(&mut r, tk * hkv * d, 1.0);
-    let d_out = rand_vec(&mut r, tq * hq * d, 1.0);
-    let scale = (d as f32).powf(-0.5);
-    let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
-    let (qc, kc, vc, dc) = (
-        up(cu, &q, &qs),
-        up(cu, &k, &ks),
-        up(cu, &v, &ks),
-        up(cu, &d_out, &qs),
-    );
+    let inputs = AttnInputs::random(mask, hq, hkv, d, seed);
+    let scale = inputs.scale;
+    let [qc, kc, vc, dc] = inputs.upload(cu, |v| v);
     let (oc, lc) = cu.attention(&qc, &kc, &vc, mask, scale).unwrap();
     let (gq, gk, gv) = cu
         .attention_backward(&qc, &kc, &vc, &oc, &lc, &dc, mask, scale)
@@ -267,13 +291,7 @@ fn flash_case(
             ),
         ),
     ] {
-        let rd = |x: &Vec<f32>| if rounded { round_vec(x) } else { x.clone() };
-        let (qr, kr, vr, dr) = (
-            up(&rf, &rd(&q), &qs),
-            up(&rf, &rd(&k), &ks),
-            up(&rf, &rd(&v), &ks),
-            up(&rf, &rd(&d_out), &qs),
-        );
+        let [qr, kr, vr, dr] = inputs.upload(&rf, |v| if rounded { bf16_round(v) } else { v });
         let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
         let (wq, wk, wv) = rf
             .attention_backward(&qr, &kr, &vr, &or, &lr, &dr, mask, scale)
@@ -323,12 +341,7 @@ fn attention_cuda_flash_matches_reference() {
     };
     assert_eq!(cu.attention_kernel(), "cuda-flash");
     // The same masks as the cuda-simple conformance test.
-    let s = 40;
-    let dflash = BlockMask::dflash(s, 4, &[1, 5, 6, 20, 37, -1, -1]).unwrap();
-    let sliding_dflash = BlockMask::dflash_sliding(s, 4, &[3, 9, 10, 30, -1], 7).unwrap();
-    let causal = BlockMask::causal(45).unwrap();
-    let document = BlockMask::document(&[10, 1, 17, 9]).unwrap();
-    let sliding = BlockMask::sliding_window(50, 8).unwrap();
+    let masks = conformance_masks();
     let mut seed = 300;
     for &(hq, hkv, d) in &[
         (4, 2, 64),
@@ -338,23 +351,13 @@ fn attention_cuda_flash_matches_reference() {
         (2, 1, 256),
         (4, 2, 256),
     ] {
-        for (name, mask) in [
-            ("dflash", &dflash),
-            ("dflash_sliding", &sliding_dflash),
-            ("causal", &causal),
-            ("document", &document),
-            ("sliding", &sliding),
-        ] {
+        for (name, mask) in &masks {
             seed += 1;
             flash_case(&cu, name, mask, hq, hkv, d, seed);
         }
     }
-    // Bigger cases spanning several 128-row query tiles and key tiles: DFlash with 512
-    // context rows and 48 blocks of 16 (two overlapping, two padding), and a long causal mask.
-    let mut anchors: Vec<i32> = (0..46).map(|i| 10 + i * 10).collect();
-    anchors[1] = anchors[0] + 3;
-    anchors.extend([-1, -1]);
-    let big = BlockMask::dflash(512, 16, &anchors).unwrap();
+    // Bigger cases spanning several 128-row query tiles and key tiles.
+    let big = big_dflash_mask();
     let causal_big = BlockMask::causal(300).unwrap();
     for &(hq, hkv, d) in &[(4, 1, 64), (8, 2, 128), (2, 1, 256)] {
         seed += 1;
