@@ -195,7 +195,7 @@ fn drafter_step_matches_reference() {
         let want = drafter::run(reference.clone(), &p, false);
         assert!(want.counted > 0 && want.loss > 0.0);
         for t in DRAFTER_TOLS {
-            let (prec, why) = (t.prec, t.why);
+            let prec = t.prec;
             let Some(cu) = cuda_with(prec) else { return };
             let cu: Arc<dyn Backend> = Arc::new(cu);
             for recompute in [false, true] {
@@ -205,51 +205,7 @@ fn drafter_step_matches_reference() {
                     if small { "small" } else { "tiny" }
                 );
                 println!("{which}");
-                check_scalar("  loss sum(w*CE)", got.loss, want.loss, t.loss_rtol, why);
-                check_scalar(
-                    "  loss only (grad_scale 0)",
-                    got.loss_only,
-                    want.loss,
-                    t.loss_rtol,
-                    why,
-                );
-                check_scalar(
-                    "  weight_sum",
-                    got.weight_sum,
-                    want.weight_sum,
-                    1e-12,
-                    "same weights",
-                );
-                assert_eq!(got.counted, want.counted);
-                let slack = 1 + want.counted / t.correct_slack_div;
-                assert!(
-                    got.correct.abs_diff(want.correct) <= slack,
-                    "correct {} vs {}",
-                    got.correct,
-                    want.correct
-                );
-                let same = got
-                    .predict
-                    .iter()
-                    .zip(&want.predict)
-                    .filter(|(a, b)| a == b)
-                    .count();
-                println!(
-                    "    predict: {same} of {} slots equal; correct {} vs {}",
-                    want.predict.len(),
-                    got.correct,
-                    want.correct
-                );
-                assert!(
-                    same * 100 >= want.predict.len() * t.same_pct,
-                    "predictions differ too often"
-                );
-                for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
-                    if let Some(l2) = t.rel_l2 {
-                        check_rel_l2(&format!("  d {name}"), g, w, l2, why);
-                    }
-                    check(&format!("  d {name}"), g, w, t.rtol, t.atol, why);
-                }
+                check_step(&got, &want, &t);
             }
         }
     }
@@ -269,6 +225,56 @@ struct DrafterTol {
     /// Percentage of equal greedy predictions required.
     same_pct: usize,
     why: &'static str,
+}
+
+/// Checks one whole drafter step against the reference's: loss (through the step and the
+/// loss-only path), weight sum, counts, greedy predictions and every parameter gradient.
+fn check_step(got: &drafter::Run, want: &drafter::Run, t: &DrafterTol) {
+    check_scalar("  loss sum(w*CE)", got.loss, want.loss, t.loss_rtol, t.why);
+    check_scalar(
+        "  loss only (grad_scale 0)",
+        got.loss_only,
+        want.loss,
+        t.loss_rtol,
+        t.why,
+    );
+    check_scalar(
+        "  weight_sum",
+        got.weight_sum,
+        want.weight_sum,
+        1e-12,
+        "same weights",
+    );
+    assert_eq!(got.counted, want.counted);
+    let slack = 1 + want.counted / t.correct_slack_div;
+    assert!(
+        got.correct.abs_diff(want.correct) <= slack,
+        "correct {} vs {}",
+        got.correct,
+        want.correct
+    );
+    let same = got
+        .predict
+        .iter()
+        .zip(&want.predict)
+        .filter(|(a, b)| a == b)
+        .count();
+    println!(
+        "    predict: {same} of {} slots equal; correct {} vs {}",
+        want.predict.len(),
+        got.correct,
+        want.correct
+    );
+    assert!(
+        same * 100 >= want.predict.len() * t.same_pct,
+        "predictions differ too often"
+    );
+    for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
+        if let Some(l2) = t.rel_l2 {
+            check_rel_l2(&format!("  d {name}"), g, w, l2, t.why);
+        }
+        check(&format!("  d {name}"), g, w, t.rtol, t.atol, t.why);
+    }
 }
 
 /// bf16: 8x TF32's unit roundoff (2^-8 vs 2^-11 per operand), and every GEMM of the step
@@ -330,52 +336,20 @@ fn drafter_step_with_cuda_flash_matches_reference() {
     let p = drafter::problem(true, 11);
     let want = drafter::run(reference, &p, false);
     assert!(want.counted > 0 && want.loss > 0.0);
-    let why = "bf16 flash attention (f32 GEMMs) vs f64 reference";
+    let tol = DrafterTol {
+        prec: GemmPrecision::Fp32,
+        rtol: 1e-1,
+        atol: 5e-2,
+        rel_l2: Some(3e-2),
+        loss_rtol: 1e-2,
+        correct_slack_div: 20,
+        same_pct: 90,
+        why: "bf16 flash attention (f32 GEMMs) vs f64 reference",
+    };
     for recompute in [false, true] {
         let got = drafter::run(cu.clone(), &p, recompute);
         println!("small drafter, cuda-flash, Fp32 GEMMs, recompute={recompute}");
-        check_scalar("  loss sum(w*CE)", got.loss, want.loss, 1e-2, why);
-        check_scalar(
-            "  loss only (grad_scale 0)",
-            got.loss_only,
-            want.loss,
-            1e-2,
-            why,
-        );
-        check_scalar(
-            "  weight_sum",
-            got.weight_sum,
-            want.weight_sum,
-            1e-12,
-            "same weights",
-        );
-        assert_eq!(got.counted, want.counted);
-        assert!(
-            got.correct.abs_diff(want.correct) <= 1 + want.counted / 20,
-            "correct {} vs {}",
-            got.correct,
-            want.correct
-        );
-        let same = got
-            .predict
-            .iter()
-            .zip(&want.predict)
-            .filter(|(a, b)| a == b)
-            .count();
-        println!(
-            "    predict: {same} of {} slots equal; correct {} vs {}",
-            want.predict.len(),
-            got.correct,
-            want.correct
-        );
-        assert!(
-            same * 100 >= want.predict.len() * 90,
-            "predictions differ too often"
-        );
-        for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
-            check_rel_l2(&format!("  d {name}"), g, w, 3e-2, why);
-            check(&format!("  d {name}"), g, w, 1e-1, 5e-2, why);
-        }
+        check_step(&got, &want, &tol);
     }
 }
 
@@ -412,8 +386,17 @@ fn drafter_step_bf16_activations_matches_reference() {
         (Arc::new(simple), "cuda-simple", &[false, true], 7.5e-2),
         (Arc::new(flash), "cuda-flash", &[true], 1e-1),
     ];
-    let why = "bf16 GEMM operands + bf16 activation storage through every layer";
     for (cu, attn, smalls, tol_l2) in runs {
+        let tol = DrafterTol {
+            prec: GemmPrecision::Bf16,
+            rtol: 2e-1,
+            atol: 1e-1,
+            rel_l2: Some(tol_l2),
+            loss_rtol: 2e-2,
+            correct_slack_div: 10,
+            same_pct: 85,
+            why: "bf16 GEMM operands + bf16 activation storage through every layer",
+        };
         for &small in smalls {
             let p = drafter::problem(small, 11);
             let want = drafter::run(reference.clone(), &p, false);
@@ -423,31 +406,7 @@ fn drafter_step_bf16_activations_matches_reference() {
                     "{} drafter, {attn}, bf16 GEMMs + bf16 activations, recompute={recompute}",
                     if small { "small" } else { "tiny" }
                 );
-                check_scalar("  loss sum(w*CE)", got.loss, want.loss, 2e-2, why);
-                check_scalar("  loss only", got.loss_only, want.loss, 2e-2, why);
-                assert_eq!(got.counted, want.counted);
-                let slack = 1 + want.counted / 10;
-                assert!(
-                    got.correct.abs_diff(want.correct) <= slack,
-                    "correct {} vs {}",
-                    got.correct,
-                    want.correct
-                );
-                let same = got
-                    .predict
-                    .iter()
-                    .zip(&want.predict)
-                    .filter(|(a, b)| a == b)
-                    .count();
-                println!("    predict: {same} of {} slots equal", want.predict.len());
-                assert!(
-                    same * 100 >= want.predict.len() * 85,
-                    "predictions differ too often"
-                );
-                for ((name, g), (_, w)) in got.grads.iter().zip(&want.grads) {
-                    check_rel_l2(&format!("  d {name}"), g, w, tol_l2, why);
-                    check(&format!("  d {name}"), g, w, 2e-1, 1e-1, why);
-                }
+                check_step(&got, &want, &tol);
             }
         }
     }
