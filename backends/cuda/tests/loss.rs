@@ -5,6 +5,7 @@
 mod common;
 
 use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 
 use common::*;
 use dflash_backend_cuda::GemmPrecision;
@@ -33,6 +34,48 @@ fn margins(x: &[f32], w: &[f32], t: usize, h: usize, v: usize) -> Vec<(usize, f6
             (i1, b1 - b2)
         })
         .collect()
+}
+
+/// Labels (40% the row's argmax, else uniform) and loss weights (30% exactly 0: skipped rows,
+/// else in [0.1, 1)) for rows with the given `(argmax, top-2 margin)`.
+fn ce_targets(r: &mut ChaCha8Rng, m: &[(usize, f64)], v: usize) -> (Vec<u32>, Vec<f32>) {
+    m.iter()
+        .map(|&(am, _)| {
+            let label = if r.random_bool(0.4) {
+                am as u32
+            } else {
+                r.random_range(0..v as u32)
+            };
+            let weight = if r.random_bool(0.3) {
+                0.0
+            } else {
+                r.random_range(0.1f32..1.0)
+            };
+            (label, weight)
+        })
+        .unzip()
+}
+
+/// `correct` (greedy hits on weighted rows) may differ only by the weighted rows whose top-2
+/// logit margin is under `margin` (where rounding can flip the argmax).
+fn check_correct_within_ties(
+    got: u64,
+    want: u64,
+    weights: &[f32],
+    m: &[(usize, f64)],
+    margin: f64,
+) {
+    let near_ties = weights
+        .iter()
+        .zip(m)
+        .filter(|&(&w, &(_, gap))| w > 0.0 && gap < margin)
+        .count() as i64;
+    let dc = got as i64 - want as i64;
+    println!("  CE correct {got} vs {want} (rows with top-2 margin < {margin}: {near_ties})");
+    assert!(
+        dc.abs() <= near_ties,
+        "correct differs by {dc} with only {near_ties} near ties"
+    );
 }
 
 #[test]
@@ -71,20 +114,7 @@ fn loss_ops_match_reference() {
         let x = rand_vec(&mut r, t * h, 1.5);
         let w = rand_vec(&mut r, v * h, 0.5);
         let m = margins(&x, &w, t, h, v);
-        let mut labels = Vec::new();
-        let mut weights = Vec::new();
-        for &(am, _) in &m {
-            labels.push(if r.random_bool(0.4) {
-                am as u32
-            } else {
-                r.random_range(0..v as u32)
-            });
-            weights.push(if r.random_bool(0.3) {
-                0.0
-            } else {
-                r.random_range(0.1f32..1.0)
-            });
-        }
+        let (labels, weights) = ce_targets(&mut r, &m, v);
         let gs = 1.0 / 1234.5;
         let (xc, wc) = (up(&cu, &x, &[t, h]), up(&cu, &w, &[v, h]));
         let (xr, wr) = (up(&rf, &x, &[t, h]), up(&rf, &w, &[v, h]));
@@ -109,18 +139,7 @@ fn loss_ops_match_reference() {
             "same f32 weights summed in f64, same order",
         );
         assert_eq!(sc.counted, sr.counted);
-        let near_ties = (0..t)
-            .filter(|&i| weights[i] > 0.0 && m[i].1 < margin)
-            .count() as i64;
-        let dc = sc.correct as i64 - sr.correct as i64;
-        println!(
-            "  CE correct {} vs {} (rows with top-2 margin < {margin}: {near_ties})",
-            sc.correct, sr.correct
-        );
-        assert!(
-            dc.abs() <= near_ties,
-            "correct differs by {dc} with only {near_ties} near ties"
-        );
+        check_correct_within_ties(sc.correct, sr.correct, &weights, &m, margin);
         let dxh = down(&cu, &dxc);
         check("CE dx", &dxh, &down(&rf, &dxr), rtol_dx, atol_dx, why);
         for i in 0..t {
@@ -207,20 +226,7 @@ fn loss_bf16_head_matches_reference() {
         let wb = bf16_rounded(&w);
         assert!(w != wb);
         let m = margins(&x, &wb, t, h, v);
-        let mut labels = Vec::new();
-        let mut weights = Vec::new();
-        for &(am, _) in &m {
-            labels.push(if r.random_bool(0.4) {
-                am as u32
-            } else {
-                r.random_range(0..v as u32)
-            });
-            weights.push(if r.random_bool(0.3) {
-                0.0
-            } else {
-                r.random_range(0.1f32..1.0)
-            });
-        }
+        let (labels, weights) = ce_targets(&mut r, &m, v);
         let gs = 1.0 / 1234.5;
         let xc = up(&cu, &x, &[t, h]);
         // bf16 mode: what the models do (to_compute_format); the others keep f32 there, so
@@ -247,15 +253,7 @@ fn loss_bf16_head_matches_reference() {
         );
         assert_eq!(sc.counted, sr.counted);
         let margin = 1e-3;
-        let near_ties = (0..t)
-            .filter(|&i| weights[i] > 0.0 && m[i].1 < margin)
-            .count() as i64;
-        let dc = sc.correct as i64 - sr.correct as i64;
-        println!(
-            "  CE correct {} vs {} (rows with top-2 margin < {margin}: {near_ties})",
-            sc.correct, sr.correct
-        );
-        assert!(dc.abs() <= near_ties, "correct differs by {dc}");
+        check_correct_within_ties(sc.correct, sr.correct, &weights, &m, margin);
         let dxh = down(&cu, &dxc);
         check(
             "CE dx (bf16 head)",
