@@ -204,8 +204,22 @@ def ptxas_report(ptx, tag):
     return "\n".join(lines)
 
 
+def read_source(path=SRC):
+    """attention.cu with its `#include "attention/<part>"` lines spliced in (NVRTC has no file
+    system), bracketed by #line directives: what the backend's `kernels::flash_source` builds."""
+    kdir = os.path.dirname(path)
+    out = []
+    for i, line in enumerate(open(path).read().splitlines()):
+        m = re.match(r'#include "(attention/[A-Za-z0-9_]+\.cuh)"$', line)
+        if m:
+            out += [f'#line 1 "{m.group(1)}"', open(os.path.join(kdir, m.group(1))).read(), f'#line {i + 2} "attention.cu"']
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def build_all(variants):
-    src = open(SRC).read()
+    src = read_source()
     with ThreadPoolExecutor(max_workers=len(variants)) as ex:
         futs = {k: ex.submit(nvrtc_compile, src, NVRTC_OPTS + v) for k, v in variants.items()}
         return {k: f.result()[0] for k, f in futs.items()}
@@ -862,7 +876,7 @@ def profile_once():
 
     dev = torch.device("cuda")
     extra = os.environ.get("ATTN_LAB_DEFS", "").split()  # e.g. ATTN_LAB_DEFS="-DATTN_FWD_NOTURN" (a lab variant)
-    ptx, _ = nvrtc_compile(open(SRC).read(), NVRTC_OPTS + ["-DATTN_ONLY_D128"] + extra)
+    ptx, _ = nvrtc_compile(read_source(), NVRTC_OPTS + ["-DATTN_ONLY_D128"] + extra)
     path = os.path.join(tempfile.mkdtemp(), "a.ptx")
     open(path, "wb").write(ptx)
     mod = cp.RawModule(path=path)

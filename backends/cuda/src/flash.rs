@@ -135,8 +135,8 @@ impl FlashKernels {
         } else {
             format!("compute_{}{}", cc.0, cc.1)
         };
-        let (file, src) = crate::kernels::FLASH_SOURCE;
-        let ptx = crate::kernels::compile(file, src, &arch).map_err(|e| e.to_string())?;
+        let (file, src) = crate::kernels::flash_source();
+        let ptx = crate::kernels::compile(file, &src, &arch).map_err(|e| e.to_string())?;
         let drv = |what: String| move |e| CudaError::Driver { what, source: e }.to_string();
         let module = ctx
             .load_module(ptx)

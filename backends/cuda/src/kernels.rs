@@ -118,9 +118,65 @@ pub(crate) fn pick<'a>(fs: &[&'a CudaFunction], dts: &[crate::DType]) -> &'a Cud
     fs[i]
 }
 
-/// `(file name, source)` of the bf16 flash attention (`"cuda-flash"`), compiled separately and
-/// only when a backend selects it (see [`crate::flash`]).
-pub const FLASH_SOURCE: (&str, &str) = ("attention.cu", include_str!("../kernels/attention.cu"));
+/// The root file of the bf16 flash attention (`"cuda-flash"`), compiled separately and only
+/// when a backend selects it (see [`crate::flash`]). It `#include`s its parts
+/// ([`FLASH_PARTS`]), which [`flash_source`] splices in.
+pub const FLASH_FILE: &str = "attention.cu";
+
+/// The parts `kernels/attention.cu` includes, as `(include name, source)`: embedded, since
+/// NVRTC runs without the source tree.
+pub const FLASH_PARTS: &[(&str, &str)] = &[
+    (
+        "attention/common.cuh",
+        include_str!("../kernels/attention/common.cuh"),
+    ),
+    (
+        "attention/fwd_mma.cuh",
+        include_str!("../kernels/attention/fwd_mma.cuh"),
+    ),
+    (
+        "attention/fwd_wgmma.cuh",
+        include_str!("../kernels/attention/fwd_wgmma.cuh"),
+    ),
+    (
+        "attention/bwd_mma.cuh",
+        include_str!("../kernels/attention/bwd_mma.cuh"),
+    ),
+    (
+        "attention/bwd_wgmma.cuh",
+        include_str!("../kernels/attention/bwd_wgmma.cuh"),
+    ),
+];
+
+/// `(file name, whole source)` of the flash attention: `attention.cu` with each
+/// `#include "attention/<part>"` line replaced by that part, bracketed by `#line` directives so
+/// that NVRTC's messages name the part and its line. An include of an unknown part is left as
+/// it is (NVRTC then reports it by name).
+pub fn flash_source() -> (&'static str, String) {
+    let root = include_str!("../kernels/attention.cu");
+    let mut out = String::with_capacity(
+        root.len() + FLASH_PARTS.iter().map(|p| p.1.len() + 64).sum::<usize>(),
+    );
+    for (i, line) in root.lines().enumerate() {
+        let part = line
+            .strip_prefix("#include \"")
+            .and_then(|r| r.strip_suffix('"'))
+            .and_then(|name| FLASH_PARTS.iter().find(|(n, _)| *n == name));
+        match part {
+            Some((name, src)) => {
+                out.push_str(&format!(
+                    "#line 1 \"{name}\"\n{src}\n#line {} \"{FLASH_FILE}\"\n",
+                    i + 2
+                ));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    (FLASH_FILE, out)
+}
 
 /// The full source NVRTC sees for `file`: the common prelude, then the file with its own line
 /// numbers.

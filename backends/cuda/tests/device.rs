@@ -70,6 +70,54 @@ fn create_backend_cuda_is_clean() {
 
 /// Every kernel file compiles with NVRTC for compute_90 wherever NVRTC can be loaded (it
 /// needs no GPU), and a broken source is a typed error carrying NVRTC's log.
+/// `attention.cu` is split into parts that NVRTC cannot read from disk: `flash_source` must
+/// splice in every `#include "attention/..."` of the root, each part must be a file of
+/// `kernels/attention/` and every such file a listed part (a new part cannot be forgotten).
+/// Needs no GPU.
+#[test]
+fn flash_source_splices_every_part() {
+    use dflash_backend_cuda::kernels::{FLASH_PARTS, flash_source};
+    let (file, src) = flash_source();
+    assert_eq!(file, "attention.cu");
+    assert!(
+        !src.contains("#include \"attention/"),
+        "an include was left unexpanded"
+    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let root = std::fs::read_to_string(dir.join("attention.cu")).unwrap();
+    let includes = root
+        .lines()
+        .filter(|l| l.starts_with("#include \"attention/"))
+        .count();
+    assert_eq!(includes, FLASH_PARTS.len(), "root includes vs listed parts");
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir.join("attention"))
+        .unwrap()
+        .map(|e| format!("attention/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = FLASH_PARTS.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed);
+    let mut at = 0;
+    for (name, part) in FLASH_PARTS {
+        let marker = format!("#line 1 \"{name}\"\n");
+        let pos = src[at..]
+            .find(&marker)
+            .unwrap_or_else(|| panic!("{name} missing or out of order"))
+            + at;
+        assert!(
+            src[pos + marker.len()..].starts_with(part),
+            "{name} spliced whole"
+        );
+        at = pos + marker.len() + part.len();
+    }
+    println!(
+        "  attention.cu: {} parts spliced in order, {} bytes",
+        FLASH_PARTS.len(),
+        src.len()
+    );
+}
+
 #[test]
 fn kernels_compile_with_nvrtc() {
     if unsafe { !dflash_backend_cuda::cudarc::nvrtc::sys::is_culib_present() } {
@@ -78,10 +126,11 @@ fn kernels_compile_with_nvrtc() {
         );
         return;
     }
-    let flash = dflash_backend_cuda::kernels::FLASH_SOURCE;
+    let (flash_file, flash_src) = dflash_backend_cuda::kernels::flash_source();
     for (file, src) in dflash_backend_cuda::kernels::SOURCES
         .iter()
-        .chain(std::iter::once(&flash))
+        .copied()
+        .chain(std::iter::once((flash_file, flash_src.as_str())))
     {
         let t = std::time::Instant::now();
         dflash_backend_cuda::kernels::compile(file, src, "compute_90")

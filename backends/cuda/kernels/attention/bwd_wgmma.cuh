@@ -1,0 +1,509 @@
+// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v14, head_dim 64 / 128).
+// Part of attention.cu (included there, in order; see its header comment).
+
+// ------------------------------------------------------------------------------------------------
+// Backward on Hopper, v14 (runs 13-17; its unspecialised form v11, runs 10-12, and the lab variants
+// that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
+// tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
+// K-major panels), one step per listed (query tile of BM = 64 rows x group head). 384 threads in three
+// roles; setmaxnreg: the producer warpgroup drops to 24 registers, the two consumers rise to 240
+// (launch bound 168 x 384 = the register file).
+//   warpgroups 0, 1 (consumers, 64 keys each), per step:
+//     S^T  = K_wg Q^T, dP^T = V_wg dO^T   SS wgmma m64n64k16, one wait for both
+//     P^T  = exp2(S^T*scale*log2e - lse*log2e) (masked), dS^T = P^T (dP^T - D_i), in registers
+//     dV  += P^T dO, dK += dS^T Q         RS wgmma m64nDk16 (P^T / dS^T as A fragments), left in flight
+//     dS^T -> shared memory (bf16, swizzled), one named barrier (bar 1: the consumers only), then
+//     dQ   = dS K                          SS wgmma, both operands transposed: the whole dQ of step g
+//                                          (two 64-column halves) by warpgroup g & 1 while the other
+//                                          goes on to step g + 1; staged as f32 in shared memory (rows
+//                                          padded by 32 B: conflict-free v2 stores), two tiles used
+//                                          alternately; the one dS^T buffer is freed by an mbarrier
+//                                          (ds_free) once the dQ wgmmas retired.
+//     A warpgroup skips (S, dP, dK, dV) a partial step none of whose 64 rows sees any of its 64 keys.
+//   warpgroup 2 (producer): warps 8 / 9 load Q / dO, warp 10 lse, D_i and the row intervals of each
+//     step into a 2-stage ring (cp.async; each thread waits for its own copies, fence.proxy.async,
+//     then arrives on the stage's "full" mbarrier); the consumers release a stage with one arrive per
+//     warp ("empty") after the step's last wgmma wait. Warp 11 is the dQ writer: it waits for a staged
+//     tile (dq_full), adds it into dq_accum with one cp.reduce.async.bulk per row (512 B), and frees the
+//     tile (dq_empty) once the bulk reads are done.
+// No CTA barrier inside the step loop (the query-tile list is built by all 384 threads with bar.sync 0
+// per chunk of 384 query tiles). ptxas pipelines the wgmmas only if no non-wgmma instruction writes an
+// accumulator while any wgmma is in flight and no wgmma is conditional inside a group (else it
+// serialises every wgmma of the kernel: C7515): hence one wait for S^T and dP^T together, dQ without a
+// zero fill (scale-d 0 first) over all 8 k-steps. ptxas: 168 registers (the launch bound; consumers
+// 240), a few spill bytes in the producer branch only, no C75xx (backends/cuda/lab/sass_order.py:
+// H W0 E H W0 H W0 W0 W0). d256 keeps the mma.sync backward (dK and dV accumulators alone would be
+// 256 registers per thread).
+// ------------------------------------------------------------------------------------------------
+#ifndef ATTN_BWD_REG_C
+#define ATTN_BWD_REG_C 240
+#endif
+#ifndef ATTN_BWD_REG_P
+#define ATTN_BWD_REG_P 24
+#endif
+template <int D>
+struct WsBwdCfg {
+    static constexpr int BN = 128, BM = BWD_BM, THREADS = 384, NCT = 256;  // NCT: consumer threads
+    static constexpr int KV = BN * D * 2;   // bytes of the K (or V) tile
+    static constexpr int QS = BM * D * 2;   // bytes of one Q (or dO) stage
+    static constexpr int DS = BN * BM * 2;  // bytes of one dS^T buffer
+    static constexpr int DQN = D == 64 ? 64 : D / 2;  // dQ columns per warpgroup
+    static constexpr int DQLD = D * 4 + 32;           // bytes per staged dQ row (conflict-free v2 stores)
+    static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + 2 * QS, OFF_DS = OFF_DO + 2 * QS;
+    static constexpr int OFF_DQ = OFF_DS + DS;              // one dS^T buffer, then two staged dQ tiles
+    static constexpr int OFF_LSE = OFF_DQ + 2 * BM * DQLD;  // [2][BM] f32
+    static constexpr int OFF_DI = OFF_LSE + 2 * BM * 4;  // [2][BM] f32
+    static constexpr int OFF_ROW = OFF_DI + 2 * BM * 4;  // [2][BM] int4
+    static constexpr int LISTN = THREADS;
+    static constexpr int OFF_LIST = OFF_ROW + 2 * BM * 16;
+    static constexpr int OFF_CNT = OFF_LIST + LISTN * 4;  // [16] warp counts, [2][2] visibility, dQ flag, pin
+    static constexpr int OFF_BAR = OFF_CNT + 32 * 4;      // mbarriers: full[2], empty[2], dq_full[2], dq_empty[2], ds_free
+    static constexpr int SMEM = 1024 + OFF_BAR + 9 * 8;
+    static constexpr int LDE = D + 8;  // epilogue staging row (elements)
+    static_assert(BN * LDE * 2 <= 4 * QS, "epilogue staging fits in the Q/dO area");
+    static_assert(BM == 64 && DQN == 64 && SMEM <= 232448, "tile shape");
+};
+
+#ifdef ATTN_WGMMA
+static __device__ __forceinline__ void bwd_mbar_init(u32 a, int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void bwd_mbar_arrive(u32 a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+static __device__ __forceinline__ void bwd_mbar_wait(u32 a, u32 parity) {
+    u32 ok;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+    } while (!ok);
+}
+static __device__ __forceinline__ void bwd_bar_all() { asm volatile("bar.sync 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void bwd_bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+static __device__ __forceinline__ void bwd_bulk_red(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+static __device__ __forceinline__ void bwd_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+template <int D>
+__device__ __forceinline__ void attn_bwd_ws_impl(
+    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
+    const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
+    const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
+    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale) {
+    using C = WsBwdCfg<D>;
+    constexpr int BM = C::BM, BN = C::BN;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_a = smem_u32(smem_raw);
+    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
+    unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
+    const u32 sba = raw_a + pad;
+    float* sLse = (float*)(sb + C::OFF_LSE);
+    float* sDi = (float*)(sb + C::OFF_DI);
+    int4* sRow = (int4*)(sb + C::OFF_ROW);
+    int* sList = (int*)(sb + C::OFF_LIST);
+    int* sCnt = (int*)(sb + C::OFF_CNT);
+    int* sWv = sCnt + 16;   // [2 buffers][2 warpgroups]
+    int* sDqf = sCnt + 20;  // [2] dQ of the staged step present (written by thread 0)
+    // mbarriers: full[2], empty[2], dq_full[2], dq_empty[2], ds_free
+    const u32 barF = sba + C::OFF_BAR, barE = barF + 16, barQF = barF + 32, barQE = barF + 48, barDS = barF + 64;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int G = Hq / Hkv;
+    const int hk = blockIdx.x % Hkv;
+    const int kt = blockIdx.x / Hkv;  // early key tiles (seen by most queries) first, kv heads interleaved
+    const int k0 = kt * BN;
+    const int k1 = min(k0 + BN, Tk);
+    const int nqt = (Tq + BM - 1) / BM;
+    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
+
+    if (tid == 0) {
+        bwd_mbar_init(barF, 96);
+        bwd_mbar_init(barF + 8, 96);
+        bwd_mbar_init(barE, 8);
+        bwd_mbar_init(barE + 8, 8);
+        bwd_mbar_init(barQF, 128);
+        bwd_mbar_init(barQE, 1);
+        bwd_mbar_init(barQF + 8, 128);
+        bwd_mbar_init(barQE + 8, 1);
+        bwd_mbar_init(barDS, C::NCT);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    // list of the query tiles of chunk [base, base + LISTN) that can see key tile [k0, k1) (all threads)
+    auto build_list = [&](int base) -> int {
+        int entry = -1;
+        const int qt = base + tid;
+        if (qt < nqt) {
+            const int4 s0 = *(const int4*)(summary + qt * 8);
+            const int4 s1 = *(const int4*)(summary + qt * 8 + 4);
+            bool vis = overlaps(s0.x, s0.y, k0, k1) || overlaps(s1.x, s1.y, k0, k1);
+            bool full = (k0 >= s0.z && k0 + BN <= s0.w) || (k0 >= s1.z && k0 + BN <= s1.w);
+            if (vis) entry = qt | (full ? 0 : 0x40000000);
+        }
+        const u32 bal = __ballot_sync(0xffffffffu, entry >= 0);
+        if (lane == 0) sCnt[warp] = __popc(bal);
+        bwd_bar_all();
+        int off = 0, tot = 0;
+#pragma unroll
+        for (int w = 0; w < C::THREADS / 32; w++) {
+            int c = sCnt[w];
+            off += (w < warp) ? c : 0;
+            tot += c;
+        }
+        if (entry >= 0) sList[off + __popc(bal & ((1u << lane) - 1u))] = entry;
+        bwd_bar_all();
+        return tot;
+    };
+    int rot = 0, total = 1;
+    auto list_at = [&](int it) {
+        int li = it / G + rot;
+        if (li >= total) li -= total;
+        return sList[li];
+    };
+
+    if (wg == 2) {
+        // ================================ producer warpgroup ================================
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_BWD_REG_P));
+        int g0 = 0;
+        for (int base = 0; base < nqt; base += C::LISTN) {
+            total = build_list(base);
+            const int nit = total * G;
+            if (nit == 0) continue;
+            rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
+            if (wq < 3) {
+                for (int it = 0; it < nit; it++) {
+                    const int g = g0 + it, st = g & 1;
+                    if (g >= 2) bwd_mbar_wait(barE + 8 * st, ((g >> 1) - 1) & 1);
+                    const int li = it / G;
+                    const int e = list_at(it);
+                    const int q0 = (e & 0x3fffffff) * BM;
+                    const int h = hk * G + (it - li * G);
+                    if (wq < 2) {
+                        constexpr int CPR = D / 8, RPW = 32 / CPR;
+                        const int c = lane % CPR, r0 = lane / CPR;
+                        const bf16_t* src = wq == 0 ? q : dout;
+                        const u32 d0 = sba + (wq == 0 ? C::OFF_Q : C::OFF_DO) + st * C::QS + (c >> 3) * (BM * 128);
+                        const bf16_t* p0 = src + (size_t)(q0 + r0) * qstride + (size_t)h * D + c * 8;
+#pragma unroll
+                        for (int j = 0; j < BM / RPW; j++) {
+                            const int r = r0 + j * RPW;
+                            const bool ok = q0 + r < Tq;
+                            cp_async16(d0 + r * 128 + (((c & 7) ^ (r & 7)) << 4), ok ? p0 + (size_t)j * RPW * qstride : src,
+                                       ok);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const int r = lane + 32 * j, row = q0 + r;
+                            const bool ok = row < Tq;
+                            const size_t rr = ok ? (size_t)row : 0;
+                            int* dRow = (int*)(sRow + st * BM + r);
+                            cp_async4(smem_u32(sLse + st * BM + r), lse + rr * Hq + h, ok);
+                            cp_async4(smem_u32(sDi + st * BM + r), Di + rr * Hq + h, ok);
+                            cp_async4(smem_u32(dRow + 0), fs + rr, ok);
+                            cp_async4(smem_u32(dRow + 1), fe + rr, ok);
+                            cp_async4(smem_u32(dRow + 2), ss + rr, ok);
+                            cp_async4(smem_u32(dRow + 3), se + rr, ok);
+                        }
+                    }
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    fence_proxy_async();
+                    bwd_mbar_arrive(barF + 8 * st);
+                }
+            } else {
+                // dQ writer
+                for (int it = 0; it < nit; it++) {
+                    const int g = g0 + it;
+                  {
+                    const int w = g & 1;  // staged tile of step g, and its phase
+                    bwd_mbar_wait(barQF + 8 * w, (g >> 1) & 1);
+#ifdef ATTN_LAB_SKIP_DQRED  // lab-only timing knob (wrong dq): the writer reduces nothing
+                    if (false) {
+#else
+                    if (*(volatile int*)(sDqf + w)) {
+#endif
+                        const int li = it / G;
+                        const int e = list_at(it);
+                        const int q0 = (e & 0x3fffffff) * BM;
+                        const int h = hk * G + (it - li * G);
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const int r = lane + 32 * j;
+                            if (q0 + r < Tq)
+                                bwd_bulk_red(dq_accum + ((size_t)(q0 + r) * Hq + h) * D,
+                                             sba + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD, D * 4);
+                        }
+                        bwd_bulk_commit();
+                        bwd_bulk_wait_read();
+                    }
+                    __syncwarp();
+                    if (lane == 0) bwd_mbar_arrive(barQE + 8 * w);
+                  }
+                }
+            }
+            g0 += nit;
+        }
+        if (wq == 3) bwd_bulk_wait_all();
+    } else {
+        // ================================ consumer warpgroups ================================
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_BWD_REG_C));
+        const float sl2 = scale * ATTN_LOG2E;
+        constexpr int DT = D / 8;
+        constexpr int RPT = C::NCT / DT;  // rows per loader pass
+        static_assert(C::NCT % DT == 0 && RPT % 8 == 0 && BN % RPT == 0, "loader shape");
+        const int lrow = tid / DT, lc = tid % DT;
+        const u32 swz = (u32)((((lc & 7) ^ (lrow & 7)) << 4) + lrow * 128);
+        {  // K, V tile (panels of 64 columns x BN rows)
+            const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + swz;
+            const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + swz;
+            const bf16_t* gk0 = k + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+            const bf16_t* gv0 = v + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+#pragma unroll
+            for (int j = 0; j < BN / RPT; j++) {
+                const bool ok = k0 + lrow + j * RPT < Tk;
+                const size_t o = (size_t)j * RPT * kstride;
+                cp_async16(dK + j * RPT * 128, ok ? gk0 + o : k, ok);
+                cp_async16(dV + j * RPT * 128, ok ? gv0 + o : v, ok);
+            }
+        }
+        cp_async_commit();
+
+        float dka[D / 2], dva[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.f;
+
+        const u64 dKa = gdesc(sba + C::OFF_K + wg * 64 * 128, 16, 1024);  // A: this warpgroup's keys, K-major
+        const u64 dVa = gdesc(sba + C::OFF_V + wg * 64 * 128, 16, 1024);
+        const u64 dQb = gdesc(sba + C::OFF_Q, 16, 1024);                  // B: Q rows (N = queries), K-major
+        const u64 dOb = gdesc(sba + C::OFF_DO, 16, 1024);
+        const u64 dQt = gdesc(sba + C::OFF_Q, BM * 128, 1024);            // B: Q (K = queries, N = D), MN-major
+        const u64 dOt = gdesc(sba + C::OFF_DO, BM * 128, 1024);
+        const u64 dSa = gdesc(sba + C::OFF_DS, BN * 128, 1024);           // A: dS^T (M = queries), MN-major
+        const u64 dKt0 = gdesc(sba + C::OFF_K, BN * 128, 1024);  // ALTQ: B = K, D columns from 0
+
+        int g0 = 0;
+        bool first = true;
+        for (int base = 0; base < nqt; base += C::LISTN) {
+            total = build_list(base);
+            const int nit = total * G;
+            if (nit == 0) continue;
+            rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
+            if (first) {  // K, V landed (this thread's copies), visible to both proxies of all consumers
+                cp_async_wait<0>();
+                fence_proxy_async();
+                bwd_bar_cons();
+                first = false;
+            }
+            for (int it = 0; it < nit; it++) {
+                const int g = g0 + it, st = g & 1;
+                bwd_mbar_wait(barF + 8 * st, (g >> 1) & 1);
+                const int li = it / G;
+                const int e = list_at(it);
+                const int q0 = (e & 0x3fffffff) * BM;
+                const int h = hk * G + (it - li * G);
+                const bool full = !(e & 0x40000000);
+                const float* lS = sLse + st * BM;
+                const float* dI = sDi + st * BM;
+                const int4* rows = sRow + st * BM;
+                unsigned char* sDS = sb + C::OFF_DS;
+                const int kw0 = k0 + wg * 64;  // first key of this warpgroup
+                bool vis = true;
+                if (!full) {
+                    const int4 x = rows[lane], y = rows[lane + 32];
+                    const int kb = kw0 + 64;
+                    vis = __any_sync(0xffffffffu, overlaps(x.x, x.y, kw0, kb) || overlaps(x.z, x.w, kw0, kb) ||
+                                                      overlaps(y.x, y.y, kw0, kb) || overlaps(y.z, y.w, kw0, kb));
+                }
+                if (wq == 0 && lane == 0) sWv[st * 2 + wg] = vis ? 1 : 0;
+                u32 pa[4][4], da[4][4];
+                if (vis) {
+                    float s[BM / 2], dp[BM / 2];
+                    const u64 qo = (u64)((st * C::QS) >> 4);
+                    wg_fence();
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; kk++) {
+                        const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                        const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                        wgmma_ss<64>(s, dKa + oa, dQb + qo + ob, kk > 0 ? 1 : 0);
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; kk++) {
+                        const u64 oa = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                        const u64 ob = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                        wgmma_ss<64>(dp, dVa + oa, dOb + qo + ob, kk > 0 ? 1 : 0);
+                    }
+                    wg_commit();
+                    wg_wait<0>();
+                    fence_regs<BM / 2>(s);
+                    fence_regs<BM / 2>(dp);
+                    float p[BM / 2];  // P^T: not an accumulator (writing s in place while dP^T runs serializes)
+                    const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
+#pragma unroll
+                    for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                        for (int x = 0; x < 2; x++) {
+                            const int qc = nt * 8 + 2 * (lane & 3) + x;
+                            const float nl = -lS[qc] * ATTN_LOG2E;
+                            int4 iv = make_int4(0, 0, 0, 0);
+                            if (!full) iv = rows[qc];
+#pragma unroll
+                            for (int i = 0; i < 2; i++) {
+                                const int key = kr + 8 * i;
+                                const bool ok = full || in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w);
+                                p[nt * 4 + 2 * i + x] = ok ? ex2(fmaf(s[nt * 4 + 2 * i + x], sl2, nl)) : 0.f;
+                            }
+                        }
+#pragma unroll
+                    for (int kc = 0; kc < BM / 16; kc++) {
+                        pa[kc][0] = pack_bf16(p[(2 * kc) * 4 + 0], p[(2 * kc) * 4 + 1]);
+                        pa[kc][1] = pack_bf16(p[(2 * kc) * 4 + 2], p[(2 * kc) * 4 + 3]);
+                        pa[kc][2] = pack_bf16(p[(2 * kc + 1) * 4 + 0], p[(2 * kc + 1) * 4 + 1]);
+                        pa[kc][3] = pack_bf16(p[(2 * kc + 1) * 4 + 2], p[(2 * kc + 1) * 4 + 3]);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                        for (int x = 0; x < 2; x++) {
+                            const float di = dI[nt * 8 + 2 * (lane & 3) + x];
+#pragma unroll
+                            for (int i = 0; i < 2; i++)
+                                dp[nt * 4 + 2 * i + x] = p[nt * 4 + 2 * i + x] * (dp[nt * 4 + 2 * i + x] - di);
+                        }
+#pragma unroll
+                    for (int kc = 0; kc < BM / 16; kc++) {
+                        da[kc][0] = pack_bf16(dp[(2 * kc) * 4 + 0], dp[(2 * kc) * 4 + 1]);
+                        da[kc][1] = pack_bf16(dp[(2 * kc) * 4 + 2], dp[(2 * kc) * 4 + 3]);
+                        da[kc][2] = pack_bf16(dp[(2 * kc + 1) * 4 + 0], dp[(2 * kc + 1) * 4 + 1]);
+                        da[kc][3] = pack_bf16(dp[(2 * kc + 1) * 4 + 2], dp[(2 * kc + 1) * 4 + 3]);
+                    }
+                    // dV += P^T dO, dK += dS^T Q: in flight across the dS^T store, the barrier and the dQ issue
+                    wg_fence();
+#pragma unroll
+                    for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dva, pa[kc], dOt + qo + (u64)((kc * 16 * 128) >> 4));
+#pragma unroll
+                    for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
+                    wg_commit();
+                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
+#pragma unroll
+                    for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+                            *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = da[nt >> 1][(nt & 1) * 2 + i];
+                        }
+                    fence_proxy_async();
+                } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
+                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);
+#pragma unroll
+                    for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+                            *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = 0u;
+                        }
+                    fence_proxy_async();
+                }
+                bwd_bar_cons();  // dS^T of both warpgroups and their visibility flags are in shared memory
+                const int vq = sWv[st * 2] | sWv[st * 2 + 1];
+                if (wg == (g & 1)) {
+                    const int w = g & 1;       // staged dQ tile of this step
+                    auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
+                        if (g >= 2) bwd_mbar_wait(barQE + 8 * w, ((g >> 1) - 1) & 1);
+                    };
+#ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
+                    if (false) {
+#else
+                    if (vq) {
+#endif
+#pragma unroll
+                        for (int hh = 0; hh < D / 64; hh++) {  // 64-column halves (a 64-register dQ: C7512)
+                            float dq[32];
+                            wg_fence();
+#pragma unroll
+                            for (int kc = 0; kc < BN / 16; kc++) {
+                                const u64 o = (u64)((kc * 16 * 128) >> 4);
+                                wgmma_ss_tt_n64(dq, dSa + o, dKt0 + (u64)((hh * BN * 128 + kc * 16 * 128) >> 4),
+                                                kc > 0 ? 1 : 0);
+                            }
+                            wg_commit();
+                            wg_wait<0>();  // (also retires dK/dV)
+                            fence_regs<32>(dq);
+                            if (hh == D / 64 - 1) bwd_mbar_arrive(barDS);  // dS^T read by all halves
+                            if (hh == 0) wait_free();
+#pragma unroll
+                            for (int i = 0; i < 2; i++) {
+                                const int r = wq * 16 + (lane >> 2) + 8 * i;
+                                unsigned char* dst =
+                                    sb + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD + (hh * 64 + 2 * (lane & 3)) * 4;
+#pragma unroll
+                                for (int nt = 0; nt < 8; nt++)
+                                    *(float2*)(dst + nt * 32) = make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                            }
+                        }
+                        fence_proxy_async();  // read by the bulk-copy (async) proxy
+                    } else {
+                        bwd_mbar_arrive(barDS);
+                        wait_free();
+                    }
+#ifdef ATTN_LAB_SKIP_DQ
+                    if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = 0;
+#else
+                    if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = vq;
+#endif
+                    bwd_mbar_arrive(barQF + 8 * w);
+                } else {
+                    bwd_mbar_arrive(barDS);
+                }
+                wg_wait<0>();  // dK/dV of this step retire before the stage is released
+                __syncwarp();
+                if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+            }
+            g0 += nit;
+        }
+        cp_async_wait<0>();
+        wg_wait<0>();
+        fence_regs<D / 2>(dka);
+        fence_regs<D / 2>(dva);
+        bwd_bar_cons();
+
+        // ---- epilogue: dK (scaled) and dV through shared memory (padded rows in the Q/dO area) ----------
+        // (the producer has nothing in flight into Q/dO: every stage it filled was consumed above)
+        bf16_t* sE = (bf16_t*)(sb + C::OFF_Q);
+#pragma unroll
+        for (int pass = 0; pass < 2; pass++) {
+            bf16_t* dst = pass == 0 ? dk : dv;
+            const float f = pass == 0 ? scale : 1.f;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+#pragma unroll
+                for (int nt = 0; nt < D / 8; nt++) {
+                    const float a0 = pass == 0 ? dka[nt * 4 + 2 * i] : dva[nt * 4 + 2 * i];
+                    const float a1 = pass == 0 ? dka[nt * 4 + 2 * i + 1] : dva[nt * 4 + 2 * i + 1];
+                    *(u32*)(sE + r * C::LDE + nt * 8 + 2 * (lane & 3)) = pack_bf16(a0 * f, a1 * f);
+                }
+            }
+            bwd_bar_cons();
+            bf16_t* g0p = dst + (size_t)(k0 + lrow) * kstride + (size_t)hk * D + lc * 8;
+#pragma unroll
+            for (int j = 0; j < BN / RPT; j++)
+                if (k0 + lrow + j * RPT < Tk)
+                    *(uint4*)(g0p + (size_t)j * RPT * kstride) = *(const uint4*)(sE + (lrow + j * RPT) * C::LDE + lc * 8);
+            bwd_bar_cons();
+        }
+    }
+}
+#else
+template <int D>
+__device__ __forceinline__ void attn_bwd_ws_impl(const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*,
+                                                 const float*, const int*, const int*, const int*, const int*,
+                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float) {}
+#endif  // ATTN_WGMMA
+
