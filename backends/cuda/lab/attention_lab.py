@@ -57,6 +57,16 @@ VARIANTS = {
     # commit before "attention.cu ships one backward" has them, with their names in the doc's history.
     "t_bwd_nodq": [O128, "-DATTN_LAB_SKIP_DQ"],  # timing only: v14 without dQ
     "t_bwd_nored": [O128, "-DATTN_LAB_SKIP_DQRED"],  # timing only: the dQ writer reduces nothing
+    # runs 20-22 (bwd2): ship = v15 (v14 + branch-free P^T/dS^T, the dQ warpgroup releases its stage before the
+    # dQ, loaders arrive with cp.async.mbarrier.arrive.noinc). Its macros (ATTN_BWD_EW / _EARLYREL / _NOINC, and
+    # the lost ATTN_BWD_ARR: the warpgroup without dQ only bar.arrives on the step barrier, neutral, and
+    # ATTN_BWD_NS=3: 3 Q/dO stages with one dQ staging tile, slower) and the variants that used them
+    # ("bwd_v14*", "bwd_ew", "bwd_rel_all", "bwd_noinc_all", "bwd_ns3*", "bwd_arr*", "btrace_v14/ns3/arr") left
+    # the file after run 22: the commit that added v15 has them. Also tried at compile time only and removed: releasing
+    # the stage of the warpgroup without dQ after the next S^T/dP^T wait, and both dQ halves in flight at
+    # once: ptxas C7512 (wgmma serialised, insufficient registers: dK/dV + their A fragments + 64 more).
+    # "btrace*": -DATTN_LAB_TRACE=0 -DATTN_LAB_BTRACE, clock64 at the backward's step events of CTA 0.
+    "btrace": [O128, "-DATTN_LAB_TRACE=0", "-DATTN_LAB_BTRACE"],
 }
 # Run 14-bwd also timed (logs/run14-bwd-split-pp.log; the code left the kernel): "bwd_pp" (warpgroup 1 issues
 # S^T/dP^T after warpgroup 0, named barriers), "bwd_split*" (dQ per warpgroup over its own 64 keys, all D
@@ -666,6 +676,11 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
             except Exception as e:  # noqa
                 log(f"[{vn}] {label}: EXCEPTION {e}")
                 continue
+            if vn.startswith("btrace"):
+                try:
+                    btrace_summary(K, vn, label, lambda: K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
+                except Exception as e:  # noqa
+                    log(f"[{vn}] {label}: btrace failed: {type(e).__name__}: {e}")
             if vn.startswith("trace"):
                 try:
                     trace_summary(K, vn, label, lambda: K.fwd(D, q, k, v, mk, out, lse, scale))
@@ -765,11 +780,9 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
     return 0 if all_ok else 1
 
 
-def trace_summary(K, vn, label, launch):
-    """-DATTN_LAB_TRACE=0: clock64 stamps of CTA 0 (thread 0 of each warpgroup), one launch. Consumers c = 0, 1:
-    per key tile t, events 0 top, 1 K/V full, 2 turn, 3 issued, 4 S done, 5 row 0 done (ILP: maxima done),
-    6 softmax done, 7 PV done, 8 packed (4-8 only on the overlapped path); producer (c = 2): 0/1 before/after the K empty wait, 2 K_t published... ,
-    3/4 before/after the V empty wait, 5 published."""
+def read_trace(K, launch):
+    """Zeroes the kernel's `attn_trace` clock64 buffer (-DATTN_LAB_TRACE), runs `launch` once and returns the
+    stamps as a float64 array (3 warpgroups, 256 steps, 12 events)."""
     import numpy as np
     import cupy as cp
     import torch
@@ -780,7 +793,51 @@ def trace_summary(K, vn, label, launch):
     cp.cuda.Device().synchronize()
     launch()
     torch.cuda.synchronize()
-    a = arr.get().astype(np.float64)
+    return arr.get().astype(np.float64)
+
+
+def btrace_summary(K, vn, label, launch):
+    """-DATTN_LAB_TRACE=0 -DATTN_LAB_BTRACE: clock64 stamps of the backward's CTA 0 (thread 0 of each consumer
+    warpgroup c), per step g: 0 top, 1 Q/dO full, 2 S^T/dP^T issued, 3 S^T/dP^T done (wait), 4 P/dS done and
+    dK/dV issued, 5 ds_free waited, 6 step barrier passed, 7 dQ done (dQ warpgroup, g & 1 == c) or ds_free
+    arrived, 8 stage released (4, 5 only on visible steps)."""
+    import numpy as np
+
+    a = read_trace(K, launch)
+    t0 = a[0, 0, 0]
+    names = ["full", "issue", "SdP", "elem+dKdV", "dsfree", "bar", "dQ/arr", "rel"]
+    for c in (0, 1):
+        ok = np.all(a[c, :, :9] > 0, axis=1)
+        ts = np.nonzero(ok)[0]
+        if len(ts) < 6:
+            log(f"[{vn}] {label}: bwd consumer {c}: only {len(ts)} visible steps traced")
+            continue
+        mid = ts[len(ts) // 4: 3 * len(ts) // 4 + 1]
+        per = np.diff(a[c, mid, 0])
+        per = per[per > 0]
+        for role in (0, 1):
+            sel = mid[(mid & 1) == (c if role else 1 - c)]
+            d = np.diff(a[c, sel, :9], axis=1)
+            log(f"[{vn}] {label}: bwd c{c} {'dQ  ' if role else 'noDQ'} steps {len(sel)}: mean cycles " +
+                " ".join(f"{n} {x:.0f}" for n, x in zip(names, d.mean(0))) + f" | step {(a[c, sel, 8] - a[c, sel, 0]).mean():.0f}")
+        log(f"[{vn}] {label}: bwd c{c} median period {np.median(per):.0f} cycles over {len(mid)} steps")
+    both = np.all(a[0, :, :9] > 0, axis=1) & np.all(a[1, :, :9] > 0, axis=1)
+    ts = np.nonzero(both)[0]
+    if len(ts):
+        t = ts[len(ts) // 2]
+        for tt in (t, t + 1, t + 2):
+            log(f"[{vn}] {label}: g={tt} c0 " + " ".join(f"{x - t0:.0f}" for x in a[0, tt, :9]) + " | c1 " +
+                " ".join(f"{x - t0:.0f}" for x in a[1, tt, :9]))
+
+
+def trace_summary(K, vn, label, launch):
+    """-DATTN_LAB_TRACE=0: clock64 stamps of CTA 0 (thread 0 of each warpgroup), one launch. Consumers c = 0, 1:
+    per key tile t, events 0 top, 1 K/V full, 2 turn, 3 issued, 4 S done, 5 row 0 done (ILP: maxima done),
+    6 softmax done, 7 PV done, 8 packed (4-8 only on the overlapped path); producer (c = 2): 0/1 before/after the K empty wait, 2 K_t published... ,
+    3/4 before/after the V empty wait, 5 published."""
+    import numpy as np
+
+    a = read_trace(K, launch)
     t0 = a[0, 0, 0]
     names = ["full", "turn", "issue", "S wait", "sm1", "sm2", "PV wait", "pack"]  # sm1: row 0 (ILP: the maxima)
     for c in (0, 1):

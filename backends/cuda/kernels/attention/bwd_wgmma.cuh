@@ -1,9 +1,10 @@
-// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v14, head_dim 64 / 128).
+// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v15, head_dim 64 / 128).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
-// Backward on Hopper, v14 (runs 13-17; its unspecialised form v11, runs 10-12, and the lab variants
-// that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
+// Backward on Hopper, v15 (runs 20-22: v14 of runs 13-17 with a branch-free P^T/dS^T, the dQ warpgroup's
+// stage released before its dQ, and loaders that do not wait for their own copies; v14, v11 (runs
+// 10-12) and the lab variants that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
 // tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
 // K-major panels), one step per listed (query tile of BM = 64 rows x group head). 384 threads in three
 // roles; setmaxnreg: the producer warpgroup drops to 24 registers, the two consumers rise to 240
@@ -11,9 +12,12 @@
 //   warpgroups 0, 1 (consumers, 64 keys each), per step:
 //     S^T  = K_wg Q^T, dP^T = V_wg dO^T   SS wgmma m64n64k16, one wait for both
 //     P^T  = exp2(S^T*scale*log2e - lse*log2e) (masked), dS^T = P^T (dP^T - D_i), in registers
+//                                          (bwd_ew: Full / partial instantiations, no branches)
 //     dV  += P^T dO, dK += dS^T Q         RS wgmma m64nDk16 (P^T / dS^T as A fragments), left in flight
 //     dS^T -> shared memory (bf16, swizzled), one named barrier (bar 1: the consumers only), then
-//     dQ   = dS K                          SS wgmma, both operands transposed: the whole dQ of step g
+//     dQ   = dS K                          (the dQ warpgroup first retires its dK/dV and releases the
+//                                          step's Q/dO stage)
+//                                          SS wgmma, both operands transposed: the whole dQ of step g
 //                                          (two 64-column halves) by warpgroup g & 1 while the other
 //                                          goes on to step g + 1; staged as f32 in shared memory (rows
 //                                          padded by 32 B: conflict-free v2 stores), two tiles used
@@ -21,9 +25,10 @@
 //                                          (ds_free) once the dQ wgmmas retired.
 //     A warpgroup skips (S, dP, dK, dV) a partial step none of whose 64 rows sees any of its 64 keys.
 //   warpgroup 2 (producer): warps 8 / 9 load Q / dO, warp 10 lse, D_i and the row intervals of each
-//     step into a 2-stage ring (cp.async; each thread waits for its own copies, fence.proxy.async,
-//     then arrives on the stage's "full" mbarrier); the consumers release a stage with one arrive per
-//     warp ("empty") after the step's last wgmma wait. Warp 11 is the dQ writer: it waits for a staged
+//     step into a 2-stage ring (cp.async; each thread arrives on the stage's "full" mbarrier with
+//     cp.async.mbarrier.arrive.noinc, i.e. when its copies have landed, and goes on to the next stage at
+//     once; the consumers fence.proxy.async after the full wait); the consumers release a stage
+//     with one arrive per warp ("empty") after its dK/dV retired. Warp 11 is the dQ writer: it waits for a staged
 //     tile (dq_full), adds it into dq_accum with one cp.reduce.async.bulk per row (512 B), and frees the
 //     tile (dq_empty) once the bulk reads are done.
 // No CTA barrier inside the step loop (the query-tile list is built by all 384 threads with bar.sync 0
@@ -31,12 +36,17 @@
 // accumulator while any wgmma is in flight and no wgmma is conditional inside a group (else it
 // serialises every wgmma of the kernel: C7515): hence one wait for S^T and dP^T together, dQ without a
 // zero fill (scale-d 0 first) over all 8 k-steps. ptxas: 168 registers (the launch bound; consumers
-// 240), a few spill bytes in the producer branch only, no C75xx (backends/cuda/lab/sass_order.py:
-// H W0 E H W0 H W0 W0 W0). d256 keeps the mma.sync backward (dK and dV accumulators alone would be
+// 240), 64 / 60 spill bytes (d128): the producer branch and a few values saved around the consumers' step
+// loop (none inside it), no C75xx (backends/cuda/lab/sass_order.py: H W0 E H W0 W0 H W0 H W0 W0). d256 keeps the mma.sync backward (dK and dV accumulators alone would be
 // 256 registers per thread).
 // ------------------------------------------------------------------------------------------------
 #ifndef ATTN_BWD_REG_C
 #define ATTN_BWD_REG_C 240
+#endif
+#if defined(ATTN_LAB_TRACE) && defined(ATTN_LAB_BTRACE)
+#define ATTN_BTR(c, t, e) attn_tr(c, t, e)
+#else
+#define ATTN_BTR(c, t, e)
 #endif
 #ifndef ATTN_BWD_REG_P
 #define ATTN_BWD_REG_P 24
@@ -49,18 +59,20 @@ struct WsBwdCfg {
     static constexpr int DS = BN * BM * 2;  // bytes of one dS^T buffer
     static constexpr int DQN = D == 64 ? 64 : D / 2;  // dQ columns per warpgroup
     static constexpr int DQLD = D * 4 + 32;           // bytes per staged dQ row (conflict-free v2 stores)
-    static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + 2 * QS, OFF_DS = OFF_DO + 2 * QS;
-    static constexpr int OFF_DQ = OFF_DS + DS;              // one dS^T buffer, then two staged dQ tiles
-    static constexpr int OFF_LSE = OFF_DQ + 2 * BM * DQLD;  // [2][BM] f32
-    static constexpr int OFF_DI = OFF_LSE + 2 * BM * 4;  // [2][BM] f32
-    static constexpr int OFF_ROW = OFF_DI + 2 * BM * 4;  // [2][BM] int4
+    static constexpr int NS = 2;                    // Q/dO stages (3 lost in run 22: one dQ tile to fit)
+    static constexpr int NDQ = 2;                   // staged dQ tiles
+    static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + NS * QS, OFF_DS = OFF_DO + NS * QS;
+    static constexpr int OFF_DQ = OFF_DS + DS;              // one dS^T buffer, then NDQ staged dQ tiles
+    static constexpr int OFF_LSE = OFF_DQ + NDQ * BM * DQLD;  // [NS][BM] f32
+    static constexpr int OFF_DI = OFF_LSE + NS * BM * 4;  // [NS][BM] f32
+    static constexpr int OFF_ROW = OFF_DI + NS * BM * 4;  // [NS][BM] int4
     static constexpr int LISTN = THREADS;
-    static constexpr int OFF_LIST = OFF_ROW + 2 * BM * 16;
+    static constexpr int OFF_LIST = OFF_ROW + NS * BM * 16;
     static constexpr int OFF_CNT = OFF_LIST + LISTN * 4;  // [16] warp counts, [2][2] visibility, dQ flag, pin
     static constexpr int OFF_BAR = OFF_CNT + 32 * 4;      // mbarriers: full[2], empty[2], dq_full[2], dq_empty[2], ds_free
-    static constexpr int SMEM = 1024 + OFF_BAR + 9 * 8;
+    static constexpr int SMEM = 1024 + OFF_BAR + (2 * NS + 5) * 8;
     static constexpr int LDE = D + 8;  // epilogue staging row (elements)
-    static_assert(BN * LDE * 2 <= 4 * QS, "epilogue staging fits in the Q/dO area");
+    static_assert(BN * LDE * 2 <= 2 * NS * QS, "epilogue staging fits in the Q/dO area");
     static_assert(BM == 64 && DQN == 64 && SMEM <= 232448, "tile shape");
 };
 
@@ -88,6 +100,59 @@ static __device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.asyn
 static __device__ __forceinline__ void bwd_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+// P^T = exp2(S^T * scale * log2e - lse * log2e) (0 where masked), dS^T = P^T (dP^T - D_i), both packed to
+// bf16 A fragments. F: every (key, query) pair of the step is visible. Branch-free (run 20): v14's form
+// (`ok ? ex2(..) : 0` with short-circuit interval tests on a run-time `full`) compiled to two branches, a
+// BSSY/BSYNC pair and a dependent LDS per score (~600 instructions per thread and step; trace: ~3200
+// cycles from the S^T/dP^T wait to the dK/dV issue).
+template <bool F>
+static __device__ __forceinline__ void bwd_ew(const float (&s)[32], float (&dp)[32], u32 (&pa)[4][4], u32 (&da)[4][4],
+                                              const float* lS, const float* dI, const int4* rows, int kr, int lane,
+                                              float sl2) {
+    float nl[16], di[16];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float2 l2 = *(const float2*)(lS + nt * 8 + 2 * (lane & 3));
+        const float2 d2 = *(const float2*)(dI + nt * 8 + 2 * (lane & 3));
+        nl[2 * nt] = -l2.x * ATTN_LOG2E;
+        nl[2 * nt + 1] = -l2.y * ATTN_LOG2E;
+        di[2 * nt] = d2.x;
+        di[2 * nt + 1] = d2.y;
+    }
+    float p[32];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            int4 iv = make_int4(0, 0, 0, 0);
+            if constexpr (!F) iv = rows[nt * 8 + 2 * (lane & 3) + x];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int j = nt * 4 + 2 * i + x;
+                const float e = ex2(fmaf(s[j], sl2, nl[2 * nt + x]));
+                if constexpr (F) {
+                    p[j] = e;
+                } else {
+                    const int key = kr + 8 * i;
+                    const bool ok = ((key >= iv.x) & (key < iv.y)) | ((key >= iv.z) & (key < iv.w));
+                    p[j] = __int_as_float(__float_as_int(e) & (ok ? -1 : 0));
+                }
+                dp[j] = p[j] * (dp[j] - di[2 * nt + x]);
+            }
+        }
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+        pa[kc][0] = pack_bf16(p[(2 * kc) * 4 + 0], p[(2 * kc) * 4 + 1]);
+        pa[kc][1] = pack_bf16(p[(2 * kc) * 4 + 2], p[(2 * kc) * 4 + 3]);
+        pa[kc][2] = pack_bf16(p[(2 * kc + 1) * 4 + 0], p[(2 * kc + 1) * 4 + 1]);
+        pa[kc][3] = pack_bf16(p[(2 * kc + 1) * 4 + 2], p[(2 * kc + 1) * 4 + 3]);
+        da[kc][0] = pack_bf16(dp[(2 * kc) * 4 + 0], dp[(2 * kc) * 4 + 1]);
+        da[kc][1] = pack_bf16(dp[(2 * kc) * 4 + 2], dp[(2 * kc) * 4 + 3]);
+        da[kc][2] = pack_bf16(dp[(2 * kc + 1) * 4 + 0], dp[(2 * kc + 1) * 4 + 1]);
+        da[kc][3] = pack_bf16(dp[(2 * kc + 1) * 4 + 2], dp[(2 * kc + 1) * 4 + 3]);
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void attn_bwd_ws_impl(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
@@ -107,10 +172,11 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     int4* sRow = (int4*)(sb + C::OFF_ROW);
     int* sList = (int*)(sb + C::OFF_LIST);
     int* sCnt = (int*)(sb + C::OFF_CNT);
-    int* sWv = sCnt + 16;   // [2 buffers][2 warpgroups]
-    int* sDqf = sCnt + 20;  // [2] dQ of the staged step present (written by thread 0)
+    int* sWv = sCnt + 16;   // [NS buffers][2 warpgroups]
+    int* sDqf = sCnt + 24;  // [NDQ] dQ of the staged step present (written by thread 0)
+    constexpr int NS = C::NS, NDQ = C::NDQ;
     // mbarriers: full[2], empty[2], dq_full[2], dq_empty[2], ds_free
-    const u32 barF = sba + C::OFF_BAR, barE = barF + 16, barQF = barF + 32, barQE = barF + 48, barDS = barF + 64;
+    const u32 barF = sba + C::OFF_BAR, barE = barF + 8 * NS, barQF = barE + 8 * NS, barQE = barQF + 16, barDS = barQE + 16;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int G = Hq / Hkv;
@@ -122,10 +188,11 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
 
     if (tid == 0) {
-        bwd_mbar_init(barF, 96);
-        bwd_mbar_init(barF + 8, 96);
-        bwd_mbar_init(barE, 8);
-        bwd_mbar_init(barE + 8, 8);
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            bwd_mbar_init(barF + 8 * i, 96);
+            bwd_mbar_init(barE + 8 * i, 8);
+        }
         bwd_mbar_init(barQF, 128);
         bwd_mbar_init(barQE, 1);
         bwd_mbar_init(barQF + 8, 128);
@@ -178,8 +245,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
             if (wq < 3) {
                 for (int it = 0; it < nit; it++) {
-                    const int g = g0 + it, st = g & 1;
-                    if (g >= 2) bwd_mbar_wait(barE + 8 * st, ((g >> 1) - 1) & 1);
+                    const int g = g0 + it, st = g % NS;
+                    if (g >= NS) bwd_mbar_wait(barE + 8 * st, ((g / NS) - 1) & 1);
                     const int li = it / G;
                     const int e = list_at(it);
                     const int q0 = (e & 0x3fffffff) * BM;
@@ -212,18 +279,15 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             cp_async4(smem_u32(dRow + 3), se + rr, ok);
                         }
                     }
-                    cp_async_commit();
-                    cp_async_wait<0>();
-                    fence_proxy_async();
-                    bwd_mbar_arrive(barF + 8 * st);
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barF + 8 * st) : "memory");
                 }
             } else {
                 // dQ writer
                 for (int it = 0; it < nit; it++) {
                     const int g = g0 + it;
                   {
-                    const int w = g & 1;  // staged tile of step g, and its phase
-                    bwd_mbar_wait(barQF + 8 * w, (g >> 1) & 1);
+                    const int w = g % NDQ;  // staged tile of step g, and its phase
+                    bwd_mbar_wait(barQF + 8 * w, (g / NDQ) & 1);
 #ifdef ATTN_LAB_SKIP_DQRED  // lab-only timing knob (wrong dq): the writer reduces nothing
                     if (false) {
 #else
@@ -302,8 +366,11 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 first = false;
             }
             for (int it = 0; it < nit; it++) {
-                const int g = g0 + it, st = g & 1;
-                bwd_mbar_wait(barF + 8 * st, (g >> 1) & 1);
+                const int g = g0 + it, st = g % NS;
+                ATTN_BTR(wg, g, 0);
+                bwd_mbar_wait(barF + 8 * st, (g / NS) & 1);
+                fence_proxy_async();  // the producer's cp.async data, for the wgmma (async proxy) reads
+                ATTN_BTR(wg, g, 1);
                 const int li = it / G;
                 const int e = list_at(it);
                 const int q0 = (e & 0x3fffffff) * BM;
@@ -340,49 +407,15 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         wgmma_ss<64>(dp, dVa + oa, dOb + qo + ob, kk > 0 ? 1 : 0);
                     }
                     wg_commit();
+                    ATTN_BTR(wg, g, 2);
                     wg_wait<0>();
                     fence_regs<BM / 2>(s);
                     fence_regs<BM / 2>(dp);
-                    float p[BM / 2];  // P^T: not an accumulator (writing s in place while dP^T runs serializes)
+                    ATTN_BTR(wg, g, 3);
                     const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
-#pragma unroll
-                    for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                        for (int x = 0; x < 2; x++) {
-                            const int qc = nt * 8 + 2 * (lane & 3) + x;
-                            const float nl = -lS[qc] * ATTN_LOG2E;
-                            int4 iv = make_int4(0, 0, 0, 0);
-                            if (!full) iv = rows[qc];
-#pragma unroll
-                            for (int i = 0; i < 2; i++) {
-                                const int key = kr + 8 * i;
-                                const bool ok = full || in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w);
-                                p[nt * 4 + 2 * i + x] = ok ? ex2(fmaf(s[nt * 4 + 2 * i + x], sl2, nl)) : 0.f;
-                            }
-                        }
-#pragma unroll
-                    for (int kc = 0; kc < BM / 16; kc++) {
-                        pa[kc][0] = pack_bf16(p[(2 * kc) * 4 + 0], p[(2 * kc) * 4 + 1]);
-                        pa[kc][1] = pack_bf16(p[(2 * kc) * 4 + 2], p[(2 * kc) * 4 + 3]);
-                        pa[kc][2] = pack_bf16(p[(2 * kc + 1) * 4 + 0], p[(2 * kc + 1) * 4 + 1]);
-                        pa[kc][3] = pack_bf16(p[(2 * kc + 1) * 4 + 2], p[(2 * kc + 1) * 4 + 3]);
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                        for (int x = 0; x < 2; x++) {
-                            const float di = dI[nt * 8 + 2 * (lane & 3) + x];
-#pragma unroll
-                            for (int i = 0; i < 2; i++)
-                                dp[nt * 4 + 2 * i + x] = p[nt * 4 + 2 * i + x] * (dp[nt * 4 + 2 * i + x] - di);
-                        }
-#pragma unroll
-                    for (int kc = 0; kc < BM / 16; kc++) {
-                        da[kc][0] = pack_bf16(dp[(2 * kc) * 4 + 0], dp[(2 * kc) * 4 + 1]);
-                        da[kc][1] = pack_bf16(dp[(2 * kc) * 4 + 2], dp[(2 * kc) * 4 + 3]);
-                        da[kc][2] = pack_bf16(dp[(2 * kc + 1) * 4 + 0], dp[(2 * kc + 1) * 4 + 1]);
-                        da[kc][3] = pack_bf16(dp[(2 * kc + 1) * 4 + 2], dp[(2 * kc + 1) * 4 + 3]);
-                    }
+                    static_assert(BM == 64, "bwd_ew shape");
+                    if (full) bwd_ew<true>(s, dp, pa, da, lS, dI, rows, kr, lane, sl2);
+                    else bwd_ew<false>(s, dp, pa, da, lS, dI, rows, kr, lane, sl2);
                     // dV += P^T dO, dK += dS^T Q: in flight across the dS^T store, the barrier and the dQ issue
                     wg_fence();
 #pragma unroll
@@ -390,7 +423,9 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 #pragma unroll
                     for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
                     wg_commit();
+                    ATTN_BTR(wg, g, 4);
                     if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
+                    ATTN_BTR(wg, g, 5);
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
@@ -411,11 +446,15 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     fence_proxy_async();
                 }
                 bwd_bar_cons();  // dS^T of both warpgroups and their visibility flags are in shared memory
-                const int vq = sWv[st * 2] | sWv[st * 2 + 1];
+                ATTN_BTR(wg, g, 6);
                 if (wg == (g & 1)) {
-                    const int w = g & 1;       // staged dQ tile of this step
+                    const int vq = sWv[st * 2] | sWv[st * 2 + 1];
+                    wg_wait<0>();  // dK/dV of this step retire: the stage is free before the dQ
+                    __syncwarp();
+                    if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+                    const int w = g % NDQ;     // staged dQ tile of this step
                     auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
-                        if (g >= 2) bwd_mbar_wait(barQE + 8 * w, ((g >> 1) - 1) & 1);
+                        if (g >= NDQ) bwd_mbar_wait(barQE + 8 * w, ((g / NDQ) - 1) & 1);
                     };
 #ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
                     if (false) {
@@ -458,12 +497,17 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = vq;
 #endif
                     bwd_mbar_arrive(barQF + 8 * w);
+                    ATTN_BTR(wg, g, 7);
                 } else {
                     bwd_mbar_arrive(barDS);
+                    ATTN_BTR(wg, g, 7);
                 }
-                wg_wait<0>();  // dK/dV of this step retire before the stage is released
-                __syncwarp();
-                if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+                if (wg != (g & 1)) {  // (the dQ warpgroup released its stage before the dQ)
+                    wg_wait<0>();  // dK/dV of this step retire before the stage is released
+                    __syncwarp();
+                    if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+                }
+                ATTN_BTR(wg, g, 8);
             }
             g0 += nit;
         }
