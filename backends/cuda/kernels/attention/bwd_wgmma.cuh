@@ -77,19 +77,7 @@ struct WsBwdCfg {
 };
 
 #ifdef ATTN_WGMMA
-static __device__ __forceinline__ void bwd_mbar_init(u32 a, int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void bwd_mbar_arrive(u32 a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-static __device__ __forceinline__ void bwd_mbar_wait(u32 a, u32 parity) {
-    u32 ok;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
-    } while (!ok);
-}
+// mbarrier helpers: mbar_init / mbar_arrive / mbar_wait of fwd_wgmma.cuh.
 static __device__ __forceinline__ void bwd_bar_all() { asm volatile("bar.sync 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_red(float* dst, u32 src, u32 bytes) {
@@ -190,14 +178,14 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < NS; i++) {
-            bwd_mbar_init(barF + 8 * i, 96);
-            bwd_mbar_init(barE + 8 * i, 8);
+            mbar_init(barF + 8 * i, 96);
+            mbar_init(barE + 8 * i, 8);
         }
-        bwd_mbar_init(barQF, 128);
-        bwd_mbar_init(barQE, 1);
-        bwd_mbar_init(barQF + 8, 128);
-        bwd_mbar_init(barQE + 8, 1);
-        bwd_mbar_init(barDS, C::NCT);
+        mbar_init(barQF, 128);
+        mbar_init(barQE, 1);
+        mbar_init(barQF + 8, 128);
+        mbar_init(barQE + 8, 1);
+        mbar_init(barDS, C::NCT);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -246,7 +234,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             if (wq < 3) {
                 for (int it = 0; it < nit; it++) {
                     const int g = g0 + it, st = g % NS;
-                    if (g >= NS) bwd_mbar_wait(barE + 8 * st, ((g / NS) - 1) & 1);
+                    if (g >= NS) mbar_wait(barE + 8 * st, ((g / NS) - 1) & 1);
                     const int li = it / G;
                     const int e = list_at(it);
                     const int q0 = (e & 0x3fffffff) * BM;
@@ -287,7 +275,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     const int g = g0 + it;
                   {
                     const int w = g % NDQ;  // staged tile of step g, and its phase
-                    bwd_mbar_wait(barQF + 8 * w, (g / NDQ) & 1);
+                    mbar_wait(barQF + 8 * w, (g / NDQ) & 1);
 #ifdef ATTN_LAB_SKIP_DQRED  // lab-only timing knob (wrong dq): the writer reduces nothing
                     if (false) {
 #else
@@ -308,7 +296,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         bwd_bulk_wait_read();
                     }
                     __syncwarp();
-                    if (lane == 0) bwd_mbar_arrive(barQE + 8 * w);
+                    if (lane == 0) mbar_arrive(barQE + 8 * w);
                   }
                 }
             }
@@ -368,7 +356,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             for (int it = 0; it < nit; it++) {
                 const int g = g0 + it, st = g % NS;
                 ATTN_BTR(wg, g, 0);
-                bwd_mbar_wait(barF + 8 * st, (g / NS) & 1);
+                mbar_wait(barF + 8 * st, (g / NS) & 1);
                 fence_proxy_async();  // the producer's cp.async data, for the wgmma (async proxy) reads
                 ATTN_BTR(wg, g, 1);
                 const int li = it / G;
@@ -424,7 +412,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     for (int kc = 0; kc < BM / 16; kc++) wgmma_rs<D>(dka, da[kc], dQt + qo + (u64)((kc * 16 * 128) >> 4));
                     wg_commit();
                     ATTN_BTR(wg, g, 4);
-                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
+                    if (g > 0) mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
                     ATTN_BTR(wg, g, 5);
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
@@ -435,7 +423,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         }
                     fence_proxy_async();
                 } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
-                    if (g > 0) bwd_mbar_wait(barDS, (g - 1) & 1);
+                    if (g > 0) mbar_wait(barDS, (g - 1) & 1);
 #pragma unroll
                     for (int nt = 0; nt < BM / 8; nt++)
 #pragma unroll
@@ -451,10 +439,10 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     const int vq = sWv[st * 2] | sWv[st * 2 + 1];
                     wg_wait<0>();  // dK/dV of this step retire: the stage is free before the dQ
                     __syncwarp();
-                    if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+                    if (lane == 0) mbar_arrive(barE + 8 * st);
                     const int w = g % NDQ;     // staged dQ tile of this step
                     auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
-                        if (g >= NDQ) bwd_mbar_wait(barQE + 8 * w, ((g / NDQ) - 1) & 1);
+                        if (g >= NDQ) mbar_wait(barQE + 8 * w, ((g / NDQ) - 1) & 1);
                     };
 #ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
                     if (false) {
@@ -474,7 +462,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             wg_commit();
                             wg_wait<0>();  // (also retires dK/dV)
                             fence_regs<32>(dq);
-                            if (hh == D / 64 - 1) bwd_mbar_arrive(barDS);  // dS^T read by all halves
+                            if (hh == D / 64 - 1) mbar_arrive(barDS);  // dS^T read by all halves
                             if (hh == 0) wait_free();
 #pragma unroll
                             for (int i = 0; i < 2; i++) {
@@ -488,7 +476,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         }
                         fence_proxy_async();  // read by the bulk-copy (async) proxy
                     } else {
-                        bwd_mbar_arrive(barDS);
+                        mbar_arrive(barDS);
                         wait_free();
                     }
 #ifdef ATTN_LAB_SKIP_DQ
@@ -496,16 +484,16 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 #else
                     if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = vq;
 #endif
-                    bwd_mbar_arrive(barQF + 8 * w);
+                    mbar_arrive(barQF + 8 * w);
                     ATTN_BTR(wg, g, 7);
                 } else {
-                    bwd_mbar_arrive(barDS);
+                    mbar_arrive(barDS);
                     ATTN_BTR(wg, g, 7);
                 }
                 if (wg != (g & 1)) {  // (the dQ warpgroup released its stage before the dQ)
                     wg_wait<0>();  // dK/dV of this step retire before the stage is released
                     __syncwarp();
-                    if (lane == 0) bwd_mbar_arrive(barE + 8 * st);
+                    if (lane == 0) mbar_arrive(barE + 8 * st);
                 }
                 ATTN_BTR(wg, g, 8);
             }
