@@ -425,11 +425,7 @@ impl Drafter {
             };
             let cache = match caches[l].take() {
                 Some(c) => c,
-                None => {
-                    let (_, c) =
-                        layer::forward(b, w, &self.dims, &inputs[l], Some(&p.ctx), &geo, true)?;
-                    c.expect("forward with keep=true returns a cache")
-                }
+                None => layer::recompute_cache(b, w, &self.dims, &inputs[l], Some(&p.ctx), &geo)?,
             };
             dx = layer::backward(
                 b,

@@ -181,6 +181,24 @@ pub fn forward(
     geo: &AttnGeometry<'_>,
     keep: bool,
 ) -> Result<(Tensor, Option<LayerCache>)> {
+    let cache = recompute_cache(b, w, d, x, ctx, geo)?;
+    let down = b.linear(&cache.act, &w.down_proj)?;
+    let y = b.add(&cache.h, &down)?;
+    Ok((y, keep.then_some(cache)))
+}
+
+/// The activations [`backward`] needs: the layer's forward short of its output (the down
+/// projection and the second residual add, whose results the backward never reads). Used
+/// by [`forward`] and, on its own, by activation recomputation, which so skips one of the
+/// layer's seven projections.
+pub fn recompute_cache(
+    b: &dyn Backend,
+    w: &LayerWeights,
+    d: &LayerDims,
+    x: &Tensor,
+    ctx: Option<&Tensor>,
+    geo: &AttnGeometry<'_>,
+) -> Result<LayerCache> {
     let rows = x.dims()[0];
     let (xn, rstd_in) = b.rms_norm(x, &w.input_layernorm, d.eps)?;
 
@@ -220,10 +238,8 @@ pub fn forward(
     let gate = b.linear(&hn, &w.gate_proj)?;
     let up = b.linear(&hn, &w.up_proj)?;
     let act = b.swiglu(&gate, &up)?;
-    let down = b.linear(&act, &w.down_proj)?;
-    let y = b.add(&h, &down)?;
 
-    let cache = keep.then_some(LayerCache {
+    Ok(LayerCache {
         xn,
         rstd_in,
         q,
@@ -241,8 +257,7 @@ pub fn forward(
         gate,
         up,
         act,
-    });
-    Ok((y, cache))
+    })
 }
 
 /// `acc += a^T @ c`: a weight gradient `(out, in)` from `a (T, out)` and `c (T, in)`.
