@@ -12,81 +12,133 @@ use dflash_core::{
 };
 
 // ---------------------------------------------------------------------------------------
+// Activation modes: every test body below runs through both (ripgrep style: one body, each
+// run named after its path). f32 activations (`CudaOptions::activations = F32`): f32 inputs,
+// f32 outputs, `check`. bf16 activations: every input in f32 and in bf16, mixed included,
+// against the reference on the same (bf16-rounded) values; outputs poisoned (bf16 NaN 0x7FC0)
+// before the op writes them; `check_bf16`: the op's own f32 tolerance plus one bf16 rounding
+// of the f32 result, 2^-8 of |ref|. Statistics and parameter gradients (rstd, dw) stay f32 at
+// the f32 tolerances in both modes.
+
+use dflash_backend_cuda::{CudaBackend, DType, GemmPrecision};
+use dflash_core::Tensor;
+
+struct ActMode {
+    cu: CudaBackend,
+    act: DType,
+}
+
+impl ActMode {
+    /// The modes this machine can run (none without CUDA). No GEMM in these ops: the GEMM
+    /// precision does not matter.
+    fn all() -> Vec<ActMode> {
+        [DType::F32, DType::Bf16]
+            .into_iter()
+            .filter_map(|act| cuda_act(GemmPrecision::Tf32, act).map(|cu| ActMode { cu, act }))
+            .collect()
+    }
+
+    /// The input dtypes an op takes in this mode.
+    fn inputs(&self) -> &'static [DType] {
+        match self.act {
+            DType::F32 => &[DType::F32],
+            DType::Bf16 => &DTYPES,
+        }
+    }
+
+    /// Checks an activation output: its dtype is the mode's, its values within tolerance.
+    fn check_act(&self, name: &str, got: &Tensor, want: &[f32], rtol: f64, atol: f64, why: &str) {
+        let name = format!("[{} act] {name}", self.act.name());
+        assert_dtype(&name, got, self.act);
+        let g = down(&self.cu, got);
+        match self.act {
+            DType::F32 => check(&name, &g, want, rtol, atol, why),
+            DType::Bf16 => check_bf16(&name, &g, want, rtol, atol, why),
+        };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // RMSNorm
 
 #[test]
 fn norm_ops_match_reference() {
-    let Some(cu) = cuda() else { return };
     let rf = reference();
     let mut r = rng(3);
-    // (rows, cols): odd widths, one wider than a block, the QK-norm shape (many short rows);
-    // widths not divisible by 8 (the kernels' scalar path), a width past 32 vectors per lane
-    // group (8200: one row per block, 288 threads), the widest row the vector path holds
-    // (16384: 512 lanes), and wider ones (20000, 40000: the scalar path at 512 lanes).
-    for &(rows, c) in &[
-        (13, 24),
-        (64, 4096),
-        (3000, 64),
-        (5, 1000),
-        (1, 7),
-        (37, 100),
-        (1000, 128),
-        (3, 8200),
-        (2, 16384),
-        (2, 20000),
-        (2, 40000),
-    ] {
-        let eps = 1e-6f32;
-        let x = rand_vec(&mut r, rows * c, 2.0);
-        let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
-        let dy = rand_vec(&mut r, rows * c, 1.0);
-        let (xc, wc, dyc) = (
-            up(&cu, &x, &[rows, c]),
-            up(&cu, &w, &[c]),
-            up(&cu, &dy, &[rows, c]),
-        );
-        let (xr, wr, dyr) = (
-            up(&rf, &x, &[rows, c]),
-            up(&rf, &w, &[c]),
-            up(&rf, &dy, &[rows, c]),
-        );
-        let (yc, rc) = cu.rms_norm(&xc, &wc, eps).unwrap();
-        let (yr, rr) = rf.rms_norm(&xr, &wr, eps).unwrap();
-        let why = "f32 row sums (up to C terms) vs f64";
-        check(
-            &format!("rms_norm y ({rows}x{c})"),
-            &down(&cu, &yc),
-            &down(&rf, &yr),
-            1e-5,
-            1e-6,
-            why,
-        );
-        check(
-            &format!("rms_norm rstd ({rows}x{c})"),
-            &down(&cu, &rc),
-            &down(&rf, &rr),
-            1e-5,
-            0.0,
-            why,
-        );
-        let (dxc, dwc) = cu.rms_norm_backward(&dyc, &xc, &wc, &rc).unwrap();
-        let (dxr, dwr) = rf.rms_norm_backward(&dyr, &xr, &wr, &rr).unwrap();
-        check(
-            &format!("rms_norm_backward dx ({rows}x{c})"),
-            &down(&cu, &dxc),
-            &down(&rf, &dxr),
-            1e-4,
-            1e-5,
-            "f32 row dot + cancellation in dy*w - xhat*dot",
-        );
-        check(
-            &format!("rms_norm_backward dw ({rows}x{c})"),
-            &down(&cu, &dwc),
-            &down(&rf, &dwr),
-            1e-4,
-            1e-5,
-            "f32 column sums over R rows vs f64",
-        );
+    for mode in ActMode::all() {
+        let cu = &mode.cu;
+        // (rows, cols): odd widths, one wider than a block, the QK-norm shape (many short rows);
+        // widths not divisible by 8 (the kernels' scalar path), a width past 32 vectors per
+        // lane group (8200: one row per block, 288 threads), the widest row the vector path
+        // holds (16384: 512 lanes), and wider ones (20000, 40000: the scalar path at 512 lanes).
+        for &(rows, c) in &[
+            (13, 24),
+            (64, 4096),
+            (3000, 64),
+            (5, 1000),
+            (1, 7),
+            (37, 100),
+            (1000, 128),
+            (3, 8200),
+            (2, 16384),
+            (2, 20000),
+            (2, 40000),
+        ] {
+            let eps = 1e-6f32;
+            let x = rand_vec(&mut r, rows * c, 2.0);
+            let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
+            let dy = rand_vec(&mut r, rows * c, 1.0);
+            let (wc, wr) = (up(cu, &w, &[c]), up(&rf, &w, &[c]));
+            for &xd in mode.inputs() {
+                let (xc, xv) = up_as(cu, &x, &[rows, c], xd);
+                let xr = up(&rf, &xv, &[rows, c]);
+                let (yc, rc) = cu.rms_norm(&xc, &wc, eps).unwrap();
+                let (yr, rr) = rf.rms_norm(&xr, &wr, eps).unwrap();
+                let why = "f32 row sums (up to C terms) vs f64";
+                let tag = format!("({rows}x{c}, x {})", xd.name());
+                mode.check_act(
+                    &format!("rms_norm y {tag}"),
+                    &yc,
+                    &down(&rf, &yr),
+                    1e-5,
+                    1e-6,
+                    why,
+                );
+                assert_dtype("rms_norm rstd", &rc, DType::F32);
+                check(
+                    &format!("rms_norm rstd {tag}"),
+                    &down(cu, &rc),
+                    &down(&rf, &rr),
+                    1e-5,
+                    0.0,
+                    why,
+                );
+                for &gd in mode.inputs() {
+                    let (dyc, dyv) = up_as(cu, &dy, &[rows, c], gd);
+                    let dyr = up(&rf, &dyv, &[rows, c]);
+                    let (dxc, dwc) = cu.rms_norm_backward(&dyc, &xc, &wc, &rc).unwrap();
+                    let (dxr, dwr) = rf.rms_norm_backward(&dyr, &xr, &wr, &rr).unwrap();
+                    let tag = format!("({rows}x{c}, dy {}, x {})", gd.name(), xd.name());
+                    mode.check_act(
+                        &format!("rms_norm_backward dx {tag}"),
+                        &dxc,
+                        &down(&rf, &dxr),
+                        1e-4,
+                        1e-5,
+                        "f32 row dot + cancellation in dy*w - xhat*dot",
+                    );
+                    assert_dtype("rms_norm_backward dw", &dwc, DType::F32);
+                    check(
+                        &format!("rms_norm_backward dw {tag}"),
+                        &down(cu, &dwc),
+                        &down(&rf, &dwr),
+                        1e-4,
+                        1e-5,
+                        "f32 column sums over R rows vs f64",
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -126,49 +178,51 @@ fn rope_positions_cache_never_serves_stale_values() {
 
 #[test]
 fn rope_ops_match_reference() {
-    let Some(cu) = cuda() else { return };
     let rf = reference();
     let mut r = rng(4);
-    for &(t, heads, d, theta) in &[
-        (11, 4, 8, 10_000.0f32),
-        (300, 8, 128, 1_000_000.0),
-        (40, 2, 64, 10_000.0),
-        (17, 1, 256, 500_000.0),
-        // D/2 not a multiple of 8 (the kernel's scalar path), odd head counts
-        (9, 3, 20, 10_000.0),
-        (5, 5, 16, 10_000.0),
-    ] {
-        // Positions up to ~8K (where an f32 angle would already be off by ~1e-3 rad).
-        let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
-        let x = rand_vec(&mut r, t * heads * d, 1.0);
-        let (xc, xr) = (up(&cu, &x, &[t, heads, d]), up(&rf, &x, &[t, heads, d]));
-        let yc = cu.rope(&xc, &positions, theta).unwrap();
-        let yr = rf.rope(&xr, &positions, theta).unwrap();
-        check(
-            &format!("rope ({t},{heads},{d}) theta {theta}"),
-            &down(&cu, &yc),
-            &down(&rf, &yr),
-            1e-5,
-            1e-6,
-            "same f64 angles rounded to f32; FMA contraction",
-        );
-        let gc = cu.rope_backward(&xc, &positions, theta).unwrap();
-        let gr = rf.rope_backward(&xr, &positions, theta).unwrap();
-        check(
-            &format!("rope_backward ({t},{heads},{d})"),
-            &down(&cu, &gc),
-            &down(&rf, &gr),
-            1e-5,
-            1e-6,
-            "as rope",
-        );
+    for mode in ActMode::all() {
+        let cu = &mode.cu;
+        for &(t, heads, d, theta) in &[
+            (11, 4, 8, 10_000.0f32),
+            (300, 8, 128, 1_000_000.0),
+            (40, 2, 64, 10_000.0),
+            (17, 1, 256, 500_000.0),
+            // D/2 not a multiple of 8 (the kernel's scalar path), odd head counts
+            (9, 3, 20, 10_000.0),
+            (5, 5, 16, 10_000.0),
+        ] {
+            // Positions up to ~8K (where an f32 angle would already be off by ~1e-3 rad).
+            let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
+            let x = rand_vec(&mut r, t * heads * d, 1.0);
+            for &xd in mode.inputs() {
+                let (xc, xv) = up_as(cu, &x, &[t, heads, d], xd);
+                let xr = up(&rf, &xv, &[t, heads, d]);
+                let tag = format!("({t},{heads},{d}) theta {theta}, x {}", xd.name());
+                mode.check_act(
+                    &format!("rope {tag}"),
+                    &cu.rope(&xc, &positions, theta).unwrap(),
+                    &down(&rf, &rf.rope(&xr, &positions, theta).unwrap()),
+                    1e-5,
+                    1e-6,
+                    "same f64 angles rounded to f32; FMA contraction",
+                );
+                mode.check_act(
+                    &format!("rope_backward {tag}"),
+                    &cu.rope_backward(&xc, &positions, theta).unwrap(),
+                    &down(&rf, &rf.rope_backward(&xr, &positions, theta).unwrap()),
+                    1e-5,
+                    1e-6,
+                    "as rope",
+                );
+            }
+        }
+        let e = cu
+            .rope(&up(cu, &[0.1; 12], &[2, 2, 3]), &[0, 1], 1e4)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("D even") && e.contains("cuda:0"), "{e}");
     }
-    let e = cu
-        .rope(&up(&cu, &[0.1; 12], &[2, 2, 3]), &[0, 1], 1e4)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("D even") && e.contains("cuda:0"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -176,67 +230,104 @@ fn rope_ops_match_reference() {
 
 #[test]
 fn activation_ops_match_reference() {
-    let Some(cu) = cuda() else { return };
     let rf = reference();
     let mut r = rng(5);
-    let (t, i) = (333, 257);
-    let g = rand_vec(&mut r, t * i, 8.0); // deep into both tails of the sigmoid
-    let u = rand_vec(&mut r, t * i, 2.0);
-    let dh = rand_vec(&mut r, t * i, 1.0);
-    let s = [t, i];
-    let (gc, uc, dc) = (up(&cu, &g, &s), up(&cu, &u, &s), up(&cu, &dh, &s));
-    let (gr, ur, dr) = (up(&rf, &g, &s), up(&rf, &u, &s), up(&rf, &dh, &s));
-    let why = "f32 expf (<= 2 ulp) vs f64";
-    check(
-        "swiglu",
-        &down(&cu, &cu.swiglu(&gc, &uc).unwrap()),
-        &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
-        1e-5,
-        1e-7,
-        why,
-    );
-    let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
-    let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
-    check(
-        "swiglu_backward d_gate",
-        &down(&cu, &dgc),
-        &down(&rf, &dgr),
-        1e-5,
-        1e-7,
-        why,
-    );
-    check(
-        "swiglu_backward d_up",
-        &down(&cu, &duc),
-        &down(&rf, &dur),
-        1e-5,
-        1e-7,
-        why,
-    );
+    for mode in ActMode::all() {
+        let cu = &mode.cu;
+        let (t, i) = (333, 257);
+        let s = [t, i];
+        let g = rand_vec(&mut r, t * i, 8.0); // deep into both tails of the sigmoid
+        let u = rand_vec(&mut r, t * i, 2.0);
+        let dh = rand_vec(&mut r, t * i, 1.0);
+        let why = "f32 expf (<= 2 ulp) vs f64";
+        // (dh, g, u) dtypes: uniform and mixed (a mixed call widens its bf16 inputs exactly).
+        let combos: &[(DType, DType, DType)] = match mode.act {
+            DType::F32 => &[(DType::F32, DType::F32, DType::F32)],
+            DType::Bf16 => &[
+                (DType::F32, DType::F32, DType::F32),
+                (DType::Bf16, DType::Bf16, DType::Bf16),
+                (DType::Bf16, DType::F32, DType::Bf16),
+                (DType::F32, DType::Bf16, DType::F32),
+            ],
+        };
+        for &(dd, gd, ud) in combos {
+            let (gc, gv) = up_as(cu, &g, &s, gd);
+            let (uc, uv) = up_as(cu, &u, &s, ud);
+            let (dc, dv) = up_as(cu, &dh, &s, dd);
+            let (gr, ur, dr) = (up(&rf, &gv, &s), up(&rf, &uv, &s), up(&rf, &dv, &s));
+            let tag = format!("g {}, u {}", gd.name(), ud.name());
+            mode.check_act(
+                &format!("swiglu ({tag})"),
+                &cu.swiglu(&gc, &uc).unwrap(),
+                &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
+                1e-5,
+                1e-7,
+                why,
+            );
+            let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
+            let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
+            let tag = format!("dh {}, {tag}", dd.name());
+            mode.check_act(
+                &format!("swiglu_backward d_gate ({tag})"),
+                &dgc,
+                &down(&rf, &dgr),
+                1e-5,
+                1e-7,
+                why,
+            );
+            mode.check_act(
+                &format!("swiglu_backward d_up ({tag})"),
+                &duc,
+                &down(&rf, &dur),
+                1e-5,
+                1e-7,
+                why,
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // Embedding
 
+/// A gather, so bit-exact in both modes: f32 activations copy an f32 table; bf16 activations
+/// copy a bf16 table and round an f32 one once (RNE, compared with the `half` crate's rounding
+/// of the reference). Odd `H` puts rows of 2-byte elements at every alignment.
 #[test]
 fn embedding_ops_match_reference() {
-    let Some(cu) = cuda() else { return };
     let rf = reference();
     let mut r = rng(6);
-    let (v, h) = (1000, 96);
-    let table = rand_vec(&mut r, v * h, 1.0);
-    let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
-    let (tc, tr) = (up(&cu, &table, &[v, h]), up(&rf, &table, &[v, h]));
-    let ec = cu.embedding(&tc, &ids).unwrap();
-    assert_eq!(ec.dims(), &[ids.len(), h]);
-    check_exact(
-        "embedding gather",
-        &down(&cu, &ec),
-        &down(&rf, &rf.embedding(&tr, &ids).unwrap()),
-    );
-    let e1 = cu.embedding(&tc, &[3, 1000]).err().unwrap().to_string();
-    let e2 = rf.embedding(&tr, &[3, 1000]).err().unwrap().to_string();
-    assert_eq!(e1.replace("cuda:0", "cpu"), e2);
+    for mode in ActMode::all() {
+        let cu = &mode.cu;
+        for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
+            let table = rand_vec(&mut r, v * h, 4.0);
+            let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
+            for &td in mode.inputs() {
+                let (tc, tv) = up_as(cu, &table, &[v, h], td);
+                let tr = up(&rf, &tv, &[v, h]);
+                let ec = cu.embedding(&tc, &ids).unwrap();
+                assert_eq!(ec.dims(), &[ids.len(), h]);
+                assert_dtype("embedding", &ec, mode.act);
+                let want = down(&rf, &rf.embedding(&tr, &ids).unwrap());
+                let want = match mode.act {
+                    DType::F32 => want,
+                    DType::Bf16 => bf16_rounded(&want),
+                };
+                check_exact(
+                    &format!(
+                        "[{} act] embedding ({v}, {h}), table {}",
+                        mode.act.name(),
+                        td.name()
+                    ),
+                    &down(cu, &ec),
+                    &want,
+                );
+                let e1 = cu.embedding(&tc, &[3, v as u32]).err().unwrap().to_string();
+                let e2 = rf.embedding(&tr, &[3, v as u32]).err().unwrap().to_string();
+                assert_eq!(e1.replace("cuda:0", "cpu"), e2);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -361,211 +452,4 @@ fn f32_only_ops_reject_bf16() {
     assert_bf16_rejected(cu.adamw_step(&mut pb, &xf, &mut m, &mut v, &hp), "adamw");
     let mut pf = cu.copy(&xf).unwrap();
     assert_bf16_rejected(cu.adamw_step(&mut pf, &xb, &mut m, &mut v, &hp), "adamw");
-}
-
-// ---------------------------------------------------------------------------------------
-// bf16 activations (`CudaOptions::activations = Bf16`): every input in f32 and in bf16,
-// mixed included, against the reference on the same (bf16-rounded) values; outputs poisoned
-// (bf16 NaN 0x7FC0) before the op writes them. Tolerance (`check_bf16`): the op's own f32
-// tolerance (above) plus one bf16 rounding of the f32 result, 2^-8 of |ref|. Statistics and
-// parameter gradients (rstd, dw) stay f32 at the f32 tolerances.
-
-use dflash_backend_cuda::{DType, GemmPrecision};
-
-fn cuda_bf16_act() -> Option<dflash_backend_cuda::CudaBackend> {
-    // No GEMM in these ops: the GEMM precision does not matter.
-    cuda_act(GemmPrecision::Tf32, DType::Bf16)
-}
-
-fn dt(d: DType) -> &'static str {
-    d.name()
-}
-
-#[test]
-fn bf16_activations_norm_matches_reference() {
-    let Some(cu) = cuda_bf16_act() else { return };
-    let rf = reference();
-    let mut r = rng(201);
-    for &(rows, c) in &[
-        (13, 24),
-        (64, 4096),
-        (3000, 64),
-        (1, 7),
-        (37, 100),
-        (3, 8200),
-    ] {
-        let eps = 1e-6f32;
-        let x = rand_vec(&mut r, rows * c, 2.0);
-        let w: Vec<f32> = rand_vec(&mut r, c, 0.5).iter().map(|v| 1.0 + v).collect();
-        let dy = rand_vec(&mut r, rows * c, 1.0);
-        let (wc, wr) = (up(&cu, &w, &[c]), up(&rf, &w, &[c]));
-        for xd in DTYPES {
-            let (xc, xv) = up_as(&cu, &x, &[rows, c], xd);
-            let xr = up(&rf, &xv, &[rows, c]);
-            let (yc, rc) = cu.rms_norm(&xc, &wc, eps).unwrap();
-            let (yr, rr) = rf.rms_norm(&xr, &wr, eps).unwrap();
-            assert_dtype("rms_norm y", &yc, DType::Bf16);
-            assert_dtype("rms_norm rstd", &rc, DType::F32);
-            check_bf16(
-                &format!("bf16 rms_norm y ({rows}x{c}, x {})", dt(xd)),
-                &down(&cu, &yc),
-                &down(&rf, &yr),
-                1e-5,
-                1e-6,
-                "f32 row sums vs f64",
-            );
-            check(
-                &format!("bf16 rms_norm rstd ({rows}x{c}, x {})", dt(xd)),
-                &down(&cu, &rc),
-                &down(&rf, &rr),
-                1e-5,
-                0.0,
-                "f32 statistic: f32 row sums vs f64",
-            );
-            for gd in DTYPES {
-                let (dyc, dyv) = up_as(&cu, &dy, &[rows, c], gd);
-                let dyr = up(&rf, &dyv, &[rows, c]);
-                let (dxc, dwc) = cu.rms_norm_backward(&dyc, &xc, &wc, &rc).unwrap();
-                let (dxr, dwr) = rf.rms_norm_backward(&dyr, &xr, &wr, &rr).unwrap();
-                assert_dtype("rms_norm_backward dx", &dxc, DType::Bf16);
-                assert_dtype("rms_norm_backward dw", &dwc, DType::F32);
-                check_bf16(
-                    &format!("bf16 rms_norm_backward dx (dy {}, x {})", dt(gd), dt(xd)),
-                    &down(&cu, &dxc),
-                    &down(&rf, &dxr),
-                    1e-4,
-                    1e-5,
-                    "f32 row dot + cancellation",
-                );
-                check(
-                    &format!("bf16 rms_norm_backward dw (dy {}, x {})", dt(gd), dt(xd)),
-                    &down(&cu, &dwc),
-                    &down(&rf, &dwr),
-                    1e-4,
-                    1e-5,
-                    "f32 parameter gradient: f32 column sums vs f64",
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn bf16_activations_rope_matches_reference() {
-    let Some(cu) = cuda_bf16_act() else { return };
-    let rf = reference();
-    let mut r = rng(202);
-    for &(t, heads, d, theta) in &[
-        (11, 4, 8, 10_000.0f32),
-        (300, 8, 128, 1_000_000.0),
-        (17, 1, 256, 500_000.0),
-        (9, 3, 20, 10_000.0),
-    ] {
-        let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..8192)).collect();
-        let x = rand_vec(&mut r, t * heads * d, 1.0);
-        for xd in DTYPES {
-            let (xc, xv) = up_as(&cu, &x, &[t, heads, d], xd);
-            let xr = up(&rf, &xv, &[t, heads, d]);
-            let yc = cu.rope(&xc, &positions, theta).unwrap();
-            assert_dtype("rope", &yc, DType::Bf16);
-            check_bf16(
-                &format!("bf16 rope ({t},{heads},{d}), x {}", dt(xd)),
-                &down(&cu, &yc),
-                &down(&rf, &rf.rope(&xr, &positions, theta).unwrap()),
-                1e-5,
-                1e-6,
-                "same f64 angles rounded to f32",
-            );
-            let gc = cu.rope_backward(&xc, &positions, theta).unwrap();
-            assert_dtype("rope_backward", &gc, DType::Bf16);
-            check_bf16(
-                &format!("bf16 rope_backward ({t},{heads},{d}), dy {}", dt(xd)),
-                &down(&cu, &gc),
-                &down(&rf, &rf.rope_backward(&xr, &positions, theta).unwrap()),
-                1e-5,
-                1e-6,
-                "as rope",
-            );
-        }
-    }
-}
-
-#[test]
-fn bf16_activations_swiglu_matches_reference() {
-    let Some(cu) = cuda_bf16_act() else { return };
-    let rf = reference();
-    let mut r = rng(203);
-    let (t, i) = (333, 257);
-    let s = [t, i];
-    let g = rand_vec(&mut r, t * i, 8.0);
-    let u = rand_vec(&mut r, t * i, 2.0);
-    let dh = rand_vec(&mut r, t * i, 1.0);
-    let why = "f32 expf (<= 2 ulp) vs f64";
-    // (dh, g, u) dtypes: uniform and mixed (a mixed call widens its bf16 inputs exactly).
-    for (dd, gd, ud) in [
-        (DType::F32, DType::F32, DType::F32),
-        (DType::Bf16, DType::Bf16, DType::Bf16),
-        (DType::Bf16, DType::F32, DType::Bf16),
-        (DType::F32, DType::Bf16, DType::F32),
-    ] {
-        let (gc, gv) = up_as(&cu, &g, &s, gd);
-        let (uc, uv) = up_as(&cu, &u, &s, ud);
-        let (dc, dv) = up_as(&cu, &dh, &s, dd);
-        let (gr, ur, dr) = (up(&rf, &gv, &s), up(&rf, &uv, &s), up(&rf, &dv, &s));
-        let tag = format!("g {}, u {}", dt(gd), dt(ud));
-        let hc = cu.swiglu(&gc, &uc).unwrap();
-        assert_dtype("swiglu", &hc, DType::Bf16);
-        check_bf16(
-            &format!("bf16 swiglu ({tag})"),
-            &down(&cu, &hc),
-            &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
-            1e-5,
-            1e-7,
-            why,
-        );
-        let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
-        let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
-        assert_dtype("swiglu_backward d_gate", &dgc, DType::Bf16);
-        assert_dtype("swiglu_backward d_up", &duc, DType::Bf16);
-        check_bf16(
-            &format!("bf16 swiglu_backward d_gate (dh {}, {tag})", dt(dd)),
-            &down(&cu, &dgc),
-            &down(&rf, &dgr),
-            1e-5,
-            1e-7,
-            why,
-        );
-        check_bf16(
-            &format!("bf16 swiglu_backward d_up (dh {}, {tag})", dt(dd)),
-            &down(&cu, &duc),
-            &down(&rf, &dur),
-            1e-5,
-            1e-7,
-            why,
-        );
-    }
-}
-
-/// `embedding` into bf16 activations: a gather, so bit-exact: a bf16 table copies, an f32
-/// table rounds once (RNE, compared with the `half` crate's rounding of the reference).
-#[test]
-fn bf16_activations_embedding_matches_reference() {
-    let Some(cu) = cuda_bf16_act() else { return };
-    let rf = reference();
-    let mut r = rng(204);
-    for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
-        let table = rand_vec(&mut r, v * h, 4.0);
-        let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
-        for td in DTYPES {
-            let (tc, tv) = up_as(&cu, &table, &[v, h], td);
-            let ec = cu.embedding(&tc, &ids).unwrap();
-            assert_dtype("embedding", &ec, DType::Bf16);
-            let want = down(&rf, &rf.embedding(&up(&rf, &tv, &[v, h]), &ids).unwrap());
-            check_exact(
-                &format!("bf16 embedding ({v}, {h}), table {}", dt(td)),
-                &down(&cu, &ec),
-                &bf16_rounded(&want),
-            );
-        }
-    }
 }
