@@ -7,7 +7,7 @@
 //! exists. Scores, softmax sums and every dot product are f64.
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, Result, Tensor};
+use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, HostBuf, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::storage::{host_tensor, shape_err, slice};
@@ -23,28 +23,6 @@ pub struct ReferenceAttention;
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
-}
-
-/// Checks a host slice's length against what `dims` says it must be.
-fn check_len(what: &str, got: usize, want: usize) -> std::result::Result<(), String> {
-    if got != want {
-        return Err(format!("{what} has {got} elements, expected {want}"));
-    }
-    Ok(())
-}
-
-/// Validates dims against the mask and returns `(q_elems, kv_elems, lse_elems)`.
-fn sizes(dims: &AttnDims, mask: &BlockMask) -> std::result::Result<(usize, usize, usize), String> {
-    dims.validate(mask)?;
-    if dims.q_heads == 0 || dims.head_dim == 0 {
-        return Err(format!(
-            "q_heads ({}) and head_dim ({}) must be >= 1",
-            dims.q_heads, dims.head_dim
-        ));
-    }
-    let q = dims.q_rows * dims.q_heads * dims.head_dim;
-    let kv = dims.kv_rows * dims.kv_heads * dims.head_dim;
-    Ok((q, kv, dims.q_rows * dims.q_heads))
 }
 
 impl HostAttentionKernel for ReferenceAttention {
@@ -63,12 +41,13 @@ impl HostAttentionKernel for ReferenceAttention {
         out: &mut [f32],
         lse: &mut [f32],
     ) -> std::result::Result<(), String> {
-        let (nq, nkv, nl) = sizes(dims, mask)?;
-        check_len("q", q.len(), nq)?;
-        check_len("k", k.len(), nkv)?;
-        check_len("v", v.len(), nkv)?;
-        check_len("out", out.len(), nq)?;
-        check_len("lse", lse.len(), nl)?;
+        dims.host_lens(mask)?.check(&[
+            (HostBuf::Q, "q", q.len()),
+            (HostBuf::Kv, "k", k.len()),
+            (HostBuf::Kv, "v", v.len()),
+            (HostBuf::Q, "out", out.len()),
+            (HostBuf::Lse, "lse", lse.len()),
+        ])?;
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
         let scale = scale as f64;
         // One query row (all its heads) per task.
@@ -138,20 +117,17 @@ impl HostAttentionKernel for ReferenceAttention {
         dk: &mut [f32],
         dv: &mut [f32],
     ) -> std::result::Result<(), String> {
-        let (nq, nkv, nl) = sizes(dims, mask)?;
-        for (what, len, want) in [
-            ("q", q.len(), nq),
-            ("k", k.len(), nkv),
-            ("v", v.len(), nkv),
-            ("out", out.len(), nq),
-            ("lse", lse.len(), nl),
-            ("d_out", d_out.len(), nq),
-            ("dq", dq.len(), nq),
-            ("dk", dk.len(), nkv),
-            ("dv", dv.len(), nkv),
-        ] {
-            check_len(what, len, want)?;
-        }
+        dims.host_lens(mask)?.check(&[
+            (HostBuf::Q, "q", q.len()),
+            (HostBuf::Kv, "k", k.len()),
+            (HostBuf::Kv, "v", v.len()),
+            (HostBuf::Q, "out", out.len()),
+            (HostBuf::Lse, "lse", lse.len()),
+            (HostBuf::Q, "d_out", d_out.len()),
+            (HostBuf::Q, "dq", dq.len()),
+            (HostBuf::Kv, "dk", dk.len()),
+            (HostBuf::Kv, "dv", dv.len()),
+        ])?;
         let (tq, tk) = (dims.q_rows, dims.kv_rows);
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
         let scale = scale as f64;

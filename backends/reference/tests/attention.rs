@@ -284,7 +284,20 @@ fn kernel_rejects_wrong_slice_lengths() {
     let err = ReferenceAttention
         .forward(&dims, &q, &k, &k, &mask, 1.0, &mut out, &mut lse)
         .unwrap_err();
-    assert!(err.contains("lse"), "{err}");
+    assert!(
+        err.contains("lse has 3 elements, expected 8 = (Tq 4, Hq 2)"),
+        "{err}"
+    );
+    // Dims whose buffer sizes overflow usize are an error naming the size, not a panic.
+    let absurd = AttnDims {
+        q_heads: usize::MAX / 2 + 1,
+        kv_heads: 1,
+        ..dims
+    };
+    let err = ReferenceAttention
+        .forward(&absurd, &q, &k, &k, &mask, 1.0, &mut out, &mut lse)
+        .unwrap_err();
+    assert!(err.contains("overflows usize"), "{err}");
     let bad = AttnDims {
         kv_heads: 3,
         ..dims

@@ -49,11 +49,11 @@ mod tiles;
 
 use dflash_core::mask::{BlockMask, TileMap};
 use dflash_core::registry::AttentionKernelRegistration;
-use dflash_core::{AttnDims, HostAttentionKernel};
+use dflash_core::{AttnDims, HostAttentionKernel, HostBuf};
 use rayon::prelude::*;
 
 use context::Ctx;
-use geometry::{Geom, check_len};
+use geometry::Geom;
 use tiles::transpose;
 
 /// Default query tile (rows). 32 rows x a handful of GQA heads keep the f64 running state of a
@@ -139,13 +139,19 @@ impl HostAttentionKernel for TiledAttention {
         lse: &mut [f32],
     ) -> Result<(), String> {
         const OP: &str = "forward";
-        let geo = Geom::new(OP, dims, mask, scale)?;
-        let (ql, kl) = (geo.q_len(OP)?, geo.kv_len(OP)?);
-        check_len(OP, "q", q.len(), ql, &geo.q_shape())?;
-        check_len(OP, "k", k.len(), kl, &geo.kv_shape())?;
-        check_len(OP, "v", v.len(), kl, &geo.kv_shape())?;
-        check_len(OP, "out", out.len(), ql, &geo.q_shape())?;
-        check_len(OP, "lse", lse.len(), geo.tq * geo.hq, &geo.lse_shape())?;
+        let geo = Geom::new(
+            OP,
+            dims,
+            mask,
+            scale,
+            &[
+                (HostBuf::Q, "q", q.len()),
+                (HostBuf::Kv, "k", k.len()),
+                (HostBuf::Kv, "v", v.len()),
+                (HostBuf::Q, "out", out.len()),
+                (HostBuf::Lse, "lse", lse.len()),
+            ],
+        )?;
 
         let tm = TileMap::new(mask, self.q_tile, self.k_tile);
         let ctx = Ctx {
@@ -182,17 +188,23 @@ impl HostAttentionKernel for TiledAttention {
         dv: &mut [f32],
     ) -> Result<(), String> {
         const OP: &str = "backward";
-        let geo = Geom::new(OP, dims, mask, scale)?;
-        let (ql, kl) = (geo.q_len(OP)?, geo.kv_len(OP)?);
-        check_len(OP, "q", q.len(), ql, &geo.q_shape())?;
-        check_len(OP, "k", k.len(), kl, &geo.kv_shape())?;
-        check_len(OP, "v", v.len(), kl, &geo.kv_shape())?;
-        check_len(OP, "out", out.len(), ql, &geo.q_shape())?;
-        check_len(OP, "lse", lse.len(), geo.tq * geo.hq, &geo.lse_shape())?;
-        check_len(OP, "d_out", d_out.len(), ql, &geo.q_shape())?;
-        check_len(OP, "dq", dq.len(), ql, &geo.q_shape())?;
-        check_len(OP, "dk", dk.len(), kl, &geo.kv_shape())?;
-        check_len(OP, "dv", dv.len(), kl, &geo.kv_shape())?;
+        let geo = Geom::new(
+            OP,
+            dims,
+            mask,
+            scale,
+            &[
+                (HostBuf::Q, "q", q.len()),
+                (HostBuf::Kv, "k", k.len()),
+                (HostBuf::Kv, "v", v.len()),
+                (HostBuf::Q, "out", out.len()),
+                (HostBuf::Lse, "lse", lse.len()),
+                (HostBuf::Q, "d_out", d_out.len()),
+                (HostBuf::Q, "dq", dq.len()),
+                (HostBuf::Kv, "dk", dk.len()),
+                (HostBuf::Kv, "dv", dv.len()),
+            ],
+        )?;
 
         let d = geo.d;
         // D_i = rowsum(dO_i * O_i), per (row, head), in f64.

@@ -108,6 +108,80 @@ impl AttnDims {
     }
 }
 
+/// Which shape a host kernel's buffer has: `(Tq, Hq, D)` (q, out, d_out, dq), `(Tk, Hkv, D)`
+/// (k, v, dk, dv) or `(Tq, Hq)` (lse).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostBuf {
+    Q,
+    Kv,
+    Lse,
+}
+
+/// The element counts of a host attention kernel's buffers, from [`AttnDims::host_lens`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostAttnLens {
+    dims: AttnDims,
+    /// `Tq * Hq * D`.
+    pub q: usize,
+    /// `Tk * Hkv * D`.
+    pub kv: usize,
+    /// `Tq * Hq`.
+    pub lse: usize,
+}
+
+impl HostAttnLens {
+    /// Checks each `(shape, name, length)` of a call's slices; the error names the buffer, its
+    /// length and the shape it must have.
+    pub fn check(&self, bufs: &[(HostBuf, &str, usize)]) -> std::result::Result<(), String> {
+        let d = &self.dims;
+        for &(buf, name, got) in bufs {
+            let (want, shape) = match buf {
+                HostBuf::Q => (
+                    self.q,
+                    format!("(Tq {}, Hq {}, D {})", d.q_rows, d.q_heads, d.head_dim),
+                ),
+                HostBuf::Kv => (
+                    self.kv,
+                    format!("(Tk {}, Hkv {}, D {})", d.kv_rows, d.kv_heads, d.head_dim),
+                ),
+                HostBuf::Lse => (self.lse, format!("(Tq {}, Hq {})", d.q_rows, d.q_heads)),
+            };
+            if got != want {
+                return Err(format!(
+                    "{name} has {got} elements, expected {want} = {shape}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AttnDims {
+    /// The buffer sizes of a host kernel call: `self` checked against the mask
+    /// ([`Self::validate`]) and for at least one query head and head dimension, the products
+    /// computed overflow-safe, so absurd dims are an `Err`, never a panic.
+    pub fn host_lens(&self, mask: &BlockMask) -> std::result::Result<HostAttnLens, String> {
+        self.validate(mask)?;
+        if self.q_heads == 0 || self.head_dim == 0 {
+            return Err(format!(
+                "q_heads ({}) and head_dim ({}) must be >= 1",
+                self.q_heads, self.head_dim
+            ));
+        }
+        let size = |what: &str, xs: &[usize]| {
+            xs.iter()
+                .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+                .ok_or_else(|| format!("{what} size {xs:?} overflows usize"))
+        };
+        Ok(HostAttnLens {
+            dims: *self,
+            q: size("q", &[self.q_rows, self.q_heads, self.head_dim])?,
+            kv: size("k/v", &[self.kv_rows, self.kv_heads, self.head_dim])?,
+            lse: size("lse", &[self.q_rows, self.q_heads])?,
+        })
+    }
+}
+
 /// An attention kernel over host memory (the reference backend and CPU plugins).
 /// Outputs are fully overwritten; callers may poison them first to prove it.
 pub trait HostAttentionKernel: Send + Sync {
