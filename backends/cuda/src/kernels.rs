@@ -119,7 +119,7 @@ pub(crate) fn pick<'a>(fs: &[&'a CudaFunction], dts: &[crate::DType]) -> &'a Cud
 }
 
 /// The root file of the bf16 flash attention (`"cuda-flash"`), compiled separately and only
-/// when a backend selects it (see [`crate::flash`]). It `#include`s its parts
+/// when a backend selects it (see `flash.rs`). It `#include`s its parts
 /// ([`FLASH_PARTS`]), which [`flash_source`] splices in.
 pub const FLASH_FILE: &str = "attention.cu";
 
