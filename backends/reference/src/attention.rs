@@ -7,7 +7,7 @@
 //! exists. Scores, softmax sums and every dot product are f64.
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, HostBuf, Result, Tensor};
+use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::storage::{host_tensor, shape_err, slice};
@@ -41,13 +41,8 @@ impl HostAttentionKernel for ReferenceAttention {
         out: &mut [f32],
         lse: &mut [f32],
     ) -> std::result::Result<(), String> {
-        dims.host_lens(mask)?.check(&[
-            (HostBuf::Q, "q", q.len()),
-            (HostBuf::Kv, "k", k.len()),
-            (HostBuf::Kv, "v", v.len()),
-            (HostBuf::Q, "out", out.len()),
-            (HostBuf::Lse, "lse", lse.len()),
-        ])?;
+        dims.host_lens(mask)?
+            .check_forward([q.len(), k.len(), v.len(), out.len(), lse.len()])?;
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
         let scale = scale as f64;
         // One query row (all its heads) per task.
@@ -117,16 +112,16 @@ impl HostAttentionKernel for ReferenceAttention {
         dk: &mut [f32],
         dv: &mut [f32],
     ) -> std::result::Result<(), String> {
-        dims.host_lens(mask)?.check(&[
-            (HostBuf::Q, "q", q.len()),
-            (HostBuf::Kv, "k", k.len()),
-            (HostBuf::Kv, "v", v.len()),
-            (HostBuf::Q, "out", out.len()),
-            (HostBuf::Lse, "lse", lse.len()),
-            (HostBuf::Q, "d_out", d_out.len()),
-            (HostBuf::Q, "dq", dq.len()),
-            (HostBuf::Kv, "dk", dk.len()),
-            (HostBuf::Kv, "dv", dv.len()),
+        dims.host_lens(mask)?.check_backward([
+            q.len(),
+            k.len(),
+            v.len(),
+            out.len(),
+            lse.len(),
+            d_out.len(),
+            dq.len(),
+            dk.len(),
+            dv.len(),
         ])?;
         let (tq, tk) = (dims.q_rows, dims.kv_rows);
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());

@@ -15,7 +15,7 @@ pub mod tensor;
 
 pub use dflash_mask as mask;
 pub use error::{Error, Result};
-pub use ops::attention::{AttnDims, HostAttentionKernel, HostAttnLens, HostBuf};
+pub use ops::attention::{AttnDims, HostAttentionKernel, HostAttnLens};
 pub use ops::*;
 pub use tensor::{Shape, Storage, Tensor};
 

@@ -2,7 +2,7 @@
 //! are overflow-safe, and scale), so malformed input is an `Err`, never a panic.
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttnDims, HostBuf};
+use dflash_core::{AttnDims, HostAttnLens};
 
 /// Checked geometry of one call.
 #[derive(Debug, Clone, Copy)]
@@ -17,17 +17,18 @@ pub(crate) struct Geom {
 }
 
 impl Geom {
-    /// Checks one call: `dims` against the mask, the slice lengths `bufs` (overflow-safe, see
-    /// [`AttnDims::host_lens`]) and a finite `scale`; errors name the plugin and the op.
+    /// Checks one call: `dims` against the mask, the slice lengths with `check_lens` (sizes
+    /// overflow-safe, see [`AttnDims::host_lens`]) and a finite `scale`; errors name the plugin
+    /// and the op.
     pub(crate) fn new(
         op: &str,
         dims: &AttnDims,
         mask: &BlockMask,
         scale: f32,
-        bufs: &[(HostBuf, &str, usize)],
+        check_lens: impl FnOnce(&HostAttnLens) -> Result<(), String>,
     ) -> Result<Self, String> {
         dims.host_lens(mask)
-            .and_then(|lens| lens.check(bufs))
+            .and_then(|lens| check_lens(&lens))
             .map_err(|e| format!("tiled attention {op}: {e}"))?;
         if !scale.is_finite() {
             return Err(format!("tiled attention {op}: scale {scale} is not finite"));

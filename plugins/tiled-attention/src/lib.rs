@@ -49,7 +49,7 @@ mod tiles;
 
 use dflash_core::mask::{BlockMask, TileMap};
 use dflash_core::registry::AttentionKernelRegistration;
-use dflash_core::{AttnDims, HostAttentionKernel, HostBuf};
+use dflash_core::{AttnDims, HostAttentionKernel};
 use rayon::prelude::*;
 
 use context::Ctx;
@@ -139,19 +139,9 @@ impl HostAttentionKernel for TiledAttention {
         lse: &mut [f32],
     ) -> Result<(), String> {
         const OP: &str = "forward";
-        let geo = Geom::new(
-            OP,
-            dims,
-            mask,
-            scale,
-            &[
-                (HostBuf::Q, "q", q.len()),
-                (HostBuf::Kv, "k", k.len()),
-                (HostBuf::Kv, "v", v.len()),
-                (HostBuf::Q, "out", out.len()),
-                (HostBuf::Lse, "lse", lse.len()),
-            ],
-        )?;
+        let geo = Geom::new(OP, dims, mask, scale, |l| {
+            l.check_forward([q.len(), k.len(), v.len(), out.len(), lse.len()])
+        })?;
 
         let tm = TileMap::new(mask, self.q_tile, self.k_tile);
         let ctx = Ctx {
@@ -188,23 +178,19 @@ impl HostAttentionKernel for TiledAttention {
         dv: &mut [f32],
     ) -> Result<(), String> {
         const OP: &str = "backward";
-        let geo = Geom::new(
-            OP,
-            dims,
-            mask,
-            scale,
-            &[
-                (HostBuf::Q, "q", q.len()),
-                (HostBuf::Kv, "k", k.len()),
-                (HostBuf::Kv, "v", v.len()),
-                (HostBuf::Q, "out", out.len()),
-                (HostBuf::Lse, "lse", lse.len()),
-                (HostBuf::Q, "d_out", d_out.len()),
-                (HostBuf::Q, "dq", dq.len()),
-                (HostBuf::Kv, "dk", dk.len()),
-                (HostBuf::Kv, "dv", dv.len()),
-            ],
-        )?;
+        let geo = Geom::new(OP, dims, mask, scale, |l| {
+            l.check_backward([
+                q.len(),
+                k.len(),
+                v.len(),
+                out.len(),
+                lse.len(),
+                d_out.len(),
+                dq.len(),
+                dk.len(),
+                dv.len(),
+            ])
+        })?;
 
         let d = geo.d;
         // D_i = rowsum(dO_i * O_i), per (row, head), in f64.

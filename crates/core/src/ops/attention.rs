@@ -108,16 +108,28 @@ impl AttnDims {
     }
 }
 
-/// Which shape a host kernel's buffer has: `(Tq, Hq, D)` (q, out, d_out, dq), `(Tk, Hkv, D)`
-/// (k, v, dk, dv) or `(Tq, Hq)` (lse).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostBuf {
+/// Which shape a host kernel's slice has: `(Tq, Hq, D)`, `(Tk, Hkv, D)` or `(Tq, Hq)`.
+#[derive(Debug, Clone, Copy)]
+enum HostBuf {
     Q,
     Kv,
     Lse,
 }
 
-/// The element counts of a host attention kernel's buffers, from [`AttnDims::host_lens`].
+/// A host kernel's slices in argument order: the forward's five, then the backward's four more.
+const HOST_BUFS: [(HostBuf, &str); 9] = [
+    (HostBuf::Q, "q"),
+    (HostBuf::Kv, "k"),
+    (HostBuf::Kv, "v"),
+    (HostBuf::Q, "out"),
+    (HostBuf::Lse, "lse"),
+    (HostBuf::Q, "d_out"),
+    (HostBuf::Q, "dq"),
+    (HostBuf::Kv, "dk"),
+    (HostBuf::Kv, "dv"),
+];
+
+/// The element counts of a host attention kernel's slices, from [`AttnDims::host_lens`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostAttnLens {
     dims: AttnDims,
@@ -130,11 +142,20 @@ pub struct HostAttnLens {
 }
 
 impl HostAttnLens {
-    /// Checks each `(shape, name, length)` of a call's slices; the error names the buffer, its
-    /// length and the shape it must have.
-    pub fn check(&self, bufs: &[(HostBuf, &str, usize)]) -> std::result::Result<(), String> {
+    /// Checks the lengths of a forward call's `[q, k, v, out, lse]`.
+    pub fn check_forward(&self, lens: [usize; 5]) -> std::result::Result<(), String> {
+        self.check(&lens)
+    }
+
+    /// Checks the lengths of a backward call's `[q, k, v, out, lse, d_out, dq, dk, dv]`.
+    pub fn check_backward(&self, lens: [usize; 9]) -> std::result::Result<(), String> {
+        self.check(&lens)
+    }
+
+    /// The error names the slice, its length and the shape it must have.
+    fn check(&self, lens: &[usize]) -> std::result::Result<(), String> {
         let d = &self.dims;
-        for &(buf, name, got) in bufs {
+        for (&(buf, name), &got) in HOST_BUFS.iter().zip(lens) {
             let (want, shape) = match buf {
                 HostBuf::Q => (
                     self.q,
