@@ -192,15 +192,7 @@ impl AttentionOps for CudaBackend {
                 let mut lse = self.alloc_f32(op, nl)?;
                 if nl > 0 {
                     let (id, [qb, kb, vb]) = self.uniform(op, [qs, ks, vs])?;
-                    let [f0, f1, s0, s1] = mask.to_i32_arrays();
-                    let (f0, f1) = (
-                        self.upload_i32_cached(op, &f0)?,
-                        self.upload_i32_cached(op, &f1)?,
-                    );
-                    let (s0, s1) = (
-                        self.upload_i32_cached(op, &s0)?,
-                        self.upload_i32_cached(op, &s1)?,
-                    );
+                    let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
                     let (tq, hq, hkv, d) = (
                         dims.q_rows as i32,
                         dims.q_heads as i32,
@@ -328,15 +320,7 @@ impl AttentionOps for CudaBackend {
                         .arg(&d32);
                     self.launch(op, l, warp_items(nl))?;
 
-                    let [f0, f1, s0, s1] = mask.to_i32_arrays();
-                    let (f0, f1) = (
-                        self.upload_i32_cached(op, &f0)?,
-                        self.upload_i32_cached(op, &f1)?,
-                    );
-                    let (s0, s1) = (
-                        self.upload_i32_cached(op, &s0)?,
-                        self.upload_i32_cached(op, &s1)?,
-                    );
+                    let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
                     let f = pick(
                         &[
                             &kn.attn_bwd_dq_ff,

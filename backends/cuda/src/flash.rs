@@ -362,23 +362,6 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Uploads the mask's four i32 interval arrays (first start/end, second start/end).
-    /// Through the upload cache: a forward and its backward, and every layer with the same
-    /// mask, share one copy.
-    fn flash_mask(
-        &self,
-        op: &'static str,
-        mask: &BlockMask,
-    ) -> Result<[std::sync::Arc<CudaSlice<u8>>; 4]> {
-        let [f0, f1, s0, s1] = mask.to_i32_arrays();
-        Ok([
-            self.upload_i32_cached(op, &f0)?,
-            self.upload_i32_cached(op, &f1)?,
-            self.upload_i32_cached(op, &s0)?,
-            self.upload_i32_cached(op, &s1)?,
-        ])
-    }
-
     /// A bf16 kernel result as the backend's activation dtype: as it is for bf16
     /// activations, widened (exactly) to f32 otherwise. Returns the buffer and its dtype.
     fn flash_result(&self, op: &'static str, b: CudaSlice<u8>, n: usize) -> Result<Tagged> {
@@ -421,7 +404,7 @@ impl CudaBackend {
             self.bf16_operand(op, "v", v, nk)?,
         );
         let (qb, kb, vb) = (qb.get(), kb.get(), vb.get());
-        let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
+        let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
         let mut out_b = self.alloc(op, nq, DType::Bf16)?;
         let (tq, tk, hq, hkv) = (
             dims.q_rows as i32,
@@ -519,7 +502,7 @@ impl CudaBackend {
             self.bf16_operand(op, "d_out", d_out, nq)?,
         );
         let (qb, kb, vb, ob, dob) = (qb.get(), kb.get(), vb.get(), ob.get(), dob.get());
-        let [fs, fe, ss, se] = self.flash_mask(op, mask)?;
+        let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
         let (tq, tk, hq, hkv) = (
             dims.q_rows as i32,
             dims.kv_rows as i32,

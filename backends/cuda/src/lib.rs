@@ -463,6 +463,23 @@ impl CudaBackend {
         Ok(buf)
     }
 
+    /// Uploads the mask's four i32 interval arrays (first start/end, second start/end).
+    /// Through the upload cache: a forward and its backward, and every layer with the same
+    /// mask, share one copy.
+    pub(crate) fn upload_mask(
+        &self,
+        op: &'static str,
+        mask: &dflash_core::mask::BlockMask,
+    ) -> Result<[Arc<CudaSlice<u8>>; 4]> {
+        let [f0, f1, s0, s1] = mask.to_i32_arrays();
+        Ok([
+            self.upload_i32_cached(op, &f0)?,
+            self.upload_i32_cached(op, &f1)?,
+            self.upload_i32_cached(op, &s0)?,
+            self.upload_i32_cached(op, &s1)?,
+        ])
+    }
+
     /// Downloads `n` plain values of type `T` (synchronises the stream).
     pub(crate) fn download_pod<T: Copy + Default>(
         &self,
