@@ -118,3 +118,41 @@ static __device__ __forceinline__ void block_summary(int* v, int* red, int* out)
     __syncthreads();
 }
 
+// The summary of the query tile [q0, q0 + BM) (rows past Tq count as empty rows), computed by
+// all NT threads of the block (NW warps): each row's intervals go to sRow[0..BM), the tile's
+// summary to out[0..8) (block_summary). Contains __syncthreads.
+template <int NW, int BM, int NT>
+static __device__ __forceinline__ void tile_summary(int tid, int q0, int Tq, const int* __restrict__ fs,
+                                                    const int* __restrict__ fe, const int* __restrict__ ss,
+                                                    const int* __restrict__ se, int4* sRow, int* red, int* out) {
+    int vals[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
+    for (int r = tid; r < BM; r += NT) {
+        int row = q0 + r;
+        bool valid = row < Tq;
+        int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
+        sRow[r] = iv;
+        int t[8];
+        row_summary(valid, iv.x, iv.y, iv.z, iv.w, t);
+#pragma unroll
+        for (int i = 0; i < 8; i++) vals[i] = min(vals[i], t[i]);
+    }
+    block_summary<NW>(vals, red, out);
+}
+
+// The key tiles (BN keys each) a query tile with summary s visits, as at most two index ranges
+// [a1, b1), [a2, b2) in increasing order: the two hulls' tiles, merged when they overlap; an
+// empty first hull hands its place to the second.
+template <int BN>
+static __device__ __forceinline__ void visited_key_tiles(const int* s, int& a1, int& b1, int& a2, int& b2) {
+    const int lo1 = s[0], hi1 = s[1], lo2 = s[4], hi2 = s[5];
+    a1 = b1 = a2 = b2 = 0;
+    if (lo1 < hi1) { a1 = lo1 / BN; b1 = (hi1 + BN - 1) / BN; }
+    if (lo2 < hi2) { a2 = lo2 / BN; b2 = (hi2 + BN - 1) / BN; }
+    if (a1 >= b1) { a1 = a2; b1 = b2; a2 = b2 = 0; }
+    else if (a2 < b2) {
+        if (a2 < b1 && a1 < b2) { a1 = min(a1, a2); b1 = max(b1, b2); a2 = b2 = 0; }
+        else if (a2 < a1) { int t = a1; a1 = a2; a2 = t; t = b1; b1 = b2; b2 = t; }
+    }
+}

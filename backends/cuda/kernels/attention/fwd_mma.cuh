@@ -196,32 +196,10 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
     const float sl2 = scale * ATTN_LOG2E;
 
     // ---- per-tile mask summary --------------------------------------------------------------
-    {
-        int vals[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) vals[i] = ATTN_BIG;  // identity of min (threads without rows: no constraint)
-        for (int r = tid; r < BM; r += C::THREADS) {
-            int row = q0 + r;
-            bool valid = row < Tq;
-            int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
-            sRow[r] = iv;
-            int t[8];
-            row_summary(valid, iv.x, iv.y, iv.z, iv.w, t);
-#pragma unroll
-            for (int i = 0; i < 8; i++) vals[i] = min(vals[i], t[i]);
-        }
-        block_summary<NW>(vals, sRed, sSum);
-    }
-    const int lo1 = sSum[0], hi1 = sSum[1], flo1 = sSum[2], fhi1 = sSum[3];
-    const int lo2 = sSum[4], hi2 = sSum[5], flo2 = sSum[6], fhi2 = sSum[7];
-    int a1 = 0, b1 = 0, a2 = 0, b2 = 0;  // key-tile index ranges [a, b)
-    if (lo1 < hi1) { a1 = lo1 / BN; b1 = (hi1 + BN - 1) / BN; }
-    if (lo2 < hi2) { a2 = lo2 / BN; b2 = (hi2 + BN - 1) / BN; }
-    if (a1 >= b1) { a1 = a2; b1 = b2; a2 = b2 = 0; }
-    else if (a2 < b2) {
-        if (a2 < b1 && a1 < b2) { a1 = min(a1, a2); b1 = max(b1, b2); a2 = b2 = 0; }
-        else if (a2 < a1) { int t = a1; a1 = a2; a2 = t; t = b1; b1 = b2; b2 = t; }
-    }
+    tile_summary<NW, BM, C::THREADS>(tid, q0, Tq, fs, fe, ss, se, sRow, sRed, sSum);
+    const int flo1 = sSum[2], fhi1 = sSum[3], flo2 = sSum[6], fhi2 = sSum[7];
+    int a1, b1, a2, b2;  // key-tile index ranges [a, b)
+    visited_key_tiles<BN>(sSum, a1, b1, a2, b2);
     const int n1 = max(b1 - a1, 0), n2 = max(b2 - a2, 0), n = n1 + n2;
 
     const int rw = warp * C::MW;  // first row of this warp inside the tile
