@@ -355,35 +355,48 @@ impl MemoryOps for CudaBackend {
 
     /// Any dtype; f64 sums.
     fn sum_squares(&self, t: &Tensor) -> Result<f64> {
-        let op = "sum_squares";
+        Ok(self.sum_squares_of("sum_squares", &[t])?[0])
+    }
+
+    /// Any dtype: the same kernels and summation order as `sum_squares` (so the same bits),
+    /// one host read for all the sums.
+    fn sum_squares_many(&self, ts: &[&Tensor]) -> Result<Vec<f64>> {
+        self.sum_squares_of("sum_squares_many", ts)
+    }
+
+    /// Any dtype.
+    fn all_finite(&self, t: &Tensor) -> Result<bool> {
+        let op = "all_finite";
         let x = self.any(op, t)?;
         let n = x.len;
         if n == 0 {
-            return Ok(0.0);
+            return Ok(true);
         }
         let g = reduce_blocks(n);
-        let mut partial = self.alloc(op, 2 * g, DType::F32)?; // g f64
-        let mut out = self.alloc(op, 2, DType::F32)?; // 1 f64
+        let mut partial = self.alloc(op, 2 * g, DType::F32)?; // g u64
+        let mut out = self.alloc(op, 2, DType::F32)?; // 1 u64
         let n64 = n as i64;
         let g32 = g as i32;
         let k = self.k();
         let f = pick(
-            &[&k.sum_squares_partial_f, &k.sum_squares_partial_b],
+            &[&k.nonfinite_partial_f, &k.nonfinite_partial_b],
             &[x.dtype],
         );
         let mut l = self.stream.launch_builder(f);
         l.arg(&x.buf).arg(&n64).arg(&mut partial);
         self.launch(op, l, cfg_blocks(g))?;
-        let mut l = self.stream.launch_builder(&self.k().sum_final_f64);
+        let mut l = self.stream.launch_builder(&self.k().sum_final_u64);
         l.arg(&partial).arg(&g32).arg(&mut out);
         self.launch(op, l, cfg_blocks(1))?;
-        Ok(self.download_pod::<f64>(op, &out, 1)?[0])
+        Ok(self.download_pod::<u64>(op, &out, 1)?[0] == 0)
     }
+}
 
-    /// Any dtype: the same kernels and summation order as `sum_squares` (so the same bits),
-    /// with every tensor's partials in one buffer and one host read for all the sums.
-    fn sum_squares_many(&self, ts: &[&Tensor]) -> Result<Vec<f64>> {
-        let op = "sum_squares_many";
+impl CudaBackend {
+    /// `sum(t^2)` in f64 of each tensor (any dtype): two passes per tensor (block partials,
+    /// then one block sums them in a fixed order), every tensor's partials in one buffer, the
+    /// sums read back at once.
+    fn sum_squares_of(&self, op: &'static str, ts: &[&Tensor]) -> Result<Vec<f64>> {
         let xs = ts
             .iter()
             .map(|t| self.any(op, t))
@@ -415,33 +428,6 @@ impl MemoryOps for CudaBackend {
             off += g;
         }
         self.download_pod::<f64>(op, &out, ts.len())
-    }
-
-    /// Any dtype.
-    fn all_finite(&self, t: &Tensor) -> Result<bool> {
-        let op = "all_finite";
-        let x = self.any(op, t)?;
-        let n = x.len;
-        if n == 0 {
-            return Ok(true);
-        }
-        let g = reduce_blocks(n);
-        let mut partial = self.alloc(op, 2 * g, DType::F32)?; // g u64
-        let mut out = self.alloc(op, 2, DType::F32)?; // 1 u64
-        let n64 = n as i64;
-        let g32 = g as i32;
-        let k = self.k();
-        let f = pick(
-            &[&k.nonfinite_partial_f, &k.nonfinite_partial_b],
-            &[x.dtype],
-        );
-        let mut l = self.stream.launch_builder(f);
-        l.arg(&x.buf).arg(&n64).arg(&mut partial);
-        self.launch(op, l, cfg_blocks(g))?;
-        let mut l = self.stream.launch_builder(&self.k().sum_final_u64);
-        l.arg(&partial).arg(&g32).arg(&mut out);
-        self.launch(op, l, cfg_blocks(1))?;
-        Ok(self.download_pod::<u64>(op, &out, 1)?[0] == 0)
     }
 }
 
