@@ -39,9 +39,12 @@
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
 //       grid ceil(Tq/64), block 256, no dynamic smem. Di (Tq,Hq) f32; dq_accum (Tq,Hq,D) f32 zeroed;
 //       summary (ceil(Tq/64), 8) i32
-//   attn_bwd_dkdv_d{D}(q,k,v,dout,lse,Di,summary,fs,fe,ss,se,dq_accum,dk,dv,Tq,Tk,Hq,Hkv,scale)
+//   attn_bwd_dkdv_d{D}(q,k,v,dout,lse,Di,summary,fs,fe,ss,se,dq_accum,dk,dv,Tq,Tk,Hq,Hkv,scale,tm_q,tm_do,tm_dq)
 //       grid ceil(Tk/BN)*Hkv, block BWD_THREADS (384 for the wgmma kernel of D 64/128, else 256),
-//       dynamic smem BWD_SMEM; dk/dv bf16 written, dq_accum += dS K
+//       dynamic smem BWD_SMEM; dk/dv bf16 written, dq_accum += dS K. tm_q / tm_do / tm_dq: TMA tensor
+//       maps (TmaDesc, by value) of q / dout as bf16 (Tq, Hq, D) in boxes of 64 columns x 1 head x 64
+//       rows, and of dq_accum as f32 (Tq, Hq, D) in boxes of 32 columns x 1 head x 64 rows; all
+//       128-byte swizzle, zero fill; read only where attn_config's bwd_tma field is 1
 //   attn_bwd_dq_convert(dq_accum, dq, n, scale)   dq = bf16(scale * dq_accum), n = Tq*Hq*D (mult of 4)
 //       grid ceil(n/1024), block 256
 // Kernels needing more than 48 KB of dynamic shared memory need
@@ -159,10 +162,11 @@ struct BwdSel {
     extern "C" __global__ void __launch_bounds__(BwdSel<ATTN_BWD_CFG_##DD>::THREADS, 1) attn_bwd_dkdv_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout, const float* lse, const float* Di,      \
         const int* summary, const int* fs, const int* fe, const int* ss, const int* se, float* dq_accum, bf16_t* dk,  \
-        bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale) {                                                    \
+        bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale, const __grid_constant__ TmaDesc tm_q,                \
+        const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_dq) {                                \
         if constexpr (BwdSel<ATTN_BWD_CFG_##DD>::WG)                                                                   \
             attn_bwd_ws_impl<DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq, Tk, Hq, Hkv,   \
-                                 scale);                                                                               \
+                                 scale, &tm_q, &tm_do, &tm_dq);                                                \
         else                                                                                                           \
             attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv,  \
                                                   Tq, Tk, Hq, Hkv, scale);                                             \
@@ -178,7 +182,8 @@ ATTN_DEFINE(256)
 #endif
 
 // Launch configuration, one row of ATTN_CONFIG_FIELDS ints per head_dim (64, 128, 256):
-//   [D, fwd_BM, fwd_threads, fwd_smem, bwd_BN, bwd_threads, bwd_smem, bwd_BM(summary tile), pre_threads, 0]
+//   [D, fwd_BM, fwd_threads, fwd_smem, bwd_BN, bwd_threads, bwd_smem, bwd_BM(summary tile), pre_threads,
+//    bwd_tma (1: attn_bwd_dkdv reads Q/dO through its tensor-map parameters, 0: it ignores them)]
 #define ATTN_CONFIG_FIELDS 10
 #define ATTN_CONFIG_ROW(DD, p)                                                                 \
     p[0] = DD;                                                                                 \
@@ -190,7 +195,7 @@ ATTN_DEFINE(256)
     p[6] = BwdSel<ATTN_BWD_CFG_##DD>::SMEM;                                                    \
     p[7] = BWD_BM;                                                                             \
     p[8] = PRE_THREADS;                                                                        \
-    p[9] = 0;
+    p[9] = BwdSel<ATTN_BWD_CFG_##DD>::WG ? 1 : 0;
 
 extern "C" __global__ void attn_config(int* out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {

@@ -67,6 +67,12 @@ VARIANTS = {
     # once: ptxas C7512 (wgmma serialised, insufficient registers: dK/dV + their A fragments + 64 more).
     # "btrace*": -DATTN_LAB_TRACE=0 -DATTN_LAB_BTRACE, clock64 at the backward's step events of CTA 0.
     "btrace": [O128, "-DATTN_LAB_TRACE=0", "-DATTN_LAB_BTRACE"],
+    # runs 23-25 (TMA): ship = v16 (Q/dO by TMA from one thread, dQ tiles added by TMA tensor reductions). Also timed
+    # and removed (docs/kernel-lab-attention.md, runs 23-25): head-major grid and list-rotation orders, Q/dO skipped
+    # (t_bwd_noqload), the cp.async producer + per-row bulk reductions of v15 (bwd_cpasync), TMA loads with per-row
+    # reductions (bwd_dqrows), dQ's first half issued behind dK/dV (bwd_dqfirst), P^T under the dP^T wgmmas
+    # (bwd_splitw), two dS^T buffers with one staged dQ tile (bwd_ds2), dQ as one m64n128 sequence (C7512 at
+    # compile time).
 }
 # Run 14-bwd also timed (logs/run14-bwd-split-pp.log; the code left the kernel): "bwd_pp" (warpgroup 1 issues
 # S^T/dP^T after warpgroup 0, named barriers), "bwd_split*" (dQ per warpgroup over its own 64 keys, all D
@@ -100,6 +106,58 @@ ANCHORS = {
 TIMING_ONLY = lambda name: name.startswith("t_")  # noqa: E731
 
 T0 = time.time()
+
+
+_LIBCUDA = None
+
+
+def libcuda():
+    """The driver API through ctypes: tensor maps (TMA) and launches with by-value struct parameters."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+        lib.cuLaunchKernel.restype = ctypes.c_int
+        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        _LIBCUDA = lib
+    return _LIBCUDA
+
+
+def tma_rows_map(ptr, D, H, T, esize=2):
+    """CUtensorMap of a (T, H, D) tensor for the backward (as tma.rs): bf16 (esize 2, Q/dO loads) in boxes of 64
+    columns, or f32 (esize 4, dq_accum reductions) in boxes of 32 columns, x 1 head x 64 rows; 128-byte swizzle
+    (the kernels' shared-memory panels); rows past T zero-filled on loads, left out of reductions."""
+    buf = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(buf) + 63) & ~63
+    dims = (ctypes.c_uint64 * 3)(D, H, T)
+    strides = (ctypes.c_uint64 * 2)(D * esize, H * D * esize)
+    box = (ctypes.c_uint32 * 3)(128 // esize, 1, 64)
+    es = (ctypes.c_uint32 * 3)(1, 1, 1)
+    # BFLOAT16 = 9 / FLOAT32 = 7, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_128B = 2, OOB_FILL_NONE = 0
+    r = libcuda().cuTensorMapEncodeTiled(ctypes.c_void_p(addr), 9 if esize == 2 else 7, 3, ctypes.c_void_p(int(ptr)),
+                                         dims, strides, box, es, 0, 3, 2, 0)
+    if r != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled (T={T}, H={H}, D={D}): CUresult {r}")
+    return (ctypes.c_uint8 * 128).from_buffer_copy(ctypes.string_at(addr, 128))
+
+
+def launch_raw(fn, grid, block, smem, args):
+    """cuLaunchKernel on the legacy default stream; args are ctypes values (pointers as c_uint64)."""
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    f = fn.kernel if hasattr(fn, "kernel") else fn  # a CuPy RawKernel wraps the loaded Function
+    r = libcuda().cuLaunchKernel(ctypes.c_void_p(f.ptr), grid, 1, 1, block, 1, 1, smem, None, params, None)
+    if r != 0:
+        raise RuntimeError(f"cuLaunchKernel: CUresult {r}")
+
+
+def bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, scale):
+    """attn_bwd_dkdv_d{D}'s parameters as ctypes values (tensors: anything with data_ptr())."""
+    P = lambda x: ctypes.c_uint64(x.data_ptr())  # noqa: E731
+    return [P(q), P(k), P(v), P(do), P(lse), P(Di), P(summ), *[P(x) for x in mk], P(acc), P(dk), P(dv),
+            ctypes.c_int32(Tq), ctypes.c_int32(Tk), ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale),
+            tma_rows_map(q.data_ptr(), D, Hq, Tq), tma_rows_map(do.data_ptr(), D, Hq, Tq),
+            tma_rows_map(acc.data_ptr(), D, Hq, Tq, esize=4)]
 
 
 def log(*a):
@@ -402,10 +460,18 @@ def gpu_main(args):
             self.fn(f"attn_bwd_pre_d{D}")((nqt,), (c[8],), (
                 ptr(o), ptr(do), ptr(mk[0]), ptr(mk[1]), ptr(mk[2]), ptr(mk[3]), ptr(ws["Di"]), ptr(ws["acc"]),
                 ptr(ws["summ"]), np.int32(Tq), np.int32(Hq)))
-            self.fn(f"attn_bwd_dkdv_d{D}", smem)(((Tk + BN - 1) // BN * Hkv,), (thr,), (
-                ptr(q), ptr(k), ptr(v), ptr(do), ptr(lse), ptr(ws["Di"]), ptr(ws["summ"]), ptr(mk[0]), ptr(mk[1]),
-                ptr(mk[2]), ptr(mk[3]), ptr(ws["acc"]), ptr(dk), ptr(dv), np.int32(Tq), np.int32(Tk), np.int32(Hq),
-                np.int32(Hkv), np.float32(scale)), shared_mem=smem)
+            key = (q.data_ptr(), do.data_ptr(), ws["acc"].data_ptr(), k.data_ptr(), dk.data_ptr(), Tq, Tk, Hq, Hkv, D)
+            if getattr(self, "_bargs_key", None) != key:  # tensor maps encoded once per buffer set
+                self._bargs = bwd_args(q, k, v, do, lse, ws["Di"], ws["summ"], mk, ws["acc"], dk, dv, Tq, Tk, Hq, Hkv,
+                                       D, scale)
+                self._bargs_key = key
+            a = self._bargs
+            for i, x in ((4, lse), (5, ws["Di"]), (6, ws["summ"]), (11, ws["acc"]), (13, dv)):
+                a[i].value = x.data_ptr()
+            for i, x in enumerate(mk):
+                a[7 + i].value = x.data_ptr()
+            a[18].value = scale
+            launch_raw(self.fn(f"attn_bwd_dkdv_d{D}", smem), (Tk + BN - 1) // BN * Hkv, thr, smem, a)
             n = Tq * Hq * D
             self.fn("attn_bwd_dq_convert")(((n // 4 + 255) // 256,), (256,), (
                 ptr(ws["acc"]), ptr(dq), np.int64(n), np.float32(scale)))
@@ -820,6 +886,13 @@ def btrace_summary(K, vn, label, launch):
             d = np.diff(a[c, sel, :9], axis=1)
             log(f"[{vn}] {label}: bwd c{c} {'dQ  ' if role else 'noDQ'} steps {len(sel)}: mean cycles " +
                 " ".join(f"{n} {x:.0f}" for n, x in zip(names, d.mean(0))) + f" | step {(a[c, sel, 8] - a[c, sel, 0]).mean():.0f}")
+        sel = mid[(mid & 1) == c]  # dQ steps: release, first half's wgmmas, writer's tile free (run 24)
+        sel = sel[np.all(a[c, sel, 9:12] > 0, axis=1)]
+        if len(sel):
+            x = a[c, sel]
+            log(f"[{vn}] {label}: bwd c{c} dQ phase: release {(x[:, 9] - x[:, 6]).mean():.0f} half0 "
+                f"{(x[:, 10] - x[:, 9]).mean():.0f} wait_free {(x[:, 11] - x[:, 10]).mean():.0f} rest "
+                f"{(x[:, 7] - x[:, 11]).mean():.0f}")
         log(f"[{vn}] {label}: bwd c{c} median period {np.median(per):.0f} cycles over {len(mid)} steps")
     both = np.all(a[0, :, :9] > 0, axis=1) & np.all(a[1, :, :9] > 0, axis=1)
     ts = np.nonzero(both)[0]
@@ -941,8 +1014,13 @@ def profile_once():
     P = lambda x: np.uint64(x.data_ptr())  # noqa: E731
     mod.get_function("attn_config")((1,), (32,), (P(cfgbuf),))
     c = {r[0]: r for r in cfgbuf.view(3, 10).cpu().tolist()}[128]
-    m, Tk = mask_dflash(4096, sample_anchors(np.random.default_rng(7), 4096, 256))
-    Tq, Hq, Hkv, D = len(m[0]), 32, 8, 128
+    if os.environ.get("ATTN_LAB_PROFILE") == "causal":  # the bench's causal shape (32 / 32 heads)
+        m, Tk = mask_causal(8192)
+        Hq = Hkv = 32
+    else:
+        m, Tk = mask_dflash(4096, sample_anchors(np.random.default_rng(7), 4096, 256))
+        Hq, Hkv = 32, 8
+    Tq, D = len(m[0]), 128
     mk = [torch.from_numpy(x).to(dev) for x in m]
     q = torch.randn(Tq, Hq, D, device=dev).bfloat16()
     k = torch.randn(Tk, Hkv, D, device=dev).bfloat16()
@@ -961,9 +1039,8 @@ def profile_once():
                                                 i32(Hq), i32(Hkv), f32(D ** -0.5)), shared_mem=c[3])
     mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
                                                                      P(summ), i32(Tq), i32(Hq)))
-    b(((Tk + c[4] - 1) // c[4] * Hkv,), (c[5],), (P(q), P(k), P(v), P(do), P(lse), P(Di), P(summ), *[P(x) for x in mk],
-                                                  P(acc), P(dk), P(dv), i32(Tq), i32(Tk), i32(Hq), i32(Hkv),
-                                                  f32(D ** -0.5)), shared_mem=c[6])
+    launch_raw(b, (Tk + c[4] - 1) // c[4] * Hkv, c[5], c[6],
+               bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, D ** -0.5))
     torch.cuda.synchronize()
     print("profile_once done", flush=True)
     return 0

@@ -9,7 +9,7 @@ import glob, os, re, shutil, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attention_lab as L  # noqa: E402
 
-ptx, _ = L.nvrtc_compile(open(L.SRC).read(), L.NVRTC_OPTS + sys.argv[1:])
+ptx, _ = L.nvrtc_compile(L.read_source(), L.NVRTC_OPTS + sys.argv[1:])
 ptxas = L.find_ptxas()
 nvd = os.environ.get("NVDISASM") or shutil.which("nvdisasm") or next(iter(sorted(glob.glob("/tmp/*/nvidia/cu13/bin/nvdisasm"))), None)
 with tempfile.TemporaryDirectory() as d:

@@ -24,19 +24,24 @@
 //! |---|---|---|
 //! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale |
 //! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
-//! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale |
+//! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale tm_q tm_do tm_dq |
 //! | `attn_bwd_dq_convert` | `ceil(n/1024)` x 256, 0 | dq_accum dq n(i64) scale |
 //!
 //! Pointers are bf16 (`unsigned short*`) for q/k/v/out/dout/dk/dv/dq, f32 for lse/Di/dq_accum,
-//! i32 for the mask arrays and the summaries; sizes are `int` except `n` (`long long`).
+//! i32 for the mask arrays and the summaries; sizes are `int` except `n` (`long long`);
+//! `tm_q`/`tm_do`/`tm_dq` are TMA tensor maps of q/dout/dq_accum ([`crate::tma::TensorMap`], by value), encoded
+//! where `attn_config` says the backward reads them.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys,
+};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Error, Result};
 
 use crate::storage::{CudaStorage, DType};
+use crate::tma::TensorMap;
 use crate::{CudaBackend, CudaError, grid1d};
 
 /// Head dims `attention.cu` is instantiated for.
@@ -103,6 +108,8 @@ pub(crate) struct FlashVariant {
     pre_rows: u32,
     /// Threads of the preprocess CTA (256).
     pre_threads: u32,
+    /// The backward loads Q/dO through TMA tensor maps (the Hopper kernel).
+    bwd_tma: bool,
     /// Why this head dim cannot run on this device (shared memory), if it cannot.
     unsupported: Option<String>,
 }
@@ -191,7 +198,7 @@ impl FlashKernels {
             if r[1] <= 0 || !threads_ok(r[2]) || r[3] < 0 || r[4] <= 0 || !threads_ok(r[5]) {
                 return Err(bad("invalid launch shape"));
             }
-            if r[6] < 0 || r[7] <= 0 || !threads_ok(r[8]) {
+            if r[6] < 0 || r[7] <= 0 || !threads_ok(r[8]) || !(0..=1).contains(&r[9]) {
                 return Err(bad("invalid backward shape"));
             }
             let fwd = func(&format!("attn_fwd_d{d}"))?;
@@ -228,6 +235,7 @@ impl FlashKernels {
                 bwd_smem: bwd_smem as u32,
                 pre_rows: r[7] as u32,
                 pre_threads: r[8] as u32,
+                bwd_tma: r[9] == 1,
                 unsupported,
             });
         }
@@ -542,9 +550,18 @@ impl CudaBackend {
         let mut dk_b = self.alloc(op, nk, DType::Bf16)?;
         let mut dv_b = self.alloc(op, nk, DType::Bf16)?;
         if g_dkdv > 0 {
+            let [tm_q, tm_do, tm_dq] = if var.bwd_tma {
+                let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
+                let rows = (dims.q_rows, dims.q_heads, d);
+                TensorMap::backward_maps([ptr(qb), ptr(dob), ptr(&dq_acc)], rows)
+                    .map_err(|e| self.shape_err(op, format!("cuda-flash backward: {e}")))?
+            } else {
+                [TensorMap::unused(); 3]
+            };
             // attn_bwd_dkdv_d{D}(const bf16* q, k, v, dout, const float* lse, Di,
             //                    const int* summary, fs, fe, ss, se, float* dq_accum,
-            //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale)
+            //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale,
+            //                    TmaDesc tm_q, tm_do, tm_dq)
             let mut l = self.stream.launch_builder(&var.dkdv);
             l.arg(qb)
                 .arg(kb)
@@ -564,7 +581,10 @@ impl CudaBackend {
                 .arg(&tk)
                 .arg(&hq)
                 .arg(&hkv)
-                .arg(&scale);
+                .arg(&scale)
+                .arg(&tm_q)
+                .arg(&tm_do)
+                .arg(&tm_dq);
             self.launch(
                 op,
                 l,

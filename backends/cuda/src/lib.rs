@@ -61,6 +61,7 @@ mod optimizer;
 mod options;
 mod rope;
 mod storage;
+mod tma;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,10 +1,10 @@
-// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v15, head_dim 64 / 128).
+// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v16, head_dim 64 / 128).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
-// Backward on Hopper, v15 (runs 20-22: v14 of runs 13-17 with a branch-free P^T/dS^T, the dQ warpgroup's
-// stage released before its dQ, and loaders that do not wait for their own copies; v14, v11 (runs
-// 10-12) and the lab variants that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
+// Backward on Hopper, v16 (runs 23-25: v15 of runs 20-22 with its memory traffic moved to TMA: Q/dO tiles
+// loaded by one thread, dQ tiles added into dq_accum by tensor reductions; v15, v14, v11 and the lab variants
+// that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
 // tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
 // K-major panels), one step per listed (query tile of BM = 64 rows x group head). 384 threads in three
 // roles; setmaxnreg: the producer warpgroup drops to 24 registers, the two consumers rise to 240
@@ -18,27 +18,30 @@
 //     dQ   = dS K                          (the dQ warpgroup first retires its dK/dV and releases the
 //                                          step's Q/dO stage)
 //                                          SS wgmma, both operands transposed: the whole dQ of step g
-//                                          (two 64-column halves) by warpgroup g & 1 while the other
-//                                          goes on to step g + 1; staged as f32 in shared memory (rows
-//                                          padded by 32 B: conflict-free v2 stores), two tiles used
+//                                          (two 64-column halves; one m64n128 sequence is C7512) by
+//                                          warpgroup g & 1 while the other goes on to step g + 1; staged
+//                                          as f32 in shared memory in TMA's 128-byte-swizzled boxes of
+//                                          32 columns (conflict-free v2 stores), two tiles used
 //                                          alternately; the one dS^T buffer is freed by an mbarrier
 //                                          (ds_free) once the dQ wgmmas retired.
 //     A warpgroup skips (S, dP, dK, dV) a partial step none of whose 64 rows sees any of its 64 keys.
-//   warpgroup 2 (producer): warps 8 / 9 load Q / dO, warp 10 lse, D_i and the row intervals of each
-//     step into a 2-stage ring (cp.async; each thread arrives on the stage's "full" mbarrier with
-//     cp.async.mbarrier.arrive.noinc, i.e. when its copies have landed, and goes on to the next stage at
-//     once; the consumers fence.proxy.async after the full wait); the consumers release a stage
-//     with one arrive per warp ("empty") after its dK/dV retired. Warp 11 is the dQ writer: it waits for a staged
-//     tile (dq_full), adds it into dq_accum with one cp.reduce.async.bulk per row (512 B), and frees the
-//     tile (dq_empty) once the bulk reads are done.
+//   warpgroup 2 (producer), per step, into a 2-stage ring:
+//     warp 8, one thread: Q and dO as 2 x D/64 TMA boxes (cp.async.bulk.tensor, tensor maps tm_q / tm_do
+//       built by the host; rows past Tq arrive as zeros) completing on the stage's "full" mbarrier
+//       (expect_tx); v15's 64 threads of cp.async spent ~70% of their time issuing (spilled addresses)
+//       and the consumers waited ~20% of theirs for Q/dO (ncu source counters, run 23);
+//     warp 10: lse, D_i and the row intervals (cp.async, cp.async.mbarrier.arrive.noinc on the same
+//       barrier); the consumers release a stage with one arrive per warp ("empty") after its dK/dV retired;
+//     warp 11, the dQ writer: waits for a staged tile (dq_full), adds it into dq_accum with D/32 TMA tensor
+//       reductions from one thread (tm_dq: rows past Tq left out; v15's per-row bulk reductions were
+//       serialised lane by lane, 64 per step), and frees the tile (dq_empty) once the reads are done.
 // No CTA barrier inside the step loop (the query-tile list is built by all 384 threads with bar.sync 0
 // per chunk of 384 query tiles). ptxas pipelines the wgmmas only if no non-wgmma instruction writes an
 // accumulator while any wgmma is in flight and no wgmma is conditional inside a group (else it
 // serialises every wgmma of the kernel: C7515): hence one wait for S^T and dP^T together, dQ without a
 // zero fill (scale-d 0 first) over all 8 k-steps. ptxas: 168 registers (the launch bound; consumers
-// 240), 64 / 60 spill bytes (d128): the producer branch and a few values saved around the consumers' step
-// loop (none inside it), no C75xx (backends/cuda/lab/sass_order.py: H W0 E H W0 W0 H W0 H W0 W0). d256 keeps the mma.sync backward (dK and dV accumulators alone would be
-// 256 registers per thread).
+// 240), 8 spill bytes (d128), no C75xx (backends/cuda/lab/sass_order.py: H W0 E H W0 W0 H W0 H W0 W0).
+// d256 keeps the mma.sync backward (dK and dV accumulators alone would be 256 registers per thread).
 // ------------------------------------------------------------------------------------------------
 #ifndef ATTN_BWD_REG_C
 #define ATTN_BWD_REG_C 240
@@ -58,7 +61,9 @@ struct WsBwdCfg {
     static constexpr int QS = BM * D * 2;   // bytes of one Q (or dO) stage
     static constexpr int DS = BN * BM * 2;  // bytes of one dS^T buffer
     static constexpr int DQN = D == 64 ? 64 : D / 2;  // dQ columns per warpgroup
-    static constexpr int DQLD = D * 4 + 32;           // bytes per staged dQ row (conflict-free v2 stores)
+    // staged dQ tile: D/32 boxes of 64 rows x 32 f32 (128-byte rows, swizzled as TMA's 128-byte mode), one TMA
+    // tensor reduction each (conflict-free v2 stores: the swizzle spreads a warp's 8 rows over the banks)
+    static constexpr int DQLD = D * 4;  // bytes per staged dQ row
     static constexpr int NS = 2;                    // Q/dO stages (3 lost in run 22: one dQ tile to fit)
     static constexpr int NDQ = 2;                   // staged dQ tiles
     static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + NS * QS, OFF_DS = OFF_DO + NS * QS;
@@ -80,13 +85,26 @@ struct WsBwdCfg {
 // mbarrier helpers: mbar_init / mbar_arrive / mbar_wait of fwd_wgmma.cuh.
 static __device__ __forceinline__ void bwd_bar_all() { asm volatile("bar.sync 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-static __device__ __forceinline__ void bwd_bulk_red(float* dst, u32 src, u32 bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-                 "r"(bytes) : "memory");
-}
 static __device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// TMA: one 3-d box (columns, head, rows) of the tensor map into shared memory, completing `bytes` on mbarrier `bar`
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+// TMA: adds the 3-d box at `src` (shared memory) into the tensor map's f32 elements (bulk async-group)
+static __device__ __forceinline__ void tma_red_add_3d(const TmaDesc* map, int c0, int c1, int c2, u32 src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     (unsigned long long)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 
 // P^T = exp2(S^T * scale * log2e - lse * log2e) (0 where masked), dS^T = P^T (dP^T - D_i), both packed to
 // bf16 A fragments. F: every (key, query) pair of the step is visible. Branch-free (run 20): v14's form
@@ -147,7 +165,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
     const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
     const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
-    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale) {
+    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale, const TmaDesc* tm_q, const TmaDesc* tm_do,
+    const TmaDesc* tm_dq) {
     using C = WsBwdCfg<D>;
     constexpr int BM = C::BM, BN = C::BN;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -178,7 +197,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < NS; i++) {
-            mbar_init(barF + 8 * i, 96);
+            mbar_init(barF + 8 * i, 33);  // the TMA thread + the lse/D_i/rows warp
             mbar_init(barE + 8 * i, 8);
         }
         mbar_init(barQF, 128);
@@ -231,7 +250,24 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
             const int nit = total * G;
             if (nit == 0) continue;
             rot = (int)(((unsigned)kt * 2654435761u) % (unsigned)total);
-            if (wq < 3) {
+            if (wq == 0) {  // Q and dO of each step: 2 x D/64 TMA boxes (64 columns x 64 rows) from one thread
+                if (lane == 0)
+                    for (int it = 0; it < nit; it++) {
+                        const int g = g0 + it, st = g % NS;
+                        if (g >= NS) mbar_wait(barE + 8 * st, ((g / NS) - 1) & 1);
+                        const int li = it / G;
+                        const int q0 = (list_at(it) & 0x3fffffff) * BM;
+                        const int h = hk * G + (it - li * G);
+                        const u32 bar = barF + 8 * st;
+                        mbar_arrive_tx(bar, 2 * C::QS);  // rows past Tq are zero-filled and count
+#pragma unroll
+                        for (int p = 0; p < D / 64; p++) {
+                            tma_load_3d(sba + C::OFF_Q + st * C::QS + p * (BM * 128), tm_q, p * 64, h, q0, bar);
+                            tma_load_3d(sba + C::OFF_DO + st * C::QS + p * (BM * 128), tm_do, p * 64, h, q0, bar);
+                        }
+                    }
+                __syncwarp();
+            } else if (wq == 2) {  // lse, D_i and the row intervals of each step (cp.async, arriving on the same barrier)
                 for (int it = 0; it < nit; it++) {
                     const int g = g0 + it, st = g % NS;
                     if (g >= NS) mbar_wait(barE + 8 * st, ((g / NS) - 1) & 1);
@@ -239,37 +275,22 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     const int e = list_at(it);
                     const int q0 = (e & 0x3fffffff) * BM;
                     const int h = hk * G + (it - li * G);
-                    if (wq < 2) {
-                        constexpr int CPR = D / 8, RPW = 32 / CPR;
-                        const int c = lane % CPR, r0 = lane / CPR;
-                        const bf16_t* src = wq == 0 ? q : dout;
-                        const u32 d0 = sba + (wq == 0 ? C::OFF_Q : C::OFF_DO) + st * C::QS + (c >> 3) * (BM * 128);
-                        const bf16_t* p0 = src + (size_t)(q0 + r0) * qstride + (size_t)h * D + c * 8;
 #pragma unroll
-                        for (int j = 0; j < BM / RPW; j++) {
-                            const int r = r0 + j * RPW;
-                            const bool ok = q0 + r < Tq;
-                            cp_async16(d0 + r * 128 + (((c & 7) ^ (r & 7)) << 4), ok ? p0 + (size_t)j * RPW * qstride : src,
-                                       ok);
-                        }
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const int r = lane + 32 * j, row = q0 + r;
-                            const bool ok = row < Tq;
-                            const size_t rr = ok ? (size_t)row : 0;
-                            int* dRow = (int*)(sRow + st * BM + r);
-                            cp_async4(smem_u32(sLse + st * BM + r), lse + rr * Hq + h, ok);
-                            cp_async4(smem_u32(sDi + st * BM + r), Di + rr * Hq + h, ok);
-                            cp_async4(smem_u32(dRow + 0), fs + rr, ok);
-                            cp_async4(smem_u32(dRow + 1), fe + rr, ok);
-                            cp_async4(smem_u32(dRow + 2), ss + rr, ok);
-                            cp_async4(smem_u32(dRow + 3), se + rr, ok);
-                        }
+                    for (int j = 0; j < 2; j++) {
+                        const int r = lane + 32 * j, row = q0 + r;
+                        const bool ok = row < Tq;
+                        const size_t rr = ok ? (size_t)row : 0;
+                        int* dRow = (int*)(sRow + st * BM + r);
+                        cp_async4(smem_u32(sLse + st * BM + r), lse + rr * Hq + h, ok);
+                        cp_async4(smem_u32(sDi + st * BM + r), Di + rr * Hq + h, ok);
+                        cp_async4(smem_u32(dRow + 0), fs + rr, ok);
+                        cp_async4(smem_u32(dRow + 1), fe + rr, ok);
+                        cp_async4(smem_u32(dRow + 2), ss + rr, ok);
+                        cp_async4(smem_u32(dRow + 3), se + rr, ok);
                     }
                     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barF + 8 * st) : "memory");
                 }
-            } else {
+            } else if (wq == 3) {
                 // dQ writer
                 for (int it = 0; it < nit; it++) {
                     const int g = g0 + it;
@@ -285,15 +306,13 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         const int e = list_at(it);
                         const int q0 = (e & 0x3fffffff) * BM;
                         const int h = hk * G + (it - li * G);
+                        if (lane == 0) {  // rows past Tq: TMA leaves them out
 #pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const int r = lane + 32 * j;
-                            if (q0 + r < Tq)
-                                bwd_bulk_red(dq_accum + ((size_t)(q0 + r) * Hq + h) * D,
-                                             sba + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD, D * 4);
+                            for (int b = 0; b < D / 32; b++)
+                                tma_red_add_3d(tm_dq, b * 32, h, q0, sba + C::OFF_DQ + w * (BM * C::DQLD) + b * (BM * 128));
+                            bwd_bulk_commit();
+                            bwd_bulk_wait_read();
                         }
-                        bwd_bulk_commit();
-                        bwd_bulk_wait_read();
                     }
                     __syncwarp();
                     if (lane == 0) mbar_arrive(barQE + 8 * w);
@@ -357,7 +376,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 const int g = g0 + it, st = g % NS;
                 ATTN_BTR(wg, g, 0);
                 mbar_wait(barF + 8 * st, (g / NS) & 1);
-                fence_proxy_async();  // the producer's cp.async data, for the wgmma (async proxy) reads
                 ATTN_BTR(wg, g, 1);
                 const int li = it / G;
                 const int e = list_at(it);
@@ -396,12 +414,12 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     }
                     wg_commit();
                     ATTN_BTR(wg, g, 2);
+                    const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
+                    static_assert(BM == 64, "bwd_ew shape");
                     wg_wait<0>();
                     fence_regs<BM / 2>(s);
                     fence_regs<BM / 2>(dp);
                     ATTN_BTR(wg, g, 3);
-                    const int kr = kw0 + wq * 16 + (lane >> 2);  // key of this thread's rows (i = 0; +8 for i = 1)
-                    static_assert(BM == 64, "bwd_ew shape");
                     if (full) bwd_ew<true>(s, dp, pa, da, lS, dI, rows, kr, lane, sl2);
                     else bwd_ew<false>(s, dp, pa, da, lS, dI, rows, kr, lane, sl2);
                     // dV += P^T dO, dK += dS^T Q: in flight across the dS^T store, the barrier and the dQ issue
@@ -437,9 +455,13 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 ATTN_BTR(wg, g, 6);
                 if (wg == (g & 1)) {
                     const int vq = sWv[st * 2] | sWv[st * 2 + 1];
+                    auto release = [&]() {  // dK/dV of this step retired: the Q/dO stage goes back to the producer
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(barE + 8 * st);
+                    };
                     wg_wait<0>();  // dK/dV of this step retire: the stage is free before the dQ
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(barE + 8 * st);
+                    release();
+                    ATTN_BTR(wg, g, 9);
                     const int w = g % NDQ;     // staged dQ tile of this step
                     auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
                         if (g >= NDQ) mbar_wait(barQE + 8 * w, ((g / NDQ) - 1) & 1);
@@ -463,15 +485,21 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             wg_wait<0>();  // (also retires dK/dV)
                             fence_regs<32>(dq);
                             if (hh == D / 64 - 1) mbar_arrive(barDS);  // dS^T read by all halves
+                            if (hh == 0) ATTN_BTR(wg, g, 10);
                             if (hh == 0) wait_free();
+                            if (hh == 0) ATTN_BTR(wg, g, 11);
 #pragma unroll
                             for (int i = 0; i < 2; i++) {
                                 const int r = wq * 16 + (lane >> 2) + 8 * i;
-                                unsigned char* dst =
-                                    sb + C::OFF_DQ + w * (BM * C::DQLD) + r * C::DQLD + (hh * 64 + 2 * (lane & 3)) * 4;
+                                // column hh*64 + nt*8 + 2*(lane&3): box hh*2 + nt/4, 16-byte chunk (nt%4)*2 + (lane&3)/2
+                                // XOR row%8, byte (lane&1)*8 in it
+                                unsigned char* dst = sb + C::OFF_DQ + w * (BM * C::DQLD) + hh * 2 * (BM * 128) + r * 128 +
+                                                     (lane & 1) * 8;
 #pragma unroll
                                 for (int nt = 0; nt < 8; nt++)
-                                    *(float2*)(dst + nt * 32) = make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                                    *(float2*)(dst + (nt >> 2) * (BM * 128) +
+                                               ((((nt & 3) * 2 + ((lane & 3) >> 1)) ^ (r & 7)) << 4)) =
+                                        make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
                             }
                         }
                         fence_proxy_async();  // read by the bulk-copy (async) proxy
@@ -536,6 +564,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 template <int D>
 __device__ __forceinline__ void attn_bwd_ws_impl(const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*,
                                                  const float*, const int*, const int*, const int*, const int*,
-                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float) {}
+                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float,
+                                                 const TmaDesc*, const TmaDesc*, const TmaDesc*) {}
 #endif  // ATTN_WGMMA
 

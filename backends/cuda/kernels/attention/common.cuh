@@ -22,6 +22,12 @@ struct BoolC {
 #define ATTN_BWD_ORDER 0
 #endif
 
+// A CUtensorMap (128 bytes, 128-byte aligned as CUDA 13 declares it), encoded on the host by cuTensorMapEncodeTiled and passed
+// by value as a `const __grid_constant__` kernel parameter (the TMA unit reads it from parameter space).
+struct __align__(128) TmaDesc {
+    unsigned long long w[16];
+};
+
 // ------------------------------------------------------------------------------------------------
 // PTX helpers (backends/cuda/lab/emu/emu_rt.h provides CPU versions of exactly these for the lab's
 // emulator, which compiles this file as C++ with -DATTN_EMU; NVRTC never sees that branch)

@@ -20,6 +20,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
+#define __grid_constant__
 
 struct int4 { int x, y, z, w; };
 struct uint4 { unsigned x, y, z, w; };

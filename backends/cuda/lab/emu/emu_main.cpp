@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
     });
     emu::launch((Tk + BN - 1) / BN * Hkv, bthr, bsm, [&] {
         dkdv((P)q.data(), (P)k.data(), (P)v.data(), (P)dO.data(), lse.data(), Di.data(), summ.data(), fs.data(), fe.data(),
-             ss.data(), se.data(), acc.data(), (bf16_t*)dk.data(), (bf16_t*)dv.data(), Tq, Tk, Hq, Hkv, scale);
+             ss.data(), se.data(), acc.data(), (bf16_t*)dk.data(), (bf16_t*)dv.data(), Tq, Tk, Hq, Hkv, scale, TmaDesc{}, TmaDesc{},
+             TmaDesc{});  // (tensor maps: used by the wgmma kernel only, not emulated)
     });
     long long n = (long long)Tq * Hq * D;
     emu::launch((int)((n / 4 + 255) / 256), 256, 0, [&] { attn_bwd_dq_convert(acc.data(), (bf16_t*)dq.data(), n, scale); });
