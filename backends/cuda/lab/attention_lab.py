@@ -72,7 +72,8 @@ VARIANTS = {
     # (t_bwd_noqload), the cp.async producer + per-row bulk reductions of v15 (bwd_cpasync), TMA loads with per-row
     # reductions (bwd_dqrows), dQ's first half issued behind dK/dV (bwd_dqfirst), P^T under the dP^T wgmmas
     # (bwd_splitw), two dS^T buffers with one staged dQ tile (bwd_ds2), dQ split by columns over both warpgroups
-    # every step (bwd_dqsplit, run 28), dQ as one m64n128 sequence (C7512 at compile time).
+    # every step (bwd_dqsplit, run 28), dQ added straight from the registers with red.global.add.v2.f32 (bwd_dqred2,
+    # run 29), dQ as one m64n128 sequence (C7512 at compile time).
 }
 # Run 14-bwd also timed (logs/run14-bwd-split-pp.log; the code left the kernel): "bwd_pp" (warpgroup 1 issues
 # S^T/dP^T after warpgroup 0, named barriers), "bwd_split*" (dQ per warpgroup over its own 64 keys, all D
