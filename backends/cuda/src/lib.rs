@@ -524,6 +524,15 @@ type CachedUpload = (Vec<i32>, Arc<CudaSlice<u8>>);
 /// intervals, for queries and context, with room for the backward's).
 const UPLOAD_CACHE_ENTRIES: usize = 16;
 
+/// A 1-D launch of `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory.
+pub(crate) fn launch_1d(grid: u32, block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    }
+}
+
 /// A grid-stride 1-D launch of 256-thread blocks over `n` elements.
 pub(crate) fn grid1d(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, 1 << 16) as u32;

@@ -34,15 +34,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg, sys};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Error, Result};
 
 use crate::storage::{CudaStorage, DType};
-use crate::tma::TensorMap;
-use crate::{CudaBackend, CudaError, grid1d};
+use crate::{CudaBackend, CudaError, grid1d, launch_1d};
+
+mod backward;
 
 /// Head dims `attention.cu` is instantiated for.
 pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -437,184 +436,8 @@ impl CudaBackend {
             .arg(&hq)
             .arg(&hkv)
             .arg(&scale);
-        self.launch(
-            op,
-            l,
-            LaunchConfig {
-                grid_dim: (g, 1, 1),
-                block_dim: (var.fwd_threads, 1, 1),
-                shared_mem_bytes: var.fwd_smem,
-            },
-        )?;
+        self.launch(op, l, launch_1d(g, var.fwd_threads, var.fwd_smem))?;
         let out = self.flash_result(op, out_b, nq)?;
         Ok((out, lse))
-    }
-
-    /// Backward: returns `(dq, dk, dv)` f32 buffers. q, k, v, out, d_out: f32 buffers or
-    /// storages of either dtype (bf16 ones are used without conversion); lse f32.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_backward<
-        Q: FlashIn + ?Sized,
-        K: FlashIn + ?Sized,
-        V: FlashIn + ?Sized,
-        O: FlashIn + ?Sized,
-        G: FlashIn + ?Sized,
-    >(
-        &self,
-        op: &'static str,
-        dims: &AttnDims,
-        q: &Q,
-        k: &K,
-        v: &V,
-        out: &O,
-        lse: &CudaSlice<u8>,
-        d_out: &G,
-        mask: &BlockMask,
-        scale: f32,
-    ) -> Result<(Tagged, Tagged, Tagged)> {
-        let fk = self.flash(op)?;
-        let var = self.flash_variant(op, fk, dims)?;
-        let d = dims.head_dim;
-        let (nq, nk) = (
-            dims.q_rows * dims.q_heads * d,
-            dims.kv_rows * dims.kv_heads * d,
-        );
-        let nl = dims.q_rows * dims.q_heads;
-        if nl == 0 {
-            // No query rows: no gradient flows anywhere.
-            return Ok((
-                (self.alloc_f32(op, 0)?, DType::F32),
-                (self.zeros_f32(op, nk)?, DType::F32),
-                (self.zeros_f32(op, nk)?, DType::F32),
-            ));
-        }
-        let n_pre = dims.q_rows.div_ceil(var.pre_rows as usize);
-        let g_pre = grid(dims.q_rows, var.pre_rows, 1)
-            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
-        let g_dkdv = grid(dims.kv_rows, var.bwd_bn, dims.kv_heads)
-            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
-        // dq_convert handles 4 elements per thread, 256 threads per block; nq is a multiple of
-        // 4 because D is.
-        let g_conv = grid(nq, 1024, 1)
-            .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
-        debug_assert!(nq % 4 == 0);
-
-        let (qb, kb, vb) = (
-            self.bf16_operand(op, "q", q, nq)?,
-            self.bf16_operand(op, "k", k, nk)?,
-            self.bf16_operand(op, "v", v, nk)?,
-        );
-        // `out` is the forward's bf16 output (widened to f32 or not): re-rounding it is exact.
-        let (ob, dob) = (
-            self.bf16_operand(op, "out", out, nq)?,
-            self.bf16_operand(op, "d_out", d_out, nq)?,
-        );
-        let (qb, kb, vb, ob, dob) = (qb.get(), kb.get(), vb.get(), ob.get(), dob.get());
-        let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
-        let (tq, tk, hq, hkv) = (
-            dims.q_rows as i32,
-            dims.kv_rows as i32,
-            dims.q_heads as i32,
-            dims.kv_heads as i32,
-        );
-        // Workspaces: D_i (Tq, Hq) f32; dq_accum (Tq, Hq, D) f32 (zeroed by the preprocess
-        // kernel, so no memset); 8 i32 summary values per query tile of `pre_rows` rows.
-        let mut di = self.alloc_f32(op, nl)?;
-        let mut dq_acc = self.alloc_f32(op, nq)?;
-        let mut summary = self.alloc(op, n_pre * 8, DType::F32)?; // 4-byte elements (i32)
-
-        // attn_bwd_pre_d{D}(const bf16* o, dout, const int* fs, fe, ss, se, float* Di,
-        //                   float* dq_accum, int* summary, int Tq, int Hq)
-        let mut l = self.stream.launch_builder(&var.pre);
-        l.arg(ob)
-            .arg(dob)
-            .arg(&*fs)
-            .arg(&*fe)
-            .arg(&*ss)
-            .arg(&*se)
-            .arg(&mut di)
-            .arg(&mut dq_acc)
-            .arg(&mut summary)
-            .arg(&tq)
-            .arg(&hq);
-        self.launch(
-            op,
-            l,
-            LaunchConfig {
-                grid_dim: (g_pre, 1, 1),
-                block_dim: (var.pre_threads, 1, 1),
-                shared_mem_bytes: 0,
-            },
-        )?;
-
-        let mut dk_b = self.alloc(op, nk, DType::Bf16)?;
-        let mut dv_b = self.alloc(op, nk, DType::Bf16)?;
-        if g_dkdv > 0 {
-            let [tm_q, tm_do, tm_dq] = if var.bwd_tma {
-                let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
-                let rows = (dims.q_rows, dims.q_heads, d);
-                TensorMap::backward_maps([ptr(qb), ptr(dob), ptr(&dq_acc)], rows)
-                    .map_err(|e| self.shape_err(op, format!("cuda-flash backward: {e}")))?
-            } else {
-                [TensorMap::unused(); 3]
-            };
-            // attn_bwd_dkdv_d{D}(const bf16* q, k, v, dout, const float* lse, Di,
-            //                    const int* summary, fs, fe, ss, se, float* dq_accum,
-            //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale,
-            //                    TmaDesc tm_q, tm_do, tm_dq)
-            let mut l = self.stream.launch_builder(&var.dkdv);
-            l.arg(qb)
-                .arg(kb)
-                .arg(vb)
-                .arg(dob)
-                .arg(lse)
-                .arg(&di)
-                .arg(&summary)
-                .arg(&*fs)
-                .arg(&*fe)
-                .arg(&*ss)
-                .arg(&*se)
-                .arg(&mut dq_acc)
-                .arg(&mut dk_b)
-                .arg(&mut dv_b)
-                .arg(&tq)
-                .arg(&tk)
-                .arg(&hq)
-                .arg(&hkv)
-                .arg(&scale)
-                .arg(&tm_q)
-                .arg(&tm_do)
-                .arg(&tm_dq);
-            self.launch(
-                op,
-                l,
-                LaunchConfig {
-                    grid_dim: (g_dkdv, 1, 1),
-                    block_dim: (var.bwd_threads, 1, 1),
-                    shared_mem_bytes: var.bwd_smem,
-                },
-            )?;
-        }
-
-        // attn_bwd_dq_convert(const float* dq_accum, bf16* dq, long long n, float scale)
-        let mut dq_b = self.alloc(op, nq, DType::Bf16)?;
-        let n64 = nq as i64;
-        let mut l = self.stream.launch_builder(&fk.dq_convert);
-        l.arg(&dq_acc).arg(&mut dq_b).arg(&n64).arg(&scale);
-        self.launch(
-            op,
-            l,
-            LaunchConfig {
-                grid_dim: (g_conv, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            },
-        )?;
-
-        Ok((
-            self.flash_result(op, dq_b, nq)?,
-            self.flash_result(op, dk_b, nk)?,
-            self.flash_result(op, dv_b, nk)?,
-        ))
     }
 }
