@@ -34,8 +34,10 @@
 //
 // Entry points (D = 64, 128, 256):
 //   attn_config(int* out)                    per-D launch configuration, see ATTN_CONFIG_* below
-//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,Tq,Tk,Hq,Hkv,scale)
-//       grid ceil(Tq/BM)*Hq, block FWD_THREADS, dynamic smem FWD_SMEM
+//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,Tq,Tk,Hq,Hkv,scale,tm_q,tm_k,tm_v)
+//       grid ceil(Tq/BM)*Hq, block FWD_THREADS, dynamic smem FWD_SMEM. tm_q / tm_k / tm_v: TMA tensor maps
+//       of q (Tq, Hq, D) / k, v (Tk, Hkv, D) as bf16, boxes of 64 columns x 1 head x fwd_BM (q) or
+//       fwd_tma_bn (k, v) rows, 128-byte swizzle, zero fill; read only where fwd_tma_bn > 0
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
 //       grid ceil(Tq/64), block 256, no dynamic smem. Di (Tq,Hq) f32; dq_accum (Tq,Hq,D) f32 zeroed;
 //       summary (ceil(Tq/64), 8) i32
@@ -127,10 +129,14 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
 #define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
+#define ATTN_FWD_MAPS , &tm_q, &tm_k, &tm_v
+#define ATTN_FWD_TMA_BN(DD) WsCfg<ATTN_WG_CFG_##DD>::BN_
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
+#define ATTN_FWD_MAPS
+#define ATTN_FWD_TMA_BN(DD) 0
 #endif
 
 // Backward: the wgmma kernel (attn_bwd_ws_impl) where compiled for compute_90a, for D 64 and 128;
@@ -151,8 +157,10 @@ struct BwdSel {
 #define ATTN_DEFINE(DD)                                                                                               \
     extern "C" __global__ void __launch_bounds__(ATTN_FWD_C(DD)::THREADS, ATTN_FWD_MINB(DD)) attn_fwd_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs, const int* fe, const int* ss,               \
-        const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale) {                       \
-        ATTN_FWD_CALL(DD)(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale);                                 \
+        const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale,                         \
+        const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k,                                    \
+        const __grid_constant__ TmaDesc tm_v) {                                                                        \
+        ATTN_FWD_CALL(DD)(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale ATTN_FWD_MAPS);                   \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(PRE_THREADS) attn_bwd_pre_d##DD(                                     \
         const bf16_t* o, const bf16_t* dout, const int* fs, const int* fe, const int* ss, const int* se, float* Di,   \
@@ -183,8 +191,10 @@ ATTN_DEFINE(256)
 
 // Launch configuration, one row of ATTN_CONFIG_FIELDS ints per head_dim (64, 128, 256):
 //   [D, fwd_BM, fwd_threads, fwd_smem, bwd_BN, bwd_threads, bwd_smem, bwd_BM(summary tile), pre_threads,
-//    bwd_tma (1: attn_bwd_dkdv reads Q/dO through its tensor-map parameters, 0: it ignores them)]
-#define ATTN_CONFIG_FIELDS 10
+//    bwd_tma (1: attn_bwd_dkdv reads Q/dO through its tensor-map parameters, 0: it ignores them),
+//    fwd_tma_bn (> 0: attn_fwd reads Q / K / V through its tensor maps, boxes of fwd_BM / this many rows; 0: it
+//    ignores them)]
+#define ATTN_CONFIG_FIELDS 11
 #define ATTN_CONFIG_ROW(DD, p)                                                                 \
     p[0] = DD;                                                                                 \
     p[1] = ATTN_FWD_C(DD)::BM_;                                                                               \
@@ -195,7 +205,8 @@ ATTN_DEFINE(256)
     p[6] = BwdSel<ATTN_BWD_CFG_##DD>::SMEM;                                                    \
     p[7] = BWD_BM;                                                                             \
     p[8] = PRE_THREADS;                                                                        \
-    p[9] = BwdSel<ATTN_BWD_CFG_##DD>::WG ? 1 : 0;
+    p[9] = BwdSel<ATTN_BWD_CFG_##DD>::WG ? 1 : 0;                                              \
+    p[10] = ATTN_FWD_TMA_BN(DD);
 
 extern "C" __global__ void attn_config(int* out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {

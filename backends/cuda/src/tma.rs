@@ -1,4 +1,5 @@
-//! TMA tensor maps (`CUtensorMap`) for the Hopper attention backward, which loads each step's
+//! TMA tensor maps (`CUtensorMap`) for the Hopper attention kernels. The forward loads its Q
+//! tile and every K/V tile by TMA from one thread (run 30). The backward loads each step's
 //! Q and dO tiles with `cp.async.bulk.tensor` from one thread instead of 64 threads of
 //! `cp.async`, and adds each step's dQ tile into the f32 accumulator with TMA tensor
 //! reductions (docs/kernel-lab-attention.md, run 24). Encoded on the host by
@@ -8,7 +9,8 @@
 use cudarc::driver::{DeviceRepr, sys};
 
 /// One box: 128 bytes of columns (one row of a 128-byte swizzled shared-memory panel: 64 bf16
-/// or 32 f32) by 64 rows (the backward's query tile, `BWD_BM`).
+/// or 32 f32) by 64 rows for the backward (its query tile, `BWD_BM`; the forward's boxes are
+/// its own tiles, from `attn_config`).
 const BOX_ROW_BYTES: usize = 128;
 const BOX_ROWS: u32 = 64;
 
@@ -49,7 +51,7 @@ impl TensorMap {
         // q and d_out are loaded in boxes of 64 bf16 columns (rows past `rows` arrive as zeros);
         // dq_accum is reduced into in boxes of 32 f32 columns (rows past `rows` are left out).
         let map = |ptr, elem, what: &str| {
-            Self::rows(ptr, elem, rows, heads, head_dim)
+            Self::rows(ptr, elem, (rows, heads, head_dim), BOX_ROWS)
                 .map_err(|e| format!("tensor map of {what}: {e}"))
         };
         Ok([
@@ -59,21 +61,40 @@ impl TensorMap {
         ])
     }
 
-    /// `(rows, heads, head_dim)` of `elem` (driver type, name, bytes) in boxes of
-    /// 128 bytes of columns x 1 head x 64 rows. `Err` carries the driver's reason and the shape.
+    /// The maps of the Hopper forward `attn_fwd_d{D}`: q `(q_rows, q_heads, head_dim)` in boxes
+    /// of `box_rows.0` rows (its query tile) and k, v `(kv_rows, kv_heads, head_dim)` in boxes of
+    /// `box_rows.1` rows (its key tile), all bf16, rows past the end arriving as zeros.
+    pub(crate) fn forward_maps(
+        [q, k, v]: [sys::CUdeviceptr; 3],
+        dims: &dflash_core::AttnDims,
+        (q_box, kv_box): (u32, u32),
+    ) -> Result<[Self; 3], String> {
+        let (d, q_shape) = (dims.head_dim, (dims.q_rows, dims.q_heads, dims.head_dim));
+        let kv_shape = (dims.kv_rows, dims.kv_heads, d);
+        let map = |ptr, shape, box_rows, what: &str| {
+            Self::rows(ptr, BF16, shape, box_rows).map_err(|e| format!("tensor map of {what}: {e}"))
+        };
+        Ok([
+            map(q, q_shape, q_box, "q")?,
+            map(k, kv_shape, kv_box, "k")?,
+            map(v, kv_shape, kv_box, "v")?,
+        ])
+    }
+
+    /// `(rows, heads, head_dim)` of `elem` (driver type, name, bytes) in boxes of 128 bytes of
+    /// columns x 1 head x `box_rows` rows. `Err` carries the driver's reason and the shape.
     fn rows(
         ptr: sys::CUdeviceptr,
         elem: Elem,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
+        (rows, heads, head_dim): (usize, usize, usize),
+        box_rows: u32,
     ) -> Result<Self, String> {
         let (ty, name, size) = elem;
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         // Innermost dimension first; strides (bytes) of dimensions 1 and 2.
         let dims: [u64; 3] = [head_dim as u64, heads as u64, rows as u64];
         let strides: [u64; 2] = [(head_dim * size) as u64, (heads * head_dim * size) as u64];
-        let boxes: [u32; 3] = [(BOX_ROW_BYTES / size) as u32, 1, BOX_ROWS];
+        let boxes: [u32; 3] = [(BOX_ROW_BYTES / size) as u32, 1, box_rows];
         let element_strides: [u32; 3] = [1, 1, 1];
         // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
         // the call only encodes `map` on the host.

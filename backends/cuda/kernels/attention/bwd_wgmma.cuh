@@ -88,22 +88,12 @@ static __device__ __forceinline__ void bwd_bar_cons() { asm volatile("bar.sync 1
 static __device__ __forceinline__ void bwd_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 static __device__ __forceinline__ void bwd_bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// TMA: one 3-d box (columns, head, rows) of the tensor map into shared memory, completing `bytes` on mbarrier `bar`
-static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, int c0, int c1, int c2, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-}
 // TMA: adds the 3-d box at `src` (shared memory) into the tensor map's f32 elements (bulk async-group)
 static __device__ __forceinline__ void tma_red_add_3d(const TmaDesc* map, int c0, int c1, int c2, u32 src) {
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
                      (unsigned long long)map),
                  "r"(c0), "r"(c1), "r"(c2), "r"(src)
                  : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 // P^T = exp2(S^T * scale * log2e - lse * log2e) (0 where masked), dS^T = P^T (dP^T - D_i), both packed to

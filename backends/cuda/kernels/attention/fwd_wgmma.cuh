@@ -1,4 +1,4 @@
-// attention/fwd_wgmma.cuh: wgmma / mbarrier primitives and the warp-specialised Hopper forward (v14).
+// attention/fwd_wgmma.cuh: wgmma / mbarrier / TMA primitives and the warp-specialised Hopper forward (v15).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
@@ -6,7 +6,7 @@
 // Two consumer warpgroups per CTA (64 query rows each, BM = 128), BN keys per step. Q, K, V tiles
 // live in shared memory in the canonical 128-byte-swizzled layout of wgmma (rows of 64 bf16 =
 // 128 B, D/64 "panels" per tile, 8-row atoms of 1024 B, 16-byte chunk index XOR (row & 7)),
-// filled by cp.async (double-buffered K/V) + fence.proxy.async. S = Q K^T: wgmma m64nBNk16, A and B
+// filled by TMA (double-buffered K/V; the same swizzle as TMA's 128-byte mode). S = Q K^T: wgmma m64nBNk16, A and B
 // from shared memory (both K-major). O += P V: wgmma m64nDk16 with P in registers (the f32 S
 // accumulator layout is the bf16 A-fragment layout, as in mma.sync) and V from shared memory
 // (MN-major: transposed B). Mask handling as in the mma.sync path (hulls, Full/Partial tiles);
@@ -88,12 +88,12 @@ static __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db) 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Forward v14 (warp-specialised, FA3's structure on cp.async): 384 threads = 3 warpgroups.
-// Warpgroup 0 is the producer: its 128 threads issue the cp.async copies of Q, K_t and V_t into
-// 2-stage K and V rings (V one tile behind K), and publish each copy group on a per-stage
-// "full" mbarrier (cp.async.wait_group 1 + fence.proxy.async + mbarrier.arrive by every producer
-// thread, count 128) once the group after it is issued; before refilling a stage it waits on that
-// stage's "empty" mbarrier (one arrive per consumer warp, count 8). Warpgroups 1 and 2 are the
+// Forward v15 (warp-specialised, FA3's structure): 384 threads = 3 warpgroups. Warpgroup 0 is the
+// producer: one thread issues Q, K_t and V_t as TMA boxes (tensor maps tm_q / tm_k / tm_v from the host)
+// into 2-stage K and V rings (V one tile behind K), each stage completing on its "full" mbarrier
+// (arrive.expect_tx, count 1); before refilling a stage it waits on that stage's "empty" mbarrier (one
+// arrive per consumer warp, count 8). (v14, run 13-29: 128 producer threads of cp.async, each group
+// published once the next was issued; the same speed, run 30.) Warpgroups 1 and 2 are the
 // consumers (64 query rows each): per key tile, FA3's intra-warpgroup overlap (S_t and PV_{t-1} as
 // two wgmma groups, softmax of tile t between wait_group 1 and 0), with O rescaled between the two
 // issues (the S_t GEMM hides it) so only the P pack follows wait_group 0, and FA3's inter-warpgroup
@@ -129,6 +129,16 @@ static __device__ __forceinline__ void mbar_wait(u32 a, u32 parity) {
                      : "memory");
     } while (!done);
 }
+// TMA: one 3-d box (columns, head, rows) of the tensor map into shared memory, completing `bytes` on mbarrier `bar`
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 static __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 static __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
@@ -153,7 +163,7 @@ static __device__ __forceinline__ void attn_tr(int c, int t, int e) {
 #endif
 template <int D, int BN>
 struct WsCfg {
-    static constexpr int BM_ = 128;
+    static constexpr int BM_ = 128, BN_ = BN;
     static constexpr int BM = 128;
     static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
     static constexpr int NWARP = THREADS / 32;
@@ -179,7 +189,8 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
                                                  const int* __restrict__ fe, const int* __restrict__ ss,
                                                  const int* __restrict__ se, bf16_t* __restrict__ out,
                                                  float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
-                                                 float scale) {
+                                                 float scale, const TmaDesc* tm_q, const TmaDesc* tm_k,
+                                                 const TmaDesc* tm_v) {
     using C = WsCfg<D, BN>;
     constexpr int BM = C::BM;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -205,8 +216,8 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < 2; s++) {
-            mbar_init(bKf + 8 * s, 128);
-            mbar_init(bVf + 8 * s, 128);
+            mbar_init(bKf + 8 * s, 1);  // the TMA thread's arrive.expect_tx
+            mbar_init(bVf + 8 * s, 1);
             mbar_init(bKe + 8 * s, 8);
             mbar_init(bVe + 8 * s, 8);
         }
@@ -232,85 +243,43 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
     if (wg == 0) {
         // ================================ producer ================================
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::REG_P));
-        constexpr int RPT = 128 / DT;  // rows per pass of the 128 producer threads
-        static_assert((RPT & (RPT - 1)) == 0 && BN % RPT == 0 && BM % RPT == 0, "loader shape");
-        const int lrow = tid / DT, lc = tid % DT;
-        // row r = lrow + j*RPT, 16-byte chunk lc: chunk slot (lc & 7) ^ (r & 7) (128-byte swizzle);
-        // (lrow + j*RPT) & 7 == (lrow & 7) ^ ((j*RPT) & 7) since RPT is a power of two and lrow < RPT.
-        const u32 xo = (u32)(((lc & 7) ^ (lrow & 7)) << 4);
-        const u32 dQ = sba + (lc >> 3) * (BM * 128) + lrow * 128;
-        const u32 dK = sba + C::OFF_K + (lc >> 3) * (BN * 128) + lrow * 128;
-        const u32 dV = sba + C::OFF_V + (lc >> 3) * (BN * 128) + lrow * 128;
-        const size_t rstep = (size_t)RPT * kstride;
-        auto load_rows = [&](const bf16_t* __restrict__ g0, const bf16_t* __restrict__ base, u32 d, int kt) {
-            const bf16_t* g = g0 + (size_t)kt * BN * kstride;
-            if (kt * BN + BN <= Tk) {
+        // One thread issues every copy as TMA boxes (64 columns x 1 head x BM or BN rows, 128-byte swizzle: the
+        // panels the wgmma descriptors read; rows past Tq / Tk arrive as zeros), each stage completing on its
+        // full mbarrier (expect_tx). Order Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}: S_{t+1} can start before
+        // V_t has landed. (v14's 128 threads of cp.async, each group published once the next was issued, are
+        // in git history: run 30.)
+        if (tid == 0) {
+            mbar_arrive_tx(bKf, C::SQ + C::SKV);
 #pragma unroll
-                for (int j = 0; j < BN / RPT; j++) {
-                    cp_async16(d + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), g, true);
-                    g += rstep;
-                }
-            } else {
-                const int kr = kt * BN + lrow;
-#pragma unroll
-                for (int j = 0; j < BN / RPT; j++) {
-                    const bool ok = kr + j * RPT < Tk;
-                    cp_async16(d + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), ok ? g : base, ok);
-                    g += rstep;
-                }
+            for (int p = 0; p < D / 64; p++) {
+                tma_load_3d(sba + p * (BM * 128), tm_q, p * 64, h, q0, bKf);
+                tma_load_3d(sba + C::OFF_K + p * (BN * 128), tm_k, p * 64, hk, tile_of(0) * BN, bKf);
             }
-        };
-        const bf16_t* gk0 = k + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-        const bf16_t* gv0 = v + (size_t)lrow * kstride + (size_t)hk * D + lc * 8;
-        {
-            const bf16_t* gq0 = q + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
+            for (int t = 0; t < n; t++) {
+                if (t + 1 < n) {  // K_{t+1}
+                    const int s = (t + 1) & 1;
+                    ATTN_TR(2, t + 1, 0);
+                    if (t + 1 >= 2) mbar_wait(bKe + 8 * s, (((t + 1) >> 1) - 1) & 1);  // both consumers done with K_{t-1}
+                    ATTN_TR(2, t + 1, 1);
+                    mbar_arrive_tx(bKf + 8 * s, C::SKV);
 #pragma unroll
-            for (int j = 0; j < BM / RPT; j++) {
-                const bool ok = q0 + lrow + j * RPT < Tq;
-                cp_async16(dQ + j * RPT * 128 + (xo ^ (u32)(((j * RPT) & 7) << 4)), ok ? gq0 + (size_t)j * RPT * qstride : q,
-                           ok);
+                    for (int p = 0; p < D / 64; p++)
+                        tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk, tile_of(t + 1) * BN,
+                                    bKf + 8 * s);
+                    ATTN_TR(2, t + 1, 2);
+                }
+                const int s = t & 1;  // V_t
+                ATTN_TR(2, t + 1, 3);
+                if (t >= 2) mbar_wait(bVe + 8 * s, ((t >> 1) - 1) & 1);  // both consumers done with V_{t-2}
+                ATTN_TR(2, t + 1, 4);
+                mbar_arrive_tx(bVf + 8 * s, C::SKV);
+#pragma unroll
+                for (int p = 0; p < D / 64; p++)
+                    tma_load_3d(sba + C::OFF_V + s * C::SKV + p * (BN * 128), tm_v, p * 64, hk, tile_of(t) * BN,
+                                bVf + 8 * s);
+                ATTN_TR(2, t + 1, 5);
             }
         }
-        load_rows(gk0, k, dK, tile_of(0));
-        cp_async_commit();  // group: Q + K_0, published on K full[0]
-        // Group order K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}; each group is published
-        // (its copies complete, fenced for the async proxy) once the next one is issued.
-        u32 prev = bKf;
-        for (int t = 1; t <= n; t++) {
-            if (t < n) {
-                const int s = t & 1;
-                ATTN_TR(2, t, 0);
-                if (t >= 2) mbar_wait(bKe + 8 * s, ((t >> 1) - 1) & 1);  // both consumers are done with K_{t-2}
-                ATTN_TR(2, t, 1);
-#ifdef ATTN_LAB_SKIP_LOAD  // lab-only timing knob (wrong results): K/V of tiles 0 and 1 reused
-                if (t < 2)
-#endif
-                    load_rows(gk0, k, dK + s * C::SKV, tile_of(t));
-                cp_async_commit();
-                cp_async_wait<1>();
-                fence_proxy_async();
-                mbar_arrive(prev);
-                ATTN_TR(2, t, 2);
-                prev = bKf + 8 * s;
-            }
-            const int tv = t - 1, s = tv & 1;
-            ATTN_TR(2, t, 3);
-            if (tv >= 2) mbar_wait(bVe + 8 * s, ((tv >> 1) - 1) & 1);  // both consumers are done with V_{tv-2}
-            ATTN_TR(2, t, 4);
-#ifdef ATTN_LAB_SKIP_LOAD
-            if (tv < 2)
-#endif
-                load_rows(gv0, v, dV + s * C::SKV, tile_of(tv));
-            cp_async_commit();
-            cp_async_wait<1>();
-            fence_proxy_async();
-            mbar_arrive(prev);
-            ATTN_TR(2, t, 5);
-            prev = bVf + 8 * s;
-        }
-        cp_async_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(prev);
     } else {
         // ================================ consumers ================================
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::REG_C));

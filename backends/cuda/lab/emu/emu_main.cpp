@@ -32,11 +32,11 @@ int main(int argc, char** argv) {
     if (getenv("EMU_CP")) emu::g_cp_mode = atoi(getenv("EMU_CP"));
     if (getenv("EMU_SHUFFLE")) { emu::g_shuffle = atoi(getenv("EMU_SHUFFLE")); emu::g_rng.seed(emu::g_shuffle); }
 
-    std::vector<int> cfg(30, 0);
+    std::vector<int> cfg(3 * ATTN_CONFIG_FIELDS, 0);
     emu::launch(1, 32, 0, [&] { attn_config(cfg.data()); });
     const int* c = nullptr;
     for (int i = 0; i < 3; i++)
-        if (cfg[i * 10] == D) c = &cfg[i * 10];
+        if (cfg[i * ATTN_CONFIG_FIELDS] == D) c = &cfg[i * ATTN_CONFIG_FIELDS];
     if (!c) { fprintf(stderr, "no config for D=%d\n", D); return 2; }
 
     auto q = rd<uint16_t>(dir + "/q.bin", (size_t)Tq * Hq * D);
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     typedef const bf16_t* P;
     emu::launch((Tq + BM - 1) / BM * Hq, fthr, fsm, [&] {
         fwd((P)q.data(), (P)k.data(), (P)v.data(), fs.data(), fe.data(), ss.data(), se.data(), (bf16_t*)out.data(),
-            lse.data(), Tq, Tk, Hq, Hkv, scale);
+            lse.data(), Tq, Tk, Hq, Hkv, scale, TmaDesc{}, TmaDesc{}, TmaDesc{});
     });
     emu::launch(nqt, pthr, 0, [&] {
         pre((P)out.data(), (P)dO.data(), fs.data(), fe.data(), ss.data(), se.data(), Di.data(), acc.data(), summ.data(), Tq, Hq);

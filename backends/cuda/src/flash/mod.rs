@@ -34,11 +34,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys,
+};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Error, Result};
 
 use crate::storage::{CudaStorage, DType};
+use crate::tma::TensorMap;
 use crate::{CudaBackend, CudaError, grid1d, launch_1d};
 
 mod backward;
@@ -47,7 +50,7 @@ mod backward;
 pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Ints per head dim written by `attn_config`.
-const CONFIG_FIELDS: usize = 10;
+const CONFIG_FIELDS: usize = 11;
 
 /// Kernels use `int` row indices and a `0x3fffffff` sentinel in the mask summaries; rows,
 /// keys and row x head products must stay below it.
@@ -109,6 +112,9 @@ pub(crate) struct FlashVariant {
     pre_threads: u32,
     /// The backward loads Q/dO through TMA tensor maps (the Hopper kernel).
     bwd_tma: bool,
+    /// The forward loads Q/K/V through TMA tensor maps, K/V in boxes of this many rows (its key
+    /// tile); 0: it ignores the maps.
+    fwd_tma_bn: u32,
     /// Why this head dim cannot run on this device (shared memory), if it cannot.
     unsupported: Option<String>,
 }
@@ -167,7 +173,7 @@ impl FlashKernels {
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: attn_config(int* out) writes 3 * ATTN_CONFIG_FIELDS (= 30) ints; `buf`
+            // SAFETY: attn_config(int* out) writes 3 * ATTN_CONFIG_FIELDS (= 33) ints; `buf`
             // holds exactly that many i32.
             unsafe { l.launch(cfg) }.map_err(drv("launching attn_config".into()))?;
         }
@@ -199,6 +205,10 @@ impl FlashKernels {
             }
             if r[6] < 0 || r[7] <= 0 || !threads_ok(r[8]) || !(0..=1).contains(&r[9]) {
                 return Err(bad("invalid backward shape"));
+            }
+            // TMA boxes are at most 256 rows: the forward's query tile (field 1) and key tile (10).
+            if r[10] < 0 || (r[10] != 0 && (r[10] > 256 || r[1] > 256)) {
+                return Err(bad("invalid forward tensor-map box"));
             }
             let fwd = func(&format!("attn_fwd_d{d}"))?;
             let pre = func(&format!("attn_bwd_pre_d{d}"))?;
@@ -235,6 +245,7 @@ impl FlashKernels {
                 pre_rows: r[7] as u32,
                 pre_threads: r[8] as u32,
                 bwd_tma: r[9] == 1,
+                fwd_tma_bn: r[10] as u32,
                 unsupported,
             });
         }
@@ -419,9 +430,20 @@ impl CudaBackend {
             dims.q_heads as i32,
             dims.kv_heads as i32,
         );
+        let [tm_q, tm_k, tm_v] = if var.fwd_tma_bn > 0 {
+            let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
+            TensorMap::forward_maps(
+                [ptr(qb), ptr(kb), ptr(vb)],
+                dims,
+                (var.fwd_bm, var.fwd_tma_bn),
+            )
+            .map_err(|e| self.shape_err(op, format!("cuda-flash forward: {e}")))?
+        } else {
+            [TensorMap::unused(); 3]
+        };
         let mut l = self.stream.launch_builder(&var.fwd);
         // attn_fwd_d{D}(const bf16* q, k, v, const int* fs, fe, ss, se, bf16* out, float* lse,
-        //               int Tq, int Tk, int Hq, int Hkv, float scale)
+        //               int Tq, int Tk, int Hq, int Hkv, float scale, TmaDesc tm_q, tm_k, tm_v)
         l.arg(qb)
             .arg(kb)
             .arg(vb)
@@ -435,7 +457,10 @@ impl CudaBackend {
             .arg(&tk)
             .arg(&hq)
             .arg(&hkv)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&tm_q)
+            .arg(&tm_k)
+            .arg(&tm_v);
         self.launch(op, l, launch_1d(g, var.fwd_threads, var.fwd_smem))?;
         let out = self.flash_result(op, out_b, nq)?;
         Ok((out, lse))
