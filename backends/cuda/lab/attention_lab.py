@@ -885,7 +885,8 @@ def btrace_summary(K, vn, label, launch):
     """-DATTN_LAB_TRACE=0 -DATTN_LAB_BTRACE: clock64 stamps of the backward's CTA 0 (thread 0 of each consumer
     warpgroup c), per step g: 0 top, 1 Q/dO full, 2 S^T/dP^T issued, 3 S^T/dP^T done (wait), 4 P/dS done and
     dK/dV issued, 5 ds_free waited, 6 step barrier passed, 7 dQ done (dQ warpgroup, g & 1 == c) or ds_free
-    arrived, 8 stage released (4, 5 only on visible steps)."""
+    arrived, 8 stage released (4, 5 only on visible steps); on the dQ warpgroup's steps also 9 its dK/dV retired
+    and stage released, 10 first dQ half done, 11 the writer done with the staging tile (run 24)."""
     import numpy as np
 
     a = read_trace(K, launch)
