@@ -129,13 +129,13 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
 #define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
-#define ATTN_FWD_MAPS , &tm_q, &tm_k, &tm_v
+#define ATTN_FWD_ARGS fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, &tm_q, &tm_k, &tm_v  // q, k, v: by TMA
 #define ATTN_FWD_TMA_BN(DD) WsCfg<ATTN_WG_CFG_##DD>::BN_
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
-#define ATTN_FWD_MAPS
+#define ATTN_FWD_ARGS q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale
 #define ATTN_FWD_TMA_BN(DD) 0
 #endif
 
@@ -160,7 +160,7 @@ struct BwdSel {
         const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale,                         \
         const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k,                                    \
         const __grid_constant__ TmaDesc tm_v) {                                                                        \
-        ATTN_FWD_CALL(DD)(q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale ATTN_FWD_MAPS);                   \
+        ATTN_FWD_CALL(DD)(ATTN_FWD_ARGS);                                                                             \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(PRE_THREADS) attn_bwd_pre_d##DD(                                     \
         const bf16_t* o, const bf16_t* dout, const int* fs, const int* fe, const int* ss, const int* se, float* Di,   \
@@ -173,7 +173,7 @@ struct BwdSel {
         bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale, const __grid_constant__ TmaDesc tm_q,                \
         const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_dq) {                                \
         if constexpr (BwdSel<ATTN_BWD_CFG_##DD>::WG)                                                                   \
-            attn_bwd_ws_impl<DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv, Tq, Tk, Hq, Hkv,   \
+            attn_bwd_ws_impl<DD>(k, v, lse, Di, summary, fs, fe, ss, se, dk, dv, Tq, Tk, Hq, Hkv,                       \
                                  scale, &tm_q, &tm_do, &tm_dq);                                                \
         else                                                                                                           \
             attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv,  \

@@ -151,12 +151,11 @@ static __device__ __forceinline__ void bwd_ew(const float (&s)[32], float (&dp)[
 
 template <int D>
 __device__ __forceinline__ void attn_bwd_ws_impl(
-    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
-    const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
-    const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
+    const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
+    const float* __restrict__ Di, const int* __restrict__ summary, const int* __restrict__ fs,
+    const int* __restrict__ fe, const int* __restrict__ ss, const int* __restrict__ se, bf16_t* __restrict__ dk,
     bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale, const TmaDesc* tm_q, const TmaDesc* tm_do,
-    const TmaDesc* tm_dq) {
+    const TmaDesc* tm_dq) {  // q, dout and dq_accum only through their tensor maps
     using C = WsBwdCfg<D>;
     constexpr int BM = C::BM, BN = C::BN;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -182,7 +181,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     const int k0 = kt * BN;
     const int k1 = min(k0 + BN, Tk);
     const int nqt = (Tq + BM - 1) / BM;
-    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
+    const size_t kstride = (size_t)Hkv * D;
 
     if (tid == 0) {
 #pragma unroll
@@ -367,11 +366,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 ATTN_BTR(wg, g, 0);
                 mbar_wait(barF + 8 * st, (g / NS) & 1);
                 ATTN_BTR(wg, g, 1);
-                const int li = it / G;
-                const int e = list_at(it);
-                const int q0 = (e & 0x3fffffff) * BM;
-                const int h = hk * G + (it - li * G);
-                const bool full = !(e & 0x40000000);
+                const bool full = !(list_at(it) & 0x40000000);  // (the producer and writer place the tile)
                 const float* lS = sLse + st * BM;
                 const float* dI = sDi + st * BM;
                 const int4* rows = sRow + st * BM;
@@ -386,6 +381,19 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 }
                 if (wq == 0 && lane == 0) sWv[st * 2 + wg] = vis ? 1 : 0;
                 u32 pa[4][4], da[4][4];
+                // this warpgroup's 64 rows of dS^T (bf16, 128-byte swizzled; zeros when it sees none of the step's
+                // queries), for the async proxy (the dQ wgmmas)
+                auto store_ds = [&](bool zeros) {
+#pragma unroll
+                    for (int nt = 0; nt < BM / 8; nt++)
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
+                            *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) =
+                                zeros ? 0u : da[nt >> 1][(nt & 1) * 2 + i];
+                        }
+                    fence_proxy_async();
+                };
                 if (vis) {
                     float s[BM / 2], dp[BM / 2];
                     const u64 qo = (u64)((st * C::QS) >> 4);
@@ -422,24 +430,10 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     ATTN_BTR(wg, g, 4);
                     if (g > 0) mbar_wait(barDS, (g - 1) & 1);  // dQ of step g-1 has read dS^T
                     ATTN_BTR(wg, g, 5);
-#pragma unroll
-                    for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
-                            *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = da[nt >> 1][(nt & 1) * 2 + i];
-                        }
-                    fence_proxy_async();
+                    store_ds(false);
                 } else {  // zeros for this warpgroup's dS^T rows (the other warpgroup's dQ k-steps read them)
                     if (g > 0) mbar_wait(barDS, (g - 1) & 1);
-#pragma unroll
-                    for (int nt = 0; nt < BM / 8; nt++)
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const int r = wg * 64 + wq * 16 + (lane >> 2) + 8 * i;
-                            *(u32*)(sDS + r * 128 + ((nt ^ (r & 7)) << 4) + 4 * (lane & 3)) = 0u;
-                        }
-                    fence_proxy_async();
+                    store_ds(true);
                 }
                 bwd_bar_cons();  // dS^T of both warpgroups and their visibility flags are in shared memory
                 ATTN_BTR(wg, g, 6);
@@ -552,9 +546,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 }
 #else
 template <int D>
-__device__ __forceinline__ void attn_bwd_ws_impl(const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*,
-                                                 const float*, const int*, const int*, const int*, const int*,
-                                                 const int*, float*, bf16_t*, bf16_t*, int, int, int, int, float,
-                                                 const TmaDesc*, const TmaDesc*, const TmaDesc*) {}
+__device__ __forceinline__ void attn_bwd_ws_impl(const bf16_t*, const bf16_t*, const float*, const float*, const int*,
+                                                 const int*, const int*, const int*, const int*, bf16_t*, bf16_t*, int,
+                                                 int, int, int, float, const TmaDesc*, const TmaDesc*, const TmaDesc*) {}
 #endif  // ATTN_WGMMA
 

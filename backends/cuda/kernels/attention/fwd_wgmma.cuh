@@ -184,8 +184,7 @@ struct WsCfg {
 };
 
 template <int D, int BN>
-__device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                                 const bf16_t* __restrict__ v, const int* __restrict__ fs,
+__device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  // q, k, v: through tm_q / tm_k / tm_v
                                                  const int* __restrict__ fe, const int* __restrict__ ss,
                                                  const int* __restrict__ se, bf16_t* __restrict__ out,
                                                  float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
@@ -211,7 +210,7 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const bf16_t* __restrict__ q, c
     const int h = bid % Hq;
     const int hk = h / (Hq / Hkv);
     const int q0 = qt * BM;
-    const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;
+    const size_t qstride = (size_t)Hq * D;
 
     if (tid == 0) {
 #pragma unroll
