@@ -3,11 +3,11 @@
 //! accumulator; on Hopper its Q/dO loads and dQ reductions go through the TMA tensor maps of
 //! [`crate::tma`]) and `attn_bwd_dq_convert` (launch table: the parent module's header).
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::{FlashIn, Tagged, grid};
+use super::{CallShape, FlashIn, Tagged, grid};
 use crate::storage::DType;
 use crate::tma::TensorMap;
 use crate::{CudaBackend, launch_1d};
@@ -37,12 +37,8 @@ impl CudaBackend {
     ) -> Result<(Tagged, Tagged, Tagged)> {
         let fk = self.flash(op)?;
         let var = self.flash_variant(op, fk, dims)?;
-        let d = dims.head_dim;
-        let (nq, nk) = (
-            dims.q_rows * dims.q_heads * d,
-            dims.kv_rows * dims.kv_heads * d,
-        );
-        let nl = dims.q_rows * dims.q_heads;
+        let sh = CallShape::of(dims);
+        let (nq, nk, nl) = (sh.nq, sh.nk, sh.nl);
         if nl == 0 {
             // No query rows: no gradient flows anywhere.
             return Ok((
@@ -62,11 +58,7 @@ impl CudaBackend {
             .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
         debug_assert!(nq % 4 == 0);
 
-        let (qb, kb, vb) = (
-            self.bf16_operand(op, "q", q, nq)?,
-            self.bf16_operand(op, "k", k, nk)?,
-            self.bf16_operand(op, "v", v, nk)?,
-        );
+        let [qb, kb, vb] = self.qkv_operands(op, (q, k, v), &sh)?;
         // `out` is the forward's bf16 output (widened to f32 or not): re-rounding it is exact.
         let (ob, dob) = (
             self.bf16_operand(op, "out", out, nq)?,
@@ -74,12 +66,7 @@ impl CudaBackend {
         );
         let (qb, kb, vb, ob, dob) = (qb.get(), kb.get(), vb.get(), ob.get(), dob.get());
         let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
-        let (tq, tk, hq, hkv) = (
-            dims.q_rows as i32,
-            dims.kv_rows as i32,
-            dims.q_heads as i32,
-            dims.kv_heads as i32,
-        );
+        let [tq, tk, hq, hkv] = sh.ints;
         // Workspaces: D_i (Tq, Hq) f32; dq_accum (Tq, Hq, D) f32 (zeroed by the preprocess
         // kernel, so no memset); 8 i32 summary values per query tile of `pre_rows` rows.
         let mut di = self.alloc_f32(op, nl)?;
@@ -106,9 +93,8 @@ impl CudaBackend {
         let mut dv_b = self.alloc(op, nk, DType::Bf16)?;
         if g_dkdv > 0 {
             let [tm_q, tm_do, tm_dq] = if var.bwd_tma {
-                let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
-                let rows = (dims.q_rows, dims.q_heads, d);
-                TensorMap::backward_maps([ptr(qb), ptr(dob), ptr(&dq_acc)], rows)
+                let ptrs = [self.dev_ptr(qb), self.dev_ptr(dob), self.dev_ptr(&dq_acc)];
+                TensorMap::backward_maps(ptrs, (dims.q_rows, dims.q_heads, dims.head_dim))
                     .map_err(|e| self.shape_err(op, format!("cuda-flash backward: {e}")))?
             } else {
                 [TensorMap::unused(); 3]

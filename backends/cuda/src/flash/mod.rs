@@ -85,6 +85,29 @@ enum Bf16Buf<'a> {
     Owned(CudaSlice<u8>),
 }
 
+/// The sizes of one forward or backward call: element counts of the q-sized tensors (q, out,
+/// d_out, dq: `nq`) and k/v-sized ones (`nk`), the (row, head) pairs of q (`nl`: lse, D_i),
+/// and the kernels' `int` sizes. Built after [`CudaBackend::flash_variant`] has bounded the
+/// dims, so the `int` casts are exact.
+struct CallShape {
+    nq: usize,
+    nk: usize,
+    nl: usize,
+    /// Tq, Tk, Hq, Hkv.
+    ints: [i32; 4],
+}
+
+impl CallShape {
+    fn of(dims: &AttnDims) -> Self {
+        CallShape {
+            nq: dims.q_rows * dims.q_heads * dims.head_dim,
+            nk: dims.kv_rows * dims.kv_heads * dims.head_dim,
+            nl: dims.q_rows * dims.q_heads,
+            ints: [dims.q_rows, dims.kv_rows, dims.q_heads, dims.kv_heads].map(|x| x as i32),
+        }
+    }
+}
+
 impl Bf16Buf<'_> {
     fn get(&self) -> &CudaSlice<u8> {
         match self {
@@ -367,6 +390,26 @@ impl CudaBackend {
         })
     }
 
+    /// q, k and v as bf16 operands (see [`Self::bf16_operand`]).
+    fn qkv_operands<'a, Q: FlashIn + ?Sized, K: FlashIn + ?Sized, V: FlashIn + ?Sized>(
+        &self,
+        op: &'static str,
+        (q, k, v): (&'a Q, &'a K, &'a V),
+        sh: &CallShape,
+    ) -> Result<[Bf16Buf<'a>; 3]> {
+        Ok([
+            self.bf16_operand(op, "q", q, sh.nq)?,
+            self.bf16_operand(op, "k", k, sh.nk)?,
+            self.bf16_operand(op, "v", v, sh.nk)?,
+        ])
+    }
+
+    /// The device address of `b`, for a tensor map (`b` is also passed to the kernel, which
+    /// orders the stream's use of it).
+    fn dev_ptr(&self, b: &CudaSlice<u8>) -> sys::CUdeviceptr {
+        b.device_ptr(&self.stream).0
+    }
+
     /// An f32 copy of `n` bf16 elements.
     fn to_f32_buf(&self, op: &'static str, src: &CudaSlice<u8>, n: usize) -> Result<CudaSlice<u8>> {
         let mut out = self.alloc_f32(op, n)?;
@@ -404,36 +447,22 @@ impl CudaBackend {
     ) -> Result<(Tagged, CudaSlice<u8>)> {
         let fk = self.flash(op)?;
         let var = self.flash_variant(op, fk, dims)?;
-        let d = dims.head_dim;
-        let (nq, nk) = (
-            dims.q_rows * dims.q_heads * d,
-            dims.kv_rows * dims.kv_heads * d,
-        );
-        let nl = dims.q_rows * dims.q_heads;
+        let sh = CallShape::of(dims);
+        let (nq, nl) = (sh.nq, sh.nl);
         let mut lse = self.alloc_f32(op, nl)?;
         if nl == 0 {
             return Ok(((self.alloc_f32(op, nq)?, DType::F32), lse));
         }
         let g = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
-        let (qb, kb, vb) = (
-            self.bf16_operand(op, "q", q, nq)?,
-            self.bf16_operand(op, "k", k, nk)?,
-            self.bf16_operand(op, "v", v, nk)?,
-        );
+        let [qb, kb, vb] = self.qkv_operands(op, (q, k, v), &sh)?;
         let (qb, kb, vb) = (qb.get(), kb.get(), vb.get());
         let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
         let mut out_b = self.alloc(op, nq, DType::Bf16)?;
-        let (tq, tk, hq, hkv) = (
-            dims.q_rows as i32,
-            dims.kv_rows as i32,
-            dims.q_heads as i32,
-            dims.kv_heads as i32,
-        );
+        let [tq, tk, hq, hkv] = sh.ints;
         let [tm_q, tm_k, tm_v] = if var.fwd_tma_bn > 0 {
-            let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
             TensorMap::forward_maps(
-                [ptr(qb), ptr(kb), ptr(vb)],
+                [self.dev_ptr(qb), self.dev_ptr(kb), self.dev_ptr(vb)],
                 dims,
                 (var.fwd_bm, var.fwd_tma_bn),
             )
