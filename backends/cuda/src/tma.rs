@@ -7,6 +7,7 @@
 //! value as the kernel's `const __grid_constant__ TmaDesc` parameters (`kernels/attention/common.cuh`).
 
 use cudarc::driver::{DeviceRepr, sys};
+use dflash_core::AttnDims;
 
 /// One box: 128 bytes of columns (one row of a 128-byte swizzled shared-memory panel: 64 bf16
 /// or 32 f32) by 64 rows for the backward (its query tile, `BWD_BM`; the forward's boxes are
@@ -37,17 +38,18 @@ unsafe impl DeviceRepr for TensorMap {}
 
 impl TensorMap {
     /// A map that no kernel reads: the parameter of a kernel compiled without TMA (devices
-    /// other than compute capability 9.0 run the mma.sync backward).
+    /// other than compute capability 9.0 run the mma.sync kernels).
     pub(crate) fn unused() -> Self {
         TensorMap(sys::CUtensorMap { opaque: [0; 16] })
     }
 
     /// The maps of the Hopper backward `attn_bwd_dkdv_d{D}`: q and d_out (bf16) and the dq
-    /// accumulator (f32), all `(rows, heads, head_dim)`, in the kernel's parameter order.
+    /// accumulator (f32), all `(q_rows, q_heads, head_dim)`, in the kernel's parameter order.
     pub(crate) fn backward_maps(
         [q, d_out, dq_accum]: [sys::CUdeviceptr; 3],
-        (rows, heads, head_dim): (usize, usize, usize),
+        dims: &AttnDims,
     ) -> Result<[Self; 3], String> {
+        let (rows, heads, head_dim) = (dims.q_rows, dims.q_heads, dims.head_dim);
         // q and d_out are loaded in boxes of 64 bf16 columns (rows past `rows` arrive as zeros);
         // dq_accum is reduced into in boxes of 32 f32 columns (rows past `rows` are left out).
         let map = |ptr, elem, what: &str| {
@@ -66,7 +68,7 @@ impl TensorMap {
     /// `box_rows.1` rows (its key tile), all bf16, rows past the end arriving as zeros.
     pub(crate) fn forward_maps(
         [q, k, v]: [sys::CUdeviceptr; 3],
-        dims: &dflash_core::AttnDims,
+        dims: &AttnDims,
         (q_box, kv_box): (u32, u32),
     ) -> Result<[Self; 3], String> {
         let (d, q_shape) = (dims.head_dim, (dims.q_rows, dims.q_heads, dims.head_dim));

@@ -94,7 +94,7 @@ impl CudaBackend {
         if g_dkdv > 0 {
             let [tm_q, tm_do, tm_dq] = if var.bwd_tma {
                 let ptrs = [self.dev_ptr(qb), self.dev_ptr(dob), self.dev_ptr(&dq_acc)];
-                TensorMap::backward_maps(ptrs, (dims.q_rows, dims.q_heads, dims.head_dim))
+                TensorMap::backward_maps(ptrs, dims)
                     .map_err(|e| self.shape_err(op, format!("cuda-flash backward: {e}")))?
             } else {
                 [TensorMap::unused(); 3]
