@@ -39,7 +39,7 @@
 //       of q (Tq, Hq, D) / k, v (Tk, Hkv, D) as bf16, boxes of 64 columns x 1 head x fwd_BM (q) or
 //       fwd_tma_bn (k, v) rows, 128-byte swizzle, zero fill; read only where fwd_tma_bn > 0
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
-//       grid ceil(Tq/64), block 256, no dynamic smem. Di (Tq,Hq) f32; dq_accum (Tq,Hq,D) f32 zeroed;
+//       grid ceil(Tq/64)*Hq (block = query tile * Hq + head), block 256, no dynamic smem. Di (Tq,Hq) f32; dq_accum (Tq,Hq,D) f32 zeroed;
 //       summary (ceil(Tq/64), 8) i32
 //   attn_bwd_dkdv_d{D}(q,k,v,dout,lse,Di,summary,fs,fe,ss,se,dq_accum,dk,dv,Tq,Tk,Hq,Hkv,scale,tm_q,tm_do,tm_dq)
 //       grid ceil(Tk/BN)*Hkv, block BWD_THREADS (384 for the wgmma kernel of D 64/128, else 256),

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
         fwd((P)q.data(), (P)k.data(), (P)v.data(), fs.data(), fe.data(), ss.data(), se.data(), (bf16_t*)out.data(),
             lse.data(), Tq, Tk, Hq, Hkv, scale, TmaDesc{}, TmaDesc{}, TmaDesc{});
     });
-    emu::launch(nqt, pthr, 0, [&] {
+    emu::launch(nqt * Hq, pthr, 0, [&] {
         pre((P)out.data(), (P)dO.data(), fs.data(), fe.data(), ss.data(), se.data(), Di.data(), acc.data(), summ.data(), Tq, Hq);
     });
     emu::launch((Tk + BN - 1) / BN * Hkv, bthr, bsm, [&] {

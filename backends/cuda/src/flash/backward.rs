@@ -48,7 +48,8 @@ impl CudaBackend {
             ));
         }
         let n_pre = dims.q_rows.div_ceil(var.pre_rows as usize);
-        let g_pre = grid(dims.q_rows, var.pre_rows, 1)
+        // one preprocess block per (query tile, head)
+        let g_pre = grid(dims.q_rows, var.pre_rows, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;
         let g_dkdv = grid(dims.kv_rows, var.bwd_bn, dims.kv_heads)
             .ok_or_else(|| self.shape_err(op, "backward grid too large for cuda-flash"))?;

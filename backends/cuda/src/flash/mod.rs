@@ -23,7 +23,7 @@
 //! | kernel | grid x block, dynamic smem | arguments |
 //! |---|---|---|
 //! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale |
-//! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
+//! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)*Hq` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
 //! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale tm_q tm_do tm_dq |
 //! | `attn_bwd_dq_convert` | `ceil(n/1024)` x 256, 0 | dq_accum dq n(i64) scale |
 //!
@@ -129,7 +129,7 @@ pub(crate) struct FlashVariant {
     bwd_bn: u32,
     bwd_threads: u32,
     bwd_smem: u32,
-    /// Query rows per preprocess CTA / summary tile (64).
+    /// Query rows per preprocess CTA (one CTA per such tile and head) / summary tile (64).
     pre_rows: u32,
     /// Threads of the preprocess CTA (256).
     pre_threads: u32,
