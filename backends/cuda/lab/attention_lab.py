@@ -67,6 +67,12 @@ VARIANTS = {
     # once: ptxas C7512 (wgmma serialised, insufficient registers: dK/dV + their A fragments + 64 more).
     # "btrace*": -DATTN_LAB_TRACE=0 -DATTN_LAB_BTRACE, clock64 at the backward's step events of CTA 0.
     "btrace": [O128, "-DATTN_LAB_TRACE=0", "-DATTN_LAB_BTRACE"],
+    # "ctatrace*": -DATTN_LAB_CTATRACE, per-CTA globaltimer/clock64 stamps of the backward over the whole chip (run 31)
+    "ctatrace": [O128, "-DATTN_LAB_CTATRACE"],
+    # run 31 timing knobs (wrong results): no exponentials in P^T, dQ not staged. (A knob without the step barrier
+    # deadlocks: the ds_free mbarrier's phases then run ahead of one warpgroup.)
+    "t_bwd_noew": [O128, "-DATTN_LAB_NOEW"],
+    "t_bwd_nostage": [O128, "-DATTN_LAB_NOSTAGE"],
     # runs 23-25 (TMA): ship = v16 (Q/dO by TMA from one thread, dQ tiles added by TMA tensor reductions). Also timed
     # and removed (docs/kernel-lab-attention.md, runs 23-25): head-major grid and list-rotation orders, Q/dO skipped
     # (t_bwd_noqload), the cp.async producer + per-row bulk reductions of v15 (bwd_cpasync), TMA loads with per-row
@@ -476,7 +482,7 @@ def gpu_main(args):
             Tk, Hkv, _ = k.shape
             BN, thr, smem = c[4], c[5], c[6]
             nqt = (Tq + 63) // 64
-            self.fn(f"attn_bwd_pre_d{D}")((nqt,), (c[8],), (
+            self.fn(f"attn_bwd_pre_d{D}")((nqt * Hq,), (c[8],), (
                 ptr(o), ptr(do), ptr(mk[0]), ptr(mk[1]), ptr(mk[2]), ptr(mk[3]), ptr(ws["Di"]), ptr(ws["acc"]),
                 ptr(ws["summ"]), np.int32(Tq), np.int32(Hq)))
             key = (q.data_ptr(), do.data_ptr(), ws["acc"].data_ptr(), k.data_ptr(), dk.data_ptr(), Tq, Tk, Hq, Hkv, D)
@@ -766,6 +772,11 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
                     btrace_summary(K, vn, label, lambda: K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
                 except Exception as e:  # noqa
                     log(f"[{vn}] {label}: btrace failed: {type(e).__name__}: {e}")
+            if vn.startswith("ctatrace"):
+                try:
+                    cta_summary(K, vn, label, lambda: K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
+                except Exception as e:  # noqa
+                    log(f"[{vn}] {label}: ctatrace failed: {type(e).__name__}: {e}")
             if vn.startswith("trace"):
                 try:
                     trace_summary(K, vn, label, lambda: K.fwd(D, q, k, v, mk, out, lse, scale))
@@ -923,6 +934,54 @@ def btrace_summary(K, vn, label, launch):
                 " ".join(f"{x - t0:.0f}" for x in a[1, tt, :9]))
 
 
+def cta_summary(K, vn, label, launch):
+    """-DATTN_LAB_CTATRACE (run 31): where the backward kernel's time goes across the whole chip. Every CTA's
+    thread 0 stamps [globaltimer ns, clock64] at 0 entry, 1 K/V landed, 2 first Q/dO stage full, 3 step loop done,
+    4 dK/dV written, plus its %smid and step count. Prints the kernel span, the SMs' time split into idle (no CTA),
+    prologue (0-2), steps (2-3) and epilogue (3-4), the clock the SMs ran at, and cycles per step by CTA size."""
+    import numpy as np
+    import cupy as cp
+    import torch
+
+    g = K.mod.get_global("attn_cta_trace")
+    arr = cp.ndarray((8192, 12), dtype=cp.int64, memptr=g)
+    arr.fill(0)
+    cp.cuda.Device().synchronize()
+    launch()
+    torch.cuda.synchronize()
+    a = arr.get()
+    a = a[a[:, 8] > 0].astype(np.float64)  # CTAs that finished (event 4 stamped)
+    if len(a) == 0:
+        log(f"[{vn}] {label}: ctatrace: no CTA stamped")
+        return
+    ns0, ns4 = a[:, 0], a[:, 8]
+    span = ns4.max() - ns0.min()
+    ghz = (a[:, 9] - a[:, 1]).sum() / (ns4 - ns0).sum()
+    has = a[:, 4] > 0  # CTAs with at least one step
+    pro = np.where(has, a[:, 4] - a[:, 0], a[:, 6] - a[:, 0])
+    loop = np.where(has, a[:, 6] - a[:, 4], 0)
+    epi = a[:, 8] - a[:, 6]
+    nsm = int(a[:, 10].max()) + 1
+    busy = (ns4 - ns0).sum()
+    tot = span * nsm
+    log(f"[{vn}] {label}: ctatrace {len(a)} CTAs on {nsm} SMs, span {span / 1e3:.1f} us, clock {ghz:.3f} GHz; SM time: "
+        f"idle {100 * (tot - busy) / tot:.1f}% prologue {100 * pro.sum() / tot:.1f}% steps {100 * loop.sum() / tot:.1f}% "
+        f"epilogue {100 * epi.sum() / tot:.1f}%; per CTA prologue {pro.mean() / 1e3:.2f} us (K/V {(a[:, 2] - a[:, 0]).mean() / 1e3:.2f}), "
+        f"epilogue {epi.mean() / 1e3:.2f} us")
+    st = a[:, 11]
+    cyc = np.where(has, a[:, 7] - a[:, 5], 0)
+    log(f"[{vn}] {label}: ctatrace steps {int(st.sum())}, mean cycles per step {cyc.sum() / max(st.sum(), 1):.0f} "
+        f"(ns {loop.sum() / max(st.sum(), 1):.0f})")
+    for lo, hi in ((1, 8), (8, 32), (32, 64), (64, 100), (100, 100000)):
+        m = has & (st >= lo) & (st < hi)
+        if m.any():
+            log(f"[{vn}] {label}: ctatrace CTAs with {lo}-{hi - 1} steps: {int(m.sum())}, cycles per step "
+                f"{cyc[m].sum() / st[m].sum():.0f}, prologue {pro[m].mean() / 1e3:.2f} us, epilogue {epi[m].mean() / 1e3:.2f} us")
+    ends = sorted(ns4 - ns0.min())
+    log(f"[{vn}] {label}: ctatrace last CTA ends at {ends[-1] / 1e3:.1f} us; SMs idle from "
+        f"{np.percentile([max(ns4[a[:, 10] == s]) - ns0.min() for s in range(nsm) if (a[:, 10] == s).any()], [0, 50, 100]).round(1) / 1e3} us")
+
+
 def trace_summary(K, vn, label, launch):
     """-DATTN_LAB_TRACE=0: clock64 stamps of CTA 0 (thread 0 of each warpgroup), one launch. Consumers c = 0, 1:
     per key tile t, events 0 top, 1 K/V full, 2 turn, 3 issued, 4 S done, 5 row 0 done (ILP: maxima done),
@@ -1057,7 +1116,7 @@ def profile_once():
     i32, f32 = np.int32, np.float32
     launch_raw(f, (Tq + c[1] - 1) // c[1] * Hq, c[2], c[3],
                fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10]))
-    mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
+    mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64 * Hq,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
                                                                      P(summ), i32(Tq), i32(Hq)))
     launch_raw(b, (Tk + c[4] - 1) // c[4] * Hkv, c[5], c[6],
                bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, D ** -0.5))

@@ -125,7 +125,11 @@ static __device__ __forceinline__ void bwd_ew(const float (&s)[32], float (&dp)[
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int j = nt * 4 + 2 * i + x;
+#ifdef ATTN_LAB_NOEW  // lab-only timing knob (wrong dq/dk/dv): no exponentials
+                const float e = fmaf(s[j], sl2, nl[2 * nt + x]);
+#else
                 const float e = ex2(fmaf(s[j], sl2, nl[2 * nt + x]));
+#endif
                 if constexpr (F) {
                     p[j] = e;
                 } else {
@@ -182,6 +186,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     const int k1 = min(k0 + BN, Tk);
     const int nqt = (Tq + BM - 1) / BM;
     const size_t kstride = (size_t)Hkv * D;
+    ATTN_CTR(0, 0);
 
     if (tid == 0) {
 #pragma unroll
@@ -360,12 +365,14 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                 fence_proxy_async();
                 bwd_bar_cons();
                 first = false;
+                ATTN_CTR(1, 0);
             }
             for (int it = 0; it < nit; it++) {
                 const int g = g0 + it, st = g % NS;
                 ATTN_BTR(wg, g, 0);
                 mbar_wait(barF + 8 * st, (g / NS) & 1);
                 ATTN_BTR(wg, g, 1);
+                if (g == 0) ATTN_CTR(2, 0);
                 const bool full = !(list_at(it) & 0x40000000);  // (the producer and writer place the tile)
                 const float* lS = sLse + st * BM;
                 const float* dI = sDi + st * BM;
@@ -472,6 +479,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             if (hh == 0) ATTN_BTR(wg, g, 10);
                             if (hh == 0) wait_free();
                             if (hh == 0) ATTN_BTR(wg, g, 11);
+#ifndef ATTN_LAB_NOSTAGE  // lab-only timing knob (wrong dq): dQ not staged
 #pragma unroll
                             for (int i = 0; i < 2; i++) {
                                 const int r = wq * 16 + (lane >> 2) + 8 * i;
@@ -485,6 +493,9 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                                                ((((nt & 3) * 2 + ((lane & 3) >> 1)) ^ (r & 7)) << 4)) =
                                         make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
                             }
+#else
+                            if (dq[0] == 1234.5f && dq[31] == 1.f) sDqf[3] = 1;  // keeps the dQ wgmmas
+#endif
                         }
                         fence_proxy_async();  // read by the bulk-copy (async) proxy
                     } else {
@@ -516,6 +527,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
         fence_regs<D / 2>(dka);
         fence_regs<D / 2>(dva);
         bwd_bar_cons();
+        ATTN_CTR(3, 0);
 
         // ---- epilogue: dK (scaled) and dV through shared memory (padded rows in the Q/dO area) ----------
         // (the producer has nothing in flight into Q/dO: every stage it filled was consumed above)
@@ -542,6 +554,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     *(uint4*)(g0p + (size_t)j * RPT * kstride) = *(const uint4*)(sE + (lrow + j * RPT) * C::LDE + lc * 8);
             bwd_bar_cons();
         }
+        ATTN_CTR(4, g0);
     }
 }
 #else

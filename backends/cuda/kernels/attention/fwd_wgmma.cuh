@@ -155,6 +155,27 @@ static __device__ __forceinline__ void attn_tr(int c, int t, int e) {
 #else
 #define ATTN_TR(c, t, e)
 #endif
+#ifdef ATTN_LAB_CTATRACE  // lab-only: per CTA (thread 0), [globaltimer, clock64] at events 0-4, then %smid, steps
+__device__ long long attn_cta_trace[8192 * 12];
+static __device__ __forceinline__ void attn_ctr(int e, int steps) {
+    long long ns, clk;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(clk)::"memory");
+    if (threadIdx.x != 0 || blockIdx.x >= 8192) return;
+    long long* a = attn_cta_trace + blockIdx.x * 12;
+    a[2 * e] = ns;
+    a[2 * e + 1] = clk;
+    if (e == 4) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+        a[10] = sm;
+        a[11] = steps;
+    }
+}
+#define ATTN_CTR(e, n) attn_ctr(e, n)
+#else
+#define ATTN_CTR(e, n)
+#endif
 #ifndef ATTN_FWD_REG_P
 #define ATTN_FWD_REG_P 40
 #endif

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Tensor-core rate of the wgmma shapes the attention backward issues (lab microbenchmark, run 31).
+
+The backward step (64 queries x 128 keys, head_dim 128) is 48 SS m64n64k16 wgmmas (S^T, dP^T, dQ) and
+16 RS m64n128k16 (dV, dK). An SS m64n64k16 reads 4 KB of shared memory for 131 kFLOP: at the SM's
+4096 dense bf16 FLOP/clock that is 128 B/clock, all of shared memory's bandwidth. This measures what
+each shape really sustains, with one or two warpgroups issuing and with a third warpgroup writing
+shared memory (the backward's TMA, dS^T and dQ-staging traffic), so the step's floor is known.
+
+One CTA per SM (132 x 384 threads, ~200 KB of shared memory holding random bf16); each issuing
+warpgroup runs `iters` groups of 8 wgmmas (fence, 8 x wgmma, commit, wait 0) on the 128-byte-swizzled
+panels the kernel uses. Reported: clocks per wgmma per warpgroup (clock64 of CTA 0) and the chip's
+TFLOP/s from CUDA events.
+
+Usage (repo root, on the H200): python3 backends/cuda/lab/wgmma_rate.py
+"""
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import attention_lab as lab  # noqa: E402
+
+# op ids: 0 SS m64n64k16 (K-major A and B: S^T), 1 SS m64n128k16, 2 RS m64n128k16 (dV/dK),
+# 3 SS m64n64k16 both transposed (dQ), 4 RS m64n64k16, 5 SS m64n256k16 is not generated (no helper)
+BENCH = r"""
+#ifdef ATTN_WGMMA
+// the 1024-byte-aligned dynamic shared memory (returned: its address; sb: its pointer), 192 KB of random small bf16
+__device__ __forceinline__ u32 mb_smem(unsigned char*& sb) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_a = smem_u32(smem_raw);
+    const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
+    sb = smem_raw + pad;
+    for (int i = threadIdx.x; i < 192 * 1024 / 4; i += blockDim.x) {
+        u32 x = (u32)i * 2654435761u ^ 0x9e3779b9u;
+        x ^= x >> 13; x *= 0x85ebca6bu; x ^= x >> 16;
+        ((u32*)sb)[i] = (x & 0x807f807fu) | 0x3c003c00u;  // bf16 pairs in [-2, 2)
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    return raw_a + pad;
+}
+template <int op>
+__device__ __forceinline__ void mb_body(int nwg, int noise, int iters, long long* clk, float* sink) {
+    unsigned char* sb;
+    const u32 sba = mb_smem(sb);
+    const int tid = threadIdx.x, wg = tid >> 7;
+    if (wg == 2) {
+        if (noise) {  // shared-memory writes, 16 B per thread per store, into a 64 KB area the wgmmas do not read
+            float4* dst = (float4*)(sb + 128 * 1024);
+            const float4 v = make_float4(1.f, 2.f, 3.f, (float)tid);
+            long long t0 = clock64();
+            for (int it = 0; it < iters * noise; it++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) dst[(j * 128 + (tid & 127) + it * 7) & 4095] = v;
+            if ((tid & 127) == 0 && blockIdx.x == 0) clk[2] = clock64() - t0;
+        }
+        return;
+    }
+    if (wg >= nwg) return;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    u32 a[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = 0x3c003c00u ^ (u32)(tid * 977 + i);
+    const u64 dA = gdesc(sba + wg * 64 * 128, 16, 1024);              // 64 rows x 128 cols, K-major panels
+    const u64 dB = gdesc(sba + 32 * 1024, 16, 1024);                  // N rows, K-major
+    const u64 dBt = gdesc(sba + 64 * 1024, 64 * 128, 1024);           // MN-major B (as dO^T / Q^T)
+    const u64 dAt = gdesc(sba + 96 * 1024, 128 * 128, 1024);          // MN-major A (as dS)
+    long long t0 = clock64();
+    for (int it = 0; it < iters; it++) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const u64 o = (u64)((kk >> 2) * 1024 + (kk & 3) * 2);  // 16-byte units: panel, 32-byte k-slice
+            if constexpr (op == 0) wgmma_ss_n64(acc, dA + o, dB + o, 1);
+            else if constexpr (op == 1) wgmma_ss_n128(acc, dA + o, dB + o, 1);
+            else if constexpr (op == 2) wgmma_rs_n128(acc, a, dBt + (u64)(kk * 128));
+            else if constexpr (op == 3) wgmma_ss_tt_n64(acc, dAt + (u64)(kk * 128), dBt + (u64)(kk * 128), 1);
+            else wgmma_rs_n64(acc, a, dBt + (u64)(kk * 128));
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<64>(acc);
+    }
+    long long t1 = clock64();
+    if ((tid & 127) == 0 && blockIdx.x == 0) clk[wg] = t1 - t0;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) s += acc[i];
+    if (s == 12345.f) sink[tid] = s;  // keeps the wgmmas
+}
+#define MB(op) extern "C" __global__ void __launch_bounds__(384, 1) \
+    mb_op##op(int nwg, int noise, int iters, long long* clk, float* sink) { mb_body<op>(nwg, noise, iters, clk, sink); }
+MB(0) MB(1) MB(2) MB(3) MB(4)
+
+// The backward step's wgmma mix without its elementwise work or barriers: per step and warpgroup S^T and dP^T
+// (16 SS m64n64k16, waited), dV and dK (8 RS m64n128k16, left in flight), and on every other step (alternating
+// warpgroups; dqsplit: every step, half the columns each) the dQ (16 SS tt m64n64k16 as two halves, waited).
+template <bool dqsplit>
+__device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink) {
+    unsigned char* sb;
+    const u32 sba = mb_smem(sb);
+    const int tid = threadIdx.x, wg = tid >> 7;
+    float sd[64], dka[64], dva[64];  // S^T | dP^T, then dQ in the S^T half (as the kernel's register reuse)
+    float* s = sd;
+    float* dp = sd + 32;
+    float* dq = sd;
+#pragma unroll
+    for (int i = 0; i < 64; i++) sd[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) dka[i] = dva[i] = 0.f;
+    u32 pa[4][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) pa[i / 4][i % 4] = 0x3c003c00u ^ (u32)(tid * 977 + i);
+    const u64 dKa = gdesc(sba + wg * 64 * 128, 16, 1024), dVa = gdesc(sba + 32 * 1024 + wg * 64 * 128, 16, 1024);
+    const u64 dQb = gdesc(sba + 64 * 1024, 16, 1024), dOb = gdesc(sba + 80 * 1024, 16, 1024);
+    const u64 dQt = gdesc(sba + 64 * 1024, 64 * 128, 1024), dOt = gdesc(sba + 80 * 1024, 64 * 128, 1024);
+    const u64 dSa = gdesc(sba + 96 * 1024, 128 * 128, 1024), dKt = gdesc(sba, 128 * 128, 1024);
+    long long t0 = clock64();
+    for (int it = 0; it < iters; it++) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const u64 oa = (u64)((kk >> 2) * 1024 + (kk & 3) * 2), ob = (u64)((kk >> 2) * 512 + (kk & 3) * 2);
+            wgmma_ss_n64(s, dKa + oa, dQb + ob, 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const u64 oa = (u64)((kk >> 2) * 1024 + (kk & 3) * 2), ob = (u64)((kk >> 2) * 512 + (kk & 3) * 2);
+            wgmma_ss_n64(dp, dVa + oa, dOb + ob, 1);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(s);
+        fence_regs<32>(dp);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dva, pa[kc], dOt + (u64)(kc * 128));
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dka, pa[kc], dQt + (u64)(kc * 128));
+        wg_commit();
+        if (dqsplit || (it & 1) == wg) {
+            wg_wait<0>();
+#pragma unroll
+            for (int hh = 0; hh < (dqsplit ? 1 : 2); hh++) {
+                const int col = dqsplit ? wg : hh;
+                wg_fence();
+#pragma unroll
+                for (int kc = 0; kc < 8; kc++)
+                    wgmma_ss_tt_n64(dq, dSa + (u64)(kc * 128), dKt + (u64)((col * 128 * 128 + kc * 16 * 128) >> 4), 1);
+                wg_commit();
+                wg_wait<0>();
+                fence_regs<32>(dq);
+            }
+        }
+    }
+    wg_wait<0>();
+    fence_regs<64>(dka);
+    fence_regs<64>(dva);
+    long long t1 = clock64();
+    if ((tid & 127) == 0 && blockIdx.x == 0) clk[wg] = t1 - t0;
+    float x = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) x += sd[i];
+#pragma unroll
+    for (int i = 0; i < 64; i++) x += dka[i] + dva[i];
+    if (x == 12345.f) sink[tid] = x;
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mb_mix(int iters, long long* clk, float* sink) { mix_body<false>(iters, clk, sink); }
+extern "C" __global__ void __launch_bounds__(256, 1) mb_mix_split(int iters, long long* clk, float* sink) { mix_body<true>(iters, clk, sink); }
+#endif
+"""
+
+OPS = {0: ("SS m64n64k16 (S^T, dP^T)", 64), 1: ("SS m64n128k16", 128), 2: ("RS m64n128k16 (dV, dK)", 128),
+       3: ("SS m64n64k16 tt (dQ)", 64), 4: ("RS m64n64k16", 64)}
+
+
+def main():
+    import numpy as np
+    import torch
+    import cupy as cp
+
+    src = lab.read_source() + BENCH
+    ptx, _ = lab.nvrtc_compile(src, lab.NVRTC_OPTS)
+    path = os.path.join(tempfile.mkdtemp(prefix="wgmmarate"), "mb.ptx")
+    open(path, "wb").write(ptx)
+    mod = cp.RawModule(path=path)
+    smem = 200 * 1024
+    dev = torch.device("cuda")
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    clk = torch.zeros(4, dtype=torch.int64, device=dev)
+    sink = torch.zeros(384, dtype=torch.float32, device=dev)
+    iters = 4000
+    print(f"{nsm} SMs, {iters} groups of 8 wgmmas per warpgroup; ideal: 32 clocks per m64n64k16, 64 per m64n128k16",
+          flush=True)
+    for op, (name, n) in OPS.items():
+        fn = mod.get_function(f"mb_op{op}")
+        fn.max_dynamic_shared_size_bytes = smem
+        for nwg, noise in ((1, 0), (2, 0), (2, 1), (2, 2)):
+            args = (np.int32(nwg), np.int32(noise), np.int32(iters), np.uint64(clk.data_ptr()),
+                    np.uint64(sink.data_ptr()))
+            ms = timed(torch, fn, nsm, 384, args, smem, clk)
+            c = clk.cpu().tolist()
+            flops = 2.0 * 64 * n * 16 * 8 * iters * nwg * nsm
+            per = [c[w] / (8 * iters) for w in range(nwg)]
+            extra = f", writer {c[2] / 1e3:.0f}k clk" if noise else ""
+            print(f"{name:28s} {nwg} wg noise {noise}: {' / '.join(f'{p:6.1f}' for p in per)} clk/wgmma per wg, "
+                  f"{flops / ms / 1e9:6.1f} TF/s{extra}", flush=True)
+    mix(mod, torch, np, nsm, smem)
+
+
+def timed(torch, fn, nsm, threads, args, smem, clk):
+    """One warm-up launch, then one timed launch (CUDA events, ms) with the clock buffer zeroed."""
+    fn((nsm,), (threads,), args, shared_mem=smem)
+    torch.cuda.synchronize()
+    clk.zero_()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fn((nsm,), (threads,), args, shared_mem=smem)
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1)
+
+
+def mix(mod, torch, np, nsm, smem):
+    """The step mix (mb_mix, mb_mix_split): cycles per step against the 2560-cycle tensor floor."""
+    dev = torch.device("cuda")
+    clk = torch.zeros(4, dtype=torch.int64, device=dev)
+    sink = torch.zeros(384, dtype=torch.float32, device=dev)
+    iters = 2000
+    for name in ("mb_mix", "mb_mix_split"):
+        fn = mod.get_function(name)
+        fn.max_dynamic_shared_size_bytes = smem
+        args = (np.int32(iters), np.uint64(clk.data_ptr()), np.uint64(sink.data_ptr()))
+        ms = timed(torch, fn, nsm, 256, args, smem, clk)
+        c = clk.cpu().tolist()
+        flops = 2.0 * 64 * 128 * 128 * 5 * iters * nsm  # 5 GEMMs of a 64-query x 128-key step
+        print(f"{name:14s}: {c[0] / iters:6.0f} / {c[1] / iters:6.0f} cycles per step (floor 2560), "
+              f"{flops / ms / 1e9:6.1f} TF/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
