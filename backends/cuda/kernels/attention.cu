@@ -41,8 +41,9 @@
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
 //       grid ceil(Tq/64)*Hq (block = query tile * Hq + head), block 256, no dynamic smem. Di (Tq,Hq) f32; dq_accum (Tq,Hq,D) f32 zeroed;
 //       summary (ceil(Tq/64), 8) i32
-//   attn_bwd_dkdv_d{D}(q,k,v,dout,lse,Di,summary,fs,fe,ss,se,dq_accum,dk,dv,Tq,Tk,Hq,Hkv,scale,tm_q,tm_do,tm_dq)
+//   attn_bwd_dkdv_d{D}(q,k,v,dout,lse,Di,summary,fs,fe,ss,se,dq_accum,dk,dv,Tq,Tk,Hq,Hkv,scale,hgroup,tm_q,tm_do,tm_dq)
 //       grid ceil(Tk/BN)*Hkv, block BWD_THREADS (384 for the wgmma kernel of D 64/128, else 256),
+//       the CTAs in groups of hgroup kv heads (bwd_tile_of in attention/common.cuh; >= Hkv: one group),
 //       dynamic smem BWD_SMEM; dk/dv bf16 written, dq_accum += dS K. tm_q / tm_do / tm_dq: TMA tensor
 //       maps (TmaDesc, by value) of q / dout as bf16 (Tq, Hq, D) in boxes of 64 columns x 1 head x 64
 //       rows, and of dq_accum as f32 (Tq, Hq, D) in boxes of 32 columns x 1 head x 64 rows; all
@@ -54,7 +55,7 @@
 //
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
 // emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
-// ATTN_*_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
+// ATTN_FWD_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
 // compiles this file with none of them defined (likewise the forward's ATTN_FWD_REG_P/C, ATTN_FWD_NOTURN,
 // ATTN_FWD_NOPIN and ATTN_LAB_TRACE).
 
@@ -170,14 +171,14 @@ struct BwdSel {
     extern "C" __global__ void __launch_bounds__(BwdSel<ATTN_BWD_CFG_##DD>::THREADS, 1) attn_bwd_dkdv_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout, const float* lse, const float* Di,      \
         const int* summary, const int* fs, const int* fe, const int* ss, const int* se, float* dq_accum, bf16_t* dk,  \
-        bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale, const __grid_constant__ TmaDesc tm_q,                \
+        bf16_t* dv, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup, const __grid_constant__ TmaDesc tm_q,    \
         const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_dq) {                                \
         if constexpr (BwdSel<ATTN_BWD_CFG_##DD>::WG)                                                                   \
             attn_bwd_ws_impl<DD>(k, v, lse, Di, summary, fs, fe, ss, se, dk, dv, Tq, Tk, Hq, Hkv,                       \
-                                 scale, &tm_q, &tm_do, &tm_dq);                                                \
+                                 scale, hgroup, &tm_q, &tm_do, &tm_dq);                                        \
         else                                                                                                           \
             attn_bwd_dkdv_impl<ATTN_BWD_CFG_##DD>(q, k, v, dout, lse, Di, summary, fs, fe, ss, se, dq_accum, dk, dv,  \
-                                                  Tq, Tk, Hq, Hkv, scale);                                             \
+                                                  Tq, Tk, Hq, Hkv, scale, hgroup);                                     \
     }
 
 // ATTN_ONLY_D128 (kernel lab variants) instantiates head_dim 128 only.

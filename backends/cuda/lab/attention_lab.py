@@ -73,6 +73,14 @@ VARIANTS = {
     # deadlocks: the ds_free mbarrier's phases then run ahead of one warpgroup.)
     "t_bwd_noew": [O128, "-DATTN_LAB_NOEW"],
     "t_bwd_nostage": [O128, "-DATTN_LAB_NOSTAGE"],
+    "t_bwd_noload": [O128, "-DATTN_LAB_NOLOAD"],  # Q/dO by TMA for the first two steps only
+    "t_bwd_noload_nored": [O128, "-DATTN_LAB_NOLOAD", "-DATTN_LAB_SKIP_DQRED"],
+    # the backward's kv-head groups forced to 1 / 2 / 4 / 8 heads (LAB_HGROUP; ship: bwd_head_group's choice)
+    "bwd_hg1": [O128],
+    "bwd_hg2": [O128],
+    "bwd_hg4": [O128],
+    "bwd_hg8": [O128],
+    "bwd_hgall": [O128],  # one group of all kv heads: the order before run 31
     # runs 23-25 (TMA): ship = v16 (Q/dO by TMA from one thread, dQ tiles added by TMA tensor reductions). Also timed
     # and removed (docs/kernel-lab-attention.md, runs 23-25): head-major grid and list-rotation orders, Q/dO skipped
     # (t_bwd_noqload), the cp.async producer + per-row bulk reductions of v15 (bwd_cpasync), TMA loads with per-row
@@ -81,6 +89,7 @@ VARIANTS = {
     # every step (bwd_dqsplit, run 28), dQ added straight from the registers with red.global.add.v2.f32 (bwd_dqred2,
     # run 29), dQ as one m64n128 sequence (C7512 at compile time).
 }
+LAB_HGROUP = {"bwd_hg1": 1, "bwd_hg2": 2, "bwd_hg4": 4, "bwd_hg8": 8, "bwd_hgall": 1 << 20}
 # Run 14-bwd also timed (logs/run14-bwd-split-pp.log; the code left the kernel): "bwd_pp" (warpgroup 1 issues
 # S^T/dP^T after warpgroup 0, named barriers), "bwd_split*" (dQ per warpgroup over its own 64 keys, all D
 # columns, no barrier between the warpgroups, two dQ tiles reduced per step): both slower.
@@ -99,7 +108,7 @@ FWD_ONLY = {"t_nosm", "v14_noturn", "v14_nopin", "trace"}
 # "bwd_mma" (-DATTN_BWD_MMA) and "t_nodq" (-DATTN_LAB_SKIP_DQ).
 # Run 5 also timed "wg_bn64" (-DATTN_WG_CFG_128=128,64: wgmma forward with 64-key tiles).
 # Earlier runs also timed (logs/run2-v2-variants.log, logs/run3-v3-flex.log): head-major grid
-# order (ATTN_FWD_ORDER/ATTN_BWD_ORDER=1), an 8-warp forward (128,128,64,8,true), 64-row forwards
+# order (ATTN_FWD_ORDER=1 / the backward's ATTN_BWD_ORDER=1, now its runtime hgroup 1), an 8-warp forward (128,128,64,8,true), 64-row forwards
 # with Q in registers (128,64,64,4,true and 128,64,32,4,true with 3 CTAs/SM), and the timing knobs
 # -DATTN_LAB_SKIP_SOFTMAX / _SKIP_PV / _SKIP_LOAD / _SKIP_DQ (names "t_..." are timed only).
 
@@ -171,12 +180,18 @@ def fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, bm, bn):
             ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale), *maps]
 
 
-def bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, scale):
+def bwd_head_group(ctas, hkv, sms, waves=4):
+    """The backward's kv-head group size (as bwd_head_group in backends/cuda/src/flash/backward.rs): as many heads
+    as give each group `waves` waves of CTAs, at most all of them."""
+    return max(1, min(hkv, hkv * waves * sms // max(ctas, 1)))
+
+
+def bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, scale, hgroup):
     """attn_bwd_dkdv_d{D}'s parameters as ctypes values (tensors: anything with data_ptr())."""
     P = lambda x: ctypes.c_uint64(x.data_ptr())  # noqa: E731
     return [P(q), P(k), P(v), P(do), P(lse), P(Di), P(summ), *[P(x) for x in mk], P(acc), P(dk), P(dv),
             ctypes.c_int32(Tq), ctypes.c_int32(Tk), ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale),
-            tma_rows_map(q.data_ptr(), D, Hq, Tq), tma_rows_map(do.data_ptr(), D, Hq, Tq),
+            ctypes.c_int32(hgroup), tma_rows_map(q.data_ptr(), D, Hq, Tq), tma_rows_map(do.data_ptr(), D, Hq, Tq),
             tma_rows_map(acc.data_ptr(), D, Hq, Tq, esize=4)]
 
 
@@ -487,8 +502,10 @@ def gpu_main(args):
                 ptr(ws["summ"]), np.int32(Tq), np.int32(Hq)))
             key = (q.data_ptr(), do.data_ptr(), ws["acc"].data_ptr(), k.data_ptr(), dk.data_ptr(), Tq, Tk, Hq, Hkv, D)
             if getattr(self, "_bargs_key", None) != key:  # tensor maps encoded once per buffer set
+                ctas = (Tk + BN - 1) // BN * Hkv
+                hg = LAB_HGROUP.get(self.name) or bwd_head_group(ctas, Hkv, props.multi_processor_count)
                 self._bargs = bwd_args(q, k, v, do, lse, ws["Di"], ws["summ"], mk, ws["acc"], dk, dv, Tq, Tk, Hq, Hkv,
-                                       D, scale)
+                                       D, scale, hg)
                 self._bargs_key = key
             a = self._bargs
             for i, x in ((4, lse), (5, ws["Di"]), (6, ws["summ"]), (11, ws["acc"]), (13, dv)):
@@ -800,6 +817,8 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
                 except Exception as e:  # noqa
                     log(f"[ship] {label}: group check failed: {e}")
         row["mine"] = mine
+        if os.environ.get("ATTN_LAB_AB") and len(kern) > 1:
+            ab_rounds(kern, int(os.environ["ATTN_LAB_AB"]), label, fl_fb, lambda K: ab_call(K, D, q, k, v, mk, do, scale))
         # torch in the same run
         qt_ = q.permute(1, 0, 2)[None].contiguous()
         kt_ = k.permute(1, 0, 2)[None].contiguous()
@@ -874,6 +893,42 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
 
     summary(results, rows, all_ok, ceil)
     return 0 if all_ok else 1
+
+
+def ab_call(K, D, q, k, v, mk, do, scale):
+    """A fwd+bwd closure of kernel set K on its own output and gradient buffers."""
+    import torch
+
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[1], device=q.device)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ws = K.workspace(D, q.shape[0], q.shape[1])
+    return lambda: (K.fwd(D, q, k, v, mk, out, lse, scale), K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
+
+
+def ab_rounds(kern, rounds, label, flops, make):
+    """ATTN_LAB_AB=R (run 31): fwd+bwd of every variant timed in R interleaved rounds (one call each per round, after
+    one warm-up call), so that the GPU's clock (power- and heat-limited: 1.4-1.75 GHz in these kernels) drifts over
+    all variants alike; prints each variant's median and its ratio to ship's."""
+    import torch
+
+    fns = {vn: make(K) for vn, K in kern.items()}
+    for f in fns.values():
+        f()
+    ts = {vn: [] for vn in fns}
+    for _ in range(rounds):
+        for vn, f in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            f()
+            b.record()
+            b.synchronize()
+            ts[vn].append(a.elapsed_time(b))
+    base = statistics.median(ts["ship"])
+    for vn, t in ts.items():
+        m = statistics.median(t)
+        log(f"[ab] {label}: {vn:20s} fwd+bwd {m:7.3f} ms {flops / m / 1e9:6.1f} TF  x{base / m:.3f} vs ship "
+            f"(range {min(t):.3f}-{max(t):.3f}, {rounds} interleaved rounds)")
 
 
 def read_trace(K, launch):
@@ -1118,8 +1173,10 @@ def profile_once():
                fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10]))
     mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64 * Hq,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
                                                                      P(summ), i32(Tq), i32(Hq)))
-    launch_raw(b, (Tk + c[4] - 1) // c[4] * Hkv, c[5], c[6],
-               bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, D ** -0.5))
+    ctas = (Tk + c[4] - 1) // c[4] * Hkv
+    launch_raw(b, ctas, c[5], c[6],
+               bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, D ** -0.5,
+                        bwd_head_group(ctas, Hkv, torch.cuda.get_device_properties(0).multi_processor_count)))
     torch.cuda.synchronize()
     print("profile_once done", flush=True)
     return 0

@@ -98,7 +98,11 @@ MB(0) MB(1) MB(2) MB(3) MB(4)
 // The backward step's wgmma mix without its elementwise work or barriers: per step and warpgroup S^T and dP^T
 // (16 SS m64n64k16, waited), dV and dK (8 RS m64n128k16, left in flight), and on every other step (alternating
 // warpgroups; dqsplit: every step, half the columns each) the dQ (16 SS tt m64n64k16 as two halves, waited).
-template <bool dqsplit>
+// flags (the real step's other parts, one at a time): 1 P^T/dS^T computed from S^T/dP^T (exp2, packing) as the A
+// fragments of dV/dK; 2 a step barrier of both warpgroups (bar.sync 1, 256) after the dK/dV issue; 4 the warpgroup
+// without dQ retires its dK/dV before the next step; 8 dS^T stored to shared memory (+ fence.proxy.async) first.
+enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8 };
+template <bool dqsplit, int flags = 0>
 __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink) {
     unsigned char* sb;
     const u32 sba = mb_smem(sb);
@@ -135,12 +139,29 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
         wg_wait<0>();
         fence_regs<32>(s);
         fence_regs<32>(dp);
+        if constexpr ((flags & MIX_EW) != 0) {
+#pragma unroll
+            for (int j = 0; j < 32; j += 2) {
+                const float p0 = ex2(fmaf(s[j], 0.18f, -1.f)), p1 = ex2(fmaf(s[j + 1], 0.18f, -1.f));
+                pa[j / 8][(j / 2) & 3] = pack_bf16(p0 * (dp[j] - 0.5f), p1 * (dp[j + 1] - 0.5f));
+            }
+        }
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dva, pa[kc], dOt + (u64)(kc * 128));
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dka, pa[kc], dQt + (u64)(kc * 128));
         wg_commit();
+        if constexpr ((flags & MIX_DS) != 0) {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                *(u32*)(sb + 112 * 1024 + wg * 8192 + (tid & 127) * 64 + ((j ^ (tid & 7)) << 2)) = pa[j / 4][j & 3];
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        }
+        if constexpr ((flags & MIX_BAR) != 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if constexpr ((flags & MIX_KVW) != 0) {
+            if (!dqsplit && (it & 1) != wg) wg_wait<0>();
+        }
         if (dqsplit || (it & 1) == wg) {
             wg_wait<0>();
 #pragma unroll
@@ -170,6 +191,10 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
 }
 extern "C" __global__ void __launch_bounds__(256, 1) mb_mix(int iters, long long* clk, float* sink) { mix_body<false>(iters, clk, sink); }
 extern "C" __global__ void __launch_bounds__(256, 1) mb_mix_split(int iters, long long* clk, float* sink) { mix_body<true>(iters, clk, sink); }
+#define MIXK(name, f) extern "C" __global__ void __launch_bounds__(256, 1) name(int iters, long long* clk, float* sink) { \
+    mix_body<false, f>(iters, clk, sink); }
+MIXK(mb_mix_ew, MIX_EW) MIXK(mb_mix_bar, MIX_BAR) MIXK(mb_mix_kvw, MIX_KVW) MIXK(mb_mix_bar_kvw, MIX_BAR | MIX_KVW)
+MIXK(mb_mix_all, MIX_EW | MIX_BAR | MIX_KVW | MIX_DS)
 #endif
 """
 
@@ -230,7 +255,7 @@ def mix(mod, torch, np, nsm, smem):
     clk = torch.zeros(4, dtype=torch.int64, device=dev)
     sink = torch.zeros(384, dtype=torch.float32, device=dev)
     iters = 2000
-    for name in ("mb_mix", "mb_mix_split"):
+    for name in ("mb_mix", "mb_mix_split", "mb_mix_ew", "mb_mix_bar", "mb_mix_kvw", "mb_mix_bar_kvw", "mb_mix_all"):
         fn = mod.get_function(name)
         fn.max_dynamic_shared_size_bytes = smem
         args = (np.int32(iters), np.uint64(clk.data_ptr()), np.uint64(sink.data_ptr()))

@@ -246,7 +246,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_impl(
     const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
     const int* __restrict__ summary, const int* __restrict__ fs, const int* __restrict__ fe,
     const int* __restrict__ ss, const int* __restrict__ se, float* __restrict__ dq_accum, bf16_t* __restrict__ dk,
-    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale) {
+    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup) {
     using C = BwdCfg<D, NW, DSPLIT>;
     constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LDS = C::LDS;
     ATTN_DYN_SMEM;
@@ -265,14 +265,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_impl(
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = Hq / Hkv;
     const int bid = blockIdx.x;
-#if ATTN_BWD_ORDER == 0
-    const int hk = bid % Hkv;
-    const int kt = bid / Hkv;  // early key tiles (seen by most queries) first, kv heads interleaved
-#else
-    const int nkt = (Tk + BN - 1) / BN;
-    const int hk = bid / nkt;  // kv-head-major: the group's Q/dO and dq_accum stay hot in L2
-    const int kt = bid % nkt;  // early key tiles (seen by most queries) first within a head
-#endif
+    int kt, hk;
+    bwd_tile_of(bid, Tk, BN, Hkv, hgroup, kt, hk);
     const int k0 = kt * BN;
     const int k1 = min(k0 + BN, Tk);
     const int nqt = (Tq + BM - 1) / BM;

@@ -158,8 +158,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
     const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
     const float* __restrict__ Di, const int* __restrict__ summary, const int* __restrict__ fs,
     const int* __restrict__ fe, const int* __restrict__ ss, const int* __restrict__ se, bf16_t* __restrict__ dk,
-    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale, const TmaDesc* tm_q, const TmaDesc* tm_do,
-    const TmaDesc* tm_dq) {  // q, dout and dq_accum only through their tensor maps
+    bf16_t* __restrict__ dv, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup, const TmaDesc* tm_q,
+    const TmaDesc* tm_do, const TmaDesc* tm_dq) {  // q, dout and dq_accum only through their tensor maps
     using C = WsBwdCfg<D>;
     constexpr int BM = C::BM, BN = C::BN;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -180,8 +180,8 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int G = Hq / Hkv;
-    const int hk = blockIdx.x % Hkv;
-    const int kt = blockIdx.x / Hkv;  // early key tiles (seen by most queries) first, kv heads interleaved
+    int kt, hk;
+    bwd_tile_of(blockIdx.x, Tk, BN, Hkv, hgroup, kt, hk);
     const int k0 = kt * BN;
     const int k1 = min(k0 + BN, Tk);
     const int nqt = (Tq + BM - 1) / BM;
@@ -253,6 +253,12 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         const int q0 = (list_at(it) & 0x3fffffff) * BM;
                         const int h = hk * G + (it - li * G);
                         const u32 bar = barF + 8 * st;
+#ifdef ATTN_LAB_NOLOAD  // lab-only timing knob (wrong results): Q/dO loaded for the first NS steps only
+                        if (g >= NS) {
+                            mbar_arrive_tx(bar, 0);
+                            continue;
+                        }
+#endif
                         mbar_arrive_tx(bar, 2 * C::QS);  // rows past Tq are zero-filled and count
 #pragma unroll
                         for (int p = 0; p < D / 64; p++) {
@@ -561,6 +567,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
 template <int D>
 __device__ __forceinline__ void attn_bwd_ws_impl(const bf16_t*, const bf16_t*, const float*, const float*, const int*,
                                                  const int*, const int*, const int*, const int*, bf16_t*, bf16_t*, int,
-                                                 int, int, int, float, const TmaDesc*, const TmaDesc*, const TmaDesc*) {}
+                                                 int, int, int, float, int, const TmaDesc*, const TmaDesc*,
+                                                 const TmaDesc*) {}
 #endif  // ATTN_WGMMA
 

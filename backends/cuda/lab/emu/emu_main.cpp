@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
     });
     emu::launch((Tk + BN - 1) / BN * Hkv, bthr, bsm, [&] {
         dkdv((P)q.data(), (P)k.data(), (P)v.data(), (P)dO.data(), lse.data(), Di.data(), summ.data(), fs.data(), fe.data(),
-             ss.data(), se.data(), acc.data(), (bf16_t*)dk.data(), (bf16_t*)dv.data(), Tq, Tk, Hq, Hkv, scale, TmaDesc{}, TmaDesc{},
+             ss.data(), se.data(), acc.data(), (bf16_t*)dk.data(), (bf16_t*)dv.data(), Tq, Tk, Hq, Hkv, scale,
+             1 /* hgroup: one kv head per group, the order furthest from one group */, TmaDesc{}, TmaDesc{},
              TmaDesc{});  // (tensor maps: used by the wgmma kernel only, not emulated)
     });
     long long n = (long long)Tq * Hq * D;

@@ -24,7 +24,7 @@
 //! |---|---|---|
 //! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale |
 //! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)*Hq` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
-//! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale tm_q tm_do tm_dq |
+//! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale hgroup tm_q tm_do tm_dq |
 //! | `attn_bwd_dq_convert` | `ceil(n/1024)` x 256, 0 | dq_accum dq n(i64) scale |
 //!
 //! Pointers are bf16 (`unsigned short*`) for q/k/v/out/dout/dk/dv/dq, f32 for lse/Di/dq_accum,
@@ -146,6 +146,8 @@ pub(crate) struct FlashVariant {
 pub(crate) struct FlashKernels {
     variants: Vec<FlashVariant>,
     dq_convert: CudaFunction,
+    /// Streaming multiprocessors of the device (the backward's kv-head groups).
+    sms: u32,
 }
 
 impl FlashKernels {
@@ -212,6 +214,9 @@ impl FlashKernels {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(drv("reading the opt-in shared memory limit".into()))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("reading the multiprocessor count".into()))?;
         ctx.bind_to_thread()
             .map_err(drv("binding the context".into()))?;
 
@@ -275,6 +280,7 @@ impl FlashKernels {
         Ok(FlashKernels {
             variants,
             dq_convert: func("attn_bwd_dq_convert")?,
+            sms: sms.max(1) as u32,
         })
     }
 }
