@@ -34,8 +34,9 @@
 //
 // Entry points (D = 64, 128, 256):
 //   attn_config(int* out)                    per-D launch configuration, see ATTN_CONFIG_* below
-//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,Tq,Tk,Hq,Hkv,scale,tm_q,tm_k,tm_v)
-//       grid ceil(Tq/BM)*Hq, block FWD_THREADS, dynamic smem FWD_SMEM. tm_q / tm_k / tm_v: TMA tensor maps
+//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,Tq,Tk,Hq,Hkv,scale,hgroup,tm_q,tm_k,tm_v)
+//       grid ceil(Tq/BM)*Hq, block FWD_THREADS, dynamic smem FWD_SMEM; the CTAs in groups of hgroup kv heads
+//       (fwd_tile_of in attention/common.cuh; >= Hkv: one group). tm_q / tm_k / tm_v: TMA tensor maps
 //       of q (Tq, Hq, D) / k, v (Tk, Hkv, D) as bf16, boxes of 64 columns x 1 head x fwd_BM (q) or
 //       fwd_tma_bn (k, v) rows, 128-byte swizzle, zero fill; read only where fwd_tma_bn > 0
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
@@ -55,7 +56,7 @@
 //
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
 // emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
-// ATTN_FWD_ORDER, ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
+// ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
 // compiles this file with none of them defined (likewise the forward's ATTN_FWD_REG_P/C, ATTN_FWD_NOTURN,
 // ATTN_FWD_NOPIN and ATTN_LAB_TRACE).
 
@@ -130,13 +131,13 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
 #define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
-#define ATTN_FWD_ARGS fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, &tm_q, &tm_k, &tm_v  // q, k, v: by TMA
+#define ATTN_FWD_ARGS fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, hgroup, &tm_q, &tm_k, &tm_v  // q, k, v: by TMA
 #define ATTN_FWD_TMA_BN(DD) WsCfg<ATTN_WG_CFG_##DD>::BN_
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
-#define ATTN_FWD_ARGS q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale
+#define ATTN_FWD_ARGS q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, hgroup
 #define ATTN_FWD_TMA_BN(DD) 0
 #endif
 
@@ -158,7 +159,7 @@ struct BwdSel {
 #define ATTN_DEFINE(DD)                                                                                               \
     extern "C" __global__ void __launch_bounds__(ATTN_FWD_C(DD)::THREADS, ATTN_FWD_MINB(DD)) attn_fwd_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs, const int* fe, const int* ss,               \
-        const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale,                         \
+        const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,             \
         const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k,                                    \
         const __grid_constant__ TmaDesc tm_v) {                                                                        \
         ATTN_FWD_CALL(DD)(ATTN_FWD_ARGS);                                                                             \

@@ -75,12 +75,15 @@ VARIANTS = {
     "t_bwd_nostage": [O128, "-DATTN_LAB_NOSTAGE"],
     "t_bwd_noload": [O128, "-DATTN_LAB_NOLOAD"],  # Q/dO by TMA for the first two steps only
     "t_bwd_noload_nored": [O128, "-DATTN_LAB_NOLOAD", "-DATTN_LAB_SKIP_DQRED"],
-    # the backward's kv-head groups forced to 1 / 2 / 4 / 8 heads (LAB_HGROUP; ship: bwd_head_group's choice)
+    # the backward's kv-head groups forced to 1 / 2 / 4 / 8 heads (LAB_HGROUP; ship: head_group's choice)
     "bwd_hg1": [O128],
     "bwd_hg2": [O128],
     "bwd_hg4": [O128],
     "bwd_hg8": [O128],
     "bwd_hgall": [O128],  # one group of all kv heads: the order before run 31
+    "fwd_hgall": [O128],  # the forward in one group (its order before run 31)
+    "fwd_hg4": [O128],
+    "hgall": [O128],  # both in one group
     # runs 23-25 (TMA): ship = v16 (Q/dO by TMA from one thread, dQ tiles added by TMA tensor reductions). Also timed
     # and removed (docs/kernel-lab-attention.md, runs 23-25): head-major grid and list-rotation orders, Q/dO skipped
     # (t_bwd_noqload), the cp.async producer + per-row bulk reductions of v15 (bwd_cpasync), TMA loads with per-row
@@ -89,7 +92,10 @@ VARIANTS = {
     # every step (bwd_dqsplit, run 28), dQ added straight from the registers with red.global.add.v2.f32 (bwd_dqred2,
     # run 29), dQ as one m64n128 sequence (C7512 at compile time).
 }
-LAB_HGROUP = {"bwd_hg1": 1, "bwd_hg2": 2, "bwd_hg4": 4, "bwd_hg8": 8, "bwd_hgall": 1 << 20}
+# variant -> (forward, backward) kv-head group sizes forced (None: head_group's choice, as ship)
+ALL = 1 << 20
+LAB_HGROUP = {"bwd_hg1": (None, 1), "bwd_hg2": (None, 2), "bwd_hg4": (None, 4), "bwd_hg8": (None, 8),
+              "bwd_hgall": (None, ALL), "fwd_hgall": (ALL, None), "hgall": (ALL, ALL), "fwd_hg4": (4, None)}
 # Run 14-bwd also timed (logs/run14-bwd-split-pp.log; the code left the kernel): "bwd_pp" (warpgroup 1 issues
 # S^T/dP^T after warpgroup 0, named barriers), "bwd_split*" (dQ per warpgroup over its own 64 keys, all D
 # columns, no barrier between the warpgroups, two dQ tiles reduced per step): both slower.
@@ -108,7 +114,7 @@ FWD_ONLY = {"t_nosm", "v14_noturn", "v14_nopin", "trace"}
 # "bwd_mma" (-DATTN_BWD_MMA) and "t_nodq" (-DATTN_LAB_SKIP_DQ).
 # Run 5 also timed "wg_bn64" (-DATTN_WG_CFG_128=128,64: wgmma forward with 64-key tiles).
 # Earlier runs also timed (logs/run2-v2-variants.log, logs/run3-v3-flex.log): head-major grid
-# order (ATTN_FWD_ORDER=1 / the backward's ATTN_BWD_ORDER=1, now its runtime hgroup 1), an 8-warp forward (128,128,64,8,true), 64-row forwards
+# order (ATTN_FWD_ORDER=1 / ATTN_BWD_ORDER=1, now the kernels' runtime hgroup 1), an 8-warp forward (128,128,64,8,true), 64-row forwards
 # with Q in registers (128,64,64,4,true and 128,64,32,4,true with 3 CTAs/SM), and the timing knobs
 # -DATTN_LAB_SKIP_SOFTMAX / _SKIP_PV / _SKIP_LOAD / _SKIP_DQ (names "t_..." are timed only).
 
@@ -170,19 +176,19 @@ def launch_raw(fn, grid, block, smem, args):
 CONFIG_FIELDS = 11  # ints per head dim written by attn_config (ATTN_CONFIG_FIELDS)
 
 
-def fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, bm, bn):
+def fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, bm, bn, hgroup):
     """attn_fwd_d{D}'s parameters as ctypes values; bn: attn_config's fwd_tma_bn (0: maps unused, left zero)."""
     P = lambda x: ctypes.c_uint64(x.data_ptr())  # noqa: E731
     zero = lambda: (ctypes.c_uint8 * 128)()  # noqa: E731
     maps = [tma_rows_map(q.data_ptr(), D, Hq, Tq, rows=bm), tma_rows_map(k.data_ptr(), D, Hkv, Tk, rows=bn),
             tma_rows_map(v.data_ptr(), D, Hkv, Tk, rows=bn)] if bn else [zero(), zero(), zero()]
     return [P(q), P(k), P(v), *[P(x) for x in mk], P(out), P(lse), ctypes.c_int32(Tq), ctypes.c_int32(Tk),
-            ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale), *maps]
+            ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale), ctypes.c_int32(hgroup), *maps]
 
 
-def bwd_head_group(ctas, hkv, sms, waves=4):
-    """The backward's kv-head group size (as bwd_head_group in backends/cuda/src/flash/backward.rs): as many heads
-    as give each group `waves` waves of CTAs, at most all of them."""
+def head_group(ctas, hkv, sms, waves=4):
+    """The kernels' kv-head group size (as head_group in backends/cuda/src/flash/mod.rs): as many kv heads as give
+    each group `waves` waves of CTAs, at most all of them."""
     return max(1, min(hkv, hkv * waves * sms // max(ctas, 1)))
 
 
@@ -477,7 +483,9 @@ def gpu_main(args):
             BM, thr, smem = c[1], c[2], c[3]
             key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), Tq, Tk, Hq, Hkv, D)
             if getattr(self, "_fargs_key", None) != key:  # tensor maps encoded once per buffer set
-                self._fargs = fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, BM, c[10])
+                ctas = (Tq + BM - 1) // BM * Hq
+                hg = LAB_HGROUP.get(self.name, (None, None))[0] or head_group(ctas, Hkv, props.multi_processor_count)
+                self._fargs = fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, BM, c[10], hg)
                 self._fargs_key = key
             a = self._fargs
             for i, x in enumerate([*mk, out, lse]):
@@ -503,7 +511,7 @@ def gpu_main(args):
             key = (q.data_ptr(), do.data_ptr(), ws["acc"].data_ptr(), k.data_ptr(), dk.data_ptr(), Tq, Tk, Hq, Hkv, D)
             if getattr(self, "_bargs_key", None) != key:  # tensor maps encoded once per buffer set
                 ctas = (Tk + BN - 1) // BN * Hkv
-                hg = LAB_HGROUP.get(self.name) or bwd_head_group(ctas, Hkv, props.multi_processor_count)
+                hg = LAB_HGROUP.get(self.name, (None, None))[1] or head_group(ctas, Hkv, props.multi_processor_count)
                 self._bargs = bwd_args(q, k, v, do, lse, ws["Di"], ws["summ"], mk, ws["acc"], dk, dv, Tq, Tk, Hq, Hkv,
                                        D, scale, hg)
                 self._bargs_key = key
@@ -896,39 +904,41 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
 
 
 def ab_call(K, D, q, k, v, mk, do, scale):
-    """A fwd+bwd closure of kernel set K on its own output and gradient buffers."""
+    """(fwd, fwd+bwd) closures of kernel set K on its own output and gradient buffers."""
     import torch
 
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[1], device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ws = K.workspace(D, q.shape[0], q.shape[1])
-    return lambda: (K.fwd(D, q, k, v, mk, out, lse, scale), K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale))
+    return (lambda: K.fwd(D, q, k, v, mk, out, lse, scale),
+            lambda: (K.fwd(D, q, k, v, mk, out, lse, scale), K.bwd(D, q, k, v, out, lse, do, mk, dq, dk, dv, ws, scale)))
 
 
 def ab_rounds(kern, rounds, label, flops, make):
-    """ATTN_LAB_AB=R (run 31): fwd+bwd of every variant timed in R interleaved rounds (one call each per round, after
-    one warm-up call), so that the GPU's clock (power- and heat-limited: 1.4-1.75 GHz in these kernels) drifts over
-    all variants alike; prints each variant's median and its ratio to ship's."""
+    """ATTN_LAB_AB=R (run 31): the forward, then fwd+bwd, of every variant timed in R interleaved rounds (one call each
+    per round, after one warm-up call), so that the GPU's clock (power- and heat-limited: 1.4-1.75 GHz in these
+    kernels) drifts over all variants alike; prints each variant's median and its ratio to ship's. flops: fwd+bwd's."""
     import torch
 
     fns = {vn: make(K) for vn, K in kern.items()}
-    for f in fns.values():
-        f()
-    ts = {vn: [] for vn in fns}
-    for _ in range(rounds):
-        for vn, f in fns.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            f()
-            b.record()
-            b.synchronize()
-            ts[vn].append(a.elapsed_time(b))
-    base = statistics.median(ts["ship"])
-    for vn, t in ts.items():
-        m = statistics.median(t)
-        log(f"[ab] {label}: {vn:20s} fwd+bwd {m:7.3f} ms {flops / m / 1e9:6.1f} TF  x{base / m:.3f} vs ship "
-            f"(range {min(t):.3f}-{max(t):.3f}, {rounds} interleaved rounds)")
+    for which, fl, name in ((0, flops / 3.5, "fwd    "), (1, flops, "fwd+bwd")):
+        for f in fns.values():
+            f[which]()
+        ts = {vn: [] for vn in fns}
+        for _ in range(rounds):
+            for vn, f in fns.items():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                f[which]()
+                b.record()
+                b.synchronize()
+                ts[vn].append(a.elapsed_time(b))
+        base = statistics.median(ts["ship"])
+        for vn, t in ts.items():
+            m = statistics.median(t)
+            log(f"[ab] {label}: {vn:20s} {name} {m:7.3f} ms {fl / m / 1e9:6.1f} TF  x{base / m:.3f} vs ship "
+                f"(range {min(t):.3f}-{max(t):.3f}, {rounds} interleaved rounds)")
 
 
 def read_trace(K, launch):
@@ -1169,14 +1179,16 @@ def profile_once():
     b = mod.get_function("attn_bwd_dkdv_d128")
     b.max_dynamic_shared_size_bytes = c[6]
     i32, f32 = np.int32, np.float32
-    launch_raw(f, (Tq + c[1] - 1) // c[1] * Hq, c[2], c[3],
-               fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10]))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fctas = (Tq + c[1] - 1) // c[1] * Hq
+    launch_raw(f, fctas, c[2], c[3],
+               fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10], head_group(fctas, Hkv, sms)))
     mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64 * Hq,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
                                                                      P(summ), i32(Tq), i32(Hq)))
     ctas = (Tk + c[4] - 1) // c[4] * Hkv
     launch_raw(b, ctas, c[5], c[6],
                bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, D ** -0.5,
-                        bwd_head_group(ctas, Hkv, torch.cuda.get_device_properties(0).multi_processor_count)))
+                        head_group(ctas, Hkv, sms)))
     torch.cuda.synchronize()
     print("profile_once done", flush=True)
     return 0

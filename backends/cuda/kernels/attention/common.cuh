@@ -12,11 +12,19 @@ struct BoolC {
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_LN2 0.6931471805599453f
 #define ATTN_BIG 0x3fffffff
-// Forward grid order: 0 = heavy tiles of every head first (global longest-first; measured best),
-// 1 = head-major (K/V or Q/dO of one head group hot in L2; measured slower: worse tail balance).
-#ifndef ATTN_FWD_ORDER
-#define ATTN_FWD_ORDER 0
-#endif
+// Forward grid order: the query heads of `hgroup` kv heads at a time (the host's choice, head_group in flash/mod.rs),
+// each group walked heavy (late) query tiles first with its heads interleaved; hgroup >= Hkv is one group: the global
+// longest-first order. (Strictly head-major, hgroup 1 on every shape, lost to tail balance in runs 2-3.)
+static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int Hkv, int hgroup, int& qt, int& h) {
+    const int G = Hq / Hkv;
+    const int hq = (hgroup <= 0 || hgroup >= Hkv) ? Hq : hgroup * G;  // query heads per group
+    const int per = nqt * hq;
+    const int grp = bid / per;
+    const int gsz = min(hq, Hq - grp * hq);
+    const int r = bid - grp * per;
+    qt = nqt - 1 - r / gsz;
+    h = grp * hq + (r - (r / gsz) * gsz);
+}
 
 // Backward grid order: kv heads in groups of `hgroup` (the host's choice, bwd_head_group in flash/backward.rs), the
 // groups one after another, each walked early key tiles (the heaviest: seen by most queries) first with its heads

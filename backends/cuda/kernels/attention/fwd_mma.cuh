@@ -170,7 +170,7 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
                                               const int* __restrict__ fe, const int* __restrict__ ss,
                                               const int* __restrict__ se, bf16_t* __restrict__ out,
                                               float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
-                                              float scale) {
+                                              float scale, int hgroup) {
     using C = FwdCfg<D, BM, BN, NW, QREG>;
     ATTN_DYN_SMEM;
     bf16_t* sQ = (bf16_t*)smem;
@@ -182,14 +182,8 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (Tq + BM - 1) / BM;
-    const int bid = blockIdx.x;
-#if ATTN_FWD_ORDER == 0
-    const int qt = nqt - 1 - bid / Hq;  // heavy (late) query tiles first, all heads interleaved
-    const int h = bid % Hq;
-#else
-    const int h = bid / nqt;            // head-major: a kv head's K/V stays hot in L2;
-    const int qt = nqt - 1 - bid % nqt; // heavy (late) query tiles first within a head
-#endif
+    int qt, h;
+    fwd_tile_of(blockIdx.x, nqt, Hq, Hkv, hgroup, qt, h);
     const int hk = h / (Hq / Hkv);
     const int q0 = qt * BM;
     const size_t qstride = (size_t)Hq * D, kstride = (size_t)Hkv * D;

@@ -209,7 +209,7 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
                                                  const int* __restrict__ fe, const int* __restrict__ ss,
                                                  const int* __restrict__ se, bf16_t* __restrict__ out,
                                                  float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
-                                                 float scale, const TmaDesc* tm_q, const TmaDesc* tm_k,
+                                                 float scale, int hgroup, const TmaDesc* tm_q, const TmaDesc* tm_k,
                                                  const TmaDesc* tm_v) {
     using C = WsCfg<D, BN>;
     constexpr int BM = C::BM;
@@ -226,9 +226,8 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     const int nqt = (Tq + BM - 1) / BM;
-    const int bid = blockIdx.x;
-    const int qt = nqt - 1 - bid / Hq;  // heavy (late) query tiles first, all heads interleaved
-    const int h = bid % Hq;
+    int qt, h;
+    fwd_tile_of(blockIdx.x, nqt, Hq, Hkv, hgroup, qt, h);
     const int hk = h / (Hq / Hkv);
     const int q0 = qt * BM;
     const size_t qstride = (size_t)Hq * D;

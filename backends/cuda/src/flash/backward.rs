@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::{CallShape, FlashIn, Tagged, grid};
+use super::{CallShape, FlashIn, Tagged, grid, head_group};
 use crate::storage::DType;
 use crate::tma::TensorMap;
 use crate::{CudaBackend, launch_1d};
@@ -100,7 +100,7 @@ impl CudaBackend {
             } else {
                 [TensorMap::unused(); 3]
             };
-            let hgroup = bwd_head_group(g_dkdv as usize, dims.kv_heads, fk.sms as usize);
+            let hgroup = head_group(g_dkdv as usize, dims.kv_heads, fk.sms as usize);
             // attn_bwd_dkdv_d{D}(const bf16* q, k, v, dout, const float* lse, Di,
             //                    const int* summary, fs, fe, ss, se, float* dq_accum,
             //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale,
@@ -144,46 +144,5 @@ impl CudaBackend {
             self.flash_result(op, dk_b, nk)?,
             self.flash_result(op, dv_b, nk)?,
         ))
-    }
-}
-
-/// Waves of CTAs each kv-head group of the backward should hold (see [`bwd_head_group`]).
-const BWD_GROUP_WAVES: usize = 4;
-
-/// The backward kernel's kv-head group size: its CTAs (one per key tile and kv head) run in
-/// groups of this many kv heads, each group early key tiles first, so that the dq_accum rows
-/// and Q/dO of a few heads stay in L2 while their reductions land. A group should still hold
-/// [`BWD_GROUP_WAVES`] waves of CTAs: the next group's heavy key tiles start only as the
-/// previous group drains. Run 31 (interleaved A/B on the H200): causal S=8192 x1.05-1.06
-/// (2048 CTAs: groups of 8), DFlash ctx 8192 x1.06 (1024: groups of 4); DFlash ctx 4096 (512
-/// CTAs, 3.9 waves) lost 6% with groups of 4, so it stays one group.
-pub(crate) fn bwd_head_group(ctas: usize, kv_heads: usize, sms: usize) -> i32 {
-    let hg = (kv_heads * BWD_GROUP_WAVES * sms) / ctas.max(1);
-    hg.clamp(1, kv_heads.max(1)) as i32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bwd_head_group;
-
-    #[test]
-    fn head_groups_hold_four_waves_and_never_exceed_the_heads() {
-        // (CTAs, kv heads, SMs) -> group size: the bench's shapes on an H200 (132 SMs)
-        let cases = [
-            ((2048, 32, 132), 8), // causal S=8192: 64 key tiles x 32 heads
-            ((1024, 8, 132), 4),  // DFlash ctx 8192 + 512 blocks
-            ((512, 8, 132), 8),   // DFlash ctx 4096 + 256 blocks: one group
-            ((256, 8, 132), 8),   // DFlash ctx 2048: one group
-            ((1 << 20, 4, 132), 1),
-            ((1, 1, 132), 1),
-            ((0, 3, 132), 3),
-        ];
-        for ((ctas, heads, sms), want) in cases {
-            assert_eq!(
-                bwd_head_group(ctas, heads, sms),
-                want,
-                "{ctas} CTAs, {heads} kv heads"
-            );
-        }
     }
 }
