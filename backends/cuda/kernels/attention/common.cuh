@@ -14,7 +14,8 @@ struct BoolC {
 #define ATTN_BIG 0x3fffffff
 // Forward grid order: the query heads of `hgroup` kv heads at a time (the host's choice, head_group in flash/mod.rs),
 // each group walked heavy (late) query tiles first with its heads interleaved; hgroup >= Hkv is one group: the global
-// longest-first order. (Strictly head-major, hgroup 1 on every shape, lost to tail balance in runs 2-3.)
+// longest-first order. (Strictly head-major, hgroup 1 on every shape, lost to tail balance in runs 2-3; the host's
+// groups of 4 waves of CTAs measured neutral against one group in run 31: kept so both kernels follow one rule.)
 static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int Hkv, int hgroup, int& qt, int& h) {
     const int G = Hq / Hkv;
     const int hq = (hgroup <= 0 || hgroup >= Hkv) ? Hq : hgroup * G;  // query heads per group
@@ -26,7 +27,7 @@ static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int
     h = grp * hq + (r - (r / gsz) * gsz);
 }
 
-// Backward grid order: kv heads in groups of `hgroup` (the host's choice, bwd_head_group in flash/backward.rs), the
+// Backward grid order: kv heads in groups of `hgroup` (the host's choice, head_group in flash/mod.rs), the
 // groups one after another, each walked early key tiles (the heaviest: seen by most queries) first with its heads
 // interleaved. hgroup >= Hkv is one group: the global longest-first order. Smaller groups keep the dq_accum rows
 // (and Q/dO) of a few heads hot in L2 while their tensor reductions land (run 31, interleaved A/B: causal S=8192

@@ -22,7 +22,7 @@
 //!
 //! | kernel | grid x block, dynamic smem | arguments |
 //! |---|---|---|
-//! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale |
+//! | `attn_fwd_d{D}` | `ceil(Tq/fwd_BM)*Hq` x fwd_threads, fwd_smem | q k v fs fe ss se out lse Tq Tk Hq Hkv scale hgroup tm_q tm_k tm_v |
 //! | `attn_bwd_pre_d{D}` | `ceil(Tq/64)*Hq` x 256, 0 | o dout fs fe ss se Di dq_accum summary Tq Hq |
 //! | `attn_bwd_dkdv_d{D}` | `ceil(Tk/bwd_BN)*Hkv` x bwd_threads, bwd_smem | q k v dout lse Di summary fs fe ss se dq_accum dk dv Tq Tk Hq Hkv scale hgroup tm_q tm_do tm_dq |
 //! | `attn_bwd_dq_convert` | `ceil(n/1024)` x 256, 0 | dq_accum dq n(i64) scale |
@@ -146,7 +146,7 @@ pub(crate) struct FlashVariant {
 pub(crate) struct FlashKernels {
     variants: Vec<FlashVariant>,
     dq_convert: CudaFunction,
-    /// Streaming multiprocessors of the device (the backward's kv-head groups).
+    /// Streaming multiprocessors of the device (the kernels' kv-head groups: [`head_group`]).
     sms: u32,
 }
 
