@@ -188,8 +188,9 @@ def fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, bm, bn, hgroup):
 
 def head_group(ctas, hkv, sms, waves=4):
     """The kernels' kv-head group size (as head_group in backends/cuda/src/flash/mod.rs): as many kv heads as give
-    each group `waves` waves of CTAs, at most all of them."""
-    return max(1, min(hkv, hkv * waves * sms // max(ctas, 1)))
+    each group `waves` waves of CTAs, at most all of them, rounded up to a divisor of hkv."""
+    g = max(1, min(hkv, hkv * waves * sms // max(ctas, 1)))
+    return next(d for d in range(g, hkv + 1) if hkv % d == 0)
 
 
 def bwd_args(q, k, v, do, lse, Di, summ, mk, acc, dk, dv, Tq, Tk, Hq, Hkv, D, scale, hgroup):

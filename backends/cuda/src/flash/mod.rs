@@ -515,10 +515,14 @@ const GROUP_WAVES: usize = 4;
 /// CTAs: the next group's heavy tiles start only as the previous group drains. Run 31
 /// (interleaved A/B on the H200, backward): causal S=8192 x1.05-1.06 (2048 CTAs: groups of
 /// 8), DFlash ctx 8192 x1.06 (1024: groups of 4); DFlash ctx 4096 (512 CTAs, 3.9 waves) lost
-/// 6% with groups of 4, so it stays one group.
+/// 6% with groups of 4, so it stays one group. The size is rounded up to a divisor of the kv
+/// heads, so that no short last group trails (the drafter's 704 CTAs over 8 kv heads: 6 -> 8).
 pub(crate) fn head_group(ctas: usize, kv_heads: usize, sms: usize) -> i32 {
-    let hg = (kv_heads * GROUP_WAVES * sms) / ctas.max(1);
-    hg.clamp(1, kv_heads.max(1)) as i32
+    let heads = kv_heads.max(1);
+    let min = ((heads * GROUP_WAVES * sms) / ctas.max(1)).clamp(1, heads);
+    (min..=heads)
+        .find(|g| heads.is_multiple_of(*g))
+        .unwrap_or(heads) as i32
 }
 
 #[cfg(test)]
@@ -533,7 +537,10 @@ mod tests {
             ((1024, 8, 132), 4),  // DFlash ctx 8192 + 512 blocks
             ((512, 8, 132), 8),   // DFlash ctx 4096 + 256 blocks: one group
             ((256, 8, 132), 8),   // DFlash ctx 2048: one group
+            ((704, 8, 132), 8),   // the drafter's attention (88 key tiles): 6 rounds up to 8
             ((1 << 20, 4, 132), 1),
+            ((1 << 20, 0, 132), 1),
+            ((1200, 12, 132), 6), // 5.28: 5 rounds up to 6, a divisor of 12
             ((1, 1, 132), 1),
             ((0, 3, 132), 3),
         ];
