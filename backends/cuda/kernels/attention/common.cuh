@@ -12,35 +12,30 @@ struct BoolC {
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_LN2 0.6931471805599453f
 #define ATTN_BIG 0x3fffffff
-// Forward grid order: the query heads of `hgroup` kv heads at a time (the host's choice, head_group in flash/mod.rs),
-// each group walked heavy (late) query tiles first with its heads interleaved; hgroup >= Hkv is one group: the global
-// longest-first order. (Strictly head-major, hgroup 1 on every shape, lost to tail balance in runs 2-3; the host's
-// groups of 4 waves of CTAs measured neutral against one group in run 31: kept so both kernels follow one rule.)
-static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int Hkv, int hgroup, int& qt, int& h) {
-    const int G = Hq / Hkv;
-    const int hq = (hgroup <= 0 || hgroup >= Hkv) ? Hq : hgroup * G;  // query heads per group
-    const int per = nqt * hq;
-    const int grp = bid / per;
-    const int gsz = min(hq, Hq - grp * hq);
-    const int r = bid - grp * per;
-    qt = nqt - 1 - r / gsz;
-    h = grp * hq + (r - (r / gsz) * gsz);
+// Grid order of both attention kernels: the CTAs' heads in groups of `group` heads (the host's choice: head_group in
+// flash/mod.rs), the groups one after another, each walking its tiles in order with its heads interleaved; a group of
+// all the heads is the global order. Returns the CTA's tile (in [0, ntiles)) and head. Small groups keep the data of a
+// few heads hot in L2 (the backward's dq_accum rows and Q/dO: run 31, interleaved A/B, causal S=8192 +3-6%, dense
+// +13%), at the price of the later groups' heavy tiles starting later: worth it only with several waves of CTAs per
+// group. (Strictly head-major, groups of 1 on every shape, lost to tail balance in runs 2-3 and 23.)
+static __device__ __forceinline__ void grouped_tile(int bid, int ntiles, int nheads, int group, int& tile, int& head) {
+    const int hg = (group <= 0 || group > nheads) ? nheads : group;
+    const int grp = bid / (ntiles * hg);
+    const int gsz = min(hg, nheads - grp * hg);  // heads in this group (the last one may be short)
+    const int r = bid - grp * (ntiles * hg);
+    tile = r / gsz;
+    head = grp * hg + (r - tile * gsz);
 }
-
-// Backward grid order: kv heads in groups of `hgroup` (the host's choice, head_group in flash/mod.rs), the
-// groups one after another, each walked early key tiles (the heaviest: seen by most queries) first with its heads
-// interleaved. hgroup >= Hkv is one group: the global longest-first order. Smaller groups keep the dq_accum rows
-// (and Q/dO) of a few heads hot in L2 while their tensor reductions land (run 31, interleaved A/B: causal S=8192
-// +5-6%, dense +13%), at the price of the later groups' heavy tiles starting later: only worth it with several
-// waves of CTAs per group.
+// The forward: one CTA per (query tile, query head), heavy (late) query tiles first; `hgroup` counts kv heads, so a
+// group holds hgroup * (Hq / Hkv) query heads (neutral against one group in run 31: kept so both follow one rule).
+static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int Hkv, int hgroup, int& qt, int& h) {
+    int t;
+    grouped_tile(bid, nqt, Hq, hgroup <= 0 ? 0 : hgroup * (Hq / Hkv), t, h);
+    qt = nqt - 1 - t;
+}
+// The backward: one CTA per (key tile, kv head), early key tiles (seen by most queries) first.
 static __device__ __forceinline__ void bwd_tile_of(int bid, int Tk, int BN, int Hkv, int hgroup, int& kt, int& hk) {
-    const int hg = (hgroup <= 0 || hgroup > Hkv) ? Hkv : hgroup;
-    const int per = ((Tk + BN - 1) / BN) * hg;  // CTAs of a full group
-    const int grp = bid / per;
-    const int gsz = min(hg, Hkv - grp * hg);  // kv heads in this group (the last one may be short)
-    const int r = bid - grp * per;
-    kt = r / gsz;
-    hk = grp * hg + (r - kt * gsz);
+    grouped_tile(bid, (Tk + BN - 1) / BN, Hkv, hgroup, kt, hk);
 }
 
 // A CUtensorMap (128 bytes, 128-byte aligned as CUDA 13 declares it), encoded on the host by cuTensorMapEncodeTiled and passed
