@@ -218,20 +218,35 @@ impl CudaBackend {
         if s.dtype == dtype {
             return memory::copy_any(self, op, t);
         }
-        let n = s.len;
-        let mut out = self.alloc(op, n, dtype)?;
-        let k = &self.dev.kernels;
-        let f = match dtype {
-            DType::Bf16 => &k.f32_to_bf16,
-            DType::F32 => &k.bf16_to_f32,
-        };
+        let out = self.converted(op, &s.buf, s.len, dtype)?;
+        Ok(self.tensor(out, dtype, t.shape().clone()))
+    }
+
+    /// The kernel converting into `to` from the other dtype: `f32_to_bf16` (round to nearest
+    /// even) or `bf16_to_f32` (exact); `(out, x, long long n)`, grid-stride, 8 per thread.
+    fn convert_kernel(&self, to: DType) -> &cudarc::driver::CudaFunction {
+        match to {
+            DType::Bf16 => &self.dev.kernels.f32_to_bf16,
+            DType::F32 => &self.dev.kernels.bf16_to_f32,
+        }
+    }
+
+    /// A new buffer with the first `n` elements of `src` (the other dtype) converted to `to`.
+    pub(crate) fn converted(
+        &self,
+        op: &'static str,
+        src: &CudaSlice<u8>,
+        n: usize,
+        to: DType,
+    ) -> Result<CudaSlice<u8>> {
+        let mut out = self.alloc(op, n, to)?;
         if n > 0 {
             let n64 = n as i64;
-            let mut l = self.stream.launch_builder(f);
-            l.arg(&mut out).arg(&s.buf).arg(&n64);
+            let mut l = self.stream.launch_builder(self.convert_kernel(to));
+            l.arg(&mut out).arg(src).arg(&n64);
             self.launch(op, l, grid_vec8(n))?;
         }
-        Ok(self.tensor(out, dtype, t.shape().clone()))
+        Ok(out)
     }
 
     /// Converts `n` elements at the raw device address `src` (of the other dtype) into `out`
@@ -380,12 +395,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = match to {
-            DType::Bf16 => &self.dev.kernels.f32_to_bf16,
-            DType::F32 => &self.dev.kernels.bf16_to_f32,
-        };
         let n64 = n as i64;
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(self.convert_kernel(to));
         l.arg(&dst).arg(&src).arg(&n64);
         self.launch(op, l, grid_vec8(n))
     }
@@ -420,14 +431,12 @@ impl CudaBackend {
         if s.dtype == DType::F32 {
             return Ok(InBuf::Borrowed(&s.buf));
         }
-        let mut w = self.alloc_f32(op, s.len)?;
-        if s.len > 0 {
-            let n64 = s.len as i64;
-            let mut l = self.stream.launch_builder(&self.dev.kernels.bf16_to_f32);
-            l.arg(&mut w).arg(&s.buf).arg(&n64);
-            self.launch(op, l, grid_vec8(s.len))?;
-        }
-        Ok(InBuf::Owned(w))
+        Ok(InBuf::Owned(self.converted(
+            op,
+            &s.buf,
+            s.len,
+            DType::F32,
+        )?))
     }
 
     /// Uploads host i32 data (indices, positions, mask intervals) to a fresh device buffer.

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::{CallShape, FlashIn, Tagged, grid, head_group};
+use super::{CallShape, FlashIn, KernelTail, Tagged, grid, push_mask};
 use crate::storage::DType;
 use crate::tma::TensorMap;
 use crate::{CudaBackend, launch_1d};
@@ -66,8 +66,8 @@ impl CudaBackend {
             self.bf16_operand(op, "d_out", d_out, nq)?,
         );
         let (qb, kb, vb, ob, dob) = (qb.get(), kb.get(), vb.get(), ob.get(), dob.get());
-        let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
-        let [tq, tk, hq, hkv] = sh.ints;
+        let mask_dev = self.upload_mask(op, mask)?;
+        let [tq, _, hq, _] = sh.ints;
         // Workspaces: D_i (Tq, Hq) f32; dq_accum (Tq, Hq, D) f32 (zeroed by the preprocess
         // kernel, so no memset); 8 i32 summary values per query tile of `pre_rows` rows.
         let mut di = self.alloc_f32(op, nl)?;
@@ -77,13 +77,9 @@ impl CudaBackend {
         // attn_bwd_pre_d{D}(const bf16* o, dout, const int* fs, fe, ss, se, float* Di,
         //                   float* dq_accum, int* summary, int Tq, int Hq)
         let mut l = self.stream.launch_builder(&var.pre);
-        l.arg(ob)
-            .arg(dob)
-            .arg(&*fs)
-            .arg(&*fe)
-            .arg(&*ss)
-            .arg(&*se)
-            .arg(&mut di)
+        l.arg(ob).arg(dob);
+        push_mask(&mut l, &mask_dev);
+        l.arg(&mut di)
             .arg(&mut dq_acc)
             .arg(&mut summary)
             .arg(&tq)
@@ -93,14 +89,14 @@ impl CudaBackend {
         let mut dk_b = self.alloc(op, nk, DType::Bf16)?;
         let mut dv_b = self.alloc(op, nk, DType::Bf16)?;
         if g_dkdv > 0 {
-            let [tm_q, tm_do, tm_dq] = if var.bwd_tma {
+            let maps = if var.bwd_tma {
                 let ptrs = [self.dev_ptr(qb), self.dev_ptr(dob), self.dev_ptr(&dq_acc)];
                 TensorMap::backward_maps(ptrs, dims)
                     .map_err(|e| self.shape_err(op, format!("cuda-flash backward: {e}")))?
             } else {
                 [TensorMap::unused(); 3]
             };
-            let hgroup = head_group(g_dkdv as usize, dims.kv_heads, fk.sms as usize);
+            let tail = KernelTail::new(&sh, scale, fk, g_dkdv, dims.kv_heads, maps);
             // attn_bwd_dkdv_d{D}(const bf16* q, k, v, dout, const float* lse, Di,
             //                    const int* summary, fs, fe, ss, se, float* dq_accum,
             //                    bf16* dk, dv, int Tq, int Tk, int Hq, int Hkv, float scale,
@@ -112,23 +108,10 @@ impl CudaBackend {
                 .arg(dob)
                 .arg(lse)
                 .arg(&di)
-                .arg(&summary)
-                .arg(&*fs)
-                .arg(&*fe)
-                .arg(&*ss)
-                .arg(&*se)
-                .arg(&mut dq_acc)
-                .arg(&mut dk_b)
-                .arg(&mut dv_b)
-                .arg(&tq)
-                .arg(&tk)
-                .arg(&hq)
-                .arg(&hkv)
-                .arg(&scale)
-                .arg(&hgroup)
-                .arg(&tm_q)
-                .arg(&tm_do)
-                .arg(&tm_dq);
+                .arg(&summary);
+            push_mask(&mut l, &mask_dev);
+            l.arg(&mut dq_acc).arg(&mut dk_b).arg(&mut dv_b);
+            tail.push(&mut l);
             self.launch(op, l, launch_1d(g_dkdv, var.bwd_threads, var.bwd_smem))?;
         }
 

@@ -35,14 +35,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg, sys,
+    CudaContext, CudaFunction, CudaSlice, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg, sys,
 };
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Error, Result};
 
 use crate::storage::{CudaStorage, DType};
 use crate::tma::TensorMap;
-use crate::{CudaBackend, CudaError, grid1d, launch_1d};
+use crate::{CudaBackend, CudaError, launch_1d};
 
 mod backward;
 
@@ -352,24 +352,6 @@ impl CudaBackend {
         Ok(v)
     }
 
-    /// A bf16 copy (round to nearest even) of the first `n` f32 elements of `src`.
-    fn to_bf16_buf(
-        &self,
-        op: &'static str,
-        src: &CudaSlice<u8>,
-        n: usize,
-    ) -> Result<CudaSlice<u8>> {
-        let mut out = self.alloc(op, n, DType::Bf16)?;
-        if n > 0 {
-            let n64 = n as i64;
-            let mut l = self.stream.launch_builder(&self.k().f32_to_bf16);
-            // f32_to_bf16(unsigned short* out, const float* x, long long n), grid-stride.
-            l.arg(&mut out).arg(src).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
-        }
-        Ok(out)
-    }
-
     /// `x` as a bf16 operand of `n` elements: itself when it is bf16 already, else a rounded
     /// copy. Fails when the buffer is shorter than `n` elements.
     fn bf16_operand<'a, T: FlashIn + ?Sized>(
@@ -392,7 +374,7 @@ impl CudaBackend {
         }
         Ok(match dtype {
             DType::Bf16 => Bf16Buf::Borrowed(buf),
-            DType::F32 => Bf16Buf::Owned(self.to_bf16_buf(op, buf, n)?),
+            DType::F32 => Bf16Buf::Owned(self.converted(op, buf, n, DType::Bf16)?),
         })
     }
 
@@ -416,25 +398,12 @@ impl CudaBackend {
         b.device_ptr(&self.stream).0
     }
 
-    /// An f32 copy of `n` bf16 elements.
-    fn to_f32_buf(&self, op: &'static str, src: &CudaSlice<u8>, n: usize) -> Result<CudaSlice<u8>> {
-        let mut out = self.alloc_f32(op, n)?;
-        if n > 0 {
-            let n64 = n as i64;
-            let mut l = self.stream.launch_builder(&self.k().bf16_to_f32);
-            // bf16_to_f32(float* out, const unsigned short* x, long long n), grid-stride.
-            l.arg(&mut out).arg(src).arg(&n64);
-            self.launch(op, l, grid1d(n))?;
-        }
-        Ok(out)
-    }
-
     /// A bf16 kernel result as the backend's activation dtype: as it is for bf16
     /// activations, widened (exactly) to f32 otherwise. Returns the buffer and its dtype.
     fn flash_result(&self, op: &'static str, b: CudaSlice<u8>, n: usize) -> Result<Tagged> {
         match self.opts.activations {
             DType::Bf16 => Ok((b, DType::Bf16)),
-            DType::F32 => Ok((self.to_f32_buf(op, &b, n)?, DType::F32)),
+            DType::F32 => Ok((self.converted(op, &b, n, DType::F32)?, DType::F32)),
         }
     }
 
@@ -463,10 +432,9 @@ impl CudaBackend {
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
         let [qb, kb, vb] = self.qkv_operands(op, (q, k, v), &sh)?;
         let (qb, kb, vb) = (qb.get(), kb.get(), vb.get());
-        let [fs, fe, ss, se] = self.upload_mask(op, mask)?;
+        let mask_dev = self.upload_mask(op, mask)?;
         let mut out_b = self.alloc(op, nq, DType::Bf16)?;
-        let [tq, tk, hq, hkv] = sh.ints;
-        let [tm_q, tm_k, tm_v] = if var.fwd_tma_bn > 0 {
+        let maps = if var.fwd_tma_bn > 0 {
             TensorMap::forward_maps(
                 [self.dev_ptr(qb), self.dev_ptr(kb), self.dev_ptr(vb)],
                 dims,
@@ -476,32 +444,63 @@ impl CudaBackend {
         } else {
             [TensorMap::unused(); 3]
         };
-        let mut l = self.stream.launch_builder(&var.fwd);
-        let hgroup = head_group(g as usize, dims.kv_heads, fk.sms as usize);
+        let tail = KernelTail::new(&sh, scale, fk, g, dims.kv_heads, maps);
         // attn_fwd_d{D}(const bf16* q, k, v, const int* fs, fe, ss, se, bf16* out, float* lse,
         //               int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,
         //               TmaDesc tm_q, tm_k, tm_v)
-        l.arg(qb)
-            .arg(kb)
-            .arg(vb)
-            .arg(&*fs)
-            .arg(&*fe)
-            .arg(&*ss)
-            .arg(&*se)
-            .arg(&mut out_b)
-            .arg(&mut lse)
-            .arg(&tq)
-            .arg(&tk)
-            .arg(&hq)
-            .arg(&hkv)
-            .arg(&scale)
-            .arg(&hgroup)
-            .arg(&tm_q)
-            .arg(&tm_k)
-            .arg(&tm_v);
+        let mut l = self.stream.launch_builder(&var.fwd);
+        l.arg(qb).arg(kb).arg(vb);
+        push_mask(&mut l, &mask_dev);
+        l.arg(&mut out_b).arg(&mut lse);
+        tail.push(&mut l);
         self.launch(op, l, launch_1d(g, var.fwd_threads, var.fwd_smem))?;
         let out = self.flash_result(op, out_b, nq)?;
         Ok((out, lse))
+    }
+}
+
+/// The four mask arrays (`fs, fe, ss, se`) as kernel arguments.
+fn push_mask<'a>(l: &mut LaunchArgs<'a>, mask: &'a [Arc<CudaSlice<u8>>; 4]) {
+    for m in mask {
+        l.arg(&**m);
+    }
+}
+
+/// The arguments the forward and the main backward kernel end with: `int Tq, Tk, Hq, Hkv,
+/// float scale, int hgroup, TmaDesc` x 3.
+struct KernelTail {
+    ints: [i32; 4],
+    scale: f32,
+    hgroup: i32,
+    maps: [TensorMap; 3],
+}
+
+impl KernelTail {
+    /// `ctas`: the kernel's grid, for its kv-head groups ([`head_group`]).
+    fn new(
+        sh: &CallShape,
+        scale: f32,
+        fk: &FlashKernels,
+        ctas: u32,
+        kv_heads: usize,
+        maps: [TensorMap; 3],
+    ) -> Self {
+        KernelTail {
+            ints: sh.ints,
+            scale,
+            hgroup: head_group(ctas as usize, kv_heads, fk.sms as usize),
+            maps,
+        }
+    }
+
+    fn push<'a>(&'a self, l: &mut LaunchArgs<'a>) {
+        for x in &self.ints {
+            l.arg(x);
+        }
+        l.arg(&self.scale).arg(&self.hgroup);
+        for m in &self.maps {
+            l.arg(m);
+        }
     }
 }
 
