@@ -34,9 +34,11 @@
 //
 // Entry points (D = 64, 128, 256):
 //   attn_config(int* out)                    per-D launch configuration, see ATTN_CONFIG_* below
-//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,Tq,Tk,Hq,Hkv,scale,hgroup,tm_q,tm_k,tm_v)
-//       grid ceil(Tq/BM)*Hq, block FWD_THREADS, dynamic smem FWD_SMEM; the CTAs in groups of hgroup kv heads
-//       (fwd_tile_of in attention/common.cuh; >= Hkv: one group). tm_q / tm_k / tm_v: TMA tensor maps
+//   attn_fwd_d{D}(q,k,v,fs,fe,ss,se,out,lse,work,Tq,Tk,Hq,Hkv,scale,hgroup,tm_q,tm_k,tm_v)
+//       items ceil(Tq/BM)*Hq (query tile, head), in groups of hgroup kv heads (fwd_tile_of in
+//       attention/common.cuh; >= Hkv: one group); grid = the items, or at most one CTA per SM where attn_config's
+//       fwd_persist is 1 (the CTAs then take further items from the counter *work, an int zeroed before the
+//       launch; unused otherwise); block FWD_THREADS, dynamic smem FWD_SMEM. tm_q / tm_k / tm_v: TMA tensor maps
 //       of q (Tq, Hq, D) / k, v (Tk, Hkv, D) as bf16, boxes of 64 columns x 1 head x fwd_BM (q) or
 //       fwd_tma_bn (k, v) rows, 128-byte swizzle, zero fill; read only where fwd_tma_bn > 0
 //   attn_bwd_pre_d{D}(o,dout,fs,fe,ss,se,Di,dq_accum,summary,Tq,Hq)
@@ -131,14 +133,16 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
 #define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
-#define ATTN_FWD_ARGS fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, hgroup, &tm_q, &tm_k, &tm_v  // q, k, v: by TMA
+#define ATTN_FWD_ARGS fs, fe, ss, se, out, lse, work, Tq, Tk, Hq, Hkv, scale, hgroup, &tm_q, &tm_k, &tm_v  // q, k, v: TMA
 #define ATTN_FWD_TMA_BN(DD) WsCfg<ATTN_WG_CFG_##DD>::BN_
+#define ATTN_FWD_PERSIST(DD) (WsCfg<ATTN_WG_CFG_##DD>::PERSIST ? 1 : 0)
 #else
 #define ATTN_FWD_C(DD) FwdCfg<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_MINB(DD) ATTN_FWD_MINB_##DD
 #define ATTN_FWD_CALL(DD) attn_fwd_impl<ATTN_FWD_CFG_##DD>
 #define ATTN_FWD_ARGS q, k, v, fs, fe, ss, se, out, lse, Tq, Tk, Hq, Hkv, scale, hgroup
 #define ATTN_FWD_TMA_BN(DD) 0
+#define ATTN_FWD_PERSIST(DD) 0
 #endif
 
 // Backward: the wgmma kernel (attn_bwd_ws_impl) where compiled for compute_90a, for D 64 and 128;
@@ -159,7 +163,7 @@ struct BwdSel {
 #define ATTN_DEFINE(DD)                                                                                               \
     extern "C" __global__ void __launch_bounds__(ATTN_FWD_C(DD)::THREADS, ATTN_FWD_MINB(DD)) attn_fwd_d##DD(         \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* fs, const int* fe, const int* ss,               \
-        const int* se, bf16_t* out, float* lse, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,             \
+        const int* se, bf16_t* out, float* lse, int* work, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,  \
         const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k,                                    \
         const __grid_constant__ TmaDesc tm_v) {                                                                        \
         ATTN_FWD_CALL(DD)(ATTN_FWD_ARGS);                                                                             \
@@ -195,8 +199,9 @@ ATTN_DEFINE(256)
 //   [D, fwd_BM, fwd_threads, fwd_smem, bwd_BN, bwd_threads, bwd_smem, bwd_BM(summary tile), pre_threads,
 //    bwd_tma (1: attn_bwd_dkdv reads Q/dO through its tensor-map parameters, 0: it ignores them),
 //    fwd_tma_bn (> 0: attn_fwd reads Q / K / V through its tensor maps, boxes of fwd_BM / this many rows; 0: it
-//    ignores them)]
-#define ATTN_CONFIG_FIELDS 11
+//    ignores them), fwd_persist (1: attn_fwd runs any number of (query tile, head) items per CTA, so the host launches
+//    at most one CTA per SM; 0: exactly one CTA per item)]
+#define ATTN_CONFIG_FIELDS 12
 #define ATTN_CONFIG_ROW(DD, p)                                                                 \
     p[0] = DD;                                                                                 \
     p[1] = ATTN_FWD_C(DD)::BM_;                                                                               \
@@ -208,7 +213,8 @@ ATTN_DEFINE(256)
     p[7] = BWD_BM;                                                                             \
     p[8] = PRE_THREADS;                                                                        \
     p[9] = BwdSel<ATTN_BWD_CFG_##DD>::WG ? 1 : 0;                                              \
-    p[10] = ATTN_FWD_TMA_BN(DD);
+    p[10] = ATTN_FWD_TMA_BN(DD);                                                               \
+    p[11] = ATTN_FWD_PERSIST(DD);
 
 extern "C" __global__ void attn_config(int* out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {

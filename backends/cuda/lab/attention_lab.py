@@ -75,6 +75,13 @@ VARIANTS = {
     "t_bwd_nostage": [O128, "-DATTN_LAB_NOSTAGE"],
     "t_bwd_noload": [O128, "-DATTN_LAB_NOLOAD"],  # Q/dO by TMA for the first two steps only
     "t_bwd_noload_nored": [O128, "-DATTN_LAB_NOLOAD", "-DATTN_LAB_SKIP_DQRED"],
+    # run 32: the backward's query-tile lists with runs 13-31's per-CTA hashed rotation (ship since run 32: every CTA
+    # walks its list in order, so the CTAs resident together touch a few dq_accum rows at a time)
+    "bwd_rot": [O128, "-DATTN_BWD_HASHROT"],
+    # run 32: the forward v16 launched as v15 was (one CTA per item; the kernel is the same), and on 7 CTAs only (every
+    # head dim: the checks' small shapes then run several items per CTA, empty ones included)
+    "fwd_nopersist": [O128],
+    "fwd_grid7": [],
     # the backward's kv-head groups forced to 1 / 2 / 4 / 8 heads (LAB_HGROUP; ship: head_group's choice)
     "bwd_hg1": [O128],
     "bwd_hg2": [O128],
@@ -105,7 +112,7 @@ if os.environ.get("ATTN_LAB_VARIANTS") is not None:
     _keep = set(os.environ["ATTN_LAB_VARIANTS"].split(","))
     VARIANTS = {k: v for k, v in VARIANTS.items() if k == "ship" or k in _keep}
 # Variants timed for the forward only (their backward is the shipped one): saves device time.
-FWD_ONLY = {"t_nosm", "v14_noturn", "v14_nopin", "trace"}
+FWD_ONLY = {"t_nosm", "v14_noturn", "v14_nopin", "trace", "fwd_nopersist", "fwd_grid7"}
 # run 13+: the t_* knobs act on v14 (ship).
 # --only NAME,NAME restricts the variants.
 # Run 11 timed "v12_pp", "t12_nosm", "t12_noload" (the v12 forward: no pin, predicated loaders); run 12
@@ -173,16 +180,17 @@ def launch_raw(fn, grid, block, smem, args):
         raise RuntimeError(f"cuLaunchKernel: CUresult {r}")
 
 
-CONFIG_FIELDS = 11  # ints per head dim written by attn_config (ATTN_CONFIG_FIELDS)
+CONFIG_FIELDS = 12  # ints per head dim written by attn_config (ATTN_CONFIG_FIELDS)
 
 
-def fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, bm, bn, hgroup):
-    """attn_fwd_d{D}'s parameters as ctypes values; bn: attn_config's fwd_tma_bn (0: maps unused, left zero)."""
+def fwd_args(q, k, v, mk, out, lse, work, Tq, Tk, Hq, Hkv, D, scale, bm, bn, hgroup):
+    """attn_fwd_d{D}'s parameters as ctypes values; bn: attn_config's fwd_tma_bn (0: maps unused, left zero); work: the
+    persistent forward's item counter (an int32 tensor, zero at each launch)."""
     P = lambda x: ctypes.c_uint64(x.data_ptr())  # noqa: E731
     zero = lambda: (ctypes.c_uint8 * 128)()  # noqa: E731
     maps = [tma_rows_map(q.data_ptr(), D, Hq, Tq, rows=bm), tma_rows_map(k.data_ptr(), D, Hkv, Tk, rows=bn),
             tma_rows_map(v.data_ptr(), D, Hkv, Tk, rows=bn)] if bn else [zero(), zero(), zero()]
-    return [P(q), P(k), P(v), *[P(x) for x in mk], P(out), P(lse), ctypes.c_int32(Tq), ctypes.c_int32(Tk),
+    return [P(q), P(k), P(v), *[P(x) for x in mk], P(out), P(lse), P(work), ctypes.c_int32(Tq), ctypes.c_int32(Tk),
             ctypes.c_int32(Hq), ctypes.c_int32(Hkv), ctypes.c_float(scale), ctypes.c_int32(hgroup), *maps]
 
 
@@ -486,13 +494,19 @@ def gpu_main(args):
             if getattr(self, "_fargs_key", None) != key:  # tensor maps encoded once per buffer set
                 ctas = (Tq + BM - 1) // BM * Hq
                 hg = LAB_HGROUP.get(self.name, (None, None))[0] or head_group(ctas, Hkv, props.multi_processor_count)
-                self._fargs = fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, scale, BM, c[10], hg)
+                self._work = torch.zeros(1, dtype=torch.int32, device=dev)
+                self._fargs = fwd_args(q, k, v, mk, out, lse, self._work, Tq, Tk, Hq, Hkv, D, scale, BM, c[10], hg)
                 self._fargs_key = key
             a = self._fargs
             for i, x in enumerate([*mk, out, lse]):
                 a[3 + i].value = x.data_ptr()
-            a[13].value = scale
-            launch_raw(self.fn(f"attn_fwd_d{D}", smem), (Tq + BM - 1) // BM * Hq, thr, smem, a)
+            a[14].value = scale
+            self._work.zero_()  # (a memset kernel per launch, as the backend's zeroed allocation)
+            items = (Tq + BM - 1) // BM * Hq
+            # persistent forward (run 32): at most one CTA per SM ("fwd_nopersist": one CTA per item, as v15)
+            persist = c[11] == 1 and self.name != "fwd_nopersist"
+            cap = 7 if self.name == "fwd_grid7" else props.multi_processor_count
+            launch_raw(self.fn(f"attn_fwd_d{D}", smem), min(items, cap) if persist else items, thr, smem, a)
 
         def workspace(self, D, Tq, Hq):
             nqt = (Tq + 63) // 64
@@ -748,6 +762,9 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
     rows = []
     flex_cache = {}
     brng = np.random.default_rng(7)
+    if os.environ.get("ATTN_LAB_SHAPES"):  # e.g. ATTN_LAB_SHAPES=causal,dense: only shapes whose label has one of these
+        _sk = os.environ["ATTN_LAB_SHAPES"].split(",")
+        shapes = [sh for sh in shapes if any(x in sh[0] for x in _sk)]
     for (label, kind, S, N, Hq, Hkv) in shapes:
         if kind == "dflash":
             anchors = sample_anchors(brng, S, N)
@@ -828,6 +845,9 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
         row["mine"] = mine
         if os.environ.get("ATTN_LAB_AB") and len(kern) > 1:
             ab_rounds(kern, int(os.environ["ATTN_LAB_AB"]), label, fl_fb, lambda K: ab_call(K, D, q, k, v, mk, do, scale))
+        if os.environ.get("ATTN_LAB_SUSTAIN"):
+            sustain_rounds(kern, os.environ["ATTN_LAB_SUSTAIN"], label, kind, fl_fb,
+                           lambda K: ab_call(K, D, q, k, v, mk, do, scale), q, k, v, do)
         # torch in the same run
         qt_ = q.permute(1, 0, 2)[None].contiguous()
         kt_ = k.permute(1, 0, 2)[None].contiguous()
@@ -940,6 +960,76 @@ def ab_rounds(kern, rounds, label, flops, make):
             m = statistics.median(t)
             log(f"[ab] {label}: {vn:20s} {name} {m:7.3f} ms {fl / m / 1e9:6.1f} TF  x{base / m:.3f} vs ship "
                 f"(range {min(t):.3f}-{max(t):.3f}, {rounds} interleaved rounds)")
+
+
+class PowerSampler:
+    """nvidia-smi power.draw / clocks.sm / temperature sampled every 20 ms in a background thread (run 32)."""
+
+    def __init__(self):
+        import threading
+
+        self.rows = []
+        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=power.draw,clocks.sm,temperature.gpu",
+                                   "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            try:
+                self.rows.append((time.time(), *map(float, line.split(","))))
+            except ValueError:
+                pass
+
+    def window(self, t0, t1):
+        w = [r for r in self.rows if t0 <= r[0] <= t1]
+        if not w:
+            return "no power samples"
+        return (f"{statistics.median(r[1] for r in w):4.0f} W, SM {statistics.median(r[2] for r in w):4.0f} MHz, "
+                f"{max(r[3] for r in w):.0f} C")
+
+
+def sustain_rounds(kern, spec, label, kind, flops, make, q, k, v, do):
+    """ATTN_LAB_SUSTAIN=secs[,rounds] (run 32): each variant's fwd+bwd (and torch SDPA's, on the causal and dense
+    shapes) runs back to back for secs seconds, in turn, for rounds rounds: unlike the interleaved A/B, each variant
+    then runs at the clock its own power draw allows, as in the bench and in training. Prints the median call time
+    and the board power / SM clock over the last 70% of each window."""
+    import torch
+    import torch.nn.functional as F
+
+    secs, rounds = (spec.split(",") + ["2"])[:2]
+    secs, rounds = float(secs), int(rounds)
+    fns = {vn: make(K)[1] for vn, K in kern.items()}
+    if kind in ("causal", "dense"):
+        qt_, kt_, vt_ = (x.permute(1, 0, 2)[None].contiguous().requires_grad_() for x in (q, k, v))
+        dot = do.permute(1, 0, 2)[None].contiguous()
+        causal = kind == "causal"
+
+        def sdpa():
+            o = F.scaled_dot_product_attention(qt_, kt_, vt_, is_causal=causal, enable_gqa=True)
+            o.backward(dot)
+        fns["SDPA"] = sdpa
+    smp = PowerSampler()
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    for rnd in range(rounds):
+        for vn, f in fns.items():
+            evs, t0 = [], time.time()
+            while time.time() - t0 < secs:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                f()
+                b.record()
+                evs.append((a, b))
+                if len(evs) % 16 == 0:
+                    evs[-8][1].synchronize()  # bounded queue, no gaps
+            torch.cuda.synchronize()
+            t1 = time.time()
+            ts = [a.elapsed_time(b) for a, b in evs[len(evs) // 4:]]
+            m = statistics.median(ts)
+            log(f"[sustain] {label}: round {rnd} {vn:14s} fwd+bwd {m:7.3f} ms {flops / m / 1e9:6.1f} TF "
+                f"({len(evs)} calls) | {smp.window(t0 + 0.3 * (t1 - t0), t1)}")
+    smp.p.terminate()
 
 
 def read_trace(K, launch):
@@ -1182,8 +1272,10 @@ def profile_once():
     i32, f32 = np.int32, np.float32
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     fctas = (Tq + c[1] - 1) // c[1] * Hq
-    launch_raw(f, fctas, c[2], c[3],
-               fwd_args(q, k, v, mk, out, lse, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10], head_group(fctas, Hkv, sms)))
+    work = torch.zeros(1, dtype=torch.int32, device=dev)
+    launch_raw(f, min(fctas, sms) if c[11] else fctas, c[2], c[3],
+               fwd_args(q, k, v, mk, out, lse, work, Tq, Tk, Hq, Hkv, D, D ** -0.5, c[1], c[10],
+                        head_group(fctas, Hkv, sms)))
     mod.get_function("attn_bwd_pre_d128")(((Tq + 63) // 64 * Hq,), (256,), (P(out), P(do), *[P(x) for x in mk], P(Di), P(acc),
                                                                      P(summ), i32(Tq), i32(Hq)))
     ctas = (Tk + c[4] - 1) // c[4] * Hkv

@@ -15,6 +15,10 @@ pub struct CudaOptions {
     pub activations: DType,
     /// Fill every allocated output with NaN before the op writes it (debugging/tests).
     pub poison: bool,
+    /// At most this many CTAs for `cuda-flash`'s persistent forward (default `None`: one per
+    /// SM). Tests set a small cap so that small shapes run several (query tile, head) items
+    /// per CTA, as the large ones do.
+    pub attn_forward_ctas: Option<u32>,
 }
 
 impl Default for CudaOptions {
@@ -39,6 +43,7 @@ impl CudaOptions {
             gemm,
             activations: Self::default_activations(gemm),
             poison: false,
+            attn_forward_ctas: None,
         }
     }
 

@@ -220,6 +220,7 @@ fn attention_ops_match_reference() {
             gemm: GemmPrecision::Tf32,
             activations: dflash_backend_cuda::DType::F32,
             poison: true,
+            attn_forward_ctas: None,
         },
     )
     .unwrap();
@@ -364,6 +365,34 @@ fn attention_cuda_flash_matches_reference() {
         flash_case(&cu, "dflash S512 N48 bs16", &big, hq, hkv, d, seed);
         seed += 1;
         flash_case(&cu, "causal 300", &causal_big, hq, hkv, d, seed);
+    }
+    // The persistent forward on 3 CTAs: every CTA runs several (query tile, head) items one
+    // after another (their K/V rings, summaries and Q reloads carried over), empty items
+    // included (the DFlash masks' padding blocks); head_dim 256 keeps one CTA per item.
+    let capped = cuda_attn_opts(
+        "cuda-flash",
+        dflash_backend_cuda::CudaOptions {
+            gemm: GemmPrecision::Tf32,
+            activations: dflash_backend_cuda::DType::F32,
+            poison: true,
+            attn_forward_ctas: Some(3),
+        },
+    )
+    .expect("the backend started above");
+    // 16 blocks of 16 whose last 8 are padding: the second 128-row query tile sees no key.
+    let mut anchors: Vec<i32> = (1..=8).map(|i| i * 25).collect();
+    anchors.extend([-1; 8]);
+    let half_padding = BlockMask::dflash(256, 16, &anchors).unwrap();
+    let capped_masks = [
+        ("dflash S512 N48 bs16", big.clone()),
+        ("causal 300", causal_big.clone()),
+        ("dflash S256 N16, 8 padding", half_padding),
+    ];
+    for &(hq, hkv, d) in &[(8, 2, 128), (4, 1, 64), (2, 1, 256)] {
+        for (name, mask) in masks.iter().chain(capped_masks.iter()) {
+            seed += 1;
+            flash_case(&capped, &format!("{name}, 3 CTAs"), mask, hq, hkv, d, seed);
+        }
     }
     // Head dims other than 64/128/256 are a clean error naming the supported set.
     for bad_d in [40usize, 288] {

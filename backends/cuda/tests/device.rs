@@ -317,6 +317,7 @@ fn timing_report() {
             gemm: GemmPrecision::Tf32,
             activations: dflash_backend_cuda::DType::F32,
             poison: false,
+            attn_forward_ctas: None,
         },
     )
     .unwrap();
@@ -377,6 +378,7 @@ fn timing_report() {
             gemm: GemmPrecision::Bf16,
             activations: dflash_backend_cuda::DType::F32,
             poison: false,
+            attn_forward_ctas: None,
         },
     )
     .unwrap();

@@ -384,6 +384,7 @@ fn bf16_conversion_bandwidth() {
             gemm: GemmPrecision::Tf32,
             activations: DType::F32,
             poison: false,
+            attn_forward_ctas: None,
         },
     )
     .unwrap();

@@ -1,4 +1,4 @@
-// attention/fwd_wgmma.cuh: wgmma / mbarrier / TMA primitives and the warp-specialised Hopper forward (v15).
+// attention/fwd_wgmma.cuh: wgmma / mbarrier / TMA primitives and the warp-specialised Hopper forward (v16).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
@@ -88,9 +88,12 @@ static __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db) 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Forward v15 (warp-specialised, FA3's structure): 384 threads = 3 warpgroups. Warpgroup 0 is the
-// producer: one thread issues Q, K_t and V_t as TMA boxes (tensor maps tm_q / tm_k / tm_v from the host)
-// into 2-stage K and V rings (V one tile behind K), each stage completing on its "full" mbarrier
+// Forward v16 (warp-specialised, FA3's structure; persistent since run 32: a CTA per SM takes (query tile, head)
+// items from a global counter in heavy-first order, the next item's summary, K/V and Q loaded while the current one
+// finishes; v15 ran one CTA per item): 384 threads = 3 warpgroups. Warpgroup 0 is the producer: warps 1-3 compute
+// each item's summary (row intervals, hulls) up to two items ahead, and one thread of warp 0 issues Q, K_t and
+// V_t as TMA boxes (tensor maps tm_q / tm_k / tm_v from the host) into 2-stage K and V rings (V one tile behind
+// K; the rings run on over the items), each stage completing on its "full" mbarrier
 // (arrive.expect_tx, count 1); before refilling a stage it waits on that stage's "empty" mbarrier (one
 // arrive per consumer warp, count 8). (v14, run 13-29: 128 producer threads of cp.async, each group
 // published once the next was issued; the same speed, run 30.) Warpgroups 1 and 2 are the
@@ -188,27 +191,80 @@ struct WsCfg {
     static constexpr int BM = 128;
     static constexpr int THREADS = 384;  // producer warpgroup + 2 consumer warpgroups
     static constexpr int NWARP = THREADS / 32;
+    static constexpr int LDO = D + 8;  // epilogue staging row (elements)
+    // Persistent (v16, run 32): a CTA runs items (query tile, head) one after another, the next item's summary, K/V
+    // and Q loaded while this one finishes; items are taken from a global counter in fwd_tile_of's heavy-first
+    // order (a static round-robin left the causal CTAs 30% apart: fwd_tile_of's groups of heads). Needs the epilogue's O staging apart from Q and K (D <= 128); for D 256
+    // (no room) the host launches one CTA per item and O is staged over Q, as in v15.
+    static constexpr bool PERSIST = D <= 128;
     static constexpr int SQ = BM * D * 2;   // bytes
     static constexpr int SKV = BN * D * 2;  // bytes, one K (or V) stage
-    static constexpr int OFF_K = SQ, OFF_V = SQ + 2 * SKV, OFF_ROW = SQ + 4 * SKV;
-    static constexpr int OFF_RED = OFF_ROW + BM * 16;        // block_summary scratch, 8 ints per warp
-    static constexpr int OFF_SUM = OFF_RED + NWARP * 8 * 4;  // 8 ints
-    static constexpr int OFF_PIN = OFF_SUM + 8 * 4;          // 32 dead floats (the pin stores)
-    static constexpr int OFF_BAR = OFF_PIN + 32 * 4;         // 8 mbarriers: K full[2], K empty[2], V full[2], V empty[2]
-    static constexpr int SMEM = 1024 + OFF_BAR + 8 * 8;
-    static constexpr int LDO = D + 8;  // epilogue staging row (elements)
+    static constexpr int OFF_K = SQ, OFF_V = SQ + 2 * SKV;
+    static constexpr int OFF_O = PERSIST ? SQ + 4 * SKV : 0;  // epilogue staging, BM rows of LDO
+    static constexpr int OFF_ROW = SQ + 4 * SKV + (PERSIST ? BM * LDO * 2 : 0);  // [2 items][BM] row intervals
+    static constexpr int OFF_RED = OFF_ROW + 2 * BM * 16;    // tile-summary scratch, 8 ints per warp
+    static constexpr int OFF_SUM = OFF_RED + NWARP * 8 * 4;  // [2 items][8] tile summaries
+    static constexpr int OFF_ITEM = OFF_SUM + 16 * 4;        // [2 items] item index (>= items: no more)
+    static constexpr int OFF_PIN = OFF_ITEM + 4 * 4;         // 32 dead floats (the pin stores)
+    // 13 mbarriers: K full[2], K empty[2], V full[2], V empty[2], summary ready[2], summary free[2] (the consumers and
+    // the loader: a buffer is refilled only once both have read it, so no phase of "ready" runs ahead of a waiter), Q free
+    static constexpr int OFF_BAR = OFF_PIN + 32 * 4;
+    static constexpr int SMEM = 1024 + OFF_BAR + 13 * 8;
     static constexpr int REG_P = ATTN_FWD_REG_P, REG_C = ATTN_FWD_REG_C;
-    static_assert(BM * LDO * 2 <= OFF_ROW, "epilogue staging fits");
+    static_assert(OFF_O + BM * LDO * 2 <= OFF_ROW, "epilogue staging fits");
     static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
     static_assert(D % 64 == 0 && BN % 64 == 0, "tile shape");
     static_assert(128 * REG_P + 256 * REG_C <= 65536, "register file");
+};
+
+// The summary of query tile [q0, q0 + BM) (tile_summary's, for the forward's producer warps 1-3: 96 threads on named
+// barrier 5 while warp 0 issues loads). t: 0..95. Rows to sRow[0..BM), the summary to out[0..8).
+template <int BM>
+static __device__ __forceinline__ void ws_tile_summary(int t, int q0, int Tq, const int* __restrict__ fs,
+                                                       const int* __restrict__ fe, const int* __restrict__ ss,
+                                                       const int* __restrict__ se, int4* sRow, int* red, int* out) {
+    int v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = ATTN_BIG;
+    for (int r = t; r < BM; r += 96) {
+        const int row = q0 + r;
+        const bool valid = row < Tq;
+        const int4 iv = valid ? make_int4(fs[row], fe[row], ss[row], se[row]) : make_int4(0, 0, 0, 0);
+        sRow[r] = iv;
+        int x[8];
+        row_summary(valid, iv.x, iv.y, iv.z, iv.w, x);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = min(v[i], x[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v[i] = min(v[i], __shfl_xor_sync(0xffffffffu, v[i], o));
+    }
+    if ((t & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) red[(t >> 5) * 8 + i] = v[i];
+    }
+    named_sync(5, 96);
+    if (t < 8) {
+        const int m = min(red[t], min(red[8 + t], red[16 + t]));
+        out[t] = (t == 1 || t == 2 || t == 5 || t == 6) ? -m : m;
+    }
+    named_sync(5, 96);
+}
+
+// One item of the persistent forward: query tile qt of head h, visiting n key tiles, [a1, a1 + n1) then a2, a2 + 1, ...
+struct FwdItem {
+    int qt, h, a1, n1, a2, n;
+    __device__ __forceinline__ int tile(int t) const { return t < n1 ? a1 + t : a2 + (t - n1); }
 };
 
 template <int D, int BN>
 __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  // q, k, v: through tm_q / tm_k / tm_v
                                                  const int* __restrict__ fe, const int* __restrict__ ss,
                                                  const int* __restrict__ se, bf16_t* __restrict__ out,
-                                                 float* __restrict__ lse, int Tq, int Tk, int Hq, int Hkv,
+                                                 float* __restrict__ lse, int* __restrict__ work, int Tq, int Tk,
+                                                 int Hq, int Hkv,
                                                  float scale, int hgroup, const TmaDesc* tm_q, const TmaDesc* tm_k,
                                                  const TmaDesc* tm_v) {
     using C = WsCfg<D, BN>;
@@ -218,85 +274,126 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
     const u32 pad = ((raw_a + 1023u) & ~1023u) - raw_a;
     unsigned char* sb = smem_raw + pad;  // 1024-byte aligned base
     const u32 sba = raw_a + pad;
-    int4* sRow = (int4*)(sb + C::OFF_ROW);
+    int4* sRowB = (int4*)(sb + C::OFF_ROW);  // [item parity][BM]
     int* sRed = (int*)(sb + C::OFF_RED);
-    int* sSum = (int*)(sb + C::OFF_SUM);
+    int* sSumB = (int*)(sb + C::OFF_SUM);  // [item parity][8]
+    volatile int* sItem = (volatile int*)(sb + C::OFF_ITEM);  // [item parity]
     const u32 bKf = sba + C::OFF_BAR, bKe = bKf + 16, bVf = bKf + 32, bVe = bKf + 48;  // stage s: +8*s
+    const u32 bSr = bKf + 64, bSf = bKf + 80, bQf = bKf + 96;  // summary ready / free (item parity: +8*p), Q free
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     const int nqt = (Tq + BM - 1) / BM;
-    int qt, h;
-    fwd_tile_of(blockIdx.x, nqt, Hq, Hkv, hgroup, qt, h);
-    const int hk = h / (Hq / Hkv);
-    const int q0 = qt * BM;
+    const int total = nqt * Hq;  // items (query tile, head)
     const size_t qstride = (size_t)Hq * D;
+    constexpr int DT = D / 8;  // 16-byte chunks per row
+
+    // The CTA's j-th item, for the loader and the consumers, once the summary warps published it; false: no more.
+    auto take_item = [&](int j, FwdItem& it) -> bool {
+        mbar_wait(bSr + 8 * (j & 1), (j >> 1) & 1);
+        const int item = sItem[j & 1];
+        if (item >= total) return false;
+        fwd_tile_of(item, nqt, Hq, Hkv, hgroup, it.qt, it.h);
+        int a1, b1, a2, b2;  // key-tile index ranges [a, b)
+        visited_key_tiles<BN>(sSumB + 8 * (j & 1), a1, b1, a2, b2);
+        it.a1 = a1;
+        it.a2 = a2;
+        it.n1 = max(b1 - a1, 0);
+        it.n = it.n1 + max(b2 - a2, 0);
+        return true;
+    };
 
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             mbar_init(bKf + 8 * s, 1);  // the TMA thread's arrive.expect_tx
             mbar_init(bVf + 8 * s, 1);
-            mbar_init(bKe + 8 * s, 8);
+            mbar_init(bKe + 8 * s, 8);  // one arrive per consumer warp
             mbar_init(bVe + 8 * s, 8);
+            mbar_init(bSr + 8 * s, 1);  // the summary warps' first thread
+            mbar_init(bSf + 8 * s, 9);  // one arrive per consumer warp + the loader
         }
+        mbar_init(bQf, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // (its barriers also publish the mbarrier inits)
-    tile_summary<C::NWARP, BM, C::THREADS>(tid, q0, Tq, fs, fe, ss, se, sRow, sRed, sSum);
-    const int flo1 = sSum[2], fhi1 = sSum[3], flo2 = sSum[6], fhi2 = sSum[7];
-    int a1, b1, a2, b2;  // key-tile index ranges [a, b)
-    visited_key_tiles<BN>(sSum, a1, b1, a2, b2);
-    const int n1 = max(b1 - a1, 0), n2 = max(b2 - a2, 0), n = n1 + n2;
-    constexpr int DT = D / 8;  // 16-byte chunks per row
-    if (n == 0) {
-        for (int i = tid; i < BM * DT; i += C::THREADS) {
-            int r = i / DT, c = i % DT;
-            if (q0 + r < Tq) *(uint4*)(out + (size_t)(q0 + r) * qstride + (size_t)h * D + c * 8) = make_uint4(0, 0, 0, 0);
-        }
-        for (int r = tid; r < BM; r += C::THREADS)
-            if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
-        return;
-    }
-    auto tile_of = [&](int t) { return t < n1 ? a1 + t : a2 + (t - n1); };
+    __syncthreads();
 
     if (wg == 0) {
         // ================================ producer ================================
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::REG_P));
-        // One thread issues every copy as TMA boxes (64 columns x 1 head x BM or BN rows, 128-byte swizzle: the
-        // panels the wgmma descriptors read; rows past Tq / Tk arrive as zeros), each stage completing on its
-        // full mbarrier (expect_tx). Order Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}: S_{t+1} can start before
-        // V_t has landed. (v14's 128 threads of cp.async, each group published once the next was issued, are
-        // in git history: run 30.)
-        if (tid == 0) {
-            mbar_arrive_tx(bKf, C::SQ + C::SKV);
+        if (warp == 0) {
+            // One thread issues every copy as TMA boxes (64 columns x 1 head x BM or BN rows, 128-byte swizzle: the
+            // panels the wgmma descriptors read; rows past Tq / Tk arrive as zeros), each stage completing on its
+            // full mbarrier (expect_tx). Per item: K_0 (+ Q, once the consumers are done with the previous item's
+            // Q), K_1, V_0, K_2, V_1, ..., V_{n-1}: S_{t+1} can start before V_t has landed. The K/V rings run on
+            // over the items (u: the CTA's tile count). (v14's 128 threads of cp.async: git history, run 30.)
+            if (lane == 0) {
+                int u = 0, m = 0;  // K/V tiles and non-empty items so far
+                for (int j = 0;; j++) {
+                    FwdItem it;
+                    if (!take_item(j, it)) break;
+                    mbar_arrive(bSf + 8 * (j & 1));  // (the loader's last read of the summary)
+                    const int h = it.h, hk = h / (Hq / Hkv), q0 = it.qt * BM, n = it.n;
+                    if (n == 0) continue;
+                    auto tile_of = [&](int t) { return it.tile(t); };
+                    {  // K_0, then Q
+                        const int s = u & 1;
+                        if (u >= 2) mbar_wait(bKe + 8 * s, ((u >> 1) - 1) & 1);
+                        mbar_arrive_tx(bKf + 8 * s, C::SQ + C::SKV);
 #pragma unroll
-            for (int p = 0; p < D / 64; p++) {
-                tma_load_3d(sba + p * (BM * 128), tm_q, p * 64, h, q0, bKf);
-                tma_load_3d(sba + C::OFF_K + p * (BN * 128), tm_k, p * 64, hk, tile_of(0) * BN, bKf);
-            }
-            for (int t = 0; t < n; t++) {
-                if (t + 1 < n) {  // K_{t+1}
-                    const int s = (t + 1) & 1;
-                    ATTN_TR(2, t + 1, 0);
-                    if (t + 1 >= 2) mbar_wait(bKe + 8 * s, (((t + 1) >> 1) - 1) & 1);  // both consumers done with K_{t-1}
-                    ATTN_TR(2, t + 1, 1);
-                    mbar_arrive_tx(bKf + 8 * s, C::SKV);
+                        for (int p = 0; p < D / 64; p++)
+                            tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk, tile_of(0) * BN,
+                                        bKf + 8 * s);
+                        if (m > 0) mbar_wait(bQf, (m - 1) & 1);  // both consumers done with the last item's Q
 #pragma unroll
-                    for (int p = 0; p < D / 64; p++)
-                        tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk, tile_of(t + 1) * BN,
-                                    bKf + 8 * s);
-                    ATTN_TR(2, t + 1, 2);
+                        for (int p = 0; p < D / 64; p++) tma_load_3d(sba + p * (BM * 128), tm_q, p * 64, h, q0, bKf + 8 * s);
+                    }
+                    for (int t = 0; t < n; t++) {
+                        if (t + 1 < n) {  // K_{t+1}
+                            const int w = u + t + 1, s = w & 1;
+                            ATTN_TR(2, t + 1, 0);
+                            if (w >= 2) mbar_wait(bKe + 8 * s, ((w >> 1) - 1) & 1);  // both consumers done with K_{w-2}
+                            ATTN_TR(2, t + 1, 1);
+                            mbar_arrive_tx(bKf + 8 * s, C::SKV);
+#pragma unroll
+                            for (int p = 0; p < D / 64; p++)
+                                tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk,
+                                            tile_of(t + 1) * BN, bKf + 8 * s);
+                            ATTN_TR(2, t + 1, 2);
+                        }
+                        const int w = u + t, s = w & 1;  // V_t
+                        ATTN_TR(2, t + 1, 3);
+                        if (w >= 2) mbar_wait(bVe + 8 * s, ((w >> 1) - 1) & 1);  // both consumers done with V_{w-2}
+                        ATTN_TR(2, t + 1, 4);
+                        mbar_arrive_tx(bVf + 8 * s, C::SKV);
+#pragma unroll
+                        for (int p = 0; p < D / 64; p++)
+                            tma_load_3d(sba + C::OFF_V + s * C::SKV + p * (BN * 128), tm_v, p * 64, hk, tile_of(t) * BN,
+                                        bVf + 8 * s);
+                        ATTN_TR(2, t + 1, 5);
+                    }
+                    u += n;
+                    m++;
                 }
-                const int s = t & 1;  // V_t
-                ATTN_TR(2, t + 1, 3);
-                if (t >= 2) mbar_wait(bVe + 8 * s, ((t >> 1) - 1) & 1);  // both consumers done with V_{t-2}
-                ATTN_TR(2, t + 1, 4);
-                mbar_arrive_tx(bVf + 8 * s, C::SKV);
-#pragma unroll
-                for (int p = 0; p < D / 64; p++)
-                    tma_load_3d(sba + C::OFF_V + s * C::SKV + p * (BN * 128), tm_v, p * 64, hk, tile_of(t) * BN,
-                                bVf + 8 * s);
-                ATTN_TR(2, t + 1, 5);
+            }
+        } else {
+            // warps 1-3: take the CTA's next item (the first: blockIdx.x; then gridDim.x + the counter's next), and
+            // its summary (row intervals, hulls) into the item parity's buffers, up to two items ahead of the
+            // consumers; an item index >= items tells the loader and the consumers to stop.
+            for (int j = 0;; j++) {
+                if (j >= 2) mbar_wait(bSf + 8 * (j & 1), ((j >> 1) - 1) & 1);  // consumers done with item j - 2
+                if (tid == 32) sItem[j & 1] = j == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(work, 1);
+                named_sync(5, 96);
+                const int item = sItem[j & 1];
+                if (item >= total) {
+                    if (tid == 32) mbar_arrive(bSr + 8 * (j & 1));
+                    break;
+                }
+                int qt, h;
+                fwd_tile_of(item, nqt, Hq, Hkv, hgroup, qt, h);
+                ws_tile_summary<BM>(tid - 32, qt * BM, Tq, fs, fe, ss, se, sRowB + BM * (j & 1), sRed,
+                                    sSumB + 8 * (j & 1));
+                if (tid == 32) mbar_arrive(bSr + 8 * (j & 1));  // (after the named barrier: every write is done)
             }
         }
     } else {
@@ -306,222 +403,261 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
         const int rw = c * 64 + (warp & 3) * 16;  // this warp's first row
         const float sl2 = scale * ATTN_LOG2E;
         const int lead = lane == 0;
-        float o[D / 2];
-        float s[BN / 2];
-        u32 pa[BN / 16][4];
-        float m[2], l[2], alpha[2];
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-        m[0] = m[1] = ATTN_NEG_INF;
-        l[0] = l[1] = 0.f;
-        alpha[0] = alpha[1] = 1.f;
         const u64 dscQ = gdesc(sba + c * 64 * 128, 16, 1024);
         const u64 dscK = gdesc(sba + C::OFF_K, 16, 1024);
         const u64 dscV = gdesc(sba + C::OFF_V, BN * 128, 1024);
-
-        auto issue_s = [&](int st) {
-            const u64 kst = (u64)((st * C::SKV) >> 4);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const u64 offq = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
-                const u64 offk = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
-                wgmma_ss<BN>(s, dscQ + offq, dscK + kst + offk, kk > 0 ? 1 : 0);
+        const int my_turn = 2 + c, other_turn = 3 - c;  // named barriers 2, 3 (256 threads each)
+        int u = 0;  // K/V tiles so far (the rings' position)
+        for (int j = 0;; j++) {
+            FwdItem it;
+            if (!take_item(j, it)) break;
+            const int h = it.h, q0 = it.qt * BM, n = it.n;
+            const int* sSum = sSumB + 8 * (j & 1);
+            const int4* sRow = sRowB + BM * (j & 1);
+            const int flo1 = sSum[2], fhi1 = sSum[3], flo2 = sSum[6], fhi2 = sSum[7];
+            auto arrive_warps = [&](u32 bar) {  // one arrive per consumer warp, after all its lanes
+                __syncwarp();
+                mbar_arrive_if(bar, lead);
+            };
+            if (n == 0) {  // no visible key: zeros and lse = -inf
+                arrive_warps(bSf + 8 * (j & 1));
+                for (int i = tid - 128; i < BM * DT; i += 256) {
+                    const int r = i / DT, cc = i % DT;
+                    if (q0 + r < Tq)
+                        *(uint4*)(out + (size_t)(q0 + r) * qstride + (size_t)h * D + cc * 8) = make_uint4(0, 0, 0, 0);
+                }
+                for (int r = tid - 128; r < BM; r += 256)
+                    if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
+                continue;
             }
-            wg_commit();
-        };
-        auto issue_pv = [&](int st) {
-            const u64 vst = (u64)((st * C::SKV) >> 4);
-            fence_regs<D / 2>(o);
-            wg_fence();
+            auto tile_of = [&](int t) { return it.tile(t); };
+            float o[D / 2];
+            float s[BN / 2];
+            u32 pa[BN / 16][4];
+            float m[2], l[2], alpha[2];
 #pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) wgmma_rs<D>(o, pa[kc], dscV + vst + (u64)((kc * 16 * 128) >> 4));
-            wg_commit();
-        };
-        auto tile_vis = [&](int k0, bool full) -> bool {
-            if (full) return true;
-            const int4 x = sRow[c * 64 + lane], y = sRow[c * 64 + 32 + lane];
-            const int kb = k0 + BN;
-            return __any_sync(0xffffffffu, overlaps(x.x, x.y, k0, kb) || overlaps(x.z, x.w, k0, kb) ||
-                                               overlaps(y.x, y.y, k0, kb) || overlaps(y.z, y.w, k0, kb)) != 0;
-        };
-        // mask + online softmax of s (tile at key k0): s becomes P (unnormalised), m/l updated,
-        // alpha = the factor O must be rescaled by before P V is added.
-        int tr_t = 0;  // (ATTN_LAB_TRACE) the tile index, for the event inside the softmax
-        (void)tr_t;
-        auto softmax = [&](int k0, bool full) {
+            for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+            m[0] = m[1] = ATTN_NEG_INF;
+            l[0] = l[1] = 0.f;
+            alpha[0] = alpha[1] = 1.f;
+
+            auto issue_s = [&](int st) {
+                const u64 kst = (u64)((st * C::SKV) >> 4);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    const u64 offq = (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4);
+                    const u64 offk = (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+                    wgmma_ss<BN>(s, dscQ + offq, dscK + kst + offk, kk > 0 ? 1 : 0);
+                }
+                wg_commit();
+            };
+            auto issue_pv = [&](int st) {
+                const u64 vst = (u64)((st * C::SKV) >> 4);
+                fence_regs<D / 2>(o);
+                wg_fence();
+#pragma unroll
+                for (int kc = 0; kc < BN / 16; kc++) wgmma_rs<D>(o, pa[kc], dscV + vst + (u64)((kc * 16 * 128) >> 4));
+                wg_commit();
+            };
+            auto tile_vis = [&](int k0, bool full) -> bool {
+                if (full) return true;
+                const int4 x = sRow[c * 64 + lane], y = sRow[c * 64 + 32 + lane];
+                const int kb = k0 + BN;
+                return __any_sync(0xffffffffu, overlaps(x.x, x.y, k0, kb) || overlaps(x.z, x.w, k0, kb) ||
+                                                   overlaps(y.x, y.y, k0, kb) || overlaps(y.z, y.w, k0, kb)) != 0;
+            };
+            // mask + online softmax of s (tile at key k0): s becomes P (unnormalised), m/l updated,
+            // alpha = the factor O must be rescaled by before P V is added.
+            int tr_t = 0;  // (ATTN_LAB_TRACE) the tile index, for the event inside the softmax
+            (void)tr_t;
+            auto softmax = [&](int k0, bool full) {
 #ifndef ATTN_LAB_SKIP_SOFTMAX  // lab-only timing knob (wrong results)
-            if (!full) {
+                if (!full) {
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int4 iv = sRow[rw + (lane >> 2) + 8 * i];
+#pragma unroll
+                        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
+                                if (!(in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w))) s[nt * 4 + 2 * i + e] = ATTN_NEG_INF;
+                            }
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const int4 iv = sRow[rw + (lane >> 2) + 8 * i];
+                    float mx = m[i];
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float base = (mx == ATTN_NEG_INF) ? 0.f : mx * sl2;
+                    alpha[i] = ex2(m[i] * sl2 - base);
+                    m[i] = mx;
+                    float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
-                            const int key = k0 + nt * 8 + 2 * (lane & 3) + e;
-                            if (!(in_iv(key, iv.x, iv.y) || in_iv(key, iv.z, iv.w))) s[nt * 4 + 2 * i + e] = ATTN_NEG_INF;
+                            const float p = ex2(fmaf(s[nt * 4 + 2 * i + e], sl2, -base));
+                            s[nt * 4 + 2 * i + e] = p;
+                            rs += p;
                         }
+                    l[i] = l[i] * alpha[i] + rs;
+                    if (i == 0) ATTN_TR(c, tr_t, 5);
                 }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = m[i];
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float base = (mx == ATTN_NEG_INF) ? 0.f : mx * sl2;
-                alpha[i] = ex2(m[i] * sl2 - base);
-                m[i] = mx;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float p = ex2(fmaf(s[nt * 4 + 2 * i + e], sl2, -base));
-                        s[nt * 4 + 2 * i + e] = p;
-                        rs += p;
-                    }
-                l[i] = l[i] * alpha[i] + rs;
-                if (i == 0) ATTN_TR(c, tr_t, 5);
-            }
 #else
-            alpha[0] = alpha[1] = 1.f;
-            l[0] += s[0];
-            l[1] += s[2];
+                alpha[0] = alpha[1] = 1.f;
+                l[0] += s[0];
+                l[1] += s[2];
 #endif
-        };
-        auto rescale = [&]() {
+            };
+            auto rescale = [&]() {
 #pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[dt * 4 + 0] *= alpha[0];
-                o[dt * 4 + 1] *= alpha[0];
-                o[dt * 4 + 2] *= alpha[1];
-                o[dt * 4 + 3] *= alpha[1];
-            }
-        };
-        auto pack = [&]() {
+                for (int dt = 0; dt < D / 8; dt++) {
+                    o[dt * 4 + 0] *= alpha[0];
+                    o[dt * 4 + 1] *= alpha[0];
+                    o[dt * 4 + 2] *= alpha[1];
+                    o[dt * 4 + 3] *= alpha[1];
+                }
+            };
+            auto pack = [&]() {
 #pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) {
-                pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
-                pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
-                pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
-                pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
-            }
-        };
-        const int my_turn = 2 + c, other_turn = 3 - c;  // named barriers 2, 3 (256 threads each)
+                for (int kc = 0; kc < BN / 16; kc++) {
+                    pa[kc][0] = pack_bf16(s[(2 * kc) * 4 + 0], s[(2 * kc) * 4 + 1]);
+                    pa[kc][1] = pack_bf16(s[(2 * kc) * 4 + 2], s[(2 * kc) * 4 + 3]);
+                    pa[kc][2] = pack_bf16(s[(2 * kc + 1) * 4 + 0], s[(2 * kc + 1) * 4 + 1]);
+                    pa[kc][3] = pack_bf16(s[(2 * kc + 1) * 4 + 2], s[(2 * kc + 1) * 4 + 3]);
+                }
+            };
 #ifdef ATTN_FWD_NOTURN  // lab variant: no ping-pong between the consumers
 #define named_sync(a, b) ((void)0)
 #define named_arrive(a, b) ((void)0)
 #endif
-        if (c == 1) named_arrive(2, 256);               // consumer 0 takes the first turn
-        bool pend = false;  // P of the previous tile sits in pa (and its alpha in alpha), PV not yet issued
-        for (int t = 0; t < n; t++) {
-            const int k0 = tile_of(t) * BN;
-            const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
-            const bool vis = tile_vis(k0, full);
-            const int sk = t & 1, sv = (t - 1) & 1;
+            // Each item's turns balance (per barrier, n + 1 syncs by one consumer and n + 1 arrives by the other), and
+            // a consumer reaches the next item's first arrive only after the other's last sync of this one completed.
+            if (c == 1) named_arrive(2, 256);               // consumer 0 takes the first turn
+            bool pend = false;  // P of the previous tile sits in pa (and its alpha in alpha), PV not yet issued
+            for (int t = 0; t < n; t++) {
+                const int k0 = tile_of(t) * BN;
+                const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
+                const bool vis = tile_vis(k0, full);
+                const int w = u + t, sk = w & 1, sv = (w - 1) & 1;
 #ifdef ATTN_LAB_TRACE
-            tr_t = t;
+                tr_t = t;
 #endif
-            ATTN_TR(c, t, 0);
-            mbar_wait(bKf + 8 * sk, (t >> 1) & 1);                     // K_t (and Q)
-            if (t > 0) mbar_wait(bVf + 8 * sv, ((t - 1) >> 1) & 1);  // V_{t-1}
-            ATTN_TR(c, t, 1);
-            named_sync(my_turn, 256);
-            ATTN_TR(c, t, 2);
-            // Each path drains its own wgmma groups before the paths join (ptxas: no accumulator
-            // phi merges while a wgmma is in flight).
-            if (vis && pend) {
-                issue_s(sk);
-                rescale();  // O (PV_{t-2} complete) *= alpha_{t-1}, under the S_t GEMM
-                issue_pv(sv);
-                named_arrive(other_turn, 256);
-                ATTN_TR(c, t, 3);
-                wg_wait<1>();
-                ATTN_TR(c, t, 4);
-                mbar_arrive_if(bKe + 8 * sk, lead);  // K_t read
-                fence_regs<BN / 2>(s);
-                softmax(k0, full);
-                ATTN_TR(c, t, 6);
+                ATTN_TR(c, t, 0);
+                mbar_wait(bKf + 8 * sk, (w >> 1) & 1);                     // K_t (and, for t = 0, Q)
+                if (t > 0) mbar_wait(bVf + 8 * sv, ((w - 1) >> 1) & 1);  // V_{t-1}
+                ATTN_TR(c, t, 1);
+                named_sync(my_turn, 256);
+                ATTN_TR(c, t, 2);
+                // Each path drains its own wgmma groups before the paths join (ptxas: no accumulator
+                // phi merges while a wgmma is in flight).
+                if (vis && pend) {
+                    issue_s(sk);
+                    rescale();  // O (PV_{t-2} complete) *= alpha_{t-1}, under the S_t GEMM
+                    issue_pv(sv);
+                    named_arrive(other_turn, 256);
+                    ATTN_TR(c, t, 3);
+                    wg_wait<1>();
+                    ATTN_TR(c, t, 4);
+                    mbar_arrive_if(bKe + 8 * sk, lead);  // K_t read
+                    fence_regs<BN / 2>(s);
+                    softmax(k0, full);
+                    ATTN_TR(c, t, 6);
 #ifndef ATTN_FWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the softmax (pitfall 2 above)
-                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sba + C::OFF_PIN + 4 * lane), "f"(l[0] + l[1]) : "memory");
+                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sba + C::OFF_PIN + 4 * lane), "f"(l[0] + l[1]) : "memory");
 #endif
-                wg_wait<0>();
-                ATTN_TR(c, t, 7);
-                mbar_arrive_if(bVe + 8 * sv, lead);  // V_{t-1} read
-                fence_regs<D / 2>(o);
-                pack();
-                ATTN_TR(c, t, 8);
-            } else if (vis) {
-                issue_s(sk);
-                named_arrive(other_turn, 256);
-                wg_wait<0>();
-                mbar_arrive_if(bKe + 8 * sk, lead);
-                if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
-                fence_regs<BN / 2>(s);
-                softmax(k0, full);
-                pack();
-            } else if (pend) {
-                rescale();
-                issue_pv(sv);
-                named_arrive(other_turn, 256);
-                mbar_arrive_if(bKe + 8 * sk, lead);
-                wg_wait<0>();
-                mbar_arrive_if(bVe + 8 * sv, lead);
-                fence_regs<D / 2>(o);
-            } else {
-                named_arrive(other_turn, 256);
-                mbar_arrive_if(bKe + 8 * sk, lead);
-                if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
+                    wg_wait<0>();
+                    ATTN_TR(c, t, 7);
+                    mbar_arrive_if(bVe + 8 * sv, lead);  // V_{t-1} read
+                    fence_regs<D / 2>(o);
+                    pack();
+                    ATTN_TR(c, t, 8);
+                } else if (vis) {
+                    issue_s(sk);
+                    named_arrive(other_turn, 256);
+                    wg_wait<0>();
+                    mbar_arrive_if(bKe + 8 * sk, lead);
+                    if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
+                    fence_regs<BN / 2>(s);
+                    softmax(k0, full);
+                    pack();
+                } else if (pend) {
+                    rescale();
+                    issue_pv(sv);
+                    named_arrive(other_turn, 256);
+                    mbar_arrive_if(bKe + 8 * sk, lead);
+                    wg_wait<0>();
+                    mbar_arrive_if(bVe + 8 * sv, lead);
+                    fence_regs<D / 2>(o);
+                } else {
+                    named_arrive(other_turn, 256);
+                    mbar_arrive_if(bKe + 8 * sk, lead);
+                    if (t > 0) mbar_arrive_if(bVe + 8 * sv, lead);
+                }
+                pend = vis;
             }
-            pend = vis;
-        }
-        mbar_wait(bVf + 8 * ((n - 1) & 1), ((n - 1) >> 1) & 1);  // V_{n-1}
-        named_sync(my_turn, 256);
-        if (pend) {
-            rescale();
-            issue_pv((n - 1) & 1);
-            if (c == 0) named_arrive(other_turn, 256);  // consumer 1's last turn
-            wg_wait<0>();
-            fence_regs<D / 2>(o);
-        } else {
-            if (c == 0) named_arrive(other_turn, 256);
-        }
+            {
+                const int w = u + n - 1;
+                mbar_wait(bVf + 8 * (w & 1), (w >> 1) & 1);  // V_{n-1}
+                named_sync(my_turn, 256);
+                if (pend) {
+                    rescale();
+                    issue_pv(w & 1);
+                    if (c == 0) named_arrive(other_turn, 256);  // consumer 1's last turn
+                    wg_wait<0>();
+                    fence_regs<D / 2>(o);
+                } else {
+                    if (c == 0) named_arrive(other_turn, 256);
+                }
+                mbar_arrive_if(bVe + 8 * (w & 1), lead);  // V_{n-1} read (the ring runs on into the next item)
+            }
 #ifdef ATTN_FWD_NOTURN
 #undef named_sync
 #undef named_arrive
 #endif
-        named_sync(4, 256);  // both consumers done with Q/K/V (every copy has landed: all full barriers were waited)
+            u += n;
+            // Q, the item's summary buffers: read for the last time (every wgmma retired)
+            arrive_warps(bSf + 8 * (j & 1));
+            if constexpr (C::PERSIST) {
+                mbar_arrive_if(bQf, lead);
+            } else {
+                named_sync(4, 256);  // O is staged over Q: both consumers done with it (one item per CTA)
+            }
 
-        // ---- epilogue: normalise, write lse, stage O through smem (padded rows) for 16-byte stores ----
-        bf16_t* sO = (bf16_t*)sb;
+            // ---- epilogue: normalise, write lse, stage O through smem (padded rows) for 16-byte stores ----
+            // (PERSIST: the other consumer's stores of the previous item's O were done before its turns of this one)
+            bf16_t* sO = (bf16_t*)(sb + C::OFF_O);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float ls = l[i];
-            ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-            ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-            const float inv = ls > 0.f ? 1.f / ls : 0.f;
-            const int r = rw + (lane >> 2) + 8 * i;
-            if ((lane & 3) == 0 && q0 + r < Tq)
-                lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
+            for (int i = 0; i < 2; i++) {
+                float ls = l[i];
+                ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+                ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+                const float inv = ls > 0.f ? 1.f / ls : 0.f;
+                const int r = rw + (lane >> 2) + 8 * i;
+                if ((lane & 3) == 0 && q0 + r < Tq)
+                    lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
 #pragma unroll
-            for (int dt = 0; dt < D / 8; dt++)
-                *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) = pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
-        }
-        named_sync(4, 256);
-        {
-            constexpr int RPC = 256 / DT;  // rows per pass of the 256 consumer threads
-            const int ct = tid - 128, lrow = ct / DT, lc = ct % DT;
-            bf16_t* go0 = out + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
+                for (int dt = 0; dt < D / 8; dt++)
+                    *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) =
+                        pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
+            }
+            named_sync(4, 256);
+            {
+                constexpr int RPC = 256 / DT;  // rows per pass of the 256 consumer threads
+                const int ct = tid - 128, lrow = ct / DT, lc = ct % DT;
+                bf16_t* go0 = out + (size_t)(q0 + lrow) * qstride + (size_t)h * D + lc * 8;
 #pragma unroll
-            for (int j = 0; j < BM / RPC; j++)
-                if (q0 + lrow + j * RPC < Tq)
-                    *(uint4*)(go0 + (size_t)j * RPC * qstride) = *(const uint4*)(sO + (lrow + j * RPC) * C::LDO + lc * 8);
+                for (int jj = 0; jj < BM / RPC; jj++)
+                    if (q0 + lrow + jj * RPC < Tq)
+                        *(uint4*)(go0 + (size_t)jj * RPC * qstride) = *(const uint4*)(sO + (lrow + jj * RPC) * C::LDO + lc * 8);
+            }
         }
     }
 }
 
 #endif  // ATTN_WGMMA
-

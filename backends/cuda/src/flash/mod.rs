@@ -50,7 +50,7 @@ mod backward;
 pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Ints per head dim written by `attn_config`.
-const CONFIG_FIELDS: usize = 11;
+const CONFIG_FIELDS: usize = 12;
 
 /// Kernels use `int` row indices and a `0x3fffffff` sentinel in the mask summaries; rows,
 /// keys and row x head products must stay below it.
@@ -138,6 +138,9 @@ pub(crate) struct FlashVariant {
     /// The forward loads Q/K/V through TMA tensor maps, K/V in boxes of this many rows (its key
     /// tile); 0: it ignores the maps.
     fwd_tma_bn: u32,
+    /// The forward takes any number of (query tile, head) items per CTA: launch at most one
+    /// CTA per SM (else one CTA per item).
+    fwd_persist: bool,
     /// Why this head dim cannot run on this device (shared memory), if it cannot.
     unsupported: Option<String>,
 }
@@ -238,6 +241,9 @@ impl FlashKernels {
             if r[10] < 0 || (r[10] != 0 && (r[10] > 256 || r[1] > 256)) {
                 return Err(bad("invalid forward tensor-map box"));
             }
+            if !(0..=1).contains(&r[11]) {
+                return Err(bad("invalid forward persistence flag"));
+            }
             let fwd = func(&format!("attn_fwd_d{d}"))?;
             let pre = func(&format!("attn_bwd_pre_d{d}"))?;
             let dkdv = func(&format!("attn_bwd_dkdv_d{d}"))?;
@@ -274,6 +280,7 @@ impl FlashKernels {
                 pre_threads: r[8] as u32,
                 bwd_tma: r[9] == 1,
                 fwd_tma_bn: r[10] as u32,
+                fwd_persist: r[11] == 1,
                 unsupported,
             });
         }
@@ -428,12 +435,23 @@ impl CudaBackend {
         if nl == 0 {
             return Ok(((self.alloc_f32(op, nq)?, DType::F32), lse));
         }
-        let g = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
+        // one item per (query tile, query head)
+        let items = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
+        // A persistent forward holds one CTA per SM (its shared memory and registers): more
+        // would only queue; its CTAs take the items in rounds.
+        let ctas = if var.fwd_persist {
+            let cap = self.opts.attn_forward_ctas.unwrap_or(fk.sms).max(1);
+            items.min(fk.sms).min(cap)
+        } else {
+            items
+        };
         let [qb, kb, vb] = self.qkv_operands(op, (q, k, v), &sh)?;
         let (qb, kb, vb) = (qb.get(), kb.get(), vb.get());
         let mask_dev = self.upload_mask(op, mask)?;
         let mut out_b = self.alloc(op, nq, DType::Bf16)?;
+        // The persistent forward's item counter (an int, zero at launch; 4 zero bytes).
+        let mut work = self.zeros_f32(op, 1)?;
         let maps = if var.fwd_tma_bn > 0 {
             TensorMap::forward_maps(
                 [self.dev_ptr(qb), self.dev_ptr(kb), self.dev_ptr(vb)],
@@ -444,16 +462,16 @@ impl CudaBackend {
         } else {
             [TensorMap::unused(); 3]
         };
-        let tail = KernelTail::new(&sh, scale, fk, g, dims.kv_heads, maps);
+        let tail = KernelTail::new(&sh, scale, fk, items, dims.kv_heads, maps);
         // attn_fwd_d{D}(const bf16* q, k, v, const int* fs, fe, ss, se, bf16* out, float* lse,
-        //               int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,
+        //               int* work, int Tq, int Tk, int Hq, int Hkv, float scale, int hgroup,
         //               TmaDesc tm_q, tm_k, tm_v)
         let mut l = self.stream.launch_builder(&var.fwd);
         l.arg(qb).arg(kb).arg(vb);
         push_mask(&mut l, &mask_dev);
-        l.arg(&mut out_b).arg(&mut lse);
+        l.arg(&mut out_b).arg(&mut lse).arg(&mut work);
         tail.push(&mut l);
-        self.launch(op, l, launch_1d(g, var.fwd_threads, var.fwd_smem))?;
+        self.launch(op, l, launch_1d(ctas, var.fwd_threads, var.fwd_smem))?;
         let out = self.flash_result(op, out_b, nq)?;
         Ok((out, lse))
     }
@@ -476,7 +494,8 @@ struct KernelTail {
 }
 
 impl KernelTail {
-    /// `ctas`: the kernel's grid, for its kv-head groups ([`head_group`]).
+    /// `ctas`: the kernel's work items (one per CTA unless it is persistent), for its kv-head
+    /// groups ([`head_group`]).
     fn new(
         sh: &CallShape,
         scale: f32,

@@ -68,16 +68,24 @@ pub fn cuda_attn_act(
     gemm: GemmPrecision,
     activations: DType,
 ) -> Option<CudaBackend> {
+    cuda_attn_opts(
+        attention,
+        CudaOptions {
+            gemm,
+            activations,
+            poison: true,
+            attn_forward_ctas: None,
+        },
+    )
+}
+
+/// The CUDA backend with attention kernel `attention` and options `copts`.
+pub fn cuda_attn_opts(attention: &str, copts: CudaOptions) -> Option<CudaBackend> {
     dflash_backend_cuda::link();
     let opts = BackendOptions {
         attention: attention.into(),
         threads: 0,
         device: 0,
-    };
-    let copts = CudaOptions {
-        gemm,
-        activations,
-        poison: true,
     };
     match CudaBackend::with_options(&opts, copts) {
         Ok(b) => Some(b),
