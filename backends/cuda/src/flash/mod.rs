@@ -439,7 +439,7 @@ impl CudaBackend {
         let items = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
         // A persistent forward holds one CTA per SM (its shared memory and registers): more
-        // would only queue; its CTAs take the items in rounds.
+        // would only queue; its CTAs take further items from the `work` counter.
         let ctas = if var.fwd_persist {
             let cap = self.opts.attn_forward_ctas.unwrap_or(fk.sms).max(1);
             items.min(fk.sms).min(cap)
