@@ -7,6 +7,7 @@
 //! frozen tensors, weights, gradients, AdamW moments, activations).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use dflash_config::{DrafterConfig, DrafterShape, default_gamma};
 use dflash_core::pipeline::{Features, HiddenSeq};
@@ -25,6 +26,8 @@ pub const BATCHES: [usize; 2] = [1, 4];
 const RUNS: [(usize, bool); 3] = [(1, false), (4, false), (1, true)];
 const LR: f32 = 6e-4;
 const GRAD_CLIP: f64 = 1.0;
+/// The drafter step's phases, as its `detail` times them.
+const PHASES: [&str; 4] = ["zero grads", "forward+backward", "grad norm", "AdamW"];
 const INIT_STD: f32 = 0.02;
 
 /// `(S, anchors)` per sequence.
@@ -175,22 +178,44 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
             });
         }
         let inv = (1.0 / weight_sum) as f32;
-        let mut step = || -> Result<()> {
+        // One training step; `mark(i)` after each of its PHASES.
+        let mut step = |mark: &mut dyn FnMut(usize) -> Result<()>| -> Result<()> {
             grads.zero_(b)?;
+            mark(0)?;
             for p in batch_seqs {
                 drafter.forward_backward(&p.as_input(), inv, &mut grads, recompute)?;
             }
+            mark(1)?;
             let norm = grad_norm(b, &grads)?;
             let scale = clip_factor(norm, GRAD_CLIP) as f32;
+            mark(2)?;
             opt.update(b, &mut drafter.params, &grads, LR, scale)?;
-            Ok(())
+            mark(3)
         };
         b.synchronize()?;
         b.reset_peak_memory();
-        let t = crate::median_seconds(b, timing, &mut step)?;
+        let t = crate::median_seconds(b, timing, || step(&mut |_| Ok(())))?;
+        // Where the step's time goes: the same steps again, synchronised after each phase.
+        let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
+        for _ in 0..timing.runs.max(1) {
+            b.synchronize()?;
+            let mut t0 = Instant::now();
+            step(&mut |i| {
+                b.synchronize()?;
+                laps[i].push(t0.elapsed().as_secs_f64());
+                t0 = Instant::now();
+                Ok(())
+            })?;
+        }
+        let phases: Vec<String> = PHASES
+            .iter()
+            .zip(laps.iter_mut())
+            .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
+            .collect();
         let detail = format!(
-            "batch {batch}{}: {desc}",
-            if recompute { ", recompute" } else { "" }
+            "batch {batch}{}: {desc}; phases (ms, each synchronised): {}",
+            if recompute { ", recompute" } else { "" },
+            phases.join(", ")
         );
         if s.wants(&tp) {
             s.record(&tp, (batch * len) as f64 / t / 1e3, t, detail.clone())?;

@@ -227,9 +227,16 @@ fn memory_figures_are_recorded_and_lower_is_better() {
     assert_eq!(mem.device, "test (Fake GPU, sm_00)");
     assert_eq!(dflash_bench::device_slug(&mem.device), "fake-gpu");
     assert_eq!(tracked.resets.load(Ordering::Relaxed), 1);
-    // Before and after each of the 2 timed runs, plus once before the peak reset; and one per
-    // memory-ledger reading (start, frozen, params, grads, AdamW, rebase, features).
-    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7);
+    // Before and after each of the 2 timed runs, plus once before the peak reset; one per
+    // memory-ledger reading (start, frozen, params, grads, AdamW, rebase, features); and for the
+    // phase breakdown, 2 more runs each synchronised before it and after each of its 4 phases.
+    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7 + 2 * (1 + 4));
+    // ... which the throughput figure's detail reports.
+    assert!(
+        results[0].detail.contains("phases (ms, each synchronised): zero grads "),
+        "{}",
+        results[0].detail
+    );
     // The peak figure says where its bytes go.
     for part in [
         "frozen embed+LM head",
