@@ -101,12 +101,77 @@ MB(0) MB(1) MB(2) MB(3) MB(4)
 // flags (the real step's other parts, one at a time): 1 P^T/dS^T computed from S^T/dP^T (exp2, packing) as the A
 // fragments of dV/dK; 2 a step barrier of both warpgroups (bar.sync 1, 256) after the dK/dV issue; 4 the warpgroup
 // without dQ retires its dK/dV before the next step; 8 dS^T stored to shared memory (+ fence.proxy.async) first.
-enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8 };
+// Run 32 adds the rest of the kernel's step, one element at a time: 16 the ds_free mbarrier (a warpgroup stores its
+// dS^T rows only once the dQ of the previous step has read them; the dQ warpgroup arrives after its dQ, the other
+// after the step barrier), 32 the dQ staged in shared memory (32 float2 stores per thread and half, two tiles used
+// alternately), 64 Q/dO loads (one producer thread, two 16 KB 1-d bulk copies per step from a 32 MB global buffer into
+// a 2-stage ring on full/empty mbarriers; the wgmmas read the stage), 128 the writer warp (waits for the staged
+// tile, adds it into a 32 KB global f32 area per CTA with one 1-d bulk reduction, frees the tile). 64 and 128 run on
+// 384 threads (a producer warpgroup, setmaxnreg 24 / 240 as the kernel).
+enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8, MIX_DSFREE = 16, MIX_STAGE = 32, MIX_LOAD = 64, MIX_WRITER = 128 };
+// smem: K 0, V 32K, Q/dO stage 0 64K, dS 96K, MIX_DS rows 112K, dQ staging 128K (2 x 32K), Q/dO stage 1 192K,
+// mbarriers 224K: ds_free, full[2], empty[2], dq_full[2], dq_empty[2]
+static __device__ __forceinline__ void mb_bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void mb_bulk_red(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
 template <bool dqsplit, int flags = 0>
-__device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink) {
+__device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink, const unsigned char* gsrc = nullptr,
+                                         float* gdq = nullptr) {
     unsigned char* sb;
     const u32 sba = mb_smem(sb);
-    const int tid = threadIdx.x, wg = tid >> 7;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    constexpr bool PROD = (flags & (MIX_LOAD | MIX_WRITER)) != 0;
+    const u32 barDS = sba + 224 * 1024, barF = barDS + 8, barE = barDS + 24, barQF = barDS + 40, barQE = barDS + 56;
+    if (tid == 0) {
+        mbar_init(barDS, 256);
+        for (int i = 0; i < 2; i++) {
+            mbar_init(barF + 8 * i, 1);
+            mbar_init(barE + 8 * i, 8);
+            mbar_init(barQF + 8 * i, 128);
+            mbar_init(barQE + 8 * i, 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if constexpr (PROD) {
+        if (wg == 2) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+            if ((flags & MIX_LOAD) && tid == 256) {
+                for (int it = 0; it < iters; it++) {
+                    const int st = it & 1;
+                    if (it >= 2) mbar_wait(barE + 8 * st, ((it >> 1) - 1) & 1);
+                    mbar_arrive_tx(barF + 8 * st, 32768);
+                    const unsigned char* src = gsrc + ((size_t)((blockIdx.x * 977u + (unsigned)it * 61u) & 1023u) << 15);
+                    const u32 dst = sba + (st ? 192 : 64) * 1024;
+                    mb_bulk_load(dst, src, 16384, barF + 8 * st);
+                    mb_bulk_load(dst + 16384, src + 16384, 16384, barF + 8 * st);
+                }
+            }
+            if ((flags & MIX_WRITER) && (tid >> 5) == 11) {
+                for (int it = 0; it < iters; it++) {
+                    const int w = it & 1;
+                    mbar_wait(barQF + 8 * w, (it >> 1) & 1);
+                    if (lane == 0) {
+                        mb_bulk_red(gdq + (size_t)blockIdx.x * 8192, sba + 128 * 1024 + w * 32768, 32768);
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                    }
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(barQE + 8 * w);
+                }
+                if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    }
     float sd[64], dka[64], dva[64];  // S^T | dP^T, then dQ in the S^T half (as the kernel's register reuse)
     float* s = sd;
     float* dp = sd + 32;
@@ -124,16 +189,20 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
     const u64 dSa = gdesc(sba + 96 * 1024, 128 * 128, 1024), dKt = gdesc(sba, 128 * 128, 1024);
     long long t0 = clock64();
     for (int it = 0; it < iters; it++) {
+        // the Q/dO stage of this step (MIX_LOAD: the ring's; else always stage 0)
+        const int st = (flags & MIX_LOAD) ? (it & 1) : 0;
+        const u64 qo = (u64)(st ? (128 * 1024) >> 4 : 0);
+        if constexpr ((flags & MIX_LOAD) != 0) mbar_wait(barF + 8 * st, (it >> 1) & 1);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             const u64 oa = (u64)((kk >> 2) * 1024 + (kk & 3) * 2), ob = (u64)((kk >> 2) * 512 + (kk & 3) * 2);
-            wgmma_ss_n64(s, dKa + oa, dQb + ob, 1);
+            wgmma_ss_n64(s, dKa + oa, dQb + qo + ob, 1);
         }
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             const u64 oa = (u64)((kk >> 2) * 1024 + (kk & 3) * 2), ob = (u64)((kk >> 2) * 512 + (kk & 3) * 2);
-            wgmma_ss_n64(dp, dVa + oa, dOb + ob, 1);
+            wgmma_ss_n64(dp, dVa + oa, dOb + qo + ob, 1);
         }
         wg_commit();
         wg_wait<0>();
@@ -148,10 +217,13 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
         }
         wg_fence();
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dva, pa[kc], dOt + (u64)(kc * 128));
+        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dva, pa[kc], dOt + qo + (u64)(kc * 128));
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dka, pa[kc], dQt + (u64)(kc * 128));
+        for (int kc = 0; kc < 4; kc++) wgmma_rs_n128(dka, pa[kc], dQt + qo + (u64)(kc * 128));
         wg_commit();
+        if constexpr ((flags & MIX_DSFREE) != 0) {
+            if (it > 0) mbar_wait(barDS, (it - 1) & 1);  // the dQ of the previous step has read dS^T
+        }
         if constexpr ((flags & MIX_DS) != 0) {
 #pragma unroll
             for (int j = 0; j < 16; j++)
@@ -162,8 +234,13 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
         if constexpr ((flags & MIX_KVW) != 0) {
             if (!dqsplit && (it & 1) != wg) wg_wait<0>();
         }
+        const int w = it & 1;  // staged dQ tile of this step
         if (dqsplit || (it & 1) == wg) {
             wg_wait<0>();
+            if constexpr ((flags & MIX_LOAD) != 0) {  // dK/dV retired: the stage goes back
+                __syncwarp();
+                if (lane == 0) mbar_arrive(barE + 8 * st);
+            }
 #pragma unroll
             for (int hh = 0; hh < (dqsplit ? 1 : 2); hh++) {
                 const int col = dqsplit ? wg : hh;
@@ -174,6 +251,34 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink)
                 wg_commit();
                 wg_wait<0>();
                 fence_regs<32>(dq);
+                if constexpr ((flags & MIX_DSFREE) != 0) {
+                    if (hh == (dqsplit ? 0 : 1)) mbar_arrive(barDS);
+                }
+                if constexpr ((flags & MIX_STAGE) != 0) {
+                    if constexpr ((flags & MIX_WRITER) != 0) {
+                        if (hh == 0 && it >= 2) mbar_wait(barQE + 8 * w, ((it >> 1) - 1) & 1);  // the writer read it
+                    }
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int r = ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2) + 8 * i;
+                        unsigned char* dst = sb + 128 * 1024 + w * 32768 + col * 2 * 8192 + r * 128 + (tid & 1) * 8;
+#pragma unroll
+                        for (int nt = 0; nt < 8; nt++)
+                            *(float2*)(dst + (nt >> 2) * 8192 + ((((nt & 3) * 2 + ((tid & 3) >> 1)) ^ (r & 7)) << 4)) =
+                                make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                    }
+                }
+            }
+            if constexpr ((flags & MIX_STAGE) != 0) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                if constexpr ((flags & MIX_WRITER) != 0) mbar_arrive(barQF + 8 * w);
+            }
+        } else {
+            if constexpr ((flags & MIX_DSFREE) != 0) mbar_arrive(barDS);
+            if constexpr ((flags & MIX_LOAD) != 0) {
+                wg_wait<0>();  // dK/dV retired before the stage is released
+                __syncwarp();
+                if (lane == 0) mbar_arrive(barE + 8 * st);
             }
         }
     }
@@ -195,6 +300,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) mb_mix_split(int iters, lon
     mix_body<false, f>(iters, clk, sink); }
 MIXK(mb_mix_ew, MIX_EW) MIXK(mb_mix_bar, MIX_BAR) MIXK(mb_mix_kvw, MIX_KVW) MIXK(mb_mix_bar_kvw, MIX_BAR | MIX_KVW)
 MIXK(mb_mix_all, MIX_EW | MIX_BAR | MIX_KVW | MIX_DS)
+constexpr int MIX_ALL = MIX_EW | MIX_BAR | MIX_KVW | MIX_DS;
+MIXK(mb_all_dsfree, MIX_ALL | MIX_DSFREE) MIXK(mb_all_stage, MIX_ALL | MIX_STAGE)
+MIXK(mb_all_dsfree_stage, MIX_ALL | MIX_DSFREE | MIX_STAGE)
+#define MIXP(name, f) extern "C" __global__ void __launch_bounds__(384, 1) name(int iters, long long* clk, float* sink, \
+    const unsigned char* gsrc, float* gdq) { mix_body<false, f>(iters, clk, sink, gsrc, gdq); }
+MIXP(mb_all_load, MIX_ALL | MIX_LOAD) MIXP(mb_all_stage_writer, MIX_ALL | MIX_STAGE | MIX_WRITER)
+MIXP(mb_all_load_dsfree, MIX_ALL | MIX_LOAD | MIX_DSFREE)
+MIXP(mb_kernel_like, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER)
 #endif
 """
 
@@ -212,7 +325,7 @@ def main():
     path = os.path.join(tempfile.mkdtemp(prefix="wgmmarate"), "mb.ptx")
     open(path, "wb").write(ptx)
     mod = cp.RawModule(path=path)
-    smem = 200 * 1024
+    smem = 226 * 1024  # (run 32: the staging tiles, the second Q/dO stage and the mbarriers up to 224 KB + 72 B)
     dev = torch.device("cuda")
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     clk = torch.zeros(4, dtype=torch.int64, device=dev)
@@ -220,7 +333,7 @@ def main():
     iters = 4000
     print(f"{nsm} SMs, {iters} groups of 8 wgmmas per warpgroup; ideal: 32 clocks per m64n64k16, 64 per m64n128k16",
           flush=True)
-    for op, (name, n) in OPS.items():
+    for op, (name, n) in ({} if os.environ.get("MB_MIX_ONLY") else OPS).items():
         fn = mod.get_function(f"mb_op{op}")
         fn.max_dynamic_shared_size_bytes = smem
         for nwg, noise in ((1, 0), (2, 0), (2, 1), (2, 2)):
@@ -255,11 +368,21 @@ def mix(mod, torch, np, nsm, smem):
     clk = torch.zeros(4, dtype=torch.int64, device=dev)
     sink = torch.zeros(384, dtype=torch.float32, device=dev)
     iters = 2000
-    for name in ("mb_mix", "mb_mix_split", "mb_mix_ew", "mb_mix_bar", "mb_mix_kvw", "mb_mix_bar_kvw", "mb_mix_all"):
+    gsrc = (torch.rand(32 << 20, device=dev) * 255).to(torch.uint8)  # 32 MB of source for the Q/dO loads
+    gdq = torch.zeros(nsm * 8192, dtype=torch.float32, device=dev)   # 32 KB of f32 per CTA for the writer
+    names = ["mb_mix", "mb_mix_split", "mb_mix_ew", "mb_mix_bar", "mb_mix_kvw", "mb_mix_bar_kvw", "mb_mix_all",
+             "mb_all_dsfree", "mb_all_stage", "mb_all_dsfree_stage", "mb_all_load", "mb_all_load_dsfree",
+             "mb_all_stage_writer", "mb_kernel_like"]
+    if os.environ.get("MB_MIX_ONLY"):
+        names = [n for n in names if n in os.environ["MB_MIX_ONLY"].split(",")]
+    for name in names:
         fn = mod.get_function(name)
         fn.max_dynamic_shared_size_bytes = smem
+        prod = name in ("mb_all_load", "mb_all_load_dsfree", "mb_all_stage_writer", "mb_kernel_like")
         args = (np.int32(iters), np.uint64(clk.data_ptr()), np.uint64(sink.data_ptr()))
-        ms = timed(torch, fn, nsm, 256, args, smem, clk)
+        if prod:
+            args = args + (np.uint64(gsrc.data_ptr()), np.uint64(gdq.data_ptr()))
+        ms = timed(torch, fn, nsm, 384 if prod else 256, args, smem, clk)
         c = clk.cpu().tolist()
         flops = 2.0 * 64 * 128 * 128 * 5 * iters * nsm  # 5 GEMMs of a 64-query x 128-key step
         print(f"{name:14s}: {c[0] / iters:6.0f} / {c[1] / iters:6.0f} cycles per step (floor 2560), "
