@@ -108,7 +108,9 @@ MB(0) MB(1) MB(2) MB(3) MB(4)
 // a 2-stage ring on full/empty mbarriers; the wgmmas read the stage), 128 the writer warp (waits for the staged
 // tile, adds it into a 32 KB global f32 area per CTA with one 1-d bulk reduction, frees the tile). 64 and 128 run on
 // 384 threads (a producer warpgroup, setmaxnreg 24 / 240 as the kernel).
-enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8, MIX_DSFREE = 16, MIX_STAGE = 32, MIX_LOAD = 64, MIX_WRITER = 128 };
+// 256: the staging (with 32) as 16-byte stores, the lane pairs first exchanging a column pair by shuffles.
+enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8, MIX_DSFREE = 16, MIX_STAGE = 32, MIX_LOAD = 64, MIX_WRITER = 128,
+       MIX_V4 = 256 };
 // smem: K 0, V 32K, Q/dO stage 0 64K, dS 96K, MIX_DS rows 112K, dQ staging 128K (2 x 32K), Q/dO stage 1 192K,
 // mbarriers 224K: ds_free, full[2], empty[2], dq_full[2], dq_empty[2]
 static __device__ __forceinline__ void mb_bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -261,11 +263,26 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink,
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
                         const int r = ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2) + 8 * i;
-                        unsigned char* dst = sb + 128 * 1024 + w * 32768 + col * 2 * 8192 + r * 128 + (tid & 1) * 8;
+                        if constexpr ((flags & MIX_V4) != 0) {
+                            unsigned char* dst = sb + 128 * 1024 + w * 32768 + col * 2 * 8192 + r * 128;
+                            const bool odd = (tid & 1) != 0;
 #pragma unroll
-                        for (int nt = 0; nt < 8; nt++)
-                            *(float2*)(dst + (nt >> 2) * 8192 + ((((nt & 3) * 2 + ((tid & 3) >> 1)) ^ (r & 7)) << 4)) =
-                                make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                            for (int m = 0; m < 4; m++) {  // nt 2m (even lanes keep it) and 2m + 1 (odd lanes)
+                                const float a0 = dq[(2 * m) * 4 + 2 * i], a1 = dq[(2 * m) * 4 + 2 * i + 1];
+                                const float b0 = dq[(2 * m + 1) * 4 + 2 * i], b1 = dq[(2 * m + 1) * 4 + 2 * i + 1];
+                                const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+                                const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+                                const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
+                                const int nt = 2 * m + (odd ? 1 : 0);
+                                *(float4*)(dst + (nt >> 2) * 8192 + ((((nt & 3) * 2 + ((tid & 2) >> 1)) ^ (r & 7)) << 4)) = v;
+                            }
+                        } else {
+                            unsigned char* dst = sb + 128 * 1024 + w * 32768 + col * 2 * 8192 + r * 128 + (tid & 1) * 8;
+#pragma unroll
+                            for (int nt = 0; nt < 8; nt++)
+                                *(float2*)(dst + (nt >> 2) * 8192 + ((((nt & 3) * 2 + ((tid & 3) >> 1)) ^ (r & 7)) << 4)) =
+                                    make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
+                        }
                     }
                 }
             }
@@ -308,6 +325,8 @@ MIXK(mb_all_dsfree_stage, MIX_ALL | MIX_DSFREE | MIX_STAGE)
 MIXP(mb_all_load, MIX_ALL | MIX_LOAD) MIXP(mb_all_stage_writer, MIX_ALL | MIX_STAGE | MIX_WRITER)
 MIXP(mb_all_load_dsfree, MIX_ALL | MIX_LOAD | MIX_DSFREE)
 MIXP(mb_kernel_like, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER)
+MIXK(mb_all_stage_v4, MIX_ALL | MIX_STAGE | MIX_V4)
+MIXP(mb_kernel_like_v4, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER | MIX_V4)
 #endif
 """
 
@@ -372,13 +391,13 @@ def mix(mod, torch, np, nsm, smem):
     gdq = torch.zeros(nsm * 8192, dtype=torch.float32, device=dev)   # 32 KB of f32 per CTA for the writer
     names = ["mb_mix", "mb_mix_split", "mb_mix_ew", "mb_mix_bar", "mb_mix_kvw", "mb_mix_bar_kvw", "mb_mix_all",
              "mb_all_dsfree", "mb_all_stage", "mb_all_dsfree_stage", "mb_all_load", "mb_all_load_dsfree",
-             "mb_all_stage_writer", "mb_kernel_like"]
+             "mb_all_stage_writer", "mb_kernel_like", "mb_all_stage_v4", "mb_kernel_like_v4"]
     if os.environ.get("MB_MIX_ONLY"):
         names = [n for n in names if n in os.environ["MB_MIX_ONLY"].split(",")]
     for name in names:
         fn = mod.get_function(name)
         fn.max_dynamic_shared_size_bytes = smem
-        prod = name in ("mb_all_load", "mb_all_load_dsfree", "mb_all_stage_writer", "mb_kernel_like")
+        prod = name in ("mb_all_load", "mb_all_load_dsfree", "mb_all_stage_writer", "mb_kernel_like", "mb_kernel_like_v4")
         args = (np.int32(iters), np.uint64(clk.data_ptr()), np.uint64(sink.data_ptr()))
         if prod:
             args = args + (np.uint64(gsrc.data_ptr()), np.uint64(gdq.data_ptr()))
