@@ -109,8 +109,11 @@ MB(0) MB(1) MB(2) MB(3) MB(4)
 // tile, adds it into a 32 KB global f32 area per CTA with one 1-d bulk reduction, frees the tile). 64 and 128 run on
 // 384 threads (a producer warpgroup, setmaxnreg 24 / 240 as the kernel).
 // 256: the staging (with 32) as 16-byte stores, the lane pairs first exchanging a column pair by shuffles.
+// 512 (with 64 and 1): the per-step lse, D_i and row intervals (64 rows x 24 B) by producer warp 10's cp.async on the
+// stage's full barrier (count 33, as the kernel), read by the elementwise part (16 float2 loads per thread).
 enum { MIX_EW = 1, MIX_BAR = 2, MIX_KVW = 4, MIX_DS = 8, MIX_DSFREE = 16, MIX_STAGE = 32, MIX_LOAD = 64, MIX_WRITER = 128,
-       MIX_V4 = 256 };
+       MIX_V4 = 256, MIX_LSE = 512, MIX_LSE_NOREAD = 1024, MIX_LSE_EARLY = 2048 };
+// 1024: the loads of 512 without the reads; 2048: the reads issued before the S^T/dP^T wait (under the wgmmas)
 // smem: K 0, V 32K, Q/dO stage 0 64K, dS 96K, MIX_DS rows 112K, dQ staging 128K (2 x 32K), Q/dO stage 1 192K,
 // mbarriers 224K: ds_free, full[2], empty[2], dq_full[2], dq_empty[2]
 static __device__ __forceinline__ void mb_bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -134,7 +137,7 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink,
     if (tid == 0) {
         mbar_init(barDS, 256);
         for (int i = 0; i < 2; i++) {
-            mbar_init(barF + 8 * i, 1);
+            mbar_init(barF + 8 * i, (flags & MIX_LSE) ? 33 : 1);
             mbar_init(barE + 8 * i, 8);
             mbar_init(barQF + 8 * i, 128);
             mbar_init(barQE + 8 * i, 1);
@@ -154,6 +157,20 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink,
                     const u32 dst = sba + (st ? 192 : 64) * 1024;
                     mb_bulk_load(dst, src, 16384, barF + 8 * st);
                     mb_bulk_load(dst + 16384, src + 16384, 16384, barF + 8 * st);
+                }
+            }
+            if ((flags & MIX_LSE) && (tid >> 5) == 10) {  // lse, D_i, rows: into [stage][3][64] floats + ints
+                for (int it = 0; it < iters; it++) {
+                    const int st = it & 1;
+                    if (it >= 2) mbar_wait(barE + 8 * st, ((it >> 1) - 1) & 1);
+                    const float* src = (const float*)gsrc + (((blockIdx.x * 977u + (unsigned)it * 61u) & 1023u) << 8);
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+#pragma unroll
+                        for (int k = 0; k < 6; k++)
+                            cp_async4(sba + 110 * 1024 + st * 1536 + (k * 64 + lane + 32 * j) * 4, src + k * 64 + lane + 32 * j,
+                                      true);
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barF + 8 * st) : "memory");
                 }
             }
             if ((flags & MIX_WRITER) && (tid >> 5) == 11) {
@@ -207,10 +224,36 @@ __device__ __forceinline__ void mix_body(int iters, long long* clk, float* sink,
             wgmma_ss_n64(dp, dVa + oa, dOb + qo + ob, 1);
         }
         wg_commit();
+        float lse_r[16], di_r[16];
+        if constexpr ((flags & MIX_LSE_EARLY) != 0) {
+            const float* lS = (const float*)(sb + 110 * 1024 + st * 1536);
+#pragma unroll
+            for (int j = 0; j < 32; j += 4) {
+                const float2 l2 = *(const float2*)(lS + (j / 4) * 8 + 2 * (tid & 3));
+                const float2 d2 = *(const float2*)(lS + 64 + (j / 4) * 8 + 2 * (tid & 3));
+                lse_r[j / 2] = l2.x, lse_r[j / 2 + 1] = l2.y, di_r[j / 2] = d2.x, di_r[j / 2 + 1] = d2.y;
+            }
+        }
         wg_wait<0>();
         fence_regs<32>(s);
         fence_regs<32>(dp);
-        if constexpr ((flags & MIX_EW) != 0) {
+        if constexpr ((flags & MIX_EW) != 0 && (flags & MIX_LSE_EARLY) != 0) {
+#pragma unroll
+            for (int j = 0; j < 32; j += 2) {
+                const float p0 = ex2(fmaf(s[j], 0.18f, -lse_r[(j / 4) * 2])), p1 = ex2(fmaf(s[j + 1], 0.18f, -lse_r[(j / 4) * 2 + 1]));
+                pa[j / 8][(j / 2) & 3] = pack_bf16(p0 * (dp[j] - di_r[(j / 4) * 2]), p1 * (dp[j + 1] - di_r[(j / 4) * 2 + 1]));
+            }
+        } else if constexpr ((flags & MIX_EW) != 0 && (flags & MIX_LSE) != 0 && (flags & MIX_LSE_NOREAD) == 0) {
+            // with the step's lse and D_i from smem
+            const float* lS = (const float*)(sb + 110 * 1024 + st * 1536);
+#pragma unroll
+            for (int j = 0; j < 32; j += 2) {
+                const float2 l2 = *(const float2*)(lS + (j / 4) * 8 + 2 * (tid & 3));
+                const float2 d2 = *(const float2*)(lS + 64 + (j / 4) * 8 + 2 * (tid & 3));
+                const float p0 = ex2(fmaf(s[j], 0.18f, -l2.x)), p1 = ex2(fmaf(s[j + 1], 0.18f, -l2.y));
+                pa[j / 8][(j / 2) & 3] = pack_bf16(p0 * (dp[j] - d2.x), p1 * (dp[j + 1] - d2.y));
+            }
+        } else if constexpr ((flags & MIX_EW) != 0) {
 #pragma unroll
             for (int j = 0; j < 32; j += 2) {
                 const float p0 = ex2(fmaf(s[j], 0.18f, -1.f)), p1 = ex2(fmaf(s[j + 1], 0.18f, -1.f));
@@ -326,6 +369,11 @@ MIXP(mb_all_load, MIX_ALL | MIX_LOAD) MIXP(mb_all_stage_writer, MIX_ALL | MIX_ST
 MIXP(mb_all_load_dsfree, MIX_ALL | MIX_LOAD | MIX_DSFREE)
 MIXP(mb_kernel_like, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER)
 MIXK(mb_all_stage_v4, MIX_ALL | MIX_STAGE | MIX_V4)
+MIXP(mb_kernel_like_lse, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER | MIX_LSE)
+MIXP(mb_all_load_lse, MIX_ALL | MIX_LOAD | MIX_LSE)
+MIXP(mb_all_load_lse_noread, MIX_ALL | MIX_LOAD | MIX_LSE | MIX_LSE_NOREAD)
+MIXP(mb_all_load_lse_early, MIX_ALL | MIX_LOAD | MIX_LSE | MIX_LSE_EARLY)
+MIXP(mb_kernel_like_lse_early, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER | MIX_LSE | MIX_LSE_EARLY)
 MIXP(mb_kernel_like_v4, MIX_ALL | MIX_DSFREE | MIX_STAGE | MIX_LOAD | MIX_WRITER | MIX_V4)
 #endif
 """
@@ -391,13 +439,17 @@ def mix(mod, torch, np, nsm, smem):
     gdq = torch.zeros(nsm * 8192, dtype=torch.float32, device=dev)   # 32 KB of f32 per CTA for the writer
     names = ["mb_mix", "mb_mix_split", "mb_mix_ew", "mb_mix_bar", "mb_mix_kvw", "mb_mix_bar_kvw", "mb_mix_all",
              "mb_all_dsfree", "mb_all_stage", "mb_all_dsfree_stage", "mb_all_load", "mb_all_load_dsfree",
-             "mb_all_stage_writer", "mb_kernel_like", "mb_all_stage_v4", "mb_kernel_like_v4"]
+             "mb_all_stage_writer", "mb_kernel_like", "mb_all_stage_v4", "mb_kernel_like_v4",
+             "mb_all_load_lse", "mb_kernel_like_lse", "mb_all_load_lse_noread",
+             "mb_all_load_lse_early", "mb_kernel_like_lse_early"]
     if os.environ.get("MB_MIX_ONLY"):
         names = [n for n in names if n in os.environ["MB_MIX_ONLY"].split(",")]
     for name in names:
         fn = mod.get_function(name)
         fn.max_dynamic_shared_size_bytes = smem
-        prod = name in ("mb_all_load", "mb_all_load_dsfree", "mb_all_stage_writer", "mb_kernel_like", "mb_kernel_like_v4")
+        prod = name in ("mb_all_load", "mb_all_load_dsfree", "mb_all_stage_writer", "mb_kernel_like", "mb_kernel_like_v4",
+                        "mb_all_load_lse", "mb_kernel_like_lse", "mb_all_load_lse_noread",
+                        "mb_all_load_lse_early", "mb_kernel_like_lse_early")
         args = (np.int32(iters), np.uint64(clk.data_ptr()), np.uint64(sink.data_ptr()))
         if prod:
             args = args + (np.uint64(gsrc.data_ptr()), np.uint64(gdq.data_ptr()))
