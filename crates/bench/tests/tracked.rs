@@ -233,7 +233,9 @@ fn memory_figures_are_recorded_and_lower_is_better() {
     assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7 + 2 * (1 + 4));
     // ... which the throughput figure's detail reports.
     assert!(
-        results[0].detail.contains("phases (ms, each synchronised): zero grads "),
+        results[0]
+            .detail
+            .contains("phases (ms, each synchronised): zero grads "),
         "{}",
         results[0].detail
     );
