@@ -195,30 +195,33 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         b.synchronize()?;
         b.reset_peak_memory();
         let t = crate::median_seconds(b, timing, || step(&mut |_| Ok(())))?;
-        // Where the step's time goes: the same steps again, synchronised after each phase.
-        let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
-        for _ in 0..timing.runs.max(1) {
-            b.synchronize()?;
-            let mut t0 = Instant::now();
-            step(&mut |i| {
-                b.synchronize()?;
-                laps[i].push(t0.elapsed().as_secs_f64());
-                t0 = Instant::now();
-                Ok(())
-            })?;
-        }
-        let phases: Vec<String> = PHASES
-            .iter()
-            .zip(laps.iter_mut())
-            .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
-            .collect();
         let detail = format!(
-            "batch {batch}{}: {desc}; phases (ms, each synchronised): {}",
-            if recompute { ", recompute" } else { "" },
-            phases.join(", ")
+            "batch {batch}{}: {desc}",
+            if recompute { ", recompute" } else { "" }
         );
         if s.wants(&tp) {
-            s.record(&tp, (batch * len) as f64 / t / 1e3, t, detail.clone())?;
+            // Where the step's time goes: the same steps again, synchronised after each phase.
+            let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
+            for _ in 0..timing.runs.max(1) {
+                b.synchronize()?;
+                let mut t0 = Instant::now();
+                step(&mut |i| {
+                    b.synchronize()?;
+                    laps[i].push(t0.elapsed().as_secs_f64());
+                    t0 = Instant::now();
+                    Ok(())
+                })?;
+            }
+            let phases: Vec<String> = PHASES
+                .iter()
+                .zip(laps.iter_mut())
+                .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
+                .collect();
+            let with_phases = format!(
+                "{detail}; phases (ms, each synchronised): {}",
+                phases.join(", ")
+            );
+            s.record(&tp, (batch * len) as f64 / t / 1e3, t, with_phases)?;
         }
         // Omitted when the backend does not track memory.
         if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {

@@ -155,8 +155,14 @@ static __device__ __forceinline__ void attn_tr(int c, int t, int e) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(a), "l"(x), "r"(ok) : "memory");
 }
 #define ATTN_TR(c, t, e) attn_tr(c, t, e)
+// The persistent forward traces its CTA's first non-empty item only (a later one would overwrite its rows):
+// ATTN_TR_ITEM(j) at the start of item j, ATTN_FTR for its events (locals tr_item / tr_now of the kernel).
+#define ATTN_TR_ITEM(j) (tr_item = tr_item < 0 ? (j) : tr_item, tr_now = (j))
+#define ATTN_FTR(c, t, e) attn_tr(c, tr_now == tr_item ? (t) : 256, e)
 #else
 #define ATTN_TR(c, t, e)
+#define ATTN_TR_ITEM(j)
+#define ATTN_FTR(c, t, e)
 #endif
 #ifdef ATTN_LAB_CTATRACE  // lab-only: per CTA (thread 0), [globaltimer, clock64] at events 0-4, then %smid, steps
 __device__ long long attn_cta_trace[8192 * 12];
@@ -283,6 +289,9 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
+#ifdef ATTN_LAB_TRACE
+    int tr_item = -1, tr_now = -1;
+#endif
     const int nqt = (Tq + BM - 1) / BM;
     const int total = nqt * Hq;  // items (query tile, head)
     const size_t qstride = (size_t)Hq * D;
@@ -328,51 +337,41 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
             // Q), K_1, V_0, K_2, V_1, ..., V_{n-1}: S_{t+1} can start before V_t has landed. The K/V rings run on
             // over the items (u: the CTA's tile count). (v14's 128 threads of cp.async: git history, run 30.)
             if (lane == 0) {
+                // one tile of D/64 boxes (64 columns x `rows` rows from row0 of `head`) into dst, completing on bar
+                auto load_tile = [&](u32 dst, int rows, const TmaDesc* map, int head, int row0, u32 bar) {
+#pragma unroll
+                    for (int p = 0; p < D / 64; p++) tma_load_3d(dst + p * (rows * 128), map, p * 64, head, row0, bar);
+                };
+                // the CTA's w-th K (or V) tile, key tile kt, into its ring (smem offset `ring`, mbarriers full / empty)
+                // once the consumers are done with the stage's previous tile; `also`: more bytes the stage's full
+                // barrier is to expect (Q). tr: the trace row, ev: its first event (three: wait, waited, issued).
+                auto load_kv = [&](u32 ring, u32 full, u32 empty, const TmaDesc* map, int hk, int w, int kt, u32 also,
+                                   int tr, int ev) {
+                    const int s = w & 1;
+                    ATTN_FTR(2, tr, ev);
+                    if (w >= 2) mbar_wait(empty + 8 * s, ((w >> 1) - 1) & 1);
+                    ATTN_FTR(2, tr, ev + 1);
+                    mbar_arrive_tx(full + 8 * s, C::SKV + also);
+                    load_tile(sba + ring + s * C::SKV, BN, map, hk, kt * BN, full + 8 * s);
+                    ATTN_FTR(2, tr, ev + 2);
+                };
                 int u = 0, m = 0;  // K/V tiles and non-empty items so far
                 for (int j = 0;; j++) {
                     FwdItem it;
                     if (!take_item(j, it)) break;
                     mbar_arrive(bSf + 8 * (j & 1));  // (the loader's last read of the summary)
-                    const int h = it.h, hk = h / (Hq / Hkv), q0 = it.qt * BM, n = it.n;
-                    if (n == 0) continue;
-                    auto tile_of = [&](int t) { return it.tile(t); };
-                    {  // K_0, then Q
-                        const int s = u & 1;
-                        if (u >= 2) mbar_wait(bKe + 8 * s, ((u >> 1) - 1) & 1);
-                        mbar_arrive_tx(bKf + 8 * s, C::SQ + C::SKV);
-#pragma unroll
-                        for (int p = 0; p < D / 64; p++)
-                            tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk, tile_of(0) * BN,
-                                        bKf + 8 * s);
-                        if (m > 0) mbar_wait(bQf, (m - 1) & 1);  // both consumers done with the last item's Q
-#pragma unroll
-                        for (int p = 0; p < D / 64; p++) tma_load_3d(sba + p * (BM * 128), tm_q, p * 64, h, q0, bKf + 8 * s);
+                    if (it.n == 0) continue;
+                    ATTN_TR_ITEM(j);
+                    const int hk = it.h / (Hq / Hkv);
+                    // K_0, then Q (on K_0's full barrier) once both consumers are done with the last item's Q
+                    load_kv(C::OFF_K, bKf, bKe, tm_k, hk, u, it.tile(0), C::SQ, 0, 0);
+                    if (m > 0) mbar_wait(bQf, (m - 1) & 1);
+                    load_tile(sba, BM, tm_q, it.h, it.qt * BM, bKf + 8 * (u & 1));
+                    for (int t = 0; t < it.n; t++) {
+                        if (t + 1 < it.n) load_kv(C::OFF_K, bKf, bKe, tm_k, hk, u + t + 1, it.tile(t + 1), 0, t + 1, 0);
+                        load_kv(C::OFF_V, bVf, bVe, tm_v, hk, u + t, it.tile(t), 0, t + 1, 3);
                     }
-                    for (int t = 0; t < n; t++) {
-                        if (t + 1 < n) {  // K_{t+1}
-                            const int w = u + t + 1, s = w & 1;
-                            ATTN_TR(2, t + 1, 0);
-                            if (w >= 2) mbar_wait(bKe + 8 * s, ((w >> 1) - 1) & 1);  // both consumers done with K_{w-2}
-                            ATTN_TR(2, t + 1, 1);
-                            mbar_arrive_tx(bKf + 8 * s, C::SKV);
-#pragma unroll
-                            for (int p = 0; p < D / 64; p++)
-                                tma_load_3d(sba + C::OFF_K + s * C::SKV + p * (BN * 128), tm_k, p * 64, hk,
-                                            tile_of(t + 1) * BN, bKf + 8 * s);
-                            ATTN_TR(2, t + 1, 2);
-                        }
-                        const int w = u + t, s = w & 1;  // V_t
-                        ATTN_TR(2, t + 1, 3);
-                        if (w >= 2) mbar_wait(bVe + 8 * s, ((w >> 1) - 1) & 1);  // both consumers done with V_{w-2}
-                        ATTN_TR(2, t + 1, 4);
-                        mbar_arrive_tx(bVf + 8 * s, C::SKV);
-#pragma unroll
-                        for (int p = 0; p < D / 64; p++)
-                            tma_load_3d(sba + C::OFF_V + s * C::SKV + p * (BN * 128), tm_v, p * 64, hk, tile_of(t) * BN,
-                                        bVf + 8 * s);
-                        ATTN_TR(2, t + 1, 5);
-                    }
-                    u += n;
+                    u += it.n;
                     m++;
                 }
             }
@@ -430,7 +429,7 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
                     if (q0 + r < Tq) lse[(size_t)(q0 + r) * Hq + h] = ATTN_NEG_INF;
                 continue;
             }
-            auto tile_of = [&](int t) { return it.tile(t); };
+            ATTN_TR_ITEM(j);
             float o[D / 2];
             float s[BN / 2];
             u32 pa[BN / 16][4];
@@ -506,7 +505,7 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
                             rs += p;
                         }
                     l[i] = l[i] * alpha[i] + rs;
-                    if (i == 0) ATTN_TR(c, tr_t, 5);
+                    if (i == 0) ATTN_FTR(c, tr_t, 5);
                 }
 #else
                 alpha[0] = alpha[1] = 1.f;
@@ -541,19 +540,19 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
             if (c == 1) named_arrive(2, 256);               // consumer 0 takes the first turn
             bool pend = false;  // P of the previous tile sits in pa (and its alpha in alpha), PV not yet issued
             for (int t = 0; t < n; t++) {
-                const int k0 = tile_of(t) * BN;
+                const int k0 = it.tile(t) * BN;
                 const bool full = (k0 >= flo1 && k0 + BN <= fhi1) || (k0 >= flo2 && k0 + BN <= fhi2);
                 const bool vis = tile_vis(k0, full);
                 const int w = u + t, sk = w & 1, sv = (w - 1) & 1;
 #ifdef ATTN_LAB_TRACE
                 tr_t = t;
 #endif
-                ATTN_TR(c, t, 0);
+                ATTN_FTR(c, t, 0);
                 mbar_wait(bKf + 8 * sk, (w >> 1) & 1);                     // K_t (and, for t = 0, Q)
                 if (t > 0) mbar_wait(bVf + 8 * sv, ((w - 1) >> 1) & 1);  // V_{t-1}
-                ATTN_TR(c, t, 1);
+                ATTN_FTR(c, t, 1);
                 named_sync(my_turn, 256);
-                ATTN_TR(c, t, 2);
+                ATTN_FTR(c, t, 2);
                 // Each path drains its own wgmma groups before the paths join (ptxas: no accumulator
                 // phi merges while a wgmma is in flight).
                 if (vis && pend) {
@@ -561,22 +560,22 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
                     rescale();  // O (PV_{t-2} complete) *= alpha_{t-1}, under the S_t GEMM
                     issue_pv(sv);
                     named_arrive(other_turn, 256);
-                    ATTN_TR(c, t, 3);
+                    ATTN_FTR(c, t, 3);
                     wg_wait<1>();
-                    ATTN_TR(c, t, 4);
+                    ATTN_FTR(c, t, 4);
                     mbar_arrive_if(bKe + 8 * sk, lead);  // K_t read
                     fence_regs<BN / 2>(s);
                     softmax(k0, full);
-                    ATTN_TR(c, t, 6);
+                    ATTN_FTR(c, t, 6);
 #ifndef ATTN_FWD_NOPIN  // keeps ptxas from hoisting wait_group 0 above the softmax (pitfall 2 above)
                     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sba + C::OFF_PIN + 4 * lane), "f"(l[0] + l[1]) : "memory");
 #endif
                     wg_wait<0>();
-                    ATTN_TR(c, t, 7);
+                    ATTN_FTR(c, t, 7);
                     mbar_arrive_if(bVe + 8 * sv, lead);  // V_{t-1} read
                     fence_regs<D / 2>(o);
                     pack();
-                    ATTN_TR(c, t, 8);
+                    ATTN_FTR(c, t, 8);
                 } else if (vis) {
                     issue_s(sk);
                     named_arrive(other_turn, 256);

@@ -441,8 +441,12 @@ impl CudaBackend {
         // A persistent forward holds one CTA per SM (its shared memory and registers): more
         // would only queue; its CTAs take further items from the `work` counter.
         let ctas = if var.fwd_persist {
-            let cap = self.opts.attn_forward_ctas.unwrap_or(fk.sms).max(1);
-            items.min(fk.sms).min(cap)
+            items.min(
+                self.opts
+                    .attn_forward_ctas
+                    .unwrap_or(fk.sms)
+                    .clamp(1, fk.sms),
+            )
         } else {
             items
         };
