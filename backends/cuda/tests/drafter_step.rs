@@ -158,6 +158,8 @@ mod drafter {
             positions: &bt.positions,
             labels: &bt.labels,
             weights: &bt.weights,
+            doc_starts: &[],
+            ctx_positions: &[],
         };
         let drafter = Drafter::new(b.clone(), p.cfg.clone(), params, frozen).unwrap();
         let mut g = DrafterParams::zeros(b.as_ref(), &p.cfg).unwrap();

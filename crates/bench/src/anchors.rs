@@ -95,6 +95,25 @@ pub const ANCHORS: &[Anchor] = &[
     hi("drafter.step.recompute.b1.throughput", 17.8, KTOKS, DRAFTER),
     lo("drafter.step.recompute.b1.peak_memory", 36.0, GIB, DRAFTER),
     hi(
+        "e2e.8b.1gpu",
+        8.4,
+        KTOKS,
+        "the whole job, 8B recipe: the PyTorch pipeline's 16.7 K tok/s on 2 GPUs, per GPU",
+    ),
+    hi(
+        "e2e.small.1gpu",
+        301.6,
+        KTOKS,
+        "the whole job, small shape (6-layer hidden-256 target, 1-layer drafter): PyTorch eager, batched",
+    ),
+    // No PyTorch figure: the goal of the job-speed issue (issue 12), 30 s, stands in.
+    lo(
+        "load.8b",
+        30.0,
+        "s",
+        "time to first step with a 16 GB sharded bf16 checkpoint: goal, not a PyTorch figure",
+    ),
+    hi(
         "pipeline.2gpu.throughput",
         16.7,
         KTOKS,

@@ -1,8 +1,10 @@
 //! One drafter training step of the Qwen3-8B recipe (5 layers, S = 3072, 512 anchors, block
-//! 16, k = 5 target features) at batch 1 and 4: forward + backward of every sequence (fused
-//! LM-head loss, activations kept), global grad norm, clipping and AdamW, as a single-GPU
-//! replica does it (no all-reduce). Features, weights and the frozen embedding / LM head are
-//! random (`MemoryOps::random_normal`). Reports K tok/s (S x batch tokens per step) and, when
+//! 16, k = 5 target features) at batch 1 and 4, through the job's own code: each sequence is
+//! a micro-batch (the recipe's token budget holds one 3072-token sequence) prepared by
+//! `PreparedBatch` and run by `DrafterReplica::accumulate`, then `DrafterReplica::finish_step`
+//! (all-reduce with one replica, global grad norm, clipping and AdamW), exactly as a
+//! single-GPU drafter replica of `dflash train` does. Features, weights and the frozen
+//! embedding / LM head are random (`MemoryOps::random_normal`). Reports K tok/s (S x batch tokens per step) and, when
 //! the backend tracks it, the peak device memory over the steps (everything resident counts:
 //! frozen tensors, weights, gradients, AdamW moments, activations).
 
@@ -10,11 +12,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dflash_config::{DrafterConfig, DrafterShape, default_gamma};
-use dflash_core::pipeline::{Features, HiddenSeq};
+use dflash_core::pipeline::{Features, HiddenBatch, SeqMeta};
 use dflash_models::drafter::FrozenTarget;
-use dflash_models::{Drafter, DrafterGrads, DrafterParams};
-use dflash_training::optimizer::{AdamW, AdamWHyper, clip_factor, grad_norm};
-use dflash_training::{BlockSpec, PreparedSeq};
+use dflash_models::{Drafter, DrafterParams};
+use dflash_pipeline::comm::HostComm;
+use dflash_training::optimizer::{AdamW, AdamWHyper};
+use dflash_training::{BlockSpec, DrafterReplica, PreparedBatch};
 
 use crate::util::SplitMix;
 use crate::{BenchError, Result, Scale, Suite, Timing};
@@ -24,10 +27,10 @@ pub const BATCHES: [usize; 2] = [1, 4];
 /// `(batch, recompute)` of each measured configuration: the recipe at batch 1 and 4, and
 /// batch 1 with per-layer activation recomputation (the memory-lean setting).
 const RUNS: [(usize, bool); 3] = [(1, false), (4, false), (1, true)];
-const LR: f32 = 6e-4;
+const LR: f64 = 6e-4;
 const GRAD_CLIP: f64 = 1.0;
-/// The drafter step's phases, as its `detail` times them.
-const PHASES: [&str; 4] = ["zero grads", "forward+backward", "grad norm", "AdamW"];
+/// The drafter step's phases, as its `detail` times them (the job's drafter phases).
+const PHASES: [&str; 4] = ["prepare", "forward+backward", "all-reduce", "optimizer"];
 const INIT_STD: f32 = 0.02;
 
 /// `(S, anchors)` per sequence.
@@ -108,18 +111,19 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     });
     ledger.part(b, "frozen embed+LM head")?;
     let params = random_params(s, &cfg)?;
-    let mut drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
+    let drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
     ledger.part(b, "params")?;
-    let mut grads = DrafterGrads::zeros(b, &cfg)?;
-    ledger.part(b, "grads")?;
     let hyper = AdamWHyper {
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.0,
     };
-    let mut opt = AdamW::new(b, &cfg, hyper)?;
+    let opt = AdamW::new(b, &cfg, hyper)?;
     ledger.part(b, "AdamW m+v")?;
+    let mut replica = DrafterReplica::new(drafter, opt, false, GRAD_CLIP, u64::MAX)?;
+    ledger.part(b, "grads")?;
+    let comm = HostComm::group(1).remove(0);
 
     let spec = BlockSpec {
         block_size: cfg.block_size,
@@ -128,22 +132,44 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         mask_token_id: cfg.mask_token_id,
         seed: SEED,
     };
-    // One batch's inputs at a time, so a figure's peak memory holds only its own batch's
-    // features (as the trainer's queue hands them over: on the device, compute format).
-    let make_seqs = |batch: usize| -> Result<Vec<PreparedSeq>> {
-        let mut rng = SplitMix::new(SEED);
-        let mut seqs = Vec::with_capacity(batch);
-        for i in 0..batch {
-            let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
-            let seq = HiddenSeq {
-                sample_id: i as u64,
-                ids: rng.tokens(len, v),
-                loss_mask: vec![1; len],
-                features: Features::Tensor(b.to_compute_format(feats)?),
-            };
-            seqs.push(PreparedSeq::new(seq, 0, &spec));
+    // One micro-batch per sequence, as the recipe's token budget makes them, with features on
+    // the device in the compute format (as the trainer's queue hands them over). One batch's
+    // inputs at a time, so a figure's peak memory holds only its own batch's features.
+    let mut rng = SplitMix::new(SEED);
+    let metas: Vec<SeqMeta> = (0..BATCHES[1])
+        .map(|i| SeqMeta {
+            sample_id: i as u64,
+            ids: rng.tokens(len, v),
+            loss_mask: vec![1; len],
+        })
+        .collect();
+    let micro_batch = |i: usize, features: Option<Features>| HiddenBatch {
+        epoch: 0,
+        step: 0,
+        micro: i as u32,
+        seqs: vec![metas[i].clone()],
+        features,
+    };
+    let make_batches = |batch: usize| -> Result<Vec<PreparedBatch>> {
+        (0..batch)
+            .map(|i| {
+                let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
+                let mb = micro_batch(i, Some(Features::Tensor(b.to_compute_format(feats)?)));
+                PreparedBatch::new(mb, &spec).ok_or_else(|| BenchError::Invalid {
+                    bench: "drafter.step".into(),
+                    detail: "a micro-batch without features".into(),
+                })
+            })
+            .collect()
+    };
+    // The host work of preparing one micro-batch (anchors, labels, weights), timed on its own
+    // since the timed steps reuse prepared inputs.
+    let prepare_s = {
+        let t0 = Instant::now();
+        for i in 0..BATCHES[1] {
+            let _ = PreparedBatch::new(micro_batch(i, Some(Features::Host(Vec::new()))), &spec);
         }
-        Ok(seqs)
+        t0.elapsed().as_secs_f64() / BATCHES[1] as f64
     };
     let desc = format!(
         "{} layers, hidden {h}, {}/{} heads, d={}, MLP {}, vocab {v}, k={k}, S={len}, \
@@ -167,50 +193,57 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         let mut ledger = ledger.clone();
         // Workspaces earlier figures left behind (e.g. the loss's) count as workspace.
         let kept = ledger.rebase(b)?;
-        let seqs = make_seqs(batch)?;
+        let micro = make_batches(batch)?;
         ledger.part(b, "features")?;
-        let batch_seqs = &seqs[..];
-        let weight_sum: f64 = batch_seqs.iter().map(|p| p.weight_sum()).sum();
-        if weight_sum <= 0.0 {
+        if micro.iter().map(|p| p.weight_sum()).sum::<f64>() <= 0.0 {
             return Err(BenchError::Invalid {
                 bench: tp,
                 detail: "the sampled blocks supervise nothing".into(),
             });
         }
-        let inv = (1.0 / weight_sum) as f32;
-        // One training step; `mark(i)` after each of its PHASES.
-        let mut step = |mark: &mut dyn FnMut(usize) -> Result<()>| -> Result<()> {
-            grads.zero_(b)?;
-            mark(0)?;
-            for p in batch_seqs {
-                drafter.forward_backward(&p.as_input(), inv, &mut grads, recompute)?;
+        replica.recompute = recompute;
+        // One training step as the job's drafter replica runs it; `mark(1)` after the
+        // micro-batches' forward+backward. Returns (all-reduce, optimizer) seconds.
+        let mut step = |mark: &mut dyn FnMut(usize) -> Result<()>| -> Result<(f64, f64)> {
+            for p in &micro {
+                replica.accumulate(&p.as_input())?;
             }
             mark(1)?;
-            let norm = grad_norm(b, &grads)?;
-            let scale = clip_factor(norm, GRAD_CLIP) as f32;
-            mark(2)?;
-            opt.update(b, &mut drafter.params, &grads, LR, scale)?;
-            mark(3)
+            let summary = replica.finish_step(&comm, LR)?;
+            if !summary.applied {
+                return Err(BenchError::Invalid {
+                    bench: "drafter.step".into(),
+                    detail: format!("the update was skipped (loss {})", summary.stats.loss()),
+                });
+            }
+            Ok((
+                replica.last_times.all_reduce_s,
+                replica.last_times.optimizer_s,
+            ))
         };
         b.synchronize()?;
         b.reset_peak_memory();
-        let t = crate::median_seconds(b, timing, || step(&mut |_| Ok(())))?;
+        let t = crate::median_seconds(b, timing, || step(&mut |_| Ok(())).map(|_| ()))?;
         let detail = format!(
             "batch {batch}{}: {desc}",
             if recompute { ", recompute" } else { "" }
         );
         if s.wants(&tp) {
-            // Where the step's time goes: the same steps again, synchronised after each phase.
+            // Where the step's time goes: the same steps again, synchronised after the
+            // forward+backward (finish_step times its own two phases to the device finishing).
             let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
             for _ in 0..timing.runs.max(1) {
                 b.synchronize()?;
                 let mut t0 = Instant::now();
-                step(&mut |i| {
+                let (reduce, optimizer) = step(&mut |i| {
                     b.synchronize()?;
                     laps[i].push(t0.elapsed().as_secs_f64());
                     t0 = Instant::now();
                     Ok(())
                 })?;
+                laps[0].push(prepare_s * batch as f64);
+                laps[2].push(reduce);
+                laps[3].push(optimizer);
             }
             let phases: Vec<String> = PHASES
                 .iter()
@@ -218,7 +251,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
                 .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
                 .collect();
             let with_phases = format!(
-                "{detail}; phases (ms, each synchronised): {}",
+                "{detail}; phases (ms, each synchronised; prepare is host work the timed step \
+                 reuses): {}",
                 phases.join(", ")
             );
             s.record(&tp, (batch * len) as f64 / t / 1e3, t, with_phases)?;

@@ -18,7 +18,9 @@
 
 pub mod anchors;
 pub mod attention;
+mod checkpoint;
 pub mod drafter;
+pub mod e2e;
 pub mod target;
 mod util;
 
@@ -48,6 +50,8 @@ pub enum BenchError {
     },
     #[error("{0}")]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Pipeline(#[from] dflash_pipeline::PipelineError),
     #[error("benchmark {bench}: {detail}")]
     Invalid { bench: String, detail: String },
 }
@@ -250,6 +254,7 @@ pub fn figure_names() -> Vec<String> {
     let mut v = attention::figure_names();
     v.extend(target::figure_names());
     v.extend(drafter::figure_names());
+    v.extend(e2e::figure_names());
     v
 }
 
@@ -268,6 +273,7 @@ pub fn run_suite<'a>(
     attention::run(&mut s)?;
     target::run(&mut s)?;
     drafter::run(&mut s)?;
+    e2e::run(&mut s)?;
     Ok(s.results)
 }
 

@@ -227,18 +227,23 @@ fn memory_figures_are_recorded_and_lower_is_better() {
     assert_eq!(mem.device, "test (Fake GPU, sm_00)");
     assert_eq!(dflash_bench::device_slug(&mem.device), "fake-gpu");
     assert_eq!(tracked.resets.load(Ordering::Relaxed), 1);
-    // Before and after each of the 2 timed runs, plus once before the peak reset; one per
-    // memory-ledger reading (start, frozen, params, grads, AdamW, rebase, features); and for the
-    // phase breakdown, 2 more runs each synchronised before it and after each of its 4 phases.
-    assert_eq!(tracked.syncs.load(Ordering::Relaxed), 5 + 7 + 2 * (1 + 4));
-    // ... which the throughput figure's detail reports.
-    assert!(
-        results[0]
-            .detail
-            .contains("phases (ms, each synchronised): zero grads "),
-        "{}",
-        results[0].detail
+    // Each step is the job's: its micro-batch's `accumulate` and `finish_step` synchronise
+    // once each. Before and after each of the 2 timed runs (2 + 2 each), plus once before the
+    // peak reset; one per memory-ledger reading (start, frozen, params, AdamW, grads, rebase,
+    // features); and for the phase breakdown, 2 more runs each synchronised before it, after
+    // its forward+backward, and its own 2.
+    assert_eq!(
+        tracked.syncs.load(Ordering::Relaxed),
+        2 * 4 + 1 + 7 + 2 * (1 + 1 + 2)
     );
+    // ... and the throughput figure's detail reports the job's drafter phases.
+    for phase in ["prepare ", "forward+backward ", "all-reduce ", "optimizer "] {
+        assert!(
+            results[0].detail.contains(phase),
+            "{phase:?} missing: {}",
+            results[0].detail
+        );
+    }
     // The peak figure says where its bytes go.
     for part in [
         "frozen embed+LM head",

@@ -86,7 +86,21 @@ pub struct HiddenSeq {
     pub features: Features,
 }
 
-/// A micro-batch of features tagged with its place in the schedule.
+/// One sequence of a packed micro-batch: its tokens are rows `[offset, offset + len)` of
+/// the batch's features.
+#[derive(Debug, Clone)]
+pub struct SeqMeta {
+    /// Stable id of the sample in the dataset (anchor sampling is seeded by it).
+    pub sample_id: u64,
+    /// `(S)` token ids.
+    pub ids: Vec<u32>,
+    /// `(S)` 1 where the token is supervised (assistant tokens).
+    pub loss_mask: Vec<u8>,
+}
+
+/// A micro-batch of features tagged with its place in the schedule: its sequences packed
+/// end to end, so the target ran them as one forward (document mask) and the drafter trains
+/// on all their blocks in one forward/backward.
 #[derive(Debug)]
 pub struct HiddenBatch {
     pub epoch: u64,
@@ -94,7 +108,10 @@ pub struct HiddenBatch {
     pub step: u64,
     /// Index of the micro-batch within its step.
     pub micro: u32,
-    pub seqs: Vec<HiddenSeq>,
+    /// The packed sequences, in row order.
+    pub seqs: Vec<SeqMeta>,
+    /// `(sum S, k*H)`; `None` when every sample of the micro-batch was skipped.
+    pub features: Option<Features>,
 }
 
 impl HiddenBatch {
@@ -109,9 +126,14 @@ pub trait Target: Send + Sync {
     fn vocab_size(&self) -> usize;
     /// Target layer ids whose outputs are emitted, in order.
     fn layer_ids(&self) -> &[usize];
-    /// `(S)` ids -> `(S, k*H)` features, running no layer past the deepest needed one. They
-    /// stay where the target computed them ([`Features::Tensor`] on its backend).
-    fn features(&self, ids: &[u32]) -> crate::Result<Features>;
+    /// Documents packed end to end -> `(sum S, k*H)` features, each document attending only
+    /// to itself (causal, positions from 0), running no layer past the deepest needed one.
+    /// They stay where the target computed them ([`Features::Tensor`] on its backend).
+    fn features_packed(&self, docs: &[&[u32]]) -> crate::Result<Features>;
+    /// `(S)` ids -> `(S, k*H)` features of one sequence.
+    fn features(&self, ids: &[u32]) -> crate::Result<Features> {
+        self.features_packed(&[ids])
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -17,7 +17,42 @@ impl BlockMask {
     /// which sees nothing. Visibility depends on the anchor *position*, never on the block
     /// index, so overlapping blocks (anchors closer than `block_size`) stay isolated.
     pub fn dflash(ctx_len: usize, block_size: usize, anchors: &[i32]) -> Result<Self, MaskError> {
-        Self::dflash_impl("dflash", ctx_len, block_size, anchors, None)
+        Self::dflash_impl("dflash", ctx_len, block_size, anchors, &[], None)
+    }
+
+    /// The DFlash mask over packed documents: the context is several documents laid end to
+    /// end, and block `b` belongs to the document starting at context row `doc_starts[b]`.
+    /// Row `(b, j)` sees `[doc_starts[b], a_b)` and its own block; with `window`, context
+    /// `[max(doc_starts[b], a+j-W+1), a)` and its block causally (a sliding DFlash layer).
+    /// `doc_starts` empty means one document starting at row 0 ([`BlockMask::dflash`]).
+    pub fn dflash_packed(
+        ctx_len: usize,
+        block_size: usize,
+        anchors: &[i32],
+        doc_starts: &[i32],
+        window: Option<usize>,
+    ) -> Result<Self, MaskError> {
+        if !doc_starts.is_empty() && doc_starts.len() != anchors.len() {
+            return Err(invalid(
+                "dflash_packed",
+                format!(
+                    "{} document starts for {} anchors: expected one per block",
+                    doc_starts.len(),
+                    anchors.len()
+                ),
+            ));
+        }
+        if window == Some(0) {
+            return Err(invalid("dflash_packed", "window must be >= 1".into()));
+        }
+        Self::dflash_impl(
+            "dflash_packed",
+            ctx_len,
+            block_size,
+            anchors,
+            doc_starts,
+            window,
+        )
     }
 
     /// A sliding-window DFlash layer: row `(b, j)` sees context `[max(0, a+j-W+1), a)` and
@@ -31,7 +66,14 @@ impl BlockMask {
         if window == 0 {
             return Err(invalid("dflash_sliding", "window must be >= 1".into()));
         }
-        Self::dflash_impl("dflash_sliding", ctx_len, block_size, anchors, Some(window))
+        Self::dflash_impl(
+            "dflash_sliding",
+            ctx_len,
+            block_size,
+            anchors,
+            &[],
+            Some(window),
+        )
     }
 
     fn dflash_impl(
@@ -39,6 +81,7 @@ impl BlockMask {
         ctx_len: usize,
         block_size: usize,
         anchors: &[i32],
+        doc_starts: &[i32],
         window: Option<usize>,
     ) -> Result<Self, MaskError> {
         if block_size == 0 {
@@ -57,6 +100,13 @@ impl BlockMask {
                     format!("anchor {a} of block {b} is not inside the context of {ctx_len} rows"),
                 ));
             }
+            let doc = doc_starts.get(b).copied().unwrap_or(0);
+            if a >= 0 && !(0..=a).contains(&doc) {
+                return Err(invalid(
+                    builder,
+                    format!("block {b}: document start {doc} is not in [0, anchor {a}]"),
+                ));
+            }
             let block_start = s + bs * b as i32;
             for j in 0..bs {
                 if a < 0 {
@@ -66,11 +116,11 @@ impl BlockMask {
                 }
                 match window {
                     None => {
-                        first.push(Interval::new(0, a));
+                        first.push(Interval::new(doc, a));
                         second.push(Interval::new(block_start, block_start + bs));
                     }
                     Some(w) => {
-                        let lo = (a + j - w as i32 + 1).max(0);
+                        let lo = (a + j - w as i32 + 1).max(doc);
                         first.push(Interval::new(lo, a));
                         second.push(Interval::new(block_start, block_start + j + 1));
                     }

@@ -75,6 +75,22 @@ fn cases() -> Vec<(&'static str, BlockMask)> {
             "dflash_sliding_wide",
             BlockMask::dflash_sliding(30, 6, &[3, 20], 100).unwrap(),
         ),
+        // Three packed documents starting at rows 0, 12 and 30 (a micro-batch's context).
+        (
+            "dflash_packed",
+            BlockMask::dflash_packed(
+                45,
+                4,
+                &[3, 12, 13, 29, 30, 44, -1],
+                &[0, 12, 12, 12, 30, 30, 0],
+                None,
+            )
+            .unwrap(),
+        ),
+        (
+            "dflash_packed_sliding",
+            BlockMask::dflash_packed(45, 4, &[3, 20, 40], &[0, 12, 30], Some(5)).unwrap(),
+        ),
         ("causal", BlockMask::causal(70).unwrap()),
         ("causal_1", BlockMask::causal(1).unwrap()),
         ("causal_0", BlockMask::causal(0).unwrap()),
@@ -495,4 +511,70 @@ fn builder_errors_name_the_builder() {
     // The boundary cases just inside the limits are fine.
     assert!(BlockMask::dflash(10, 1, &[9]).is_ok());
     assert!(BlockMask::sliding_window(10, 1).is_ok());
+}
+
+/// A packed DFlash mask is the per-document masks laid side by side: block `b` of document
+/// `d` (context rows `[start_d, start_d + len_d)`) sees exactly what it would see alone, shifted
+/// by `start_d`, and nothing of any other document. Regression guard for packed micro-batches.
+#[test]
+fn dflash_packed_equals_per_document_masks() {
+    let docs = [(0usize, 17usize), (17, 1), (18, 40), (58, 9)];
+    let s: usize = docs.iter().map(|d| d.1).sum();
+    let bs = 5;
+    for window in [None, Some(3)] {
+        let mut anchors = Vec::new();
+        let mut starts = Vec::new();
+        let mut singles = Vec::new();
+        for (d, &(start, len)) in docs.iter().enumerate() {
+            let local = if len > 1 {
+                sample_anchors(d as u64 + 11, len, (len - 1).min(6))
+            } else {
+                vec![]
+            };
+            let single = match window {
+                None => BlockMask::dflash(len, bs, &local).unwrap(),
+                Some(w) => BlockMask::dflash_sliding(len, bs, &local, w).unwrap(),
+            };
+            for &a in &local {
+                anchors.push(a + start as i32);
+                starts.push(start as i32);
+            }
+            singles.push((start, local.len(), single));
+        }
+        let packed = BlockMask::dflash_packed(s, bs, &anchors, &starts, window).unwrap();
+        assert_eq!(packed.q_len(), anchors.len() * bs);
+        let mut block0 = 0;
+        for (start, n, single) in &singles {
+            for qb in 0..n * bs {
+                let q = block0 * bs + qb;
+                // Context keys: same visibility, shifted by the document start.
+                for k in 0..s {
+                    let want = k >= *start
+                        && k < start + single.kv_len() - n * bs
+                        && single.visible(qb, k - start);
+                    assert_eq!(
+                        packed.visible(q, k),
+                        want,
+                        "window {window:?} row {q} ctx key {k}"
+                    );
+                }
+                // Block keys: only its own block, as in the single-document mask.
+                for kb in 0..anchors.len() * bs {
+                    let own = kb / bs == q / bs;
+                    let want = own
+                        && single.visible(qb, single.kv_len() - n * bs + (qb / bs) * bs + kb % bs);
+                    assert_eq!(
+                        packed.visible(q, s + kb),
+                        want,
+                        "window {window:?} row {q} block key {kb}"
+                    );
+                }
+            }
+            block0 += n;
+        }
+    }
+    let err = BlockMask::dflash_packed(10, 2, &[3, 5], &[0], None).unwrap_err();
+    assert!(err.to_string().contains("document starts"), "{err}");
+    let err = BlockMask::dflash_packed(10, 2, &[3, 5], &[0, 6], None).unwrap_err();
+    assert!(err.to_string().contains("document start 6"), "{err}");
 }

@@ -173,6 +173,14 @@ pub struct DraftInput<'a> {
     pub labels: &'a [u32],
     /// `(N*bs)` loss weights (0 on slot 0, past the end, unsupervised, padding).
     pub weights: &'a [f32],
+    /// `(N)` for a packed micro-batch (several documents laid end to end as the context):
+    /// the first context row of each block's document, which bounds what the block sees.
+    /// Empty: one document starting at row 0.
+    pub doc_starts: &'a [i32],
+    /// `(S)` RoPE position of each context row (in a packed micro-batch, counted from its
+    /// document's start; block slots then carry document positions in `positions` too).
+    /// Empty: `0..S`.
+    pub ctx_positions: &'a [i32],
 }
 
 pub struct StepOutput {
@@ -302,7 +310,21 @@ impl Drafter {
                 )));
             }
         }
-        Ok((inp.features.len() / kh, bs))
+        let s = inp.features.len() / kh;
+        if !inp.doc_starts.is_empty() && inp.doc_starts.len() != inp.anchors.len() {
+            return Err(ModelError::Input(format!(
+                "doc_starts has {} entries, expected one per block ({})",
+                inp.doc_starts.len(),
+                inp.anchors.len()
+            )));
+        }
+        if !inp.ctx_positions.is_empty() && inp.ctx_positions.len() != s {
+            return Err(ModelError::Input(format!(
+                "ctx_positions has {} entries, expected one per context row ({s})",
+                inp.ctx_positions.len()
+            )));
+        }
+        Ok((s, bs))
     }
 
     fn prepare<'a>(&self, inp: &DraftInput<'a>) -> Result<Prepared<'a>> {
@@ -320,18 +342,22 @@ impl Drafter {
             .cfg
             .layer_types
             .iter()
-            .map(|t| match t {
-                LayerType::FullAttention => BlockMask::dflash(s, bs, inp.anchors),
-                LayerType::SlidingAttention => BlockMask::dflash_sliding(
-                    s,
-                    bs,
-                    inp.anchors,
-                    self.cfg.sliding_window.unwrap_or(usize::MAX / 4),
-                ),
+            .map(|t| {
+                let window = match t {
+                    LayerType::FullAttention => None,
+                    LayerType::SlidingAttention => {
+                        Some(self.cfg.sliding_window.unwrap_or(usize::MAX / 4))
+                    }
+                };
+                BlockMask::dflash_packed(s, bs, inp.anchors, inp.doc_starts, window)
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(dflash_core::Error::from)?;
-        let pos_ctx = (0..s as i32).collect();
+        let pos_ctx = if inp.ctx_positions.is_empty() {
+            (0..s as i32).collect()
+        } else {
+            inp.ctx_positions.to_vec()
+        };
         Ok(Prepared {
             s,
             feats,

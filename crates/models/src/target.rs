@@ -186,24 +186,39 @@ impl Qwen3Target {
         &self,
         ids: &[u32],
         n: usize,
+        emit: impl FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.run_packed(&[ids], n, emit)
+    }
+
+    /// Runs layers `0..n` on documents packed end to end (`(sum S, H)` rows; each document
+    /// causal within itself, positions from 0, as if run alone) and calls
+    /// `emit(layer, output)` after each.
+    fn run_packed(
+        &self,
+        docs: &[&[u32]],
+        n: usize,
         mut emit: impl FnMut(usize, &Tensor) -> Result<()>,
     ) -> Result<()> {
         let b = self.backend.as_ref();
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(ModelError::Input(format!(
-                "token id {bad} is outside the target vocabulary of {}",
-                self.cfg.vocab_size
-            )));
+        for (d, ids) in docs.iter().enumerate() {
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                return Err(ModelError::Input(format!(
+                    "token id {bad} of packed document {d} is outside the target vocabulary of {}",
+                    self.cfg.vocab_size
+                )));
+            }
         }
-        let t = ids.len();
-        let pos: Vec<i32> = (0..t as i32).collect();
-        let mask = BlockMask::causal(t).map_err(dflash_core::Error::from)?;
+        let ids: Vec<u32> = docs.concat();
+        let pos: Vec<i32> = docs.iter().flat_map(|d| 0..d.len() as i32).collect();
+        let lens: Vec<usize> = docs.iter().map(|d| d.len()).collect();
+        let mask = BlockMask::document(&lens).map_err(dflash_core::Error::from)?;
         let geo = AttnGeometry {
             pos_q: &pos,
             pos_ctx: &[],
             mask: &mask,
         };
-        let mut x = b.embedding(&self.embed, ids)?;
+        let mut x = b.embedding(&self.embed, &ids)?;
         for (i, w) in self.layers.iter().take(n).enumerate() {
             x = layer::forward(b, w, &self.dims, &x, None, &geo, false)?.0;
             emit(i, &x)?;
@@ -249,11 +264,11 @@ impl dflash_core::pipeline::Target for Qwen3Target {
     fn layer_ids(&self) -> &[usize] {
         &self.layer_ids
     }
-    fn features(&self, ids: &[u32]) -> dflash_core::Result<Features> {
+    fn features_packed(&self, docs: &[&[u32]]) -> dflash_core::Result<Features> {
         let b = self.backend.as_ref();
         let mut chosen: Vec<Option<Tensor>> = (0..self.layer_ids.len()).map(|_| None).collect();
         let depth = self.layers.len();
-        self.run(ids, depth, |i, x| {
+        self.run_packed(docs, depth, |i, x| {
             for (slot, &l) in self.layer_ids.iter().enumerate() {
                 if l == i {
                     // HF's hidden_states[L] (the last layer's entry) has the final norm

@@ -155,6 +155,8 @@ fn save_writes_the_serving_layout_and_round_trips_bit_exactly() {
         positions: &bt.positions,
         labels: &bt.labels,
         weights: &bt.weights,
+        doc_starts: &[],
+        ctx_positions: &[],
     };
     let d1 = Drafter::new(b.clone(), cfg.clone(), params, frozen.clone()).unwrap();
     let d2 = Drafter::new(b.clone(), cfg2, loaded, frozen).unwrap();

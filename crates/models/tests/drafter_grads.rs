@@ -75,6 +75,8 @@ fn input<'a>(seq: &'a Sequence, bt: &'a BlockTargets) -> DraftInput<'a> {
         positions: &bt.positions,
         labels: &bt.labels,
         weights: &bt.weights,
+        doc_starts: &[],
+        ctx_positions: &[],
     }
 }
 

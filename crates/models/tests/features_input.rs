@@ -67,6 +67,8 @@ fn host_local_and_imported_features_train_identically() {
             positions: &bt.positions,
             labels: &bt.labels,
             weights: &bt.weights,
+            doc_starts: &[],
+            ctx_positions: &[],
         };
         let mut g = DrafterGrads::zeros(b.as_ref(), &cfg).unwrap();
         let stats = drafter.forward_backward(&inp, 0.37, &mut g, false).unwrap();
@@ -94,6 +96,8 @@ fn host_local_and_imported_features_train_identically() {
         positions: &bt.positions,
         labels: &bt.labels,
         weights: &bt.weights,
+        doc_starts: &[],
+        ctx_positions: &[],
     };
     let err = drafter.loss(&inp).unwrap_err().to_string();
     assert!(

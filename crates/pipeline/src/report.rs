@@ -23,7 +23,10 @@ pub struct StepRecord {
     pub applied: bool,
     pub tokens: u64,
     pub tokens_per_s: f64,
+    /// Seconds since the workers started.
     pub elapsed_s: f64,
+    /// Seconds since the job started (loading the target and the drafter included).
+    pub job_s: f64,
     /// Queue depths, stalls and per-worker busy fractions at the end of the step.
     #[serde(flatten)]
     pub gauges: Gauges,
@@ -33,6 +36,7 @@ pub struct Reporter {
     metrics: File,
     bar: Option<indicatif::ProgressBar>,
     start: Instant,
+    job_start: Instant,
     tokens_since_start: u64,
     total_steps: u64,
     start_step: u64,
@@ -40,7 +44,13 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn new(run_dir: &Path, start_step: u64, total_steps: u64, log_every: u64) -> Result<Self> {
+    pub fn new(
+        run_dir: &Path,
+        job_start: Instant,
+        start_step: u64,
+        total_steps: u64,
+        log_every: u64,
+    ) -> Result<Self> {
         let path = run_dir.join("metrics.jsonl");
         // A resumed run repeats the steps between its checkpoint and the failure: keep only
         // the records of steps before `start_step`, so each step has exactly one record.
@@ -79,6 +89,7 @@ impl Reporter {
             metrics,
             bar,
             start: Instant::now(),
+            job_start,
             tokens_since_start: 0,
             total_steps,
             start_step,
@@ -106,6 +117,7 @@ impl Reporter {
             tokens,
             tokens_per_s: self.tokens_since_start as f64 / elapsed.max(1e-9),
             elapsed_s: elapsed,
+            job_s: self.job_start.elapsed().as_secs_f64(),
             gauges,
         };
         let line = serde_json::to_string(&rec).expect("record serialises");

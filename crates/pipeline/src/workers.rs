@@ -4,14 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Queue, QueueError, Target};
+use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Queue, QueueError, SeqMeta, Target};
 use dflash_data::{Dataset, SkipCounts, TooLongPolicy, validate};
 use dflash_queue::BoundedQueue;
 
 use crate::error::{PipelineError, Result};
+use crate::phases::{Phase, PhaseClock};
 
 const POLL: Duration = Duration::from_millis(100);
 
@@ -35,17 +36,12 @@ pub struct Shared {
     pub stall_timeout: Duration,
     /// Called once on the first failure (aborts the all-reduce group).
     pub on_abort: Box<dyn Fn() + Send + Sync>,
-    /// Nanoseconds each target worker spent working (not waiting on queues).
-    pub target_busy: Vec<AtomicU64>,
-    /// Nanoseconds each drafter replica spent working (not waiting on queues or peers).
-    pub drafter_busy: Vec<AtomicU64>,
+    /// Where each target worker's time goes.
+    pub target_clocks: Vec<PhaseClock>,
+    /// Where each drafter replica's time goes.
+    pub drafter_clocks: Vec<PhaseClock>,
     /// When the workers started, for busy fractions.
     pub started: Instant,
-}
-
-/// Adds the time since `since` to a busy counter.
-pub fn add_busy(counter: &AtomicU64, since: Instant) {
-    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 /// Live gauges of the pipeline, reported with every step.
@@ -59,27 +55,31 @@ pub struct Gauges {
     /// Seconds the drafter replicas spent waiting on empty queues so far (targets are the
     /// bottleneck when this grows).
     pub consumer_starved_s: f64,
-    /// Fraction of wall time each target worker was busy.
+    /// Fraction of wall time each target worker was busy (every phase but waiting).
     pub target_busy: Vec<f64>,
-    /// Fraction of wall time each drafter replica was busy (its all-reduce waits excluded).
+    /// Fraction of wall time each drafter replica was busy (every phase but waiting for
+    /// features; waiting for peers in the all-reduce counts, as part of the step).
     pub drafter_busy: Vec<f64>,
+    /// Seconds per phase of each target worker so far.
+    pub target_phases_s: Vec<BTreeMap<&'static str, f64>>,
+    /// Seconds per phase of each drafter replica so far.
+    pub drafter_phases_s: Vec<BTreeMap<&'static str, f64>>,
 }
 
 impl Shared {
     pub fn gauges(&self) -> Gauges {
-        let wall = self.started.elapsed().as_nanos().max(1) as f64;
-        let frac = |v: &[AtomicU64]| {
-            v.iter()
-                .map(|c| c.load(Ordering::Relaxed) as f64 / wall)
-                .collect()
-        };
+        let wall = self.started.elapsed().as_secs_f64().max(1e-9);
+        let frac = |v: &[PhaseClock]| v.iter().map(|c| c.busy_secs() / wall).collect();
+        let phases = |v: &[PhaseClock]| v.iter().map(PhaseClock::seconds).collect();
         let stats: Vec<_> = self.features.iter().map(|q| q.stats()).collect();
         Gauges {
             queue_depths: stats.iter().map(|s| s.depth).collect(),
             producer_stall_s: stats.iter().map(|s| s.push_wait.as_secs_f64()).sum(),
             consumer_starved_s: stats.iter().map(|s| s.pop_wait.as_secs_f64()).sum(),
-            target_busy: frac(&self.target_busy),
-            drafter_busy: frac(&self.drafter_busy),
+            target_busy: frac(&self.target_clocks),
+            drafter_busy: frac(&self.drafter_clocks),
+            target_phases_s: phases(&self.target_clocks),
+            drafter_phases_s: phases(&self.drafter_clocks),
         }
     }
 
@@ -163,14 +163,13 @@ pub struct SampleRules {
     pub too_long: TooLongPolicy,
 }
 
-/// Loads, validates and featurises sample `i`; `None` when it is skipped (counted).
-pub fn featurise(
-    target: &dyn Target,
+/// Loads and validates sample `i`; `None` when it is skipped (counted).
+pub fn load_sample(
     data: &dyn Dataset,
     i: usize,
     rules: &SampleRules,
     skips: &Mutex<SkipCounts>,
-) -> Result<Option<HiddenSeq>> {
+) -> Option<SeqMeta> {
     let sample = match data.get(i) {
         Ok(s) => s,
         Err(e) => {
@@ -179,7 +178,7 @@ pub fn featurise(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .record_error(i as u64, &e);
-            return Ok(None);
+            return None;
         }
     };
     let verdict = validate(
@@ -193,19 +192,65 @@ pub fn featurise(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .record(&verdict);
-    let Some(sample) = verdict.into_sample() else {
-        return Ok(None);
-    };
-    let features = target.features(&sample.ids)?;
-    Ok(Some(HiddenSeq {
+    let sample = verdict.into_sample()?;
+    Some(SeqMeta {
         sample_id: sample.id,
         ids: sample.ids,
         loss_mask: sample.loss_mask,
+    })
+}
+
+/// Loads, validates and featurises sample `i` on its own; `None` when it is skipped
+/// (evaluation sets, which keep one tensor per sequence).
+pub fn featurise(
+    target: &dyn Target,
+    data: &dyn Dataset,
+    i: usize,
+    rules: &SampleRules,
+    skips: &Mutex<SkipCounts>,
+) -> Result<Option<HiddenSeq>> {
+    let Some(meta) = load_sample(data, i, rules, skips) else {
+        return Ok(None);
+    };
+    let features = target.features(&meta.ids)?;
+    Ok(Some(HiddenSeq {
+        sample_id: meta.sample_id,
+        ids: meta.ids,
+        loss_mask: meta.loss_mask,
         features,
     }))
 }
 
-/// A target worker: work items in, feature batches out to replica `micro % D`.
+/// The samples of one work item, validated and run through the target as one packed
+/// forward.
+pub fn featurise_packed(
+    target: &dyn Target,
+    data: &dyn Dataset,
+    item: &WorkItem,
+    rules: &SampleRules,
+    skips: &Mutex<SkipCounts>,
+) -> Result<HiddenBatch> {
+    let seqs: Vec<SeqMeta> = item
+        .samples
+        .iter()
+        .filter_map(|&i| load_sample(data, i, rules, skips))
+        .collect();
+    let features = if seqs.is_empty() {
+        None
+    } else {
+        let docs: Vec<&[u32]> = seqs.iter().map(|s| s.ids.as_slice()).collect();
+        Some(target.features_packed(&docs)?)
+    };
+    Ok(HiddenBatch {
+        epoch: item.epoch,
+        step: item.step,
+        micro: item.micro,
+        seqs,
+        features,
+    })
+}
+
+/// A target worker: work items in, packed feature batches out to replica `micro % D`.
 pub fn target_worker(
     index: usize,
     shared: &Shared,
@@ -215,22 +260,14 @@ pub fn target_worker(
 ) -> Result<()> {
     let name = format!("target worker {index}");
     let d = shared.features.len();
+    let clock = &shared.target_clocks[index];
+    let mut mark = Instant::now();
     while let Some(item) = shared.pop_patiently(&shared.work, &name)? {
-        let t0 = Instant::now();
-        let mut seqs = Vec::with_capacity(item.samples.len());
-        for &i in &item.samples {
-            if let Some(seq) = featurise(target, data, i, &rules, &shared.skips)? {
-                seqs.push(seq);
-            }
-        }
-        let batch = HiddenBatch {
-            epoch: item.epoch,
-            step: item.step,
-            micro: item.micro,
-            seqs,
-        };
-        add_busy(&shared.target_busy[index], t0);
+        clock.lap(Phase::WaitWork, &mut mark);
+        let batch = featurise_packed(target, data, &item, &rules, &shared.skips)?;
+        clock.lap(Phase::TargetForward, &mut mark);
         shared.push_patiently(&shared.features[item.micro as usize % d], batch, &name)?;
+        clock.lap(Phase::PushWait, &mut mark);
     }
     Ok(())
 }

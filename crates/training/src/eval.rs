@@ -53,6 +53,8 @@ fn predict_blocks(
             positions: &positions,
             labels: &labels,
             weights: &weights,
+            doc_starts: &[],
+            ctx_positions: &[],
         };
         let pred = drafter.predict(&input)?;
         out.extend(pred.chunks(len).map(|c| c.to_vec()));

@@ -12,6 +12,6 @@ pub mod state;
 pub use error::{Result, TrainError};
 pub use eval::{TauReport, evaluate_tau};
 pub use optimizer::AdamW;
-pub use prepare::{BlockSpec, PreparedSeq};
-pub use replica::{DrafterReplica, StepSummary};
+pub use prepare::{BlockSpec, PreparedBatch, PreparedSeq};
+pub use replica::{DrafterReplica, StepSummary, StepTimes};
 pub use schedule::LrSchedule;

@@ -4,13 +4,13 @@
 //! the step with identical weights.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use dflash_core::{Backend, Communicator, LossStats};
-use dflash_models::{Drafter, DrafterGrads};
+use dflash_models::{DraftInput, Drafter, DrafterGrads};
 
 use crate::error::{Result, TrainError};
 use crate::optimizer::{AdamW, clip_factor, grad_norm};
-use crate::prepare::PreparedSeq;
 
 /// What one optimizer step did, identical on every replica.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,6 +21,16 @@ pub struct StepSummary {
     pub lr: f64,
     /// False when the loss or a gradient was NaN/Inf: the update was skipped.
     pub applied: bool,
+}
+
+/// Where the last [`DrafterReplica::finish_step`] spent its time (kept apart from the
+/// deterministic [`StepSummary`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Seconds spent summing gradients and statistics across replicas (0 with one replica).
+    pub all_reduce_s: f64,
+    /// Seconds of grad norm, clipping and AdamW, up to the device having finished them.
+    pub optimizer_s: f64,
 }
 
 pub struct DrafterReplica {
@@ -35,6 +45,8 @@ pub struct DrafterReplica {
     pub max_nonfinite: u64,
     /// 0-based index of the step being accumulated.
     pub step: u64,
+    /// Timings of the last finished step.
+    pub last_times: StepTimes,
 }
 
 impl DrafterReplica {
@@ -56,6 +68,7 @@ impl DrafterReplica {
             nonfinite_run: 0,
             max_nonfinite,
             step: 0,
+            last_times: StepTimes::default(),
         })
     }
 
@@ -63,39 +76,55 @@ impl DrafterReplica {
         self.drafter.backend().clone()
     }
 
-    /// Forward + backward of one sequence, accumulating raw (unnormalised) gradients.
-    pub fn accumulate(&mut self, seq: &PreparedSeq) -> Result<()> {
-        let stats =
-            self.drafter
-                .forward_backward(&seq.as_input(), 1.0, &mut self.grads, self.recompute)?;
+    /// Forward + backward of one sequence or packed micro-batch, accumulating raw
+    /// (unnormalised) gradients. Returns when the device has finished, so that callers can
+    /// time it. A micro-batch without blocks (no two consecutive supervised tokens anywhere)
+    /// adds nothing.
+    pub fn accumulate(&mut self, inp: &DraftInput<'_>) -> Result<()> {
+        if inp.anchors.is_empty() {
+            return Ok(());
+        }
+        let stats = self
+            .drafter
+            .forward_backward(inp, 1.0, &mut self.grads, self.recompute)?;
         self.local.merge(&stats);
+        self.backend().synchronize()?;
         Ok(())
     }
 
-    /// Ends the step: all-reduce, normalise by the global weight sum, clip, update.
+    /// Ends the step: all-reduce (with more than one replica), normalise by the global
+    /// weight sum, clip, update.
     pub fn finish_step(&mut self, comm: &dyn Communicator, lr: f64) -> Result<StepSummary> {
         let b = self.backend();
         let b = b.as_ref();
         let step = self.step;
-        // Statistics travel with the gradients: one global normalisation for all ranks.
-        let mut s = [
-            self.local.weighted_loss as f32,
-            self.local.weight_sum as f32,
-            self.local.correct as f32,
-            self.local.counted as f32,
-        ];
-        comm.all_reduce_sum(&mut s)
-            .map_err(TrainError::Collective)?;
-        let stats = LossStats {
-            weighted_loss: s[0] as f64,
-            weight_sum: s[1] as f64,
-            correct: s[2] as u64,
-            counted: s[3] as u64,
+        let t0 = Instant::now();
+        let local = std::mem::take(&mut self.local);
+        let stats = if comm.world_size() > 1 {
+            // Statistics travel with the gradients: one global normalisation for all ranks.
+            let mut s = [
+                local.weighted_loss as f32,
+                local.weight_sum as f32,
+                local.correct as f32,
+                local.counted as f32,
+            ];
+            comm.all_reduce_sum(&mut s)
+                .map_err(TrainError::Collective)?;
+            for g in self.grads.tensors_mut() {
+                b.all_reduce_sum(g, comm)?;
+            }
+            LossStats {
+                weighted_loss: s[0] as f64,
+                weight_sum: s[1] as f64,
+                correct: s[2] as u64,
+                counted: s[3] as u64,
+            }
+        } else {
+            // One replica: the sums are already global, and nothing leaves the device.
+            local
         };
-        self.local = LossStats::default();
-        for g in self.grads.tensors_mut() {
-            b.all_reduce_sum(g, comm)?;
-        }
+        let all_reduce_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
         let mut summary = StepSummary {
             step,
             stats,
@@ -135,6 +164,11 @@ impl DrafterReplica {
         // count, used for bias correction, counts applied updates only.
         self.step += 1;
         self.grads.zero_(b)?;
+        b.synchronize()?;
+        self.last_times = StepTimes {
+            all_reduce_s,
+            optimizer_s: t1.elapsed().as_secs_f64(),
+        };
         Ok(summary)
     }
 }

@@ -102,6 +102,8 @@ fn predict_len(d: &Drafter, features: &[f32], ids: &[u32], a: usize, bs: usize) 
         positions: &positions,
         labels: &vec![0; bs],
         weights: &vec![0.0; bs],
+        doc_starts: &[],
+        ctx_positions: &[],
     };
     d.predict(&input).unwrap()
 }
@@ -455,7 +457,7 @@ fn step(
     r: &mut DrafterReplica,
     s: &PreparedSeq,
 ) -> Result<dflash_training::StepSummary, TrainError> {
-    r.accumulate(s)?;
+    r.accumulate(&s.as_input())?;
     r.finish_step(&Solo, 1e-3)
 }
 

@@ -17,12 +17,13 @@ pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
 }
 
 /// Writes `checkpoints/step-N`, then atomically points `checkpoints/latest` at it, then
-/// removes older ones: at every instant a complete checkpoint is published.
+/// removes older ones: at every instant a complete checkpoint is published. Returns the
+/// bytes written.
 pub(super) fn publish_checkpoint(
     run_dir: &Path,
     replica: &DrafterReplica,
     extra: serde_json::Value,
-) -> Result<()> {
+) -> Result<u64> {
     let ckpts = run_dir.join("checkpoints");
     let name = format!("step-{}", replica.step);
     let dir = ckpts.join(&name);
@@ -30,6 +31,14 @@ pub(super) fn publish_checkpoint(
         std::fs::remove_dir_all(&dir).map_err(PipelineError::io(&dir))?;
     }
     state::save(&dir, replica, extra)?;
+    let bytes = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
     write_atomic(&ckpts.join(LATEST), name.as_bytes())?;
     if let Ok(entries) = std::fs::read_dir(&ckpts) {
         for e in entries.flatten() {
@@ -39,5 +48,5 @@ pub(super) fn publish_checkpoint(
             }
         }
     }
-    Ok(())
+    Ok(bytes)
 }

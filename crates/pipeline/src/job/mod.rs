@@ -1,10 +1,12 @@
 //! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
 
 mod checkpoint;
+mod plan;
 mod run;
 mod setup;
 
 pub use checkpoint::latest_checkpoint;
+pub use plan::{JobPlan, TargetSource};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use dflash_models::{Drafter, Qwen3Target};
 use dflash_training::{TauReport, evaluate_tau};
 
 use crate::error::{PipelineError, Result, cause_chain};
-use run::train_in;
+use run::run_plan;
 use setup::{backend_for, eval_features, new_run_dir, stop_tokens};
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -65,8 +67,22 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
     let run_dir = resume
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));
-    std::fs::create_dir_all(&run_dir).map_err(PipelineError::io(&run_dir))?;
-    let result = train_in(cfg, &run_dir, resume.is_some()).map_err(PipelineError::with_fit_advice);
+    in_run_dir(&run_dir, || {
+        run_plan(&JobPlan::new(cfg)?, &run_dir, resume.is_some())
+    })
+}
+
+/// Runs a planned job in a new run directory `run_dir` (the bench runs the job this way,
+/// with a random target).
+pub fn train_plan(plan: &JobPlan, run_dir: &Path) -> Result<TrainOutcome> {
+    in_run_dir(run_dir, || run_plan(plan, run_dir, false))
+}
+
+/// Creates `run_dir`, runs `job`, and writes its error's whole cause chain to
+/// `RUN_DIR/error.txt` when it fails.
+fn in_run_dir(run_dir: &Path, job: impl FnOnce() -> Result<TrainOutcome>) -> Result<TrainOutcome> {
+    std::fs::create_dir_all(run_dir).map_err(PipelineError::io(run_dir))?;
+    let result = job().map_err(PipelineError::with_fit_advice);
     if let Err(e) = &result {
         let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
     }

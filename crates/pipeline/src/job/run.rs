@@ -1,147 +1,67 @@
 //! The threaded run loop of a training job: target workers feeding the drafter replicas
-//! through bounded queues, with periodic reports, evals and checkpoints.
+//! through bounded queues, with periodic reports, evals and checkpoints. Everything it needs
+//! to know comes resolved in a [`JobPlan`]; this file only builds the workers and runs them.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dflash_config::{Qwen3Config, TrainConfig};
-use dflash_core::Communicator;
+use dflash_core::pipeline::HiddenSeq;
 use dflash_core::pipeline::Queue;
-use dflash_data::{Dataset, SkipCounts, open_dataset};
+use dflash_core::{Backend, Communicator};
+use dflash_data::SkipCounts;
 use dflash_models::checkpoint::load_drafter;
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
-use dflash_training::optimizer::AdamWHyper;
-use dflash_training::{
-    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, evaluate_tau, state,
-};
+use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state};
 
 use super::TrainOutcome;
 use super::checkpoint::{latest_checkpoint, publish_checkpoint};
-use super::setup::{backend_for, drafter_config, eval_features, stop_tokens, too_long};
+use super::plan::{JobPlan, TargetSource};
+use super::setup::{backend_for, eval_features, stop_tokens};
 use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};
+use crate::phases::{Phase, PhaseClock};
 use crate::report::Reporter;
-use crate::schedule::Schedule;
-use crate::workers::{Reorder, SampleRules, Shared, WorkItem, add_busy, target_worker};
+use crate::workers::{Reorder, Shared, WorkItem, target_worker};
 
-pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
+/// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
+pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
+    let job_start = Instant::now();
+    let cfg = &plan.cfg;
     // `train.stop_at_step` belongs to this invocation, not to the run: the config kept in the
     // run directory (which `train --resume` reuses) leaves it out.
     let mut kept = cfg.clone();
     kept.train.stop_at_step = None;
-    let resolved = kept.to_toml_string()?;
-    write_atomic(&run_dir.join("config.toml"), resolved.as_bytes())?;
+    write_atomic(
+        &run_dir.join("config.toml"),
+        kept.to_toml_string()?.as_bytes(),
+    )?;
     let _ = std::fs::remove_file(run_dir.join("error.txt"));
 
-    let tcfg = Qwen3Config::from_file(cfg.target_dir()?.join("config.json"))?;
-    let dcfg = drafter_config(cfg, &tcfg)?;
-    let n_targets = cfg.pipeline.target_workers.max(1);
-    let n_drafters = cfg.pipeline.drafter_workers.max(1);
-
-    // Backends: targets on devices 0..T, drafters on T..T+D, wrapping around when there are
-    // fewer devices than workers (a device then hosts target and drafter work on their own
-    // streams). CPU backends have one device.
-    let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
-    let target_backends = (0..n_targets)
-        .map(|i| backend_for(cfg, i % n_dev))
-        .collect::<Result<Vec<_>>>()?;
-    let drafter_backends = (0..n_drafters)
-        .map(|i| backend_for(cfg, (n_targets + i) % n_dev))
-        .collect::<Result<Vec<_>>>()?;
-
+    let (target_backends, drafter_backends) = place_workers(plan)?;
     let b0 = &drafter_backends[0];
     eprintln!(
         "backend {} on {} | attention kernel {} | {} target worker(s), {} drafter replica(s)",
         b0.name(),
         b0.device(),
         b0.attention_kernel(),
-        n_targets,
-        n_drafters
+        plan.target_workers,
+        plan.drafter_workers
     );
-    let targets = target_backends
-        .iter()
-        .map(|b| {
-            Ok(Arc::new(Qwen3Target::load(
-                b.clone(),
-                cfg.target_dir()?,
-                &dcfg.target_layer_ids,
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-
-    // Data and the deterministic schedule.
-    let train_data: Arc<dyn Dataset> = Arc::from(open_dataset(cfg.train_data()?)?);
-    let lengths: Vec<usize> = (0..train_data.len())
-        .map(|i| train_data.seq_len(i).min(cfg.data.max_len))
-        .collect();
-    let (schedule, plans) = Schedule::new(
-        &lengths,
-        &cfg.data.bucket_bounds,
-        cfg.data.token_budget,
-        cfg.train.seed,
-        cfg.train.epochs as u64,
-        cfg.train.micro_batches_per_step,
-        cfg.train.max_steps,
-    );
+    let targets = load_targets(plan, &target_backends)?;
     eprintln!(
         "train data {}: {} samples",
         cfg.train_data()?.display(),
-        train_data.len()
+        plan.train_data.len()
     );
-    if let Some(p) = plans.first() {
-        eprintln!("{}", p.bucket_summary());
+    if let Some(s) = &plan.bucket_summary {
+        eprintln!("{s}");
     }
-    if schedule.is_empty() {
-        return Err(PipelineError::Job(
-            "the schedule has no steps: is the dataset empty?".into(),
-        ));
-    }
-    let total_steps = schedule.len() as u64;
-    // `train.stop_at_step` ends this invocation early without touching the schedule.
-    let end_step = cfg
-        .train
-        .stop_at_step
-        .map_or(total_steps, |s| s.min(total_steps));
-    let spec = BlockSpec {
-        block_size: dcfg.block_size,
-        num_anchors: cfg.data.num_anchors,
-        gamma: cfg
-            .data
-            .gamma
-            .map_or_else(|| dflash_data::default_gamma(dcfg.block_size), |g| g as f32),
-        mask_token_id: dcfg.mask_token_id,
-        seed: cfg.train.seed,
-    };
-
-    // Replicas: identical initial weights on every rank.
-    let hyper = AdamWHyper {
-        beta1: cfg.train.beta1 as f32,
-        beta2: cfg.train.beta2 as f32,
-        eps: cfg.train.eps as f32,
-        weight_decay: cfg.train.weight_decay as f32,
-    };
-    let mut replicas = Vec::new();
-    for b in &drafter_backends {
-        let params = match &cfg.drafter.init_from {
-            Some(dir) => load_drafter(b.as_ref(), dir)?.1,
-            None => DrafterParams::init_random(b.as_ref(), &dcfg, 0.02, cfg.train.seed)?,
-        };
-        let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
-        let drafter = Drafter::new(b.clone(), dcfg.clone(), params, Arc::new(frozen))?;
-        let opt = AdamW::new(b.as_ref(), &dcfg, hyper)?;
-        replicas.push(DrafterReplica::new(
-            drafter,
-            opt,
-            cfg.train.recompute,
-            cfg.train.grad_clip,
-            cfg.train.max_nonfinite_steps,
-        )?);
-    }
+    let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
     if resuming {
         let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
             PipelineError::Job(format!(
@@ -157,11 +77,11 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
     let start_step = replicas[0].step;
     eprintln!(
         "drafter: {} layers, {:.2} M parameters, block {}, target layers {:?}; {} steps",
-        dcfg.num_hidden_layers,
+        plan.drafter.num_hidden_layers,
         replicas[0].drafter.params.num_params() as f64 / 1e6,
-        dcfg.block_size,
-        dcfg.target_layer_ids,
-        total_steps
+        plan.drafter.block_size,
+        plan.drafter.target_layer_ids,
+        plan.total_steps()
     );
 
     // Evaluation data, featurised once.
@@ -177,28 +97,167 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
         ),
         None => None,
     };
+    let stops = stop_tokens(&plan.target_config);
+    let tau = |d: &Drafter, seqs: &[HiddenSeq], when: &str| -> Result<f64> {
+        let t = evaluate_tau(d, seqs, &stops)?.tau;
+        eprintln!("tau {when} training: {t:.3}");
+        Ok(t)
+    };
     let tau_before = match (&eval_seqs, resuming) {
-        (Some(seqs), false) => {
-            let t = evaluate_tau(&replicas[0].drafter, seqs, &stop_tokens(&tcfg))?.tau;
-            eprintln!("tau before training: {t:.3}");
-            Some(t)
-        }
+        (Some(seqs), false) => Some(tau(&replicas[0].drafter, seqs, "before")?),
         _ => None,
     };
 
-    let lr = LrSchedule::new(
-        cfg.train.lr,
-        total_steps,
-        cfg.train.warmup_ratio,
-        cfg.train.min_lr_ratio,
+    let (replica, run) = run_workers(plan, run_dir, targets, replicas, start_step, job_start)?;
+    if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
+        eprintln!(
+            "stopped after step {} of {} (train.stop_at_step); continue with `train --resume {}`",
+            plan.end_step(),
+            plan.total_steps(),
+            run_dir.display()
+        );
+    }
+    if run.skips != SkipCounts::default() {
+        eprintln!("data: {}", run.skips);
+    }
+    let b = replica.drafter.backend().clone();
+    // The served drafter, in the dtype the job asks for (checkpoints keep f32).
+    let served = dflash_config::DrafterConfig {
+        dtype: cfg.drafter.save_dtype,
+        ..replica.drafter.config().clone()
+    };
+    dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, &replica.drafter.params)?;
+    let tau_after = match &eval_seqs {
+        Some(seqs) => Some(tau(&replica.drafter, seqs, "after")?),
+        None => None,
+    };
+    let outcome = TrainOutcome {
+        run_dir: run_dir.to_path_buf(),
+        steps: plan.end_step(),
+        final_loss: run.last.0,
+        final_accuracy: run.last.1,
+        first_loss: run.first_loss,
+        tau_before,
+        tau_after,
+        skipped_samples: run.skips.skipped(),
+    };
+    let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
+    write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(outcome)
+}
+
+/// Backends: targets on devices `0..T`, drafters on `T..T+D`, wrapping around when there are
+/// fewer devices than workers (a device then hosts target and drafter work on their own
+/// streams). CPU backends have one device.
+fn place_workers(plan: &JobPlan) -> Result<(Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>)> {
+    let cfg = &plan.cfg;
+    let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
+    let targets = (0..plan.target_workers)
+        .map(|i| backend_for(cfg, i % n_dev))
+        .collect::<Result<Vec<_>>>()?;
+    let drafters = (0..plan.drafter_workers)
+        .map(|i| backend_for(cfg, (plan.target_workers + i) % n_dev))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((targets, drafters))
+}
+
+/// One frozen target per target worker, and how long loading them took.
+fn load_targets(plan: &JobPlan, backends: &[Arc<dyn Backend>]) -> Result<Vec<Arc<Qwen3Target>>> {
+    let t0 = Instant::now();
+    let ids = &plan.drafter.target_layer_ids;
+    let targets = backends
+        .iter()
+        .map(|b| {
+            let t = match &plan.target {
+                TargetSource::Dir(dir) => Qwen3Target::load(b.clone(), dir, ids)?,
+                TargetSource::Random { config, seed } => {
+                    Qwen3Target::random(b.clone(), config.clone(), ids, *seed)?
+                }
+            };
+            Ok(Arc::new(t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for b in backends {
+        b.synchronize()?;
+    }
+    let what = match &plan.target {
+        TargetSource::Dir(dir) => dir.display().to_string(),
+        TargetSource::Random { .. } => "random weights".into(),
+    };
+    eprintln!(
+        "target loaded ({what}, layers 0..={}) on {} worker(s) in {:.1} s",
+        ids.iter().max().copied().unwrap_or(0),
+        targets.len(),
+        t0.elapsed().as_secs_f64()
     );
-    let comms = HostComm::group(n_drafters);
+    Ok(targets)
+}
+
+/// Replicas with identical initial weights. Each takes the target's frozen embedding and LM
+/// head from target worker 0 (a device copy on the same device, an import otherwise) instead
+/// of reading them from disk again.
+fn build_replicas(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+    target: &Qwen3Target,
+) -> Result<Vec<DrafterReplica>> {
+    let cfg = &plan.cfg;
+    let mut replicas = Vec::with_capacity(backends.len());
+    for b in backends {
+        let params = match &cfg.drafter.init_from {
+            Some(dir) => load_drafter(b.as_ref(), dir)?.1,
+            None => DrafterParams::init_random(b.as_ref(), &plan.drafter, 0.02, cfg.train.seed)?,
+        };
+        let share = |t: &dflash_core::Tensor| -> Result<dflash_core::Tensor> {
+            Ok(if b.is_local(t) {
+                b.copy(t)?
+            } else {
+                b.import(t)?
+            })
+        };
+        let frozen = FrozenTarget {
+            embed: share(target.embedding())?,
+            lm_head: share(target.lm_head())?,
+        };
+        let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, Arc::new(frozen))?;
+        let opt = AdamW::new(b.as_ref(), &plan.drafter, plan.hyper)?;
+        replicas.push(DrafterReplica::new(
+            drafter,
+            opt,
+            cfg.train.recompute,
+            cfg.train.grad_clip,
+            cfg.train.max_nonfinite_steps,
+        )?);
+    }
+    Ok(replicas)
+}
+
+/// What the run loop leaves behind besides replica 0.
+struct RunResult {
+    first_loss: f64,
+    /// Loss and accuracy of the last step.
+    last: (f64, f64),
+    skips: SkipCounts,
+}
+
+/// Spawns the loader, the target workers and the drafter replicas, runs steps
+/// `start_step..end_step`, and returns replica 0 with the run's figures.
+fn run_workers(
+    plan: &JobPlan,
+    run_dir: &Path,
+    targets: Vec<Arc<Qwen3Target>>,
+    replicas: Vec<DrafterReplica>,
+    start_step: u64,
+    job_start: Instant,
+) -> Result<(DrafterReplica, RunResult)> {
+    let cfg = &plan.cfg;
+    let comms = HostComm::group(plan.drafter_workers);
     let abort_comm = comms[0].clone();
     let shared = Shared {
         abort: AtomicBool::new(false),
         first_error: Mutex::new(None),
-        work: BoundedQueue::new("work", (2 * n_targets).max(2)),
-        features: (0..n_drafters)
+        work: BoundedQueue::new("work", (2 * plan.target_workers).max(2)),
+        features: (0..plan.drafter_workers)
             .map(|r| {
                 BoundedQueue::new(format!("features[{r}]"), cfg.pipeline.queue_capacity.max(1))
             })
@@ -206,52 +265,36 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
         skips: Mutex::new(SkipCounts::default()),
         stall_timeout: Duration::from_secs(cfg.pipeline.timeout_secs.max(1)),
         on_abort: Box::new(move || abort_comm.abort()),
-        target_busy: (0..n_targets).map(|_| AtomicU64::new(0)).collect(),
-        drafter_busy: (0..n_drafters).map(|_| AtomicU64::new(0)).collect(),
+        target_clocks: (0..plan.target_workers)
+            .map(|_| PhaseClock::target())
+            .collect(),
+        drafter_clocks: (0..plan.drafter_workers)
+            .map(|_| PhaseClock::drafter())
+            .collect(),
         started: Instant::now(),
     };
-    let rules = SampleRules {
-        vocab_size: tcfg.vocab_size,
-        max_len: cfg.data.max_len,
-        min_supervised: cfg.data.min_supervised,
-        too_long: too_long(cfg),
+    let mut reporter = Reporter::new(
+        run_dir,
+        job_start,
+        start_step,
+        plan.total_steps(),
+        cfg.train.log_every,
+    )?;
+    let mut result = RunResult {
+        first_loss: f64::NAN,
+        last: (f64::NAN, f64::NAN),
+        skips: SkipCounts::default(),
     };
-    let step_tokens: Vec<u64> = schedule
-        .steps
-        .iter()
-        .map(|s| s.micro.iter().flatten().map(|&i| lengths[i] as u64).sum())
-        .collect();
-
-    let mut reporter = Reporter::new(run_dir, start_step, total_steps, cfg.train.log_every)?;
-    let mut first_loss = f64::NAN;
-    let mut last = (f64::NAN, f64::NAN);
+    let end_step = plan.end_step();
     let finished: Vec<Option<DrafterReplica>> = std::thread::scope(|scope| {
         let shared = &shared;
-        let schedule = &schedule;
-        // Loader: work items in schedule order from the resume point.
-        scope.spawn(move || {
-            let steps = schedule.steps.iter().enumerate();
-            for (step, work) in steps.take(end_step as usize).skip(start_step as usize) {
-                for (m, samples) in work.micro.iter().enumerate() {
-                    let item = WorkItem {
-                        epoch: work.epoch,
-                        step: step as u64,
-                        micro: m as u32,
-                        samples: samples.clone(),
-                    };
-                    if let Err(e) = shared.push_patiently(&shared.work, item, "loader") {
-                        shared.fail(e);
-                        return;
-                    }
-                }
-            }
-            shared.work.close();
-        });
+        scope.spawn(move || load_work(plan, shared, start_step, end_step));
         for (i, target) in targets.iter().enumerate() {
-            let data = train_data.clone();
+            let data = plan.train_data.clone();
             let target = target.clone();
             scope.spawn(move || {
-                if let Err(e) = target_worker(i, shared, target.as_ref(), data.as_ref(), rules) {
+                if let Err(e) = target_worker(i, shared, target.as_ref(), data.as_ref(), plan.rules)
+                {
                     shared.fail(PipelineError::Worker {
                         worker: format!("target worker {i}"),
                         source: Box::new(e),
@@ -259,58 +302,40 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
                 }
             });
         }
-        let mut handles = Vec::new();
-        let mut rank0 = Some((&mut reporter, &mut first_loss, &mut last));
-        for (rank, (mut replica, comm)) in replicas.into_iter().zip(comms).enumerate() {
-            let spec = &spec;
-            let lr = &lr;
-            let step_tokens = &step_tokens;
-            let mut rank0 = if rank == 0 { rank0.take() } else { None };
-            handles.push(scope.spawn(move || {
-                let who = format!("drafter replica {rank}");
-                let world = comm.world_size();
-                let mut reorder = Reorder::new();
-                let mut run = || -> Result<()> {
-                    // `step` indexes the schedule, the LR schedule and the token counts alike.
-                    #[allow(clippy::needless_range_loop)]
-                    for step in start_step as usize..end_step as usize {
-                        let work = &schedule.steps[step];
-                        for m in (0..work.micro.len()).filter(|m| m % world == rank) {
-                            let batch = reorder.next(shared, &shared.features[rank], step as u64, m as u32, &who)?;
-                            let t0 = Instant::now();
-                            for seq in batch.seqs {
-                                replica.accumulate(&PreparedSeq::new(seq, batch.epoch, spec))?;
-                            }
-                            add_busy(&shared.drafter_busy[rank], t0);
-                        }
-                        let summary = replica.finish_step(&comm, lr.lr(step as u64))?;
-                        if let Some((rep, first_loss, last)) = rank0.as_mut() {
-                            rep.step(&summary, work.epoch, step_tokens[step], shared.gauges())?;
-                            if first_loss.is_nan() {
-                                **first_loss = summary.stats.loss();
-                            }
-                            **last = (summary.stats.loss(), summary.stats.accuracy());
-                            let n = step as u64 + 1;
-                            if (cfg.train.save_every > 0 && n.is_multiple_of(cfg.train.save_every))
-                                || n == total_steps
-                                || n == end_step
-                            {
-                                let extra = serde_json::json!({ "epoch": work.epoch, "seed": cfg.train.seed });
-                                publish_checkpoint(run_dir, &replica, extra)?;
-                            }
+        let mut rank0 = Some((&mut reporter, &mut result));
+        let handles: Vec<_> = replicas
+            .into_iter()
+            .zip(comms)
+            .enumerate()
+            .map(|(rank, (mut replica, comm))| {
+                let mut rank0 = if rank == 0 { rank0.take() } else { None };
+                scope.spawn(move || {
+                    let who = format!("drafter replica {rank}");
+                    let lead = rank0.as_mut().map(|(rep, res)| Lead {
+                        reporter: rep,
+                        result: res,
+                        run_dir,
+                    });
+                    let run = DrafterLoop {
+                        plan,
+                        shared,
+                        rank,
+                        who: &who,
+                        comm: &comm,
+                    };
+                    match run.steps(&mut replica, lead, start_step, end_step) {
+                        Ok(()) => Some(replica),
+                        Err(e) => {
+                            shared.fail(PipelineError::Worker {
+                                worker: who,
+                                source: Box::new(e),
+                            });
+                            None
                         }
                     }
-                    Ok(())
-                };
-                match run() {
-                    Ok(()) => Some(replica),
-                    Err(e) => {
-                        shared.fail(PipelineError::Worker { worker: who, source: Box::new(e) });
-                        None
-                    }
-                }
-            }));
-        }
+                })
+            })
+            .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or(None))
@@ -325,52 +350,119 @@ pub(super) fn train_in(cfg: &TrainConfig, run_dir: &Path, resuming: bool) -> Res
     {
         return Err(e);
     }
-    if end_step < total_steps && start_step < end_step {
-        eprintln!(
-            "stopped after step {end_step} of {total_steps} (train.stop_at_step); \
-             continue with `train --resume {}`",
-            run_dir.display()
-        );
-    }
-    let skips = shared
+    result.skips = shared
         .skips
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    if skips.skipped() > 0 || skips != SkipCounts::default() {
-        eprintln!("data: {skips}");
-    }
     let replica = finished
         .into_iter()
         .next()
         .flatten()
         .ok_or_else(|| PipelineError::Job("drafter replica 0 ended without a result".into()))?;
-    let b = replica.drafter.backend().clone();
-    // The served drafter, in the dtype the job asks for (checkpoints keep f32).
-    let served = dflash_config::DrafterConfig {
-        dtype: cfg.drafter.save_dtype,
-        ..replica.drafter.config().clone()
-    };
-    dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, &replica.drafter.params)?;
-    let tau_after = match &eval_seqs {
-        Some(seqs) => {
-            let t = evaluate_tau(&replica.drafter, seqs, &stop_tokens(&tcfg))?.tau;
-            eprintln!("tau after training: {t:.3}");
-            Some(t)
+    Ok((replica, result))
+}
+
+/// The loader: work items in schedule order from the resume point.
+fn load_work(plan: &JobPlan, shared: &Shared, start_step: u64, end_step: u64) {
+    let steps = plan.schedule.steps.iter().enumerate();
+    for (step, work) in steps.take(end_step as usize).skip(start_step as usize) {
+        for (m, samples) in work.micro.iter().enumerate() {
+            let item = WorkItem {
+                epoch: work.epoch,
+                step: step as u64,
+                micro: m as u32,
+                samples: samples.clone(),
+            };
+            if let Err(e) = shared.push_patiently(&shared.work, item, "loader") {
+                shared.fail(e);
+                return;
+            }
         }
-        None => None,
-    };
-    let outcome = TrainOutcome {
-        run_dir: run_dir.to_path_buf(),
-        steps: end_step,
-        final_loss: last.0,
-        final_accuracy: last.1,
-        first_loss,
-        tau_before,
-        tau_after,
-        skipped_samples: skips.skipped(),
-    };
-    let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
-    write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
-    Ok(outcome)
+    }
+    shared.work.close();
+}
+
+/// Replica 0's extra duties: reporting and checkpoints.
+struct Lead<'a> {
+    reporter: &'a mut Reporter,
+    result: &'a mut RunResult,
+    run_dir: &'a Path,
+}
+
+/// One drafter replica's loop over the steps.
+struct DrafterLoop<'a> {
+    plan: &'a JobPlan,
+    shared: &'a Shared,
+    rank: usize,
+    who: &'a str,
+    comm: &'a HostComm,
+}
+
+impl DrafterLoop<'_> {
+    fn steps(
+        &self,
+        replica: &mut DrafterReplica,
+        mut lead: Option<Lead<'_>>,
+        start_step: u64,
+        end_step: u64,
+    ) -> Result<()> {
+        let (plan, shared) = (self.plan, self.shared);
+        let clock = &shared.drafter_clocks[self.rank];
+        let world = self.comm.world_size();
+        let mut reorder = Reorder::new();
+        let mut mark = Instant::now();
+        for step in start_step..end_step {
+            let work = &plan.schedule.steps[step as usize];
+            for m in (0..work.micro.len()).filter(|m| m % world == self.rank) {
+                let batch = reorder.next(
+                    shared,
+                    &shared.features[self.rank],
+                    step,
+                    m as u32,
+                    self.who,
+                )?;
+                clock.lap(Phase::QueueWait, &mut mark);
+                let prepared = PreparedBatch::new(batch, &plan.spec);
+                clock.lap(Phase::Prepare, &mut mark);
+                if let Some(p) = prepared {
+                    replica.accumulate(&p.as_input())?;
+                }
+                clock.lap(Phase::ForwardBackward, &mut mark);
+            }
+            let summary = replica.finish_step(self.comm, plan.lr.lr(step))?;
+            clock.add_secs(Phase::AllReduce, replica.last_times.all_reduce_s);
+            clock.add_secs(Phase::Optimizer, replica.last_times.optimizer_s);
+            mark = Instant::now();
+            let Some(lead) = lead.as_mut() else { continue };
+            lead.reporter.step(
+                &summary,
+                work.epoch,
+                plan.step_tokens[step as usize],
+                shared.gauges(),
+            )?;
+            if lead.result.first_loss.is_nan() {
+                lead.result.first_loss = summary.stats.loss();
+            }
+            lead.result.last = (summary.stats.loss(), summary.stats.accuracy());
+            clock.lap(Phase::Report, &mut mark);
+            let n = step + 1;
+            let save_every = plan.cfg.train.save_every;
+            if (save_every > 0 && n.is_multiple_of(save_every))
+                || n == plan.total_steps()
+                || n == end_step
+            {
+                let extra = serde_json::json!({ "epoch": work.epoch, "seed": plan.cfg.train.seed });
+                let bytes = publish_checkpoint(lead.run_dir, replica, extra)?;
+                let secs = mark.elapsed().as_secs_f64();
+                eprintln!(
+                    "checkpoint step-{n}: {:.2} GB in {secs:.1} s ({:.2} GB/s)",
+                    bytes as f64 / 1e9,
+                    bytes as f64 / 1e9 / secs.max(1e-9)
+                );
+                clock.lap(Phase::Checkpoint, &mut mark);
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,390 @@
+//! The job itself, end to end: `dflash train`'s own code (loader, target worker, bounded
+//! queue, drafter replica with `finish_step`, reporting and the final checkpoint), run through
+//! [`dflash_pipeline::job::train_plan`] on the bench's backend by name, on synthetic data.
+//!
+//! - `e2e.8b.1gpu`: the 8B recipe (`configs/qwen3-8b.toml`) with a random-weight
+//!   Qwen3-8B-shaped target generated on the device, 400 sequences of 600–3072 tokens;
+//! - `e2e.small.1gpu`: a 6-layer hidden-256 target and a 1-layer drafter, block 16, 32 anchors,
+//!   32 sequences of 256 tokens a step;
+//! - `load.8b`: seconds from the job's start to the end of its first step with the target read
+//!   from a sharded bf16 safetensors checkpoint on local disk (written first when absent).
+//!
+//! Throughput is the tokens of the steps after the warm-up over their wall time, read from
+//! the run's own `metrics.jsonl`; `detail` gives each worker's phases over the same steps and
+//! the peak anonymous host memory (`RssAnon`) sampled while the job ran.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use dflash_config::{Qwen3Config, TrainConfig};
+use dflash_pipeline::job::{JobPlan, TargetSource, train_plan};
+
+use crate::util::SplitMix;
+use crate::{BenchError, Result, Scale, Suite};
+
+pub const E2E_8B: &str = "e2e.8b.1gpu";
+pub const E2E_SMALL: &str = "e2e.small.1gpu";
+pub const LOAD_8B: &str = "load.8b";
+const RECIPE_8B: &str = include_str!("../../../configs/qwen3-8b.toml");
+const SEED: u64 = 0xE2E0_0001;
+
+pub fn figure_names() -> Vec<String> {
+    [E2E_8B, E2E_SMALL, LOAD_8B].map(String::from).to_vec()
+}
+
+/// One end-to-end job: the target's shape, the recipe and the synthetic data.
+struct Case {
+    name: &'static str,
+    target: Qwen3Config,
+    recipe: &'static str,
+    overrides: Vec<(String, String)>,
+    /// Number of sequences and their length range (inclusive).
+    seqs: usize,
+    lens: (usize, usize),
+    warmup_steps: u64,
+    measured_steps: u64,
+}
+
+fn set(k: &str, v: impl ToString) -> (String, String) {
+    (k.to_string(), v.to_string())
+}
+
+fn case_8b(scale: Scale) -> Case {
+    let target = crate::target::config(scale);
+    let mut overrides = vec![set("drafter.mask_token_id", target.vocab_size - 1)];
+    let (seqs, lens, warmup, measured) = match scale {
+        Scale::Full => (400, (600, 3072), 5, 30),
+        Scale::Smoke => {
+            overrides.extend([
+                set("data.max_len", 96),
+                set("data.bucket_bounds", "[32, 64, 96]"),
+                set("data.token_budget", 96),
+                set("data.num_anchors", 8),
+            ]);
+            (24, (20, 96), 2, 3)
+        }
+    };
+    Case {
+        name: E2E_8B,
+        target,
+        recipe: RECIPE_8B,
+        overrides,
+        seqs,
+        lens,
+        warmup_steps: warmup,
+        measured_steps: measured,
+    }
+}
+
+/// The small shape of issue 12: 6 layers, hidden 256, 4/2 heads, d 64, MLP 768, vocab 320.
+fn small_target() -> Qwen3Config {
+    Qwen3Config {
+        vocab_size: 320,
+        hidden_size: 256,
+        intermediate_size: 768,
+        num_hidden_layers: 6,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        max_position_embeddings: 4096,
+        ..crate::target::config(Scale::Smoke)
+    }
+}
+
+fn case_small(scale: Scale) -> Case {
+    let (seqs_per_step, warmup, measured) = match scale {
+        Scale::Full => (32, 10, 50),
+        Scale::Smoke => (4, 2, 3),
+    };
+    let steps = warmup + measured;
+    Case {
+        name: E2E_SMALL,
+        target: small_target(),
+        recipe: RECIPE_8B,
+        overrides: vec![
+            set("drafter.num_layers", 1),
+            set("drafter.mask_token_id", 319),
+            set("drafter.num_target_features", 3),
+            set("data.max_len", 256),
+            set("data.bucket_bounds", "[256]"),
+            set("data.token_budget", 256 * seqs_per_step),
+            set("data.num_anchors", 32),
+            set("train.micro_batches_per_step", 1),
+        ],
+        seqs: seqs_per_step * steps as usize,
+        lens: (256, 256),
+        warmup_steps: warmup,
+        measured_steps: measured,
+    }
+}
+
+/// `n` sequences with lengths in `lens`, ids below `vocab - 1` (the last id is the MASK
+/// token), the first eighth of each (a prompt) unsupervised.
+fn write_jsonl(path: &Path, n: usize, lens: (usize, usize), vocab: usize) -> Result<()> {
+    let mut rng = SplitMix::new(SEED);
+    let mut text = String::new();
+    for _ in 0..n {
+        let len = lens.0 + (rng.next_u64() as usize) % (lens.1 - lens.0 + 1);
+        let ids = rng.tokens(len, vocab - 1);
+        let prompt = len / 8;
+        let mask: Vec<u8> = (0..len).map(|i| u8::from(i >= prompt)).collect();
+        text.push_str(&serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// A scratch directory under the system temp dir, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("dflash-bench-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Samples this process's `RssAnon` every 50 ms while alive; `peak()` in bytes.
+struct RssSampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+fn rss_anon_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl RssSampler {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(rss_anon_bytes().unwrap_or(0)));
+        let (s, p) = (stop.clone(), peak.clone());
+        let handle = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(b) = rss_anon_bytes() {
+                    p.fetch_max(b, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        RssSampler {
+            stop,
+            peak,
+            handle: Some(handle),
+        }
+    }
+    fn peak_gb(mut self) -> f64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        self.peak.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+/// One line of `metrics.jsonl`, the fields the bench reads.
+#[derive(serde::Deserialize)]
+struct Record {
+    tokens: u64,
+    elapsed_s: f64,
+    job_s: f64,
+    target_phases_s: Vec<std::collections::BTreeMap<String, f64>>,
+    drafter_phases_s: Vec<std::collections::BTreeMap<String, f64>>,
+}
+
+fn read_records(run_dir: &Path) -> Result<Vec<Record>> {
+    let path = run_dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    text.lines()
+        .map(|l| serde_json::from_str(l).map_err(BenchError::from))
+        .collect()
+}
+
+/// `name a.b, ...` of the phases' milliseconds per step between two records.
+fn phase_line(
+    a: &std::collections::BTreeMap<String, f64>,
+    b: &std::collections::BTreeMap<String, f64>,
+    steps: f64,
+) -> String {
+    b.iter()
+        .map(|(k, v)| {
+            format!(
+                "{k} {:.1}",
+                (v - a.get(k).copied().unwrap_or(0.0)) * 1e3 / steps
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn job_config(
+    s: &Suite<'_>,
+    case: &Case,
+    data: &Path,
+    run_dir: &Path,
+    steps: u64,
+) -> Result<TrainConfig> {
+    let b = s.b();
+    let mut overrides = case.overrides.clone();
+    overrides.extend([
+        set("target.path", run_dir.display()),
+        set("data.train", data.display()),
+        set("train.max_steps", steps),
+        set("train.epochs", 0),
+        set("train.log_every", 10),
+        set("backend.name", b.name()),
+        set("backend.attention", b.attention_kernel()),
+        set("run.dir", run_dir.display()),
+    ]);
+    Ok(TrainConfig::load_toml_str(
+        case.recipe,
+        case.name,
+        run_dir,
+        &overrides,
+    )?)
+}
+
+/// Runs `case` as a job and records its throughput.
+fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
+    if !s.wants(case.name) {
+        return Ok(());
+    }
+    let scratch = Scratch::new(case.name)?;
+    let data = scratch.0.join("train.jsonl");
+    write_jsonl(&data, case.seqs, case.lens, case.target.vocab_size)?;
+    let steps = case.warmup_steps + case.measured_steps;
+    let cfg = job_config(s, &case, &data, &scratch.0, steps)?;
+    let plan = JobPlan::with_target(
+        &cfg,
+        TargetSource::Random {
+            config: case.target.clone(),
+            seed: SEED,
+        },
+    )?;
+    if plan.total_steps() < steps {
+        return Err(BenchError::Invalid {
+            bench: case.name.into(),
+            detail: format!(
+                "the data makes only {} of {steps} steps",
+                plan.total_steps()
+            ),
+        });
+    }
+    let rss = RssSampler::start();
+    let t0 = std::time::Instant::now();
+    let out = train_plan(&plan, &scratch.0.join("run")).map_err(|e| BenchError::Invalid {
+        bench: case.name.into(),
+        detail: dflash_pipeline::error::cause_chain(&e),
+    })?;
+    let wall = t0.elapsed().as_secs_f64();
+    let peak_rss = rss.peak_gb();
+    let recs = read_records(&out.run_dir)?;
+    let w = case.warmup_steps as usize;
+    let (first, last) = (&recs[w - 1], &recs[recs.len() - 1]);
+    let tokens: u64 = recs[w..].iter().map(|r| r.tokens).sum();
+    let secs = last.elapsed_s - first.elapsed_s;
+    let n = (recs.len() - w) as f64;
+    let phases = |a: &[std::collections::BTreeMap<String, f64>],
+                  b: &[std::collections::BTreeMap<String, f64>]| {
+        match (a.first(), b.first()) {
+            (Some(a), Some(b)) => phase_line(a, b, n),
+            _ => String::new(),
+        }
+    };
+    let d = &plan.drafter;
+    let detail = format!(
+        "{} steps after {w} warm-up, {:.0} tokens/step; target {} layers hidden {}, drafter {} \
+         layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
+         [{}], drafter [{}]; end-of-run checkpoint and save included in the job's {wall:.1} s; \
+         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}",
+        recs.len() - w,
+        tokens as f64 / n,
+        case.target.num_hidden_layers,
+        case.target.hidden_size,
+        d.num_hidden_layers,
+        d.block_size,
+        plan.spec.num_anchors,
+        cfg.train.micro_batches_per_step,
+        cfg.data.token_budget,
+        phases(&first.target_phases_s, &last.target_phases_s),
+        phases(&first.drafter_phases_s, &last.drafter_phases_s),
+        recs[0].job_s,
+        out.first_loss,
+        out.final_loss,
+    );
+    s.record(case.name, tokens as f64 / secs / 1e3, secs / n, detail)
+}
+
+pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
+    let scale = s.opts.scale;
+    run_case(s, case_8b(scale))?;
+    run_case(s, case_small(scale))?;
+    run_load(s)
+}
+
+/// Where `load.8b` keeps its checkpoint: `DFLASH_BENCH_CACHE` or the temp dir.
+fn cache_dir(scale: Scale) -> PathBuf {
+    std::env::var_os("DFLASH_BENCH_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("dflash-bench-qwen3-8b-random-{scale}"))
+}
+
+fn run_load(s: &mut Suite<'_>) -> Result<()> {
+    if !s.wants(LOAD_8B) {
+        return Ok(());
+    }
+    let scale = s.opts.scale;
+    let case = case_8b(scale);
+    let dir = cache_dir(scale);
+    let bytes = crate::checkpoint::ensure_random_checkpoint(&dir, &case.target, SEED)?;
+    let scratch = Scratch::new(LOAD_8B)?;
+    let data = scratch.0.join("train.jsonl");
+    write_jsonl(&data, case.seqs.min(16), case.lens, case.target.vocab_size)?;
+    let mut cfg = job_config(s, &case, &data, &scratch.0, 1)?;
+    cfg.target.path = Some(dir.clone());
+    let plan = JobPlan::new(&cfg)?;
+    let rss = RssSampler::start();
+    let out = train_plan(&plan, &scratch.0.join("run")).map_err(|e| BenchError::Invalid {
+        bench: LOAD_8B.into(),
+        detail: dflash_pipeline::error::cause_chain(&e),
+    })?;
+    let peak_rss = rss.peak_gb();
+    let recs = read_records(&out.run_dir)?;
+    let first = recs[0].job_s;
+    s.record(
+        LOAD_8B,
+        first,
+        first,
+        format!(
+            "{:.2} GB of bf16 safetensors in {} (page cache warm after writing); seconds from the \
+             job's start to the end of its first step; peak RssAnon {peak_rss:.2} GB over the \
+             whole job (final checkpoint included)",
+            bytes as f64 / 1e9,
+            dir.display()
+        ),
+    )
+}

@@ -1,0 +1,150 @@
+//! A job's plan: everything `train` derives from its config, built in one place before any
+//! thread starts, so the run loop (`run.rs`) only runs threads and the bench can build the
+//! same plan for the job it measures.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dflash_config::{DrafterConfig, Qwen3Config, TrainConfig};
+use dflash_data::{Dataset, open_dataset};
+use dflash_training::optimizer::AdamWHyper;
+use dflash_training::{BlockSpec, LrSchedule};
+
+use super::setup::{drafter_config, too_long};
+use crate::error::{PipelineError, Result};
+use crate::schedule::Schedule;
+use crate::workers::SampleRules;
+
+/// Where the frozen target's weights come from.
+#[derive(Debug, Clone)]
+pub enum TargetSource {
+    /// An HF checkpoint directory (`target.path`).
+    Dir(PathBuf),
+    /// Random weights of this shape, drawn on each worker's device (benchmarks, tests).
+    Random { config: Qwen3Config, seed: u64 },
+}
+
+impl TargetSource {
+    pub fn config(&self) -> Result<Qwen3Config> {
+        match self {
+            TargetSource::Dir(dir) => Ok(Qwen3Config::from_file(dir.join("config.json"))?),
+            TargetSource::Random { config, .. } => Ok(config.clone()),
+        }
+    }
+}
+
+/// The resolved job.
+pub struct JobPlan {
+    pub cfg: TrainConfig,
+    pub target: TargetSource,
+    pub target_config: Qwen3Config,
+    pub drafter: DrafterConfig,
+    pub spec: BlockSpec,
+    pub hyper: AdamWHyper,
+    pub rules: SampleRules,
+    pub target_workers: usize,
+    pub drafter_workers: usize,
+    pub train_data: Arc<dyn Dataset>,
+    pub schedule: Schedule,
+    /// One line per length bucket of the first epoch.
+    pub bucket_summary: Option<String>,
+    /// Tokens of each step (after truncation to `data.max_len`).
+    pub step_tokens: Vec<u64>,
+    pub lr: LrSchedule,
+}
+
+impl JobPlan {
+    /// The plan of `cfg` with the target of `target.path`.
+    pub fn new(cfg: &TrainConfig) -> Result<Self> {
+        Self::with_target(cfg, TargetSource::Dir(cfg.target_dir()?.to_path_buf()))
+    }
+
+    pub fn with_target(cfg: &TrainConfig, target: TargetSource) -> Result<Self> {
+        let target_config = target.config()?;
+        let drafter = drafter_config(cfg, &target_config)?;
+        let train_data: Arc<dyn Dataset> = Arc::from(open_dataset(cfg.train_data()?)?);
+        let lengths: Vec<usize> = (0..train_data.len())
+            .map(|i| train_data.seq_len(i).min(cfg.data.max_len))
+            .collect();
+        let (schedule, plans) = Schedule::new(
+            &lengths,
+            &cfg.data.bucket_bounds,
+            cfg.data.token_budget,
+            cfg.train.seed,
+            cfg.train.epochs as u64,
+            cfg.train.micro_batches_per_step,
+            cfg.train.max_steps,
+        );
+        if schedule.is_empty() {
+            return Err(PipelineError::Job(format!(
+                "the schedule has no steps: {} holds {} samples (train.epochs {}, \
+                 train.max_steps {:?})",
+                cfg.train_data()?.display(),
+                train_data.len(),
+                cfg.train.epochs,
+                cfg.train.max_steps
+            )));
+        }
+        let step_tokens = schedule
+            .steps
+            .iter()
+            .map(|s| s.micro.iter().flatten().map(|&i| lengths[i] as u64).sum())
+            .collect();
+        let spec = BlockSpec {
+            block_size: drafter.block_size,
+            num_anchors: cfg.data.num_anchors,
+            gamma: cfg.data.gamma.map_or_else(
+                || dflash_data::default_gamma(drafter.block_size),
+                |g| g as f32,
+            ),
+            mask_token_id: drafter.mask_token_id,
+            seed: cfg.train.seed,
+        };
+        let hyper = AdamWHyper {
+            beta1: cfg.train.beta1 as f32,
+            beta2: cfg.train.beta2 as f32,
+            eps: cfg.train.eps as f32,
+            weight_decay: cfg.train.weight_decay as f32,
+        };
+        let rules = SampleRules {
+            vocab_size: target_config.vocab_size,
+            max_len: cfg.data.max_len,
+            min_supervised: cfg.data.min_supervised,
+            too_long: too_long(cfg),
+        };
+        let total_steps = schedule.len() as u64;
+        let lr = LrSchedule::new(
+            cfg.train.lr,
+            total_steps,
+            cfg.train.warmup_ratio,
+            cfg.train.min_lr_ratio,
+        );
+        Ok(JobPlan {
+            cfg: cfg.clone(),
+            target,
+            target_config,
+            drafter,
+            spec,
+            hyper,
+            rules,
+            target_workers: cfg.pipeline.target_workers.max(1),
+            drafter_workers: cfg.pipeline.drafter_workers.max(1),
+            train_data,
+            bucket_summary: plans.first().map(|p| p.bucket_summary().to_string()),
+            schedule,
+            step_tokens,
+            lr,
+        })
+    }
+
+    pub fn total_steps(&self) -> u64 {
+        self.schedule.len() as u64
+    }
+
+    /// The step this invocation ends after: `train.stop_at_step` ends it early without
+    /// touching the schedule.
+    pub fn end_step(&self) -> u64 {
+        let total = self.total_steps();
+        self.cfg.train.stop_at_step.map_or(total, |s| s.min(total))
+    }
+}
