@@ -5,7 +5,7 @@
 //! - `conformance`   run the backend/attention-kernel conformance suite.
 //! - `test`          the test command CI runs.
 //! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
-//!   DESIGN.md §4 comparisons). With `--backend cuda` it defaults
+//!   docs/design.md §4 comparisons). With `--backend cuda` it defaults
 //!   `--attention` to `cuda-flash` (the tuned kernel), and without `--out` writes
 //!   `bench/results/<gpu-name-slug>.json`.
 //! - `gen-wgmma`     rewrite the generated wgmma wrappers of the CUDA attention kernels.
