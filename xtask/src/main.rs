@@ -5,9 +5,15 @@
 //! - `conformance`   run the backend/attention-kernel conformance suite.
 //! - `test`          the test command CI runs.
 //! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
-//!   DESIGN.md §4 comparisons). With `--backend cuda` it defaults
+//!   docs/design.md §4 comparisons). With `--backend cuda` it defaults
 //!   `--attention` to `cuda-flash` (the tuned kernel), and without `--out` writes
 //!   `bench/results/<gpu-name-slug>.json`.
+//! - `gen-wgmma`     rewrite the generated wgmma wrappers of the CUDA attention kernels.
+//! - `emu [--quick]` run the kernel lab's CPU emulators of the CUDA kernels (no GPU; needs
+//!   g++, python3 and numpy).
+
+mod emu;
+mod wgmma;
 
 use std::process::{Command, ExitCode};
 
@@ -99,9 +105,20 @@ fn main() -> ExitCode {
                 .args(&rest);
             status(c)
         }
+        "gen-wgmma" => {
+            let path = root.join(wgmma::PATH);
+            match std::fs::write(&path, wgmma::generate()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask: write {}: {e}", path.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        "emu" => emu::run(&root, rest.iter().any(|a| a == "--quick")),
         _ => {
             eprintln!(
-                "usage: cargo xtask <train|eval|status|backends|bench|conformance|test> [ARGS]"
+                "usage: cargo xtask <train|eval|status|backends|bench|conformance|test|gen-wgmma|emu> [ARGS]"
             );
             ExitCode::FAILURE
         }

@@ -5,11 +5,12 @@
 //   by the driver)
 // On compute_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): warpgroup MMA (`wgmma.mma_async`) for the forward (S = Q K^T
 // with both operands in 128-byte-swizzled shared memory, O += P V with P in registers; warp-specialised: a
-// cp.async producer warpgroup on mbarriers + two consumer warpgroups ping-ponging softmax and GEMMs: attn_fwd_ws_impl)
-// and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK, dQ per key tile,
-// attn_bwd_ws_impl). Otherwise (other devices, compute_90 without the `a`, -DATTN_NO_WGMMA) and for
-// the head_dim-256 backward: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from
-// shared memory through `ldmatrix`. Global->shared copies through `cp.async`.
+// producer warpgroup that issues the Q/K/V tiles as TMA loads on mbarriers + two consumer warpgroups ping-ponging
+// softmax and GEMMs: attn_fwd_ws_impl) and for the backward of head_dim 64/128 (FA3-style: S^T, dP^T, dV, dK,
+// dQ per key tile, Q/dO tiles by TMA, dQ added into dq_accum by TMA tensor reductions: attn_bwd_ws_impl).
+// Otherwise (other devices, compute_90 without the `a`) and for the head_dim-256 backward:
+// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, operands from shared memory through `ldmatrix`,
+// global->shared copies through `cp.async`.
 // bf16 inputs/outputs, fp32 accumulation and softmax statistics, f32 lse.
 //
 // Layouts (crates/core/src/ops/attention.rs): q (Tq,Hq,D), k/v (Tk,Hkv,D), out (Tq,Hq,D) row-major,
@@ -57,16 +58,17 @@
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) once after loading.
 //
 // Measurements, method and the tuning history: docs/kernel-lab-attention.md; lab script and CPU
-// emulator: backends/cuda/lab/. Macros ATTN_FWD_CFG_*, ATTN_BWD_CFG_*, ATTN_FWD_MINB_*,
-// ATTN_ONLY_D128, ATTN_WG_CFG_*, ATTN_NO_WGMMA, ATTN_BWD_MMA and ATTN_LAB_SKIP_* exist for the lab's variants; the backend
-// compiles this file with none of them defined (likewise the forward's ATTN_FWD_REG_P/C, ATTN_FWD_NOTURN,
-// ATTN_FWD_NOPIN and ATTN_LAB_TRACE).
+// emulator: lab/cuda/. This file and its parts are what ships; the lab's variants (other tile
+// configurations, timing knobs, clock traces) live in lab/cuda/variants.patch, which the lab applies
+// to a copy of these files. The empty ATTN_TR / ATTN_FTR / ATTN_BTR / ATTN_CTR / ATTN_TR_ITEM
+// macros are the points where that patch records clock stamps.
 
 // The kernels, in dependency order. NVRTC has no file system, so the backend (kernels.rs,
 // flash_source) and the lab (attention_lab.py, read_source) splice these parts in at the
 // #include lines; nvcc and the CPU emulator include them as files.
 #include "attention/common.cuh"
 #include "attention/fwd_mma.cuh"
+#include "attention/wgmma_gen.cuh"
 #include "attention/fwd_wgmma.cuh"
 #include "attention/bwd_mma.cuh"
 #include "attention/bwd_wgmma.cuh"
@@ -91,45 +93,21 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 //   fwd d256: BM 128, BN 64, 8 warps (16 rows/warp)
 //   bwd d64/d128: BN 128 keys (8 warps x 16), 64 query rows per step; d256: BN 64, D split in two
 // ------------------------------------------------------------------------------------------------
-#ifndef ATTN_FWD_MINB_64
 #define ATTN_FWD_MINB_64 2
-#endif
-#ifndef ATTN_FWD_MINB_128
 #define ATTN_FWD_MINB_128 2
-#endif
-#ifndef ATTN_FWD_MINB_256
 #define ATTN_FWD_MINB_256 1
-#endif
-#ifndef ATTN_FWD_CFG_64
 #define ATTN_FWD_CFG_64 64, 128, 64, 4, true
-#endif
-#ifndef ATTN_FWD_CFG_128
 #define ATTN_FWD_CFG_128 128, 128, 64, 4, false
-#endif
-#ifndef ATTN_FWD_CFG_256
 #define ATTN_FWD_CFG_256 256, 128, 64, 8, false
-#endif
-#ifndef ATTN_BWD_CFG_64
 #define ATTN_BWD_CFG_64 64, 8, 1
-#endif
-#ifndef ATTN_BWD_CFG_128
 #define ATTN_BWD_CFG_128 128, 8, 1
-#endif
-#ifndef ATTN_BWD_CFG_256
 #define ATTN_BWD_CFG_256 256, 8, 2
-#endif
 
 // Forward: the wgmma kernel where compiled for compute_90a, else the mma.sync kernel.
 #ifdef ATTN_WGMMA
-#ifndef ATTN_WG_CFG_64
 #define ATTN_WG_CFG_64 64, 128
-#endif
-#ifndef ATTN_WG_CFG_128
 #define ATTN_WG_CFG_128 128, 128
-#endif
-#ifndef ATTN_WG_CFG_256
 #define ATTN_WG_CFG_256 256, 64
-#endif
 #define ATTN_FWD_C(DD) WsCfg<ATTN_WG_CFG_##DD>
 #define ATTN_FWD_MINB(DD) 1
 #define ATTN_FWD_CALL(DD) attn_fwd_ws_impl<ATTN_WG_CFG_##DD>
@@ -146,8 +124,8 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
 #endif
 
 // Backward: the wgmma kernel (attn_bwd_ws_impl) where compiled for compute_90a, for D 64 and 128;
-// the mma.sync kernel otherwise (and for D 256, and with -DATTN_BWD_MMA, a lab variant).
-#if defined(ATTN_WGMMA) && !defined(ATTN_BWD_MMA)
+// the mma.sync kernel otherwise (and for D 256).
+#if defined(ATTN_WGMMA)
 #define ATTN_BWD_WG_ON 1
 #else
 #define ATTN_BWD_WG_ON 0
@@ -186,14 +164,9 @@ struct BwdSel {
                                                   Tq, Tk, Hq, Hkv, scale, hgroup);                                     \
     }
 
-// ATTN_ONLY_D128 (kernel lab variants) instantiates head_dim 128 only.
-#ifndef ATTN_ONLY_D128
 ATTN_DEFINE(64)
-#endif
 ATTN_DEFINE(128)
-#ifndef ATTN_ONLY_D128
 ATTN_DEFINE(256)
-#endif
 
 // Launch configuration, one row of ATTN_CONFIG_FIELDS ints per head_dim (64, 128, 256):
 //   [D, fwd_BM, fwd_threads, fwd_smem, bwd_BN, bwd_threads, bwd_smem, bwd_BM(summary tile), pre_threads,

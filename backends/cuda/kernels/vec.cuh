@@ -8,7 +8,7 @@
 
 #define DF_VEC 8
 
-// A hook for the CPU emulator (backends/cuda/lab/emu/ew_check.py checks every vector address);
+// A hook for the CPU emulator (lab/cuda/emu/ew_check.py checks every vector address);
 // nothing on the device.
 #ifndef DF_VEC_CHECK
 #define DF_VEC_CHECK(p)

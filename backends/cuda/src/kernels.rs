@@ -135,6 +135,10 @@ pub const FLASH_PARTS: &[(&str, &str)] = &[
         include_str!("../kernels/attention/fwd_mma.cuh"),
     ),
     (
+        "attention/wgmma_gen.cuh",
+        include_str!("../kernels/attention/wgmma_gen.cuh"),
+    ),
+    (
         "attention/fwd_wgmma.cuh",
         include_str!("../kernels/attention/fwd_wgmma.cuh"),
     ),

@@ -13,8 +13,8 @@ __device__ __forceinline__ void attn_bwd_pre_impl(const bf16_t* __restrict__ o, 
                                                   const int* __restrict__ ss, const int* __restrict__ se,
                                                   float* __restrict__ Di, float* __restrict__ dq_accum,
                                                   int* __restrict__ summary, int Tq, int Hq) {
-    // one block per (64-row query tile, head): v15's one block per tile (all heads) left the chip a block per SM,
-    // 2.5 TB/s on the causal S=8192 shape (run 31)
+    // one block per (64-row query tile, head): one block per tile over all heads leaves the chip a block per SM
+    // (memory-bound at a fraction of the bandwidth)
     __shared__ int sRed[8 * (PRE_THREADS / 32)];
     __shared__ int sSum[8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -202,7 +202,6 @@ __device__ __forceinline__ void attn_bwd_iter(float (&dka)[D / DSPLIT / 8][4], f
         }
     }
     __syncthreads();
-#ifndef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
     // dQ (this query tile, head h) += dS K over the visible key slices
     float dq[C::DQW / 8][4];
 #pragma unroll
@@ -237,7 +236,6 @@ __device__ __forceinline__ void attn_bwd_iter(float (&dka)[D / DSPLIT / 8][4], f
             }
         }
     }
-#endif
 }
 
 template <int D, int NW, int DSPLIT>

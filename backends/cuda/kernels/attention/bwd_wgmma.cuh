@@ -1,11 +1,10 @@
-// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (v16, head_dim 64 / 128).
+// attention/bwd_wgmma.cuh: the warp-specialised Hopper backward (head_dim 64 / 128).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
-// Backward on Hopper, v16 (runs 23-25: v15 of runs 20-22 with its memory traffic moved to TMA: Q/dO tiles
-// loaded by one thread, dQ tiles added into dq_accum by tensor reductions; v15, v14, v11 and the lab variants
-// that lost are in git history: see docs/kernel-lab-attention.md). FA3's structure: one CTA per (key
-// tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
+// Backward on Hopper (the designs it replaced, and why: docs/kernel-lab-attention.md), its memory traffic on
+// TMA: Q/dO tiles loaded by one thread, dQ tiles added into dq_accum by tensor reductions. FA3's structure: one
+// CTA per (key tile of BN = 128 keys, kv head), K and V resident in shared memory (the forward's 128-byte-swizzled
 // K-major panels), one step per listed (query tile of BM = 64 rows x group head). 384 threads in three
 // roles; setmaxnreg: the producer warpgroup drops to 24 registers, the two consumers rise to 240
 // (launch bound 168 x 384 = the register file).
@@ -28,40 +27,28 @@
 //   warpgroup 2 (producer), per step, into a 2-stage ring:
 //     warp 8, one thread: Q and dO as 2 x D/64 TMA boxes (cp.async.bulk.tensor, tensor maps tm_q / tm_do
 //       built by the host; rows past Tq arrive as zeros) completing on the stage's "full" mbarrier
-//       (expect_tx); v15's 64 threads of cp.async spent ~70% of their time issuing (spilled addresses)
-//       and the consumers waited ~20% of theirs for Q/dO (ncu source counters, run 23);
+//       (expect_tx); one issuing thread, since cp.async from many threads spent most of its time computing
+//       (spilled) addresses while the consumers waited for Q/dO;
 //     warp 10: lse, D_i and the row intervals (cp.async, cp.async.mbarrier.arrive.noinc on the same
 //       barrier); the consumers release a stage with one arrive per warp ("empty") after its dK/dV retired;
 //     warp 11, the dQ writer: waits for a staged tile (dq_full), adds it into dq_accum with D/32 TMA tensor
-//       reductions from one thread (tm_dq: rows past Tq left out; v15's per-row bulk reductions were
-//       serialised lane by lane, 64 per step), and frees the tile (dq_empty) once the reads are done.
+//       reductions from one thread (tm_dq: rows past Tq left out; per-row bulk reductions would serialise
+//       lane by lane, 64 per step), and frees the tile (dq_empty) once the reads are done.
 // No CTA barrier inside the step loop (the query-tile list is built by all 384 threads with bar.sync 0
 // per chunk of 384 query tiles). ptxas pipelines the wgmmas only if no non-wgmma instruction writes an
 // accumulator while any wgmma is in flight and no wgmma is conditional inside a group (else it
 // serialises every wgmma of the kernel: C7515): hence one wait for S^T and dP^T together, dQ without a
 // zero fill (scale-d 0 first) over all 8 k-steps. ptxas: 168 registers (the launch bound; consumers
-// 240), 8 spill bytes (d128), no C75xx (backends/cuda/lab/sass_order.py: H W0 E H W0 W0 H W0 H W0 W0).
+// 240), 8 spill bytes (d128), no C75xx (lab/cuda/sass_order.py: H W0 E H W0 W0 H W0 H W0 W0).
 // d256 keeps the mma.sync backward (dK and dV accumulators alone would be 256 registers per thread).
 // ------------------------------------------------------------------------------------------------
-#ifndef ATTN_BWD_REG_C
 #define ATTN_BWD_REG_C 240
-#endif
-#if defined(ATTN_LAB_TRACE) && defined(ATTN_LAB_BTRACE)
-#define ATTN_BTR(c, t, e) attn_tr(c, t, e)
-#else
 #define ATTN_BTR(c, t, e)
-#endif
-#ifndef ATTN_BWD_REG_P
 #define ATTN_BWD_REG_P 24
-#endif
 // Every CTA walks its query-tile list in order, so the CTAs resident together reduce into a few dq_accum rows at a
-// time, which stay in L2. (Runs 13-31 started each list at a hashed offset, against contention on those rows; in
-// run 32's A/B the plain order was x1.00-1.17 faster, 0.99 on DFlash ctx 2048: lab variant bwd_rot, ATTN_BWD_HASHROT.)
-#ifdef ATTN_BWD_HASHROT
-#define ATTN_BWD_ROT(kt, total) ((int)(((unsigned)(kt) * 2654435761u) % (unsigned)(total)))
-#else
+// time, which stay in L2 (a hashed start offset per list, against contention on those rows, measured slower:
+// the lab's variant bwd_rot).
 #define ATTN_BWD_ROT(kt, total) 0
-#endif
 template <int D>
 struct WsBwdCfg {
     static constexpr int BN = 128, BM = BWD_BM, THREADS = 384, NCT = 256;  // NCT: consumer threads
@@ -72,7 +59,7 @@ struct WsBwdCfg {
     // staged dQ tile: D/32 boxes of 64 rows x 32 f32 (128-byte rows, swizzled as TMA's 128-byte mode), one TMA
     // tensor reduction each (conflict-free v2 stores: the swizzle spreads a warp's 8 rows over the banks)
     static constexpr int DQLD = D * 4;  // bytes per staged dQ row
-    static constexpr int NS = 2;                    // Q/dO stages (3 lost in run 22: one dQ tile to fit)
+    static constexpr int NS = 2;                    // Q/dO stages (3 leave room for one dQ tile only: slower)
     static constexpr int NDQ = 2;                   // staged dQ tiles
     static constexpr int OFF_K = 0, OFF_V = KV, OFF_Q = 2 * KV, OFF_DO = OFF_Q + NS * QS, OFF_DS = OFF_DO + NS * QS;
     static constexpr int OFF_DQ = OFF_DS + DS;              // one dS^T buffer, then NDQ staged dQ tiles
@@ -105,10 +92,9 @@ static __device__ __forceinline__ void tma_red_add_3d(const TmaDesc* map, int c0
 }
 
 // P^T = exp2(S^T * scale * log2e - lse * log2e) (0 where masked), dS^T = P^T (dP^T - D_i), both packed to
-// bf16 A fragments. F: every (key, query) pair of the step is visible. Branch-free (run 20): v14's form
-// (`ok ? ex2(..) : 0` with short-circuit interval tests on a run-time `full`) compiled to two branches, a
-// BSSY/BSYNC pair and a dependent LDS per score (~600 instructions per thread and step; trace: ~3200
-// cycles from the S^T/dP^T wait to the dK/dV issue).
+// bf16 A fragments. F: every (key, query) pair of the step is visible. Branch-free, since the form
+// `ok ? ex2(..) : 0` with short-circuit interval tests on a run-time `full` compiles to two branches, a
+// BSSY/BSYNC pair and a dependent LDS per score (~600 instructions per thread and step).
 template <bool F>
 static __device__ __forceinline__ void bwd_ew(const float (&s)[32], float (&dp)[32], u32 (&pa)[4][4], u32 (&da)[4][4],
                                               const float* lS, const float* dI, const int4* rows, int kr, int lane,
@@ -133,11 +119,7 @@ static __device__ __forceinline__ void bwd_ew(const float (&s)[32], float (&dp)[
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int j = nt * 4 + 2 * i + x;
-#ifdef ATTN_LAB_NOEW  // lab-only timing knob (wrong dq/dk/dv): no exponentials
-                const float e = fmaf(s[j], sl2, nl[2 * nt + x]);
-#else
                 const float e = ex2(fmaf(s[j], sl2, nl[2 * nt + x]));
-#endif
                 if constexpr (F) {
                     p[j] = e;
                 } else {
@@ -261,12 +243,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                         const int q0 = (list_at(it) & 0x3fffffff) * BM;
                         const int h = hk * G + (it - li * G);
                         const u32 bar = barF + 8 * st;
-#ifdef ATTN_LAB_NOLOAD  // lab-only timing knob (wrong results): Q/dO loaded for the first NS steps only
-                        if (g >= NS) {
-                            mbar_arrive_tx(bar, 0);
-                            continue;
-                        }
-#endif
                         mbar_arrive_tx(bar, 2 * C::QS);  // rows past Tq are zero-filled and count
 #pragma unroll
                         for (int p = 0; p < D / 64; p++) {
@@ -305,11 +281,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                   {
                     const int w = g % NDQ;  // staged tile of step g, and its phase
                     mbar_wait(barQF + 8 * w, (g / NDQ) & 1);
-#ifdef ATTN_LAB_SKIP_DQRED  // lab-only timing knob (wrong dq): the writer reduces nothing
-                    if (false) {
-#else
                     if (*(volatile int*)(sDqf + w)) {
-#endif
                         const int li = it / G;
                         const int e = list_at(it);
                         const int q0 = (e & 0x3fffffff) * BM;
@@ -471,11 +443,7 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                     auto wait_free = [&]() {  // the writer has read what step g - 2 staged there
                         if (g >= NDQ) mbar_wait(barQE + 8 * w, ((g / NDQ) - 1) & 1);
                     };
-#ifdef ATTN_LAB_SKIP_DQ  // lab-only timing knob (wrong dq)
-                    if (false) {
-#else
                     if (vq) {
-#endif
 #pragma unroll
                         for (int hh = 0; hh < D / 64; hh++) {  // 64-column halves (a 64-register dQ: C7512)
                             float dq[32];
@@ -493,7 +461,6 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                             if (hh == 0) ATTN_BTR(wg, g, 10);
                             if (hh == 0) wait_free();
                             if (hh == 0) ATTN_BTR(wg, g, 11);
-#ifndef ATTN_LAB_NOSTAGE  // lab-only timing knob (wrong dq): dQ not staged
 #pragma unroll
                             for (int i = 0; i < 2; i++) {
                                 const int r = wq * 16 + (lane >> 2) + 8 * i;
@@ -507,20 +474,13 @@ __device__ __forceinline__ void attn_bwd_ws_impl(
                                                ((((nt & 3) * 2 + ((lane & 3) >> 1)) ^ (r & 7)) << 4)) =
                                         make_float2(dq[nt * 4 + 2 * i], dq[nt * 4 + 2 * i + 1]);
                             }
-#else
-                            if (dq[0] == 1234.5f && dq[31] == 1.f) sDqf[3] = 1;  // keeps the dQ wgmmas
-#endif
                         }
                         fence_proxy_async();  // read by the bulk-copy (async) proxy
                     } else {
                         mbar_arrive(barDS);
                         wait_free();
                     }
-#ifdef ATTN_LAB_SKIP_DQ
-                    if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = 0;
-#else
                     if (wq == 0 && lane == 0) *(volatile int*)(sDqf + w) = vq;
-#endif
                     mbar_arrive(barQF + 8 * w);
                     ATTN_BTR(wg, g, 7);
                 } else {

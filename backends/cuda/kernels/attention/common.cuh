@@ -15,9 +15,8 @@ struct BoolC {
 // Grid order of both attention kernels: the CTAs' heads in groups of `group` heads (the host's choice: head_group in
 // flash/mod.rs), the groups one after another, each walking its tiles in order with its heads interleaved; a group of
 // all the heads is the global order. Returns the CTA's tile (in [0, ntiles)) and head. Small groups keep the data of a
-// few heads hot in L2 (the backward's dq_accum rows and Q/dO: run 31, interleaved A/B, causal S=8192 +3-6%, dense
-// +13%), at the price of the later groups' heavy tiles starting later: worth it only with several waves of CTAs per
-// group. (Strictly head-major, groups of 1 on every shape, lost to tail balance in runs 2-3 and 23.)
+// few heads hot in L2 (the backward's dq_accum rows and Q/dO), at the price of the later groups' heavy tiles
+// starting later: worth it only with several waves of CTAs per group (groups of 1 everywhere lose to tail balance).
 static __device__ __forceinline__ void grouped_tile(int bid, int ntiles, int nheads, int group, int& tile, int& head) {
     const int hg = (group <= 0 || group > nheads) ? nheads : group;
     const int grp = bid / (ntiles * hg);
@@ -27,7 +26,7 @@ static __device__ __forceinline__ void grouped_tile(int bid, int ntiles, int nhe
     head = grp * hg + (r - tile * gsz);
 }
 // The forward: one CTA per (query tile, query head), heavy (late) query tiles first; `hgroup` counts kv heads, so a
-// group holds hgroup * (Hq / Hkv) query heads (neutral against one group in run 31: kept so both follow one rule).
+// group holds hgroup * (Hq / Hkv) query heads (neutral for the forward: kept so both kernels follow one rule).
 static __device__ __forceinline__ void fwd_tile_of(int bid, int nqt, int Hq, int Hkv, int hgroup, int& qt, int& h) {
     int t;
     grouped_tile(bid, nqt, Hq, hgroup <= 0 ? 0 : hgroup * (Hq / Hkv), t, h);
@@ -45,10 +44,9 @@ struct __align__(128) TmaDesc {
 };
 
 // ------------------------------------------------------------------------------------------------
-// PTX helpers (backends/cuda/lab/emu/emu_rt.h provides CPU versions of exactly these for the lab's
-// emulator, which compiles this file as C++ with -DATTN_EMU; NVRTC never sees that branch)
+// PTX helpers (lab/cuda/emu/emu_rt.h provides CPU versions of exactly these for the lab's CPU
+// emulator, whose copy of this file leaves them out: lab/cuda/variants.patch)
 // ------------------------------------------------------------------------------------------------
-#ifndef ATTN_EMU
 #define ATTN_DYN_SMEM extern __shared__ __align__(16) unsigned char smem[]
 static __device__ __forceinline__ u32 smem_u32(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
@@ -97,7 +95,6 @@ static __device__ __forceinline__ float ex2(float x) {
 static __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
-#endif  // ATTN_EMU
 static __device__ __forceinline__ float bf_lo(u32 v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
 static __device__ __forceinline__ bool in_iv(int k, int s, int e) { return k >= s && k < e; }

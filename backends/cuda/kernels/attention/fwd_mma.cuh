@@ -1,4 +1,4 @@
-// attention/fwd_mma.cuh: the mma.sync forward (devices without wgmma, and the lab's -DATTN_NO_WGMMA).
+// attention/fwd_mma.cuh: the mma.sync forward (devices without wgmma).
 // Part of attention.cu (included there, in order; see its header comment).
 
 // ------------------------------------------------------------------------------------------------
@@ -105,7 +105,6 @@ __device__ __forceinline__ void attn_fwd_tile(float (&o)[FwdCfg<D, BM, BN, NW, Q
                 }
         }
         // online softmax
-#ifndef ATTN_LAB_SKIP_SOFTMAX  // lab-only timing knob (wrong results): never defined by the backend
 #pragma unroll
         for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
@@ -134,9 +133,7 @@ __device__ __forceinline__ void attn_fwd_tile(float (&o)[FwdCfg<D, BM, BN, NW, Q
                     o[mt][dt][2 * i + 1] *= alpha;
                 }
             }
-#endif
         // O += P V
-#ifndef ATTN_LAB_SKIP_PV  // lab-only timing knob
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
             if (cm & (1u << kc)) {
@@ -160,7 +157,6 @@ __device__ __forceinline__ void attn_fwd_tile(float (&o)[FwdCfg<D, BM, BN, NW, Q
                 }
             }
         }
-#endif
     }
 }
 
@@ -260,11 +256,7 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
 
     for (int t = 0; t < n; t++) {
         if (t + 1 < n) {
-#ifdef ATTN_LAB_SKIP_LOAD  // lab-only timing knob (wrong results): K/V of tiles 0, 1 reused for all
-            if (t < 1) load_kv(tile_of(t + 1), (t + 1) & 1);
-#else
             load_kv(tile_of(t + 1), (t + 1) & 1);
-#endif
             cp_async_commit();
             cp_async_wait<1>();
         } else {

@@ -18,7 +18,7 @@
 //! read once after loading.
 //!
 //! Launch summary (kernel signatures in `kernels/attention.cu`, cross-checked with
-//! `lab/attention_lab.py`):
+//! `lab/cuda/attention_lab.py`):
 //!
 //! | kernel | grid x block, dynamic smem | arguments |
 //! |---|---|---|

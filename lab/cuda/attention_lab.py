@@ -7,13 +7,13 @@ Two modes:
                    backend will, then ptxas (if found) prints registers / spills per kernel.
   default          on an H200 with torch + CuPy: the same NVRTC PTX is loaded through CuPy (the
                    driver JIT-compiles it, as cudarc does), checked against a dense fp64 PyTorch
-                   reference on small shapes (outputs poisoned with NaN first), then the DESIGN §4
+                   reference on small shapes (outputs poisoned with NaN first), then the docs/design.md §4
                    benchmark shapes are timed (CUDA events, warm-up, median), together with torch's
                    own SDPA (and, with --flex, compiled flex_attention) in the same process.
 
 Usage (repo root):
-  python3 backends/cuda/lab/attention_lab.py --compile-only
-  set -o pipefail; PYTHONUNBUFFERED=1 python3 backends/cuda/lab/attention_lab.py [--flex] 2>&1 | tee $OUT/lab.log
+  python3 lab/cuda/attention_lab.py --compile-only
+  set -o pipefail; PYTHONUNBUFFERED=1 python3 lab/cuda/attention_lab.py [--flex] 2>&1 | tee $OUT/lab.log
 """
 import argparse
 import ctypes
@@ -31,8 +31,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-SRC = os.path.join(ROOT, "backends", "cuda", "kernels", "attention.cu")
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, HERE)
+import lab_source  # noqa: E402  (the shipped kernels with the lab's variants patched in)
 NVRTC_OPTS = ["--gpu-architecture=compute_90a", "-std=c++17"]  # as the backend on an H200 (cc 9.0)
 
 # name -> extra NVRTC options. "ship" is the file as it is; the others are head_dim-128 variants.
@@ -125,7 +127,7 @@ FWD_ONLY = {"t_nosm", "v14_noturn", "v14_nopin", "trace", "fwd_nopersist", "fwd_
 # with Q in registers (128,64,64,4,true and 128,64,32,4,true with 3 CTAs/SM), and the timing knobs
 # -DATTN_LAB_SKIP_SOFTMAX / _SKIP_PV / _SKIP_LOAD / _SKIP_DQ (names "t_..." are timed only).
 
-# DESIGN §4 anchors (TFLOP/s, one H200, PyTorch 2.11): (fwd, fwd+bwd)
+# docs/design.md §4 anchors (TFLOP/s, one H200, PyTorch 2.11): (fwd, fwd+bwd)
 ANCHORS = {
     "dflash ctx4096+256": (246.0, 207.0),
     "dflash ctx8192+512": (270.0, 237.0),
@@ -322,9 +324,11 @@ def ptxas_report(ptx, tag):
     return "\n".join(lines)
 
 
-def read_source(path=SRC):
+def read_source(path=None):
     """attention.cu with its `#include "attention/<part>"` lines spliced in (NVRTC has no file
-    system), bracketed by #line directives: what the backend's `kernels::flash_source` builds."""
+    system), bracketed by #line directives: what the backend's `kernels::flash_source` builds, from the
+    lab's copy of the kernels (lab_source: the shipped files with variants.patch applied)."""
+    path = path or os.path.join(lab_source.kernel_dir(), "attention.cu")
     kdir = os.path.dirname(path)
     out = []
     for i, line in enumerate(open(path).read().splitlines()):
@@ -344,7 +348,7 @@ def build_all(variants):
 
 
 # ------------------------------------------------------------------------------------------------
-# Masks (DESIGN §2.3 / §3), as the four i32 arrays of the C ABI
+# Masks (docs/design.md §2.3 / §3), as the four i32 arrays of the C ABI
 # ------------------------------------------------------------------------------------------------
 def _norm(s, e):
     import numpy as np

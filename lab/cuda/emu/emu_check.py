@@ -3,7 +3,7 @@
 
 No GPU needed: catches indexing, fragment-layout, masking, tile-list and barrier bugs before any
 device time is spent (it says nothing about speed, and cannot see real races or the real PTX).
-  python3 backends/cuda/lab/emu/emu_check.py [--quick]
+  python3 lab/cuda/emu/emu_check.py [--quick]
 Needs g++ and numpy.
 """
 import argparse
@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(HERE))
 import attention_lab as lab  # noqa: E402  (mask builders)
+import lab_source  # noqa: E402  (the kernels the emulator compiles)
 
 TOL = dict(out=1e-2, lse=2e-3, dq=2e-2, dk=2e-2, dv=2e-2)
 
@@ -129,8 +130,8 @@ def main():
     args = ap.parse_args()
     exe = os.path.join(tempfile.gettempdir(), "attn_emu_main")
     t = time.time()
-    subprocess.run(["g++", "-std=c++17", "-O2", "-Wno-unknown-pragmas"] + args.cflags.split() +
-                   ["-o", exe, os.path.join(HERE, "emu_main.cpp")], check=True)
+    subprocess.run(["g++", "-std=c++17", "-O2", "-Wno-unknown-pragmas", "-I", lab_source.kernel_dir()] +
+                   args.cflags.split() + ["-o", exe, os.path.join(HERE, "emu_main.cpp")], check=True)
     print(f"built emulator in {time.time() - t:.1f}s", flush=True)
     rng = np.random.default_rng(5)
     an = list(lab.sample_anchors(rng, 150, 9)) + [-1, -1]

@@ -2,7 +2,7 @@
 """NVRTC-compiles the backend's memory-bound kernel files exactly as kernels.rs does (common.cuh,
 then vec.cuh, then the file; --gpu-architecture=compute_90) and reports, per kernel, ptxas
 registers / spills and the number of 128-bit global loads and stores in the PTX. No GPU needed.
-  python3 backends/cuda/lab/emu/ew_compile.py [file.cu ...]
+  python3 lab/cuda/emu/ew_compile.py [file.cu ...]
 """
 import os
 import re
@@ -15,7 +15,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(HERE))
 import attention_lab as lab  # noqa: E402  (nvrtc_compile, find_ptxas)
 
-K = os.path.join(HERE, "..", "..", "kernels")
+K = os.path.join(HERE, "..", "..", "..", "backends", "cuda", "kernels")
 FILES = ["elementwise.cu", "norm.cu", "rope.cu", "activation.cu", "embedding.cu", "optimizer.cu", "loss.cu",
          "attention_simple.cu"]
 

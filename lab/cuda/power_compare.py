@@ -3,7 +3,7 @@
 time, board power and SM clock while each runs back to back for a few seconds (nvidia-smi sampled every
 20 ms), so the two are compared at the same temperature and power limit. Lab run 32.
 
-Usage (device, repo root, .cudatest staged): python3 backends/cuda/lab/power_compare.py [secs] [rounds]
+Usage (device, repo root, .cudatest staged): python3 lab/cuda/power_compare.py [secs] [rounds]
 """
 import json, os, statistics, subprocess, sys, tempfile, time
 

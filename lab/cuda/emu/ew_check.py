@@ -5,7 +5,7 @@ Rust side uses, and checks them (ew_main.cpp: bit-exact against the same f32 for
 for the elementwise ops, f64 references with tolerances for RMSNorm; vector path, scalar
 fallback on misaligned pointers, small grids; NaN guard zones around every buffer).
 No GPU needed. Says nothing about speed.
-  python3 backends/cuda/lab/emu/ew_check.py [--quick]
+  python3 lab/cuda/emu/ew_check.py [--quick]
 Needs g++.
 """
 import os
@@ -15,7 +15,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-K = os.path.join(HERE, "..", "..", "kernels")
+K = os.path.join(HERE, "..", "..", "..", "backends", "cuda", "kernels")
 FILES = ["elementwise.cu", "activation.cu", "embedding.cu", "rope.cu", "norm.cu", "optimizer.cu"]
 
 

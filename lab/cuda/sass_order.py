@@ -3,7 +3,7 @@
 and attn_bwd_dkdv_* kernel print the C75xx infos (wgmma serialisation), registers, and the sequence of
 HGMMA blocks (H), WARPGROUP.DEPBAR waits (W0/W1 = wait_group 0/1) and MUFU.EX2 blocks (E).
 The shipped forward must read "... H W1 E W0 ..." in its main path (run 11: ptxas hoisted W0 above E).
-Usage: python3 backends/cuda/lab/sass_order.py [-DMACRO ...]   (needs ptxas and nvdisasm, e.g. pip
+Usage: python3 lab/cuda/sass_order.py [-DMACRO ...]   (needs ptxas and nvdisasm, e.g. pip
 nvidia-cuda-nvcc / nvidia-cuda-nvdisasm; set NVDISASM=path if not on PATH)."""
 import glob, os, re, shutil, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ warpgroup runs `iters` groups of 8 wgmmas (fence, 8 x wgmma, commit, wait 0) on 
 panels the kernel uses. Reported: clocks per wgmma per warpgroup (clock64 of CTA 0) and the chip's
 TFLOP/s from CUDA events.
 
-Usage (repo root, on the H200): python3 backends/cuda/lab/wgmma_rate.py
+Usage (repo root, on the H200): python3 lab/cuda/wgmma_rate.py
 """
 import os
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Memory traffic and clock of the causal S=8192 fwd+bwd kernels, ours (staged `dflash bench`) and torch SDPA's,
-# under Nsight Compute (lab run 32). Usage (device, repo root): backends/cuda/lab/ncu_compare.sh OUT_DIR
+# under Nsight Compute (lab run 32). Usage (device, repo root): lab/cuda/ncu_compare.sh OUT_DIR
 set -uo pipefail
 out=$1; mkdir -p "$out"
 M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed

@@ -1,0 +1,85 @@
+//! `cargo xtask emu [--quick]`: the kernel lab's CPU emulators of the CUDA kernels
+//! (`lab/cuda/emu`): the attention kernels (`emu_check.py`, against a float64 numpy reference)
+//! and the memory-bound kernels (`ew_check.py`). They compile the CUDA C as host C++ (g++), so
+//! they catch indexing, fragment-layout, masking and barrier bugs without a GPU; they say
+//! nothing about speed or the real PTX.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+/// The emulator scripts, relative to the workspace root.
+pub const SCRIPTS: [&str; 2] = ["lab/cuda/emu/emu_check.py", "lab/cuda/emu/ew_check.py"];
+
+/// What the emulators need and is missing here (empty: all present).
+pub fn missing_tools() -> Vec<&'static str> {
+    let works = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let mut missing = Vec::new();
+    if !works("g++", &["--version"]) {
+        missing.push("g++");
+    }
+    if !works("patch", &["--version"]) {
+        missing.push("patch");
+    }
+    if !works("python3", &["-c", "import numpy"]) {
+        missing.push("python3 with numpy");
+    }
+    missing
+}
+
+/// Runs every emulator script; the first failure's exit status, else success.
+pub fn run(root: &Path, quick: bool) -> ExitCode {
+    let missing = missing_tools();
+    if !missing.is_empty() {
+        eprintln!("xtask emu: needs {}", missing.join(", "));
+        return ExitCode::FAILURE;
+    }
+    for script in SCRIPTS {
+        let mut c = Command::new("python3");
+        c.current_dir(root).arg(script);
+        if quick {
+            c.arg("--quick");
+        }
+        let code = crate::status(c);
+        if code != ExitCode::SUCCESS {
+            eprintln!("xtask emu: {script} failed");
+            return code;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CI runs the quick emulator pass; a machine without g++ / numpy skips it and says so.
+    #[test]
+    fn the_cpu_emulators_pass_quick() {
+        let missing = missing_tools();
+        if !missing.is_empty() {
+            println!("skipped: the CPU emulators need {}", missing.join(", "));
+            return;
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask is in the workspace");
+        for script in SCRIPTS {
+            let out = Command::new("python3")
+                .current_dir(root)
+                .args([script, "--quick"])
+                .output()
+                .unwrap_or_else(|e| panic!("run {script}: {e}"));
+            assert!(
+                out.status.success(),
+                "{script} --quick failed:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
