@@ -127,7 +127,7 @@ impl TensorFiles {
         // The safetensors crate checks each tensor's byte length against its shape and dtype
         // when it parses the header; this guards the conversions against a future change.
         data.check("view", "host", shape)
-            .map_err(|e| err(format!("{} bytes do not hold {shape:?}: {e}", bytes.len())))?;
+            .map_err(|e| err(e.to_string()))?;
         Ok(data)
     }
 
