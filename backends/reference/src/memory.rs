@@ -1,8 +1,9 @@
 //! Buffers, host transfers and elementwise glue.
 
-use dflash_core::{MemoryOps, Result, Tensor};
+use dflash_core::{HostSlice, MemoryOps, Result, Tensor};
 use rayon::prelude::*;
 
+use crate::DEVICE;
 use crate::ReferenceBackend;
 use crate::storage::{host_tensor, same_shape, shape_err, slice, slice_mut};
 
@@ -25,6 +26,13 @@ impl MemoryOps for ReferenceBackend {
             ));
         }
         Ok(host_tensor(data.to_vec(), shape))
+    }
+
+    /// Widened once, straight into the tensor's own storage (f32 is this backend's only
+    /// format, so there is nothing to convert afterwards).
+    fn upload_frozen(&self, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
+        data.check("upload_frozen", DEVICE, shape)?;
+        Ok(host_tensor(data.to_f32_vec(), shape))
     }
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {

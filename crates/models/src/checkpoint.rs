@@ -55,23 +55,23 @@ impl FrozenTarget {
         let cfg = Qwen3Config::from_file(target_dir.join("config.json"))?;
         let files = TensorFiles::open(target_dir)?;
         let shape = [cfg.vocab_size, cfg.hidden_size];
-        let embed = files.read_f32("model.embed_tokens.weight", &shape)?;
-        let head = if files.contains("lm_head.weight") {
-            files.read_f32("lm_head.weight", &shape)?
-        } else if cfg.tie_word_embeddings {
-            embed.clone()
-        } else {
+        let has_head = files.contains("lm_head.weight");
+        if !has_head && !cfg.tie_word_embeddings {
             return Err(ModelError::Tensor {
                 path: target_dir.to_path_buf(),
                 name: "lm_head.weight".into(),
                 detail: "missing and tie_word_embeddings is false".into(),
             });
+        }
+        // Read-only from here on: straight from the file into the backend's compute format
+        // (bf16 on a GPU), never through an f32 host copy.
+        let embed = b.upload_frozen(files.view("model.embed_tokens.weight", &shape)?, &shape)?;
+        let lm_head = if has_head {
+            b.upload_frozen(files.view("lm_head.weight", &shape)?, &shape)?
+        } else {
+            b.copy(&embed)?
         };
-        // Read-only from here on: in the backend's compute format (bf16 on a GPU).
-        let frozen = FrozenTarget {
-            embed: b.to_compute_format(b.upload(&embed, &shape)?)?,
-            lm_head: b.to_compute_format(b.upload(&head, &shape)?)?,
-        };
+        let frozen = FrozenTarget { embed, lm_head };
         Ok((cfg, frozen))
     }
 }

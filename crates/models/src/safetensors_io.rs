@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use dflash_core::HostSlice;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{ModelError, Result, io_err};
@@ -97,36 +98,37 @@ impl TensorFiles {
 
     /// Reads tensor `name` as f32 (from f32, bf16 or f16), checking its shape.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (path, data, actual) = self.raw(name)?;
+        Ok(self.view(name, shape)?.to_f32_vec())
+    }
+
+    /// Float tensor `name` as the file stores it (F32, BF16 or F16 bytes borrowed from the
+    /// memory map, no copy), checking its shape: what
+    /// [`dflash_core::MemoryOps::upload_frozen`] takes.
+    pub fn view(&self, name: &str, shape: &[usize]) -> Result<HostSlice<'_>> {
+        let (path, (dtype, bytes), actual) = self.raw(name)?;
+        let err = |detail: String| ModelError::Tensor {
+            path: path.to_path_buf(),
+            name: name.into(),
+            detail,
+        };
         if actual != shape {
-            return Err(ModelError::Tensor {
-                path: path.to_path_buf(),
-                name: name.into(),
-                detail: format!("shape {actual:?}, expected {shape:?}"),
-            });
+            return Err(err(format!("shape {actual:?}, expected {shape:?}")));
         }
-        let (dtype, bytes) = data;
-        Ok(match dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+        let data = match dtype {
+            Dtype::F32 => HostSlice::F32(bytes),
+            Dtype::BF16 => HostSlice::Bf16(bytes),
+            Dtype::F16 => HostSlice::F16(bytes),
             other => {
-                return Err(ModelError::Tensor {
-                    path: path.to_path_buf(),
-                    name: name.into(),
-                    detail: format!("dtype {other:?} is not a float type (F32, BF16, F16)"),
-                });
+                return Err(err(format!(
+                    "dtype {other:?} is not a float type (F32, BF16, F16)"
+                )));
             }
-        })
+        };
+        // The safetensors crate checks each tensor's byte length against its shape and dtype
+        // when it parses the header; this guards the conversions against a future change.
+        data.check("view", "host", shape)
+            .map_err(|e| err(e.to_string()))?;
+        Ok(data)
     }
 
     /// Reads an integer tensor (I64 or I32) as i64, with its shape.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dflash_config::Qwen3Config;
 use dflash_core::mask::BlockMask;
 use dflash_core::pipeline::Features;
-use dflash_core::{Backend, Tensor};
+use dflash_core::{Backend, HostSlice, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::layer::{self, AttnGeometry, LAYER_TENSOR_NAMES, LayerDims, LayerWeights};
@@ -25,6 +25,8 @@ pub struct Qwen3Target {
     /// need it; the drafter and golden tests do).
     lm_head: Option<Tensor>,
     norm: Option<Tensor>,
+    /// Bytes read from the checkpoint (0 for a random target).
+    loaded_bytes: u64,
 }
 
 pub fn layer_dims(cfg: &Qwen3Config) -> LayerDims {
@@ -45,6 +47,17 @@ fn frozen(b: &dyn Backend, t: Tensor) -> Result<Tensor> {
         b.to_compute_format(t)?
     } else {
         t
+    })
+}
+
+/// A frozen weight as the file stores it, into the backend: 2-D ones straight into the
+/// compute format (no f32 host copy on a device backend), 1-D norm weights in f32 as
+/// [`frozen`] keeps them (a few KB each).
+fn frozen_from_file(b: &dyn Backend, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
+    Ok(if shape.len() == 2 {
+        b.upload_frozen(data, shape)?
+    } else {
+        b.upload(&data.to_f32_vec(), shape)?
     })
 }
 
@@ -73,14 +86,21 @@ impl Qwen3Target {
             });
         }
         let b = backend.clone();
-        Self::assemble(
+        let mut loaded = 0u64;
+        let mut target = Self::assemble(
             backend,
             cfg,
             layer_ids,
             &origin,
             has_lm_head,
-            |name, shape| frozen(b.as_ref(), b.upload(&files.read_f32(name, shape)?, shape)?),
-        )
+            |name, shape| {
+                let data = files.view(name, shape)?;
+                loaded += data.bytes().len() as u64;
+                frozen_from_file(b.as_ref(), data, shape)
+            },
+        )?;
+        target.loaded_bytes = loaded;
+        Ok(target)
     }
 
     /// A target with random weights and no files (benchmarks, tests): linear weights,
@@ -161,7 +181,14 @@ impl Qwen3Target {
             embed,
             lm_head: Some(lm_head),
             norm,
+            loaded_bytes: 0,
         })
+    }
+
+    /// Bytes of the tensors read from the checkpoint files, as stored there (0 for
+    /// [`Qwen3Target::random`]): with the load's wall time, its throughput.
+    pub fn loaded_bytes(&self) -> u64 {
+        self.loaded_bytes
     }
 
     pub fn config(&self) -> &Qwen3Config {

@@ -1,7 +1,112 @@
 use crate::{Error, Result, Tensor};
 
-/// Buffers, host transfers and elementwise glue. The host side of every transfer is `f32`;
-/// the device format (f32, bf16, ...) is the backend's business.
+/// A host tensor in the dtype its file stores it in: little-endian bytes, as safetensors lays
+/// them out. Bytes rather than typed slices because a tensor inside a memory-mapped file need
+/// not be aligned for its element type.
+#[derive(Debug, Clone, Copy)]
+pub enum HostSlice<'a> {
+    F32(&'a [u8]),
+    Bf16(&'a [u8]),
+    F16(&'a [u8]),
+}
+
+impl<'a> HostSlice<'a> {
+    /// f32 values already in memory, viewed as their bytes (no copy).
+    pub fn from_f32(data: &'a [f32]) -> Self {
+        // SAFETY: f32 has no padding and u8 has alignment 1: the same memory, 4x the length.
+        HostSlice::F32(unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        })
+    }
+
+    pub fn bytes(&self) -> &'a [u8] {
+        match *self {
+            HostSlice::F32(b) | HostSlice::Bf16(b) | HostSlice::F16(b) => b,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn elem_size(&self) -> usize {
+        match self {
+            HostSlice::F32(_) => 4,
+            HostSlice::Bf16(_) | HostSlice::F16(_) => 2,
+        }
+    }
+
+    pub fn dtype_name(&self) -> &'static str {
+        match self {
+            HostSlice::F32(_) => "f32",
+            HostSlice::Bf16(_) => "bf16",
+            HostSlice::F16(_) => "f16",
+        }
+    }
+
+    /// Whole elements held (a trailing partial element is rejected by [`Self::check`]).
+    pub fn numel(&self) -> usize {
+        self.bytes().len() / self.elem_size()
+    }
+
+    /// Elements `[start, start + len)`, the same dtype. Panics when out of range (callers
+    /// slice within [`Self::numel`]).
+    pub fn range(&self, start: usize, len: usize) -> HostSlice<'a> {
+        let s = self.elem_size();
+        let b = &self.bytes()[start * s..(start + len) * s];
+        match self {
+            HostSlice::F32(_) => HostSlice::F32(b),
+            HostSlice::Bf16(_) => HostSlice::Bf16(b),
+            HostSlice::F16(_) => HostSlice::F16(b),
+        }
+    }
+
+    /// The first `out.len()` elements widened to f32 into `out` (exact for every dtype).
+    /// Panics when `out` is longer than [`Self::numel`].
+    pub fn widen_into(&self, out: &mut [f32]) {
+        let n = out.len();
+        match *self {
+            HostSlice::F32(b) => b[..4 * n]
+                .chunks_exact(4)
+                .zip(out)
+                .for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            HostSlice::Bf16(b) => b[..2 * n]
+                .chunks_exact(2)
+                .zip(out)
+                .for_each(|(c, o)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            HostSlice::F16(b) => b[..2 * n]
+                .chunks_exact(2)
+                .zip(out)
+                .for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        }
+    }
+
+    /// All elements widened to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        self.widen_into(&mut out);
+        out
+    }
+
+    /// The element count of `shape`, after checking that the bytes hold exactly that many
+    /// elements (a shape error of `op` on `device` otherwise).
+    pub fn check(&self, op: &'static str, device: &str, shape: &[usize]) -> Result<usize> {
+        let numel: usize = shape.iter().product();
+        let bytes = self.bytes().len();
+        if numel.checked_mul(self.elem_size()) != Some(bytes) {
+            return Err(Error::shape(
+                op,
+                device,
+                format!(
+                    "{bytes} host bytes of {} for shape {shape:?} ({numel} elements)",
+                    self.dtype_name()
+                ),
+            ));
+        }
+        Ok(numel)
+    }
+}
+
+/// Buffers, host transfers and elementwise glue. The host side of every transfer is `f32`
+/// (or, for frozen weights, the file's dtype: [`MemoryOps::upload_frozen`]); the device
+/// format (f32, bf16, ...) is the backend's business.
 pub trait MemoryOps {
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor>;
     fn download(&self, t: &Tensor) -> Result<Vec<f32>>;
@@ -40,6 +145,17 @@ pub trait MemoryOps {
     /// reports that by name instead of computing garbage.
     fn to_compute_format(&self, t: Tensor) -> Result<Tensor> {
         Ok(t)
+    }
+
+    /// `data`, a host tensor in its file dtype, uploaded into [`Self::to_compute_format`]:
+    /// the loader of frozen weights, reading straight from a memory-mapped checkpoint. The
+    /// result has the same values as `to_compute_format(upload(widened data))`. The default
+    /// does exactly that, through one f32 host copy (what a host backend keeps as the tensor
+    /// anyway); a device backend overrides it to send the file's bytes in bounded chunks and
+    /// convert on the device, so a checkpoint never passes through an f32 copy in host memory.
+    fn upload_frozen(&self, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
+        data.check("upload_frozen", "host", shape)?;
+        self.to_compute_format(self.upload(&data.to_f32_vec(), shape)?)
     }
 
     /// Whether `t` is this backend's own tensor on its own device, so that ops take it as
@@ -130,7 +246,52 @@ pub fn normal_host(n: usize, std: f32, seed: u64) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::normal_host;
+    use super::{HostSlice, normal_host};
+
+    #[test]
+    fn host_slice_widens_every_dtype_exactly_and_checks_its_length() {
+        let x = [1.0f32, -2.5, 3.0e-3, f32::INFINITY, 65504.0];
+        let f32_le: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bf: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let hf: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        // The same values through an odd byte offset: an mmap gives no alignment.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&f32_le);
+        for (s, want) in [
+            (HostSlice::F32(&f32_le), x.to_vec()),
+            (HostSlice::F32(&shifted[1..]), x.to_vec()),
+            (HostSlice::from_f32(&x), x.to_vec()),
+            (
+                HostSlice::Bf16(&bf),
+                x.iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect(),
+            ),
+            (
+                HostSlice::F16(&hf),
+                x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+            ),
+        ] {
+            assert_eq!(s.numel(), 5, "{}", s.dtype_name());
+            assert_eq!(s.to_f32_vec(), want, "{}", s.dtype_name());
+            assert_eq!(s.range(1, 3).to_f32_vec(), want[1..4], "{}", s.dtype_name());
+            assert_eq!(s.check("op", "host", &[5]).unwrap(), 5);
+            let e = s.check("op", "host", &[2, 3]).unwrap_err().to_string();
+            assert!(
+                e.contains("op on host") && e.contains(s.dtype_name()) && e.contains("[2, 3]"),
+                "{e}"
+            );
+        }
+        // A trailing partial element is not a whole tensor.
+        assert!(HostSlice::Bf16(&bf[..9]).check("op", "host", &[4]).is_err());
+        assert!(HostSlice::Bf16(&[]).check("op", "host", &[0, 7]).is_ok());
+    }
 
     #[test]
     fn normal_host_is_deterministic_counter_based_and_normal() {

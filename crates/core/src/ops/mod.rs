@@ -19,7 +19,7 @@ pub use collective::{CollectiveOps, Communicator};
 pub use embedding::EmbeddingOps;
 pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossOps, LossStats};
-pub use memory::MemoryOps;
+pub use memory::{HostSlice, MemoryOps};
 pub use norm::NormOps;
 pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
 pub use rope::RopeOps;
