@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, Error, Result, Tensor};
+use dflash_core::{AttentionOps, AttnBackward, AttnDims, AttnForward, Error, Result, Tensor};
 
 use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes};
@@ -170,8 +170,8 @@ impl AttentionOps for CudaBackend {
                 let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
                 let mut out = vec![f32::NAN; qh.len()];
                 let mut lse = vec![f32::NAN; nl];
-                kernel
-                    .forward(&dims, &qh, &kh, &vh, mask, scale, &mut out, &mut lse)
+                AttnForward::new(&dims, mask, scale, [&qh, &kh, &vh], [&mut out, &mut lse])
+                    .and_then(|call| kernel.forward(call))
                     .map_err(|e| self.kernel_err(op, e))?;
                 Ok((
                     self.upload_f32(op, &out, q.dims())?,
@@ -270,12 +270,15 @@ impl AttentionOps for CudaBackend {
                 let mut dq = vec![f32::NAN; qh.len()];
                 let mut dk = vec![f32::NAN; kh.len()];
                 let mut dv = vec![f32::NAN; vh.len()];
-                kernel
-                    .backward(
-                        &dims, &qh, &kh, &vh, &oh, &lh, &doh, mask, scale, &mut dq, &mut dk,
-                        &mut dv,
-                    )
-                    .map_err(|e| self.kernel_err(op, e))?;
+                AttnBackward::new(
+                    &dims,
+                    mask,
+                    scale,
+                    [&qh, &kh, &vh, &oh, &lh, &doh],
+                    [&mut dq, &mut dk, &mut dv],
+                )
+                .and_then(|call| kernel.backward(call))
+                .map_err(|e| self.kernel_err(op, e))?;
                 Ok((
                     self.upload_f32(op, &dq, q.dims())?,
                     self.upload_f32(op, &dk, k.dims())?,

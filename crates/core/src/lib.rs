@@ -15,7 +15,9 @@ pub mod tensor;
 
 pub use dflash_mask as mask;
 pub use error::{Error, Result};
-pub use ops::attention::{AttnDims, HostAttentionKernel, HostAttnLens};
+pub use ops::attention::{
+    AttnBackward, AttnDims, AttnForward, AttnInputs, HostAttentionKernel, HostAttnLens,
+};
 pub use ops::*;
 pub use tensor::{Shape, Storage, Tensor};
 
