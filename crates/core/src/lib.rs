@@ -5,7 +5,7 @@
 //!   is written once against `&dyn Backend`.
 //! - [`HostAttentionKernel`]: the attention plugin seam, shaped like the C ABI it will become.
 //! - [`registry`]: backends and attention kernels register at startup (`inventory`).
-//! - [`pipeline`]: the target, drafter and queue seams of the training pipeline.
+//! - [`pipeline`]: the target and feature seams of the training pipeline.
 
 pub mod error;
 pub mod ops;

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Queue, QueueError, Target};
+use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Target};
 use dflash_data::{Dataset, SkipCounts, TooLongPolicy, validate};
-use dflash_queue::BoundedQueue;
+use dflash_queue::{BoundedQueue, Queue, QueueError};
 
 use crate::error::{PipelineError, Result};
 

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use dflash_config::{Qwen3Config, TrainConfig};
 use dflash_core::Communicator;
-use dflash_core::pipeline::Queue;
 use dflash_data::{Dataset, SkipCounts, open_dataset};
 use dflash_models::checkpoint::load_drafter;
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
+use dflash_queue::Queue;
 use dflash_training::optimizer::AdamWHyper;
 use dflash_training::{
     AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, evaluate_tau, state,
