@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use dflash_core::mask::BlockMask;
+use dflash_core::registry::DeviceAttentionKernelRegistration;
 use dflash_core::{AttentionOps, AttnBackward, AttnDims, AttnForward, Error, Result, Tensor};
 
 use crate::kernels::pick;
@@ -18,8 +19,32 @@ use crate::storage::{DType, f32_bytes};
 use crate::{AttnImpl, CudaBackend, warp_items};
 use cudarc::driver::PushKernelArg;
 
-/// Device attention kernels of this backend, selectable by name.
-pub const DEVICE_ATTENTION_KERNELS: &[&str] = &["cuda-simple", "cuda-flash"];
+/// The plain f32 device kernel's name.
+pub(crate) const SIMPLE: &str = "cuda-simple";
+/// The tuned bf16 flash kernel's name.
+pub(crate) const FLASH: &str = "cuda-flash";
+
+/// Device attention kernels of this backend, selectable by name (registered below, so the
+/// registry lists them as [`dflash_core::registry::device_attention_kernel_names`]`("cuda")`).
+pub const DEVICE_ATTENTION_KERNELS: &[&str] = &[SIMPLE, FLASH];
+
+inventory::submit! {
+    DeviceAttentionKernelRegistration {
+        backend: "cuda",
+        name: SIMPLE,
+        description: "one warp per (query row, head), f32, online softmax over the row's intervals; \
+                      atomics-free backward",
+    }
+}
+
+inventory::submit! {
+    DeviceAttentionKernelRegistration {
+        backend: "cuda",
+        name: FLASH,
+        description: "tuned bf16 block-sparse flash attention (head_dim 64/128/256; wgmma on Hopper, \
+                      mma.sync elsewhere)",
+    }
+}
 
 /// Largest head dim of `cuda-simple` (32 lanes x 8 registers).
 const SIMPLE_MAX_HEAD_DIM: usize = 256;
