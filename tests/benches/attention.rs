@@ -6,7 +6,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttnDims, registry};
+use dflash_core::{AttnBackward, AttnDims, AttnForward, registry};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -43,24 +43,26 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements(fwd_flops));
         group.bench_function(format!("{name}/fwd"), |b| {
             b.iter(|| {
-                kernel
-                    .forward(&dims, &q, &k, &v, &mask, scale, &mut out, &mut lse)
-                    .unwrap()
+                let call =
+                    AttnForward::new(&dims, &mask, scale, [&q, &k, &v], [&mut out, &mut lse]);
+                kernel.forward(call.unwrap()).unwrap()
             })
         });
         let (mut dq, mut dk, mut dv) = (vec![0f32; nq], vec![0f32; nk], vec![0f32; nk]);
         group.throughput(Throughput::Elements(fwd_flops * 7 / 2));
         group.bench_function(format!("{name}/fwd+bwd"), |b| {
             b.iter(|| {
-                kernel
-                    .forward(&dims, &q, &k, &v, &mask, scale, &mut out, &mut lse)
-                    .unwrap();
-                kernel
-                    .backward(
-                        &dims, &q, &k, &v, &out, &lse, &d_out, &mask, scale, &mut dq, &mut dk,
-                        &mut dv,
-                    )
-                    .unwrap()
+                let call =
+                    AttnForward::new(&dims, &mask, scale, [&q, &k, &v], [&mut out, &mut lse]);
+                kernel.forward(call.unwrap()).unwrap();
+                let call = AttnBackward::new(
+                    &dims,
+                    &mask,
+                    scale,
+                    [&q, &k, &v, &out, &lse, &d_out],
+                    [&mut dq, &mut dk, &mut dv],
+                );
+                kernel.backward(call.unwrap()).unwrap()
             })
         });
     }

@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttnDims, HostAttentionKernel};
+use dflash_core::{AttnBackward, AttnDims, AttnForward, HostAttentionKernel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -118,9 +118,14 @@ pub(crate) fn run_case(
         let mut out = vec![f32::NAN; tq * hq * d];
         let mut lse = vec![f32::NAN; tq * hq];
         catch_unwind(AssertUnwindSafe(|| {
-            kernel.forward(
-                &dims, &q, &k, &v, &case.mask, case.scale, &mut out, &mut lse,
-            )
+            let call = AttnForward::new(
+                &dims,
+                &case.mask,
+                case.scale,
+                [&q, &k, &v],
+                [&mut out, &mut lse],
+            )?;
+            kernel.forward(call)
         }))
         .map_err(|_| "forward panicked".to_string())?
         .map_err(|e| format!("forward returned Err on valid input: {e}"))?;
@@ -153,10 +158,14 @@ pub(crate) fn run_case(
         let mut dk = vec![f32::NAN; tk * hkv * d];
         let mut dv = vec![f32::NAN; tk * hkv * d];
         catch_unwind(AssertUnwindSafe(|| {
-            kernel.backward(
-                &dims, &q, &k, &v, &out32, &lse32, &d_out, &case.mask, case.scale, &mut dq,
-                &mut dk, &mut dv,
-            )
+            let call = AttnBackward::new(
+                &dims,
+                &case.mask,
+                case.scale,
+                [&q, &k, &v, &out32, &lse32, &d_out],
+                [&mut dq, &mut dk, &mut dv],
+            )?;
+            kernel.backward(call)
         }))
         .map_err(|_| "backward panicked".to_string())?
         .map_err(|e| format!("backward returned Err on valid input: {e}"))?;
@@ -189,7 +198,8 @@ pub(crate) fn run_case(
     res
 }
 
-/// Malformed calls: each must return `Err` (not panic, not `Ok`).
+/// Malformed calls: each must return `Err` (not panic, not `Ok`). The call's constructor
+/// rejects them before any kernel runs, which is what every kernel relies on.
 pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<CaseResult>, String> {
     let mask = BlockMask::dflash(20, 4, &[3, 9, -1]).map_err(mask_err)?;
     let good = dims_for(&mask, 2, 16);
@@ -281,7 +291,8 @@ pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<Ca
         let fwd = catch_unwind(AssertUnwindSafe(|| {
             let mut out = vec![f32::NAN; b.out_len];
             let mut lse = vec![f32::NAN; b.lse_len];
-            kernel.forward(&b.dims, &qb, &kb, &vb, &mask, scale, &mut out, &mut lse)
+            AttnForward::new(&b.dims, &mask, scale, [&qb, &kb, &vb], [&mut out, &mut lse])
+                .and_then(|call| kernel.forward(call))
         }));
         match fwd {
             Err(_) => res.fail("forward panicked on malformed input (must return Err)".into()),
@@ -294,9 +305,14 @@ pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<Ca
             let mut dq = vec![f32::NAN; b.q_len];
             let mut dk = vec![f32::NAN; b.kv_len];
             let mut dv = vec![f32::NAN; b.kv_len];
-            kernel.backward(
-                &b.dims, &qb, &kb, &vb, &out, &lse, &d_out, &mask, scale, &mut dq, &mut dk, &mut dv,
+            AttnBackward::new(
+                &b.dims,
+                &mask,
+                scale,
+                [&qb, &kb, &vb, &out, &lse, &d_out],
+                [&mut dq, &mut dk, &mut dv],
             )
+            .and_then(|call| kernel.backward(call))
         }));
         match bwd {
             Err(_) => res.fail("backward panicked on malformed input (must return Err)".into()),

@@ -5,9 +5,9 @@
 //! - `conformance`   run the backend/attention-kernel conformance suite.
 //! - `test`          the test command CI runs.
 //! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
-//!   docs/design.md §4 comparisons). With `--backend cuda` it defaults
-//!   `--attention` to `cuda-flash` (the tuned kernel), and without `--out` writes
-//!   `bench/results/<gpu-name-slug>.json`.
+//!   docs/design.md §4 comparisons; without `--attention` the backend's preferred kernel from
+//!   the registry, e.g. the tuned flash kernel on CUDA). With `--backend cuda` and without
+//!   `--out` it writes `bench/results/<gpu-name-slug>.json`.
 //! - `gen-wgmma`     rewrite the generated wgmma wrappers of the CUDA attention kernels.
 //! - `emu [--quick]` run the kernel lab's CPU emulators of the CUDA kernels (no GPU; needs
 //!   g++, python3 and numpy).
@@ -83,9 +83,6 @@ fn main() -> ExitCode {
             c.current_dir(&root)
                 .args(["run", "--release", "--quiet", "-p", "dflash-cli"]);
             c.args(["--", "bench"]).args(&rest);
-            if cuda && !has("--attention") {
-                c.args(["--attention", "cuda-flash"]);
-            }
             if cuda && !has("--out") && !has("--results-dir") {
                 c.args(["--results-dir", "bench/results"]);
             }

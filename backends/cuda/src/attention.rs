@@ -11,15 +11,40 @@
 use std::collections::BTreeMap;
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, Error, Result, Tensor};
+use dflash_core::registry::DeviceAttentionKernelRegistration;
+use dflash_core::{AttentionOps, AttnBackward, AttnDims, AttnForward, Error, Result, Tensor};
 
 use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes};
 use crate::{AttnImpl, CudaBackend, warp_items};
 use cudarc::driver::PushKernelArg;
 
-/// Device attention kernels of this backend, selectable by name.
-pub const DEVICE_ATTENTION_KERNELS: &[&str] = &["cuda-simple", "cuda-flash"];
+/// The plain f32 device kernel's name.
+pub(crate) const SIMPLE: &str = "cuda-simple";
+/// The tuned bf16 flash kernel's name.
+pub(crate) const FLASH: &str = "cuda-flash";
+
+/// Device attention kernels of this backend, selectable by name (registered below, so the
+/// registry lists them as [`dflash_core::registry::device_attention_kernel_names`]`("cuda")`).
+pub const DEVICE_ATTENTION_KERNELS: &[&str] = &[SIMPLE, FLASH];
+
+inventory::submit! {
+    DeviceAttentionKernelRegistration {
+        backend: "cuda",
+        name: SIMPLE,
+        description: "one warp per (query row, head), f32, online softmax over the row's intervals; \
+                      atomics-free backward",
+    }
+}
+
+inventory::submit! {
+    DeviceAttentionKernelRegistration {
+        backend: "cuda",
+        name: FLASH,
+        description: "tuned bf16 block-sparse flash attention (head_dim 64/128/256; wgmma on Hopper, \
+                      mma.sync elsewhere)",
+    }
+}
 
 /// Largest head dim of `cuda-simple` (32 lanes x 8 registers).
 const SIMPLE_MAX_HEAD_DIM: usize = 256;
@@ -170,8 +195,8 @@ impl AttentionOps for CudaBackend {
                 let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
                 let mut out = vec![f32::NAN; qh.len()];
                 let mut lse = vec![f32::NAN; nl];
-                kernel
-                    .forward(&dims, &qh, &kh, &vh, mask, scale, &mut out, &mut lse)
+                AttnForward::new(&dims, mask, scale, [&qh, &kh, &vh], [&mut out, &mut lse])
+                    .and_then(|call| kernel.forward(call))
                     .map_err(|e| self.kernel_err(op, e))?;
                 Ok((
                     self.upload_f32(op, &out, q.dims())?,
@@ -270,12 +295,15 @@ impl AttentionOps for CudaBackend {
                 let mut dq = vec![f32::NAN; qh.len()];
                 let mut dk = vec![f32::NAN; kh.len()];
                 let mut dv = vec![f32::NAN; vh.len()];
-                kernel
-                    .backward(
-                        &dims, &qh, &kh, &vh, &oh, &lh, &doh, mask, scale, &mut dq, &mut dk,
-                        &mut dv,
-                    )
-                    .map_err(|e| self.kernel_err(op, e))?;
+                AttnBackward::new(
+                    &dims,
+                    mask,
+                    scale,
+                    [&qh, &kh, &vh, &oh, &lh, &doh],
+                    [&mut dq, &mut dk, &mut dv],
+                )
+                .and_then(|call| kernel.backward(call))
+                .map_err(|e| self.kernel_err(op, e))?;
                 Ok((
                     self.upload_f32(op, &dq, q.dims())?,
                     self.upload_f32(op, &dk, k.dims())?,

@@ -570,8 +570,8 @@ pub(crate) fn warp_items(items: usize) -> LaunchConfig {
 
 fn resolve_attention(name: &str) -> Result<(AttnImpl, String)> {
     match name {
-        "cuda-simple" => return Ok((AttnImpl::Simple, name.to_string())),
-        "cuda-flash" => return Ok((AttnImpl::Flash, name.to_string())),
+        attention::SIMPLE => return Ok((AttnImpl::Simple, name.to_string())),
+        attention::FLASH => return Ok((AttnImpl::Flash, name.to_string())),
         _ => debug_assert!(!DEVICE_ATTENTION_KERNELS.contains(&name)),
     }
     match create_host_attention(name) {
@@ -635,6 +635,7 @@ inventory::submit! {
         description: "NVIDIA GPUs through CUDA (cudarc, dynamic loading; NVRTC kernels, cuBLASLt GEMMs)",
         create,
         device_count: || device::device_count().unwrap_or(0),
+        preferred_attention: attention::FLASH,
     }
 }
 

@@ -21,7 +21,7 @@
 //! GEMMs a bf16 head is widened once per call.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use dflash_core::{Error, LossOps, LossStats, Result, Tensor};
+use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor};
 
 use crate::gemm::{GemmPrecision, Operand, RowMajorGemm};
 use crate::storage::{CudaStorage, DType, f32_bytes};
@@ -46,22 +46,6 @@ fn row_cfg(rows: usize) -> LaunchConfig {
 }
 
 impl CudaBackend {
-    /// Checks `x (T, H)` against `w_head (V, H)` and returns `(T, H, V)`.
-    fn head_dims(&self, op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
-        let (t, h) = x.shape().as_matrix();
-        if w.dims().len() != 2 || w.dims()[1] != h {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "x {:?} has {h} columns but w_head {:?} must be (V, {h})",
-                    x.shape(),
-                    w.shape()
-                ),
-            ));
-        }
-        Ok((t, h, w.dims()[0]))
-    }
-
     /// The LM head as the GEMMs of this call read it: `None` when its storage already is the
     /// GEMM mode's operand type (a bf16 head in `Bf16` mode, an f32 head otherwise: read in
     /// place, no copy), else one converted copy for every chunk's GEMMs (an f32 head rounded
@@ -114,44 +98,13 @@ impl LossOps for CudaBackend {
         grad_scale: f32,
     ) -> Result<(LossStats, Tensor)> {
         let op = "linear_cross_entropy";
-        let (t, h, v) = self.head_dims(op, x, w_head)?;
-        if labels.len() != t || weights.len() != t {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "x {:?} has {t} rows but {} labels and {} weights",
-                    x.shape(),
-                    labels.len(),
-                    weights.len()
-                ),
-            ));
-        }
+        let dims = LossDims::of_cross_entropy(op, &self.tag, x, w_head, labels, weights)?;
+        let (t, h, v) = (dims.rows, dims.hidden, dims.vocab);
         let (xs, ws) = (self.any(op, x)?, self.any(op, w_head)?);
-        let mut rows = Vec::new();
-        let mut act_labels = Vec::new();
-        let mut act_weights = Vec::new();
-        for (row, (&lab, &wt)) in labels.iter().zip(weights).enumerate() {
-            if !(wt.is_finite() && wt >= 0.0) {
-                return Err(Error::op(
-                    op,
-                    self.tag.clone(),
-                    format!("row {row}: weight {wt} must be finite and >= 0"),
-                ));
-            }
-            if wt == 0.0 {
-                continue;
-            }
-            if lab as usize >= v {
-                return Err(Error::op(
-                    op,
-                    self.tag.clone(),
-                    format!("row {row}: label {lab} is out of range for vocab size V = {v}"),
-                ));
-            }
-            rows.push(row as i32);
-            act_labels.push(lab as i32);
-            act_weights.push(wt);
-        }
+        let active = dims.active_rows(op, &self.tag, labels, weights)?;
+        let rows: Vec<i32> = active.iter().map(|&r| r as i32).collect();
+        let act_labels: Vec<i32> = active.iter().map(|&r| labels[r] as i32).collect();
+        let act_weights: Vec<f32> = active.iter().map(|&r| weights[r]).collect();
         let od = self.opts.activations;
         let mut dx = self.zeros_dt(op, t * h, od)?;
         let na = rows.len();
@@ -304,10 +257,11 @@ impl LossOps for CudaBackend {
 
     fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
         let op = "linear_argmax";
-        let (t, h, v) = self.head_dims(op, x, w_head)?;
-        if v == 0 {
-            return Err(self.shape_err(op, format!("w_head {:?} has no rows", w_head.shape())));
-        }
+        let LossDims {
+            rows: t,
+            hidden: h,
+            vocab: v,
+        } = LossDims::of_argmax(op, &self.tag, x, w_head)?;
         let (xs, ws) = (self.any(op, x)?, self.any(op, w_head)?);
         if t == 0 {
             return Ok(Vec::new());

@@ -4,7 +4,7 @@
 //! parameters) is widened exactly first.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use dflash_core::{NormOps, Result, Tensor};
+use dflash_core::{NormDims, NormOps, Result, Tensor};
 
 use crate::CudaBackend;
 use crate::kernels::pick;
@@ -49,29 +49,10 @@ fn norm_launch(r: usize, c: usize) -> (LaunchConfig, i32) {
     )
 }
 
-impl CudaBackend {
-    /// Checks `x (R, C)` against `w (C)` and returns `(R, C)`.
-    fn norm_dims(&self, op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize)> {
-        let (r, c) = x.shape().as_matrix();
-        if w.numel() != c {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "x {:?} has {c} columns but w {:?} has {} elements",
-                    x.shape(),
-                    w.shape(),
-                    w.numel()
-                ),
-            ));
-        }
-        Ok((r, c))
-    }
-}
-
 impl NormOps for CudaBackend {
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
         let op = "rms_norm";
-        let (r, c) = self.norm_dims(op, x, w)?;
+        let NormDims { rows: r, cols: c } = NormDims::of(op, &self.tag, x, w)?;
         let (xs, ws) = (self.any(op, x)?, self.any(op, w)?);
         let ws = self.widen(op, ws)?;
         let od = self.opts.activations;
@@ -118,14 +99,7 @@ impl NormOps for CudaBackend {
         rstd: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         let op = "rms_norm_backward";
-        let (r, c) = self.norm_dims(op, x, w)?;
-        self.same_shape(op, "dy and x", dy, x)?;
-        if rstd.numel() != r {
-            return Err(self.shape_err(
-                op,
-                format!("rstd {:?} but x {:?} has {r} rows", rstd.shape(), x.shape()),
-            ));
-        }
+        let NormDims { rows: r, cols: c } = NormDims::of_backward(op, &self.tag, dy, x, w, rstd)?;
         let (dys, xs, ws, rs) = (
             self.any(op, dy)?,
             self.any(op, x)?,

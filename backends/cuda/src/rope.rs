@@ -3,7 +3,7 @@
 //! (forward and backward) is an activation (`CudaOptions::activations`).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use dflash_core::{Result, RopeOps, Tensor};
+use dflash_core::{Result, RopeDims, RopeOps, Tensor};
 
 use crate::CudaBackend;
 use crate::kernels::pick;
@@ -18,28 +18,18 @@ impl CudaBackend {
         sign: f32,
     ) -> Result<Tensor> {
         let xs = self.any(op, x)?;
-        let dims = x.dims();
-        let t = positions.len();
-        let d = dims.last().copied().unwrap_or(0);
-        if dims.len() < 2 || dims[0] != t || d % 2 != 0 {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "x {:?} must be (T, heads, D) with T = {t} positions and D even",
-                    x.shape()
-                ),
-            ));
-        }
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(self.shape_err(op, format!("theta must be finite and > 0, got {theta}")));
-        }
+        let RopeDims {
+            tokens: t,
+            heads,
+            head_dim: d,
+        } = RopeDims::of(op, &self.tag, x, positions, theta)?;
         let n = xs.len;
         let od = self.opts.activations;
         let mut y = self.alloc(op, n, od)?;
         if n == 0 {
             return Ok(self.tensor(y, od, x.shape().clone()));
         }
-        let heads = (n / t / d) as i32;
+        let heads = heads as i32;
         let pos = self.upload_i32_cached(op, positions)?;
         let (d32, th) = (d as i32, theta as f64);
         // One thread per rotated pair, or per 8 pairs where the kernel vectorises (D/2 % 8 == 0;

@@ -273,10 +273,7 @@ impl CudaBackend {
         a: &Tensor,
         b: &Tensor,
     ) -> Result<()> {
-        if a.dims() != b.dims() {
-            return Err(self.shape_err(op, format!("{what}: {:?} vs {:?}", a.shape(), b.shape())));
-        }
-        Ok(())
+        dflash_core::ops::same_shape(op, &self.tag, what, a, b)
     }
 }
 

@@ -7,7 +7,9 @@
 //! exists. Scores, softmax sums and every dot product are f64.
 
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, Error, HostAttentionKernel, Result, Tensor};
+use dflash_core::{
+    AttentionOps, AttnBackward, AttnDims, AttnForward, Error, HostAttentionKernel, Result, Tensor,
+};
 use rayon::prelude::*;
 
 use crate::storage::{host_tensor, shape_err, slice};
@@ -30,37 +32,27 @@ impl HostAttentionKernel for ReferenceAttention {
         "reference"
     }
 
-    fn forward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        out: &mut [f32],
-        lse: &mut [f32],
-    ) -> std::result::Result<(), String> {
-        dims.host_lens(mask)?
-            .check_forward([q.len(), k.len(), v.len(), out.len(), lse.len()])?;
+    fn forward(&self, call: AttnForward<'_>) -> std::result::Result<(), String> {
+        let (x, out, lse) = (call.input, call.out, call.lse);
+        let dims = x.dims;
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
-        let scale = scale as f64;
+        let scale = x.scale as f64;
         // One query row (all its heads) per task.
         out.par_chunks_mut(hq * d)
             .zip(lse.par_chunks_mut(hq))
             .enumerate()
             .for_each(|(i, (o_row, l_row))| {
-                let ivs = mask.row(i);
+                let ivs = x.mask.row(i);
                 let mut s = Vec::new(); // scaled scores of this (row, head), visible keys only
                 let mut acc = vec![0.0f64; d];
                 for h in 0..hq {
                     let kh = h / group;
-                    let qi = &q[(i * hq + h) * d..][..d]; // (D)
+                    let qi = &x.q[(i * hq + h) * d..][..d]; // (D)
                     let kv_at = |j: usize| (j * hkv + kh) * d..(j * hkv + kh + 1) * d;
                     s.clear();
                     for iv in ivs {
                         for j in iv.start as usize..iv.end as usize {
-                            s.push(scale * dot(qi, &k[kv_at(j)]));
+                            s.push(scale * dot(qi, &x.k[kv_at(j)]));
                         }
                     }
                     let o = &mut o_row[h * d..(h + 1) * d];
@@ -78,7 +70,7 @@ impl HostAttentionKernel for ReferenceAttention {
                             let p = (s[n] - max).exp();
                             n += 1;
                             sum += p;
-                            for (a, &vv) in acc.iter_mut().zip(&v[kv_at(j)]) {
+                            for (a, &vv) in acc.iter_mut().zip(&x.v[kv_at(j)]) {
                                 *a += p * vv as f64;
                             }
                         }
@@ -97,35 +89,13 @@ impl HostAttentionKernel for ReferenceAttention {
     /// `dq_i += scale * dS * k_j`, `dk_j += scale * dS * q_i`, `dv_j += P * dO_i`.
     /// dq is parallel over query rows; dk/dv over (kv head, key block), each task owning
     /// its keys and visiting query rows in order, so the result is bit-deterministic.
-    fn backward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: &[f32],
-        lse: &[f32],
-        d_out: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
-    ) -> std::result::Result<(), String> {
-        dims.host_lens(mask)?.check_backward([
-            q.len(),
-            k.len(),
-            v.len(),
-            out.len(),
-            lse.len(),
-            d_out.len(),
-            dq.len(),
-            dk.len(),
-            dv.len(),
-        ])?;
+    fn backward(&self, call: AttnBackward<'_>) -> std::result::Result<(), String> {
+        let (x, out, lse, d_out) = (call.input, call.out, call.lse, call.d_out);
+        let (dq, dk, dv) = (call.dq, call.dk, call.dv);
+        let dims = x.dims;
         let (tq, tk) = (dims.q_rows, dims.kv_rows);
         let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
-        let scale = scale as f64;
+        let scale = x.scale as f64;
         let q_at = |i: usize, h: usize| (i * hq + h) * d..(i * hq + h + 1) * d;
         let kv_at = |j: usize, kh: usize| (j * hkv + kh) * d..(j * hkv + kh + 1) * d;
 
@@ -137,9 +107,9 @@ impl HostAttentionKernel for ReferenceAttention {
         // P and dS of one visible pair (i, h, j).
         let p_ds = |i: usize, h: usize, j: usize| -> (f64, f64) {
             let kh = h / group;
-            let s = scale * dot(&q[q_at(i, h)], &k[kv_at(j, kh)]);
+            let s = scale * dot(&x.q[q_at(i, h)], &x.k[kv_at(j, kh)]);
             let p = (s - lse[i * hq + h] as f64).exp();
-            let dp = dot(&d_out[q_at(i, h)], &v[kv_at(j, kh)]);
+            let dp = dot(&d_out[q_at(i, h)], &x.v[kv_at(j, kh)]);
             (p, p * (dp - d_sum[i * hq + h]))
         };
 
@@ -150,10 +120,10 @@ impl HostAttentionKernel for ReferenceAttention {
                 let mut acc = vec![0.0f64; d];
                 for h in 0..hq {
                     acc.fill(0.0);
-                    for iv in mask.row(i) {
+                    for iv in x.mask.row(i) {
                         for j in iv.start as usize..iv.end as usize {
                             let (_, ds) = p_ds(i, h, j);
-                            for (a, &kv) in acc.iter_mut().zip(&k[kv_at(j, h / group)]) {
+                            for (a, &kv) in acc.iter_mut().zip(&x.k[kv_at(j, h / group)]) {
                                 *a += scale * ds * kv as f64;
                             }
                         }
@@ -176,11 +146,11 @@ impl HostAttentionKernel for ReferenceAttention {
                 let mut dk_acc = vec![0.0f64; (k1 - k0) * d]; // (keys, D)
                 let mut dv_acc = vec![0.0f64; (k1 - k0) * d];
                 for i in 0..tq {
-                    for iv in mask.row(i) {
+                    for iv in x.mask.row(i) {
                         let lo = (iv.start as usize).max(k0);
                         let hi = (iv.end as usize).min(k1);
                         for h in kh * group..(kh + 1) * group {
-                            let (qi, doi) = (&q[q_at(i, h)], &d_out[q_at(i, h)]);
+                            let (qi, doi) = (&x.q[q_at(i, h)], &d_out[q_at(i, h)]);
                             for j in lo..hi {
                                 let (p, ds) = p_ds(i, h, j);
                                 let off = (j - k0) * d;
@@ -250,8 +220,8 @@ impl AttentionOps for ReferenceBackend {
         let mut out = vec![f32::NAN; qs.len()]; // (Tq, Hq, D)
         let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads]; // (Tq, Hq)
         self.run(|| {
-            self.attention
-                .forward(&dims, qs, ks, vs, mask, scale, &mut out, &mut lse)
+            let call = AttnForward::new(&dims, mask, scale, [qs, ks, vs], [&mut out, &mut lse])?;
+            self.attention.forward(call)
         })
         .map_err(|e| self.kernel_err(op, e))?;
         Ok((
@@ -281,9 +251,14 @@ impl AttentionOps for ReferenceBackend {
         let mut dk = vec![f32::NAN; ks.len()];
         let mut dv = vec![f32::NAN; vs.len()];
         self.run(|| {
-            self.attention.backward(
-                &dims, qs, ks, vs, os, ls, dos, mask, scale, &mut dq, &mut dk, &mut dv,
-            )
+            let call = AttnBackward::new(
+                &dims,
+                mask,
+                scale,
+                [qs, ks, vs, os, ls, dos],
+                [&mut dq, &mut dk, &mut dv],
+            )?;
+            self.attention.backward(call)
         })
         .map_err(|e| self.kernel_err(op, e))?;
         Ok((

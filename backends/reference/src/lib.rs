@@ -114,6 +114,7 @@ inventory::submit! {
         description: "dense CPU reference (f32 storage, f64 accumulation); defines correctness",
         create,
         device_count: || 1,
+        preferred_attention: "reference",
     }
 }
 

@@ -6,31 +6,15 @@
 //! finally `dx_chunk (n, H) = dlogits @ w`. Rows with weight 0 are never computed: they are
 //! dropped before the GEMM and their `dx` row is exactly 0. No `(T, V)` tensor ever exists.
 
-use dflash_core::{Error, LossOps, LossStats, Result, Tensor, Transpose};
+use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
 use rayon::prelude::*;
 
 use crate::gemm::{MatView, sgemm};
-use crate::storage::{host_tensor, shape_err, slice};
+use crate::storage::{host_tensor, slice};
 use crate::{DEVICE, ReferenceBackend};
 
 /// Rows per logits chunk: the chunk buffer is `(CHUNK_ROWS, V)` f32.
 const CHUNK_ROWS: usize = 64;
-
-/// Checks `x (T, H)` against `w_head (V, H)` and returns `(T, H, V)`.
-fn head_dims(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
-    let (t, h) = x.shape().as_matrix();
-    if w.dims().len() != 2 || w.dims()[1] != h {
-        return Err(shape_err(
-            op,
-            format!(
-                "x {:?} has {h} columns but w_head {:?} must be (V, {h})",
-                x.shape(),
-                w.shape()
-            ),
-        ));
-    }
-    Ok((t, h, w.dims()[0]))
-}
 
 /// Index of the largest value; ties and NaNs resolve to the lowest index.
 fn argmax(row: &[f32]) -> usize {
@@ -77,41 +61,11 @@ impl LossOps for ReferenceBackend {
         grad_scale: f32,
     ) -> Result<(LossStats, Tensor)> {
         let op = "linear_cross_entropy";
-        let (t, h, v) = head_dims(op, x, w_head)?;
-        if labels.len() != t || weights.len() != t {
-            return Err(shape_err(
-                op,
-                format!(
-                    "x {:?} has {t} rows but {} labels and {} weights",
-                    x.shape(),
-                    labels.len(),
-                    weights.len()
-                ),
-            ));
-        }
+        let dims = LossDims::of_cross_entropy(op, DEVICE, x, w_head, labels, weights)?;
+        let (t, h, v) = (dims.rows, dims.hidden, dims.vocab);
         let (xs, ws) = (slice(op, x)?, slice(op, w_head)?);
         // The rows that take part: weight > 0, with a label inside the vocabulary.
-        let mut active = Vec::new();
-        for (row, (&lab, &wt)) in labels.iter().zip(weights).enumerate() {
-            if !(wt.is_finite() && wt >= 0.0) {
-                return Err(Error::op(
-                    op,
-                    DEVICE,
-                    format!("row {row}: weight {wt} must be finite and >= 0"),
-                ));
-            }
-            if wt == 0.0 {
-                continue;
-            }
-            if lab as usize >= v {
-                return Err(Error::op(
-                    op,
-                    DEVICE,
-                    format!("row {row}: label {lab} is out of range for vocab size V = {v}"),
-                ));
-            }
-            active.push(row);
-        }
+        let active = dims.active_rows(op, DEVICE, labels, weights)?;
 
         let mut stats = LossStats::default();
         let mut dx = vec![0.0f32; t * h]; // (T, H); skipped rows stay exactly 0
@@ -173,13 +127,11 @@ impl LossOps for ReferenceBackend {
 
     fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
         let op = "linear_argmax";
-        let (t, h, v) = head_dims(op, x, w_head)?;
-        if v == 0 {
-            return Err(shape_err(
-                op,
-                format!("w_head {:?} has no rows", w_head.shape()),
-            ));
-        }
+        let LossDims {
+            rows: t,
+            hidden: h,
+            vocab: v,
+        } = LossDims::of_argmax(op, DEVICE, x, w_head)?;
         let (xs, ws) = (slice(op, x)?, slice(op, w_head)?);
         let mut out = Vec::with_capacity(t);
         for r0 in (0..t).step_by(CHUNK_ROWS) {

@@ -1,32 +1,15 @@
 //! RMSNorm over the last dim: `y = x * rstd * w`, `rstd = 1/sqrt(mean(x^2) + eps)`.
 //! Row statistics and the backward's row dot products accumulate in f64.
 
-use dflash_core::{NormOps, Result, Tensor};
+use dflash_core::{NormDims, NormOps, Result, Tensor};
 use rayon::prelude::*;
 
-use crate::ReferenceBackend;
-use crate::storage::{host_tensor, same_shape, shape_err, slice};
-
-/// Checks `x (R, C)` against `w (C)` and returns `(R, C)`.
-fn dims(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize)> {
-    let (r, c) = x.shape().as_matrix();
-    if w.numel() != c {
-        return Err(shape_err(
-            op,
-            format!(
-                "x {:?} has {c} columns but w {:?} has {} elements",
-                x.shape(),
-                w.shape(),
-                w.numel()
-            ),
-        ));
-    }
-    Ok((r, c))
-}
+use crate::storage::{host_tensor, slice};
+use crate::{DEVICE, ReferenceBackend};
 
 impl NormOps for ReferenceBackend {
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
-        let (r, c) = dims("rms_norm", x, w)?;
+        let NormDims { rows: r, cols: c } = NormDims::of("rms_norm", DEVICE, x, w)?;
         let (xs, ws) = (slice("rms_norm", x)?, slice("rms_norm", w)?);
         let mut y = vec![0.0f32; r * c]; // (R, C)
         let mut rstd = vec![0.0f32; r]; // (R)
@@ -58,14 +41,7 @@ impl NormOps for ReferenceBackend {
         rstd: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         let op = "rms_norm_backward";
-        let (r, c) = dims(op, x, w)?;
-        same_shape(op, "dy and x", dy, x)?;
-        if rstd.numel() != r {
-            return Err(shape_err(
-                op,
-                format!("rstd {:?} but x {:?} has {r} rows", rstd.shape(), x.shape()),
-            ));
-        }
+        let NormDims { rows: r, cols: c } = NormDims::of_backward(op, DEVICE, dy, x, w, rstd)?;
         let (dys, xs, ws, rs) = (
             slice(op, dy)?,
             slice(op, x)?,

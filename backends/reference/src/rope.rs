@@ -3,11 +3,11 @@
 //! `y_i = x_i cos - x_{i+D/2} sin`, `y_{i+D/2} = x_{i+D/2} cos + x_i sin`.
 //! The backward is the same rotation by `-angle` (a rotation's transpose).
 
-use dflash_core::{Result, RopeOps, Tensor};
+use dflash_core::{Result, RopeDims, RopeOps, Tensor};
 use rayon::prelude::*;
 
-use crate::ReferenceBackend;
-use crate::storage::{host_tensor, shape_err, slice};
+use crate::storage::{host_tensor, slice};
+use crate::{DEVICE, ReferenceBackend};
 
 /// `(cos, sin)` tables `(T, D/2)` for the given positions.
 fn tables(positions: &[i32], half: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
@@ -37,24 +37,11 @@ fn rotate(
     sign: f32,
 ) -> Result<Tensor> {
     let xs = slice(op, x)?;
-    let dims = x.dims();
-    let t = positions.len();
-    let d = dims.last().copied().unwrap_or(0);
-    if dims.len() < 2 || dims[0] != t || d % 2 != 0 {
-        return Err(shape_err(
-            op,
-            format!(
-                "x {:?} must be (T, heads, D) with T = {t} positions and D even",
-                x.shape()
-            ),
-        ));
-    }
-    if !(theta.is_finite() && theta > 0.0) {
-        return Err(shape_err(
-            op,
-            format!("theta must be finite and > 0, got {theta}"),
-        ));
-    }
+    let RopeDims {
+        tokens: t,
+        head_dim: d,
+        ..
+    } = RopeDims::of(op, DEVICE, x, positions, theta)?;
     let mut y = vec![0.0f32; xs.len()];
     if y.is_empty() {
         return Ok(host_tensor(y, x.shape().clone()));

@@ -102,11 +102,5 @@ pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> Error {
 
 /// Checks that two tensors have exactly the same dims.
 pub(crate) fn same_shape(op: &'static str, what: &str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.dims() != b.dims() {
-        return Err(shape_err(
-            op,
-            format!("{what}: {:?} vs {:?}", a.shape(), b.shape()),
-        ));
-    }
-    Ok(())
+    dflash_core::ops::same_shape(op, DEVICE, what, a, b)
 }

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use dflash_backend_reference::ReferenceAttention;
 use dflash_core::mask::BlockMask;
-use dflash_core::{AttentionOps, AttnDims, HostAttentionKernel};
+use dflash_core::{AttentionOps, AttnDims, AttnForward, HostAttentionKernel};
 
 /// Dense f64 attention: returns `(out, lse, dq, dk, dv)` for cotangent `d_out`.
 #[allow(clippy::type_complexity)]
@@ -281,8 +281,8 @@ fn kernel_rejects_wrong_slice_lengths() {
     let (q, k) = (vec![0.5f32; 4 * 2 * 8], vec![0.5f32; 4 * 8]);
     let mut out = vec![0.0f32; 4 * 2 * 8];
     let mut lse = vec![0.0f32; 3]; // should be 8
-    let err = ReferenceAttention
-        .forward(&dims, &q, &k, &k, &mask, 1.0, &mut out, &mut lse)
+    let err = AttnForward::new(&dims, &mask, 1.0, [&q, &k, &k], [&mut out, &mut lse])
+        .and_then(|c| ReferenceAttention.forward(c))
         .unwrap_err();
     assert!(
         err.contains("lse has 3 elements, expected 8 = (Tq 4, Hq 2)"),
@@ -294,16 +294,16 @@ fn kernel_rejects_wrong_slice_lengths() {
         kv_heads: 1,
         ..dims
     };
-    let err = ReferenceAttention
-        .forward(&absurd, &q, &k, &k, &mask, 1.0, &mut out, &mut lse)
+    let err = AttnForward::new(&absurd, &mask, 1.0, [&q, &k, &k], [&mut out, &mut lse])
+        .and_then(|c| ReferenceAttention.forward(c))
         .unwrap_err();
     assert!(err.contains("overflows usize"), "{err}");
     let bad = AttnDims {
         kv_heads: 3,
         ..dims
     };
-    let err = ReferenceAttention
-        .forward(&bad, &q, &k, &k, &mask, 1.0, &mut out, &mut lse)
+    let err = AttnForward::new(&bad, &mask, 1.0, [&q, &k, &k], [&mut out, &mut lse])
+        .and_then(|c| ReferenceAttention.forward(c))
         .unwrap_err();
     assert!(err.contains("multiple"), "{err}");
 }

@@ -63,7 +63,8 @@ struct BenchArgs {
     /// Registered backend to run on (see `dflash backends`).
     #[arg(long)]
     backend: String,
-    /// Attention kernel of the backend (default: the backend options' default).
+    /// Attention kernel of the backend (default: the backend's preferred kernel, see
+    /// `dflash backends`).
     #[arg(long)]
     attention: Option<String>,
     /// `full`: the §4 shapes (a GPU); `smoke`: tiny shapes over the same code paths.
@@ -94,14 +95,17 @@ struct BenchArgs {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
-    let mut opts = dflash_core::registry::BackendOptions {
+    let attention = match args.attention {
+        Some(a) => a,
+        None => dflash_core::registry::preferred_attention(&args.backend)
+            .with_context(|| format!("creating backend {:?}", args.backend))?
+            .to_string(),
+    };
+    let opts = dflash_core::registry::BackendOptions {
+        attention,
         device: args.device,
         threads: args.threads,
-        ..Default::default()
     };
-    if let Some(a) = args.attention {
-        opts.attention = a;
-    }
     let backend = dflash_core::registry::create_backend(&args.backend, &opts)
         .with_context(|| format!("creating backend {:?}", args.backend))?;
     let bench_opts = dflash_bench::BenchOptions {
@@ -254,21 +258,22 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status { run_dir } => status(&run_dir)?,
         Command::Bench(args) => bench(args)?,
         Command::Backends => {
-            println!(
-                "backends: {}",
-                dflash_core::registry::backend_names().join(", ")
-            );
+            use dflash_core::registry;
+            println!("backends: {}", registry::backend_names().join(", "));
             println!(
                 "host attention kernels (any backend): {}",
-                dflash_core::registry::attention_kernel_names().join(", ")
+                registry::attention_kernel_names().join(", ")
             );
-            println!(
-                "cuda attention kernels: {}",
-                dflash_backend_cuda::DEVICE_ATTENTION_KERNELS.join(", ")
-            );
-            for name in dflash_core::registry::backend_names() {
-                let n = dflash_core::registry::device_count(&name).unwrap_or(0);
-                println!("{name}: {n} device(s) here");
+            for name in registry::backend_names() {
+                let device = registry::device_attention_kernel_names(&name);
+                if !device.is_empty() {
+                    println!("{name} attention kernels: {}", device.join(", "));
+                }
+            }
+            for name in registry::backend_names() {
+                let n = registry::device_count(&name).unwrap_or(0);
+                let preferred = registry::preferred_attention(&name).unwrap_or("?");
+                println!("{name}: {n} device(s) here, preferred attention {preferred}");
             }
         }
     }

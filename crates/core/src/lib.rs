@@ -5,7 +5,7 @@
 //!   is written once against `&dyn Backend`.
 //! - [`HostAttentionKernel`]: the attention plugin seam, shaped like the C ABI it will become.
 //! - [`registry`]: backends and attention kernels register at startup (`inventory`).
-//! - [`pipeline`]: the target, drafter and queue seams of the training pipeline.
+//! - [`pipeline`]: the target and feature seams of the training pipeline.
 
 pub mod error;
 pub mod ops;
@@ -15,7 +15,9 @@ pub mod tensor;
 
 pub use dflash_mask as mask;
 pub use error::{Error, Result};
-pub use ops::attention::{AttnDims, HostAttentionKernel, HostAttnLens};
+pub use ops::attention::{
+    AttnBackward, AttnDims, AttnForward, AttnInputs, HostAttentionKernel, HostAttnLens,
+};
 pub use ops::*;
 pub use tensor::{Shape, Storage, Tensor};
 

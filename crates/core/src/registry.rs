@@ -1,6 +1,11 @@
-//! Startup registries. Backends and in-tree attention kernels submit a registration with
+//! Startup registries. Backends and attention kernels submit a registration with
 //! `inventory::submit!`; the binary links them in, and selection is by name from the config.
 //! An unknown name is an error listing what is registered.
+//!
+//! Attention kernels come in two kinds: host kernels ([`AttentionKernelRegistration`]), which
+//! any backend can run (a device backend through a host round trip), and device kernels
+//! ([`DeviceAttentionKernelRegistration`]), which live inside one backend and run on its
+//! device memory. [`attention_kernels`] lists both.
 
 use std::sync::Arc;
 
@@ -9,7 +14,8 @@ use crate::{Backend, Error, HostAttentionKernel, Result};
 /// Options a backend is built with (from the config's `[backend]` table).
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
-    /// Attention kernel name (see [`attention_kernel_names`]).
+    /// Attention kernel name: a host kernel ([`attention_kernel_names`]) or one of the
+    /// backend's device kernels ([`device_attention_kernel_names`]).
     pub attention: String,
     /// Worker threads for CPU backends (0 = all cores).
     pub threads: usize,
@@ -34,15 +40,16 @@ pub struct BackendRegistration {
     /// Devices this backend can use on this machine (0 when it is unavailable). Workers are
     /// spread over them; with fewer devices than workers, devices are shared.
     pub device_count: fn() -> usize,
+    /// The attention kernel that serves this backend best (its fastest own kernel, or a host
+    /// kernel): what tools that measure the backend use when no kernel is named.
+    pub preferred_attention: &'static str,
 }
 inventory::collect!(BackendRegistration);
 
-/// How many devices backend `name` has here (1 for host backends).
-pub fn device_count(name: &str) -> Result<usize> {
+fn backend(name: &str) -> Result<&'static BackendRegistration> {
     inventory::iter::<BackendRegistration>
         .into_iter()
         .find(|r| r.name == name)
-        .map(|r| (r.device_count)())
         .ok_or_else(|| Error::UnknownName {
             kind: "backend",
             name: name.to_string(),
@@ -50,7 +57,17 @@ pub fn device_count(name: &str) -> Result<usize> {
         })
 }
 
-/// A host-memory attention kernel. GPU backends will add a device-memory sibling.
+/// How many devices backend `name` has here (1 for host backends).
+pub fn device_count(name: &str) -> Result<usize> {
+    backend(name).map(|r| (r.device_count)())
+}
+
+/// The attention kernel backend `name` prefers ([`BackendRegistration::preferred_attention`]).
+pub fn preferred_attention(name: &str) -> Result<&'static str> {
+    backend(name).map(|r| r.preferred_attention)
+}
+
+/// A host-memory attention kernel: any backend can run it.
 pub struct AttentionKernelRegistration {
     pub name: &'static str,
     pub description: &'static str,
@@ -58,35 +75,85 @@ pub struct AttentionKernelRegistration {
 }
 inventory::collect!(AttentionKernelRegistration);
 
-pub fn backend_names() -> Vec<String> {
-    let mut v: Vec<String> = inventory::iter::<BackendRegistration>
-        .into_iter()
-        .map(|r| r.name.to_string())
-        .collect();
+/// A device attention kernel: part of backend `backend`, selected through its
+/// [`BackendOptions::attention`]; it has no existence outside that backend.
+pub struct DeviceAttentionKernelRegistration {
+    pub backend: &'static str,
+    pub name: &'static str,
+    pub description: &'static str,
+}
+inventory::collect!(DeviceAttentionKernelRegistration);
+
+/// One registered attention kernel, host or device, as [`attention_kernels`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttentionKernelInfo {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// The backend a device kernel belongs to; `None` for a host kernel (any backend).
+    pub backend: Option<&'static str>,
+}
+
+fn sorted(names: impl Iterator<Item = &'static str>) -> Vec<String> {
+    let mut v: Vec<String> = names.map(str::to_string).collect();
     v.sort();
     v
 }
 
+pub fn backend_names() -> Vec<String> {
+    sorted(
+        inventory::iter::<BackendRegistration>
+            .into_iter()
+            .map(|r| r.name),
+    )
+}
+
+/// The host attention kernels ([`create_host_attention`] builds them), sorted.
 pub fn attention_kernel_names() -> Vec<String> {
-    let mut v: Vec<String> = inventory::iter::<AttentionKernelRegistration>
+    sorted(
+        inventory::iter::<AttentionKernelRegistration>
+            .into_iter()
+            .map(|r| r.name),
+    )
+}
+
+/// The device attention kernels of backend `backend`, sorted (none for an unknown backend).
+pub fn device_attention_kernel_names(backend: &str) -> Vec<String> {
+    sorted(
+        inventory::iter::<DeviceAttentionKernelRegistration>
+            .into_iter()
+            .filter(|r| r.backend == backend)
+            .map(|r| r.name),
+    )
+}
+
+/// Every registered attention kernel: the host kernels, then each backend's device kernels,
+/// each group sorted by name.
+pub fn attention_kernels() -> Vec<AttentionKernelInfo> {
+    let mut host: Vec<AttentionKernelInfo> = inventory::iter::<AttentionKernelRegistration>
         .into_iter()
-        .map(|r| r.name.to_string())
+        .map(|r| AttentionKernelInfo {
+            name: r.name,
+            description: r.description,
+            backend: None,
+        })
         .collect();
-    v.sort();
-    v
+    host.sort_by_key(|k| k.name);
+    let mut device: Vec<AttentionKernelInfo> = inventory::iter::<DeviceAttentionKernelRegistration>
+        .into_iter()
+        .map(|r| AttentionKernelInfo {
+            name: r.name,
+            description: r.description,
+            backend: Some(r.backend),
+        })
+        .collect();
+    device.sort_by_key(|k| (k.backend, k.name));
+    host.extend(device);
+    host
 }
 
 /// Builds the backend registered as `name`.
 pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
-    let reg = inventory::iter::<BackendRegistration>
-        .into_iter()
-        .find(|r| r.name == name)
-        .ok_or_else(|| Error::UnknownName {
-            kind: "backend",
-            name: name.to_string(),
-            available: backend_names(),
-        })?;
-    (reg.create)(opts)
+    (backend(name)?.create)(opts)
 }
 
 /// Builds the host attention kernel registered as `name`.
@@ -100,4 +167,45 @@ pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>>
             available: attention_kernel_names(),
         })?;
     Ok((reg.create)())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    inventory::submit! {
+        DeviceAttentionKernelRegistration {
+            backend: "registry-test",
+            name: "registry-test-kernel",
+            description: "a device kernel of a backend that exists only in this test",
+        }
+    }
+
+    #[test]
+    fn device_kernels_are_listed_with_their_backend() {
+        assert_eq!(
+            device_attention_kernel_names("registry-test"),
+            vec!["registry-test-kernel".to_string()]
+        );
+        assert!(device_attention_kernel_names("no-such-backend").is_empty());
+        let all = attention_kernels();
+        let k = all
+            .iter()
+            .find(|k| k.name == "registry-test-kernel")
+            .expect("listed among all kernels");
+        assert_eq!(k.backend, Some("registry-test"));
+        // A device kernel is no host kernel: it cannot be created on its own.
+        assert!(!attention_kernel_names().contains(&"registry-test-kernel".to_string()));
+        assert!(create_host_attention("registry-test-kernel").is_err());
+    }
+
+    #[test]
+    fn an_unknown_backend_has_no_preferred_kernel() {
+        match preferred_attention("no-such-backend") {
+            Err(Error::UnknownName { kind, name, .. }) => {
+                assert_eq!((kind, name.as_str()), ("backend", "no-such-backend"));
+            }
+            other => panic!("expected UnknownName, got {other:?}"),
+        }
+    }
 }

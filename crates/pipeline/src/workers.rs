@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dflash_core::pipeline::{HiddenBatch, HiddenSeq, Queue, QueueError, SeqMeta, Target};
+use dflash_core::pipeline::{HiddenBatch, HiddenSeq, SeqMeta, Target};
 use dflash_data::{Dataset, SkipCounts, TooLongPolicy, validate};
-use dflash_queue::BoundedQueue;
+use dflash_queue::{BoundedQueue, Queue, QueueError};
 
 use crate::error::{PipelineError, Result};
 use crate::phases::{Phase, PhaseClock};

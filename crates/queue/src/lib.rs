@@ -1,6 +1,6 @@
 //! Bounded, closable, blocking queues for the training pipeline.
 //!
-//! [`BoundedQueue`] implements [`dflash_core::pipeline::Queue`]: a FIFO of at most `capacity`
+//! [`BoundedQueue`] implements the [`Queue`] seam: a FIFO of at most `capacity`
 //! items guarded by one `Mutex` and two `Condvar`s (`not_full` for producers, `not_empty` for
 //! consumers). Both sides block with a timeout; a timed-out or refused push gives the item back.
 //! After [`close`](Queue::close), pushes are refused at once, pops keep draining what is left and
@@ -16,7 +16,9 @@ use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub use dflash_core::pipeline::{Queue, QueueError, QueueStats};
+mod seam;
+
+pub use seam::{Queue, QueueError, QueueStats};
 
 /// A bounded multi-producer multi-consumer FIFO with timeouts, close and wait counters.
 #[derive(Debug)]

@@ -8,22 +8,29 @@ use crate::dense::{axpy, dot, fold};
 use crate::geometry::Geom;
 use crate::tiles::visible_ranges;
 
+/// The backward's per-(row, head) inputs besides q, k, v: the forward's `lse`, `d_out`, and
+/// `delta = rowsum(dO * O)`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowTerms<'a> {
+    pub(crate) lse: &'a [f32],
+    pub(crate) d_out: &'a [f32],
+    pub(crate) delta: &'a [f64],
+}
+
 impl Ctx<'_> {
     /// `dk`/`dv` for key tile `kt` (all kv heads), from every query tile that lists it.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_k_tile(
         &self,
         kt: usize,
         q_tiles: &[(usize, TileKind)],
-        lse: &[f32],
-        d_out: &[f32],
-        delta: &[f64],
+        terms: &RowTerms,
         dk: &mut [f32],
         dv: &mut [f32],
     ) {
         let Geom {
             tq, hq, hkv, g, d, ..
         } = self.geo;
+        let RowTerms { lse, d_out, delta } = *terms;
         let (k0, k1) = self.key_range(kt);
         let width = k1 - k0;
         let mut dk64 = vec![0f64; width * d];
@@ -40,7 +47,7 @@ impl Ctx<'_> {
                 let r0 = qt * self.q_tile;
                 let r1 = (r0 + self.q_tile).min(tq);
                 for r in r0..r1 {
-                    let (ranges, nr) = visible_ranges(self.mask.row(r), k0, k1, kind);
+                    let (ranges, nr) = visible_ranges(self.input.mask.row(r), k0, k1, kind);
                     if nr == 0 {
                         continue;
                     }
@@ -52,7 +59,7 @@ impl Ctx<'_> {
                         let delta_r = delta[r * hq + h];
                         for &(lo, hi) in &ranges[..nr] {
                             for j in lo..hi {
-                                let s = self.scale * dot(qrow, self.k_row(j, kvh));
+                                let s = self.input.scale * dot(qrow, self.k_row(j, kvh));
                                 let p = (s - lse_r).exp();
                                 let dp = dot(dorow, self.v_row(j, kvh));
                                 let ds = (p as f64 * (dp as f64 - delta_r)) as f32;
@@ -66,7 +73,7 @@ impl Ctx<'_> {
                 fold(&mut dk64, &dk32);
                 fold(&mut dv64, &dv32);
             }
-            let scale = self.scale as f64;
+            let scale = self.input.scale as f64;
             for jj in 0..width {
                 let dst = (jj * hkv + kvh) * d;
                 for x in 0..d {
@@ -78,17 +85,15 @@ impl Ctx<'_> {
     }
 
     /// `dq` for query tile `qt`, walking its key tiles like the forward.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_q_tile(
         &self,
         qt: usize,
         tiles: &[KeyTile],
-        lse: &[f32],
-        d_out: &[f32],
-        delta: &[f64],
+        terms: &RowTerms,
         dq: &mut [f32],
     ) {
         let Geom { hq, hkv, g, d, .. } = self.geo;
+        let RowTerms { lse, d_out, delta } = *terms;
         let r0 = qt * self.q_tile;
         let rows = dq.len() / (hq * d);
         let mut dq64 = vec![0f64; rows * g * d];
@@ -99,7 +104,7 @@ impl Ctx<'_> {
                 let (k0, k1) = self.key_range(kt.index);
                 for ri in 0..rows {
                     let r = r0 + ri;
-                    let (ranges, nr) = visible_ranges(self.mask.row(r), k0, k1, kt.kind);
+                    let (ranges, nr) = visible_ranges(self.input.mask.row(r), k0, k1, kt.kind);
                     if nr == 0 {
                         continue;
                     }
@@ -113,7 +118,7 @@ impl Ctx<'_> {
                         for &(lo, hi) in &ranges[..nr] {
                             for j in lo..hi {
                                 let krow = self.k_row(j, kvh);
-                                let s = self.scale * dot(qrow, krow);
+                                let s = self.input.scale * dot(qrow, krow);
                                 let p = (s - lse_r).exp();
                                 let dp = dot(dorow, self.v_row(j, kvh));
                                 let ds = (p as f64 * (dp as f64 - delta_r)) as f32;
@@ -124,7 +129,7 @@ impl Ctx<'_> {
                     }
                 }
             }
-            let scale = self.scale as f64;
+            let scale = self.input.scale as f64;
             for ri in 0..rows {
                 for gi in 0..g {
                     let dst = &mut dq[(ri * hq + kvh * g + gi) * d..][..d];

@@ -1,18 +1,14 @@
 //! [`Ctx`], read by the forward and both backward passes: one place for the row accessors into
 //! the fixed `(T, H, D)` layouts, so the passes cannot disagree on indexing.
 
-use dflash_core::mask::BlockMask;
+use dflash_core::AttnInputs;
 
 use crate::geometry::Geom;
 
 /// Inputs shared by every task of one call.
 pub(crate) struct Ctx<'a> {
     pub(crate) geo: Geom,
-    pub(crate) q: &'a [f32],
-    pub(crate) k: &'a [f32],
-    pub(crate) v: &'a [f32],
-    pub(crate) mask: &'a BlockMask,
-    pub(crate) scale: f32,
+    pub(crate) input: AttnInputs<'a>,
     pub(crate) q_tile: usize,
     pub(crate) k_tile: usize,
 }
@@ -21,17 +17,17 @@ impl Ctx<'_> {
     #[inline]
     pub(crate) fn q_row(&self, r: usize, h: usize) -> &[f32] {
         let d = self.geo.d;
-        &self.q[(r * self.geo.hq + h) * d..][..d]
+        &self.input.q[(r * self.geo.hq + h) * d..][..d]
     }
     #[inline]
     pub(crate) fn k_row(&self, j: usize, h: usize) -> &[f32] {
         let d = self.geo.d;
-        &self.k[(j * self.geo.hkv + h) * d..][..d]
+        &self.input.k[(j * self.geo.hkv + h) * d..][..d]
     }
     #[inline]
     pub(crate) fn v_row(&self, j: usize, h: usize) -> &[f32] {
         let d = self.geo.d;
-        &self.v[(j * self.geo.hkv + h) * d..][..d]
+        &self.input.v[(j * self.geo.hkv + h) * d..][..d]
     }
     #[inline]
     pub(crate) fn key_range(&self, kt: usize) -> (usize, usize) {

@@ -34,7 +34,8 @@ impl Ctx<'_> {
             for kt in tiles {
                 let (k0, k1) = self.key_range(kt.index);
                 for ri in 0..rows {
-                    let (ranges, nr) = visible_ranges(self.mask.row(r0 + ri), k0, k1, kt.kind);
+                    let (ranges, nr) =
+                        visible_ranges(self.input.mask.row(r0 + ri), k0, k1, kt.kind);
                     if nr == 0 {
                         continue;
                     }
@@ -45,7 +46,7 @@ impl Ctx<'_> {
                         let mut tile_max = f32::NEG_INFINITY;
                         for &(lo, hi) in &ranges[..nr] {
                             for j in lo..hi {
-                                let s = self.scale * dot(qrow, self.k_row(j, kvh));
+                                let s = self.input.scale * dot(qrow, self.k_row(j, kvh));
                                 scores[n] = s;
                                 n += 1;
                                 tile_max = tile_max.max(s);

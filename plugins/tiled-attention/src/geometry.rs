@@ -1,8 +1,10 @@
-//! Validation of one call (dims, mask, slice lengths through `AttnDims::host_lens`, whose sizes
-//! are overflow-safe, and scale), so malformed input is an `Err`, never a panic.
+//! The geometry of one call, read from its already validated dims ([`AttnForward::new`]
+//! checked them and the slice lengths), plus the kernel's own check of a finite scale, so
+//! malformed input is an `Err`, never a panic.
+//!
+//! [`AttnForward::new`]: dflash_core::AttnForward::new
 
-use dflash_core::mask::BlockMask;
-use dflash_core::{AttnDims, HostAttnLens};
+use dflash_core::AttnDims;
 
 /// Checked geometry of one call.
 #[derive(Debug, Clone, Copy)]
@@ -17,19 +19,8 @@ pub(crate) struct Geom {
 }
 
 impl Geom {
-    /// Checks one call: `dims` against the mask, the slice lengths with `check_lens` (sizes
-    /// overflow-safe, see [`AttnDims::host_lens`]) and a finite `scale`; errors name the plugin
-    /// and the op.
-    pub(crate) fn new(
-        op: &str,
-        dims: &AttnDims,
-        mask: &BlockMask,
-        scale: f32,
-        check_lens: impl FnOnce(&HostAttnLens) -> Result<(), String>,
-    ) -> Result<Self, String> {
-        dims.host_lens(mask)
-            .and_then(|lens| check_lens(&lens))
-            .map_err(|e| format!("tiled attention {op}: {e}"))?;
+    /// The geometry of `dims`, for a finite `scale`; errors name the plugin and the op.
+    pub(crate) fn new(op: &str, dims: &AttnDims, scale: f32) -> Result<Self, String> {
         if !scale.is_finite() {
             return Err(format!("tiled attention {op}: scale {scale} is not finite"));
         }

@@ -37,8 +37,9 @@
 //!   No atomics or racy reductions, so results are bit-identical across runs and thread counts.
 //!   The price is recomputing `s`, `P` and `dP` in both backward passes (GPU FA2 avoids that
 //!   with atomic `dq` adds, which are not deterministic).
-//! - **Never panics on user input**: dims are checked with [`AttnDims::validate`], every slice
-//!   length is checked with overflow-safe arithmetic, and errors come back as `Err(String)`.
+//! - **Never panics on user input**: calls arrive validated ([`AttnForward::new`] checks the dims
+//!   against the mask and every slice length, with overflow-safe arithmetic); the kernel checks
+//!   the one thing of its own, a finite scale, and errors come back as `Err(String)`.
 
 mod backward;
 mod context;
@@ -47,11 +48,12 @@ mod forward;
 mod geometry;
 mod tiles;
 
-use dflash_core::mask::{BlockMask, TileMap};
+use dflash_core::mask::TileMap;
 use dflash_core::registry::AttentionKernelRegistration;
-use dflash_core::{AttnDims, HostAttentionKernel};
+use dflash_core::{AttnBackward, AttnForward, AttnInputs, HostAttentionKernel};
 use rayon::prelude::*;
 
+use backward::RowTerms;
 use context::Ctx;
 use geometry::Geom;
 use tiles::transpose;
@@ -103,6 +105,16 @@ impl TiledAttention {
     pub fn tiles(&self) -> (usize, usize) {
         (self.q_tile, self.k_tile)
     }
+
+    /// The context every task of one call reads; errors name the op.
+    fn ctx<'a>(&self, op: &str, input: AttnInputs<'a>) -> Result<Ctx<'a>, String> {
+        Ok(Ctx {
+            geo: Geom::new(op, &input.dims, input.scale)?,
+            input,
+            q_tile: self.q_tile,
+            k_tile: self.k_tile,
+        })
+    }
 }
 
 /// Call this (or name any other item of the crate) from a binary or test to make sure the
@@ -127,107 +139,55 @@ impl HostAttentionKernel for TiledAttention {
         NAME
     }
 
-    fn forward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        out: &mut [f32],
-        lse: &mut [f32],
-    ) -> Result<(), String> {
-        const OP: &str = "forward";
-        let geo = Geom::new(OP, dims, mask, scale, |l| {
-            l.check_forward([q.len(), k.len(), v.len(), out.len(), lse.len()])
-        })?;
-
-        let tm = TileMap::new(mask, self.q_tile, self.k_tile);
-        let ctx = Ctx {
-            geo,
-            q,
-            k,
-            v,
-            mask,
-            scale,
-            q_tile: self.q_tile,
-            k_tile: self.k_tile,
-        };
+    fn forward(&self, call: AttnForward<'_>) -> Result<(), String> {
+        let ctx = self.ctx("forward", call.input)?;
+        let tm = TileMap::new(call.input.mask, self.q_tile, self.k_tile);
+        let (hq, d) = (ctx.geo.hq, ctx.geo.d);
         // Each task owns one query tile's rows of `out` and `lse` (contiguous in this layout).
-        out.par_chunks_mut(self.q_tile * geo.hq * geo.d)
-            .zip(lse.par_chunks_mut(self.q_tile * geo.hq))
+        call.out
+            .par_chunks_mut(self.q_tile * hq * d)
+            .zip(call.lse.par_chunks_mut(self.q_tile * hq))
             .enumerate()
             .for_each(|(qt, (o, l))| ctx.forward_q_tile(qt, &tm.tiles[qt], o, l));
         Ok(())
     }
 
-    fn backward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: &[f32],
-        lse: &[f32],
-        d_out: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
-    ) -> Result<(), String> {
-        const OP: &str = "backward";
-        let geo = Geom::new(OP, dims, mask, scale, |l| {
-            l.check_backward([
-                q.len(),
-                k.len(),
-                v.len(),
-                out.len(),
-                lse.len(),
-                d_out.len(),
-                dq.len(),
-                dk.len(),
-                dv.len(),
-            ])
-        })?;
-
+    fn backward(&self, call: AttnBackward<'_>) -> Result<(), String> {
+        let ctx = self.ctx("backward", call.input)?;
+        let (lse, d_out) = (call.lse, call.d_out);
+        let geo = ctx.geo;
         let d = geo.d;
         // D_i = rowsum(dO_i * O_i), per (row, head), in f64.
-        let delta: Vec<f64> = out
+        let delta: Vec<f64> = call
+            .out
             .par_chunks(d)
             .zip(d_out.par_chunks(d))
             .map(|(o, g)| o.iter().zip(g).map(|(&a, &b)| a as f64 * b as f64).sum())
             .collect();
 
-        let tm = TileMap::new(mask, self.q_tile, self.k_tile);
+        let tm = TileMap::new(call.input.mask, self.q_tile, self.k_tile);
         let k_tiles = geo.tk.div_ceil(self.k_tile);
         let by_key = transpose(&tm, k_tiles);
-        let ctx = Ctx {
-            geo,
-            q,
-            k,
-            v,
-            mask,
-            scale,
-            q_tile: self.q_tile,
-            k_tile: self.k_tile,
+        let terms = RowTerms {
+            lse,
+            d_out,
+            delta: &delta,
         };
 
         // Pass 1: dk, dv. Each task owns one key tile's rows of dk and dv.
         let kv_chunk = self.k_tile * geo.hkv * d;
-        dk.par_chunks_mut(kv_chunk)
-            .zip(dv.par_chunks_mut(kv_chunk))
+        call.dk
+            .par_chunks_mut(kv_chunk)
+            .zip(call.dv.par_chunks_mut(kv_chunk))
             .enumerate()
             .for_each(|(kt, (dk_c, dv_c))| {
-                ctx.backward_k_tile(kt, &by_key[kt], lse, d_out, &delta, dk_c, dv_c)
+                ctx.backward_k_tile(kt, &by_key[kt], &terms, dk_c, dv_c)
             });
         // Pass 2: dq. Each task owns one query tile's rows of dq.
-        dq.par_chunks_mut(self.q_tile * geo.hq * d)
+        call.dq
+            .par_chunks_mut(self.q_tile * geo.hq * d)
             .enumerate()
-            .for_each(|(qt, dq_c)| {
-                ctx.backward_q_tile(qt, &tm.tiles[qt], lse, d_out, &delta, dq_c)
-            });
+            .for_each(|(qt, dq_c)| ctx.backward_q_tile(qt, &tm.tiles[qt], &terms, dq_c));
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 use dflash_attention_tiled::{NAME, TiledAttention};
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{attention_kernel_names, create_host_attention};
-use dflash_core::{AttnDims, HostAttentionKernel};
+use dflash_core::{AttnBackward, AttnDims, AttnForward, HostAttentionKernel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -83,16 +83,25 @@ fn dflash_problem() -> Problem {
 fn run_all(kernel: &TiledAttention, p: &Problem) -> Vec<Vec<u32>> {
     let (nq, nk, nl) = (p.q.len(), p.k.len(), p.dims.q_rows * p.dims.q_heads);
     let (mut out, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; nl]);
-    kernel
-        .forward(&p.dims, &p.q, &p.k, &p.v, &p.mask, 0.2, &mut out, &mut lse)
-        .unwrap();
+    AttnForward::new(
+        &p.dims,
+        &p.mask,
+        0.2,
+        [&p.q, &p.k, &p.v],
+        [&mut out, &mut lse],
+    )
+    .and_then(|c| kernel.forward(c))
+    .unwrap();
     let (mut dq, mut dk, mut dv) = (vec![f32::NAN; nq], vec![f32::NAN; nk], vec![f32::NAN; nk]);
-    kernel
-        .backward(
-            &p.dims, &p.q, &p.k, &p.v, &out, &lse, &p.d_out, &p.mask, 0.2, &mut dq, &mut dk,
-            &mut dv,
-        )
-        .unwrap();
+    AttnBackward::new(
+        &p.dims,
+        &p.mask,
+        0.2,
+        [&p.q, &p.k, &p.v, &out, &lse, &p.d_out],
+        [&mut dq, &mut dk, &mut dv],
+    )
+    .and_then(|c| kernel.backward(c))
+    .unwrap();
     [out, lse, dq, dk, dv]
         .iter()
         .map(|t| t.iter().map(|x| x.to_bits()).collect())
@@ -124,9 +133,15 @@ fn padding_rows_give_zero_out_and_neg_inf_lse() {
     let p = dflash_problem();
     let (nq, nl) = (p.q.len(), p.dims.q_rows * p.dims.q_heads);
     let (mut out, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; nl]);
-    TiledAttention::new()
-        .forward(&p.dims, &p.q, &p.k, &p.v, &p.mask, 0.2, &mut out, &mut lse)
-        .unwrap();
+    AttnForward::new(
+        &p.dims,
+        &p.mask,
+        0.2,
+        [&p.q, &p.k, &p.v],
+        [&mut out, &mut lse],
+    )
+    .and_then(|c| TiledAttention::new().forward(c))
+    .unwrap();
     let row_elems = p.dims.q_heads * p.dims.head_dim;
     // The last two blocks (16 rows) are padding.
     for r in p.dims.q_rows - 16..p.dims.q_rows {
@@ -164,8 +179,8 @@ fn hand_checked_two_keys() {
     };
     let (q, k, v) = ([5.0f32, 1.0], [2.0f32, 6.0], [10.0f32, -2.0]);
     let (mut out, mut lse) = ([f32::NAN; 2], [f32::NAN; 2]);
-    TiledAttention::new()
-        .forward(&dims, &q, &k, &v, &mask, 0.1, &mut out, &mut lse)
+    AttnForward::new(&dims, &mask, 0.1, [&q, &k, &v], [&mut out, &mut lse])
+        .and_then(|c| TiledAttention::new().forward(c))
         .unwrap();
     // Row 0 sees key 0 only: s = 0.1*5*2 = 1.
     assert_eq!(out[0], 10.0);
@@ -185,36 +200,42 @@ fn malformed_input_is_an_error_not_a_panic() {
     let mut out = vec![0.0; p.q.len()];
     let mut lse = vec![0.0; nl];
     // Short q.
-    let e = kernel
-        .forward(
-            &p.dims,
-            &p.q[1..],
-            &p.k,
-            &p.v,
-            &p.mask,
-            0.2,
-            &mut out,
-            &mut lse,
-        )
-        .unwrap_err();
-    assert!(
-        e.contains("tiled attention forward") && e.contains("q has"),
-        "{e}"
-    );
+    let e = AttnForward::new(
+        &p.dims,
+        &p.mask,
+        0.2,
+        [&p.q[1..], &p.k, &p.v],
+        [&mut out, &mut lse],
+    )
+    .and_then(|c| kernel.forward(c))
+    .unwrap_err();
+    assert!(e.contains("q has"), "{e}");
     // Heads not divisible.
     let dims = AttnDims {
         q_heads: 3,
         ..p.dims
     };
-    let e = kernel
-        .forward(&dims, &p.q, &p.k, &p.v, &p.mask, 0.2, &mut out, &mut lse)
-        .unwrap_err();
+    let e = AttnForward::new(
+        &dims,
+        &p.mask,
+        0.2,
+        [&p.q, &p.k, &p.v],
+        [&mut out, &mut lse],
+    )
+    .and_then(|c| kernel.forward(c))
+    .unwrap_err();
     assert!(e.contains("multiple"), "{e}");
     // Mask of another size.
     let other = BlockMask::causal(10).unwrap();
-    let e = kernel
-        .forward(&p.dims, &p.q, &p.k, &p.v, &other, 0.2, &mut out, &mut lse)
-        .unwrap_err();
+    let e = AttnForward::new(
+        &p.dims,
+        &other,
+        0.2,
+        [&p.q, &p.k, &p.v],
+        [&mut out, &mut lse],
+    )
+    .and_then(|c| kernel.forward(c))
+    .unwrap_err();
     assert!(e.contains("mask"), "{e}");
     // head_dim 0, non-finite scale.
     let dims = AttnDims {
@@ -222,23 +243,20 @@ fn malformed_input_is_an_error_not_a_panic() {
         ..p.dims
     };
     assert!(
-        kernel
-            .forward(&dims, &[], &[], &[], &p.mask, 0.2, &mut [], &mut lse)
+        AttnForward::new(&dims, &p.mask, 0.2, [&[], &[], &[]], [&mut [], &mut lse])
+            .and_then(|c| kernel.forward(c))
             .is_err()
     );
     assert!(
-        kernel
-            .forward(
-                &p.dims,
-                &p.q,
-                &p.k,
-                &p.v,
-                &p.mask,
-                f32::NAN,
-                &mut out,
-                &mut lse
-            )
-            .is_err()
+        AttnForward::new(
+            &p.dims,
+            &p.mask,
+            f32::NAN,
+            [&p.q, &p.k, &p.v],
+            [&mut out, &mut lse]
+        )
+        .and_then(|c| kernel.forward(c))
+        .is_err()
     );
     // Absurd dims whose product overflows usize.
     let dims = AttnDims {
@@ -247,20 +265,29 @@ fn malformed_input_is_an_error_not_a_panic() {
         ..p.dims
     };
     assert!(
-        kernel
-            .forward(&dims, &p.q, &p.k, &p.v, &p.mask, 0.2, &mut out, &mut lse)
-            .is_err()
+        AttnForward::new(
+            &dims,
+            &p.mask,
+            0.2,
+            [&p.q, &p.k, &p.v],
+            [&mut out, &mut lse]
+        )
+        .and_then(|c| kernel.forward(c))
+        .is_err()
     );
     // Backward: short dk.
     let mut dq = vec![0.0; p.q.len()];
     let mut dk = vec![0.0; p.k.len() - 1];
     let mut dv = vec![0.0; p.k.len()];
-    let e = kernel
-        .backward(
-            &p.dims, &p.q, &p.k, &p.v, &out, &lse, &p.d_out, &p.mask, 0.2, &mut dq, &mut dk,
-            &mut dv,
-        )
-        .unwrap_err();
+    let e = AttnBackward::new(
+        &p.dims,
+        &p.mask,
+        0.2,
+        [&p.q, &p.k, &p.v, &out, &lse, &p.d_out],
+        [&mut dq, &mut dk, &mut dv],
+    )
+    .and_then(|c| kernel.backward(c))
+    .unwrap_err();
     assert!(e.contains("dk has"), "{e}");
 }
 
@@ -277,8 +304,8 @@ fn empty_inputs_are_fine() {
         head_dim: 8,
     };
     let kv = random(5, 4 * 8);
-    kernel
-        .forward(&dims, &[], &kv, &kv, &mask, 0.3, &mut [], &mut [])
+    AttnForward::new(&dims, &mask, 0.3, [&[], &kv, &kv], [&mut [], &mut []])
+        .and_then(|c| kernel.forward(c))
         .unwrap();
     let mask = BlockMask::dflash(1, 2, &[-1]).unwrap();
     let dims = AttnDims {
@@ -291,15 +318,19 @@ fn empty_inputs_are_fine() {
     let q = random(6, 2 * 2 * 4);
     let kv = random(7, 3 * 2 * 4);
     let (mut out, mut lse) = (vec![f32::NAN; 16], vec![f32::NAN; 4]);
-    kernel
-        .forward(&dims, &q, &kv, &kv, &mask, 0.3, &mut out, &mut lse)
+    AttnForward::new(&dims, &mask, 0.3, [&q, &kv, &kv], [&mut out, &mut lse])
+        .and_then(|c| kernel.forward(c))
         .unwrap();
     assert!(out.iter().all(|&x| x == 0.0) && lse.iter().all(|&x| x == f32::NEG_INFINITY));
     let (mut dq, mut dk, mut dv) = (vec![f32::NAN; 16], vec![f32::NAN; 24], vec![f32::NAN; 24]);
-    kernel
-        .backward(
-            &dims, &q, &kv, &kv, &out, &lse, &q, &mask, 0.3, &mut dq, &mut dk, &mut dv,
-        )
-        .unwrap();
+    AttnBackward::new(
+        &dims,
+        &mask,
+        0.3,
+        [&q, &kv, &kv, &out, &lse, &q],
+        [&mut dq, &mut dk, &mut dv],
+    )
+    .and_then(|c| kernel.backward(c))
+    .unwrap();
     assert!(dq.iter().chain(&dk).chain(&dv).all(|&x| x == 0.0));
 }

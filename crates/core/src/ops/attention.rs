@@ -59,7 +59,6 @@ impl AttnDims {
 
     /// As [`Self::of_tensors`], for a backward call: `out` and `d_out` shaped like `q`, and
     /// `lse` holding `Tq * Hq` values.
-    #[allow(clippy::too_many_arguments)]
     pub fn of_backward(
         q: &Tensor,
         k: &Tensor,
@@ -116,7 +115,7 @@ enum HostBuf {
     Lse,
 }
 
-/// A host kernel's slices in argument order: the forward's five, then the backward's four more.
+/// A host kernel call's slices in [`AttnBackward::new`]'s order; a forward has the first five.
 const HOST_BUFS: [(HostBuf, &str); 9] = [
     (HostBuf::Q, "q"),
     (HostBuf::Kv, "k"),
@@ -142,16 +141,6 @@ pub struct HostAttnLens {
 }
 
 impl HostAttnLens {
-    /// Checks the lengths of a forward call's `[q, k, v, out, lse]`.
-    pub fn check_forward(&self, lens: [usize; 5]) -> std::result::Result<(), String> {
-        self.check(&lens)
-    }
-
-    /// Checks the lengths of a backward call's `[q, k, v, out, lse, d_out, dq, dk, dv]`.
-    pub fn check_backward(&self, lens: [usize; 9]) -> std::result::Result<(), String> {
-        self.check(&lens)
-    }
-
     /// The error names the slice, its length and the shape it must have.
     fn check(&self, lens: &[usize]) -> std::result::Result<(), String> {
         let d = &self.dims;
@@ -203,38 +192,122 @@ impl AttnDims {
     }
 }
 
-/// An attention kernel over host memory (the reference backend and CPU plugins).
-/// Outputs are fully overwritten; callers may poison them first to prove it.
+/// What a forward reads (and its backward reads again): dims, mask, scale, `q`, `k`, `v`.
+/// Part of a validated [`AttnForward`] / [`AttnBackward`]; kernels never build one.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AttnInputs<'a> {
+    pub dims: AttnDims,
+    pub mask: &'a BlockMask,
+    /// Multiplies `q.k` before the softmax.
+    pub scale: f32,
+    /// `(Tq, Hq, D)`.
+    pub q: &'a [f32],
+    /// `(Tk, Hkv, D)`.
+    pub k: &'a [f32],
+    /// `(Tk, Hkv, D)`.
+    pub v: &'a [f32],
+}
+
+impl<'a> AttnInputs<'a> {
+    /// Unchecked: for the constructors of the validated calls.
+    fn of(dims: &AttnDims, mask: &'a BlockMask, scale: f32, [q, k, v]: [&'a [f32]; 3]) -> Self {
+        AttnInputs {
+            dims: *dims,
+            mask,
+            scale,
+            q,
+            k,
+            v,
+        }
+    }
+}
+
+/// One forward call of a host attention kernel, its slice lengths checked against its dims
+/// and mask. Only [`AttnForward::new`] builds one (the type is `non_exhaustive`), so a kernel
+/// receives validated data and checks nothing but what is its own (e.g. supported dims).
+/// Plain slices, dims and a scale: the shape of the future C ABI's call struct.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AttnForward<'a> {
+    pub input: AttnInputs<'a>,
+    /// `(Tq, Hq, D)`, fully overwritten.
+    pub out: &'a mut [f32],
+    /// `(Tq, Hq)`, fully overwritten.
+    pub lse: &'a mut [f32],
+}
+
+impl<'a> AttnForward<'a> {
+    /// Checks `dims` against the mask ([`AttnDims::host_lens`]: overflow-safe sizes) and the
+    /// slices' lengths. The error names the slice, its length and the shape it must have.
+    pub fn new(
+        dims: &AttnDims,
+        mask: &'a BlockMask,
+        scale: f32,
+        [q, k, v]: [&'a [f32]; 3],
+        [out, lse]: [&'a mut [f32]; 2],
+    ) -> std::result::Result<Self, String> {
+        let lens = [q.len(), k.len(), v.len(), out.len(), lse.len()];
+        dims.host_lens(mask)?.check(&lens)?;
+        let input = AttnInputs::of(dims, mask, scale, [q, k, v]);
+        Ok(AttnForward { input, out, lse })
+    }
+}
+
+/// One backward call of a host attention kernel, checked like [`AttnForward`] and built only
+/// by [`AttnBackward::new`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AttnBackward<'a> {
+    /// The forward's inputs.
+    pub input: AttnInputs<'a>,
+    /// The forward's `out`, `(Tq, Hq, D)`.
+    pub out: &'a [f32],
+    /// The forward's `lse`, `(Tq, Hq)`.
+    pub lse: &'a [f32],
+    /// `(Tq, Hq, D)`.
+    pub d_out: &'a [f32],
+    /// `(Tq, Hq, D)`, fully overwritten.
+    pub dq: &'a mut [f32],
+    /// `(Tk, Hkv, D)`, fully overwritten.
+    pub dk: &'a mut [f32],
+    /// `(Tk, Hkv, D)`, fully overwritten.
+    pub dv: &'a mut [f32],
+}
+
+impl<'a> AttnBackward<'a> {
+    /// As [`AttnForward::new`], for `[q, k, v, out, lse, d_out]` and `[dq, dk, dv]`.
+    pub fn new(
+        dims: &AttnDims,
+        mask: &'a BlockMask,
+        scale: f32,
+        [q, k, v, out, lse, d_out]: [&'a [f32]; 6],
+        [dq, dk, dv]: [&'a mut [f32]; 3],
+    ) -> std::result::Result<Self, String> {
+        let ins = [q, k, v, out, lse, d_out].map(<[f32]>::len);
+        let outs = [dq.len(), dk.len(), dv.len()];
+        dims.host_lens(mask)?
+            .check(&[ins.as_slice(), &outs].concat())?;
+        let input = AttnInputs::of(dims, mask, scale, [q, k, v]);
+        Ok(AttnBackward {
+            input,
+            out,
+            lse,
+            d_out,
+            dq,
+            dk,
+            dv,
+        })
+    }
+}
+
+/// An attention kernel over host memory (the reference backend and CPU plugins). It receives
+/// calls validated by [`AttnForward::new`] / [`AttnBackward::new`]; outputs are fully
+/// overwritten, and callers may poison them first to prove it.
 pub trait HostAttentionKernel: Send + Sync {
     fn name(&self) -> &str;
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        out: &mut [f32],
-        lse: &mut [f32],
-    ) -> std::result::Result<(), String>;
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &self,
-        dims: &AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: &[f32],
-        lse: &[f32],
-        d_out: &[f32],
-        mask: &BlockMask,
-        scale: f32,
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
-    ) -> std::result::Result<(), String>;
+    fn forward(&self, call: AttnForward<'_>) -> std::result::Result<(), String>;
+    fn backward(&self, call: AttnBackward<'_>) -> std::result::Result<(), String>;
 }
 
 /// The backend-level op model code calls; the backend dispatches to its selected kernel.

@@ -1,4 +1,4 @@
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// Statistics of a weighted cross-entropy over some rows. Sums, so they add across
 /// micro-batches and ranks before the one global normalisation.
@@ -53,4 +53,117 @@ pub trait LossOps {
 
     /// Greedy tokens `argmax_v (x @ w_head^T)` per row, chunked like the loss.
     fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>>;
+}
+
+/// The checked dims of a loss-head call: `x (T, H)` (leading dims folded into rows) against
+/// `w_head (V, H)`. Every backend validates its operands here, so all report the same errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossDims {
+    /// `T`.
+    pub rows: usize,
+    /// `H`.
+    pub hidden: usize,
+    /// `V`.
+    pub vocab: usize,
+}
+
+impl LossDims {
+    /// Checks `x (T, H)` against `w_head (V, H)`; errors name `op` and `device`.
+    pub fn of(op: &'static str, device: &str, x: &Tensor, w_head: &Tensor) -> Result<Self> {
+        let (rows, hidden) = x.shape().as_matrix();
+        let wd = w_head.dims();
+        if wd.len() != 2 || wd[1] != hidden {
+            return Err(Error::shape(
+                op,
+                device,
+                format!(
+                    "x {:?} has {hidden} columns but w_head {:?} must be (V, {hidden})",
+                    x.shape(),
+                    w_head.shape()
+                ),
+            ));
+        }
+        Ok(LossDims {
+            rows,
+            hidden,
+            vocab: wd[0],
+        })
+    }
+
+    /// [`Self::of`] for [`LossOps::linear_cross_entropy`]: also one label and one weight per
+    /// row of `x`.
+    pub fn of_cross_entropy(
+        op: &'static str,
+        device: &str,
+        x: &Tensor,
+        w_head: &Tensor,
+        labels: &[u32],
+        weights: &[f32],
+    ) -> Result<Self> {
+        let dims = Self::of(op, device, x, w_head)?;
+        if labels.len() != dims.rows || weights.len() != dims.rows {
+            return Err(Error::shape(
+                op,
+                device,
+                format!(
+                    "x {:?} has {} rows but {} labels and {} weights",
+                    x.shape(),
+                    dims.rows,
+                    labels.len(),
+                    weights.len()
+                ),
+            ));
+        }
+        Ok(dims)
+    }
+
+    /// [`Self::of`] for [`LossOps::linear_argmax`]: an argmax needs at least one vocabulary row.
+    pub fn of_argmax(op: &'static str, device: &str, x: &Tensor, w_head: &Tensor) -> Result<Self> {
+        let dims = Self::of(op, device, x, w_head)?;
+        if dims.vocab == 0 {
+            return Err(Error::shape(
+                op,
+                device,
+                format!("w_head {:?} has no rows", w_head.shape()),
+            ));
+        }
+        Ok(dims)
+    }
+
+    /// The rows that take part in the loss, ascending: weight > 0, whose label must then lie
+    /// inside the vocabulary. Every weight must be finite and >= 0. `labels` and `weights` are
+    /// the ones [`Self::of_cross_entropy`] checked.
+    pub fn active_rows(
+        &self,
+        op: &'static str,
+        device: &str,
+        labels: &[u32],
+        weights: &[f32],
+    ) -> Result<Vec<usize>> {
+        let mut active = Vec::new();
+        for (row, (&lab, &wt)) in labels.iter().zip(weights).enumerate() {
+            if !(wt.is_finite() && wt >= 0.0) {
+                return Err(Error::op(
+                    op,
+                    device,
+                    format!("row {row}: weight {wt} must be finite and >= 0"),
+                ));
+            }
+            if wt == 0.0 {
+                continue;
+            }
+            if lab as usize >= self.vocab {
+                return Err(Error::op(
+                    op,
+                    device,
+                    format!(
+                        "row {row}: label {lab} is out of range for vocab size V = {}",
+                        self.vocab
+                    ),
+                ));
+            }
+            active.push(row);
+        }
+        Ok(active)
+    }
 }

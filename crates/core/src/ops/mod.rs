@@ -18,11 +18,29 @@ pub use attention::AttentionOps;
 pub use collective::{CollectiveOps, Communicator};
 pub use embedding::EmbeddingOps;
 pub use gemm::{GemmOps, Transpose};
-pub use loss::{LossOps, LossStats};
+pub use loss::{LossDims, LossOps, LossStats};
 pub use memory::{HostSlice, MemoryOps};
-pub use norm::NormOps;
+pub use norm::{NormDims, NormOps};
 pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
-pub use rope::RopeOps;
+pub use rope::{RopeDims, RopeOps};
+
+/// Checks that `a` and `b` have exactly the same dims (`what` names them, e.g. `"dy and x"`).
+pub fn same_shape(
+    op: &'static str,
+    device: &str,
+    what: &str,
+    a: &crate::Tensor,
+    b: &crate::Tensor,
+) -> crate::Result<()> {
+    if a.dims() != b.dims() {
+        return Err(crate::Error::shape(
+            op,
+            device,
+            format!("{what}: {:?} vs {:?}", a.shape(), b.shape()),
+        ));
+    }
+    Ok(())
+}
 
 /// Device memory of a backend instance, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dflash_core::pipeline::HiddenSeq;
-use dflash_core::pipeline::Queue;
 use dflash_core::{Backend, Communicator};
 use dflash_data::SkipCounts;
 use dflash_models::checkpoint::load_drafter;
@@ -16,6 +15,7 @@ use dflash_models::drafter::FrozenTarget;
 use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
+use dflash_queue::Queue;
 use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state};
 
 use super::TrainOutcome;
