@@ -65,50 +65,139 @@ pub fn suite_masks() -> Result<Vec<(&'static str, BlockMask)>, String> {
             "sliding_window",
             BlockMask::sliding_window(80, 17).map_err(mask_err)?,
         ),
+        // The device kernels' original mask set (40-50 rows: one and two 32-row tiles):
+        // overlapping anchors (5, 6), one block past the end (37) and padding blocks.
+        (
+            "dflash_s40",
+            BlockMask::dflash(40, 4, &[1, 5, 6, 20, 37, -1, -1]).map_err(mask_err)?,
+        ),
+        (
+            "dflash_sliding_s40",
+            BlockMask::dflash_sliding(40, 4, &[3, 9, 10, 30, -1], 7).map_err(mask_err)?,
+        ),
+        ("causal_45", BlockMask::causal(45).map_err(mask_err)?),
+        (
+            "document_s37",
+            BlockMask::document(&[10, 1, 17, 9]).map_err(mask_err)?,
+        ),
+        (
+            "sliding_window_50",
+            BlockMask::sliding_window(50, 8).map_err(mask_err)?,
+        ),
     ])
 }
 
-pub(crate) fn dims_for(mask: &BlockMask, group: usize, head_dim: usize) -> AttnDims {
-    let kv_heads = 2;
-    AttnDims {
-        q_rows: mask.q_len(),
-        kv_rows: mask.kv_len(),
-        q_heads: kv_heads * group,
-        kv_heads,
-        head_dim,
+/// Masks spanning several 128-row query tiles and key tiles, for device kernels (too large
+/// for the host suite's debug builds): a DFlash mask of 512 context rows and 48 blocks of 16
+/// (two overlapping, two padding); causal 300; 256 context rows with 16 blocks whose last 8
+/// are padding (a whole 128-row query tile sees no key).
+pub fn large_masks() -> Result<Vec<(&'static str, BlockMask)>, String> {
+    let mut anchors: Vec<i32> = (0..46).map(|i| 10 + i * 10).collect();
+    anchors[1] = anchors[0] + 3;
+    anchors.extend([-1, -1]);
+    let mut half_padding: Vec<i32> = (1..=8).map(|i| i * 25).collect();
+    half_padding.extend([-1; 8]);
+    Ok(vec![
+        (
+            "dflash_s512_n48_bs16",
+            BlockMask::dflash(512, 16, &anchors).map_err(mask_err)?,
+        ),
+        ("causal_300", BlockMask::causal(300).map_err(mask_err)?),
+        (
+            "dflash_s256_n16_8_padding",
+            BlockMask::dflash(256, 16, &half_padding).map_err(mask_err)?,
+        ),
+    ])
+}
+
+/// A head layout: query heads, kv heads (GQA group `q_heads / kv_heads`), head dim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Layout {
+    pub const fn new(q_heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Layout {
+            q_heads,
+            kv_heads,
+            head_dim,
+        }
     }
 }
 
-/// Every numerical case: each mask x GQA group {1, 2, 4} (2 kv heads) x head_dim {16, 64},
-/// plus large-score cases (scores beyond f32 `exp` overflow) for the online softmax.
-pub fn suite_cases() -> Result<Vec<Case>, String> {
-    let mut cases = Vec::new();
-    let masks = suite_masks()?;
-    for (name, mask) in &masks {
-        for group in [1, 2, 4] {
-            for head_dim in [16, 64] {
-                cases.push(Case {
-                    name: format!("{name}/gqa{group}/d{head_dim}"),
-                    mask: mask.clone(),
-                    dims: dims_for(mask, group, head_dim),
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    q_amp: 2.0,
-                });
-            }
-        }
+/// The host suite's layouts: GQA group {1, 2, 4} over 2 kv heads x head_dim {16, 64}.
+pub const HOST_LAYOUTS: [Layout; 6] = [
+    Layout::new(2, 2, 16),
+    Layout::new(2, 2, 64),
+    Layout::new(4, 2, 16),
+    Layout::new(4, 2, 64),
+    Layout::new(8, 2, 16),
+    Layout::new(8, 2, 64),
+];
+
+/// `gqa{group}/d{head_dim}` with 2 kv heads (the host suite's names, which seed its inputs),
+/// `gqa{group}/kv{kv_heads}/d{head_dim}` otherwise.
+fn layout_tag(l: Layout) -> String {
+    let group = l.q_heads / l.kv_heads.max(1);
+    if l.kv_heads == 2 {
+        format!("gqa{group}/d{}", l.head_dim)
+    } else {
+        format!("gqa{group}/kv{}/d{}", l.kv_heads, l.head_dim)
     }
-    for (name, mask) in &masks {
-        if matches!(*name, "dflash_random" | "causal") {
-            // |q| up to 40 with |k| up to 2 and D = 16: scaled scores reach ~100, so a kernel
-            // that exponentiates without subtracting the running max overflows f32.
+}
+
+/// One case per mask x layout, `q` in `[-2, 2)`, `scale = 1 / sqrt(head_dim)`.
+pub fn cases_on(masks: &[(&str, BlockMask)], layouts: &[Layout]) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (name, mask) in masks {
+        for l in layouts {
             cases.push(Case {
-                name: format!("{name}_large_scores/gqa2/d16"),
+                name: format!("{name}/{}", layout_tag(*l)),
                 mask: mask.clone(),
-                dims: dims_for(mask, 2, 16),
-                scale: 0.25,
-                q_amp: 40.0,
+                dims: dims_of(mask, *l),
+                scale: 1.0 / (l.head_dim as f32).sqrt(),
+                q_amp: 2.0,
             });
         }
     }
+    cases
+}
+
+/// Large-score cases (scores beyond f32 `exp` overflow) for the online softmax, on the
+/// `dflash_random` and `causal` masks in `layout`: `|q|` up to 40 with `|k|` up to 2 and
+/// scale 0.25, so at head_dim 16 scaled scores reach ~100 and a kernel that exponentiates
+/// without subtracting the running max overflows f32.
+pub fn large_score_cases(layout: Layout) -> Result<Vec<Case>, String> {
+    Ok(suite_masks()?
+        .into_iter()
+        .filter(|(name, _)| matches!(*name, "dflash_random" | "causal"))
+        .map(|(name, mask)| Case {
+            name: format!("{name}_large_scores/{}", layout_tag(layout)),
+            dims: dims_of(&mask, layout),
+            mask,
+            scale: 0.25,
+            q_amp: 40.0,
+        })
+        .collect())
+}
+
+pub(crate) fn dims_of(mask: &BlockMask, l: Layout) -> AttnDims {
+    AttnDims {
+        q_rows: mask.q_len(),
+        kv_rows: mask.kv_len(),
+        q_heads: l.q_heads,
+        kv_heads: l.kv_heads,
+        head_dim: l.head_dim,
+    }
+}
+
+/// The host suite: every mask of [`suite_masks`] in every [`HOST_LAYOUTS`] layout, plus the
+/// [`large_score_cases`] at GQA 2, head_dim 16.
+pub fn suite_cases() -> Result<Vec<Case>, String> {
+    let mut cases = cases_on(&suite_masks()?, &HOST_LAYOUTS);
+    cases.extend(large_score_cases(Layout::new(4, 2, 16))?);
     Ok(cases)
 }

@@ -1,8 +1,12 @@
-//! Conformance suites of dflash-rs.
+//! Conformance suites of dflash-rs, and the [`tolerance`] every numerical test states its
+//! bounds in.
 //!
 //! [`check_host_attention_kernel`] runs one shared set of attention cases against any
 //! [`HostAttentionKernel`] (in-tree or, later, foreign through the C ABI) and compares the
 //! forward `out`/`lse` and the backward `dq`/`dk`/`dv` with the dense f64 [`oracle`].
+//! [`check_backend_attention`] runs the same cases through a backend's own attention ops
+//! (device kernels), and [`drafter_step`] compares a whole drafter step on any backend with
+//! the reference backend's.
 //!
 //! What every case does:
 //! - inputs are fresh uniform random values from a ChaCha8 stream seeded by the case name
@@ -25,17 +29,30 @@
 //! element, a missed rescale, an off-by-one tile) moves values by 1e-2 or more. `lse = -inf`
 //! (rows with no visible key) must be exactly `-inf`, and non-finite values anywhere else fail.
 
+pub mod drafter_step;
 pub mod oracle;
+pub mod tolerance;
 
+mod backend;
 mod cases;
 mod report;
 mod run;
 
-use dflash_core::HostAttentionKernel;
+use std::sync::Arc;
+
+use dflash_core::registry::BackendOptions;
+use dflash_core::{Backend, HostAttentionKernel};
 use run::{bad_input_cases, run_case};
 
-pub use cases::{Case, suite_cases, suite_masks};
-pub use report::{CaseResult, Report, TOLERANCE, TensorErr, Tolerance};
+pub use backend::{
+    AttentionChecks, BF16_KERNEL, Check, Comparison, F32_KERNEL, OracleInputs, bf16_round,
+    check_backend_attention,
+};
+pub use cases::{
+    Case, HOST_LAYOUTS, Layout, cases_on, large_masks, large_score_cases, suite_cases, suite_masks,
+};
+pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
+pub use tolerance::{AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2};
 
 /// Runs the whole suite on `kernel`. Returns `Ok(report)` whenever the suite itself could run,
 /// with one [`CaseResult`] per case (check [`Report::passed`] / [`Report::ensure_passed`]);
@@ -44,7 +61,7 @@ pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<R
     let tol = TOLERANCE;
     let mut cases: Vec<CaseResult> = suite_cases()?
         .iter()
-        .map(|c| run_case(kernel, c, tol))
+        .map(|c| run_case(kernel, c, &tol))
         .collect();
     cases.extend(bad_input_cases(kernel)?);
     Ok(Report {
@@ -52,4 +69,15 @@ pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<R
         tolerance: tol,
         cases,
     })
+}
+
+/// The reference backend (the definition of correct) with attention kernel `attention`
+/// (`"reference"`, or a registered plugin such as `"tiled"`), default threads.
+pub fn reference_with(attention: &str) -> Arc<dyn Backend> {
+    dflash_backend_reference::link();
+    let opts = BackendOptions {
+        attention: attention.into(),
+        ..BackendOptions::default()
+    };
+    Arc::new(dflash_backend_reference::ReferenceBackend::new(&opts).expect("reference backend"))
 }

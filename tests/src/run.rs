@@ -8,9 +8,10 @@ use dflash_core::{AttnBackward, AttnDims, AttnForward, HostAttentionKernel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cases::{Case, dims_for, mask_err};
+use crate::cases::{Case, Layout, dims_of, mask_err};
 use crate::oracle;
-use crate::report::{CaseResult, TensorErr, Tolerance};
+use crate::report::{CaseResult, TensorErr};
+use crate::tolerance::{Tolerance, closeness};
 
 fn seed_of(name: &str) -> u64 {
     // FNV-1a: stable across Rust versions (unlike `DefaultHasher`).
@@ -25,49 +26,23 @@ fn uniform(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
 
 /// Compares `got` to `want`; on failure returns a message locating the worst element.
 /// `inner` is the size of one row (heads x head_dim) for locating elements.
-fn compare(
+pub(crate) fn compare(
     what: &str,
     got: &[f32],
     want: &[f64],
     inner: (usize, usize),
-    tol: Tolerance,
+    tol: &Tolerance,
 ) -> (TensorErr, Option<String>) {
-    let mut e = TensorErr::default();
-    let mut worst_at: Option<(usize, f32, f64)> = None;
-    if got.len() != want.len() {
-        return (
-            TensorErr {
-                max_abs: f64::INFINITY,
-                worst: f64::INFINITY,
-            },
-            Some(format!(
-                "{what}: {} elements, expected {}",
-                got.len(),
-                want.len()
-            )),
-        );
+    let c = closeness(got, want, tol);
+    let e = TensorErr {
+        max_abs: c.max_abs,
+        worst: c.worst,
+    };
+    if let Some((g, w)) = c.len_mismatch {
+        return (e, Some(format!("{what}: {g} elements, expected {w}")));
     }
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let (abs, ratio) = if w == f64::NEG_INFINITY {
-            if g == f32::NEG_INFINITY {
-                (0.0, 0.0)
-            } else {
-                (f64::INFINITY, f64::INFINITY)
-            }
-        } else if !g.is_finite() {
-            (f64::INFINITY, f64::INFINITY)
-        } else {
-            let abs = (g as f64 - w).abs();
-            (abs, abs / (tol.atol + tol.rtol * w.abs()))
-        };
-        e.max_abs = e.max_abs.max(abs);
-        if ratio > e.worst || (ratio.is_infinite() && worst_at.is_none()) {
-            e.worst = ratio;
-            worst_at = Some((i, g, w));
-        }
-    }
-    let failure = match worst_at {
-        Some((i, g, w)) if e.worst > 1.0 => {
+    let failure = match c.worst_at {
+        Some((i, g, w)) if !c.passed() => {
             let (heads, d) = inner;
             let (row, rest) = (i / (heads * d), i % (heads * d));
             let at = if d == 1 {
@@ -77,13 +52,40 @@ fn compare(
             };
             Some(format!(
                 "{what}[{at}] = {g} but oracle says {w} (|err| {:.3e}, {:.1}x tolerance)",
-                (g as f64 - w).abs(),
-                e.worst
+                (g - w).abs(),
+                c.worst
             ))
         }
         _ => None,
     };
     (e, failure)
+}
+
+/// The inputs of one case: fresh uniform values from a stream seeded by the case name, `q` in
+/// `[-q_amp, q_amp)`, `k` in `[-2, 2)`, `v` and `d_out` in `[-1, 1)`.
+pub(crate) struct CaseInputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub d_out: Vec<f32>,
+}
+
+impl CaseInputs {
+    pub(crate) fn draw(case: &Case) -> Self {
+        let AttnDims {
+            q_rows: tq,
+            kv_rows: tk,
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+        } = case.dims;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed_of(&case.name));
+        let q = uniform(&mut rng, tq * hq * d, case.q_amp);
+        let k = uniform(&mut rng, tk * hkv * d, 2.0);
+        let v = uniform(&mut rng, tk * hkv * d, 1.0);
+        let d_out = uniform(&mut rng, tq * hq * d, 1.0);
+        CaseInputs { q, k, v, d_out }
+    }
 }
 
 fn bits(xs: &[f32]) -> Vec<u32> {
@@ -93,7 +95,7 @@ fn bits(xs: &[f32]) -> Vec<u32> {
 pub(crate) fn run_case(
     kernel: &dyn HostAttentionKernel,
     case: &Case,
-    tol: Tolerance,
+    tol: &Tolerance,
 ) -> CaseResult {
     let mut res = CaseResult::new(case.name.clone());
     let dims = case.dims;
@@ -104,11 +106,7 @@ pub(crate) fn run_case(
         dims.kv_heads,
         dims.head_dim,
     );
-    let mut rng = ChaCha8Rng::seed_from_u64(seed_of(&case.name));
-    let q = uniform(&mut rng, tq * hq * d, case.q_amp);
-    let k = uniform(&mut rng, tk * hkv * d, 2.0);
-    let v = uniform(&mut rng, tk * hkv * d, 1.0);
-    let d_out = uniform(&mut rng, tq * hq * d, 1.0);
+    let CaseInputs { q, k, v, d_out } = CaseInputs::draw(case);
 
     let fwd = oracle::forward(&dims, &q, &k, &v, &case.mask, case.scale);
     let grads = oracle::backward(&dims, &q, &k, &v, &case.mask, case.scale, &d_out);
@@ -202,7 +200,7 @@ pub(crate) fn run_case(
 /// rejects them before any kernel runs, which is what every kernel relies on.
 pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<CaseResult>, String> {
     let mask = BlockMask::dflash(20, 4, &[3, 9, -1]).map_err(mask_err)?;
-    let good = dims_for(&mask, 2, 16);
+    let good = dims_of(&mask, Layout::new(4, 2, 16));
     let (tq, tk, hq, hkv, d) = (
         good.q_rows,
         good.kv_rows,

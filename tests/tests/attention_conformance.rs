@@ -50,3 +50,27 @@ fn every_registered_kernel_conforms() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// The suite through a backend's own attention ops (upload, forward, backward on its own
+/// out/lse, download): the path device kernels take, here with each host kernel behind the
+/// reference backend, at the f32 device kernels' bounds.
+#[test]
+fn reference_backend_attention_conforms_through_its_ops() {
+    link_kernels();
+    let cases = dflash_tests::suite_cases().expect("suite cases");
+    let mut failures = Vec::new();
+    for name in ["reference", "tiled"] {
+        let backend = dflash_tests::reference_with(name);
+        let report = dflash_tests::check_backend_attention(
+            backend.as_ref(),
+            &format!("reference backend, {name} attention"),
+            &cases,
+            &dflash_tests::F32_KERNEL,
+        );
+        println!("{report}");
+        if let Err(e) = report.ensure_passed() {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -1,5 +1,7 @@
-//! Attention ("cuda-simple" and the bf16 "cuda-flash") on every mask family against the
-//! reference backend.
+//! Attention ("cuda-simple" and the bf16 "cuda-flash") through the shared attention suite of
+//! `dflash-tests` (its masks on each kernel's layouts, against the dense f64 oracle), plus the
+//! CUDA-specific checks: the persistent forward capped at 3 CTAs, clean errors for unsupported
+//! head dims, bf16 inputs and bf16 activations.
 //!
 //! Skips cleanly without CUDA; inputs, poisoning and the tolerance scheme: `common`.
 
@@ -9,133 +11,57 @@ use common::*;
 use dflash_backend_cuda::{CudaBackend, GemmPrecision, key_query_runs};
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::BackendOptions;
-use dflash_core::{AttentionOps, BackendInfo, MemoryOps, Tensor};
+use dflash_core::{AttentionOps, Backend, BackendInfo};
+use dflash_tests::{
+    AttentionChecks, BF16_KERNEL, Case, F32_KERNEL, Layout, cases_on, check_backend_attention,
+    large_score_cases,
+};
 
 // ---------------------------------------------------------------------------------------
-// Shared setup
+// The shared attention suite (dflash-tests): cases, inputs, oracle and comparison are the
+// host kernels'; only the layouts (head dims a kernel supports) and the bounds differ.
 
-/// Fresh random inputs of one attention case (never zeros): q, k (scale 2), v, d_out (1).
-struct AttnInputs {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    d_out: Vec<f32>,
-    qs: [usize; 3],
-    ks: [usize; 3],
-    scale: f32,
-}
+/// cuda-simple's layouts (q heads, kv heads, head_dim): any head_dim up to its limit.
+const SIMPLE_LAYOUTS: [Layout; 5] = [
+    Layout::new(4, 2, 64),
+    Layout::new(8, 2, 128),
+    Layout::new(2, 1, 256),
+    Layout::new(3, 3, 8),
+    Layout::new(4, 1, 40),
+];
 
-impl AttnInputs {
-    fn random(mask: &BlockMask, hq: usize, hkv: usize, d: usize, seed: u64) -> Self {
-        let mut r = rng(seed);
-        let (tq, tk) = (mask.q_len(), mask.kv_len());
-        Self {
-            q: rand_vec(&mut r, tq * hq * d, 2.0),
-            k: rand_vec(&mut r, tk * hkv * d, 2.0),
-            v: rand_vec(&mut r, tk * hkv * d, 1.0),
-            d_out: rand_vec(&mut r, tq * hq * d, 1.0),
-            qs: [tq, hq, d],
-            ks: [tk, hkv, d],
-            scale: (d as f32).powf(-0.5),
-        }
-    }
+/// cuda-flash's layouts: head_dim 64, 128, 256 only.
+const FLASH_LAYOUTS: [Layout; 6] = [
+    Layout::new(4, 2, 64),
+    Layout::new(4, 1, 64),
+    Layout::new(8, 2, 128),
+    Layout::new(3, 3, 128),
+    Layout::new(2, 1, 256),
+    Layout::new(4, 2, 256),
+];
 
-    /// `[q, k, v, d_out]` on `be`, each value passed through `f` (identity, or bf16 rounding).
-    fn upload(&self, be: &dyn MemoryOps, f: impl Fn(f32) -> f32) -> [Tensor; 4] {
-        let on = |x: &[f32], shape: &[usize]| {
-            up(be, &x.iter().map(|&v| f(v)).collect::<Vec<_>>(), shape)
-        };
-        [
-            on(&self.q, &self.qs),
-            on(&self.k, &self.ks),
-            on(&self.v, &self.ks),
-            on(&self.d_out, &self.qs),
-        ]
+/// The layouts on which the large (several 128-row tile) masks run.
+const LARGE_LAYOUTS: [Layout; 3] = [
+    Layout::new(4, 1, 64),
+    Layout::new(8, 2, 128),
+    Layout::new(2, 1, 256),
+];
+
+/// Runs `cases` on `be` under `checks`, prints the report and asserts it passed.
+fn run_suite(be: &dyn Backend, label: &str, cases: &[Case], checks: &AttentionChecks) {
+    let report = check_backend_attention(be, label, cases, checks);
+    println!("{report}");
+    if let Err(e) = report.ensure_passed() {
+        panic!("{e}");
     }
 }
 
-/// The mask families of the conformance cases: DFlash with overlapping anchors (5, 6), one
-/// block past the end and padding blocks; sliding DFlash; causal; document; sliding window.
-fn conformance_masks() -> Vec<(&'static str, BlockMask)> {
-    let s = 40;
-    vec![
-        (
-            "dflash",
-            BlockMask::dflash(s, 4, &[1, 5, 6, 20, 37, -1, -1]).unwrap(),
-        ),
-        (
-            "dflash_sliding",
-            BlockMask::dflash_sliding(s, 4, &[3, 9, 10, 30, -1], 7).unwrap(),
-        ),
-        ("causal", BlockMask::causal(45).unwrap()),
-        ("document", BlockMask::document(&[10, 1, 17, 9]).unwrap()),
-        ("sliding", BlockMask::sliding_window(50, 8).unwrap()),
-    ]
+fn suite_masks() -> Vec<(&'static str, BlockMask)> {
+    dflash_tests::suite_masks().expect("suite masks")
 }
 
-/// A DFlash mask spanning several 128-row query tiles and key tiles: 512 context rows, 48
-/// blocks of 16 (two overlapping, two padding).
-fn big_dflash_mask() -> BlockMask {
-    let mut anchors: Vec<i32> = (0..46).map(|i| 10 + i * 10).collect();
-    anchors[1] = anchors[0] + 3;
-    anchors.extend([-1, -1]);
-    BlockMask::dflash(512, 16, &anchors).unwrap()
-}
-
-// ---------------------------------------------------------------------------------------
-// Attention
-
-fn attention_case(
-    cu: &CudaBackend,
-    name: &str,
-    mask: &BlockMask,
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    seed: u64,
-) {
-    let rf = reference();
-    let inputs = AttnInputs::random(mask, hq, hkv, d, seed);
-    let scale = inputs.scale;
-    let [qc, kc, vc, dc] = inputs.upload(cu, |v| v);
-    let [qr, kr, vr, dr] = inputs.upload(&rf, |v| v);
-    let (oc, lc) = cu.attention(&qc, &kc, &vc, mask, scale).unwrap();
-    let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
-    let why = "f32 online softmax vs f64";
-    let tag = format!("{name} Hq{hq}/Hkv{hkv} D{d}");
-    check(
-        &format!("attn out  {tag}"),
-        &down(cu, &oc),
-        &down(&rf, &or),
-        1e-4,
-        2e-5,
-        why,
-    );
-    check(
-        &format!("attn lse  {tag}"),
-        &down(cu, &lc),
-        &down(&rf, &lr),
-        1e-5,
-        1e-6,
-        why,
-    );
-    let (gq, gk, gv) = cu
-        .attention_backward(&qc, &kc, &vc, &oc, &lc, &dc, mask, scale)
-        .unwrap();
-    let (wq, wk, wv) = rf
-        .attention_backward(&qr, &kr, &vr, &or, &lr, &dr, mask, scale)
-        .unwrap();
-    let why = "f32 sums over visible pairs vs f64";
-    for (g, got, want) in [("dq", &gq, &wq), ("dk", &gk, &wk), ("dv", &gv, &wv)] {
-        check(
-            &format!("attn {g}   {tag}"),
-            &down(cu, got),
-            &down(&rf, want),
-            2e-4,
-            5e-5,
-            why,
-        );
-    }
+fn large_masks() -> Vec<(&'static str, BlockMask)> {
+    dflash_tests::large_masks().expect("large masks")
 }
 
 /// The backward's key -> query-run index (built on the host) against the dense mask, on
@@ -180,23 +106,12 @@ fn key_query_runs_match_dense_mask() {
 #[test]
 fn attention_ops_match_reference() {
     let Some(cu) = cuda() else { return };
-    let masks = conformance_masks();
-    let mut seed = 100;
-    for &(hq, hkv, d) in &[(4, 2, 64), (8, 2, 128), (2, 1, 256), (3, 3, 8), (4, 1, 40)] {
-        for (name, mask) in &masks {
-            seed += 1;
-            attention_case(&cu, name, mask, hq, hkv, d, seed);
-        }
-    }
-    attention_case(
-        &cu,
-        "dflash S512 N48 bs16",
-        &big_dflash_mask(),
-        8,
-        2,
-        128,
-        7,
-    );
+    // Every suite mask on every cuda-simple layout, the large-score cases, and the large
+    // DFlash mask (several 128-row query and key tiles).
+    let mut cases = cases_on(&suite_masks(), &SIMPLE_LAYOUTS);
+    cases.extend(large_score_cases(SIMPLE_LAYOUTS[0]).unwrap());
+    cases.extend(cases_on(&large_masks()[..1], &[Layout::new(8, 2, 128)]));
+    run_suite(&cu, "cuda-simple", &cases, &F32_KERNEL);
     // head_dim above the kernel's limit is a clean error.
     let q = up(&cu, &vec![0.1; 2 * 288], &[2, 1, 288]);
     let m2 = BlockMask::causal(2).unwrap();
@@ -225,115 +140,17 @@ fn attention_ops_match_reference() {
     )
     .unwrap();
     assert_eq!(host.attention_kernel(), "reference");
-    attention_case(
-        &host,
-        "dflash via host 'reference'",
-        &masks[0].1,
-        4,
-        2,
-        64,
-        5,
-    );
+    let dflash: Vec<_> = suite_masks()
+        .into_iter()
+        .filter(|(name, _)| *name == "dflash_s40")
+        .collect();
+    let via_host = cases_on(&dflash, &[Layout::new(4, 2, 64)]);
+    run_suite(&host, "cuda, via host 'reference'", &via_host, &F32_KERNEL);
 }
 
 // ---------------------------------------------------------------------------------------
-// Attention, "cuda-flash" (bf16 tensor-core kernel)
-//
-// Tolerances. The kernel rounds q/k/v/d_out to bf16 (8 significant bits: relative rounding
-// error <= 2^-9 ~ 2e-3), multiplies in bf16 with f32 accumulation, rounds P and dS to bf16
-// for the second products and writes out/dq/dk/dv in bf16. Two comparisons per case:
-// 1. against the reference run on the *same bf16-rounded inputs* (the kernel's own error,
-//    as the kernel lab measured it against fp64: rel-L2 worst 2.3e-3 (out) and 2.6e-3
-//    (dq/dk/dv), lse max-abs 1.2e-5): rel-L2 1e-2 for out/dq/dk/dv (about 4x the measured
-//    worst), lse |err| <= 2e-3 * max(1, |lse|) (lse is an f32 log-sum-exp of exact bf16
-//    products; 2e-3 is the lab's bound, ~100x its measurement);
-// 2. against the reference on the original f32 inputs (what a caller sees): input rounding
-//    perturbs each score by ~scale * sum_d |q_d k_d| * 2^-9 * sqrt(2/3) (std ~1.6e-3 here;
-//    worst case ~6e-2 at D 256 for one key), so rel-L2 2e-2 for out/dq/dk/dv and
-//    lse |err| <= 2e-2 * max(1, |lse|) (rows seeing a single key carry that key's score
-//    error undiluted).
-
-fn flash_case(
-    cu: &CudaBackend,
-    name: &str,
-    mask: &BlockMask,
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    seed: u64,
-) {
-    let rf = reference();
-    let inputs = AttnInputs::random(mask, hq, hkv, d, seed);
-    let scale = inputs.scale;
-    let [qc, kc, vc, dc] = inputs.upload(cu, |v| v);
-    let (oc, lc) = cu.attention(&qc, &kc, &vc, mask, scale).unwrap();
-    let (gq, gk, gv) = cu
-        .attention_backward(&qc, &kc, &vc, &oc, &lc, &dc, mask, scale)
-        .unwrap();
-    let got = [
-        down(cu, &oc),
-        down(cu, &lc),
-        down(cu, &gq),
-        down(cu, &gk),
-        down(cu, &gv),
-    ];
-    let tag = format!("{name} Hq{hq}/Hkv{hkv} D{d}");
-    for (rounded, (tol_rel, tol_lse, why)) in [
-        (
-            true,
-            (1e-2, 2e-3, "bf16 kernel vs f64 on the same bf16 inputs"),
-        ),
-        (
-            false,
-            (
-                2e-2,
-                2e-2,
-                "bf16 kernel (inputs rounded) vs f64 on f32 inputs",
-            ),
-        ),
-    ] {
-        let [qr, kr, vr, dr] = inputs.upload(&rf, |v| if rounded { bf16_round(v) } else { v });
-        let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
-        let (wq, wk, wv) = rf
-            .attention_backward(&qr, &kr, &vr, &or, &lr, &dr, mask, scale)
-            .unwrap();
-        let which = if rounded { "bf16 in" } else { "f32 in " };
-        check_rel_l2(
-            &format!("flash out {which} {tag}"),
-            &got[0],
-            &down(&rf, &or),
-            tol_rel,
-            why,
-        );
-        check_abs_scaled(
-            &format!("flash lse {which} {tag}"),
-            &got[1],
-            &down(&rf, &lr),
-            tol_lse,
-            why,
-        );
-        for (i, (g, w)) in [("dq", &wq), ("dk", &wk), ("dv", &wv)].iter().enumerate() {
-            check_rel_l2(
-                &format!("flash {g}  {which} {tag}"),
-                &got[2 + i],
-                &down(&rf, w),
-                tol_rel,
-                why,
-            );
-        }
-    }
-    // Rows that see no key: out exactly 0 (the reference's convention too).
-    let dense = mask.to_dense_oracle();
-    for (i, row) in dense.iter().enumerate() {
-        if !row.iter().any(|&b| b) {
-            let o = &got[0][i * hq * d..(i + 1) * hq * d];
-            assert!(
-                o.iter().all(|&x| x == 0.0),
-                "{tag}: row {i} sees no key but out != 0"
-            );
-        }
-    }
-}
+// Attention, "cuda-flash" (bf16 tensor-core kernel): bounds and their reasons in
+// `dflash_tests::BF16_KERNEL`.
 
 #[test]
 fn attention_cuda_flash_matches_reference() {
@@ -341,34 +158,15 @@ fn attention_cuda_flash_matches_reference() {
         return;
     };
     assert_eq!(cu.attention_kernel(), "cuda-flash");
-    // The same masks as the cuda-simple conformance test.
-    let masks = conformance_masks();
-    let mut seed = 300;
-    for &(hq, hkv, d) in &[
-        (4, 2, 64),
-        (4, 1, 64),
-        (8, 2, 128),
-        (3, 3, 128),
-        (2, 1, 256),
-        (4, 2, 256),
-    ] {
-        for (name, mask) in &masks {
-            seed += 1;
-            flash_case(&cu, name, mask, hq, hkv, d, seed);
-        }
-    }
-    // Bigger cases spanning several 128-row query tiles and key tiles.
-    let big = big_dflash_mask();
-    let causal_big = BlockMask::causal(300).unwrap();
-    for &(hq, hkv, d) in &[(4, 1, 64), (8, 2, 128), (2, 1, 256)] {
-        seed += 1;
-        flash_case(&cu, "dflash S512 N48 bs16", &big, hq, hkv, d, seed);
-        seed += 1;
-        flash_case(&cu, "causal 300", &causal_big, hq, hkv, d, seed);
-    }
+    // Every suite mask on every flash layout; the large DFlash and causal masks on the large
+    // layouts (several 128-row query tiles and key tiles).
+    let mut cases = cases_on(&suite_masks(), &FLASH_LAYOUTS);
+    cases.extend(cases_on(&large_masks()[..2], &LARGE_LAYOUTS));
+    run_suite(&cu, "cuda-flash", &cases, &BF16_KERNEL);
     // The persistent forward on 3 CTAs: every CTA runs several (query tile, head) items one
     // after another (their K/V rings, summaries and Q reloads carried over), empty items
-    // included (the DFlash masks' padding blocks); head_dim 256 keeps one CTA per item.
+    // included (the DFlash masks' padding blocks, the large padding mask's whole second
+    // query tile); head_dim 256 keeps one CTA per item.
     let capped = cuda_attn_opts(
         "cuda-flash",
         dflash_backend_cuda::CudaOptions {
@@ -379,21 +177,15 @@ fn attention_cuda_flash_matches_reference() {
         },
     )
     .expect("the backend started above");
-    // 16 blocks of 16 whose last 8 are padding: the second 128-row query tile sees no key.
-    let mut anchors: Vec<i32> = (1..=8).map(|i| i * 25).collect();
-    anchors.extend([-1; 8]);
-    let half_padding = BlockMask::dflash(256, 16, &anchors).unwrap();
-    let capped_masks = [
-        ("dflash S512 N48 bs16", big.clone()),
-        ("causal 300", causal_big.clone()),
-        ("dflash S256 N16, 8 padding", half_padding),
+    let capped_layouts = [
+        Layout::new(8, 2, 128),
+        Layout::new(4, 1, 64),
+        Layout::new(2, 1, 256),
     ];
-    for &(hq, hkv, d) in &[(8, 2, 128), (4, 1, 64), (2, 1, 256)] {
-        for (name, mask) in masks.iter().chain(capped_masks.iter()) {
-            seed += 1;
-            flash_case(&capped, &format!("{name}, 3 CTAs"), mask, hq, hkv, d, seed);
-        }
-    }
+    let mut masks = suite_masks();
+    masks.extend(large_masks());
+    let capped_cases = cases_on(&masks, &capped_layouts);
+    run_suite(&capped, "cuda-flash, 3 CTAs", &capped_cases, &BF16_KERNEL);
     // Head dims other than 64/128/256 are a clean error naming the supported set.
     for bad_d in [40usize, 288] {
         let q = up(&cu, &vec![0.1; 2 * bad_d], &[2, 1, bad_d]);
@@ -476,14 +268,11 @@ fn attention_cuda_flash_takes_bf16_inputs_bit_identically() {
             )
             .unwrap();
         // dq accumulates with f32 atomics (order not fixed): equal to rounding, not bits.
-        let why = "dq: f32 atomic accumulation order";
-        check(
+        assert_close(
             &format!("flash bf16-in dq D{d}"),
             &down(&cu, &gbf.0),
             &down(&cu, &g32.0),
-            1e-5,
-            1e-6,
-            why,
+            &Tolerance::F32_ATOMIC_ORDER,
         );
         check_exact(
             &format!("flash bf16-in dk D{d}"),
@@ -534,13 +323,16 @@ fn attention_cuda_flash_takes_bf16_inputs_bit_identically() {
     for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
         if *name == "dq" {
             let why = "dq: f32 atomic accumulation order";
-            check(
+            assert_close(
                 "flash bf16-activation dq",
                 &vbf[i],
                 &v32[i],
-                1e-2,
-                1e-5,
-                why,
+                &Tolerance {
+                    atol: 1e-5,
+                    rtol: 1e-2,
+                    atol_unit: AtolUnit::MaxWant,
+                    why,
+                },
             );
         } else {
             check_exact(&format!("flash bf16-activation {name}"), &vbf[i], &v32[i]);
@@ -617,22 +409,17 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
             let (or, lr) = rf.attention(&qr, &kr, &vr, mask, scale).unwrap();
             assert_dtype("attention out", &oc, DType::Bf16);
             assert_dtype("attention lse", &lc, DType::F32);
-            let why = "f32 online softmax vs f64";
             check_bf16(
                 &format!("bf16 attn out {tag}"),
                 &down(&cu, &oc),
                 &down(&rf, &or),
-                1e-4,
-                2e-5,
-                why,
+                &Tolerance::DEVICE_F32_ATTN_OUT,
             );
-            check(
+            assert_close(
                 &format!("bf16 attn lse {tag}"),
                 &down(&cu, &lc),
                 &down(&rf, &lr),
-                1e-5,
-                1e-6,
-                why,
+                &Tolerance::F32_ATOMIC_ORDER,
             );
             // Both backwards see the out CUDA stored.
             let o_held = down(&cu, &oc);
@@ -643,16 +430,13 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
             let (wq, wk, wv) = rf
                 .attention_backward(&qr, &kr, &vr, &orb, &lr, &dr, mask, scale)
                 .unwrap();
-            let why = "f32 sums over visible pairs vs f64";
             for (n, g, w) in [("dq", &gq, &wq), ("dk", &gk, &wk), ("dv", &gv, &wv)] {
                 assert_dtype(n, g, DType::Bf16);
                 check_bf16(
                     &format!("bf16 attn {n} {tag}"),
                     &down(&cu, g),
                     &down(&rf, w),
-                    2e-4,
-                    5e-5,
-                    why,
+                    &Tolerance::DEVICE_F32_ATTN_GRAD,
                 );
             }
         }

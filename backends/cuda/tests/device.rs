@@ -264,13 +264,16 @@ fn backend_is_usable_from_many_threads() {
         .collect();
     for h in handles {
         for got in h.join().unwrap() {
-            check(
+            assert_close(
                 "matmul from 8 threads x 2 backends",
                 &got,
                 &want,
-                1e-2,
-                1e-2,
-                "TF32 and the env-selected default (bf16: |err| <= 2^-8 * sum|a||b| ~ 0.05)",
+                &Tolerance {
+                    atol: 1e-2,
+                    rtol: 1e-2,
+                    atol_unit: AtolUnit::MaxWant,
+                    why: "TF32 and the env-selected default (bf16: |err| <= 2^-8 * sum|a||b| ~ 0.05)",
+                },
             );
         }
     }

@@ -46,14 +46,15 @@ impl ActMode {
         }
     }
 
-    /// Checks an activation output: its dtype is the mode's, its values within tolerance.
-    fn check_act(&self, name: &str, got: &Tensor, want: &[f32], rtol: f64, atol: f64, why: &str) {
+    /// Checks an activation output: its dtype is the mode's, its values within `tol` (plus
+    /// one bf16 rounding in the bf16 mode).
+    fn check_act(&self, name: &str, got: &Tensor, want: &[f32], tol: &Tolerance) {
         let name = format!("[{} act] {name}", self.act.name());
         assert_dtype(&name, got, self.act);
         let g = down(&self.cu, got);
         match self.act {
-            DType::F32 => check(&name, &g, want, rtol, atol, why),
-            DType::Bf16 => check_bf16(&name, &g, want, rtol, atol, why),
+            DType::F32 => assert_close(&name, &g, want, tol),
+            DType::Bf16 => check_bf16(&name, &g, want, tol),
         };
     }
 }
@@ -100,18 +101,24 @@ fn norm_ops_match_reference() {
                     &format!("rms_norm y {tag}"),
                     &yc,
                     &down(&rf, &yr),
-                    1e-5,
-                    1e-6,
-                    why,
+                    &Tolerance {
+                        atol: 1e-6,
+                        rtol: 1e-5,
+                        atol_unit: AtolUnit::MaxWant,
+                        why,
+                    },
                 );
                 assert_dtype("rms_norm rstd", &rc, DType::F32);
-                check(
+                assert_close(
                     &format!("rms_norm rstd {tag}"),
                     &down(cu, &rc),
                     &down(&rf, &rr),
-                    1e-5,
-                    0.0,
-                    why,
+                    &Tolerance {
+                        atol: 0.0,
+                        rtol: 1e-5,
+                        atol_unit: AtolUnit::MaxWant,
+                        why,
+                    },
                 );
                 for &gd in mode.inputs() {
                     let (dyc, dyv) = up_as(cu, &dy, &[rows, c], gd);
@@ -123,18 +130,24 @@ fn norm_ops_match_reference() {
                         &format!("rms_norm_backward dx {tag}"),
                         &dxc,
                         &down(&rf, &dxr),
-                        1e-4,
-                        1e-5,
-                        "f32 row dot + cancellation in dy*w - xhat*dot",
+                        &Tolerance {
+                            atol: 1e-5,
+                            rtol: 1e-4,
+                            atol_unit: AtolUnit::MaxWant,
+                            why: "f32 row dot + cancellation in dy*w - xhat*dot",
+                        },
                     );
                     assert_dtype("rms_norm_backward dw", &dwc, DType::F32);
-                    check(
+                    assert_close(
                         &format!("rms_norm_backward dw {tag}"),
                         &down(cu, &dwc),
                         &down(&rf, &dwr),
-                        1e-4,
-                        1e-5,
-                        "f32 column sums over R rows vs f64",
+                        &Tolerance {
+                            atol: 1e-5,
+                            rtol: 1e-4,
+                            atol_unit: AtolUnit::MaxWant,
+                            why: "f32 column sums over R rows vs f64",
+                        },
                     );
                 }
             }
@@ -202,17 +215,23 @@ fn rope_ops_match_reference() {
                     &format!("rope {tag}"),
                     &cu.rope(&xc, &positions, theta).unwrap(),
                     &down(&rf, &rf.rope(&xr, &positions, theta).unwrap()),
-                    1e-5,
-                    1e-6,
-                    "same f64 angles rounded to f32; FMA contraction",
+                    &Tolerance {
+                        atol: 1e-6,
+                        rtol: 1e-5,
+                        atol_unit: AtolUnit::MaxWant,
+                        why: "same f64 angles rounded to f32; FMA contraction",
+                    },
                 );
                 mode.check_act(
                     &format!("rope_backward {tag}"),
                     &cu.rope_backward(&xc, &positions, theta).unwrap(),
                     &down(&rf, &rf.rope_backward(&xr, &positions, theta).unwrap()),
-                    1e-5,
-                    1e-6,
-                    "as rope",
+                    &Tolerance {
+                        atol: 1e-6,
+                        rtol: 1e-5,
+                        atol_unit: AtolUnit::MaxWant,
+                        why: "as rope",
+                    },
                 );
             }
         }
@@ -260,9 +279,12 @@ fn activation_ops_match_reference() {
                 &format!("swiglu ({tag})"),
                 &cu.swiglu(&gc, &uc).unwrap(),
                 &down(&rf, &rf.swiglu(&gr, &ur).unwrap()),
-                1e-5,
-                1e-7,
-                why,
+                &Tolerance {
+                    atol: 1e-7,
+                    rtol: 1e-5,
+                    atol_unit: AtolUnit::MaxWant,
+                    why,
+                },
             );
             let (dgc, duc) = cu.swiglu_backward(&dc, &gc, &uc).unwrap();
             let (dgr, dur) = rf.swiglu_backward(&dr, &gr, &ur).unwrap();
@@ -271,17 +293,23 @@ fn activation_ops_match_reference() {
                 &format!("swiglu_backward d_gate ({tag})"),
                 &dgc,
                 &down(&rf, &dgr),
-                1e-5,
-                1e-7,
-                why,
+                &Tolerance {
+                    atol: 1e-7,
+                    rtol: 1e-5,
+                    atol_unit: AtolUnit::MaxWant,
+                    why,
+                },
             );
             mode.check_act(
                 &format!("swiglu_backward d_up ({tag})"),
                 &duc,
                 &down(&rf, &dur),
-                1e-5,
-                1e-7,
-                why,
+                &Tolerance {
+                    atol: 1e-7,
+                    rtol: 1e-5,
+                    atol_unit: AtolUnit::MaxWant,
+                    why,
+                },
             );
         }
     }
@@ -366,17 +394,20 @@ fn optimizer_ops_match_reference() {
         rf.adamw_step(&mut pr, &up(&rf, &g, &[n]), &mut mr, &mut vr, &hp)
             .unwrap();
     }
-    let why = "same f64 per-element formula, one f32 rounding per state";
-    check(
+    let tol = Tolerance {
+        atol: 0.0,
+        rtol: 1e-7,
+        atol_unit: AtolUnit::MaxWant,
+        why: "same f64 per-element formula, one f32 rounding per state",
+    };
+    assert_close(
         "adamw param after 5 steps",
         &down(&cu, &pc),
         &down(&rf, &pr),
-        1e-7,
-        0.0,
-        why,
+        &tol,
     );
-    check("adamw m", &down(&cu, &mc), &down(&rf, &mr), 1e-7, 0.0, why);
-    check("adamw v", &down(&cu, &vc), &down(&rf, &vr), 1e-7, 0.0, why);
+    assert_close("adamw m", &down(&cu, &mc), &down(&rf, &mr), &tol);
+    assert_close("adamw v", &down(&cu, &vc), &down(&rf, &vr), &tol);
 }
 
 // ---------------------------------------------------------------------------------------

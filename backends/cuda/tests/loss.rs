@@ -124,24 +124,42 @@ fn loss_ops_match_reference() {
         let (sr, dxr) = rf
             .linear_cross_entropy(&xr, &wr, &labels, &weights, gs)
             .unwrap();
-        check_scalar(
+        assert_close(
             "CE weighted_loss",
-            sc.weighted_loss,
-            sr.weighted_loss,
-            rtol_l,
-            why,
+            &[sc.weighted_loss],
+            &[sr.weighted_loss],
+            &Tolerance {
+                atol: 0.0,
+                rtol: rtol_l,
+                atol_unit: AtolUnit::Absolute,
+                why,
+            },
         );
-        check_scalar(
+        assert_close(
             "CE weight_sum",
-            sc.weight_sum,
-            sr.weight_sum,
-            1e-12,
-            "same f32 weights summed in f64, same order",
+            &[sc.weight_sum],
+            &[sr.weight_sum],
+            &Tolerance {
+                atol: 0.0,
+                rtol: 1e-12,
+                atol_unit: AtolUnit::Absolute,
+                why: "same f32 weights summed in f64, same order",
+            },
         );
         assert_eq!(sc.counted, sr.counted);
         check_correct_within_ties(sc.correct, sr.correct, &weights, &m, margin);
         let dxh = down(&cu, &dxc);
-        check("CE dx", &dxh, &down(&rf, &dxr), rtol_dx, atol_dx, why);
+        assert_close(
+            "CE dx",
+            &dxh,
+            &down(&rf, &dxr),
+            &Tolerance {
+                atol: atol_dx,
+                rtol: rtol_dx,
+                atol_unit: AtolUnit::MaxWant,
+                why,
+            },
+        );
         for i in 0..t {
             if weights[i] == 0.0 {
                 assert!(
@@ -244,24 +262,31 @@ fn loss_bf16_head_matches_reference() {
         let (sr, dxr) = rf
             .linear_cross_entropy(&xr, &wr, &labels, &weights, gs)
             .unwrap();
-        check_scalar(
+        assert_close(
             "CE weighted_loss (bf16 head)",
-            sc.weighted_loss,
-            sr.weighted_loss,
-            1e-5,
-            "same operand values: f32 accumulation and f32 exp vs f64",
+            &[sc.weighted_loss],
+            &[sr.weighted_loss],
+            &Tolerance {
+                atol: 0.0,
+                rtol: 1e-5,
+                atol_unit: AtolUnit::Absolute,
+                why: "same operand values: f32 accumulation and f32 exp vs f64",
+            },
         );
         assert_eq!(sc.counted, sr.counted);
         let margin = 1e-3;
         check_correct_within_ties(sc.correct, sr.correct, &weights, &m, margin);
         let dxh = down(&cu, &dxc);
-        check(
+        assert_close(
             "CE dx (bf16 head)",
             &dxh,
             &down(&rf, &dxr),
-            rtol_dx,
-            atol_dx,
-            why_dx,
+            &Tolerance {
+                atol: atol_dx,
+                rtol: rtol_dx,
+                atol_unit: AtolUnit::MaxWant,
+                why: why_dx,
+            },
         );
         for i in 0..t {
             if weights[i] == 0.0 {
@@ -352,12 +377,16 @@ fn loss_bf16_head_is_not_copied() {
         "the f32 head's bf16 copy ({head_bf16_bytes} bytes) did not show ({g_f32} bytes)"
     );
     // Same values either way (the f32 head is rounded exactly as to_compute_format rounds it).
-    check_scalar(
+    assert_close(
         "loss, bf16 head vs f32 head rounded per call",
-        l_f32,
-        l_bf16,
-        1e-9,
-        "the same bf16 operands (expected bit-identical)",
+        &[l_f32],
+        &[l_bf16],
+        &Tolerance {
+            atol: 0.0,
+            rtol: 1e-9,
+            atol_unit: AtolUnit::Absolute,
+            why: "the same bf16 operands (expected bit-identical)",
+        },
     );
     assert_eq!(l_bf16.to_bits(), s_warm.weighted_loss.to_bits());
 }
@@ -407,12 +436,16 @@ fn loss_bf16_activations_match_reference() {
             .linear_cross_entropy(&xc, &wc, &labels, &weights, gs)
             .unwrap();
         assert_dtype("CE dx", &dxc, DType::Bf16);
-        check_scalar(
+        assert_close(
             &format!("bf16-activation CE loss (x {})", xd.name()),
-            sc.weighted_loss,
-            sr.weighted_loss,
-            1e-5,
-            "f32 exp / accumulation vs f64 (exact-f32 GEMMs)",
+            &[sc.weighted_loss],
+            &[sr.weighted_loss],
+            &Tolerance {
+                atol: 0.0,
+                rtol: 1e-5,
+                atol_unit: AtolUnit::Absolute,
+                why: "f32 exp / accumulation vs f64 (exact-f32 GEMMs)",
+            },
         );
         assert_eq!(sc.counted, sr.counted);
         let dxh = down(&cu, &dxc);
@@ -420,9 +453,12 @@ fn loss_bf16_activations_match_reference() {
             &format!("bf16-activation CE dx (x {})", xd.name()),
             &dxh,
             &dxr,
-            2e-4,
-            2e-5,
-            "FP32 GEMM dx tolerance",
+            &Tolerance {
+                atol: 2e-5,
+                rtol: 2e-4,
+                atol_unit: AtolUnit::MaxWant,
+                why: "FP32 GEMM dx tolerance",
+            },
         );
         for i in 0..t {
             if weights[i] == 0.0 {

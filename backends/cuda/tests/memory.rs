@@ -69,12 +69,16 @@ fn memory_ops_match_reference() {
     let big = rand_vec(&mut r, 3_000_017, 2.0);
     let (bc, br) = (up(&cu, &big, &[big.len()]), up(&rf, &big, &[big.len()]));
     let (sc, sr) = (cu.sum_squares(&bc).unwrap(), rf.sum_squares(&br).unwrap());
-    check_scalar(
+    assert_close(
         "sum_squares (3M elements)",
-        sc,
-        sr,
-        1e-10,
-        "f64 sums in a different order",
+        &[sc],
+        &[sr],
+        &Tolerance {
+            atol: 0.0,
+            rtol: 1e-10,
+            atol_unit: AtolUnit::Absolute,
+            why: "f64 sums in a different order",
+        },
     );
     assert_eq!(
         cu.sum_squares(&bc).unwrap().to_bits(),
@@ -245,12 +249,16 @@ fn bf16_memory_ops_match_reference() {
         &xb.iter().map(|v| v * 2.0).collect::<Vec<_>>(),
     );
     let want: f64 = xb.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    check_scalar(
+    assert_close(
         "sum_squares(bf16)",
-        cu.sum_squares(&xc).unwrap(),
-        want,
-        1e-10,
-        "f64 sums of exactly widened values, other order",
+        &[cu.sum_squares(&xc).unwrap()],
+        &[want],
+        &Tolerance {
+            atol: 0.0,
+            rtol: 1e-10,
+            atol_unit: AtolUnit::Absolute,
+            why: "f64 sums of exactly widened values, other order",
+        },
     );
     assert!(cu.all_finite(&xc).unwrap());
 }
@@ -493,12 +501,16 @@ fn bf16_activation_memory_ops_match_reference() {
     }
     // Reductions over bf16, f64 sums.
     let (xc, xv) = up_as(&cu, &x, &s, DType::Bf16);
-    check_scalar(
+    assert_close(
         "sum_squares(bf16)",
-        cu.sum_squares(&xc).unwrap(),
-        rf.sum_squares(&up(&rf, &xv, &s)).unwrap(),
-        1e-10,
-        "f64 sums of the same values, other order",
+        &[cu.sum_squares(&xc).unwrap()],
+        &[rf.sum_squares(&up(&rf, &xv, &s)).unwrap()],
+        &Tolerance {
+            atol: 0.0,
+            rtol: 1e-10,
+            atol_unit: AtolUnit::Absolute,
+            why: "f64 sums of the same values, other order",
+        },
     );
     assert!(cu.all_finite(&xc).unwrap());
     let mut bad = x.clone();

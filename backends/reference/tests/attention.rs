@@ -10,6 +10,22 @@ use dflash_backend_reference::ReferenceAttention;
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttentionOps, AttnDims, AttnForward, HostAttentionKernel};
 
+/// Everything is f64 inside and rounded once to f32.
+const FWD_TOL: Tolerance = Tolerance {
+    atol: 1e-6,
+    rtol: 1e-6,
+    atol_unit: AtolUnit::Absolute,
+    why: "everything is f64 inside and rounded once to f32: 2^-24 relative on values of O(1)",
+};
+
+/// The backward recomputes P from the f32 lse and uses the f32 forward output in D_i.
+const GRAD_TOL: Tolerance = Tolerance {
+    atol: 1e-5,
+    rtol: 1e-5,
+    atol_unit: AtolUnit::Absolute,
+    why: "the backward recomputes P from the f32 lse (error ~|lse| * 2^-24) and uses the f32 forward output in D_i; accumulation is f64, so ~1e-6 relative on O(1) gradients",
+};
+
 /// Dense f64 attention: returns `(out, lse, dq, dk, dv)` for cotangent `d_out`.
 #[allow(clippy::type_complexity)]
 fn dense_oracle(
@@ -103,9 +119,8 @@ fn check_case(name: &str, mask: &BlockMask, hq: usize, hkv: usize, d: usize, see
     assert_eq!(lse.dims(), &[tq, hq]);
     let (o_w, l_w, dq_w, dk_w, dv_w) = dense_oracle(&dims, &q, &k, &v, &d_out, mask, scale as f64);
     let (out_h, lse_h) = (down(&be, &out), down(&be, &lse));
-    // Everything is f64 inside and rounded once to f32: 2^-24 relative on values of O(1).
-    assert_close(&format!("{name}: out"), &out_h, &o_w, 1e-6, 1e-6);
-    assert_close(&format!("{name}: lse"), &lse_h, &l_w, 1e-6, 1e-6);
+    assert_close(&format!("{name}: out"), &out_h, &o_w, &FWD_TOL);
+    assert_close(&format!("{name}: lse"), &lse_h, &l_w, &FWD_TOL);
     // Rows with no visible key: out exactly 0 and lse -inf.
     for i in 0..tq {
         if mask.row(i).iter().all(|iv| iv.is_empty()) {
@@ -127,11 +142,9 @@ fn check_case(name: &str, mask: &BlockMask, hq: usize, hkv: usize, d: usize, see
             scale,
         )
         .unwrap();
-    // The backward recomputes P from the f32 lse (error ~|lse| * 2^-24) and uses the f32
-    // forward output in D_i; accumulation is f64, so ~1e-6 relative on O(1) gradients.
-    assert_close(&format!("{name}: dq"), &down(&be, &dq), &dq_w, 1e-5, 1e-5);
-    assert_close(&format!("{name}: dk"), &down(&be, &dk), &dk_w, 1e-5, 1e-5);
-    assert_close(&format!("{name}: dv"), &down(&be, &dv), &dv_w, 1e-5, 1e-5);
+    assert_close(&format!("{name}: dq"), &down(&be, &dq), &dq_w, &GRAD_TOL);
+    assert_close(&format!("{name}: dk"), &down(&be, &dk), &dk_w, &GRAD_TOL);
+    assert_close(&format!("{name}: dv"), &down(&be, &dv), &dv_w, &GRAD_TOL);
 }
 
 /// Context of 40 rows; anchors 3 and 5 overlap (closer than block size 4), 5 and 7 too,
@@ -221,8 +234,7 @@ fn attention_backward_vs_finite_differences() {
             Some(down(&be, &dv)),
         ],
         1e-2,
-        1e-4,
-        1e-3,
+        &Tolerance::FD_GRAD,
         |ins| dot64(&down(&be, &fwd(&ins[0], &ins[1], &ins[2]).0), &cot),
     );
 }

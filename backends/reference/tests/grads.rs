@@ -12,8 +12,6 @@ use common::*;
 use dflash_core::{ActivationOps, NormOps, RopeOps};
 
 const H: f32 = 1e-2;
-const ATOL: f64 = 1e-4;
-const RTOL: f64 = 1e-3;
 
 #[test]
 fn rms_norm_backward_vs_finite_differences() {
@@ -39,8 +37,7 @@ fn rms_norm_backward_vs_finite_differences() {
         &[x, w],
         &[Some(down(&be, &dx)), Some(down(&be, &dw))],
         H,
-        ATOL,
-        RTOL,
+        &Tolerance::FD_GRAD,
         |ins| {
             let (y, _) = be
                 .rms_norm(&up(&be, &ins[0], &[rows, c]), &up(&be, &ins[1], &[c]), eps)
@@ -66,8 +63,7 @@ fn rope_backward_vs_finite_differences() {
         &[x],
         &[Some(down(&be, &dx))],
         H,
-        ATOL,
-        RTOL,
+        &Tolerance::FD_GRAD,
         |ins| {
             let y = be
                 .rope(&up(&be, &ins[0], &[t, heads, d]), &pos, theta)
@@ -97,8 +93,7 @@ fn swiglu_backward_vs_finite_differences() {
         &[g, u],
         &[Some(down(&be, &dg)), Some(down(&be, &du))],
         H,
-        ATOL,
-        RTOL,
+        &Tolerance::FD_GRAD,
         |ins| {
             let h = be
                 .swiglu(&up(&be, &ins[0], &[4, 6]), &up(&be, &ins[1], &[4, 6]))

@@ -119,7 +119,17 @@ fn fused_ce_matches_naive_over_several_chunks() {
     );
     let dx_h = down(&be, &dx);
     // dlogits rounded to f32 then an f32 sgemm over V = 50: 1e-5 abs on O(0.1) values.
-    assert_close("fused ce dx", &dx_h, &dx_want, 1e-5, 1e-4);
+    assert_close(
+        "fused ce dx",
+        &dx_h,
+        &dx_want,
+        &Tolerance {
+            atol: 1e-5,
+            rtol: 1e-4,
+            atol_unit: AtolUnit::Absolute,
+            why: "dlogits rounded to f32 then an f32 sgemm over V = 50: 1e-5 abs on O(0.1) values.",
+        },
+    );
     for i in (0..t).filter(|&i| wts[i] == 0.0) {
         assert!(
             dx_h[i * h..(i + 1) * h].iter().all(|z| z.to_bits() == 0),
@@ -150,9 +160,19 @@ fn fused_ce_gradient_vs_finite_differences() {
     };
     let dx = down(&be, &ce(&x).1);
     // The loss is f64 from f32 logits; 5-point stencil, h = 1e-2 (see grads.rs).
-    fd_check("fused ce", &[x], &[Some(dx)], 1e-2, 1e-4, 1e-3, |ins| {
-        gs as f64 * ce(&ins[0]).0.weighted_loss
-    });
+    fd_check(
+        "fused ce",
+        &[x],
+        &[Some(dx)],
+        1e-2,
+        &Tolerance {
+            atol: 1e-4,
+            rtol: 1e-3,
+            atol_unit: AtolUnit::Absolute,
+            why: "The loss is f64 from f32 logits; 5-point stencil, h = 1e-2 (see grads.rs).",
+        },
+        |ins| gs as f64 * ce(&ins[0]).0.weighted_loss,
+    );
 }
 
 #[test]

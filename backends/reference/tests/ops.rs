@@ -56,8 +56,12 @@ fn matmul_all_transpose_combos() {
                 &format!("matmul {m}x{k}x{n} ta={ta} tb={tb}"),
                 &down(&be, &c),
                 &want,
-                1e-5,
-                1e-5,
+                &Tolerance {
+                    atol: 1e-5,
+                    rtol: 1e-5,
+                    atol_unit: AtolUnit::Absolute,
+                    why: "f32 accumulation over K products of magnitude <= 1: error <= ~K * 2^-24 * K, far below 1e-5 for K <= 65.",
+                },
             );
         }
     }
@@ -77,8 +81,12 @@ fn matmul_folds_leading_dims_and_linear_is_x_wt() {
         "linear",
         &down(&be, &y),
         &naive_matmul(&x, false, &w, true, 6, 8, 5),
-        1e-5,
-        1e-5,
+        &Tolerance {
+            atol: 1e-5,
+            rtol: 1e-5,
+            atol_unit: AtolUnit::Absolute,
+            why: "f32 accumulation over K = 8 products of magnitude <= 1: far below 1e-5",
+        },
     );
 }
 
@@ -113,8 +121,12 @@ fn matmul_acc_with_beta() {
             &format!("matmul_acc beta={beta}"),
             &down(&be, &c),
             &want,
-            1e-5,
-            1e-5,
+            &Tolerance {
+                atol: 1e-5,
+                rtol: 1e-5,
+                atol_unit: AtolUnit::Absolute,
+                why: "f32 accumulation of K = 14 products plus one scaled add: 1e-5 is generous.",
+            },
         );
     }
     // beta = 0 must ignore c entirely, even NaN (it is never read).
@@ -134,8 +146,12 @@ fn matmul_acc_with_beta() {
         "matmul_acc beta=0",
         &down(&be, &c),
         &naive_matmul(&a, false, &b, false, m, k, n),
-        1e-5,
-        1e-5,
+        &Tolerance {
+            atol: 1e-5,
+            rtol: 1e-5,
+            atol_unit: AtolUnit::Absolute,
+            why: "f32 accumulation of K products of magnitude <= 1: far below 1e-5",
+        },
     );
 }
 
@@ -160,8 +176,28 @@ fn rms_norm_forward() {
         }
     }
     // Computed in f64 and rounded once: a couple of f32 ulps (2^-23 relative).
-    assert_close("rms_norm y", &down(&be, &y), &want_y, 1e-7, 3e-7);
-    assert_close("rms_norm rstd", &down(&be, &rstd), &want_r, 0.0, 3e-7);
+    assert_close(
+        "rms_norm y",
+        &down(&be, &y),
+        &want_y,
+        &Tolerance {
+            atol: 1e-7,
+            rtol: 3e-7,
+            atol_unit: AtolUnit::Absolute,
+            why: "Computed in f64 and rounded once: a couple of f32 ulps (2^-23 relative).",
+        },
+    );
+    assert_close(
+        "rms_norm rstd",
+        &down(&be, &rstd),
+        &want_r,
+        &Tolerance {
+            atol: 0.0,
+            rtol: 3e-7,
+            atol_unit: AtolUnit::Absolute,
+            why: "Computed in f64 and rounded once: a couple of f32 ulps (2^-23 relative).",
+        },
+    );
 }
 
 /// The rotation written as a complex product: `(x_i + i x_{i+D/2}) * e^{i p theta^(-2i/D)}`.
@@ -198,16 +234,24 @@ fn rope_forward_and_inverse() {
         "rope",
         &down(&be, &y),
         &naive_rope(&x, &pos, heads, d, theta as f64, 1.0),
-        tol,
-        0.0,
+        &Tolerance {
+            atol: tol,
+            rtol: 0.0,
+            atol_unit: AtolUnit::Absolute,
+            why: "sin/cos rounded to f32 and two f32 products: ~3 ulps of values <= 1.4.",
+        },
     );
     let back = be.rope_backward(&y, &pos, theta).unwrap();
     assert_close(
         "rope_backward(rope(x))",
         &down(&be, &back),
         &to_f64(&x),
-        2.0 * tol,
-        0.0,
+        &Tolerance {
+            atol: 2.0 * tol,
+            rtol: 0.0,
+            atol_unit: AtolUnit::Absolute,
+            why: "two rotations, each sin/cos rounded to f32 and two f32 products: ~6 ulps",
+        },
     );
     let dy = rand_vec(&mut r, t * heads * d);
     let dx = be
@@ -217,8 +261,12 @@ fn rope_forward_and_inverse() {
         "rope_backward",
         &down(&be, &dx),
         &naive_rope(&dy, &pos, heads, d, theta as f64, -1.0),
-        tol,
-        0.0,
+        &Tolerance {
+            atol: tol,
+            rtol: 0.0,
+            atol_unit: AtolUnit::Absolute,
+            why: "sin/cos rounded to f32 and two f32 products: ~3 ulps of values <= 1.4",
+        },
     );
 }
 
@@ -238,7 +286,17 @@ fn swiglu_forward() {
         .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
         .collect();
     // f64 evaluation rounded once.
-    assert_close("swiglu", &down(&be, &h), &want, 1e-7, 2e-7);
+    assert_close(
+        "swiglu",
+        &down(&be, &h),
+        &want,
+        &Tolerance {
+            atol: 1e-7,
+            rtol: 2e-7,
+            atol_unit: AtolUnit::Absolute,
+            why: "f64 evaluation rounded once.",
+        },
+    );
 }
 
 #[test]
@@ -300,22 +358,34 @@ fn adamw_matches_scalar_loop_over_three_steps() {
             &format!("adamw p step {step}"),
             &down(&be, &p),
             &sp,
-            1e-6,
-            1e-6,
+            &Tolerance {
+                atol: 1e-6,
+                rtol: 1e-6,
+                atol_unit: AtolUnit::Absolute,
+                why: "The backend rounds p, m, v to f32 after each step; the loop keeps f64. Over three steps that drifts by a few f32 ulps of the values (|p| <= ~1, updates ~1e-2).",
+            },
         );
         assert_close(
             &format!("adamw m step {step}"),
             &down(&be, &m),
             &sm,
-            1e-7,
-            1e-6,
+            &Tolerance {
+                atol: 1e-7,
+                rtol: 1e-6,
+                atol_unit: AtolUnit::Absolute,
+                why: "f32 rounding after each AdamW step vs an f64 loop: a few f32 ulps over three steps",
+            },
         );
         assert_close(
             &format!("adamw v step {step}"),
             &down(&be, &v),
             &sv,
-            1e-8,
-            1e-6,
+            &Tolerance {
+                atol: 1e-8,
+                rtol: 1e-6,
+                atol_unit: AtolUnit::Absolute,
+                why: "f32 rounding after each AdamW step vs an f64 loop: a few f32 ulps over three steps",
+            },
         );
     }
 }

@@ -17,13 +17,12 @@ use dflash_core::pipeline::Target;
 use dflash_models::Qwen3Target;
 use dflash_models::safetensors_io::{TensorFiles, write_f32_atomic};
 
-use common::{backend, fixture_dir, max_err};
+use common::{Tolerance, assert_close, backend, closeness, fixture_dir};
 
 const T: usize = 19;
 const HID: usize = 64;
 const VOCAB: usize = 96;
-const ATOL: f64 = 1e-4;
-const RTOL: f64 = 1e-4;
+const GOLDEN: Tolerance = Tolerance::F32_VS_HF_GOLDEN;
 
 struct Golden {
     /// Two rows of 19 ids.
@@ -53,12 +52,7 @@ impl Golden {
 /// Asserts `ours` matches golden tensor `name` (row `r`) and returns the max abs error.
 fn check(g: &Golden, ours: &[f32], name: &str, r: usize, cols: usize, what: &str) -> f64 {
     let want = g.row(name, r, cols);
-    let (abs, ratio) = max_err(ours, &want, ATOL, RTOL);
-    assert!(
-        ratio <= 1.0,
-        "{what}: {name} row {r}: max abs error {abs:.3e} exceeds {ATOL:e} + {RTOL:e}|hf| (ratio {ratio:.2})"
-    );
-    abs
+    assert_close(&format!("{what}: {name} row {r}"), ours, &want, &GOLDEN).max_abs
 }
 
 /// Loads `dir` with all three layers and checks every hidden state and the logits of both
@@ -78,7 +72,8 @@ fn check_model_dir(b: Arc<dyn Backend>, dir: &Path, what: &str) -> (f64, f64) {
         // HF's last hidden_states entry has the final norm applied; ours (the DFlash feature
         // of the last layer) is the raw layer output, so it must NOT match that entry.
         let hf_last = g.row("hidden_states.3", r, HID);
-        let (abs, _) = max_err(&hs[3], &hf_last, ATOL, RTOL);
+        let abs = closeness(&hs[3], &hf_last, &GOLDEN).max_abs;
+        assert!(abs.is_finite(), "{what}: non-finite last-layer output");
         assert!(
             abs > 0.1,
             "{what}: our last-layer output looks final-normed (differs from HF hidden_states.3 by only {abs:.3e})"

@@ -32,12 +32,21 @@
 //!   and rounds its output once (RNE) to bf16, so the tolerance is the op's f32 tolerance plus
 //!   2^-8 of |ref| (`check_bf16`), against the reference on the same bf16-rounded inputs.
 //!   Every other helper here gives f32 activations, so the tolerances above keep their meaning.
+//!
+//! Every tolerance is a `dflash_tests::tolerance::Tolerance` (named fields and its reason);
+//! element-wise CUDA-vs-reference bounds put `atol` in units of the tensor's `max |ref|`
+//! (`AtolUnit::MaxWant`), scalars are relative (`atol` 0).
 #![allow(dead_code)]
 
 use dflash_backend_cuda::{CudaBackend, CudaOptions, DType, GemmPrecision};
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Error, MemoryOps, Tensor};
+// Not every test file uses every one of these.
+#[allow(unused_imports)]
+pub use dflash_tests::tolerance::{
+    AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -138,60 +147,6 @@ pub fn down(be: &dyn MemoryOps, t: &Tensor) -> Vec<f32> {
     be.download(t).expect("download")
 }
 
-/// Compares `got` (CUDA) with `want` (reference): element `i` passes when
-/// `|got - want| <= rtol * |want_i| + atol * max_j |want_j|` (or both are the same
-/// non-finite value). Prints the largest absolute error, the largest error over its
-/// tolerance (<= 1 passes) and the reason for the tolerance, then asserts.
-pub fn check(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64, why: &str) -> f64 {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{name}: length {} vs {}",
-        got.len(),
-        want.len()
-    );
-    let scale = want
-        .iter()
-        .filter(|w| w.is_finite())
-        .fold(0.0f64, |m, &w| m.max((w as f64).abs()));
-    let (mut worst_abs, mut worst_ratio, mut at) = (0.0f64, 0.0f64, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if !w.is_finite() || !g.is_finite() {
-            assert!(
-                !g.is_nan() && g.to_bits() == w.to_bits(),
-                "{name}[{i}]: got {g}, want {w} (a non-finite value must match exactly; NaN never passes)"
-            );
-            continue;
-        }
-        let err = (g as f64 - w as f64).abs();
-        let tol = rtol * (w as f64).abs() + atol * scale;
-        let ratio = if tol > 0.0 {
-            err / tol
-        } else if err == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        };
-        if err > worst_abs {
-            worst_abs = err;
-        }
-        if ratio > worst_ratio {
-            worst_ratio = ratio;
-            at = i;
-        }
-    }
-    println!(
-        "  {name:<44} max_abs_err {worst_abs:9.2e} (max|ref| {scale:8.2e})  err/tol {worst_ratio:5.3}  [rtol {rtol:.0e}, atol {atol:.0e}*max: {why}]"
-    );
-    assert!(
-        worst_ratio <= 1.0,
-        "{name}: element {at}: got {}, want {} (err/tol {worst_ratio:.3} > 1)",
-        got[at],
-        want[at]
-    );
-    worst_abs
-}
-
 /// Bit-exact comparison (copies, gathers, plain f32 adds).
 pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{name}: lengths differ");
@@ -199,106 +154,6 @@ pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
         assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}");
     }
     println!("  {name:<44} bit-exact ({} elements)", got.len());
-}
-
-/// Scalar relative comparison.
-pub fn check_scalar(name: &str, got: f64, want: f64, rtol: f64, why: &str) {
-    let err = (got - want).abs();
-    let rel = err / want.abs().max(f64::MIN_POSITIVE);
-    println!(
-        "  {name:<44} got {got:.9e} want {want:.9e} rel_err {rel:9.2e} [rtol {rtol:.0e}: {why}]"
-    );
-    assert!(
-        got.is_finite() && rel <= rtol,
-        "{name}: got {got}, want {want} (rel {rel:.3e} > {rtol:.0e})"
-    );
-}
-
-/// Round to bf16 (nearest even) and back, exactly as the backend's `f32_to_bf16` kernel does.
-pub fn bf16_round(x: f32) -> f32 {
-    let u = x.to_bits();
-    let r = if (u & 0x7fff_ffff) > 0x7f80_0000 {
-        (u >> 16) | 0x0040
-    } else {
-        (u + 0x7fff + ((u >> 16) & 1)) >> 16
-    };
-    f32::from_bits(r << 16)
-}
-
-/// Relative L2 error `||got - want|| / ||want||` (f64 sums); non-finite values must match
-/// exactly (NaN never passes) and are left out of the norms. Prints and asserts `<= tol`.
-pub fn check_rel_l2(name: &str, got: &[f32], want: &[f32], tol: f64, why: &str) -> f64 {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{name}: length {} vs {}",
-        got.len(),
-        want.len()
-    );
-    let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if !w.is_finite() || !g.is_finite() {
-            assert!(
-                !g.is_nan() && g.to_bits() == w.to_bits(),
-                "{name}[{i}]: got {g}, want {w} (a non-finite value must match exactly; NaN never passes)"
-            );
-            continue;
-        }
-        let e = g as f64 - w as f64;
-        num += e * e;
-        den += (w as f64) * (w as f64);
-        max_abs = max_abs.max(e.abs());
-    }
-    let rel = if den > 0.0 {
-        (num / den).sqrt()
-    } else if num == 0.0 {
-        0.0
-    } else {
-        f64::INFINITY
-    };
-    println!(
-        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  [rel-L2 tol {tol:.0e}: {why}]",
-        rel / tol
-    );
-    assert!(
-        rel <= tol,
-        "{name}: relative L2 error {rel:.3e} > {tol:.0e}"
-    );
-    rel
-}
-
-/// Element `i` passes when `|got - want| <= tol * max(1, |want_i|)`; non-finite values must
-/// match exactly (NaN never passes). For log-sum-exps, whose absolute error scales with their
-/// magnitude once it exceeds 1.
-pub fn check_abs_scaled(name: &str, got: &[f32], want: &[f32], tol: f64, why: &str) -> f64 {
-    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
-    let (mut worst, mut worst_abs, mut at) = (0.0f64, 0.0f64, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if !w.is_finite() || !g.is_finite() {
-            assert!(
-                !g.is_nan() && g.to_bits() == w.to_bits(),
-                "{name}[{i}]: got {g}, want {w} (a non-finite value must match exactly; NaN never passes)"
-            );
-            continue;
-        }
-        let err = (g as f64 - w as f64).abs();
-        let r = err / (tol * (w as f64).abs().max(1.0));
-        worst_abs = worst_abs.max(err);
-        if r > worst {
-            worst = r;
-            at = i;
-        }
-    }
-    println!(
-        "  {name:<44} max_abs_err {worst_abs:9.2e}  err/tol {worst:5.3}  [tol {tol:.0e} * max(1, |ref|): {why}]"
-    );
-    assert!(
-        worst <= 1.0,
-        "{name}: element {at}: got {}, want {} (err/tol {worst:.3} > 1)",
-        got[at],
-        want[at]
-    );
-    worst_abs
 }
 
 // ---------------------------------------------------------------------------------------
@@ -386,11 +241,10 @@ pub fn assert_bf16_rejected<T>(r: dflash_core::Result<T>, op: &str) {
 pub const BF16_ROUND: f64 = 1.0 / 256.0;
 
 /// A bf16 activation output against the reference's f32 result on the same (bf16-rounded)
-/// inputs: the op computes in f32 and rounds once on store, so element `i` passes when
-/// `|got - want| <= (2^-8 + rtol) |want_i| + atol * max|want|`, where `rtol` / `atol` are the
-/// op's own f32-vs-reference tolerance (stated by the caller in `why`). Also asserts the
-/// values are bf16-representable (they came out of bf16 storage).
-pub fn check_bf16(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64, why: &str) -> f64 {
+/// inputs: the op computes in f32 and rounds once on store, so element `i` passes under the
+/// op's own f32-vs-reference tolerance `tol` with one bf16 rounding (2^-8) added to its
+/// `rtol`. Also asserts the values are bf16-representable (they came out of bf16 storage).
+pub fn check_bf16(name: &str, got: &[f32], want: &[f32], tol: &Tolerance) -> Closeness {
     for (i, &g) in got.iter().enumerate() {
         assert_eq!(
             g.to_bits() & 0xffff,
@@ -398,14 +252,12 @@ pub fn check_bf16(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64, w
             "{name}[{i}] = {g} is not a bf16 value"
         );
     }
-    check(
-        name,
-        got,
-        want,
-        BF16_ROUND + rtol,
-        atol,
-        &format!("one bf16 rounding of the f32 result (2^-8) + {why}"),
-    )
+    let with_rounding = Tolerance {
+        rtol: BF16_ROUND + tol.rtol,
+        ..*tol
+    };
+    println!("  {name:<44} (bf16 output: rtol includes one bf16 rounding, 2^-8)");
+    assert_close(name, got, want, &with_rounding)
 }
 
 /// The CUDA tensor's dtype must be `want`.

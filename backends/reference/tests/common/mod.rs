@@ -5,6 +5,9 @@
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
 use dflash_core::{MemoryOps, Tensor};
+// Not every test file uses every one of these.
+#[allow(unused_imports)]
+pub use dflash_tests::tolerance::{AtolUnit, Tolerance, assert_close};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -37,25 +40,6 @@ pub fn down(be: &ReferenceBackend, t: &Tensor) -> Vec<f32> {
     be.download(t).expect("download")
 }
 
-/// Asserts `|got - want| <= atol + rtol * |want|` elementwise, naming the first offender.
-pub fn assert_close(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{what}: length {} vs {}",
-        got.len(),
-        want.len()
-    );
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (g as f64 - w).abs();
-        let tol = atol + rtol * w.abs();
-        assert!(
-            err <= tol || (g as f64 == w),
-            "{what}[{i}]: got {g}, want {w} (err {err:.3e} > tol {tol:.3e})"
-        );
-    }
-}
-
 pub fn to_f64(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
@@ -78,8 +62,7 @@ pub fn fd_check(
     inputs: &[Vec<f32>],
     grads: &[Option<Vec<f32>>],
     h: f32,
-    atol: f64,
-    rtol: f64,
+    tol: &Tolerance,
     loss: impl Fn(&[Vec<f32>]) -> f64,
 ) {
     let mut xs = inputs.to_vec();
@@ -98,7 +81,7 @@ pub fn fd_check(
             let (p2, p1, m1, m2) = (at(2.0 * h), at(h), at(-h), at(-2.0 * h));
             num.push((-p2 + 8.0 * p1 - 8.0 * m1 + m2) / (12.0 * h as f64));
         }
-        assert_close(&format!("{what}: d input {n}"), g, &num, atol, rtol);
+        assert_close(&format!("{what}: d input {n}"), g, &num, tol);
     }
 }
 

@@ -10,6 +10,9 @@ use dflash_core::Backend;
 use dflash_core::registry::BackendOptions;
 use dflash_models::DrafterParams;
 use dflash_models::drafter::{FrozenTarget, normal_vec};
+// Not every test file uses every one of these.
+#[allow(unused_imports)]
+pub use dflash_tests::tolerance::{AtolUnit, Tolerance, assert_close, closeness};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -33,20 +36,6 @@ pub fn rng(seed: u64) -> ChaCha8Rng {
 /// `tests/fixtures/qwen3-random` of the workspace.
 pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-random")
-}
-
-/// Largest `|a - b|` and the largest `|a - b| / (atol + rtol |b|)` (<= 1 means within tolerance).
-pub fn max_err(a: &[f32], b: &[f32], atol: f64, rtol: f64) -> (f64, f64) {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    let mut worst_abs = 0.0f64;
-    let mut worst_ratio = 0.0f64;
-    for (&x, &y) in a.iter().zip(b) {
-        let d = (x as f64 - y as f64).abs();
-        assert!(d.is_finite(), "non-finite value: {x} vs {y}");
-        worst_abs = worst_abs.max(d);
-        worst_ratio = worst_ratio.max(d / (atol + rtol * (y as f64).abs()));
-    }
-    (worst_abs, worst_ratio)
 }
 
 // ---------------------------------------------------------------------------------------
