@@ -1,5 +1,5 @@
 //! Every registered host attention kernel on the DFlash training mask, forward and
-//! forward+backward. Throughput is reported over *visible* pairs (the unit of DESIGN.md §4):
+//! forward+backward. Throughput is reported over *visible* pairs (the unit of docs/design.md §4):
 //! 4 * Hq * D FLOPs per pair forward, 3.5x that forward + backward.
 //!
 //! `cargo bench -p dflash-tests --bench attention`

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole CUDA check on a GPU machine, in one go (DESIGN.md §6): every conformance test
+# The whole CUDA check on a GPU machine, in one go (docs/design.md §6): every conformance test
 # binary, the §4 benchmark suite, and the embedded default trained end to end on the GPU.
 # Stage first, here (no GPU needed):
 #   bash backends/cuda/scripts/stage-device-tests.sh

@@ -1,6 +1,6 @@
 //! Attention throughput on the DFlash mask and on a causal mask, forward and forward +
 //! backward, in TFLOP/s over visible pairs: `4 * Hq * d` FLOPs per pair forward, 3.5x that
-//! forward + backward (DESIGN.md §4).
+//! forward + backward (docs/design.md §4).
 
 use dflash_core::mask::BlockMask;
 

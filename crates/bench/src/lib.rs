@@ -1,4 +1,4 @@
-//! Benchmarks of dflash-rs against the measured PyTorch anchors of DESIGN.md §4.
+//! Benchmarks of dflash-rs against the measured PyTorch baselines of docs/design.md §4.
 //!
 //! Written once over `&dyn Backend`, so they run on any registered backend:
 //! - DFlash-mask attention (ctx 4096 + 256 blocks, 8192 + 512, 2048 + 128; 32 q / 8 kv heads,
@@ -9,15 +9,15 @@
 //! - the drafter training step of the Qwen3-8B recipe (5 layers, S = 3072, 512 anchors,
 //!   block 16, k = 5) at batch 1 and 4: K tok/s and peak device memory ([`drafter`]).
 //!
-//! Every result carries its anchor and `ratio`, oriented so that > 1.0 is better than the
-//! PyTorch stack (ours / anchor for speed, anchor / ours for memory). [`Scale::Smoke`] runs the
+//! Every result carries its baseline and `ratio`, oriented so that > 1.0 is better than the
+//! PyTorch stack (ours / baseline for speed, baseline / ours for memory). [`Scale::Smoke`] runs the
 //! same code paths on tiny shapes (CI, the reference backend); its ratios are against the same
-//! anchors and flagged `"scale": "smoke"`, meaningful only as a check that the suite runs.
+//! baselines and flagged `"scale": "smoke"`, meaningful only as a check that the suite runs.
 //!
 //! Timing: warm-up runs, then the median of N runs, with `synchronize()` before each clock read.
 
-pub mod anchors;
 pub mod attention;
+pub mod baselines;
 mod checkpoint;
 pub mod drafter;
 pub mod e2e;
@@ -31,7 +31,7 @@ use std::time::Instant;
 use dflash_core::Backend;
 use serde::{Deserialize, Serialize};
 
-pub use anchors::{ANCHORS, Anchor, Orientation, anchor};
+pub use baselines::{BASELINES, Baseline, Orientation, baseline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -62,7 +62,7 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
-    /// The shapes of DESIGN.md §4 (for a GPU such as the H200).
+    /// The shapes of docs/design.md §4 (for a GPU such as the H200).
     Full,
     /// Tiny shapes, same code paths: seconds on the reference backend.
     Smoke,
@@ -97,14 +97,15 @@ impl std::str::FromStr for Scale {
 /// One measured figure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchResult {
-    /// Same as its anchor's name, e.g. `attention.dflash.ctx4096.fwd`.
+    /// Same as its baseline's name, e.g. `attention.dflash.ctx4096.fwd`.
     pub name: String,
     pub value: f64,
     pub unit: String,
-    /// The PyTorch figure of DESIGN.md §4 (always the full-scale one).
-    pub anchor: f64,
-    /// `value / anchor` (higher is better) or `anchor / value` (lower is better): > 1.0 beats
-    /// the anchor.
+    /// The PyTorch figure of docs/design.md §4 (always the full-scale one).
+    #[serde(alias = "anchor")]
+    pub baseline: f64,
+    /// `value / baseline` (higher is better) or `baseline / value` (lower is better): > 1.0 beats
+    /// the baseline.
     pub ratio: f64,
     pub orientation: Orientation,
     pub scale: Scale,
@@ -222,18 +223,18 @@ impl Suite<'_> {
         self.backend.as_ref()
     }
 
-    /// Records the figure `name` (which must be an anchor's name) measured as `value`.
+    /// Records the figure `name` (which must be a baseline's name) measured as `value`.
     pub fn record(&mut self, name: &str, value: f64, seconds: f64, detail: String) -> Result<()> {
-        let a = anchor(name).ok_or_else(|| BenchError::Invalid {
+        let a = baseline(name).ok_or_else(|| BenchError::Invalid {
             bench: name.into(),
-            detail: "no anchor of that name in DESIGN.md §4".into(),
+            detail: "no baseline of that name in docs/design.md §4".into(),
         })?;
         let b = self.backend.as_ref();
         let r = BenchResult {
             name: name.to_string(),
             value,
             unit: a.unit.to_string(),
-            anchor: a.value,
+            baseline: a.value,
             ratio: a.ratio(value),
             orientation: a.orientation,
             scale: self.opts.scale,
@@ -342,7 +343,7 @@ fn fmt_num(x: f64) -> String {
 pub fn table_header() -> String {
     format!(
         "{:<34} {:>11} {:<8} {:>9} {:>10} {:>11}  {}",
-        "name", "value", "unit", "anchor", "ratio", "median s", "detail"
+        "name", "value", "unit", "baseline", "ratio", "median s", "detail"
     )
 }
 
@@ -353,7 +354,7 @@ pub fn table_row(r: &BenchResult) -> String {
         r.name,
         fmt_num(r.value),
         r.unit,
-        fmt_num(r.anchor),
+        fmt_num(r.baseline),
         fmt_num(r.ratio),
         fmt_num(r.seconds),
         r.detail

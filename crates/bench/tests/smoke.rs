@@ -1,10 +1,10 @@
 //! The whole suite at smoke scale on the reference backend: every figure measured, finite,
-//! positive, correctly oriented against its anchor, uniquely named, and the JSON round-trips.
+//! positive, correctly oriented against its baseline, uniquely named, and the JSON round-trips.
 
 use std::collections::HashSet;
 
 use dflash_bench::{
-    BenchOptions, BenchResult, Orientation, Scale, anchor, device_slug, figure_names, read_json,
+    BenchOptions, BenchResult, Orientation, Scale, baseline, device_slug, figure_names, read_json,
     run_suite, write_json,
 };
 use dflash_core::registry::{BackendOptions, create_backend};
@@ -32,23 +32,23 @@ fn smoke_suite_on_reference() {
     assert_eq!(unique.len(), results.len(), "names are unique");
 
     for r in &results {
-        let a = anchor(&r.name).expect("every figure has an anchor");
+        let a = baseline(&r.name).expect("every figure has a baseline");
         assert_eq!(r.scale, Scale::Smoke);
         assert_eq!(r.unit, a.unit);
-        assert_eq!(r.anchor, a.value);
+        assert_eq!(r.baseline, a.value);
         assert_eq!(r.orientation, a.orientation);
         assert_eq!(r.backend, "reference");
         for (what, x) in [
             ("value", r.value),
-            ("anchor", r.anchor),
+            ("baseline", r.baseline),
             ("ratio", r.ratio),
             ("seconds", r.seconds),
         ] {
             assert!(x.is_finite() && x > 0.0, "{}: {what} = {x}", r.name);
         }
         let want = match r.orientation {
-            Orientation::HigherIsBetter => r.value / r.anchor,
-            Orientation::LowerIsBetter => r.anchor / r.value,
+            Orientation::HigherIsBetter => r.value / r.baseline,
+            Orientation::LowerIsBetter => r.baseline / r.value,
         };
         assert!(
             close(r.ratio, want),
@@ -85,7 +85,7 @@ fn smoke_suite_on_reference() {
         );
         for (x, y) in [
             (a.value, b.value),
-            (a.anchor, b.anchor),
+            (a.baseline, b.baseline),
             (a.ratio, b.ratio),
             (a.seconds, b.seconds),
         ] {

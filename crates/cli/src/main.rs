@@ -38,7 +38,7 @@ enum Command {
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
     },
-    /// Acceptance length tau of a drafter on held-out data (DESIGN.md §2.5).
+    /// Acceptance length tau of a drafter on held-out data (docs/design.md §2.5).
     Eval {
         #[command(flatten)]
         cfg: ConfigArgs,
@@ -53,7 +53,7 @@ enum Command {
     Status { run_dir: PathBuf },
     /// Registered backends and attention kernels.
     Backends,
-    /// Benchmarks against the measured PyTorch anchors of DESIGN.md §4: prints a table and
+    /// Benchmarks against the measured PyTorch anchors of docs/design.md §4: prints a table and
     /// writes the results as a JSON list.
     Bench(BenchArgs),
 }

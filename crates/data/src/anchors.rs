@@ -1,4 +1,4 @@
-//! Anchor sampling (DESIGN §2.3): an anchor is a position `i` in `[0, S-2]` with
+//! Anchor sampling (docs/design.md §2.3): an anchor is a position `i` in `[0, S-2]` with
 //! `loss_mask[i] == 1 && loss_mask[i+1] == 1`; up to `num_anchors` are drawn without
 //! replacement, re-drawn every epoch, returned sorted ascending.
 

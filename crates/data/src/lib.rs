@@ -1,6 +1,6 @@
 //! Training data for dflash-rs: dataset readers (HF `save_to_disk` Arrow streams, JSONL),
 //! validation against the target vocabulary and length limits, length-bucketed token-budget
-//! batch plans, anchor sampling and the DFlash per-slot labels and loss weights (DESIGN §2.3).
+//! batch plans, anchor sampling and the DFlash per-slot labels and loss weights (docs/design.md §2.3).
 //!
 //! Everything random is a pure function of `(seed, epoch, sample id)`, so a resumed run, or
 //! the same sample handled by another worker, sees exactly the same plan and anchors.

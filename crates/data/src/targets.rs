@@ -1,4 +1,4 @@
-//! Per-block labels, loss weights, block token ids and positions (DESIGN §2.2, §2.3).
+//! Per-block labels, loss weights, block token ids and positions (docs/design.md §2.2, §2.3).
 
 /// Flattened `(N * block_size)` targets of N blocks, block-major.
 #[derive(Debug, Clone, PartialEq, Default)]

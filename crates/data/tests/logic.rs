@@ -477,7 +477,7 @@ fn per_document_anchors_never_cross_a_boundary() {
 
 // ---------------------------------------------------------------- loss weights
 
-/// Direct transcription of DESIGN §2.3:
+/// Direct transcription of docs/design.md §2.3:
 /// `w = 1[a+k < S] * 1[k>0] * loss_mask[a+k] * exp(-(k-1)/gamma)`, label = ids[a+k].
 fn reference(
     ids: &[u32],

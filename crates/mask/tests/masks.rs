@@ -1,7 +1,7 @@
 //! Data-driven tests of the mask builders and the tile map.
 //!
 //! Every builder is checked against its dense expansion (`to_dense_oracle`, test-only), the
-//! DFlash semantics of DESIGN §2.3 are spot-checked (with regression tests for two bugs of
+//! DFlash semantics of docs/design.md §2.3 are spot-checked (with regression tests for two bugs of
 //! earlier implementations), the tile map is checked to be exact, and the DFlash density at the
 //! paper's shape is pinned.
 

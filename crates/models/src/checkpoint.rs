@@ -1,4 +1,4 @@
-//! Drafter checkpoints in the layout SGLang and vLLM serve (DESIGN.md §2.6): a directory
+//! Drafter checkpoints in the layout SGLang and vLLM serve (docs/design.md §2.6): a directory
 //! with `config.json` and `model.safetensors` (no name prefix). Every file is written
 //! atomically, so a crash mid-save never corrupts the last good checkpoint.
 

@@ -46,7 +46,7 @@ pub fn layer_dims(cfg: &DrafterConfig) -> LayerDims {
 }
 
 impl DrafterParams {
-    /// `(name, shape)` of every tensor in checkpoint order (DESIGN.md §2.6 names, no prefix).
+    /// `(name, shape)` of every tensor in checkpoint order (docs/design.md §2.6 names, no prefix).
     pub fn layout(cfg: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
         let h = cfg.hidden_size;
         let k = cfg.target_layer_ids.len();

@@ -1,4 +1,4 @@
-//! Drafter checkpoints (DESIGN.md §2.6): the exact tensor names, shapes and config fields
+//! Drafter checkpoints (docs/design.md §2.6): the exact tensor names, shapes and config fields
 //! that SGLang/vLLM load, a bit-exact round trip, clear errors on bad input (§5), and
 //! atomic writes.
 

@@ -4,7 +4,7 @@
 //! blocks, one running past the end of the sequence, one padding block):
 //!
 //! - central finite differences of `Drafter::loss` on a random sample of every tensor;
-//! - an independent autodiff oracle (candle-core, CPU, f64) transcribed from DESIGN.md
+//! - an independent autodiff oracle (candle-core, CPU, f64) transcribed from docs/design.md
 //!   §2.1-2.3 with primitive ops only and a dense mask;
 //! - a dense transcription of the §2.3 loss, weights, labels and accuracy.
 
@@ -94,7 +94,7 @@ fn grads_of(p: &Problem, recompute: bool) -> Vec<Vec<f32>> {
 // ---------------------------------------------------------------------------------------
 // §2.3 transcribed directly (no dflash-data, no dflash-mask).
 
-/// Labels, weights, block ids and positions of the blocks per DESIGN.md §2.2-2.3. With
+/// Labels, weights, block ids and positions of the blocks per docs/design.md §2.2-2.3. With
 /// `shift = 1` the labels are the (buggy) next-position tokens `ids[a+k+1]`.
 struct Spec {
     labels: Vec<u32>,

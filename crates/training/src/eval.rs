@@ -1,4 +1,4 @@
-//! Acceptance length tau (DESIGN.md §2.5), teacher-forced on data the target generated
+//! Acceptance length tau (docs/design.md §2.5), teacher-forced on data the target generated
 //! greedily. Per cycle the drafter sees the features of committed tokens (positions < a),
 //! takes the block `[token at a, MASK, ...]`, and the accepted count is the prefix of its
 //! greedy predictions equal to the data tokens at `a+1..`; tau = accepted + 1, and the next

@@ -1,5 +1,5 @@
 //! Training the drafter: one data-parallel replica's step ([`replica`]), the optimizer and
-//! its schedule, resumable state, and the acceptance-length evaluation of DESIGN.md §2.5.
+//! its schedule, resumable state, and the acceptance-length evaluation of docs/design.md §2.5.
 
 pub mod error;
 pub mod eval;

@@ -1,7 +1,7 @@
 //! From a target's [`HiddenSeq`] (one sequence) or [`HiddenBatch`] (a packed micro-batch) to
 //! the drafter's input: anchors sampled per (seed, epoch, sample) — never per worker or per
 //! packing, so any split of the work samples the same blocks — then block ids, positions,
-//! labels and weights (DESIGN.md §2.3).
+//! labels and weights (docs/design.md §2.3).
 
 use dflash_core::pipeline::{Features, HiddenBatch, HiddenSeq};
 use dflash_models::DraftInput;

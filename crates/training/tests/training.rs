@@ -1,5 +1,5 @@
 //! Tests of the training crate on the embedded tiny target with a real (small) drafter:
-//! the acceptance-length chain against a direct sequential implementation of DESIGN.md §2.5,
+//! the acceptance-length chain against a direct sequential implementation of docs/design.md §2.5,
 //! the LR schedule, gradient clipping, non-finite steps and the resumable state.
 
 use std::path::Path;
@@ -113,7 +113,7 @@ fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32>
     predict_len(d, features, ids, a, d.config().block_size)
 }
 
-/// DESIGN.md §2.5 written out directly: one drafter call per cycle, sequentially. The drafter
+/// docs/design.md §2.5 written out directly: one drafter call per cycle, sequentially. The drafter
 /// gets only the committed context, positions `< a`, plus a garbage row at `a` (the anchor's
 /// own feature is not known at inference; the mask must hide it, and garbage makes a leak
 /// visible); block `[token at a, MASK...]`; accepted = matching prefix of its greedy tokens

@@ -1,5 +1,5 @@
-//! The measured anchors of DESIGN.md §4 (one H200, one run, PyTorch 2.11 stack), as data.
-//! Every benchmark result is named after the anchor it is compared with.
+//! The measured PyTorch baselines of docs/design.md §4 (one H200, one run, PyTorch 2.11 stack), as data.
+//! Every benchmark result is named after the baseline it is compared with.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,25 +7,25 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Orientation {
-    /// Throughput: `ratio = ours / anchor`.
+    /// Throughput: `ratio = ours / baseline`.
     HigherIsBetter,
-    /// Memory: `ratio = anchor / ours`.
+    /// Memory: `ratio = baseline / ours`.
     LowerIsBetter,
 }
 
 /// One measured figure of the PyTorch stack.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Anchor {
+pub struct Baseline {
     pub name: &'static str,
     pub value: f64,
     pub unit: &'static str,
     pub orientation: Orientation,
-    /// What was measured, as DESIGN.md §4 says it.
+    /// What was measured, as docs/design.md §4 says it.
     pub what: &'static str,
 }
 
-impl Anchor {
-    /// `value` against this anchor, oriented so that > 1.0 is better than PyTorch.
+impl Baseline {
+    /// `value` against this baseline, oriented so that > 1.0 is better than PyTorch.
     pub fn ratio(&self, value: f64) -> f64 {
         match self.orientation {
             Orientation::HigherIsBetter => value / self.value,
@@ -38,8 +38,8 @@ pub const TFLOPS: &str = "TFLOP/s";
 pub const KTOKS: &str = "K tok/s";
 pub const GIB: &str = "GiB";
 
-const fn hi(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Anchor {
-    Anchor {
+const fn hi(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Baseline {
+    Baseline {
         name,
         value,
         unit,
@@ -48,8 +48,8 @@ const fn hi(name: &'static str, value: f64, unit: &'static str, what: &'static s
     }
 }
 
-const fn lo(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Anchor {
-    Anchor {
+const fn lo(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Baseline {
+    Baseline {
         name,
         value,
         unit,
@@ -62,9 +62,9 @@ const DFLASH: &str = "flex_attention (compiled) on the DFlash mask, 32 q / 8 kv 
 const CAUSAL: &str = "causal SDPA (FlashAttention path), 32 heads, d=128, S=8192";
 const DRAFTER: &str = "PyTorch DFlash drafter train step, Qwen3-8B recipe, S=3072, 512 anchors";
 
-/// DESIGN.md §4, in table order. Attention TFLOP/s count visible pairs only
+/// docs/design.md §4, in table order. Attention TFLOP/s count visible pairs only
 /// (4 * heads * d per pair forward, 3.5x that forward + backward).
-pub const ANCHORS: &[Anchor] = &[
+pub const BASELINES: &[Baseline] = &[
     hi(
         "gemm.bf16.8192",
         780.0,
@@ -121,7 +121,7 @@ pub const ANCHORS: &[Anchor] = &[
     ),
 ];
 
-/// The anchor named `name`.
-pub fn anchor(name: &str) -> Option<&'static Anchor> {
-    ANCHORS.iter().find(|a| a.name == name)
+/// The baseline named `name`.
+pub fn baseline(name: &str) -> Option<&'static Baseline> {
+    BASELINES.iter().find(|a| a.name == name)
 }
