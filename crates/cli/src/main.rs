@@ -205,6 +205,25 @@ fn status(run_dir: &Path) -> Result<()> {
                 pct("target_busy"),
                 pct("drafter_busy"),
             );
+            // Where each worker's time went, largest phase first: the bottleneck is the
+            // side whose working phases fill its wall time.
+            for (key, who) in [("target_phases_s", "target"), ("drafter_phases_s", "drafter")] {
+                for (i, phases) in v[key].as_array().into_iter().flatten().enumerate() {
+                    let mut p: Vec<(&String, f64)> = phases
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, x)| (k, x.as_f64().unwrap_or(0.0)))
+                        .collect();
+                    p.sort_by(|a, b| b.1.total_cmp(&a.1));
+                    let total: f64 = p.iter().map(|x| x.1).sum::<f64>().max(1e-9);
+                    let parts: Vec<String> = p
+                        .iter()
+                        .map(|(k, x)| format!("{k} {x:.1}s ({:.0}%)", 100.0 * x / total))
+                        .collect();
+                    println!("{who} {i}: {}", parts.join(", "));
+                }
+            }
         }
         None => println!("no steps recorded yet"),
     }

@@ -355,6 +355,46 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
             "{key}: {v:?}"
         );
     }
+    // ... and where its time went: every phase of every worker, the working ones non-zero,
+    // together no more than the job's wall time.
+    for (key, n, names, working) in [
+        (
+            "target_phases_s",
+            2,
+            &["wait_work", "target_forward", "push_wait"][..],
+            "target_forward",
+        ),
+        (
+            "drafter_phases_s",
+            2,
+            &[
+                "queue_wait",
+                "prepare",
+                "forward_backward",
+                "all_reduce",
+                "optimizer",
+                "checkpoint",
+                "report",
+            ][..],
+            "forward_backward",
+        ),
+    ] {
+        let workers = last[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key} missing: {last}"));
+        assert_eq!(workers.len(), n, "{key}");
+        for w in workers {
+            let w = w.as_object().unwrap();
+            let mut got: Vec<&str> = w.keys().map(String::as_str).collect();
+            let mut want = names.to_vec();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "{key}");
+            assert!(w[working].as_f64().unwrap() > 0.0, "{key}: {w:?}");
+            let sum: f64 = w.values().map(|x| x.as_f64().unwrap()).sum();
+            assert!(sum <= last["job_s"].as_f64().unwrap() + 0.5, "{key}: {sum} s > job time");
+        }
+    }
     for (x, y) in ma.iter().zip(&mc) {
         for k in ["step", "epoch", "tokens", "lr"] {
             assert_eq!(x[k], y[k], "{k}");
