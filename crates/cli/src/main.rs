@@ -207,7 +207,10 @@ fn status(run_dir: &Path) -> Result<()> {
             );
             // Where each worker's time went, largest phase first: the bottleneck is the
             // side whose working phases fill its wall time.
-            for (key, who) in [("target_phases_s", "target"), ("drafter_phases_s", "drafter")] {
+            for (key, who) in [
+                ("target_phases_s", "target"),
+                ("drafter_phases_s", "drafter"),
+            ] {
                 for (i, phases) in v[key].as_array().into_iter().flatten().enumerate() {
                     let mut p: Vec<(&String, f64)> = phases
                         .as_object()

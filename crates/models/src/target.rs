@@ -9,6 +9,7 @@ use dflash_core::mask::BlockMask;
 use dflash_core::pipeline::Features;
 use dflash_core::{Backend, HostSlice, Tensor};
 
+use crate::drafter::FrozenTarget;
 use crate::error::{ModelError, Result};
 use crate::layer::{self, AttnGeometry, LAYER_TENSOR_NAMES, LayerDims, LayerWeights};
 use crate::safetensors_io::TensorFiles;
@@ -20,10 +21,8 @@ pub struct Qwen3Target {
     /// Layers `0..=max(layer_ids)` only: deeper ones are never run, so never loaded.
     layers: Vec<LayerWeights>,
     layer_ids: Vec<usize>,
-    embed: Tensor,
-    /// `(V, H)`; `None` until [`Qwen3Target::load_head`] (the pipeline's target workers never
-    /// need it; the drafter and golden tests do).
-    lm_head: Option<Tensor>,
+    /// `(V, H)` embedding and LM head, shared with drafters on the same device.
+    frozen: Arc<FrozenTarget>,
     norm: Option<Tensor>,
     /// Bytes read from the checkpoint (0 for a random target).
     loaded_bytes: u64,
@@ -178,8 +177,7 @@ impl Qwen3Target {
             dims,
             layers,
             layer_ids: layer_ids.to_vec(),
-            embed,
-            lm_head: Some(lm_head),
+            frozen: Arc::new(FrozenTarget { embed, lm_head }),
             norm,
             loaded_bytes: 0,
         })
@@ -199,13 +197,15 @@ impl Qwen3Target {
     }
     /// `(V, H)` frozen embedding table.
     pub fn embedding(&self) -> &Tensor {
-        &self.embed
+        &self.frozen.embed
     }
     /// `(V, H)` frozen LM head.
     pub fn lm_head(&self) -> &Tensor {
-        self.lm_head
-            .as_ref()
-            .expect("lm_head is loaded by from_files")
+        &self.frozen.lm_head
+    }
+    /// The embedding and LM head, for a drafter that borrows them (on the same device).
+    pub fn frozen(&self) -> &Arc<FrozenTarget> {
+        &self.frozen
     }
 
     /// Runs layers `0..n` on one sequence and calls `emit(layer, output)` after each.
@@ -245,7 +245,7 @@ impl Qwen3Target {
             pos_ctx: &[],
             mask: &mask,
         };
-        let mut x = b.embedding(&self.embed, &ids)?;
+        let mut x = b.embedding(&self.frozen.embed, &ids)?;
         for (i, w) in self.layers.iter().take(n).enumerate() {
             x = layer::forward(b, w, &self.dims, &x, None, &geo, false)?.0;
             emit(i, &x)?;
@@ -257,7 +257,7 @@ impl Qwen3Target {
     /// output of layer `i-1` (never the final norm, unlike HF's last entry). For golden tests.
     pub fn hidden_states(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let b = self.backend.as_ref();
-        let mut out = vec![b.download(&b.embedding(&self.embed, ids)?)?];
+        let mut out = vec![b.download(&b.embedding(&self.frozen.embed, ids)?)?];
         self.run(ids, self.layers.len(), |_, x| {
             out.push(b.download(x)?);
             Ok(())

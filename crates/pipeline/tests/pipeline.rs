@@ -392,7 +392,10 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
             assert_eq!(got, want, "{key}");
             assert!(w[working].as_f64().unwrap() > 0.0, "{key}: {w:?}");
             let sum: f64 = w.values().map(|x| x.as_f64().unwrap()).sum();
-            assert!(sum <= last["job_s"].as_f64().unwrap() + 0.5, "{key}: {sum} s > job time");
+            assert!(
+                sum <= last["job_s"].as_f64().unwrap() + 0.5,
+                "{key}: {sum} s > job time"
+            );
         }
     }
     for (x, y) in ma.iter().zip(&mc) {

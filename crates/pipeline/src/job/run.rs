@@ -149,7 +149,10 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
 /// Backends: targets on devices `0..T`, drafters on `T..T+D`, wrapping around when there are
 /// fewer devices than workers (a device then hosts target and drafter work on their own
 /// streams). CPU backends have one device.
-fn place_workers(plan: &JobPlan) -> Result<(Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>)> {
+/// The backends of the target workers and of the drafter replicas.
+type Placement = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
+
+fn place_workers(plan: &JobPlan) -> Result<Placement> {
     let cfg = &plan.cfg;
     let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
     let targets = (0..plan.target_workers)
@@ -194,8 +197,8 @@ fn load_targets(plan: &JobPlan, backends: &[Arc<dyn Backend>]) -> Result<Vec<Arc
 }
 
 /// Replicas with identical initial weights. Each takes the target's frozen embedding and LM
-/// head from target worker 0 (a device copy on the same device, an import otherwise) instead
-/// of reading them from disk again.
+/// head from target worker 0 (shared on the same device, imported otherwise) instead of
+/// reading them from disk again.
 fn build_replicas(
     plan: &JobPlan,
     backends: &[Arc<dyn Backend>],
@@ -208,18 +211,16 @@ fn build_replicas(
             Some(dir) => load_drafter(b.as_ref(), dir)?.1,
             None => DrafterParams::init_random(b.as_ref(), &plan.drafter, 0.02, cfg.train.seed)?,
         };
-        let share = |t: &dflash_core::Tensor| -> Result<dflash_core::Tensor> {
-            Ok(if b.is_local(t) {
-                b.copy(t)?
-            } else {
-                b.import(t)?
+        // Read-only tensors: a drafter on the target's device shares them as they are.
+        let frozen = if b.is_local(target.embedding()) && b.is_local(target.lm_head()) {
+            target.frozen().clone()
+        } else {
+            Arc::new(FrozenTarget {
+                embed: b.import(target.embedding())?,
+                lm_head: b.import(target.lm_head())?,
             })
         };
-        let frozen = FrozenTarget {
-            embed: share(target.embedding())?,
-            lm_head: share(target.lm_head())?,
-        };
-        let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, Arc::new(frozen))?;
+        let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, frozen)?;
         let opt = AdamW::new(b.as_ref(), &plan.drafter, plan.hyper)?;
         replicas.push(DrafterReplica::new(
             drafter,
