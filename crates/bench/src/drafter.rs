@@ -155,7 +155,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
             .map(|i| {
                 let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
                 let mb = micro_batch(i, Some(Features::Tensor(b.to_compute_format(feats)?)));
-                PreparedBatch::new(mb, &spec).ok_or_else(|| BenchError::Invalid {
+                PreparedBatch::packed(mb, &spec).ok_or_else(|| BenchError::Invalid {
                     bench: "drafter.step".into(),
                     detail: "a micro-batch without features".into(),
                 })
@@ -167,7 +167,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     let prepare_s = {
         let t0 = Instant::now();
         for i in 0..BATCHES[1] {
-            let _ = PreparedBatch::new(micro_batch(i, Some(Features::Host(Vec::new()))), &spec);
+            let _ = PreparedBatch::packed(micro_batch(i, Some(Features::Host(Vec::new()))), &spec);
         }
         t0.elapsed().as_secs_f64() / BATCHES[1] as f64
     };

@@ -449,6 +449,8 @@ fn training_batches(b: &Arc<dyn Backend>, cfg: &DrafterConfig) -> (Vec<PreparedS
         positions: g.positions.clone(),
         labels: g.labels.clone(),
         weights: g.weights.clone(),
+        doc_starts: Vec::new(),
+        ctx_positions: Vec::new(),
     };
     (good, bad)
 }
@@ -662,7 +664,7 @@ fn packed_micro_batch_matches_sequence_by_sequence() {
                 .collect(),
             features: Some(packed),
         };
-        let p = PreparedBatch::new(batch, &spec).unwrap();
+        let p = PreparedBatch::packed(batch, &spec).unwrap();
         assert_eq!(
             p.anchors, anchors_seq,
             "{attention}: the same anchors, shifted to packed rows"

@@ -424,7 +424,7 @@ impl DrafterLoop<'_> {
                     self.who,
                 )?;
                 clock.lap(Phase::QueueWait, &mut mark);
-                let prepared = PreparedBatch::new(batch, &plan.spec);
+                let prepared = PreparedBatch::packed(batch, &plan.spec);
                 clock.lap(Phase::Prepare, &mut mark);
                 if let Some(p) = prepared {
                     replica.accumulate(&p.as_input())?;
