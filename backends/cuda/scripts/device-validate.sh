@@ -20,6 +20,8 @@ tests_rc=$?
 echo "== tests (rc $tests_rc)"
 grep -E "^test result|FAILED|panicked" "$out/tests.log" | sort | uniq -c
 
+# The suite ends with the job itself (e2e.8b.1gpu, e2e.small.1gpu) and load.8b, which writes a
+# 16 GB random bf16 checkpoint under DFLASH_BENCH_CACHE (default: the temp dir) when absent.
 "$here/dflash" bench --backend cuda --attention cuda-flash --scale full --warmup 1 --runs 3 \
     --results-dir "$out" > "$out/bench.log" 2>&1
 bench_rc=$?
@@ -33,4 +35,5 @@ cut -c1-110 "$out/bench.log"
 train_rc=$?
 echo "== train (rc $train_rc)"
 tail -2 "$out/train.log"
+"$here/dflash" status "$out/runs/default" | tail -4
 exit $(( tests_rc != 0 || bench_rc != 0 || train_rc != 0 ))
