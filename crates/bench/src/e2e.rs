@@ -144,7 +144,11 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(tag: &str) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("dflash-bench-{tag}-{}", std::process::id()));
+        // Unique per process and per call: suites may run concurrently in one test process.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("dflash-bench-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
             path: dir.display().to_string(),
