@@ -31,17 +31,7 @@ use crate::workers::{Reorder, Shared, WorkItem, target_worker};
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
     let job_start = Instant::now();
-    let cfg = &plan.cfg;
-    // `train.stop_at_step` belongs to this invocation, not to the run: the config kept in the
-    // run directory (which `train --resume` reuses) leaves it out.
-    let mut kept = cfg.clone();
-    kept.train.stop_at_step = None;
-    write_atomic(
-        &run_dir.join("config.toml"),
-        kept.to_toml_string()?.as_bytes(),
-    )?;
-    let _ = std::fs::remove_file(run_dir.join("error.txt"));
-
+    write_resolved_config(plan, run_dir)?;
     let (target_backends, drafter_backends) = place_workers(plan)?;
     let b0 = &drafter_backends[0];
     eprintln!(
@@ -55,7 +45,7 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     let targets = load_targets(plan, &target_backends)?;
     eprintln!(
         "train data {}: {} samples",
-        cfg.train_data()?.display(),
+        plan.cfg.train_data()?.display(),
         plan.train_data.len()
     );
     if let Some(s) = &plan.bucket_summary {
@@ -63,16 +53,7 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     }
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
     if resuming {
-        let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
-            PipelineError::Job(format!(
-                "{}: no checkpoint to resume from",
-                run_dir.display()
-            ))
-        })?;
-        for r in &mut replicas {
-            state::load_into(&ckpt, r)?;
-        }
-        eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
+        resume(run_dir, &mut replicas)?;
     }
     let start_step = replicas[0].step;
     eprintln!(
@@ -83,31 +64,11 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         plan.drafter.target_layer_ids,
         plan.total_steps()
     );
-
-    // Evaluation data, featurised once.
-    let eval_seqs = match &cfg.data.eval {
-        Some(p) => Some(
-            eval_features(
-                cfg,
-                targets[0].as_ref(),
-                p,
-                cfg.eval.max_samples.unwrap_or(usize::MAX),
-            )?
-            .0,
-        ),
-        None => None,
+    let eval = Eval::featurise(plan, targets[0].as_ref())?;
+    let tau_before = match resuming {
+        false => eval.tau(&replicas[0].drafter, "before")?,
+        true => None,
     };
-    let stops = stop_tokens(&plan.target_config);
-    let tau = |d: &Drafter, seqs: &[HiddenSeq], when: &str| -> Result<f64> {
-        let t = evaluate_tau(d, seqs, &stops)?.tau;
-        eprintln!("tau {when} training: {t:.3}");
-        Ok(t)
-    };
-    let tau_before = match (&eval_seqs, resuming) {
-        (Some(seqs), false) => Some(tau(&replicas[0].drafter, seqs, "before")?),
-        _ => None,
-    };
-
     let (replica, run) = run_workers(plan, run_dir, targets, replicas, start_step, job_start)?;
     if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
         eprintln!(
@@ -123,14 +84,10 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     let b = replica.drafter.backend().clone();
     // The served drafter, in the dtype the job asks for (checkpoints keep f32).
     let served = dflash_config::DrafterConfig {
-        dtype: cfg.drafter.save_dtype,
+        dtype: plan.cfg.drafter.save_dtype,
         ..replica.drafter.config().clone()
     };
     dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, &replica.drafter.params)?;
-    let tau_after = match &eval_seqs {
-        Some(seqs) => Some(tau(&replica.drafter, seqs, "after")?),
-        None => None,
-    };
     let outcome = TrainOutcome {
         run_dir: run_dir.to_path_buf(),
         steps: plan.end_step(),
@@ -138,12 +95,74 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         final_accuracy: run.last.1,
         first_loss: run.first_loss,
         tau_before,
-        tau_after,
+        tau_after: eval.tau(&replica.drafter, "after")?,
         skipped_samples: run.skips.skipped(),
     };
     let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
     write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
     Ok(outcome)
+}
+
+/// Writes the run's fully resolved config. `train.stop_at_step` belongs to this invocation,
+/// not to the run: the config kept in the run directory (which `train --resume` reuses)
+/// leaves it out.
+fn write_resolved_config(plan: &JobPlan, run_dir: &Path) -> Result<()> {
+    let mut kept = plan.cfg.clone();
+    kept.train.stop_at_step = None;
+    write_atomic(
+        &run_dir.join("config.toml"),
+        kept.to_toml_string()?.as_bytes(),
+    )?;
+    let _ = std::fs::remove_file(run_dir.join("error.txt"));
+    Ok(())
+}
+
+/// Loads the latest checkpoint of `run_dir` into every replica.
+fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<()> {
+    let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
+        PipelineError::Job(format!(
+            "{}: no checkpoint to resume from",
+            run_dir.display()
+        ))
+    })?;
+    for r in replicas.iter_mut() {
+        state::load_into(&ckpt, r)?;
+    }
+    eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
+    Ok(())
+}
+
+/// The held-out evaluation set (`data.eval`), featurised once and kept in host memory.
+struct Eval {
+    seqs: Option<Vec<HiddenSeq>>,
+    stops: Vec<u32>,
+}
+
+impl Eval {
+    fn featurise(plan: &JobPlan, target: &Qwen3Target) -> Result<Self> {
+        let cfg = &plan.cfg;
+        let seqs = match &cfg.data.eval {
+            Some(p) => {
+                let max = cfg.eval.max_samples.unwrap_or(usize::MAX);
+                Some(eval_features(cfg, target, p, max)?.0)
+            }
+            None => None,
+        };
+        Ok(Eval {
+            seqs,
+            stops: stop_tokens(&plan.target_config),
+        })
+    }
+
+    /// Tau of `d` (logged), or `None` without an evaluation set.
+    fn tau(&self, d: &Drafter, when: &str) -> Result<Option<f64>> {
+        let Some(seqs) = &self.seqs else {
+            return Ok(None);
+        };
+        let t = evaluate_tau(d, seqs, &self.stops)?.tau;
+        eprintln!("tau {when} training: {t:.3}");
+        Ok(Some(t))
+    }
 }
 
 /// Backends: targets on devices `0..T`, drafters on `T..T+D`, wrapping around when there are
@@ -251,35 +270,14 @@ fn run_workers(
     start_step: u64,
     job_start: Instant,
 ) -> Result<(DrafterReplica, RunResult)> {
-    let cfg = &plan.cfg;
     let comms = HostComm::group(plan.drafter_workers);
-    let abort_comm = comms[0].clone();
-    let shared = Shared {
-        abort: AtomicBool::new(false),
-        first_error: Mutex::new(None),
-        work: BoundedQueue::new("work", (2 * plan.target_workers).max(2)),
-        features: (0..plan.drafter_workers)
-            .map(|r| {
-                BoundedQueue::new(format!("features[{r}]"), cfg.pipeline.queue_capacity.max(1))
-            })
-            .collect(),
-        skips: Mutex::new(SkipCounts::default()),
-        stall_timeout: Duration::from_secs(cfg.pipeline.timeout_secs.max(1)),
-        on_abort: Box::new(move || abort_comm.abort()),
-        target_clocks: (0..plan.target_workers)
-            .map(|_| PhaseClock::target())
-            .collect(),
-        drafter_clocks: (0..plan.drafter_workers)
-            .map(|_| PhaseClock::drafter())
-            .collect(),
-        started: Instant::now(),
-    };
+    let shared = shared_state(plan, comms[0].clone());
     let mut reporter = Reporter::new(
         run_dir,
         job_start,
         start_step,
         plan.total_steps(),
-        cfg.train.log_every,
+        plan.cfg.train.log_every,
     )?;
     let mut result = RunResult {
         first_loss: f64::NAN,
@@ -309,12 +307,12 @@ fn run_workers(
             .zip(comms)
             .enumerate()
             .map(|(rank, (mut replica, comm))| {
-                let mut rank0 = if rank == 0 { rank0.take() } else { None };
+                let lead = if rank == 0 { rank0.take() } else { None };
                 scope.spawn(move || {
                     let who = format!("drafter replica {rank}");
-                    let lead = rank0.as_mut().map(|(rep, res)| Lead {
-                        reporter: rep,
-                        result: res,
+                    let lead = lead.map(|(reporter, result)| Lead {
+                        reporter,
+                        result,
                         run_dir,
                     });
                     let run = DrafterLoop {
@@ -362,6 +360,29 @@ fn run_workers(
         .flatten()
         .ok_or_else(|| PipelineError::Job("drafter replica 0 ended without a result".into()))?;
     Ok((replica, result))
+}
+
+/// The state all workers of a run share: queues, the first error, skip counts, phase clocks.
+fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
+    let p = &plan.cfg.pipeline;
+    Shared {
+        abort: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+        work: BoundedQueue::new("work", (2 * plan.target_workers).max(2)),
+        features: (0..plan.drafter_workers)
+            .map(|r| BoundedQueue::new(format!("features[{r}]"), p.queue_capacity.max(1)))
+            .collect(),
+        skips: Mutex::new(SkipCounts::default()),
+        stall_timeout: Duration::from_secs(p.timeout_secs.max(1)),
+        on_abort: Box::new(move || abort_comm.abort()),
+        target_clocks: (0..plan.target_workers)
+            .map(|_| PhaseClock::target())
+            .collect(),
+        drafter_clocks: (0..plan.drafter_workers)
+            .map(|_| PhaseClock::drafter())
+            .collect(),
+        started: Instant::now(),
+    }
 }
 
 /// The loader: work items in schedule order from the resume point.
