@@ -146,12 +146,17 @@ impl Reporter {
                 rec.gauges.queue_depths,
                 elapsed
             );
-            match &self.bar {
-                Some(bar) => bar.println(line),
-                None => eprintln!("{line}"),
-            }
+            self.log(&line);
         }
         Ok(rec)
+    }
+
+    /// A log line that does not tear the progress bar (plain stderr without a terminal).
+    pub fn log(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
     }
 
     pub fn finish(&self) {

@@ -477,11 +477,11 @@ impl DrafterLoop<'_> {
                 let extra = serde_json::json!({ "epoch": work.epoch, "seed": plan.cfg.train.seed });
                 let bytes = publish_checkpoint(lead.run_dir, replica, extra)?;
                 let secs = mark.elapsed().as_secs_f64();
-                eprintln!(
+                lead.reporter.log(&format!(
                     "checkpoint step-{n}: {:.2} GB in {secs:.1} s ({:.2} GB/s)",
                     bytes as f64 / 1e9,
                     bytes as f64 / 1e9 / secs.max(1e-9)
-                );
+                ));
                 clock.lap(Phase::Checkpoint, &mut mark);
             }
         }
