@@ -39,39 +39,21 @@ fn layout(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// bf16 little-endian bytes: norm weights 1, others uniform with std 0.02 from a counter hash
-/// (cheap and parallel: the values only need to be finite and of the right scale).
+/// bf16 little-endian bytes: norm weights 1, others `N(0, 0.02^2)` from
+/// [`dflash_core::ops::memory::normal_host`] (counter-based, parallel), seeded per tensor name.
 fn bf16_bytes(name: &str, n: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; 2 * n];
-    if name.ends_with("norm.weight") {
-        for c in out.chunks_exact_mut(2) {
-            c.copy_from_slice(&half::bf16::ONE.to_le_bytes());
-        }
-        return out;
-    }
-    let key = name.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let chunk = (2 * n).div_ceil(threads).next_multiple_of(2).max(2);
-    std::thread::scope(|s| {
-        for (t, part) in out.chunks_mut(chunk).enumerate() {
-            s.spawn(move || {
-                for (j, c) in part.chunks_exact_mut(2).enumerate() {
-                    let mut z = key.wrapping_add(
-                        ((t * chunk / 2 + j) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                    );
-                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                    // Uniform on [-a, a) with a = 0.02 * sqrt(3): std 0.02.
-                    let u = (z >> 40) as f32 / (1u64 << 24) as f32;
-                    let x = (2.0 * u - 1.0) * 0.034_641;
-                    c.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
-                }
-            });
-        }
-    });
-    out
+    let values = if name.ends_with("norm.weight") {
+        vec![1.0; n]
+    } else {
+        let key = name
+            .bytes()
+            .fold(seed, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        dflash_core::ops::memory::normal_host(n, 0.02, key)
+    };
+    values
+        .iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect()
 }
 
 fn config_json(cfg: &Qwen3Config) -> serde_json::Value {

@@ -140,28 +140,14 @@ fn write_jsonl(path: &Path, n: usize, lens: (usize, usize), vocab: usize) -> Res
 }
 
 /// A scratch directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Result<Self> {
-        // Unique per process and per call: suites may run concurrently in one test process.
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("dflash-bench-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
-            path: dir.display().to_string(),
+fn scratch(tag: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("dflash-bench-{tag}-"))
+        .tempdir()
+        .map_err(|source| BenchError::Io {
+            path: std::env::temp_dir().display().to_string(),
             source,
-        })?;
-        Ok(Scratch(dir))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+        })
 }
 
 /// Samples this process's `RssAnon` every 50 ms while alive; `peak()` in bytes.
@@ -276,11 +262,11 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     if !s.wants(case.name) {
         return Ok(());
     }
-    let scratch = Scratch::new(case.name)?;
-    let data = scratch.0.join("train.jsonl");
+    let scratch = scratch(case.name)?;
+    let data = scratch.path().join("train.jsonl");
     write_jsonl(&data, case.seqs, case.lens, case.target.vocab_size)?;
     let steps = case.warmup_steps + case.measured_steps;
-    let cfg = job_config(s, &case, &data, &scratch.0, steps)?;
+    let cfg = job_config(s, &case, &data, scratch.path(), steps)?;
     let plan = JobPlan::with_target(
         &cfg,
         TargetSource::Random {
@@ -299,7 +285,7 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     }
     let rss = RssSampler::start();
     let t0 = std::time::Instant::now();
-    let out = train_plan(&plan, &scratch.0.join("run")).map_err(|e| BenchError::Invalid {
+    let out = train_plan(&plan, &scratch.path().join("run")).map_err(|e| BenchError::Invalid {
         bench: case.name.into(),
         detail: dflash_pipeline::error::cause_chain(&e),
     })?;
@@ -365,14 +351,14 @@ fn run_load(s: &mut Suite<'_>) -> Result<()> {
     let case = case_8b(scale);
     let dir = cache_dir(scale);
     let bytes = crate::checkpoint::ensure_random_checkpoint(&dir, &case.target, SEED)?;
-    let scratch = Scratch::new(LOAD_8B)?;
-    let data = scratch.0.join("train.jsonl");
+    let scratch = scratch(LOAD_8B)?;
+    let data = scratch.path().join("train.jsonl");
     write_jsonl(&data, case.seqs.min(16), case.lens, case.target.vocab_size)?;
-    let mut cfg = job_config(s, &case, &data, &scratch.0, 1)?;
+    let mut cfg = job_config(s, &case, &data, scratch.path(), 1)?;
     cfg.target.path = Some(dir.clone());
     let plan = JobPlan::new(&cfg)?;
     let rss = RssSampler::start();
-    let out = train_plan(&plan, &scratch.0.join("run")).map_err(|e| BenchError::Invalid {
+    let out = train_plan(&plan, &scratch.path().join("run")).map_err(|e| BenchError::Invalid {
         bench: LOAD_8B.into(),
         detail: dflash_pipeline::error::cause_chain(&e),
     })?;

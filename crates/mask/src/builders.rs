@@ -42,9 +42,6 @@ impl BlockMask {
                 ),
             ));
         }
-        if window == Some(0) {
-            return Err(invalid("dflash_packed", "window must be >= 1".into()));
-        }
         Self::dflash_impl(
             "dflash_packed",
             ctx_len,
@@ -63,9 +60,6 @@ impl BlockMask {
         anchors: &[i32],
         window: usize,
     ) -> Result<Self, MaskError> {
-        if window == 0 {
-            return Err(invalid("dflash_sliding", "window must be >= 1".into()));
-        }
         Self::dflash_impl(
             "dflash_sliding",
             ctx_len,
@@ -86,6 +80,9 @@ impl BlockMask {
     ) -> Result<Self, MaskError> {
         if block_size == 0 {
             return Err(invalid(builder, "block_size must be >= 1".into()));
+        }
+        if window == Some(0) {
+            return Err(invalid(builder, "window must be >= 1".into()));
         }
         let s = to_i32(builder, "ctx_len", ctx_len)?;
         let bs = to_i32(builder, "block_size", block_size)?;

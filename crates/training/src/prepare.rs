@@ -28,9 +28,9 @@ pub struct PreparedBatch {
     pub features: Features,
     /// `(N)` anchors as (packed) context rows; negative = padding block.
     pub anchors: Vec<i32>,
-    /// `(N)` first context row of each block's sequence; empty for one sequence.
+    /// `(N)` first context row of each block's sequence (all 0 for one sequence).
     pub doc_starts: Vec<i32>,
-    /// `(sum S)` position of each context row within its sequence; empty for one sequence.
+    /// `(sum S)` position of each context row within its sequence (`0..S` for one sequence).
     pub ctx_positions: Vec<i32>,
     pub block_ids: Vec<u32>,
     /// `(N*bs)` positions within the block's own sequence.
@@ -59,8 +59,6 @@ impl PreparedBatch {
     pub fn with_anchors(seq: HiddenSeq, anchors: Vec<i32>, spec: &BlockSpec) -> Self {
         let mut p = Self::empty(seq.features);
         p.push_doc(&seq.ids, &seq.loss_mask, &anchors, 0, spec);
-        p.doc_starts.clear();
-        p.ctx_positions.clear();
         p
     }
 
