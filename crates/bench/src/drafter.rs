@@ -48,7 +48,7 @@ fn prefix(batch: usize, recompute: bool) -> String {
         format!("drafter.step.b{batch}")
     }
 }
-fn throughput_name(batch: usize, recompute: bool) -> String {
+pub(crate) fn throughput_name(batch: usize, recompute: bool) -> String {
     format!("{}.throughput", prefix(batch, recompute))
 }
 fn memory_name(batch: usize, recompute: bool) -> String {

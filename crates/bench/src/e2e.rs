@@ -121,22 +121,46 @@ fn case_small(scale: Scale) -> Case {
 }
 
 /// `n` sequences with lengths in `lens`, ids below `vocab - 1` (the last id is the MASK
-/// token), the first eighth of each (a prompt) unsupervised.
-fn write_jsonl(path: &Path, n: usize, lens: (usize, usize), vocab: usize) -> Result<()> {
+/// token), the first eighth of each (a prompt) unsupervised. Returns their total length.
+fn write_jsonl(path: &Path, n: usize, lens: (usize, usize), vocab: usize) -> Result<usize> {
     let mut rng = SplitMix::new(SEED);
     let mut text = String::new();
+    let mut total = 0;
     for _ in 0..n {
         let len = lens.0 + (rng.next_u64() as usize) % (lens.1 - lens.0 + 1);
+        total += len;
         let ids = rng.tokens(len, vocab - 1);
         let prompt = len / 8;
         let mask: Vec<u8> = (0..len).map(|i| u8::from(i >= prompt)).collect();
         text.push_str(&serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string());
         text.push('\n');
     }
-    std::fs::write(path, text).map_err(|source| BenchError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    std::fs::write(path, text)
+        .map(|()| total)
+        .map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// What the job could reach if it cost exactly its parts, measured earlier in this run: the
+/// target forward at `target.forward.4x4096`'s rate for every token, plus one
+/// `drafter.step.b1` step for every document (the drafter's work is per document, not per
+/// token: up to `num_anchors` blocks each, so short documents cost it as much as long ones).
+/// Target and drafter share the GPU, so their times add. `None` when either figure is absent.
+fn component_bound(s: &Suite<'_>, tokens_per_step: f64, docs_per_step: f64) -> Option<String> {
+    let find = |name: &str| s.results.iter().find(|r| r.name == name);
+    let target = find(crate::target::NAME)?;
+    let drafter = find(&crate::drafter::throughput_name(1, false))?;
+    let target_s = tokens_per_step / (target.value * 1e3);
+    let drafter_s = docs_per_step * drafter.seconds;
+    let bound = tokens_per_step / (target_s + drafter_s) / 1e3;
+    Some(format!(
+        "component bound for this data {bound:.2} K tok/s (target {:.1} ms + {docs_per_step:.2} \
+         documents x drafter step {:.1} ms per step)",
+        target_s * 1e3,
+        drafter.seconds * 1e3
+    ))
 }
 
 /// A scratch directory under the system temp dir, removed on drop.
@@ -264,7 +288,8 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     }
     let scratch = scratch(case.name)?;
     let data = scratch.path().join("train.jsonl");
-    write_jsonl(&data, case.seqs, case.lens, case.target.vocab_size)?;
+    let data_tokens = write_jsonl(&data, case.seqs, case.lens, case.target.vocab_size)?;
+    let mean_len = data_tokens as f64 / case.seqs as f64;
     let steps = case.warmup_steps + case.measured_steps;
     let cfg = job_config(s, &case, &data, scratch.path(), steps)?;
     let plan = JobPlan::with_target(
@@ -305,13 +330,18 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
         }
     };
     let d = &plan.drafter;
+    let per_step = tokens as f64 / n;
+    let bound = match case.name {
+        E2E_8B => component_bound(s, per_step, per_step / mean_len).map(|b| format!("; {b}")),
+        _ => None,
+    };
     let detail = format!(
         "{} steps after {w} warm-up, {:.0} tokens/step; target {} layers hidden {}, drafter {} \
          layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
          [{}], drafter [{}]; end-of-run checkpoint and save included in the job's {wall:.1} s; \
-         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}",
+         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}",
         recs.len() - w,
-        tokens as f64 / n,
+        per_step,
         case.target.num_hidden_layers,
         case.target.hidden_size,
         d.num_hidden_layers,
@@ -324,6 +354,7 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
         recs[0].job_s,
         out.first_loss,
         out.final_loss,
+        bound.unwrap_or_default(),
     );
     s.record(case.name, tokens as f64 / secs / 1e3, secs / n, detail)
 }

@@ -10,7 +10,7 @@ use safetensors::Dtype;
 
 use crate::drafter::{DrafterParams, FrozenTarget};
 use crate::error::{ModelError, Result};
-use crate::safetensors_io::{TensorFiles, write_atomic, write_tensors_atomic};
+use crate::safetensors_io::{TensorFiles, write_atomic, write_tensors_streaming};
 
 /// Writes `dir/config.json` and `dir/model.safetensors`, the tensors stored in `cfg.dtype`
 /// (what the config says; bf16/f16 rounded to nearest even).
@@ -21,18 +21,20 @@ pub fn save_drafter(
     params: &DrafterParams,
 ) -> Result<()> {
     let layout = DrafterParams::layout(cfg);
-    let tensors = layout
-        .into_iter()
-        .zip(params.tensors())
-        .map(|((name, shape), t)| Ok((name, shape, b.download(t)?)))
-        .collect::<Result<Vec<_>>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let dtype = match cfg.dtype {
         DType::Float32 => Dtype::F32,
         DType::BFloat16 => Dtype::BF16,
         DType::Float16 => Dtype::F16,
     };
-    write_tensors_atomic(&dir.join("model.safetensors"), &tensors, dtype, Some(meta))?;
+    let tensors = params.tensors();
+    write_tensors_streaming(
+        &dir.join("model.safetensors"),
+        &layout,
+        dtype,
+        Some(meta),
+        &|i| Ok(b.download(tensors[i])?),
+    )?;
     let json = serde_json::to_string_pretty(&cfg.to_json()).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), json.as_bytes())?;
     Ok(())

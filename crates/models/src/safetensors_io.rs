@@ -6,7 +6,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use dflash_core::HostSlice;
-use safetensors::{Dtype, SafeTensors};
+pub use safetensors::Dtype;
+use safetensors::SafeTensors;
 
 use crate::error::{ModelError, Result, io_err};
 
@@ -200,48 +201,145 @@ pub fn write_tensors_atomic(
     dtype: Dtype,
     metadata: Option<HashMap<String, String>>,
 ) -> Result<()> {
-    let encode = |d: &[f32]| -> Option<Vec<u8>> {
-        Some(match dtype {
-            Dtype::F32 => d.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Dtype::BF16 => d
-                .iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-                .collect(),
-            Dtype::F16 => d
-                .iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect(),
-            _ => return None,
+    let entries: Vec<(String, Vec<usize>)> = tensors
+        .iter()
+        .map(|(name, shape, _)| (name.clone(), shape.clone()))
+        .collect();
+    write_tensors_streaming(path, &entries, dtype, metadata, &|i| {
+        Ok(tensors[i].2.clone())
+    })
+}
+
+/// Writes the tensors `entries` (name, shape) to `path` as `dtype`, fetching each one's f32
+/// values with `fetch(index)` only when the writer reaches it: host memory holds one tensor
+/// at a time, not the file (a checkpoint of the 8B recipe's drafter and its AdamW moments is
+/// 12.6 GB). Atomic and durable: a temp file in the same directory, fsync, then rename.
+pub fn write_tensors_streaming(
+    path: &Path,
+    entries: &[(String, Vec<usize>)],
+    dtype: Dtype,
+    metadata: Option<HashMap<String, String>>,
+    fetch: &dyn Fn(usize) -> Result<Vec<f32>>,
+) -> Result<()> {
+    if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        return Err(ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            detail: format!("cannot store tensors as {dtype:?} (F32, BF16 or F16)"),
+        });
+    }
+    let failed = std::cell::RefCell::new(None);
+    let views = entries
+        .iter()
+        .enumerate()
+        .map(|(index, (name, shape))| {
+            let view = LazyTensor {
+                path,
+                name,
+                shape,
+                dtype,
+                index,
+                fetch,
+                failed: &failed,
+            };
+            (name.as_str(), view)
         })
+        .collect::<Vec<_>>();
+    with_temp_file(path, |tmp| {
+        let written = safetensors::serialize_to_file(views, metadata, tmp);
+        if let Some(e) = failed.take() {
+            return Err(e);
+        }
+        written.map_err(|e| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(tmp))
+    })
+}
+
+/// One tensor of [`write_tensors_streaming`]: fetched and encoded when the writer asks for its
+/// bytes. `View::data` cannot fail, so the first error is kept in `failed` (and the file,
+/// short by then, is discarded).
+struct LazyTensor<'a> {
+    path: &'a Path,
+    name: &'a str,
+    shape: &'a [usize],
+    dtype: Dtype,
+    index: usize,
+    fetch: &'a dyn Fn(usize) -> Result<Vec<f32>>,
+    failed: &'a std::cell::RefCell<Option<ModelError>>,
+}
+
+impl LazyTensor<'_> {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>> {
+        let data = (self.fetch)(self.index)?;
+        if data.len() != self.numel() {
+            return Err(ModelError::Tensor {
+                path: self.path.to_path_buf(),
+                name: self.name.into(),
+                detail: format!(
+                    "{} values for shape {:?} ({} expected)",
+                    data.len(),
+                    self.shape,
+                    self.numel()
+                ),
+            });
+        }
+        Ok(encode_f32(&data, self.dtype))
+    }
+}
+
+/// Little-endian bytes of `data` stored as `dtype` (F32, BF16 or F16; checked by the caller).
+fn encode_f32(data: &[f32], dtype: Dtype) -> Vec<u8> {
+    let halves = |bits: Vec<u16>| -> Vec<u8> {
+        match cfg!(target_endian = "little") {
+            true => bytemuck::cast_slice(&bits).to_vec(),
+            false => bits.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
     };
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(name, _, d)| {
-            encode(d).ok_or_else(|| ModelError::Tensor {
-                path: path.to_path_buf(),
-                name: name.clone(),
-                detail: format!("cannot store tensors as {dtype:?} (F32, BF16 or F16)"),
-            })
-        })
-        .collect::<Result<_>>()?;
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|((name, shape, _), b)| {
-            safetensors::tensor::TensorView::new(dtype, shape.clone(), b)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| ModelError::Tensor {
-                    path: path.to_path_buf(),
-                    name: name.clone(),
-                    detail: e.to_string(),
-                })
-        })
-        .collect::<Result<_>>()?;
-    let data = safetensors::serialize(views, metadata).map_err(|e| ModelError::Checkpoint {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    write_atomic(path, &data)
+    match dtype {
+        Dtype::BF16 => halves(
+            data.iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect(),
+        ),
+        Dtype::F16 => halves(
+            data.iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect(),
+        ),
+        _ => match cfg!(target_endian = "little") {
+            true => bytemuck::cast_slice(data).to_vec(),
+            false => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        },
+    }
+}
+
+impl safetensors::View for LazyTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.bytes() {
+            Ok(b) => b.into(),
+            Err(e) => {
+                self.failed.borrow_mut().get_or_insert(e);
+                std::borrow::Cow::Borrowed(&[])
+            }
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.numel() * self.dtype.bitsize() / 8
+    }
 }
 
 /// Temp file + fsync + rename: a crash mid-write never leaves a torn `path`.
@@ -251,6 +349,16 @@ pub fn write_tensors_atomic(
 /// no writer can truncate another's temp file.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
+    with_temp_file(path, |tmp| {
+        let mut f = File::create(tmp).map_err(io_err(tmp))?;
+        f.write_all(data).map_err(io_err(tmp))?;
+        f.sync_all().map_err(io_err(tmp))
+    })
+}
+
+/// Runs `write(tmp)` with a fresh temp path next to `path`, then renames the temp file onto
+/// `path`; on failure removes the temp file (a full disk must not leave it behind).
+fn with_temp_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -261,15 +369,8 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         .unwrap_or_default();
     let serial = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".{file_name}.tmp-{}-{serial}", std::process::id()));
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(data).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io_err(path))
-    })();
+    let result = write(&tmp).and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
     if result.is_err() {
-        // A failed write (disk full, target is a directory, ...) must not leave its temp file.
         let _ = std::fs::remove_file(&tmp);
     }
     result

@@ -433,3 +433,61 @@ fn write_atomic_from_many_threads_leaves_one_whole_file() {
     assert!(payloads.contains(&got), "torn file of {} bytes", got.len());
     assert_eq!(listing(dir.path()), ["shared.bin"]);
 }
+
+#[test]
+fn streamed_tensors_round_trip_and_a_failed_fetch_keeps_the_old_file() {
+    use dflash_models::ModelError;
+    use dflash_models::safetensors_io::write_tensors_streaming;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let entries = vec![("a".to_string(), vec![3, 5]), ("b".to_string(), vec![7])];
+    let values: Vec<Vec<f32>> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, (_, s))| {
+            dflash_models::drafter::normal_vec(&mut rng(40 + i as u64), s.iter().product(), 1.0)
+        })
+        .collect();
+    let fetched = std::cell::Cell::new(0);
+    let fetch = |i: usize| {
+        fetched.set(fetched.get() + 1);
+        Ok(values[i].clone())
+    };
+    write_tensors_streaming(&path, &entries, Dtype::F32, None, &fetch).unwrap();
+    assert_eq!(fetched.get(), 2, "each tensor fetched exactly once");
+    let files = TensorFiles::open_file(&path).unwrap();
+    for ((name, shape), want) in entries.iter().zip(&values) {
+        assert_eq!(
+            &files.read_f32(name, shape).unwrap(),
+            want,
+            "{name} bit-exact"
+        );
+    }
+    drop(files);
+    let before = std::fs::read(&path).unwrap();
+
+    // The second fetch fails: the error is the fetch's, and the published file is untouched.
+    let failing = |i: usize| match i {
+        0 => Ok(values[0].clone()),
+        _ => Err(ModelError::Checkpoint {
+            path: path.clone(),
+            detail: "device lost while downloading b".into(),
+        }),
+    };
+    let err = write_tensors_streaming(&path, &entries, Dtype::BF16, None, &failing)
+        .expect_err("a failed fetch fails the write")
+        .to_string();
+    assert!(err.contains("device lost while downloading b"), "{err}");
+    // A fetch of the wrong length names the tensor and both sizes.
+    let short = |i: usize| Ok(values[i][1..].to_vec());
+    let err = write_tensors_streaming(&path, &entries, Dtype::F32, None, &short)
+        .expect_err("wrong length")
+        .to_string();
+    assert!(err.contains("tensor \"a\""), "{err}");
+    assert!(
+        err.contains("14 values") && err.contains("15 expected"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(listing(dir.path()), ["model.safetensors"]);
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use dflash_models::DrafterParams;
 use dflash_models::checkpoint::{load_drafter, save_drafter};
-use dflash_models::safetensors_io::{TensorFiles, write_atomic, write_f32_atomic};
+use dflash_models::safetensors_io::{Dtype, TensorFiles, write_atomic, write_tensors_streaming};
 
 use crate::error::{Result, TrainError};
 use crate::replica::DrafterReplica;
@@ -44,14 +44,23 @@ pub fn save(dir: &Path, replica: &DrafterReplica, extra: serde_json::Value) -> R
         ..cfg.clone()
     };
     save_drafter(b, dir, &master, &replica.drafter.params)?;
+    // Streamed one tensor at a time: the moments are twice the weights' size.
     let layout = DrafterParams::layout(cfg);
-    let mut tensors = Vec::new();
-    for (prefix, moments) in [("m", &replica.optimizer.m), ("v", &replica.optimizer.v)] {
-        for ((name, shape), t) in layout.iter().zip(moments.tensors()) {
-            tensors.push((format!("{prefix}.{name}"), shape.clone(), b.download(t)?));
+    let mut entries = Vec::with_capacity(2 * layout.len());
+    let mut moments = Vec::with_capacity(2 * layout.len());
+    for (prefix, m) in [("m", &replica.optimizer.m), ("v", &replica.optimizer.v)] {
+        for ((name, shape), t) in layout.iter().zip(m.tensors()) {
+            entries.push((format!("{prefix}.{name}"), shape.clone()));
+            moments.push(t);
         }
     }
-    write_f32_atomic(&dir.join(OPTIMIZER_STATE), &tensors, None)?;
+    write_tensors_streaming(
+        &dir.join(OPTIMIZER_STATE),
+        &entries,
+        Dtype::F32,
+        None,
+        &|i| Ok(b.download(moments[i])?),
+    )?;
     let state = TrainerState {
         step: replica.step,
         adam_step: replica.optimizer.step,
