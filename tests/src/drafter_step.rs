@@ -1,16 +1,19 @@
 //! A whole drafter step (loss, weight sum, counts, greedy predictions and every parameter
-//! gradient) on any backend against the same step on the reference backend, on two seeded
-//! problems: the tiny drafter of the models tests and a small one with head_dim 64 and a
-//! sliding layer. Written once over `Arc<dyn Backend>`, so every backend (and every attention
+//! gradient) on any backend against the same step on the reference backend, on three seeded
+//! problems: the tiny drafter of the models tests, a small one with head_dim 64 and a
+//! sliding layer, and the small one on a packed micro-batch of three documents (the job's
+//! path: document masks, per-document anchors, one forward/backward for all blocks). Written once over `Arc<dyn Backend>`, so every backend (and every attention
 //! kernel behind one) gets it by calling [`drafter_step_matches_reference`].
 
 use std::sync::Arc;
 
 use dflash_config::{DrafterConfig, DrafterShape, LayerType, Qwen3Config};
 use dflash_core::Backend;
+use dflash_core::pipeline::{Features, HiddenBatch, SeqMeta};
 use dflash_data::{block_targets, default_gamma};
 use dflash_models::drafter::{FrozenTarget, normal_vec};
 use dflash_models::{DraftInput, Drafter, DrafterParams};
+use dflash_training::{BlockSpec, PreparedBatch};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -26,10 +29,14 @@ pub enum StepProblem {
     /// H 128, heads 4/2 of 64, 3 layers (the middle one sliding, window 24), V 500, block 16,
     /// S 160, 10 blocks (overlapping, past the end, padding).
     Small,
+    /// The `Small` drafter on three documents of 60, 23 and 77 tokens packed into one
+    /// micro-batch by `PreparedBatch::packed`, 6 anchors sampled per document.
+    Packed,
 }
 
-/// Both problems.
-pub const BOTH_PROBLEMS: [StepProblem; 2] = [StepProblem::Tiny, StepProblem::Small];
+/// Every problem.
+pub const ALL_PROBLEMS: [StepProblem; 3] =
+    [StepProblem::Tiny, StepProblem::Small, StepProblem::Packed];
 
 /// The bounds of one whole-step comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,6 +85,9 @@ const WEIGHT_SUM: Tolerance = Tolerance {
 };
 
 struct Problem {
+    /// The packed micro-batch (`StepProblem::Packed`); else the blocks come from `ids`,
+    /// `loss_mask`, `anchors` and `features` below.
+    packed: Option<PreparedBatch>,
     cfg: DrafterConfig,
     host_params: Vec<(String, Vec<usize>, Vec<f32>)>,
     embed: Vec<f32>,
@@ -105,7 +115,7 @@ fn target_cfg(v: usize, h: usize) -> Qwen3Config {
 
 /// The drafter config of `which`.
 pub fn problem_config(which: StepProblem) -> DrafterConfig {
-    let small = which == StepProblem::Small;
+    let small = which != StepProblem::Tiny;
     let (h, v, bs, layers, hd) = if small {
         (128, 500, 16, 3, 64)
     } else {
@@ -134,7 +144,7 @@ pub fn problem_config(which: StepProblem) -> DrafterConfig {
 }
 
 fn problem(which: StepProblem, seed: u64) -> Problem {
-    let small = which == StepProblem::Small;
+    let small = which != StepProblem::Tiny;
     let (h, v, s) = if small { (128, 500, 160) } else { (16, 40, 11) };
     let cfg = problem_config(which);
     let mask_id = cfg.mask_token_id;
@@ -169,7 +179,36 @@ fn problem(which: StepProblem, seed: u64) -> Problem {
     } else {
         vec![2, 3, 9, -1]
     };
+    let packed = (which == StepProblem::Packed).then(|| {
+        let seqs: Vec<SeqMeta> = [60usize, 23, 77]
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| SeqMeta {
+                sample_id: k as u64,
+                ids: (0..n).map(|_| r.random_range(0..mask_id)).collect(),
+                // A prompt of 5 tokens, one unsupervised token inside the response.
+                loss_mask: (0..n).map(|i| u8::from(i >= 5 && i != 12)).collect(),
+            })
+            .collect();
+        let rows: usize = seqs.iter().map(|s| s.ids.len()).sum();
+        let batch = HiddenBatch {
+            epoch: 0,
+            step: 0,
+            micro: 0,
+            seqs,
+            features: Some(Features::Host(normal_vec(&mut r, rows * 2 * h, 1.0))),
+        };
+        let spec = BlockSpec {
+            block_size: cfg.block_size,
+            num_anchors: 6,
+            gamma: default_gamma(cfg.block_size),
+            mask_token_id: mask_id,
+            seed,
+        };
+        PreparedBatch::packed(batch, &spec).expect("a micro-batch of three documents")
+    });
     Problem {
+        packed,
         cfg,
         host_params,
         embed,
@@ -213,15 +252,18 @@ fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool) -> Run {
         default_gamma(bs),
         p.cfg.mask_token_id,
     );
-    let inp = DraftInput {
-        features: (&p.features).into(),
-        anchors: &p.anchors,
-        block_ids: &bt.block_ids,
-        positions: &bt.positions,
-        labels: &bt.labels,
-        weights: &bt.weights,
-        doc_starts: &[],
-        ctx_positions: &[],
+    let inp = match &p.packed {
+        Some(batch) => batch.as_input(),
+        None => DraftInput {
+            features: (&p.features).into(),
+            anchors: &p.anchors,
+            block_ids: &bt.block_ids,
+            positions: &bt.positions,
+            labels: &bt.labels,
+            weights: &bt.weights,
+            doc_starts: &[],
+            ctx_positions: &[],
+        },
     };
     let drafter = Drafter::new(b.clone(), p.cfg.clone(), params, frozen).unwrap();
     let mut g = DrafterParams::zeros(b.as_ref(), &p.cfg).unwrap();

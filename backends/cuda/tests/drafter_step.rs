@@ -12,7 +12,7 @@ use common::*;
 use dflash_backend_cuda::GemmPrecision;
 use dflash_core::Backend;
 use dflash_tests::drafter_step::{
-    BOTH_PROBLEMS, StepProblem, StepTolerance,
+    ALL_PROBLEMS, StepProblem, StepTolerance,
     drafter_step_matches_reference as drafter_step_matches_reference_on,
 };
 
@@ -27,7 +27,7 @@ fn drafter_step_matches_reference() {
     for (prec, tol) in DRAFTER_TOLS {
         let Some(cu) = cuda_with(prec) else { return };
         let label = format!("{prec:?}");
-        drafter_step_matches_reference_on(Arc::new(cu), &label, &BOTH_PROBLEMS, &tol);
+        drafter_step_matches_reference_on(Arc::new(cu), &label, &ALL_PROBLEMS, &tol);
     }
 }
 
@@ -122,7 +122,7 @@ fn drafter_step_with_cuda_flash_matches_reference() {
         correct_slack_div: 20,
         same_pct: 90,
     };
-    let problems = [StepProblem::Small];
+    let problems = [StepProblem::Small, StepProblem::Packed];
     drafter_step_matches_reference_on(Arc::new(cu), "cuda-flash, Fp32 GEMMs", &problems, &tol);
 }
 
@@ -149,13 +149,18 @@ fn drafter_step_bf16_activations_matches_reference() {
     let Some(flash) = cuda_attn_act("cuda-flash", GemmPrecision::Bf16, DType::Bf16) else {
         return;
     };
-    // cuda-flash (its head dims: the small problem only) adds its own bf16 rounding of P and
+    // cuda-flash (its head dims: the small and packed problems only) adds its own bf16 rounding of P and
     // dS: rel-L2 <= 3e-2 budget in its f32-GEMM test above (measured ~1.5e-2), on top.
     // (backend, its attention, which problems (small?), gradient rel-L2 tolerance)
     type Run = (Arc<dyn Backend>, &'static str, &'static [StepProblem], f64);
     let runs: [Run; 2] = [
-        (Arc::new(simple), "cuda-simple", &BOTH_PROBLEMS, 7.5e-2),
-        (Arc::new(flash), "cuda-flash", &[StepProblem::Small], 1e-1),
+        (Arc::new(simple), "cuda-simple", &ALL_PROBLEMS, 7.5e-2),
+        (
+            Arc::new(flash),
+            "cuda-flash",
+            &[StepProblem::Small, StepProblem::Packed],
+            1e-1,
+        ),
     ];
     const WHY: &str = "bf16 GEMM operands + bf16 activation storage through every layer";
     for (cu, attn, problems, tol_l2) in runs {
