@@ -211,15 +211,17 @@ pub fn write_tensors_atomic(
 }
 
 /// Writes the tensors `entries` (name, shape) to `path` as `dtype`, fetching each one's f32
-/// values with `fetch(index)` only when the writer reaches it: host memory holds one tensor
-/// at a time, not the file (a checkpoint of the 8B recipe's drafter and its AdamW moments is
-/// 12.6 GB). Atomic and durable: a temp file in the same directory, fsync, then rename.
+/// values with `fetch(index)` only shortly before the writer reaches it: host memory holds a
+/// few tensors at a time, not the file (a checkpoint of the 8B recipe's drafter and its AdamW
+/// moments is 12.6 GB). A second thread fetches and encodes the next tensor while the current
+/// one is written, so a device download overlaps the disk write. Atomic and durable: a temp
+/// file in the same directory, fsync, then rename.
 pub fn write_tensors_streaming(
     path: &Path,
     entries: &[(String, Vec<usize>)],
     dtype: Dtype,
     metadata: Option<HashMap<String, String>>,
-    fetch: &dyn Fn(usize) -> Result<Vec<f32>>,
+    fetch: &(dyn Fn(usize) -> Result<Vec<f32>> + Sync),
 ) -> Result<()> {
     if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
         return Err(ModelError::Checkpoint {
@@ -227,48 +229,78 @@ pub fn write_tensors_streaming(
             detail: format!("cannot store tensors as {dtype:?} (F32, BF16 or F16)"),
         });
     }
-    let failed = std::cell::RefCell::new(None);
-    let views = entries
-        .iter()
-        .enumerate()
-        .map(|(index, (name, shape))| {
-            let view = LazyTensor {
-                path,
-                name,
-                shape,
-                dtype,
-                index,
-                fetch,
-                failed: &failed,
-            };
-            (name.as_str(), view)
-        })
-        .collect::<Vec<_>>();
-    with_temp_file(path, |tmp| {
-        let written = safetensors::serialize_to_file(views, metadata, tmp);
-        if let Some(e) = failed.take() {
-            return Err(e);
+    // safetensors writes tensors of one dtype in name order; the fetcher follows it.
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries[a].0.cmp(&entries[b].0));
+    let encode = |i: usize| -> Result<Vec<u8>> {
+        let (name, shape) = &entries[i];
+        let data = fetch(i)?;
+        let numel: usize = shape.iter().product();
+        if data.len() != numel {
+            return Err(ModelError::Tensor {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                detail: format!(
+                    "{} values for shape {shape:?} ({numel} expected)",
+                    data.len()
+                ),
+            });
         }
-        written.map_err(|e| ModelError::Checkpoint {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })?;
-        File::open(tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(tmp))
+        Ok(encode_f32(&data, dtype))
+    };
+    std::thread::scope(|s| {
+        // One encoded tensor waits while the next is fetched: at most three in memory.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Vec<u8>>)>(1);
+        s.spawn(move || {
+            for &i in &order {
+                if tx.send((i, encode(i))).is_err() {
+                    break; // the writer stopped (an error): nothing more to fetch
+                }
+            }
+        });
+        let failed = std::cell::RefCell::new(None);
+        let views = entries
+            .iter()
+            .enumerate()
+            .map(|(index, (name, shape))| {
+                let view = LazyTensor {
+                    path,
+                    name,
+                    shape,
+                    dtype,
+                    index,
+                    ready: &rx,
+                    failed: &failed,
+                };
+                (name.as_str(), view)
+            })
+            .collect::<Vec<_>>();
+        with_temp_file(path, |tmp| {
+            let written = safetensors::serialize_to_file(views, metadata, tmp);
+            if let Some(e) = failed.take() {
+                return Err(e);
+            }
+            written.map_err(|e| ModelError::Checkpoint {
+                path: path.to_path_buf(),
+                detail: e.to_string(),
+            })?;
+            File::open(tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(tmp))
+        })
     })
 }
 
-/// One tensor of [`write_tensors_streaming`]: fetched and encoded when the writer asks for its
-/// bytes. `View::data` cannot fail, so the first error is kept in `failed` (and the file,
-/// short by then, is discarded).
+/// One tensor of [`write_tensors_streaming`]: its bytes are taken from the fetcher thread
+/// when the writer asks for them. `View::data` cannot fail, so the first error is kept in
+/// `failed` (and the file, short by then, is discarded).
 struct LazyTensor<'a> {
     path: &'a Path,
     name: &'a str,
     shape: &'a [usize],
     dtype: Dtype,
     index: usize,
-    fetch: &'a dyn Fn(usize) -> Result<Vec<f32>>,
+    ready: &'a std::sync::mpsc::Receiver<(usize, Result<Vec<u8>>)>,
     failed: &'a std::cell::RefCell<Option<ModelError>>,
 }
 
@@ -278,20 +310,19 @@ impl LazyTensor<'_> {
     }
 
     fn bytes(&self) -> Result<Vec<u8>> {
-        let data = (self.fetch)(self.index)?;
-        if data.len() != self.numel() {
-            return Err(ModelError::Tensor {
-                path: self.path.to_path_buf(),
-                name: self.name.into(),
-                detail: format!(
-                    "{} values for shape {:?} ({} expected)",
-                    data.len(),
-                    self.shape,
-                    self.numel()
-                ),
-            });
+        let lost = |detail: String| ModelError::Tensor {
+            path: self.path.to_path_buf(),
+            name: self.name.into(),
+            detail,
+        };
+        match self.ready.recv() {
+            Ok((i, bytes)) if i == self.index => bytes,
+            Ok((i, _)) => Err(lost(format!(
+                "the writer asked for tensor {} but tensor {i} was fetched (write order changed)",
+                self.index
+            ))),
+            Err(_) => Err(lost("the fetching thread ended early".into())),
         }
-        Ok(encode_f32(&data, self.dtype))
     }
 }
 

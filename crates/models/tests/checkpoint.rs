@@ -448,13 +448,18 @@ fn streamed_tensors_round_trip_and_a_failed_fetch_keeps_the_old_file() {
             dflash_models::drafter::normal_vec(&mut rng(40 + i as u64), s.iter().product(), 1.0)
         })
         .collect();
-    let fetched = std::cell::Cell::new(0);
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let fetched = AtomicUsize::new(0);
     let fetch = |i: usize| {
-        fetched.set(fetched.get() + 1);
+        fetched.fetch_add(1, Ordering::Relaxed);
         Ok(values[i].clone())
     };
     write_tensors_streaming(&path, &entries, Dtype::F32, None, &fetch).unwrap();
-    assert_eq!(fetched.get(), 2, "each tensor fetched exactly once");
+    assert_eq!(
+        fetched.load(Ordering::Relaxed),
+        2,
+        "each tensor fetched exactly once"
+    );
     let files = TensorFiles::open_file(&path).unwrap();
     for ((name, shape), want) in entries.iter().zip(&values) {
         assert_eq!(
