@@ -493,6 +493,12 @@ fn streamed_tensors_round_trip_and_a_failed_fetch_keeps_the_old_file() {
         err.contains("14 values") && err.contains("15 expected"),
         "{err}"
     );
+    // A name given twice would make an ambiguous file: refused before anything is written.
+    let twice = vec![entries[0].clone(), entries[0].clone()];
+    let err = write_tensors_streaming(&path, &twice, Dtype::F32, None, &fetch)
+        .expect_err("duplicate name")
+        .to_string();
+    assert!(err.contains("tensor \"a\"") && err.contains("twice"), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(listing(dir.path()), ["model.safetensors"]);
 }
