@@ -75,6 +75,15 @@ pub struct AttentionKernelRegistration {
 }
 inventory::collect!(AttentionKernelRegistration);
 
+/// A family of host attention kernels named `PREFIX ARG` and built from `ARG` at startup, e.g.
+/// `plugin:PATH` (a foreign kernel loaded through the C ABI by `dflash-attention-loader`).
+pub struct AttentionKernelSource {
+    pub prefix: &'static str,
+    pub description: &'static str,
+    pub create: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+}
+inventory::collect!(AttentionKernelSource);
+
 /// A device attention kernel: part of backend `backend`, selected through its
 /// [`BackendOptions::attention`]; it has no existence outside that backend.
 pub struct DeviceAttentionKernelRegistration {
@@ -156,8 +165,15 @@ pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backe
     (backend(name)?.create)(opts)
 }
 
-/// Builds the host attention kernel registered as `name`.
+/// Builds the host attention kernel registered as `name`, or, for a name starting with an
+/// [`AttentionKernelSource`]'s prefix, the kernel that source builds from the rest.
 pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>> {
+    let source = inventory::iter::<AttentionKernelSource>
+        .into_iter()
+        .find_map(|s| name.strip_prefix(s.prefix).map(|arg| (s, arg)));
+    if let Some((source, arg)) = source {
+        return (source.create)(arg);
+    }
     let reg = inventory::iter::<AttentionKernelRegistration>
         .into_iter()
         .find(|r| r.name == name)
@@ -179,6 +195,35 @@ mod tests {
             name: "registry-test-kernel",
             description: "a device kernel of a backend that exists only in this test",
         }
+    }
+
+    fn refuse_source(arg: &str) -> Result<Box<dyn HostAttentionKernel>> {
+        Err(Error::op(
+            "registry-test source",
+            "host",
+            format!("asked for {arg:?}"),
+        ))
+    }
+
+    inventory::submit! {
+        AttentionKernelSource {
+            prefix: "registry-test:",
+            description: "a kernel source that exists only in this test and builds nothing",
+            create: refuse_source,
+        }
+    }
+
+    #[test]
+    fn a_prefixed_name_goes_to_its_source_with_the_rest() {
+        let err = create_host_attention("registry-test:some/path.so")
+            .err()
+            .expect("the test source refuses");
+        assert!(err.to_string().contains("\"some/path.so\""), "{err}");
+        // Without the prefix the name is an ordinary (here unknown) kernel name.
+        assert!(matches!(
+            create_host_attention("registry-test"),
+            Err(Error::UnknownName { .. })
+        ));
     }
 
     #[test]
