@@ -42,7 +42,7 @@ impl PluginKernel {
     }
 
     /// Loads the library at `path` ([`Plugin::load`]) and wraps it.
-    pub fn load(path: &str) -> Result<Self, PluginError> {
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PluginError> {
         Self::new(Arc::new(Plugin::load(path)?))
     }
 
