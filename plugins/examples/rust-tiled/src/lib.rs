@@ -50,7 +50,8 @@ pub fn guard(f: impl FnOnce() -> Result<(), Fail>) -> i32 {
     }
 }
 
-static CAPS: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
+/// What this plugin declares.
+pub const CAPABILITIES: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     struct_size: abi::size_of_u32::<abi::DfAttnCapabilities>(),
     device_type: abi::kDLCPU,
     dtypes: abi::DTYPE_F32,
@@ -60,6 +61,7 @@ static CAPS: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     flags: abi::CAP_GQA | abi::CAP_DETERMINISTIC | abi::CAP_BACKWARD,
     mask_rules: abi::MASK_TWO_INTERVALS | abi::MASK_EMPTY_ROWS,
 };
+static CAPS: abi::DfAttnCapabilities = CAPABILITIES;
 
 static PLUGIN: DfAttnPlugin = DfAttnPlugin {
     struct_size: abi::size_of_u32::<DfAttnPlugin>(),
