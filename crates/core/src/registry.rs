@@ -81,6 +81,11 @@ pub struct AttentionKernelSource {
     pub prefix: &'static str,
     pub description: &'static str,
     pub create: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+    /// The kernels this source registered at run time under their own names (e.g. the
+    /// plugins of a `[plugins] paths` list), which [`create_host_attention`] builds with
+    /// `create_named` and [`attention_kernel_names`] lists.
+    pub named: fn() -> Vec<String>,
+    pub create_named: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
 }
 inventory::collect!(AttentionKernelSource);
 
@@ -116,13 +121,24 @@ pub fn backend_names() -> Vec<String> {
     )
 }
 
-/// The host attention kernels ([`create_host_attention`] builds them), sorted.
+/// The host attention kernels ([`create_host_attention`] builds them), sorted: the registered
+/// ones and those [`AttentionKernelSource`]s registered at run time.
 pub fn attention_kernel_names() -> Vec<String> {
-    sorted(
+    let mut names = sorted(
         inventory::iter::<AttentionKernelRegistration>
             .into_iter()
             .map(|r| r.name),
-    )
+    );
+    names.extend(runtime_names().into_iter().map(|(_, n)| n));
+    names.sort();
+    names
+}
+
+fn runtime_names() -> Vec<(&'static AttentionKernelSource, String)> {
+    inventory::iter::<AttentionKernelSource>
+        .into_iter()
+        .flat_map(|s| (s.named)().into_iter().map(move |n| (s, n)))
+        .collect()
 }
 
 /// The device attention kernels of backend `backend`, sorted (none for an unknown backend).
@@ -174,6 +190,9 @@ pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>>
     if let Some((source, arg)) = source {
         return (source.create)(arg);
     }
+    if let Some((source, _)) = runtime_names().into_iter().find(|(_, n)| n == name) {
+        return (source.create_named)(name);
+    }
     let reg = inventory::iter::<AttentionKernelRegistration>
         .into_iter()
         .find(|r| r.name == name)
@@ -210,6 +229,8 @@ mod tests {
             prefix: "registry-test:",
             description: "a kernel source that exists only in this test and builds nothing",
             create: refuse_source,
+            named: || vec!["registry-test-runtime".into()],
+            create_named: refuse_source,
         }
     }
 
@@ -219,6 +240,15 @@ mod tests {
             .err()
             .expect("the test source refuses");
         assert!(err.to_string().contains("\"some/path.so\""), "{err}");
+        // A kernel the source registered at run time is listed and built by its own name.
+        assert!(attention_kernel_names().contains(&"registry-test-runtime".to_string()));
+        let err = create_host_attention("registry-test-runtime")
+            .err()
+            .expect("the test source refuses");
+        assert!(
+            err.to_string().contains("\"registry-test-runtime\""),
+            "{err}"
+        );
         // Without the prefix the name is an ordinary (here unknown) kernel name.
         assert!(matches!(
             create_host_attention("registry-test"),

@@ -43,6 +43,13 @@ pub enum PluginError {
         message: String,
     },
 
+    #[error("attention plugin {plugin}: kernel name {name:?} is already taken by {by}")]
+    NameTaken {
+        plugin: String,
+        name: String,
+        by: String,
+    },
+
     #[error("attention plugin {plugin} {call}: {detail}")]
     Call {
         plugin: String,

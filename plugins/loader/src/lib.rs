@@ -5,13 +5,15 @@
 //! status into a [`PluginError`] naming the plugin, the call and the plugin's `last_error`.
 //!
 //! Registered as the kernel source `plugin:`: `backend.attention = "plugin:PATH"` loads the
-//! library at `PATH`.
+//! library at `PATH`; [`register_paths`] (a `[plugins] paths` list) registers plugins under
+//! their own names.
 //!
 //! [`HostAttentionKernel`]: dflash_core::HostAttentionKernel
 
 mod error;
 mod host;
 mod kernel;
+mod named;
 mod plugin;
 
 use dflash_core::HostAttentionKernel;
@@ -20,6 +22,7 @@ use dflash_core::registry::AttentionKernelSource;
 pub use error::PluginError;
 pub use host::{HostMask, HostTensor, Workspace};
 pub use kernel::PluginKernel;
+pub use named::register_paths;
 pub use plugin::Plugin;
 
 /// The prefix of a plugin kernel's name in `backend.attention`.
@@ -37,5 +40,7 @@ inventory::submit! {
         prefix: PREFIX,
         description: "a foreign kernel loaded through the C ABI from the shared library PATH",
         create,
+        named: named::names,
+        create_named: named::create,
     }
 }

@@ -206,3 +206,24 @@ fn plugin_path_names_go_through_the_registry() {
         .unwrap();
     assert!(err.to_string().contains("/no/such.so"), "{err}");
 }
+
+#[test]
+fn registered_paths_are_kernels_under_their_own_names() {
+    dflash_attention_loader::link();
+    let lib = dflash_plugin_c_attention::LIBRARY;
+    let names = dflash_attention_loader::register_paths(&[lib, lib]).unwrap();
+    assert_eq!(names, ["c-attention", "c-attention"]);
+    assert!(dflash_core::registry::attention_kernel_names().contains(&"c-attention".into()));
+    let kernel = dflash_core::registry::create_host_attention("c-attention").unwrap();
+    assert_eq!(kernel.name(), "c-attention");
+    small_forward(kernel.as_ref(), 8).unwrap();
+    // The same plugin from another file is another library claiming the name.
+    let dir = std::env::temp_dir().join(format!("dflash-loader-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libcopy.so");
+    std::fs::copy(lib, &copy).unwrap();
+    let err = dflash_attention_loader::register_paths(&[&copy]).unwrap_err();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(matches!(err, PluginError::NameTaken { .. }), "{err}");
+    assert!(err.to_string().contains(lib), "{err}");
+}
