@@ -50,6 +50,14 @@ struct Kernels {
 static MODULES: Mutex<Vec<Kernels>> = Mutex::new(Vec::new());
 
 fn kernels() -> Result<Kernels, Fail> {
+    // Dynamic loading: without these libraries cudarc would panic on first use.
+    // SAFETY: these only try to dlopen the candidate names; no symbol is called.
+    let present = unsafe {
+        cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present()
+    };
+    if !present {
+        return Err((Status::Internal, "libcuda or libnvrtc not found".into()));
+    }
     result::init().map_err(|e| internal("cuInit", e))?;
     let ctx = result::ctx::get_current()
         .map_err(|e| internal("cuCtxGetCurrent", e))?
@@ -247,4 +255,42 @@ unsafe extern "C" fn backward(_: *const DfAttnPlugin, a: *const abi::DfAttnBackw
         );
         launch(kern.dkdv, tk * hkv, a.stream, &mut p)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message() -> String {
+        let p = unsafe { last_error(&PLUGIN) };
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// The checks run before any CUDA call, so they hold on a machine without a GPU.
+    #[test]
+    fn host_tensors_and_null_args_are_refused_before_any_cuda_call() {
+        assert_eq!(
+            unsafe { forward(&PLUGIN, std::ptr::null()) },
+            Status::InvalidArgument.code()
+        );
+        assert!(message().contains("forward args"), "{}", message());
+        let mut data = [0f32; 8];
+        let mut shape = [2i64, 1, 4];
+        let t = abi::DLTensor {
+            data: data.as_mut_ptr().cast(),
+            device: abi::DLDevice::CPU,
+            ndim: 3,
+            dtype: abi::DLDataType::F32,
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        };
+        assert_eq!(
+            checked("q", &t, &[2, 1, 4]),
+            Err((Status::Unsupported, "q: not in CUDA memory".into()))
+        );
+        assert!(unsafe { dflash_attention_plugin(abi::ABI_MAJOR + 1, 0) }.is_null());
+    }
 }

@@ -42,7 +42,12 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn matches_the_c_plugin_on_a_dflash_mask_with_gqa() {
-    let Ok(ctx) = CudaContext::new(0) else {
+    // Dynamic loading: without the driver library cudarc would panic on first use.
+    // SAFETY: these only try to dlopen the candidate names; no symbol is called.
+    let libs = unsafe {
+        cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present()
+    };
+    let Some(ctx) = libs.then(|| CudaContext::new(0).ok()).flatten() else {
         println!("no CUDA device: skipped");
         return;
     };
