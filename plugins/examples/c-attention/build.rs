@@ -28,6 +28,21 @@ fn main() {
             "c-attention: the example's build script knows gcc/clang only (MSVC: build a DLL by hand)"
         );
     }
+    println!("cargo:rerun-if-changed=src/layout_check.c");
+    let mut check: Command = compiler.to_command();
+    check.args([
+        "-fsyntax-only",
+        "-I",
+        "../../abi/include",
+        "src/layout_check.c",
+    ]);
+    let status = check
+        .status()
+        .unwrap_or_else(|e| panic!("c-attention: cannot run the C compiler {check:?}: {e}"));
+    assert!(
+        status.success(),
+        "c-attention: the header's layouts differ from the Rust mirror's ({check:?})"
+    );
     let mut cmd: Command = compiler.to_command();
     cmd.args([
         "-fPIC",
