@@ -2,7 +2,8 @@
 //!
 //! - `train [ARGS]`  build `dflash` in release and train on the embedded default
 //!   (`configs/default.toml`) unless `--config` is given; other args pass through.
-//! - `conformance`   run the backend/attention-kernel conformance suite.
+//! - `conformance`   run the backend/attention-kernel conformance suite; with
+//!   `--plugin PATH`, the foreign-plugin conformance table of the shared library at `PATH`.
 //! - `test`          the test command CI runs.
 //! - `bench [ARGS]`  build `dflash` in release and run `dflash bench ARGS` (table + JSON of the
 //!   docs/design.md §4 comparisons; without `--attention` the backend's preferred kernel from
@@ -86,6 +87,19 @@ fn main() -> ExitCode {
             if cuda && !has("--out") && !has("--results-dir") {
                 c.args(["--results-dir", "bench/results"]);
             }
+            status(c)
+        }
+        "conformance" if rest.first().is_some_and(|a| a == "--plugin") => {
+            let Some(path) = rest.get(1) else {
+                eprintln!("usage: cargo xtask conformance --plugin PATH/TO/libplugin.so");
+                return ExitCode::FAILURE;
+            };
+            // Cargo runs from the workspace root; the path is the caller's.
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
+            let mut c = cargo();
+            c.current_dir(&root)
+                .args(["run", "--quiet", "-p", "dflash-plugin-conformance", "--"])
+                .arg(path);
             status(c)
         }
         "conformance" => {

@@ -10,7 +10,8 @@
 //! order, so results are bit-identical between runs whatever the thread scheduling.
 //!
 //! Registration: the backend registers as `"reference"` and the plain attention kernel
-//! ([`ReferenceAttention`]) as attention kernel `"reference"`.
+//! ([`ReferenceAttention`]) as attention kernel `"reference"`; `attention = "plugin:PATH"`
+//! loads a foreign kernel through the C ABI (`dflash-attention-loader`).
 
 mod activation;
 mod attention;
@@ -130,5 +131,8 @@ inventory::submit! {
     }
 }
 
-/// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked.
-pub fn link() {}
+/// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked,
+/// with the `plugin:PATH` kernel source.
+pub fn link() {
+    dflash_attention_loader::link();
+}

@@ -75,6 +75,20 @@ pub struct AttentionKernelRegistration {
 }
 inventory::collect!(AttentionKernelRegistration);
 
+/// A family of host attention kernels named `PREFIX ARG` and built from `ARG` at startup, e.g.
+/// `plugin:PATH` (a foreign kernel loaded through the C ABI by `dflash-attention-loader`).
+pub struct AttentionKernelSource {
+    pub prefix: &'static str,
+    pub description: &'static str,
+    pub create: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+    /// The kernels this source registered at run time under their own names (e.g. the
+    /// plugins of a `[plugins] paths` list), which [`create_host_attention`] builds with
+    /// `create_named` and [`attention_kernel_names`] lists.
+    pub named: fn() -> Vec<String>,
+    pub create_named: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+}
+inventory::collect!(AttentionKernelSource);
+
 /// A device attention kernel: part of backend `backend`, selected through its
 /// [`BackendOptions::attention`]; it has no existence outside that backend.
 pub struct DeviceAttentionKernelRegistration {
@@ -107,13 +121,24 @@ pub fn backend_names() -> Vec<String> {
     )
 }
 
-/// The host attention kernels ([`create_host_attention`] builds them), sorted.
+/// The host attention kernels ([`create_host_attention`] builds them), sorted: the registered
+/// ones and those [`AttentionKernelSource`]s registered at run time.
 pub fn attention_kernel_names() -> Vec<String> {
-    sorted(
+    let mut names = sorted(
         inventory::iter::<AttentionKernelRegistration>
             .into_iter()
             .map(|r| r.name),
-    )
+    );
+    names.extend(runtime_names().into_iter().map(|(_, n)| n));
+    names.sort();
+    names
+}
+
+fn runtime_names() -> Vec<(&'static AttentionKernelSource, String)> {
+    inventory::iter::<AttentionKernelSource>
+        .into_iter()
+        .flat_map(|s| (s.named)().into_iter().map(move |n| (s, n)))
+        .collect()
 }
 
 /// The device attention kernels of backend `backend`, sorted (none for an unknown backend).
@@ -156,8 +181,18 @@ pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backe
     (backend(name)?.create)(opts)
 }
 
-/// Builds the host attention kernel registered as `name`.
+/// Builds the host attention kernel registered as `name`, or, for a name starting with an
+/// [`AttentionKernelSource`]'s prefix, the kernel that source builds from the rest.
 pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>> {
+    let source = inventory::iter::<AttentionKernelSource>
+        .into_iter()
+        .find_map(|s| name.strip_prefix(s.prefix).map(|arg| (s, arg)));
+    if let Some((source, arg)) = source {
+        return (source.create)(arg);
+    }
+    if let Some((source, _)) = runtime_names().into_iter().find(|(_, n)| n == name) {
+        return (source.create_named)(name);
+    }
     let reg = inventory::iter::<AttentionKernelRegistration>
         .into_iter()
         .find(|r| r.name == name)
@@ -179,6 +214,46 @@ mod tests {
             name: "registry-test-kernel",
             description: "a device kernel of a backend that exists only in this test",
         }
+    }
+
+    fn refuse_source(arg: &str) -> Result<Box<dyn HostAttentionKernel>> {
+        Err(Error::op(
+            "registry-test source",
+            "host",
+            format!("asked for {arg:?}"),
+        ))
+    }
+
+    inventory::submit! {
+        AttentionKernelSource {
+            prefix: "registry-test:",
+            description: "a kernel source that exists only in this test and builds nothing",
+            create: refuse_source,
+            named: || vec!["registry-test-runtime".into()],
+            create_named: refuse_source,
+        }
+    }
+
+    #[test]
+    fn a_prefixed_name_goes_to_its_source_with_the_rest() {
+        let err = create_host_attention("registry-test:some/path.so")
+            .err()
+            .expect("the test source refuses");
+        assert!(err.to_string().contains("\"some/path.so\""), "{err}");
+        // A kernel the source registered at run time is listed and built by its own name.
+        assert!(attention_kernel_names().contains(&"registry-test-runtime".to_string()));
+        let err = create_host_attention("registry-test-runtime")
+            .err()
+            .expect("the test source refuses");
+        assert!(
+            err.to_string().contains("\"registry-test-runtime\""),
+            "{err}"
+        );
+        // Without the prefix the name is an ordinary (here unknown) kernel name.
+        assert!(matches!(
+            create_host_attention("registry-test"),
+            Err(Error::UnknownName { .. })
+        ));
     }
 
     #[test]
