@@ -85,16 +85,24 @@ fn report(label: &str, cases: Vec<CaseResult>) -> Report {
     }
 }
 
-fn guarded(name: &str, f: impl FnOnce() -> Result<Outputs, String>) -> Result<Outputs, CaseResult> {
-    let fail = |why: String| {
-        let mut r = CaseResult::new(name.to_string());
-        r.fail(why);
-        r
-    };
+/// Runs `f`, turning an `Err` or a panic into the failure message.
+fn guarded(f: impl FnOnce() -> Result<Outputs, String>) -> Result<Outputs, String> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(o)) => Ok(o),
-        Ok(Err(e)) => Err(fail(format!("returned Err on a NaN input: {e}"))),
-        Err(_) => Err(fail("panicked on a NaN input".into())),
+        Ok(Err(e)) => Err(format!("returned Err on a NaN input: {e}")),
+        Err(_) => Err("panicked on a NaN input".into()),
+    }
+}
+
+/// The result of one NaN case: the pattern check, or the failure of the run itself.
+fn result_of(nc: &NanCase, got: Result<Outputs, String>) -> CaseResult {
+    match got {
+        Ok(got) => check(nc, &got),
+        Err(why) => {
+            let mut r = CaseResult::new(nc.case.name.clone());
+            r.fail(why);
+            r
+        }
     }
 }
 
@@ -141,10 +149,7 @@ fn run_host(kernel: &dyn HostAttentionKernel, nc: &NanCase) -> Result<Outputs, S
 pub fn check_host_attention_nan(kernel: &dyn HostAttentionKernel, cases: &[NanCase]) -> Report {
     let results = cases
         .iter()
-        .map(|nc| match guarded(&nc.case.name, || run_host(kernel, nc)) {
-            Ok(got) => check(nc, &got),
-            Err(r) => r,
-        })
+        .map(|nc| result_of(nc, guarded(|| run_host(kernel, nc))))
         .collect();
     report(kernel.name(), results)
 }
@@ -159,13 +164,10 @@ pub fn check_backend_attention_nan(
     let results = cases
         .iter()
         .map(|nc| {
-            let got = guarded(&nc.case.name, || {
+            let got = guarded(|| {
                 run_on_backend(backend, &nc.case, &inputs(nc)).map_err(|e| e.to_string())
             });
-            match got {
-                Ok(got) => check(nc, &got),
-                Err(r) => r,
-            }
+            result_of(nc, got)
         })
         .collect();
     report(label, results)

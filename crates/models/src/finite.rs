@@ -9,6 +9,35 @@
 use dflash_core::HostSlice;
 use rayon::prelude::*;
 
+/// Holders of [`LoadCheckOff`]: the scan runs while there are none.
+static CHECK_OFF: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Turns the load-time scan off, process-wide, while it lives (a count, so tests running in
+/// parallel can each hold one). For tests only, which inject a non-finite step through the
+/// real data path: a NaN row in a target's embedding is the one token-selective way, since
+/// finite weights cannot overflow through the models' norms. The NaN policy has no
+/// user-facing switch.
+#[doc(hidden)]
+pub struct LoadCheckOff(());
+
+impl LoadCheckOff {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        CHECK_OFF.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LoadCheckOff(())
+    }
+}
+
+impl Drop for LoadCheckOff {
+    fn drop(&mut self) {
+        CHECK_OFF.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+pub(crate) fn load_check_enabled() -> bool {
+    CHECK_OFF.load(std::sync::atomic::Ordering::SeqCst) == 0
+}
+
 /// Bytes per parallel task: large enough to amortise scheduling, small enough to balance.
 const CHUNK: usize = 1 << 20;
 

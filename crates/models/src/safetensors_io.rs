@@ -10,7 +10,7 @@ pub use safetensors::Dtype;
 use safetensors::SafeTensors;
 
 use crate::error::{ModelError, Result, io_err};
-use crate::finite::first_non_finite;
+use crate::finite::{first_non_finite, load_check_enabled};
 
 /// A tensor's file, dtype and bytes (borrowed from the memory map), and shape.
 type RawTensor<'a> = (&'a Path, (Dtype, &'a [u8]), Vec<usize>);
@@ -131,7 +131,10 @@ impl TensorFiles {
         // when it parses the header; this guards the conversions against a future change.
         data.check("view", "host", shape)
             .map_err(|e| err(e.to_string()))?;
-        if let Some((index, value)) = first_non_finite(&data) {
+        if let Some((index, value)) = load_check_enabled()
+            .then(|| first_non_finite(&data))
+            .flatten()
+        {
             return Err(ModelError::NonFinite {
                 path: path.to_path_buf(),
                 name: name.into(),

@@ -448,7 +448,9 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
 /// `token` gets NaN target features from that position on, and so a NaN drafter gradient
 /// (the `fc` weight gradient multiplies every feature row), while sequences without it are
 /// untouched. This injects a non-finite step exactly where the test wants one, through the
-/// real data path, without touching the code under test.
+/// real data path. The loader refuses such a target (the NaN policy, tested in
+/// dflash-models), so the tests that use it hold a `LoadCheckOff`; finite weights cannot do
+/// it (the models' norms absorb even `f32::MAX`).
 fn poisoned_target(dir: &Path, token: usize) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::copy(
@@ -468,6 +470,40 @@ fn poisoned_target(dir: &Path, token: usize) {
         out.push((name, shape, v));
     }
     write_f32_atomic(&dir.join("model.safetensors"), &out, None).unwrap();
+}
+
+#[test]
+fn training_on_nothing_is_an_error_naming_the_skip_counts() {
+    link();
+    // Every loss mask zero: every sample is skipped as having too few supervised tokens.
+    let samples: Samples = tiny_samples(6)
+        .into_iter()
+        .map(|(ids, m)| {
+            let n = m.len();
+            (ids, vec![0; n])
+        })
+        .collect();
+    let fx = Fixture::new(&samples);
+    let e = train(&fx.config(&[("train.max_steps", "2")]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("trained on nothing")
+            && e.contains("kept 0/4; skipped 4: 4 too few supervised tokens"),
+        "{e}"
+    );
+    // Kept samples, but a min_supervised no sample reaches.
+    let fx = Fixture::new(&tiny_samples(6));
+    let cfg = fx.config(&[("train.max_steps", "2"), ("data.min_supervised", "100000")]);
+    let e = train(&cfg, None).unwrap_err().to_string();
+    assert!(
+        e.contains("trained on nothing") && e.contains("kept 0/"),
+        "{e}"
+    );
+    assert!(
+        !fx.runs().join("run/model.safetensors").exists(),
+        "no untrained drafter is saved as the run's result"
+    );
 }
 
 #[test]
@@ -496,7 +532,9 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
+    let check_off = dflash_models::finite::LoadCheckOff::new();
     let err = train(&cfg, None).unwrap_err();
+    drop(check_off);
     match &err {
         PipelineError::Worker { worker, source } => {
             assert_eq!(worker, "drafter replica 0");
@@ -506,7 +544,8 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
                     PipelineError::Train(TrainError::NonFinite {
                         count: 3,
                         limit: 3,
-                        step: 6
+                        step: 6,
+                        ..
                     })
                 ),
                 "{source:?}"
@@ -529,6 +568,10 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     assert!(
         text.contains("caused by:"),
         "error.txt holds the cause chain:\n{text}"
+    );
+    assert!(
+        text.contains("the target's features were already non-finite"),
+        "the error says where the NaN came from:\n{text}"
     );
 
     // Steps 0..=5 were reported (step 6 failed before its record); the bad ones skipped.
@@ -596,7 +639,9 @@ fn resume_after_failure_between_checkpoints_keeps_one_record_per_step() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
+    let check_off = dflash_models::finite::LoadCheckOff::new();
     train(&cfg, None).unwrap_err();
+    drop(check_off);
     let run_dir = fx.runs().join("run");
     let before = metrics(&run_dir);
     assert_eq!(before.len(), 3, "steps 0..=2 reported, step 3 failed");

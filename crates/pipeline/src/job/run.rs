@@ -81,6 +81,16 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     if run.skips != SkipCounts::default() {
         eprintln!("data: {}", run.skips);
     }
+    if start_step < plan.end_step() && run.supervised == 0.0 {
+        // Saving an untrained drafter and exiting 0 would look like success.
+        return Err(PipelineError::Job(format!(
+            "trained on nothing: steps {start_step}..{} saw no supervised block (data: {}); \
+             a sample trains only if it is kept and has a supervised token after an anchor \
+             (check the loss masks, data.max_len, data.min_supervised and the token ids)",
+            plan.end_step(),
+            run.skips
+        )));
+    }
     let b = replica.drafter.backend().clone();
     // The served drafter, in the dtype the job asks for (checkpoints keep f32).
     let served = dflash_config::DrafterConfig {
@@ -257,6 +267,8 @@ struct RunResult {
     first_loss: f64,
     /// Loss and accuracy of the last step.
     last: (f64, f64),
+    /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
+    supervised: f64,
     skips: SkipCounts,
 }
 
@@ -282,6 +294,7 @@ fn run_workers(
     let mut result = RunResult {
         first_loss: f64::NAN,
         last: (f64::NAN, f64::NAN),
+        supervised: 0.0,
         skips: SkipCounts::default(),
     };
     let end_step = plan.end_step();
@@ -467,6 +480,7 @@ impl DrafterLoop<'_> {
                 lead.result.first_loss = summary.stats.loss();
             }
             lead.result.last = (summary.stats.loss(), summary.stats.accuracy());
+            lead.result.supervised += summary.stats.weight_sum;
             clock.lap(Phase::Report, &mut mark);
             let n = step + 1;
             let save_every = plan.cfg.train.save_every;
