@@ -327,3 +327,29 @@ fn a_non_finite_target_weight_is_an_error_naming_tensor_file_and_index() {
         }
     }
 }
+
+/// A config that says fewer layers than the weights hold (the 4-of-8 reproduction)
+/// is an error naming the first unused tensor, not a silently truncated target.
+#[test]
+fn config_layer_count_must_match_the_weights() {
+    let b = backend();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture_tensors();
+    let text = std::fs::read_to_string(fixture_dir().join("model/config.json")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let n = json["num_hidden_layers"].as_u64().unwrap();
+    for (layers, says) in [
+        (n - 1, format!("model.layers.{}.", n - 1)),
+        (1, "model.layers.1.".to_string()),
+    ] {
+        let dir = tmp.path().join(format!("layers-{layers}"));
+        write_checkpoint(&dir, &src, Dtype::F32);
+        json["num_hidden_layers"] = layers.into();
+        std::fs::write(dir.join("config.json"), json.to_string()).unwrap();
+        let e = Qwen3Target::load(b.clone(), &dir, &[0])
+            .err()
+            .expect("a depth mismatch is rejected")
+            .to_string();
+        assert!(e.contains(&says) && e.contains("num_hidden_layers"), "{e}");
+    }
+}
