@@ -291,6 +291,61 @@ fn stopped_then_resumed_run_matches_uninterrupted_run_bit_for_bit() {
     };
     assert_eq!(state(&ca), state(&cb));
     assert_eq!(state(&ca)["adam_step"], 12);
+
+    // Resuming the finished run says so and changes nothing: the same outcome, every file
+    // of the run directory byte-identical (summary.json keeps its figures).
+    let snapshot = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![d.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                match e.file_type().unwrap().is_dir() {
+                    true => dirs.push(e.path()),
+                    false => files.push((e.path(), std::fs::read(e.path()).unwrap())),
+                }
+            }
+        }
+        files.sort();
+        files
+    };
+    let before = snapshot(&b.run_dir);
+    let again = train(&resumed, Some(&b.run_dir)).unwrap();
+    assert_eq!((again.steps, again.final_loss), (12, a.final_loss));
+    assert_eq!(again.first_loss, c.first_loss);
+    assert!(
+        snapshot(&b.run_dir) == before,
+        "resuming a finished run changed files"
+    );
+
+    // trainer_state.json cross-checks: counters that add up to more steps than were run,
+    // and a step beyond the schedule, are errors naming the file.
+    let ts = cb.join("trainer_state.json");
+    let good = std::fs::read_to_string(&ts).unwrap();
+    for (edit, says) in [
+        (
+            ("adam_step", 13),
+            "adam_step 13 + nonfinite_run 0 exceed step 12",
+        ),
+        (
+            ("step", 40),
+            "step 40 but the checkpoint directory is step-12",
+        ),
+    ] {
+        let mut v: Value = serde_json::from_str(&good).unwrap();
+        v[edit.0] = edit.1.into();
+        std::fs::write(&ts, v.to_string()).unwrap();
+        let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("trainer_state.json"), "{e}");
+    }
+    // A consistent checkpoint at step 40 of a 12-step schedule.
+    let ckpts = b.run_dir.join("checkpoints");
+    std::fs::rename(&cb, ckpts.join("step-40")).unwrap();
+    std::fs::write(ckpts.join("latest"), "step-40").unwrap();
+    let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+    assert!(
+        e.contains("step 40 is beyond this run's schedule of 12 steps"),
+        "{e}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

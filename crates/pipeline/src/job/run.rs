@@ -31,6 +31,9 @@ use crate::workers::{Reorder, Shared, WorkItem, target_worker};
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
     let job_start = Instant::now();
+    if resuming && let Some(done) = finished_run(plan, run_dir)? {
+        return Ok(done);
+    }
     write_resolved_config(plan, run_dir)?;
     let (target_backends, drafter_backends) = place_workers(plan)?;
     let b0 = &drafter_backends[0];
@@ -125,6 +128,50 @@ fn write_resolved_config(plan: &JobPlan, run_dir: &Path) -> Result<()> {
     )?;
     let _ = std::fs::remove_file(run_dir.join("error.txt"));
     Ok(())
+}
+
+/// The outcome of a run that has already finished (its latest checkpoint is at the end of the
+/// schedule and `summary.json` exists), read back, so resuming it says so and changes
+/// nothing; an error when the checkpoint's step lies beyond the schedule.
+fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> {
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        return Ok(None);
+    };
+    let path = ckpt.join(state::TRAINER_STATE);
+    let step = state::read_state(&ckpt)?.step;
+    let total = plan.total_steps();
+    if step > total {
+        return Err(PipelineError::Job(format!(
+            "{}: step {step} is beyond this run's schedule of {total} steps (train.max_steps, \
+             train.epochs or the data changed since it was saved)",
+            path.display()
+        )));
+    }
+    let summary = run_dir.join("summary.json");
+    let Some(v) = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    else {
+        return Ok(None);
+    };
+    if step < total {
+        return Ok(None);
+    }
+    eprintln!(
+        "{}: the run already finished (step {step} of {total}); nothing to do",
+        run_dir.display()
+    );
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    Ok(Some(TrainOutcome {
+        run_dir: run_dir.to_path_buf(),
+        steps: step,
+        final_loss: f("final_loss"),
+        final_accuracy: f("final_accuracy"),
+        first_loss: f("first_loss"),
+        tau_before: v["tau_before"].as_f64(),
+        tau_after: v["tau_after"].as_f64(),
+        skipped_samples: v["skipped_samples"].as_u64().unwrap_or(0),
+    }))
 }
 
 /// Loads the latest checkpoint of `run_dir` into every replica.
