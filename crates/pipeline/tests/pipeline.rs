@@ -527,6 +527,30 @@ fn poisoned_target(dir: &Path, token: usize) {
     write_f32_atomic(&dir.join("model.safetensors"), &out, None).unwrap();
 }
 
+/// `--resume` on a directory that no run created says so (not what the config then lacks)
+/// and writes nothing there; a run killed before its first checkpoint resumes from step 0 in
+/// its own directory, with the records and losses of an uninterrupted run.
+#[test]
+fn resume_of_a_non_run_dir_says_so_and_a_run_without_checkpoint_starts_over() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let cfg = fx.config(&[("train.max_steps", "3"), ("train.save_every", "0")]);
+    let empty = fx.path().join("not-a-run");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = train(&cfg, Some(&empty)).unwrap_err().to_string();
+    assert!(e.contains("not a run directory"), "{e}");
+    assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+
+    let a = train(&cfg, None).unwrap();
+    let ma = metrics(&a.run_dir);
+    std::fs::remove_dir_all(a.run_dir.join("checkpoints")).unwrap();
+    std::fs::remove_file(a.run_dir.join("summary.json")).unwrap();
+    let again = train(&cfg, Some(&a.run_dir)).unwrap();
+    assert_eq!(again.run_dir, a.run_dir);
+    assert_eq!((again.steps, again.final_loss), (3, a.final_loss));
+    assert_same_records(&ma, &metrics(&a.run_dir));
+}
+
 #[test]
 fn training_on_nothing_is_an_error_naming_the_skip_counts() {
     link();

@@ -64,6 +64,18 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
 /// Runs a whole training job. With `resume`, continues the run in that directory exactly
 /// where its latest checkpoint left off.
 pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
+    if let Some(dir) = resume
+        && !dir.join("config.toml").exists()
+        && latest_checkpoint(dir).is_none()
+    {
+        // Checked before the config is planned, so a wrong directory is not reported as
+        // whatever the config then lacks.
+        return Err(PipelineError::Job(format!(
+            "{}: not a run directory (no config.toml, no checkpoints/latest); --resume takes \
+             a directory that `train` created",
+            dir.display()
+        )));
+    }
     let run_dir = resume
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));

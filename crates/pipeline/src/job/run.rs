@@ -176,12 +176,14 @@ fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> 
 
 /// Loads the latest checkpoint of `run_dir` into every replica.
 fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<()> {
-    let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
-        PipelineError::Job(format!(
-            "{}: no checkpoint to resume from",
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        // Killed before its first checkpoint: the run starts over, in its own directory.
+        eprintln!(
+            "{}: no checkpoint yet; starting the run from step 0",
             run_dir.display()
-        ))
-    })?;
+        );
+        return Ok(());
+    };
     for r in replicas.iter_mut() {
         state::load_into(&ckpt, r)?;
     }
