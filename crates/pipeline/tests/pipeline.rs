@@ -551,6 +551,35 @@ fn resume_of_a_non_run_dir_says_so_and_a_run_without_checkpoint_starts_over() {
     assert_same_records(&ma, &metrics(&a.run_dir));
 }
 
+/// Samples longer than the target's `max_position_embeddings` are skipped and counted, not
+/// trained on with positions the target never saw.
+#[test]
+fn samples_beyond_max_position_embeddings_are_skipped_and_counted() {
+    link();
+    let samples = tiny_samples(12);
+    let longer = samples
+        .iter()
+        .filter(|s| s.0.len().min(MAX_LEN) > 50)
+        .count();
+    assert!(longer > 0 && longer < samples.len());
+    let fx = Fixture::new(&samples);
+    let short = fx.path().join("short-target");
+    std::fs::create_dir_all(&short).unwrap();
+    let text = std::fs::read_to_string(Path::new(TARGET).join("config.json")).unwrap();
+    let mut json: Value = serde_json::from_str(&text).unwrap();
+    json["max_position_embeddings"] = 50.into();
+    std::fs::write(short.join("config.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        Path::new(TARGET).join("model.safetensors"),
+        short.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg = fx.config(&[("train.epochs", "1")]);
+    cfg.target.path = Some(short);
+    let out = train(&cfg, None).unwrap();
+    assert_eq!(out.skipped_samples, longer as u64);
+}
+
 #[test]
 fn training_on_nothing_is_an_error_naming_the_skip_counts() {
     link();

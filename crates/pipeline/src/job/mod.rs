@@ -54,6 +54,7 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
         &target,
         data,
         cfg.eval.max_samples.unwrap_or(usize::MAX),
+        target.config().max_position_embeddings,
     )?;
     Ok(EvalOutcome {
         report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,

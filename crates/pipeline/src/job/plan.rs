@@ -111,6 +111,7 @@ impl JobPlan {
             max_len: cfg.data.max_len,
             min_supervised: cfg.data.min_supervised,
             too_long: too_long(cfg),
+            max_positions: target_config.max_position_embeddings,
         };
         let total_steps = schedule.len() as u64;
         let lr = LrSchedule::new(

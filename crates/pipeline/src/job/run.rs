@@ -203,7 +203,8 @@ impl Eval {
         let seqs = match &cfg.data.eval {
             Some(p) => {
                 let max = cfg.eval.max_samples.unwrap_or(usize::MAX);
-                Some(eval_features(cfg, target, p, max)?.0)
+                let max_positions = plan.target_config.max_position_embeddings;
+                Some(eval_features(cfg, target, p, max, max_positions)?.0)
             }
             None => None,
         };
