@@ -580,6 +580,52 @@ fn samples_beyond_max_position_embeddings_are_skipped_and_counted() {
     assert_eq!(out.skipped_samples, longer as u64);
 }
 
+/// `dflash eval` on a drafter with a NaN weight is refused at load (it reported a tau), and
+/// eval on data with no usable sequence is an error, never `tau=NaN sequences=0`.
+#[test]
+fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
+    link();
+    let fx = Fixture::new(&tiny_samples(6));
+    let cfg = fx.config(&[("train.max_steps", "2")]);
+    let out = train(&cfg, None).unwrap();
+    let ok = dflash_pipeline::evaluate(&cfg, &out.run_dir, &fx.data()).unwrap();
+    assert!(ok.report.tau.is_finite() && ok.report.sequences > 0);
+
+    // No usable sequence: every loss mask zero.
+    let none = fx.path().join("none.jsonl");
+    let lines: Vec<String> = tiny_samples(3)
+        .iter()
+        .map(|(ids, _)| {
+            serde_json::json!({ "input_ids": ids, "loss_mask": vec![0; ids.len()] }).to_string()
+        })
+        .collect();
+    std::fs::write(&none, lines.join("\n")).unwrap();
+    let e = dflash_pipeline::evaluate(&cfg, &out.run_dir, &none)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tau is undefined"), "{e}");
+
+    let files = TensorFiles::open(&out.run_dir).unwrap();
+    let mut tensors = Vec::new();
+    for name in files.names() {
+        let shape = files.shape(&name).unwrap();
+        let mut v = files.read_f32(&name, &shape).unwrap();
+        if name == "fc.weight" {
+            v[5] = f32::NAN;
+        }
+        tensors.push((name, shape, v));
+    }
+    drop(files);
+    write_f32_atomic(&out.run_dir.join("model.safetensors"), &tensors, None).unwrap();
+    let e = dflash_pipeline::evaluate(&cfg, &out.run_dir, &fx.data())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"fc.weight\"") && e.contains("non-finite"),
+        "{e}"
+    );
+}
+
 #[test]
 fn training_on_nothing_is_an_error_naming_the_skip_counts() {
     link();
