@@ -626,6 +626,17 @@ fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
     );
 }
 
+/// Empty rows (an Arrow null row reads as one) are never scheduled, so the run's skip counts
+/// never see them: the plan counts them, for the data line to report.
+#[test]
+fn empty_rows_are_counted_by_the_plan() {
+    let mut samples = tiny_samples(6);
+    samples.insert(2, (Vec::new(), Vec::new()));
+    let fx = Fixture::new(&samples);
+    let plan = dflash_pipeline::job::JobPlan::new(&fx.config(&[])).unwrap();
+    assert_eq!(plan.empty_samples, 1);
+}
+
 #[test]
 fn training_on_nothing_is_an_error_naming_the_skip_counts() {
     link();

@@ -48,6 +48,9 @@ pub struct JobPlan {
     pub schedule: Schedule,
     /// One line per length bucket of the first epoch.
     pub bucket_summary: Option<String>,
+    /// Samples of length 0 (empty, or an Arrow null row): never scheduled, so never in the
+    /// run's skip counts; reported next to them.
+    pub empty_samples: usize,
     /// Tokens of each step (after truncation to `data.max_len`).
     pub step_tokens: Vec<u64>,
     pub lr: LrSchedule,
@@ -132,6 +135,7 @@ impl JobPlan {
             drafter_workers: cfg.pipeline.drafter_workers.max(1),
             train_data,
             bucket_summary: plans.first().map(|p| p.bucket_summary().to_string()),
+            empty_samples: lengths.iter().filter(|&&l| l == 0).count(),
             schedule,
             step_tokens,
             lr,

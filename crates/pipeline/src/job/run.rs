@@ -81,13 +81,18 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
             run_dir.display()
         );
     }
-    if run.skips != SkipCounts::default() {
-        eprintln!("data: {}", run.skips);
+    // Empty rows never reach a worker, so the counts alone would say every sample was kept.
+    let empty = match plan.empty_samples {
+        0 => String::new(),
+        n => format!("; {n} empty or null rows not scheduled"),
+    };
+    if run.skips != SkipCounts::default() || !empty.is_empty() {
+        eprintln!("data: {}{empty}", run.skips);
     }
     if start_step < plan.end_step() && run.supervised == 0.0 {
         // Saving an untrained drafter and exiting 0 would look like success.
         return Err(PipelineError::Job(format!(
-            "trained on nothing: steps {start_step}..{} saw no supervised block (data: {}); \
+            "trained on nothing: steps {start_step}..{} saw no supervised block (data: {}{empty}); \
              a sample trains only if it is kept and has a supervised token after an anchor \
              (check the loss masks, data.max_len, data.min_supervised and the token ids)",
             plan.end_step(),
