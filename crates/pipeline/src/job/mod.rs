@@ -56,6 +56,13 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
         cfg.eval.max_samples.unwrap_or(usize::MAX),
         target.config().max_position_embeddings,
     )?;
+    if seqs.is_empty() {
+        return Err(PipelineError::Job(format!(
+            "{}: no usable sequence to evaluate ({skipped_samples} samples skipped: each needs \
+             ids in the vocabulary and two or more supervised tokens); tau is undefined",
+            data.display()
+        )));
+    }
     Ok(EvalOutcome {
         report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
         skipped_samples,
