@@ -165,16 +165,20 @@ pub fn check_backend_attention(
     }
 }
 
-/// The five outputs of one backend run, downloaded.
-struct Outputs {
-    out: Vec<f32>,
-    lse: Vec<f32>,
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+/// The five outputs of one run, on the host.
+pub(crate) struct Outputs {
+    pub(crate) out: Vec<f32>,
+    pub(crate) lse: Vec<f32>,
+    pub(crate) dq: Vec<f32>,
+    pub(crate) dk: Vec<f32>,
+    pub(crate) dv: Vec<f32>,
 }
 
-fn run_on_backend(be: &dyn Backend, case: &Case, x: &CaseInputs) -> dflash_core::Result<Outputs> {
+pub(crate) fn run_on_backend(
+    be: &dyn Backend,
+    case: &Case,
+    x: &CaseInputs,
+) -> dflash_core::Result<Outputs> {
     let AttnDims {
         q_rows: tq,
         kv_rows: tk,

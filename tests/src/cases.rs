@@ -201,3 +201,44 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
     cases.extend(large_score_cases(Layout::new(4, 2, 16))?);
     Ok(cases)
 }
+
+/// A NaN-propagation case (the NaN policy in ARCHITECTURE.md): `case`'s usual inputs with
+/// `k[key, kv_head, 0]` set to NaN. Every (row, head) whose mask sees `key` through `kv_head`
+/// has NaN scores and must come out NaN (`out` and `lse`, and `dq` in the backward) with
+/// `dk`/`dv` of that key NaN; rows that see no key stay exactly 0 (`lse = -inf`); every other
+/// row stays finite. So a kernel can neither hide a NaN (the `l > 0` test of an online
+/// softmax is false for NaN) nor spread it to rows that never read it.
+#[derive(Debug, Clone)]
+pub struct NanCase {
+    pub case: Case,
+    pub key: usize,
+    pub kv_head: usize,
+}
+
+/// The NaN cases: `dflash_padding` (key 10 is seen by the blocks anchored at 15 and 16, not
+/// by those at 0 and 2, and the padding blocks see nothing) and `causal_45` (key 30: rows
+/// 30.. see it), at GQA 2, head_dim 16, NaN in kv head 1.
+pub fn nan_cases() -> Result<Vec<NanCase>, String> {
+    let layout = Layout::new(4, 2, 16);
+    Ok(suite_masks()?
+        .into_iter()
+        .filter_map(|(name, mask)| {
+            let key = match name {
+                "dflash_padding" => 10,
+                "causal_45" => 30,
+                _ => return None,
+            };
+            Some(NanCase {
+                case: Case {
+                    name: format!("{name}_nan_k{key}/{}", layout_tag(layout)),
+                    dims: dims_of(&mask, layout),
+                    mask,
+                    scale: 1.0 / (layout.head_dim as f32).sqrt(),
+                    q_amp: 2.0,
+                },
+                key,
+                kv_head: 1,
+            })
+        })
+        .collect())
+}

@@ -19,7 +19,9 @@
 //! - forward and backward are each run twice and must be bit-identical (training resumes
 //!   exactly only if kernels are deterministic);
 //! - malformed calls (wrong slice lengths, heads not divisible, mask of the wrong size) must
-//!   return `Err`, never panic.
+//!   return `Err`, never panic;
+//! - a NaN input ([`nan_cases`]) comes out NaN in exactly the rows that read it (the NaN
+//!   policy); device kernels run the same cases through [`check_backend_attention_nan`].
 //!
 //! Tolerance: kernels store f32 and the oracle computes in f64 from the same f32 inputs, so the
 //! only error is the kernel's own f32 rounding: with f32 products and f64 (or careful f32)
@@ -35,6 +37,7 @@ pub mod tolerance;
 
 mod backend;
 mod cases;
+mod nan;
 mod report;
 mod run;
 
@@ -49,8 +52,10 @@ pub use backend::{
     check_backend_attention,
 };
 pub use cases::{
-    Case, HOST_LAYOUTS, Layout, cases_on, large_masks, large_score_cases, suite_cases, suite_masks,
+    Case, HOST_LAYOUTS, Layout, NanCase, cases_on, large_masks, large_score_cases, nan_cases,
+    suite_cases, suite_masks,
 };
+pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
 pub use tolerance::{AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2};
 
@@ -64,6 +69,7 @@ pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<R
         .map(|c| run_case(kernel, c, &tol))
         .collect();
     cases.extend(bad_input_cases(kernel)?);
+    cases.extend(check_host_attention_nan(kernel, &nan_cases()?).cases);
     Ok(Report {
         kernel: kernel.name().to_string(),
         tolerance: tol,

@@ -71,6 +71,15 @@ fn reference_backend_attention_conforms_through_its_ops() {
         if let Err(e) = report.ensure_passed() {
             failures.push(e);
         }
+        let nan = dflash_tests::check_backend_attention_nan(
+            backend.as_ref(),
+            &format!("reference backend, {name} attention, NaN inputs"),
+            &dflash_tests::nan_cases().expect("NaN cases"),
+        );
+        println!("{nan}");
+        if let Err(e) = nan.ensure_passed() {
+            failures.push(e);
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -1,6 +1,7 @@
 //! JSON Lines datasets: one object per line, `{"input_ids": [...], "loss_mask": [...]}`.
 //! `loss_mask` is optional (all ones when absent); other keys are ignored; blank lines are
-//! skipped (but still counted for line numbers). The whole file is parsed at open time, and
+//! skipped (but still counted for line numbers); a leading UTF-8 byte order mark is ignored.
+//! The whole file is parsed at open time, and
 //! the first bad line fails the open with `path:line: reason`.
 
 use std::path::{Path, PathBuf};
@@ -33,8 +34,10 @@ impl JsonlDataset {
             line,
             detail,
         };
+        // A UTF-8 byte order mark (Windows editors, some exporters) is not part of the JSON.
+        let body = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&text);
         let mut samples = Vec::new();
-        for (k, raw) in text.split(|&b| b == b'\n').enumerate() {
+        for (k, raw) in body.split(|&b| b == b'\n').enumerate() {
             let line_no = k + 1;
             let raw = std::str::from_utf8(raw)
                 .map_err(|e| bad(line_no, format!("not valid UTF-8: {e}")))?;

@@ -36,6 +36,9 @@ pub enum SkipReason {
     },
     /// `ids` and `loss_mask` differ in length (only possible for hand-built samples).
     LengthMismatch { ids_len: usize, mask_len: usize },
+    /// Kept (after truncation) longer than the target's `max_position_embeddings`: its
+    /// positions would lie past what the RoPE was trained for.
+    BeyondMaxPositions { len: usize, max_positions: usize },
 }
 
 impl fmt::Display for SkipReason {
@@ -68,6 +71,9 @@ impl fmt::Display for SkipReason {
             SkipReason::LengthMismatch { ids_len, mask_len } => {
                 write!(f, "{ids_len} ids but {mask_len} loss-mask entries")
             }
+            SkipReason::BeyondMaxPositions { len, max_positions } => {
+                write!(f, "{len} tokens > max_position_embeddings {max_positions}")
+            }
         }
     }
 }
@@ -83,6 +89,26 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// A kept sample longer than `max_positions` becomes a
+    /// [`SkipReason::BeyondMaxPositions`] skip; every other verdict is unchanged.
+    pub fn within_positions(self, max_positions: usize) -> Verdict {
+        let len = match &self {
+            Verdict::Keep(s) | Verdict::Truncated { sample: s, .. } => s.ids.len(),
+            Verdict::Skip { .. } => return self,
+        };
+        if len <= max_positions {
+            return self;
+        }
+        let id = match &self {
+            Verdict::Keep(s) | Verdict::Truncated { sample: s, .. } => s.id,
+            Verdict::Skip { id, .. } => *id,
+        };
+        Verdict::Skip {
+            id,
+            reason: SkipReason::BeyondMaxPositions { len, max_positions },
+        }
+    }
+
     /// The sample to train on, if any.
     pub fn into_sample(self) -> Option<Sample> {
         match self {
@@ -193,6 +219,7 @@ pub struct SkipCounts {
     pub too_long_skipped: u64,
     pub too_few_supervised: u64,
     pub id_out_of_vocab: u64,
+    pub beyond_max_positions: u64,
     /// Unreadable samples ([`DataError`] from `Dataset::get`) and length mismatches.
     pub malformed: u64,
     pub first_out_of_vocab: Option<OutOfVocab>,
@@ -232,6 +259,7 @@ impl SkipCounts {
                     }
                 }
                 SkipReason::LengthMismatch { .. } => self.note_malformed(*id, reason.to_string()),
+                SkipReason::BeyondMaxPositions { .. } => self.beyond_max_positions += 1,
             },
         }
     }
@@ -254,7 +282,11 @@ impl SkipCounts {
     }
 
     pub fn skipped(&self) -> u64 {
-        self.too_long_skipped + self.too_few_supervised + self.id_out_of_vocab + self.malformed
+        self.too_long_skipped
+            + self.too_few_supervised
+            + self.id_out_of_vocab
+            + self.beyond_max_positions
+            + self.malformed
     }
 
     /// Adds another worker's counts (first offenders: the smaller sample index wins).
@@ -265,6 +297,7 @@ impl SkipCounts {
         self.too_long_skipped += o.too_long_skipped;
         self.too_few_supervised += o.too_few_supervised;
         self.id_out_of_vocab += o.id_out_of_vocab;
+        self.beyond_max_positions += o.beyond_max_positions;
         self.malformed += o.malformed;
         let earlier = o
             .first_out_of_vocab
@@ -313,6 +346,12 @@ impl fmt::Display for SkipCounts {
                 );
             }
             parts.push(s);
+        }
+        if self.beyond_max_positions > 0 {
+            parts.push(format!(
+                "{} longer than max_position_embeddings",
+                self.beyond_max_positions
+            ));
         }
         if self.malformed > 0 {
             let mut s = format!("{} malformed", self.malformed);

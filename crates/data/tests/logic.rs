@@ -623,3 +623,47 @@ fn default_gamma_matches_the_recipes_and_is_monotone() {
     assert_eq!(decay(3, f32::NAN), 1.0);
     assert_eq!(decay(3, f32::INFINITY), 1.0);
 }
+
+/// Samples kept longer than the target's `max_position_embeddings` (after truncation to
+/// `max_len`) are skipped and counted under their own reason; shorter ones are untouched.
+#[test]
+fn samples_beyond_max_positions_are_skipped_and_counted() {
+    let long = sample(3, vec![1; 10], vec![1; 10]);
+    let v = validate(long.clone(), 10, 100, 2, TooLongPolicy::Truncate).within_positions(8);
+    assert_eq!(
+        v,
+        Verdict::Skip {
+            id: 3,
+            reason: SkipReason::BeyondMaxPositions {
+                len: 10,
+                max_positions: 8
+            }
+        }
+    );
+    // Truncated to max_len 8 first: then it fits.
+    let v = validate(long.clone(), 10, 8, 2, TooLongPolicy::Truncate).within_positions(8);
+    assert!(!v.is_skip());
+    let kept = validate(long, 10, 100, 2, TooLongPolicy::Truncate).within_positions(10);
+    assert!(!kept.is_skip());
+    let mut c = SkipCounts::default();
+    c.record(&v);
+    c.record(
+        &validate(
+            sample(4, vec![1; 9], vec![1; 9]),
+            10,
+            100,
+            2,
+            TooLongPolicy::Truncate,
+        )
+        .within_positions(8),
+    );
+    assert_eq!(
+        (c.seen, c.kept, c.skipped(), c.beyond_max_positions),
+        (2, 1, 1, 1)
+    );
+    assert!(
+        c.to_string()
+            .contains("1 longer than max_position_embeddings"),
+        "{c}"
+    );
+}

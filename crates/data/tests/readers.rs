@@ -662,3 +662,20 @@ fn jsonl_bad_lines_name_the_line() {
     let (_t, p) = jsonl("{\"input_ids\": [1]}\n\u{0}\u{ff}");
     assert!(err_string(open_dataset(&p)).contains("data.jsonl:2:"));
 }
+
+/// A UTF-8 byte order mark before the first line (as Windows editors write) is not a JSON
+/// error at column 1: the file reads as without it, line numbers unchanged.
+#[test]
+fn jsonl_with_a_byte_order_mark_reads_as_without_it() {
+    let body = "{\"input_ids\": [5, 6], \"loss_mask\": [0, 1]}\n{\"input_ids\": [7]}\n";
+    let (_t, p) = jsonl(&format!("\u{feff}{body}"));
+    let ds = open_dataset(&p).unwrap();
+    assert_eq!(ds.len(), 2);
+    assert_eq!(ds.get(0).unwrap().ids, vec![5, 6]);
+    assert_eq!(ds.get(0).unwrap().loss_mask, vec![0, 1]);
+    let j = JsonlDataset::open(&p).unwrap();
+    assert_eq!((j.line_of(0), j.line_of(1)), (Some(1), Some(2)));
+    // A mark anywhere else is still an error naming its line.
+    let (_t, p) = jsonl(&format!("{body}\u{feff}{{\"input_ids\": [1]}}\n"));
+    assert!(err_string(JsonlDataset::open(&p)).contains("data.jsonl:3:"));
+}

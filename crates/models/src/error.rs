@@ -19,6 +19,18 @@ pub enum ModelError {
         name: String,
         detail: String,
     },
+    /// A NaN or infinite value in a loaded tensor (the NaN policy: weights are checked when
+    /// read, so a poisoned checkpoint cannot train on or be saved again).
+    #[error(
+        "{path}: tensor {name:?}: non-finite value {value} at index {index:?} (the first; \
+         weights must be finite)"
+    )]
+    NonFinite {
+        path: PathBuf,
+        name: String,
+        index: Vec<usize>,
+        value: f32,
+    },
     #[error("{path}: {detail}")]
     Checkpoint { path: PathBuf, detail: String },
     #[error("{0}")]

@@ -10,6 +10,7 @@ pub use safetensors::Dtype;
 use safetensors::SafeTensors;
 
 use crate::error::{ModelError, Result, io_err};
+use crate::finite::{first_non_finite, load_check_enabled};
 
 /// A tensor's file, dtype and bytes (borrowed from the memory map), and shape.
 type RawTensor<'a> = (&'a Path, (Dtype, &'a [u8]), Vec<usize>);
@@ -103,7 +104,8 @@ impl TensorFiles {
     }
 
     /// Float tensor `name` as the file stores it (F32, BF16 or F16 bytes borrowed from the
-    /// memory map, no copy), checking its shape: what
+    /// memory map, no copy), checking its shape and that every value is finite
+    /// ([`ModelError::NonFinite`] names the first that is not): what
     /// [`dflash_core::MemoryOps::upload_frozen`] takes.
     pub fn view(&self, name: &str, shape: &[usize]) -> Result<HostSlice<'_>> {
         let (path, (dtype, bytes), actual) = self.raw(name)?;
@@ -129,6 +131,17 @@ impl TensorFiles {
         // when it parses the header; this guards the conversions against a future change.
         data.check("view", "host", shape)
             .map_err(|e| err(e.to_string()))?;
+        if let Some((index, value)) = load_check_enabled()
+            .then(|| first_non_finite(&data))
+            .flatten()
+        {
+            return Err(ModelError::NonFinite {
+                path: path.to_path_buf(),
+                name: name.into(),
+                index: unravel(index, shape),
+                value,
+            });
+        }
         Ok(data)
     }
 
@@ -182,6 +195,16 @@ impl TensorFiles {
         let data: &[u8] = view.data();
         Ok((path, (dtype, data), shape))
     }
+}
+
+/// The multi-index of flat row-major index `i` in `shape`.
+fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut at = vec![0; shape.len()];
+    for (a, &n) in at.iter_mut().zip(shape).rev() {
+        *a = i % n.max(1);
+        i /= n.max(1);
+    }
+    at
 }
 
 /// Writes f32 tensors to `path` atomically: a temp file in the same directory, then rename.

@@ -76,6 +76,7 @@ impl Qwen3Target {
         layer_ids: &[usize],
     ) -> Result<Self> {
         let origin = format!("the target in {}", files.dir().display());
+        check_layer_count(&cfg, files)?;
         let has_lm_head = files.contains("lm_head.weight");
         if !has_lm_head && !cfg.tie_word_embeddings {
             return Err(ModelError::Tensor {
@@ -324,4 +325,32 @@ impl dflash_core::pipeline::Target for Qwen3Target {
             b.to_compute_format(b.concat_cols(&parts)?)?,
         ))
     }
+}
+
+/// A layer tensor past `config.json`'s `num_hidden_layers` means the config describes
+/// another model (HF loads it with a warning and drops the layers; training on a silently
+/// truncated target is never meant). Missing deeper layers are fine: only the layers up to
+/// the deepest one used are ever read.
+fn check_layer_count(cfg: &Qwen3Config, files: &TensorFiles) -> Result<()> {
+    let n = cfg.num_hidden_layers;
+    for name in files.names() {
+        let Some(i) = name
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if i >= n {
+            return Err(ModelError::Tensor {
+                path: files.dir().to_path_buf(),
+                name,
+                detail: format!(
+                    "layer {i} is beyond config.json's num_hidden_layers {n}: the config \
+                     and the weights describe different models"
+                ),
+            });
+        }
+    }
+    Ok(())
 }

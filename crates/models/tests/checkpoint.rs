@@ -502,3 +502,24 @@ fn streamed_tensors_round_trip_and_a_failed_fetch_keeps_the_old_file() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(listing(dir.path()), ["model.safetensors"]);
 }
+
+/// The NaN policy: a drafter checkpoint whose `fc.weight` holds a NaN (the resume
+/// reproduction) does not load; the error names the tensor, the file and the index.
+#[test]
+fn a_nan_drafter_weight_is_an_error_naming_tensor_file_and_index() {
+    let (b, dir, _) = saved();
+    rewrite_tensors(dir.path(), |n, s, mut d| {
+        if n == "fc.weight" {
+            d[2 * s[1] + 9] = f32::NAN;
+        }
+        Some((s, d))
+    });
+    let err = load_err(b.as_ref(), dir.path());
+    assert!(
+        err.contains("\"fc.weight\"")
+            && err.contains("model.safetensors")
+            && err.contains("[2, 9]")
+            && err.contains("non-finite"),
+        "{err}"
+    );
+}

@@ -277,3 +277,79 @@ fn bad_dtype_shape_and_missing_tensors_name_file_and_tensor() {
         );
     }
 }
+
+/// The NaN policy at load time: one NaN (or Inf) in a target weight, stored as F32, BF16 or
+/// F16, is an error naming the file, the tensor and the element's index, from the target
+/// loader and from the frozen embedding / head loader, before anything trains on it.
+#[test]
+fn a_non_finite_target_weight_is_an_error_naming_tensor_file_and_index() {
+    let b = backend();
+    let tmp = tempfile::tempdir().unwrap();
+    for (dtype, bad) in [
+        (Dtype::F32, f32::NAN),
+        (Dtype::BF16, f32::INFINITY),
+        (Dtype::F16, f32::NAN),
+    ] {
+        for (poisoned, index) in [
+            ("model.layers.1.mlp.down_proj.weight", [3usize, 5]),
+            ("model.embed_tokens.weight", [7, 2]),
+        ] {
+            let mut src = fixture_tensors();
+            let t = src.iter_mut().find(|(n, _, _)| n == poisoned).unwrap();
+            let cols = t.1[1];
+            t.2[index[0] * cols + index[1]] = bad;
+            let dir = tmp.path().join(format!("{dtype:?}-{poisoned}"));
+            write_checkpoint(&dir, &src, dtype);
+            let model = dir.join("model.safetensors").display().to_string();
+            let mut errs = vec![
+                Qwen3Target::load(b.clone(), &dir, &[0, 1])
+                    .err()
+                    .expect("a non-finite weight is rejected")
+                    .to_string(),
+            ];
+            if poisoned.starts_with("model.embed") {
+                errs.push(
+                    FrozenTarget::load(b.as_ref(), &dir)
+                        .err()
+                        .unwrap()
+                        .to_string(),
+                );
+            }
+            for e in errs {
+                assert!(
+                    e.contains(&model)
+                        && e.contains(poisoned)
+                        && e.contains(&format!("{index:?}"))
+                        && e.contains("non-finite"),
+                    "{dtype:?} {poisoned}: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// A config that says fewer layers than the weights hold (the 4-of-8 reproduction)
+/// is an error naming the first unused tensor, not a silently truncated target.
+#[test]
+fn config_layer_count_must_match_the_weights() {
+    let b = backend();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture_tensors();
+    let text = std::fs::read_to_string(fixture_dir().join("model/config.json")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let n = json["num_hidden_layers"].as_u64().unwrap();
+    for (layers, says) in [
+        (n - 1, format!("model.layers.{}.", n - 1)),
+        (1, "model.layers.1.".to_string()),
+    ] {
+        let dir = tmp.path().join(format!("layers-{layers}"));
+        write_checkpoint(&dir, &src, Dtype::F32);
+        json["num_hidden_layers"] = layers.into();
+        std::fs::write(dir.join("config.json"), json.to_string()).unwrap();
+        let e = Qwen3Target::load(b.clone(), &dir, &[0])
+            .err()
+            .expect("a depth mismatch is rejected")
+            .to_string();
+        assert!(e.contains(&says) && e.contains("num_hidden_layers"), "{e}");
+    }
+}

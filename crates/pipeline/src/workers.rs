@@ -161,6 +161,8 @@ pub struct SampleRules {
     pub max_len: usize,
     pub min_supervised: usize,
     pub too_long: TooLongPolicy,
+    /// The target's `max_position_embeddings`: longer kept samples are skipped and counted.
+    pub max_positions: usize,
 }
 
 /// Loads and validates sample `i`; `None` when it is skipped (counted).
@@ -187,7 +189,8 @@ pub fn load_sample(
         rules.max_len,
         rules.min_supervised,
         rules.too_long,
-    );
+    )
+    .within_positions(rules.max_positions);
     skips
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -291,6 +291,61 @@ fn stopped_then_resumed_run_matches_uninterrupted_run_bit_for_bit() {
     };
     assert_eq!(state(&ca), state(&cb));
     assert_eq!(state(&ca)["adam_step"], 12);
+
+    // Resuming the finished run says so and changes nothing: the same outcome, every file
+    // of the run directory byte-identical (summary.json keeps its figures).
+    let snapshot = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![d.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                match e.file_type().unwrap().is_dir() {
+                    true => dirs.push(e.path()),
+                    false => files.push((e.path(), std::fs::read(e.path()).unwrap())),
+                }
+            }
+        }
+        files.sort();
+        files
+    };
+    let before = snapshot(&b.run_dir);
+    let again = train(&resumed, Some(&b.run_dir)).unwrap();
+    assert_eq!((again.steps, again.final_loss), (12, a.final_loss));
+    assert_eq!(again.first_loss, c.first_loss);
+    assert!(
+        snapshot(&b.run_dir) == before,
+        "resuming a finished run changed files"
+    );
+
+    // trainer_state.json cross-checks: counters that add up to more steps than were run,
+    // and a step beyond the schedule, are errors naming the file.
+    let ts = cb.join("trainer_state.json");
+    let good = std::fs::read_to_string(&ts).unwrap();
+    for (edit, says) in [
+        (
+            ("adam_step", 13),
+            "adam_step 13 + nonfinite_run 0 exceed step 12",
+        ),
+        (
+            ("step", 40),
+            "step 40 but the checkpoint directory is step-12",
+        ),
+    ] {
+        let mut v: Value = serde_json::from_str(&good).unwrap();
+        v[edit.0] = edit.1.into();
+        std::fs::write(&ts, v.to_string()).unwrap();
+        let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("trainer_state.json"), "{e}");
+    }
+    // A consistent checkpoint at step 40 of a 12-step schedule.
+    let ckpts = b.run_dir.join("checkpoints");
+    std::fs::rename(&cb, ckpts.join("step-40")).unwrap();
+    std::fs::write(ckpts.join("latest"), "step-40").unwrap();
+    let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+    assert!(
+        e.contains("step 40 is beyond this run's schedule of 12 steps"),
+        "{e}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,7 +503,9 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
 /// `token` gets NaN target features from that position on, and so a NaN drafter gradient
 /// (the `fc` weight gradient multiplies every feature row), while sequences without it are
 /// untouched. This injects a non-finite step exactly where the test wants one, through the
-/// real data path, without touching the code under test.
+/// real data path. The loader refuses such a target (the NaN policy, tested in
+/// dflash-models), so the tests that use it hold a `LoadCheckOff`; finite weights cannot do
+/// it (the models' norms absorb even `f32::MAX`).
 fn poisoned_target(dir: &Path, token: usize) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::copy(
@@ -468,6 +525,153 @@ fn poisoned_target(dir: &Path, token: usize) {
         out.push((name, shape, v));
     }
     write_f32_atomic(&dir.join("model.safetensors"), &out, None).unwrap();
+}
+
+/// `--resume` on a directory that no run created says so (not what the config then lacks)
+/// and writes nothing there; a run killed before its first checkpoint resumes from step 0 in
+/// its own directory, with the records and losses of an uninterrupted run.
+#[test]
+fn resume_of_a_non_run_dir_says_so_and_a_run_without_checkpoint_starts_over() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let cfg = fx.config(&[("train.max_steps", "3"), ("train.save_every", "0")]);
+    let empty = fx.path().join("not-a-run");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = train(&cfg, Some(&empty)).unwrap_err().to_string();
+    assert!(e.contains("not a run directory"), "{e}");
+    assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+
+    let a = train(&cfg, None).unwrap();
+    let ma = metrics(&a.run_dir);
+    std::fs::remove_dir_all(a.run_dir.join("checkpoints")).unwrap();
+    std::fs::remove_file(a.run_dir.join("summary.json")).unwrap();
+    let again = train(&cfg, Some(&a.run_dir)).unwrap();
+    assert_eq!(again.run_dir, a.run_dir);
+    assert_eq!((again.steps, again.final_loss), (3, a.final_loss));
+    assert_same_records(&ma, &metrics(&a.run_dir));
+}
+
+/// Samples longer than the target's `max_position_embeddings` are skipped and counted, not
+/// trained on with positions the target never saw.
+#[test]
+fn samples_beyond_max_position_embeddings_are_skipped_and_counted() {
+    link();
+    let samples = tiny_samples(12);
+    let longer = samples
+        .iter()
+        .filter(|s| s.0.len().min(MAX_LEN) > 50)
+        .count();
+    assert!(longer > 0 && longer < samples.len());
+    let fx = Fixture::new(&samples);
+    let short = fx.path().join("short-target");
+    std::fs::create_dir_all(&short).unwrap();
+    let text = std::fs::read_to_string(Path::new(TARGET).join("config.json")).unwrap();
+    let mut json: Value = serde_json::from_str(&text).unwrap();
+    json["max_position_embeddings"] = 50.into();
+    std::fs::write(short.join("config.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        Path::new(TARGET).join("model.safetensors"),
+        short.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg = fx.config(&[("train.epochs", "1")]);
+    cfg.target.path = Some(short);
+    let out = train(&cfg, None).unwrap();
+    assert_eq!(out.skipped_samples, longer as u64);
+}
+
+/// `dflash eval` on a drafter with a NaN weight is refused at load (it reported a tau), and
+/// eval on data with no usable sequence is an error, never `tau=NaN sequences=0`.
+#[test]
+fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
+    link();
+    let fx = Fixture::new(&tiny_samples(6));
+    let cfg = fx.config(&[("train.max_steps", "2")]);
+    let out = train(&cfg, None).unwrap();
+    let ok = dflash_pipeline::evaluate(&cfg, &out.run_dir, &fx.data()).unwrap();
+    assert!(ok.report.tau.is_finite() && ok.report.sequences > 0);
+
+    // No usable sequence: every loss mask zero.
+    let none = fx.path().join("none.jsonl");
+    let lines: Vec<String> = tiny_samples(3)
+        .iter()
+        .map(|(ids, _)| {
+            serde_json::json!({ "input_ids": ids, "loss_mask": vec![0; ids.len()] }).to_string()
+        })
+        .collect();
+    std::fs::write(&none, lines.join("\n")).unwrap();
+    let e = dflash_pipeline::evaluate(&cfg, &out.run_dir, &none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no usable sequence") && e.contains("3 samples skipped"),
+        "{e}"
+    );
+
+    let files = TensorFiles::open(&out.run_dir).unwrap();
+    let mut tensors = Vec::new();
+    for name in files.names() {
+        let shape = files.shape(&name).unwrap();
+        let mut v = files.read_f32(&name, &shape).unwrap();
+        if name == "fc.weight" {
+            v[5] = f32::NAN;
+        }
+        tensors.push((name, shape, v));
+    }
+    drop(files);
+    write_f32_atomic(&out.run_dir.join("model.safetensors"), &tensors, None).unwrap();
+    let e = dflash_pipeline::evaluate(&cfg, &out.run_dir, &fx.data())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"fc.weight\"") && e.contains("non-finite"),
+        "{e}"
+    );
+}
+
+/// Empty rows (an Arrow null row reads as one) are never scheduled, so the run's skip counts
+/// never see them: the plan counts them, for the data line to report.
+#[test]
+fn empty_rows_are_counted_by_the_plan() {
+    let mut samples = tiny_samples(6);
+    samples.insert(2, (Vec::new(), Vec::new()));
+    let fx = Fixture::new(&samples);
+    let plan = dflash_pipeline::job::JobPlan::new(&fx.config(&[])).unwrap();
+    assert_eq!(plan.empty_samples, 1);
+}
+
+#[test]
+fn training_on_nothing_is_an_error_naming_the_skip_counts() {
+    link();
+    // Every loss mask zero: every sample is skipped as having too few supervised tokens.
+    let samples: Samples = tiny_samples(6)
+        .into_iter()
+        .map(|(ids, m)| {
+            let n = m.len();
+            (ids, vec![0; n])
+        })
+        .collect();
+    let fx = Fixture::new(&samples);
+    let e = train(&fx.config(&[("train.max_steps", "2")]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("trained on nothing")
+            && e.contains("kept 0/4; skipped 4: 4 too few supervised tokens"),
+        "{e}"
+    );
+    // Kept samples, but a min_supervised no sample reaches.
+    let fx = Fixture::new(&tiny_samples(6));
+    let cfg = fx.config(&[("train.max_steps", "2"), ("data.min_supervised", "100000")]);
+    let e = train(&cfg, None).unwrap_err().to_string();
+    assert!(
+        e.contains("trained on nothing") && e.contains("kept 0/"),
+        "{e}"
+    );
+    assert!(
+        !fx.runs().join("run/model.safetensors").exists(),
+        "no untrained drafter is saved as the run's result"
+    );
 }
 
 #[test]
@@ -496,7 +700,9 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
+    let check_off = dflash_models::finite::LoadCheckOff::new();
     let err = train(&cfg, None).unwrap_err();
+    drop(check_off);
     match &err {
         PipelineError::Worker { worker, source } => {
             assert_eq!(worker, "drafter replica 0");
@@ -506,7 +712,8 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
                     PipelineError::Train(TrainError::NonFinite {
                         count: 3,
                         limit: 3,
-                        step: 6
+                        step: 6,
+                        ..
                     })
                 ),
                 "{source:?}"
@@ -529,6 +736,10 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     assert!(
         text.contains("caused by:"),
         "error.txt holds the cause chain:\n{text}"
+    );
+    assert!(
+        text.contains("the target's features were already non-finite"),
+        "the error says where the NaN came from:\n{text}"
     );
 
     // Steps 0..=5 were reported (step 6 failed before its record); the bad ones skipped.
@@ -596,7 +807,9 @@ fn resume_after_failure_between_checkpoints_keeps_one_record_per_step() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
+    let check_off = dflash_models::finite::LoadCheckOff::new();
     train(&cfg, None).unwrap_err();
+    drop(check_off);
     let run_dir = fx.runs().join("run");
     let before = metrics(&run_dir);
     assert_eq!(before.len(), 3, "steps 0..=2 reported, step 3 failed");

@@ -11,7 +11,7 @@
 use dflash_core::pipeline::HiddenSeq;
 use dflash_models::{DraftInput, Drafter};
 
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TauReport {
@@ -108,7 +108,8 @@ pub fn sequence_cycles(
     Ok(cycles)
 }
 
-/// Mean tau over sequences (each sequence weighted equally, as published numbers are).
+/// Mean tau over sequences (each sequence weighted equally, as published numbers are); an
+/// error when no sequence has a completion to draft (tau is never reported as NaN).
 /// `stop_tokens` end generation like the serving loop's EOS (pass the target's EOS ids).
 pub fn evaluate_tau(
     drafter: &Drafter,
@@ -125,11 +126,10 @@ pub fn evaluate_tau(
         cycles += c.len();
         per_sequence.push(c.iter().sum::<usize>() as f64 / c.len() as f64);
     }
-    let tau = if per_sequence.is_empty() {
-        f64::NAN
-    } else {
-        per_sequence.iter().sum::<f64>() / per_sequence.len() as f64
-    };
+    if per_sequence.is_empty() {
+        return Err(TrainError::NoEvalSequence { given: seqs.len() });
+    }
+    let tau = per_sequence.iter().sum::<f64>() / per_sequence.len() as f64;
     Ok(TauReport {
         tau,
         sequences: per_sequence.len(),

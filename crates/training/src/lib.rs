@@ -9,7 +9,7 @@ pub mod replica;
 pub mod schedule;
 pub mod state;
 
-pub use error::{Result, TrainError};
+pub use error::{NonFiniteSource, Result, TrainError};
 pub use eval::{TauReport, evaluate_tau};
 pub use optimizer::AdamW;
 pub use prepare::{BlockSpec, PreparedBatch, PreparedSeq};

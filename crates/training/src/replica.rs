@@ -9,7 +9,7 @@ use std::time::Instant;
 use dflash_core::{Backend, Communicator, LossStats};
 use dflash_models::{DraftInput, Drafter, DrafterGrads};
 
-use crate::error::{Result, TrainError};
+use crate::error::{NonFiniteSource, Result, TrainError};
 use crate::optimizer::{AdamW, clip_factor, grad_norm};
 
 /// What one optimizer step did, identical on every replica.
@@ -43,6 +43,9 @@ pub struct DrafterReplica {
     /// Consecutive non-finite steps so far.
     pub nonfinite_run: u64,
     pub max_nonfinite: u64,
+    /// Whether the features of the last micro-batch with a non-finite loss were themselves
+    /// non-finite (`None`: no non-finite loss seen since the last applied update).
+    features_nonfinite: Option<bool>,
     /// 0-based index of the step being accumulated.
     pub step: u64,
     /// Timings of the last finished step.
@@ -67,6 +70,7 @@ impl DrafterReplica {
             grad_clip,
             nonfinite_run: 0,
             max_nonfinite,
+            features_nonfinite: None,
             step: 0,
             last_times: StepTimes::default(),
         })
@@ -88,6 +92,12 @@ impl DrafterReplica {
             .drafter
             .forward_backward(inp, 1.0, &mut self.grads, self.recompute)?;
         self.local.merge(&stats);
+        if !stats.weighted_loss.is_finite() {
+            // Only on the failure path: one host copy of this micro-batch's features says
+            // whether the NaN came from the target (or its data) or from the drafter.
+            let feats = inp.features.to_host()?;
+            self.features_nonfinite = Some(feats.iter().any(|x| !x.is_finite()));
+        }
         self.backend().synchronize()?;
         Ok(())
     }
@@ -149,13 +159,20 @@ impl DrafterReplica {
                 )?;
                 summary.applied = true;
                 self.nonfinite_run = 0;
+                self.features_nonfinite = None;
             } else {
                 self.nonfinite_run += 1;
                 if self.nonfinite_run >= self.max_nonfinite {
+                    let source = match self.features_nonfinite {
+                        Some(true) => NonFiniteSource::TargetFeatures,
+                        Some(false) => NonFiniteSource::Drafter,
+                        None => NonFiniteSource::Gradient,
+                    };
                     return Err(TrainError::NonFinite {
                         count: self.nonfinite_run,
                         limit: self.max_nonfinite,
                         step,
+                        origin: source,
                     });
                 }
             }

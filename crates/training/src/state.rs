@@ -95,11 +95,44 @@ pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerStat
             *t = b.upload(&files.read_f32(&format!("{prefix}.{name}"), shape)?, shape)?;
         }
     }
-    let path = dir.join(TRAINER_STATE);
-    let text = std::fs::read_to_string(&path).map_err(|e| state_err(&path, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| state_err(&path, e))?;
+    let state = read_state(dir)?;
     replica.step = state.step;
     replica.optimizer.step = state.adam_step;
     replica.nonfinite_run = state.nonfinite_run;
+    Ok(state)
+}
+
+/// Reads `dir/trainer_state.json`, cross-checked against itself and its directory: the
+/// counters must add up (each step applied an update, was skipped as non-finite, or had
+/// nothing to train on) and the step must be the one in the directory's `step-N` name.
+pub fn read_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(TRAINER_STATE);
+    let text = std::fs::read_to_string(&path).map_err(|e| state_err(&path, e))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| state_err(&path, e))?;
+    if state.adam_step + state.nonfinite_run > state.step {
+        return Err(state_err(
+            &path,
+            format!(
+                "adam_step {} + nonfinite_run {} exceed step {}: the counters disagree \
+                 (edited, or from another run)",
+                state.adam_step, state.nonfinite_run, state.step
+            ),
+        ));
+    }
+    if let Some(n) = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse::<u64>().ok())
+        && n != state.step
+    {
+        return Err(state_err(
+            &path,
+            format!(
+                "step {} but the checkpoint directory is step-{n}",
+                state.step
+            ),
+        ));
+    }
     Ok(state)
 }

@@ -15,7 +15,8 @@ use dflash_models::{DraftInput, Drafter, DrafterParams, Qwen3Target};
 use dflash_training::eval::sequence_cycles;
 use dflash_training::optimizer::{AdamWHyper, clip_factor, grad_norm};
 use dflash_training::{
-    AdamW, BlockSpec, DrafterReplica, LrSchedule, PreparedSeq, TrainError, evaluate_tau, state,
+    AdamW, BlockSpec, DrafterReplica, LrSchedule, NonFiniteSource, PreparedSeq, TrainError,
+    evaluate_tau, state,
 };
 
 const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
@@ -247,6 +248,16 @@ fn check_tau_chain(attention: &str) {
     );
     assert_eq!(report.per_sequence, means);
     assert!((report.tau - means.iter().sum::<f64>() / 3.0).abs() < 1e-12);
+
+    // Nothing to measure (the issue's `tau=NaN sequences=0`): an error, never a NaN tau.
+    for none in [&all[1..2], &all[all.len() - 1..], &[]] {
+        match evaluate_tau(&d, none, &[]) {
+            Err(e @ TrainError::NoEvalSequence { .. }) => {
+                assert!(e.to_string().contains("tau is undefined"), "{e}")
+            }
+            other => panic!("expected NoEvalSequence, got {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -500,11 +511,18 @@ fn non_finite_step_is_skipped_without_trace_and_a_run_of_them_stops() {
 
     assert!(!step(&mut r, &bad).unwrap().applied);
     match step(&mut r, &bad) {
-        Err(TrainError::NonFinite {
-            count: 2,
-            limit: 2,
-            step: 4,
-        }) => {}
+        // The features were NaN (the target's side), and the error says so.
+        Err(
+            e @ TrainError::NonFinite {
+                count: 2,
+                limit: 2,
+                step: 4,
+                origin: NonFiniteSource::TargetFeatures,
+            },
+        ) => assert!(
+            e.to_string()
+                .contains("target's features were already non-finite")
+        ),
         other => panic!("expected NonFinite after 2 consecutive steps, got {other:?}"),
     }
 }

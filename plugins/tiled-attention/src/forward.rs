@@ -44,15 +44,24 @@ impl Ctx<'_> {
                         let qrow = self.q_row(r0 + ri, kvh * g + gi);
                         let mut n = 0;
                         let mut tile_max = f32::NEG_INFINITY;
+                        let mut nan = false;
                         for &(lo, hi) in &ranges[..nr] {
                             for j in lo..hi {
                                 let s = self.input.scale * dot(qrow, self.k_row(j, kvh));
                                 scores[n] = s;
                                 n += 1;
+                                // `f32::max` drops a NaN operand, so NaN is tracked apart.
+                                nan |= s.is_nan();
                                 tile_max = tile_max.max(s);
                             }
                         }
                         let st = ri * g + gi;
+                        if nan || l[st].is_nan() {
+                            // A NaN score makes the whole row NaN (the NaN policy): the state
+                            // stays NaN through every later tile and the row is written NaN.
+                            l[st] = f64::NAN;
+                            continue;
+                        }
                         let m_old = m[st];
                         let m_new = m_old.max(tile_max);
                         if m_new == f32::NEG_INFINITY {
@@ -91,6 +100,10 @@ impl Ctx<'_> {
                             *oi = (a * inv) as f32;
                         }
                         lse[ri * hq + h] = (m[st] as f64 + l[st].ln()) as f32;
+                    } else if l[st].is_nan() {
+                        // NaN scores, or an overflow to inf - inf: propagate, never hide.
+                        o.fill(f32::NAN);
+                        lse[ri * hq + h] = f32::NAN;
                     } else {
                         // No visible key (padding block): defined as out 0, lse -inf.
                         o.fill(0.0);

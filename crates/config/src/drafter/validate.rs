@@ -5,6 +5,9 @@ use super::{DrafterConfig, LayerType, ORIGIN_BUILT};
 use crate::error::{ConfigError, Result};
 use crate::qwen3::Qwen3Config;
 
+/// 1 TiB: 50x the 8B recipe's drafter state, far below the sizes a typo produces.
+const MAX_TRAINING_STATE_BYTES: f64 = (1u64 << 40) as f64;
+
 impl DrafterConfig {
     /// Internal consistency (no target needed).
     pub fn validate(&self) -> Result<()> {
@@ -38,6 +41,8 @@ impl DrafterConfig {
             self.rms_norm_eps,
         )
         .map_err(|(field, message)| inv(field, message))?;
+        self.check_size()
+            .map_err(|(field, message)| inv(field, message))?;
         if self.block_size < 2 {
             return Err(inv(
                 "block_size",
@@ -69,6 +74,16 @@ impl DrafterConfig {
                 format!(
                     "layer {bad} is out of range for num_target_layers {} (ids {:?})",
                     self.num_target_layers, self.target_layer_ids
+                ),
+            ));
+        }
+        let ids = &self.target_layer_ids;
+        if let Some(dup) = ids.iter().enumerate().find(|(i, l)| ids[..*i].contains(l)) {
+            return Err(inv(
+                "dflash_config.target_layer_ids",
+                format!(
+                    "layer {} appears twice in {ids:?}: each target layer is one feature",
+                    dup.1
                 ),
             ));
         }
@@ -112,6 +127,65 @@ impl DrafterConfig {
             }
         }
         Ok(())
+    }
+
+    /// Parameters of the trainable drafter, from the shapes (f64: absurd sizes must not
+    /// overflow): per layer the attention projections, the MLP and two norms, plus `fc`.
+    pub fn trainable_params(&self) -> f64 {
+        let h = self.hidden_size as f64;
+        let (hq, hkv, d) = (
+            self.num_attention_heads as f64,
+            self.num_key_value_heads as f64,
+            self.head_dim as f64,
+        );
+        let attn = h * d * (2.0 * hq + 2.0 * hkv) + 2.0 * d;
+        let mlp = 3.0 * h * self.intermediate_size as f64;
+        let fc = self.target_layer_ids.len() as f64 * h * h;
+        self.num_hidden_layers as f64 * (attn + mlp + 2.0 * h) + fc + 2.0 * h
+    }
+
+    /// Refuses a drafter whose training state (f32 weights, gradients and two AdamW moments:
+    /// 16 bytes a parameter) is beyond any machine, before anything is allocated; the error
+    /// names the largest knob. The real fit is the backend's (out of memory is
+    /// `Error::OutOfMemory`); this only keeps typos from reaching the allocator.
+    fn check_size(&self) -> std::result::Result<(), (&'static str, String)> {
+        let bytes = 16.0 * self.trainable_params();
+        if bytes <= MAX_TRAINING_STATE_BYTES {
+            return Ok(());
+        }
+        let h = self.hidden_size as f64;
+        let heads = (2 * self.num_attention_heads + 2 * self.num_key_value_heads) as f64;
+        let terms = [
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                3.0 * h * self.intermediate_size as f64,
+            ),
+            ("head_dim", self.head_dim, h * heads * self.head_dim as f64),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                2.0 * h * (self.num_attention_heads * self.head_dim) as f64,
+            ),
+        ];
+        let (field, value) = if self.num_hidden_layers > 1024 {
+            ("num_hidden_layers", self.num_hidden_layers)
+        } else {
+            let t = terms
+                .iter()
+                .max_by(|a, b| a.2.total_cmp(&b.2))
+                .expect("three terms");
+            (t.0, t.1)
+        };
+        Err((
+            field,
+            format!(
+                "{value} makes the drafter's training state (weights, gradients, AdamW \
+                 moments) {:.3e} bytes, above the {:.0} GiB any device holds",
+                bytes,
+                MAX_TRAINING_STATE_BYTES / (1u64 << 30) as f64
+            ),
+        ))
     }
 
     /// Checks that this drafter fits `target`: same hidden size and vocabulary, target layer ids

@@ -4,6 +4,9 @@
 use super::TrainConfig;
 use crate::error::{ConfigError, Result};
 
+/// `backend.threads` above this many per core is a typo, not a tuning choice.
+const MAX_THREADS_PER_CORE: usize = 4;
+
 impl TrainConfig {
     /// Range checks of every field; errors name the field (`section.key`).
     pub fn validate(&self) -> Result<()> {
@@ -68,6 +71,42 @@ impl TrainConfig {
             return bad(
                 "drafter.target_layer_ids",
                 "must name at least one layer when set".into(),
+            );
+        }
+        if d.block_size > data.max_len {
+            // No sample is longer than max_len, so no anchor could take a whole block: the
+            // loader would featurise forever without producing a step.
+            return bad(
+                "drafter.block_size",
+                format!(
+                    "{} exceeds data.max_len {}: no sample can hold a block",
+                    d.block_size, data.max_len
+                ),
+            );
+        }
+        if let Some(ids) = &d.target_layer_ids {
+            if let Some(dup) = ids.iter().enumerate().find(|(i, l)| ids[..*i].contains(l)) {
+                return bad(
+                    "drafter.target_layer_ids",
+                    format!("layer {} appears twice in {ids:?}", dup.1),
+                );
+            }
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        if self.backend.threads > MAX_THREADS_PER_CORE * cores {
+            return bad(
+                "backend.threads",
+                format!(
+                    "{} is more than {MAX_THREADS_PER_CORE}x the {cores} cores this machine has \
+                     (0 uses all of them)",
+                    self.backend.threads
+                ),
+            );
+        }
+        if p.timeout_secs == 0 {
+            return bad(
+                "pipeline.timeout_secs",
+                "must be at least 1 (seconds a worker may wait on a queue)".into(),
             );
         }
         if data.token_budget < data.max_len {

@@ -54,7 +54,15 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
         &target,
         data,
         cfg.eval.max_samples.unwrap_or(usize::MAX),
+        target.config().max_position_embeddings,
     )?;
+    if seqs.is_empty() {
+        return Err(PipelineError::Job(format!(
+            "{}: no usable sequence to evaluate ({skipped_samples} samples skipped: each needs \
+             ids in the vocabulary and two or more supervised tokens); tau is undefined",
+            data.display()
+        )));
+    }
     Ok(EvalOutcome {
         report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
         skipped_samples,
@@ -64,6 +72,18 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
 /// Runs a whole training job. With `resume`, continues the run in that directory exactly
 /// where its latest checkpoint left off.
 pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
+    if let Some(dir) = resume
+        && !dir.join("config.toml").exists()
+        && latest_checkpoint(dir).is_none()
+    {
+        // Checked before the config is planned, so a wrong directory is not reported as
+        // whatever the config then lacks.
+        return Err(PipelineError::Job(format!(
+            "{}: not a run directory (no config.toml, no checkpoints/latest); --resume takes \
+             a directory that `train` created",
+            dir.display()
+        )));
+    }
     let run_dir = resume
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));

@@ -48,6 +48,9 @@ pub struct JobPlan {
     pub schedule: Schedule,
     /// One line per length bucket of the first epoch.
     pub bucket_summary: Option<String>,
+    /// Samples of length 0 (empty, or an Arrow null row): never scheduled, so never in the
+    /// run's skip counts; reported next to them.
+    pub empty_samples: usize,
     /// Tokens of each step (after truncation to `data.max_len`).
     pub step_tokens: Vec<u64>,
     pub lr: LrSchedule,
@@ -111,6 +114,7 @@ impl JobPlan {
             max_len: cfg.data.max_len,
             min_supervised: cfg.data.min_supervised,
             too_long: too_long(cfg),
+            max_positions: target_config.max_position_embeddings,
         };
         let total_steps = schedule.len() as u64;
         let lr = LrSchedule::new(
@@ -131,6 +135,7 @@ impl JobPlan {
             drafter_workers: cfg.pipeline.drafter_workers.max(1),
             train_data,
             bucket_summary: plans.first().map(|p| p.bucket_summary().to_string()),
+            empty_samples: lengths.iter().filter(|&&l| l == 0).count(),
             schedule,
             step_tokens,
             lr,

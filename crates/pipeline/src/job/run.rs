@@ -31,6 +31,9 @@ use crate::workers::{Reorder, Shared, WorkItem, target_worker};
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
     let job_start = Instant::now();
+    if resuming && let Some(done) = finished_run(plan, run_dir)? {
+        return Ok(done);
+    }
     write_resolved_config(plan, run_dir)?;
     let (target_backends, drafter_backends) = place_workers(plan)?;
     let b0 = &drafter_backends[0];
@@ -78,8 +81,23 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
             run_dir.display()
         );
     }
-    if run.skips != SkipCounts::default() {
-        eprintln!("data: {}", run.skips);
+    // Empty rows never reach a worker, so the counts alone would say every sample was kept.
+    let empty = match plan.empty_samples {
+        0 => String::new(),
+        n => format!("; {n} empty or null rows not scheduled"),
+    };
+    if run.skips != SkipCounts::default() || !empty.is_empty() {
+        eprintln!("data: {}{empty}", run.skips);
+    }
+    if start_step < plan.end_step() && run.supervised == 0.0 {
+        // Saving an untrained drafter and exiting 0 would look like success.
+        return Err(PipelineError::Job(format!(
+            "trained on nothing: steps {start_step}..{} saw no supervised block (data: {}{empty}); \
+             a sample trains only if it is kept and has a supervised token after an anchor \
+             (check the loss masks, data.max_len, data.min_supervised and the token ids)",
+            plan.end_step(),
+            run.skips
+        )));
     }
     let b = replica.drafter.backend().clone();
     // The served drafter, in the dtype the job asks for (checkpoints keep f32).
@@ -117,14 +135,60 @@ fn write_resolved_config(plan: &JobPlan, run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The outcome of a run that has already finished (its latest checkpoint is at the end of the
+/// schedule and `summary.json` exists), read back, so resuming it says so and changes
+/// nothing; an error when the checkpoint's step lies beyond the schedule.
+fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> {
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        return Ok(None);
+    };
+    let path = ckpt.join(state::TRAINER_STATE);
+    let step = state::read_state(&ckpt)?.step;
+    let total = plan.total_steps();
+    if step > total {
+        return Err(PipelineError::Job(format!(
+            "{}: step {step} is beyond this run's schedule of {total} steps (train.max_steps, \
+             train.epochs or the data changed since it was saved)",
+            path.display()
+        )));
+    }
+    let summary = run_dir.join("summary.json");
+    let Some(v) = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    else {
+        return Ok(None);
+    };
+    if step < total {
+        return Ok(None);
+    }
+    eprintln!(
+        "{}: the run already finished (step {step} of {total}); nothing to do",
+        run_dir.display()
+    );
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    Ok(Some(TrainOutcome {
+        run_dir: run_dir.to_path_buf(),
+        steps: step,
+        final_loss: f("final_loss"),
+        final_accuracy: f("final_accuracy"),
+        first_loss: f("first_loss"),
+        tau_before: v["tau_before"].as_f64(),
+        tau_after: v["tau_after"].as_f64(),
+        skipped_samples: v["skipped_samples"].as_u64().unwrap_or(0),
+    }))
+}
+
 /// Loads the latest checkpoint of `run_dir` into every replica.
 fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<()> {
-    let ckpt = latest_checkpoint(run_dir).ok_or_else(|| {
-        PipelineError::Job(format!(
-            "{}: no checkpoint to resume from",
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        // Killed before its first checkpoint: the run starts over, in its own directory.
+        eprintln!(
+            "{}: no checkpoint yet; starting the run from step 0",
             run_dir.display()
-        ))
-    })?;
+        );
+        return Ok(());
+    };
     for r in replicas.iter_mut() {
         state::load_into(&ckpt, r)?;
     }
@@ -144,7 +208,8 @@ impl Eval {
         let seqs = match &cfg.data.eval {
             Some(p) => {
                 let max = cfg.eval.max_samples.unwrap_or(usize::MAX);
-                Some(eval_features(cfg, target, p, max)?.0)
+                let max_positions = plan.target_config.max_position_embeddings;
+                Some(eval_features(cfg, target, p, max, max_positions)?.0)
             }
             None => None,
         };
@@ -257,6 +322,8 @@ struct RunResult {
     first_loss: f64,
     /// Loss and accuracy of the last step.
     last: (f64, f64),
+    /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
+    supervised: f64,
     skips: SkipCounts,
 }
 
@@ -282,6 +349,7 @@ fn run_workers(
     let mut result = RunResult {
         first_loss: f64::NAN,
         last: (f64::NAN, f64::NAN),
+        supervised: 0.0,
         skips: SkipCounts::default(),
     };
     let end_step = plan.end_step();
@@ -467,6 +535,7 @@ impl DrafterLoop<'_> {
                 lead.result.first_loss = summary.stats.loss();
             }
             lead.result.last = (summary.stats.loss(), summary.stats.accuracy());
+            lead.result.supervised += summary.stats.weight_sum;
             clock.lap(Phase::Report, &mut mark);
             let n = step + 1;
             let save_every = plan.cfg.train.save_every;

@@ -67,12 +67,14 @@ pub(super) fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<
     Ok(d)
 }
 
-/// Featurises up to `max` eval samples once (reused before and after training).
+/// Featurises up to `max` eval samples once (reused before and after training); samples
+/// longer than `max_positions` (the target's `max_position_embeddings`) are skipped.
 pub(super) fn eval_features(
     cfg: &TrainConfig,
     target: &dyn Target,
     path: &Path,
     max: usize,
+    max_positions: usize,
 ) -> Result<(Vec<HiddenSeq>, u64)> {
     let data = open_dataset(path)?;
     let rules = SampleRules {
@@ -80,6 +82,7 @@ pub(super) fn eval_features(
         max_len: cfg.data.max_len,
         min_supervised: 2,
         too_long: too_long(cfg),
+        max_positions,
     };
     let skips = Mutex::new(SkipCounts::default());
     let mut seqs = Vec::new();

@@ -1,0 +1,174 @@
+//! The NaN-propagation check ([`crate::NanCase`]) on any kernel: host kernels directly,
+//! device kernels through a backend's attention ops. Only where NaN must and must not be is
+//! checked; the values of the clean rows are the ordinary suite's business.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use dflash_core::{AttnBackward, AttnForward, Backend, HostAttentionKernel};
+
+use crate::backend::{Outputs, run_on_backend};
+use crate::cases::NanCase;
+use crate::report::{CaseResult, Report};
+use crate::run::CaseInputs;
+use crate::tolerance::Tolerance;
+
+fn inputs(nc: &NanCase) -> CaseInputs {
+    let mut x = CaseInputs::draw(&nc.case);
+    let d = nc.case.dims;
+    x.k[(nc.key * d.kv_heads + nc.kv_head) * d.head_dim] = f32::NAN;
+    x
+}
+
+/// Compares `got` with the pattern [`NanCase`] states; failures land in the result.
+fn check(nc: &NanCase, got: &Outputs) -> CaseResult {
+    let mut res = CaseResult::new(nc.case.name.clone());
+    let dims = nc.case.dims;
+    let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
+    let dense = nc.case.mask.to_dense_oracle();
+    let mut fail = |why: String| {
+        if res.failure.is_none() {
+            res.fail(why);
+        }
+    };
+    for (i, visible) in dense.iter().enumerate() {
+        let sees_any = visible.iter().any(|&b| b);
+        for h in 0..hq {
+            let at = (i * hq + h) * d;
+            let (out, lse, dq) = (
+                &got.out[at..at + d],
+                got.lse[i * hq + h],
+                &got.dq[at..at + d],
+            );
+            let poisoned = visible[nc.key] && h / group == nc.kv_head;
+            if poisoned {
+                if !out.iter().all(|x| x.is_nan()) || !lse.is_nan() {
+                    fail(format!(
+                        "row {i}, head {h} reads the NaN key {} but out = {:?}.., lse = {lse} \
+                         (must be NaN)",
+                        nc.key,
+                        &out[..2]
+                    ));
+                }
+                if !dq.iter().all(|x| x.is_nan()) {
+                    fail(format!(
+                        "row {i}, head {h} reads the NaN key but dq is not all NaN"
+                    ));
+                }
+            } else if !sees_any {
+                if out.iter().any(|&x| x != 0.0) || lse != f32::NEG_INFINITY {
+                    fail(format!(
+                        "row {i} sees no key but out = {:?}.., lse = {lse} (must be 0, -inf)",
+                        &out[..2]
+                    ));
+                }
+            } else if !out.iter().all(|x| x.is_finite()) || !lse.is_finite() {
+                fail(format!(
+                    "row {i}, head {h} never reads the NaN key but out/lse is not finite"
+                ));
+            }
+        }
+    }
+    let kj = (nc.key * hkv + nc.kv_head) * d;
+    for (what, g) in [("dk", &got.dk), ("dv", &got.dv)] {
+        if !g[kj..kj + d].iter().all(|x| x.is_nan()) {
+            fail(format!("{what} of the NaN key {} is not all NaN", nc.key));
+        }
+    }
+    res
+}
+
+fn report(label: &str, cases: Vec<CaseResult>) -> Report {
+    Report {
+        kernel: label.to_string(),
+        tolerance: Tolerance::EXACT.because("NaN propagation: where NaN must and must not be"),
+        cases,
+    }
+}
+
+/// Runs `f`, turning an `Err` or a panic into the failure message.
+fn guarded(f: impl FnOnce() -> Result<Outputs, String>) -> Result<Outputs, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(o)) => Ok(o),
+        Ok(Err(e)) => Err(format!("returned Err on a NaN input: {e}")),
+        Err(_) => Err("panicked on a NaN input".into()),
+    }
+}
+
+/// The result of one NaN case: the pattern check, or the failure of the run itself.
+fn result_of(nc: &NanCase, got: Result<Outputs, String>) -> CaseResult {
+    match got {
+        Ok(got) => check(nc, &got),
+        Err(why) => {
+            let mut r = CaseResult::new(nc.case.name.clone());
+            r.fail(why);
+            r
+        }
+    }
+}
+
+/// Runs one host kernel's forward, then its backward on its own `out`/`lse` (as training
+/// does), into zero-filled buffers, so every NaN in the result is the kernel's.
+fn run_host(kernel: &dyn HostAttentionKernel, nc: &NanCase) -> Result<Outputs, String> {
+    let c = &nc.case;
+    let dims = c.dims;
+    let (tq, tk, hq, hkv, d) = (
+        dims.q_rows,
+        dims.kv_rows,
+        dims.q_heads,
+        dims.kv_heads,
+        dims.head_dim,
+    );
+    let CaseInputs { q, k, v, d_out } = inputs(nc);
+    let mut out = vec![0f32; tq * hq * d];
+    let mut lse = vec![0f32; tq * hq];
+    let call = AttnForward::new(&dims, &c.mask, c.scale, [&q, &k, &v], [&mut out, &mut lse])?;
+    kernel.forward(call)?;
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; tq * hq * d],
+        vec![0f32; tk * hkv * d],
+        vec![0f32; tk * hkv * d],
+    );
+    let call = AttnBackward::new(
+        &dims,
+        &c.mask,
+        c.scale,
+        [&q, &k, &v, &out, &lse, &d_out],
+        [&mut dq, &mut dk, &mut dv],
+    )?;
+    kernel.backward(call)?;
+    Ok(Outputs {
+        out,
+        lse,
+        dq,
+        dk,
+        dv,
+    })
+}
+
+/// The NaN cases on a host kernel.
+pub fn check_host_attention_nan(kernel: &dyn HostAttentionKernel, cases: &[NanCase]) -> Report {
+    let results = cases
+        .iter()
+        .map(|nc| result_of(nc, guarded(|| run_host(kernel, nc))))
+        .collect();
+    report(kernel.name(), results)
+}
+
+/// The NaN cases through a backend's own attention ops (the device kernels' path): the same
+/// pattern for every kernel, whatever its precision, since NaN survives any rounding.
+pub fn check_backend_attention_nan(
+    backend: &dyn Backend,
+    label: &str,
+    cases: &[NanCase],
+) -> Report {
+    let results = cases
+        .iter()
+        .map(|nc| {
+            let got = guarded(|| {
+                run_on_backend(backend, &nc.case, &inputs(nc)).map_err(|e| e.to_string())
+            });
+            result_of(nc, got)
+        })
+        .collect();
+    report(label, results)
+}
