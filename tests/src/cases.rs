@@ -219,7 +219,12 @@ pub struct NanCase {
 /// by those at 0 and 2, and the padding blocks see nothing) and `causal_45` (key 30: rows
 /// 30.. see it), at GQA 2, head_dim 16, NaN in kv head 1.
 pub fn nan_cases() -> Result<Vec<NanCase>, String> {
-    let layout = Layout::new(4, 2, 16);
+    nan_cases_on(Layout::new(4, 2, 16))
+}
+
+/// [`nan_cases`] on `layout` (a kernel that supports only some head dims picks one of them;
+/// the NaN goes into kv head 1, so `layout` needs at least two kv heads).
+pub fn nan_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
     Ok(suite_masks()?
         .into_iter()
         .filter_map(|(name, mask)| {

@@ -53,7 +53,7 @@ pub use backend::{
 };
 pub use cases::{
     Case, HOST_LAYOUTS, Layout, NanCase, cases_on, large_masks, large_score_cases, nan_cases,
-    suite_cases, suite_masks,
+    nan_cases_on, suite_cases, suite_masks,
 };
 pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};

@@ -442,3 +442,25 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
         }
     }
 }
+
+/// NaN policy (ARCHITECTURE.md): a NaN key comes out NaN in exactly the rows that read it
+/// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row finite,
+/// on both kernels (head_dim 64: one that both support).
+#[test]
+fn attention_kernels_propagate_nan() {
+    let cases = dflash_tests::nan_cases_on(Layout::new(4, 2, 64)).expect("NaN cases");
+    for kernel in ["cuda-simple", "cuda-flash"] {
+        let Some(cu) = cuda_attn(kernel, GemmPrecision::Fp32) else {
+            return;
+        };
+        let report = dflash_tests::check_backend_attention_nan(
+            &cu,
+            &format!("{kernel}, NaN inputs"),
+            &cases,
+        );
+        println!("{report}");
+        if let Err(e) = report.ensure_passed() {
+            panic!("{e}");
+        }
+    }
+}

@@ -498,7 +498,10 @@ fn streamed_tensors_round_trip_and_a_failed_fetch_keeps_the_old_file() {
     let err = write_tensors_streaming(&path, &twice, Dtype::F32, None, &fetch)
         .expect_err("duplicate name")
         .to_string();
-    assert!(err.contains("tensor \"a\"") && err.contains("twice"), "{err}");
+    assert!(
+        err.contains("tensor \"a\"") && err.contains("twice"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(listing(dir.path()), ["model.safetensors"]);
 }
