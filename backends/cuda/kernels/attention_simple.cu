@@ -67,7 +67,9 @@ __device__ __forceinline__ void attn_fwd_t(const TI* q, const TI* k, const TI* v
         }
     }
     TO* o = out + w * D;
-    const bool empty = !(l > 0.f);
+    // Only a row that sees no key has l == 0 (the first key adds exp(0) = 1); a NaN score
+    // makes l NaN, and NaN must come out (the NaN policy), not the empty row's 0.
+    const bool empty = l == 0.f;
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) {
         const int c = lane + 32 * t;

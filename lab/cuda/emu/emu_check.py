@@ -69,14 +69,16 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(n, 1e-30))
 
 
-def run_case(exe, name, D, Hq, Hkv, m, Tk, seed, env_extra):
-    Tq = len(m[0])
+def inputs(Tq, Tk, Hq, Hkv, D, seed):
     rng = np.random.default_rng(seed)
-    q = from_bf16(to_bf16(rng.standard_normal((Tq, Hq, D)))).astype(np.float64)
-    k = from_bf16(to_bf16(rng.standard_normal((Tk, Hkv, D)))).astype(np.float64)
-    v = from_bf16(to_bf16(rng.standard_normal((Tk, Hkv, D)))).astype(np.float64)
-    do = from_bf16(to_bf16(rng.standard_normal((Tq, Hq, D)))).astype(np.float64)
-    scale = D ** -0.5
+    return [from_bf16(to_bf16(rng.standard_normal(s))).astype(np.float64)
+            for s in ((Tq, Hq, D), (Tk, Hkv, D), (Tk, Hkv, D), (Tq, Hq, D))]
+
+
+def emulate(exe, q, k, v, do, m, Tk, scale, env_extra):
+    """Runs the emulator's forward and backward; (out, lse, dq, dk, dv, seconds) or an error."""
+    Tq, Hq, D = q.shape
+    Hkv = k.shape[1]
     with tempfile.TemporaryDirectory() as d:
         for nm, x in (("q", q), ("k", k), ("v", v), ("do", do)):
             to_bf16(x).tofile(os.path.join(d, nm + ".bin"))
@@ -88,12 +90,57 @@ def run_case(exe, name, D, Hq, Hkv, m, Tk, seed, env_extra):
                            text=True, env=env)
         dt = time.time() - t
         if r.returncode:
-            return f"{name:40s} D={D:3d} EMU FAILED rc={r.returncode}: {r.stderr[-1500:]}", False
+            return f"EMU FAILED rc={r.returncode}: {r.stderr[-1500:]}"
         out = from_bf16(np.fromfile(os.path.join(d, "out.bin"), np.uint16)).reshape(Tq, Hq, D).astype(np.float64)
         lse = np.fromfile(os.path.join(d, "lse.bin"), np.float32).reshape(Tq, Hq).astype(np.float64)
         dq = from_bf16(np.fromfile(os.path.join(d, "dq.bin"), np.uint16)).reshape(Tq, Hq, D).astype(np.float64)
         dk = from_bf16(np.fromfile(os.path.join(d, "dk.bin"), np.uint16)).reshape(Tk, Hkv, D).astype(np.float64)
         dv = from_bf16(np.fromfile(os.path.join(d, "dv.bin"), np.uint16)).reshape(Tk, Hkv, D).astype(np.float64)
+    return out, lse, dq, dk, dv, dt
+
+
+def run_nan_case(exe, name, D, Hq, Hkv, m, Tk, key, kv_head, seed):
+    """The NaN policy (ARCHITECTURE.md): one NaN in key `key` of `kv_head` must come out NaN
+    in exactly the rows that read it (out, lse, dq; dk and dv of that key), rows that see no
+    key stay 0 / -inf, every other row finite."""
+    Tq = len(m[0])
+    q, k, v, do = inputs(Tq, Tk, Hq, Hkv, D, seed)
+    k[key, kv_head, 0] = np.nan
+    got = emulate(exe, q, k, v, do, m, Tk, D ** -0.5, {})
+    head = f"{name + ' NaN key ' + str(key):40s} D={D:3d} H={Hq}/{Hkv}: "
+    if isinstance(got, str):
+        return head + got, False
+    out, lse, dq, dk, dv, dt = got
+    fs, fe, ss, se = [x.astype(np.int64) for x in m]
+    kid = np.arange(Tk)[None, :]
+    vis = ((kid >= fs[:, None]) & (kid < fe[:, None])) | ((kid >= ss[:, None]) & (kid < se[:, None]))
+    G = Hq // Hkv
+    bad = []
+    for i in range(Tq):
+        for h in range(Hq):
+            if vis[i, key] and h // G == kv_head:
+                if not (np.isnan(out[i, h]).all() and np.isnan(lse[i, h]) and np.isnan(dq[i, h]).all()):
+                    bad.append(f"row {i} h {h} reads the NaN key but out/lse/dq are not all NaN")
+            elif not vis[i].any():
+                if not ((out[i, h] == 0).all() and lse[i, h] == -np.inf):
+                    bad.append(f"row {i} sees no key but out/lse are not 0/-inf")
+            elif not (np.isfinite(out[i, h]).all() and np.isfinite(lse[i, h])):
+                bad.append(f"row {i} h {h} never reads the NaN key but out/lse are not finite")
+    for nm, g in (("dk", dk), ("dv", dv)):
+        if not np.isnan(g[key, kv_head]).all():
+            bad.append(f"{nm} of the NaN key is not all NaN")
+    ok = not bad
+    return head + ("PASS" if ok else "FAIL " + "; ".join(bad[:3])) + f" ({dt:.1f}s)", ok
+
+
+def run_case(exe, name, D, Hq, Hkv, m, Tk, seed, env_extra):
+    Tq = len(m[0])
+    q, k, v, do = inputs(Tq, Tk, Hq, Hkv, D, seed)
+    scale = D ** -0.5
+    got = emulate(exe, q, k, v, do, m, Tk, scale, env_extra)
+    if isinstance(got, str):
+        return f"{name:40s} D={D:3d} {got}", False
+    out, lse, dq, dk, dv, dt = got
     ro, rl, rdq, rdk, rdv, has = reference(q, k, v, do, m, scale)
     errs = {}
     errs["out"] = rel(out, ro) if not np.isnan(out).any() else float("nan")
@@ -158,8 +205,18 @@ def main():
         cases = [c for c in cases if args.only in c[0]]
     if "ATTN_ONLY_D128" in args.cflags:
         cases = [c for c in cases if c[1] == 128]
+    nan_cases = [
+        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), 60, 1),
+        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 30, 1),
+    ]
+    if args.quick:
+        nan_cases = nan_cases[:1]
+    if args.only:
+        nan_cases = [c for c in nan_cases if args.only in c[0]]
     with ThreadPoolExecutor(max_workers=args.j) as ex:
         futs = [ex.submit(run_case, exe, nm, D, Hq, Hkv, m, Tk, 100 + i, env) for i, (nm, D, Hq, Hkv, m, Tk, env) in enumerate(cases)]
+        futs += [ex.submit(run_nan_case, exe, nm, D, Hq, Hkv, m, Tk, key, kvh, 200 + i)
+                 for i, (nm, D, Hq, Hkv, m, Tk, key, kvh) in enumerate(nan_cases)]
         oks = []
         for f in futs:
             msg, ok = f.result()

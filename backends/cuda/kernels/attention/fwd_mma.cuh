@@ -291,10 +291,10 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
             float ls = l[mt][i];
             ls += __shfl_xor_sync(0xffffffffu, ls, 1);
             ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-            const float inv = ls > 0.f ? 1.f / ls : 0.f;
+            const float inv = ls != 0.f ? 1.f / ls : 0.f;  // NaN stays NaN (NaN policy)
             const int r = rw + mt * 16 + (lane >> 2) + 8 * i;
             if ((lane & 3) == 0 && q0 + r < Tq)
-                lse[(size_t)(q0 + r) * Hq + h] = ls > 0.f ? (m[mt][i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
+                lse[(size_t)(q0 + r) * Hq + h] = ls != 0.f ? (m[mt][i] * sl2 + __log2f(ls)) * ATTN_LN2 : ATTN_NEG_INF;
 #pragma unroll
             for (int dt = 0; dt < C::DT; dt++) {
                 *(u32*)(sQ + r * C::LD + dt * 8 + 2 * (lane & 3)) =
