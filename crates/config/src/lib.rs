@@ -29,5 +29,5 @@ pub use error::{ConfigError, Result};
 pub use qwen3::{Qwen3Config, TokenIds};
 pub use train::{
     BackendSection, DataSection, DrafterSection, ENV_PREFIX, EvalSection, PipelineSection,
-    RunSection, TargetSection, TooLong, TrainConfig, TrainSection, parse_overrides,
+    PluginsSection, RunSection, TargetSection, TooLong, TrainConfig, TrainSection, parse_overrides,
 };

@@ -922,6 +922,32 @@ fn unknown_backend_or_attention_kernel_lists_the_registered_names() {
     );
 }
 
+#[test]
+fn plugins_paths_register_kernels_by_name_and_a_missing_library_is_named() {
+    link();
+    let fx = Fixture::new(&tiny_samples(4));
+    let e = err_text(
+        &train(
+            &fx.config(&[("plugins.paths", "[\"/no/such/libplugin.so\"]")]),
+            None,
+        )
+        .unwrap_err(),
+    );
+    assert!(
+        e.contains("plugins.paths") && e.contains("/no/such/libplugin.so"),
+        "{e}"
+    );
+    // The C example plugin, loaded from the list, serves `backend.attention` by its own name.
+    let lib = format!("[{:?}]", dflash_plugin_c_attention::LIBRARY);
+    let cfg = fx.config(&[
+        ("plugins.paths", lib.as_str()),
+        ("backend.attention", "c-attention"),
+        ("train.max_steps", "2"),
+    ]);
+    let out = train(&cfg, None).expect("a job through the C plugin");
+    assert!(out.final_loss.is_finite() && out.final_loss > 0.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Bad samples are skipped and counted.
 // ---------------------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ use layering::{KeyStyle, Layer, LayerData, env_provider, overrides_provider};
 
 pub use layering::parse_overrides;
 pub use sections::{
-    BackendSection, DataSection, DrafterSection, EvalSection, PipelineSection, RunSection,
-    TargetSection, TooLong, TrainSection,
+    BackendSection, DataSection, DrafterSection, EvalSection, PipelineSection, PluginsSection,
+    RunSection, TargetSection, TooLong, TrainSection,
 };
 
 /// Prefix of the environment variables read by [`TrainConfig::load`].
@@ -66,6 +66,8 @@ pub struct TrainConfig {
     pub run: RunSection,
     /// Held-out evaluation (acceptance length).
     pub eval: EvalSection,
+    /// Attention kernel plugins to load.
+    pub plugins: PluginsSection,
 }
 
 impl TrainConfig {
@@ -153,6 +155,7 @@ impl TrainConfig {
         self.data.train.as_mut().map(fix);
         self.data.eval.as_mut().map(fix);
         fix(&mut self.run.dir);
+        self.plugins.paths.iter_mut().for_each(fix);
     }
 
     /// The resolved config as TOML, for writing into the run directory. Loading it back gives

@@ -255,6 +255,15 @@ impl Default for RunSection {
     }
 }
 
+/// `[plugins]`: foreign attention kernels behind the C ABI (docs/plugins.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsSection {
+    /// Plugin libraries loaded before any backend is built; each kernel registers under its
+    /// plugin's own name, which `backend.attention` may then give. Default none.
+    pub paths: Vec<PathBuf>,
+}
+
 /// `[eval]`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
