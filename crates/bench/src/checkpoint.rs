@@ -8,7 +8,7 @@ use std::path::Path;
 
 use dflash_config::Qwen3Config;
 use dflash_models::layer::{LAYER_TENSOR_NAMES, LayerWeights};
-use safetensors::tensor::TensorView;
+use dflash_models::safetensors_io::{Dtype, write_tensors_streaming};
 
 use crate::{BenchError, Result};
 
@@ -39,21 +39,16 @@ fn layout(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// bf16 little-endian bytes: norm weights 1, others `N(0, 0.02^2)` from
-/// [`dflash_core::ops::memory::normal_host`] (counter-based, parallel), seeded per tensor name.
-fn bf16_bytes(name: &str, n: usize, seed: u64) -> Vec<u8> {
-    let values = if name.ends_with("norm.weight") {
-        vec![1.0; n]
-    } else {
-        let key = name
-            .bytes()
-            .fold(seed, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-        dflash_core::ops::memory::normal_host(n, 0.02, key)
-    };
-    values
-        .iter()
-        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-        .collect()
+/// Norm weights 1, others `N(0, 0.02^2)` from [`dflash_core::ops::memory::normal_host`]
+/// (counter-based, parallel), seeded per tensor name.
+fn values(name: &str, n: usize, seed: u64) -> Vec<f32> {
+    if name.ends_with("norm.weight") {
+        return vec![1.0; n];
+    }
+    let key = name
+        .bytes()
+        .fold(seed, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    dflash_core::ops::memory::normal_host(n, 0.02, key)
 }
 
 fn config_json(cfg: &Qwen3Config) -> serde_json::Value {
@@ -106,37 +101,15 @@ pub fn ensure_random_checkpoint(dir: &Path, cfg: &Qwen3Config, seed: u64) -> Res
     let mut weight_map = serde_json::Map::new();
     for (k, members) in shards.iter().enumerate() {
         let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
-        let data: Vec<(String, Vec<usize>, Vec<u8>)> = members
-            .iter()
-            .map(|&i| {
-                let (name, shape) = &tensors[i];
-                (
-                    name.clone(),
-                    shape.clone(),
-                    bf16_bytes(name, shape.iter().product(), seed),
-                )
-            })
-            .collect();
-        let views = data
-            .iter()
-            .map(|(name, shape, bytes)| {
-                TensorView::new(safetensors::Dtype::BF16, shape.clone(), bytes)
-                    .map(|v| (name.clone(), v))
-                    .map_err(|e| BenchError::Invalid {
-                        bench: "load.8b".into(),
-                        detail: format!("{name}: {e}"),
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let path = dir.join(&file);
+        // Streamed by the job's own checkpoint writer: one tensor in memory at a time.
+        let entries: Vec<(String, Vec<usize>)> =
+            members.iter().map(|&i| tensors[i].clone()).collect();
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(views, Some(meta), &path).map_err(|e| {
-            BenchError::Invalid {
-                bench: "load.8b".into(),
-                detail: format!("{}: {e}", path.display()),
-            }
+        write_tensors_streaming(&dir.join(&file), &entries, Dtype::BF16, Some(meta), &|j| {
+            let (name, shape) = &entries[j];
+            Ok(values(name, shape.iter().product(), seed))
         })?;
-        for (name, _, _) in &data {
+        for (name, _) in &entries {
             weight_map.insert(name.clone(), serde_json::Value::String(file.clone()));
         }
     }

@@ -238,13 +238,6 @@ type Placement = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
 
 fn place_workers(plan: &JobPlan) -> Result<Placement> {
     let cfg = &plan.cfg;
-    // Plugins first: their kernels must be registered before a backend resolves
-    // `backend.attention` by name.
-    if !cfg.plugins.paths.is_empty() {
-        let names = dflash_attention_loader::register_paths(&cfg.plugins.paths)
-            .map_err(|e| PipelineError::Job(format!("plugins.paths: {e}")))?;
-        eprintln!("attention plugins: {}", names.join(", "));
-    }
     let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
     let targets = (0..plan.target_workers)
         .map(|i| backend_for(cfg, i % n_dev))

@@ -12,10 +12,17 @@ use dflash_core::pipeline::{Features, HiddenSeq, Target};
 use dflash_core::registry::{BackendOptions, create_backend};
 use dflash_data::{SkipCounts, TooLongPolicy, open_dataset};
 
-use crate::error::Result;
+use crate::error::{PipelineError, Result};
 use crate::workers::{SampleRules, featurise};
 
+/// The configured backend on `device`, every plugin of `plugins.paths` registered first (so
+/// that `backend.attention` may name a plugin's kernel, in training and in eval alike;
+/// registering a library again is a no-op).
 pub(super) fn backend_for(cfg: &TrainConfig, device: usize) -> Result<Arc<dyn Backend>> {
+    if !cfg.plugins.paths.is_empty() {
+        dflash_attention_loader::register_paths(&cfg.plugins.paths)
+            .map_err(|e| PipelineError::Job(format!("plugins.paths: {e}")))?;
+    }
     let opts = BackendOptions {
         attention: cfg.backend.attention.clone(),
         threads: cfg.backend.threads,
