@@ -41,7 +41,7 @@ extern "C" __global__ void attn_fwd(const float* q, const float* k, const float*
       for (int x = 0; x < d; x++) o[x] += (float)(p * v[kv + x]);
     }
   if (l == 0.0) {
-    lse[idx] = -INFINITY;
+    lse[idx] = (float)-INF;
   } else {
     for (int x = 0; x < d; x++) o[x] = (float)(o[x] / l);
     lse[idx] = (float)(m + log(l));
