@@ -1,6 +1,8 @@
 //! Attention over a block-sparse mask: the device kernel `"cuda-simple"`
 //! (`kernels/attention_simple.cu`), the bf16 flash kernel `"cuda-flash"` (`kernels/attention.cu`,
-//! see [`crate::flash`]) or, by name, any registered host kernel through a host round trip.
+//! see [`crate::flash`]), a CUDA plugin on this backend's memory and stream
+//! ([`crate::plugin_attention`]) or, by name, any registered host kernel through a host round
+//! trip.
 //!
 //! Layouts as in `dflash_core::ops::attention`: `q (Tq, Hq, D)`, `k`/`v (Tk, Hkv, D)`,
 //! `out (Tq, Hq, D)`, `lse (Tq, Hq)`. The mask goes to the device as its four i32 interval
@@ -203,6 +205,14 @@ impl AttentionOps for CudaBackend {
                     self.upload_f32(op, &lse, &[dims.q_rows, dims.q_heads])?,
                 ))
             }
+            AttnImpl::Device(kernel) => {
+                let (out, lse) =
+                    self.plugin_forward(op, kernel.as_ref(), &dims, mask, scale, [qs, ks, vs])?;
+                Ok((
+                    self.tensor(out.0, out.1, q.shape().clone()),
+                    self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
+                ))
+            }
             AttnImpl::Flash => {
                 let (out, lse) = self.flash_forward(op, &dims, qs, ks, vs, mask, scale)?;
                 Ok((
@@ -308,6 +318,21 @@ impl AttentionOps for CudaBackend {
                     self.upload_f32(op, &dq, q.dims())?,
                     self.upload_f32(op, &dk, k.dims())?,
                     self.upload_f32(op, &dv, v.dims())?,
+                ))
+            }
+            AttnImpl::Device(kernel) => {
+                let (dq, dk, dv) = self.plugin_backward(
+                    op,
+                    kernel.as_ref(),
+                    &dims,
+                    mask,
+                    scale,
+                    [qs, ks, vs, os, ls, dos],
+                )?;
+                Ok((
+                    self.tensor(dq.0, dq.1, q.shape().clone()),
+                    self.tensor(dk.0, dk.1, k.shape().clone()),
+                    self.tensor(dv.0, dv.1, v.shape().clone()),
                 ))
             }
             AttnImpl::Flash => {

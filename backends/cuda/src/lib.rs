@@ -59,6 +59,7 @@ mod memory;
 mod norm;
 mod optimizer;
 mod options;
+mod plugin_attention;
 mod rope;
 mod storage;
 mod tma;
@@ -67,7 +68,8 @@ use std::sync::{Arc, Mutex};
 
 pub use cudarc;
 use cudarc::driver::{CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use dflash_core::registry::{BackendOptions, BackendRegistration, create_host_attention};
+use dflash_core::registry::{BackendOptions, BackendRegistration, create_attention};
+use dflash_core::{AttentionKernel, DeviceAttentionKernel, DeviceKind};
 use dflash_core::{Backend, BackendInfo, Error, HostAttentionKernel, Result, Tensor};
 
 pub use attention::{DEVICE_ATTENTION_KERNELS, key_query_runs};
@@ -120,6 +122,8 @@ enum AttnImpl {
     Flash,
     /// A host kernel from the registry, run through a host round trip.
     Host(Box<dyn HostAttentionKernel>),
+    /// A device kernel from outside the backend (a CUDA plugin), see [`plugin_attention`].
+    Device(Box<dyn DeviceAttentionKernel>),
 }
 
 /// The CUDA backend: one device, one stream.
@@ -574,8 +578,11 @@ fn resolve_attention(name: &str) -> Result<(AttnImpl, String)> {
         attention::FLASH => return Ok((AttnImpl::Flash, name.to_string())),
         _ => debug_assert!(!DEVICE_ATTENTION_KERNELS.contains(&name)),
     }
-    match create_host_attention(name) {
-        Ok(k) => Ok((AttnImpl::Host(k), name.to_string())),
+    match create_attention(name) {
+        Ok(AttentionKernel::Host(k)) => Ok((AttnImpl::Host(k), name.to_string())),
+        Ok(AttentionKernel::Device(k)) => match k.device() {
+            DeviceKind::Cuda => Ok((AttnImpl::Device(k), name.to_string())),
+        },
         Err(Error::UnknownName { available, .. }) => {
             let mut all: Vec<String> = DEVICE_ATTENTION_KERNELS
                 .iter()

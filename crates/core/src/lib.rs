@@ -3,16 +3,22 @@
 //! - [`Tensor`]: a backend buffer plus a contiguous row-major shape.
 //! - [`Backend`]: the sum of small op-family traits ([`ops`]), one file per family. Model code
 //!   is written once against `&dyn Backend`.
-//! - [`HostAttentionKernel`]: the attention plugin seam, shaped like the C ABI it will become.
+//! - [`HostAttentionKernel`] and [`DeviceAttentionKernel`]: the attention plugin seams (host
+//!   memory, and a device backend's own memory and stream), shaped like the C ABI.
 //! - [`registry`]: backends and attention kernels register at startup (`inventory`).
 //! - [`pipeline`]: the target and feature seams of the training pipeline.
 
+pub mod device_kernel;
 pub mod error;
 pub mod ops;
 pub mod pipeline;
 pub mod registry;
 pub mod tensor;
 
+pub use device_kernel::{
+    AttentionKernel, DeviceAttentionKernel, DeviceAttnBackward, DeviceAttnForward, DeviceCall,
+    DeviceKind,
+};
 pub use dflash_mask as mask;
 pub use error::{Error, Result};
 pub use ops::attention::{

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use crate::device_kernel::AttentionKernel;
 use crate::{Backend, Error, HostAttentionKernel, Result};
 
 /// Options a backend is built with (from the config's `[backend]` table).
@@ -80,12 +81,13 @@ inventory::collect!(AttentionKernelRegistration);
 pub struct AttentionKernelSource {
     pub prefix: &'static str,
     pub description: &'static str,
-    pub create: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+    /// Builds a host kernel, or a device kernel that only a backend of its device can run.
+    pub create: fn(&str) -> Result<AttentionKernel>,
     /// The kernels this source registered at run time under their own names (e.g. the
-    /// plugins of a `[plugins] paths` list), which [`create_host_attention`] builds with
+    /// plugins of a `[plugins] paths` list), which [`create_attention`] builds with
     /// `create_named` and [`attention_kernel_names`] lists.
     pub named: fn() -> Vec<String>,
-    pub create_named: fn(&str) -> Result<Box<dyn HostAttentionKernel>>,
+    pub create_named: fn(&str) -> Result<AttentionKernel>,
 }
 inventory::collect!(AttentionKernelSource);
 
@@ -121,8 +123,9 @@ pub fn backend_names() -> Vec<String> {
     )
 }
 
-/// The host attention kernels ([`create_host_attention`] builds them), sorted: the registered
-/// ones and those [`AttentionKernelSource`]s registered at run time.
+/// The attention kernels [`create_attention`] builds by name, sorted: the registered host
+/// kernels and those [`AttentionKernelSource`]s registered at run time (which may be device
+/// kernels, e.g. a CUDA plugin of a `[plugins] paths` list).
 pub fn attention_kernel_names() -> Vec<String> {
     let mut names = sorted(
         inventory::iter::<AttentionKernelRegistration>
@@ -181,9 +184,10 @@ pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backe
     (backend(name)?.create)(opts)
 }
 
-/// Builds the host attention kernel registered as `name`, or, for a name starting with an
-/// [`AttentionKernelSource`]'s prefix, the kernel that source builds from the rest.
-pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>> {
+/// Builds the attention kernel registered as `name`, or, for a name starting with an
+/// [`AttentionKernelSource`]'s prefix, the kernel that source builds from the rest: a host
+/// kernel, or a device kernel for the backends of its device (a CUDA plugin).
+pub fn create_attention(name: &str) -> Result<AttentionKernel> {
     let source = inventory::iter::<AttentionKernelSource>
         .into_iter()
         .find_map(|s| name.strip_prefix(s.prefix).map(|arg| (s, arg)));
@@ -201,7 +205,26 @@ pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>>
             name: name.to_string(),
             available: attention_kernel_names(),
         })?;
-    Ok((reg.create)())
+    Ok(AttentionKernel::Host((reg.create)()))
+}
+
+/// Like [`create_attention`], for a backend that runs kernels in host memory only: a device
+/// kernel is an error naming its device.
+pub fn create_host_attention(name: &str) -> Result<Box<dyn HostAttentionKernel>> {
+    match create_attention(name)? {
+        AttentionKernel::Host(k) => Ok(k),
+        AttentionKernel::Device(k) => Err(Error::op(
+            "attention kernel",
+            "a host backend",
+            format!(
+                "{name:?} (kernel {:?}) runs on {} device memory; this backend runs host kernels \
+                 only (use it with a {} backend, or choose a host kernel)",
+                k.name(),
+                k.device(),
+                k.device()
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -216,7 +239,10 @@ mod tests {
         }
     }
 
-    fn refuse_source(arg: &str) -> Result<Box<dyn HostAttentionKernel>> {
+    fn refuse_source(arg: &str) -> Result<AttentionKernel> {
+        if arg == "registry-test-device" {
+            return Ok(AttentionKernel::Device(Box::new(NoopDeviceKernel)));
+        }
         Err(Error::op(
             "registry-test source",
             "host",
@@ -229,9 +255,61 @@ mod tests {
             prefix: "registry-test:",
             description: "a kernel source that exists only in this test and builds nothing",
             create: refuse_source,
-            named: || vec!["registry-test-runtime".into()],
+            named: || vec!["registry-test-runtime".into(), "registry-test-device".into()],
             create_named: refuse_source,
         }
+    }
+
+    /// A device kernel that is never called: only its kind matters here.
+    struct NoopDeviceKernel;
+    impl crate::device_kernel::DeviceAttentionKernel for NoopDeviceKernel {
+        fn name(&self) -> &str {
+            "registry-test-device"
+        }
+        fn device(&self) -> crate::device_kernel::DeviceKind {
+            crate::device_kernel::DeviceKind::Cuda
+        }
+        fn supports(
+            &self,
+            _: bool,
+            _: &crate::AttnDims,
+            _: &crate::mask::BlockMask,
+        ) -> std::result::Result<(), String> {
+            Err("never called".into())
+        }
+        fn workspace_bytes(
+            &self,
+            _: bool,
+            _: &crate::AttnDims,
+        ) -> std::result::Result<u64, String> {
+            Err("never called".into())
+        }
+        unsafe fn forward(
+            &self,
+            _: &crate::device_kernel::DeviceAttnForward<'_>,
+        ) -> std::result::Result<(), String> {
+            Err("never called".into())
+        }
+        unsafe fn backward(
+            &self,
+            _: &crate::device_kernel::DeviceAttnBackward<'_>,
+        ) -> std::result::Result<(), String> {
+            Err("never called".into())
+        }
+    }
+
+    #[test]
+    fn a_device_kernel_is_refused_where_only_host_kernels_run() {
+        let kernel = create_attention("registry-test-device").expect("built by its source");
+        assert!(matches!(kernel, AttentionKernel::Device(_)));
+        let err = create_host_attention("registry-test-device")
+            .err()
+            .expect("a host backend cannot run it");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("CUDA device memory") && msg.contains("registry-test-device"),
+            "{msg}"
+        );
     }
 
     #[test]

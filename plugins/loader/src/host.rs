@@ -1,5 +1,5 @@
-//! Host memory described for the ABI: `f32` slices as DLPack tensors, a [`BlockMask`] as its
-//! four `i32` arrays, and a host-allocated workspace.
+//! Memory described for the ABI: `f32` host slices or device addresses as DLPack tensors, a
+//! [`BlockMask`] as its four `i32` arrays, and a host-allocated workspace.
 
 use std::ffi::c_void;
 
@@ -9,14 +9,15 @@ use dflash_core::mask::BlockMask;
 /// The shape and (compact row-major) strides a [`DLTensor`] points at; build the tensor with
 /// [`HostTensor::dl`] and keep this alive (and unmoved) while the tensor is in use.
 pub struct HostTensor {
-    data: *mut f32,
+    data: *mut c_void,
+    device: DLDevice,
     ndim: usize,
     shape: [i64; 3],
     strides: [i64; 3],
 }
 
 impl HostTensor {
-    fn new(data: *mut f32, dims: &[usize]) -> Self {
+    fn new(data: *mut c_void, device: DLDevice, dims: &[usize]) -> Self {
         let mut shape = [0i64; 3];
         let mut strides = [0i64; 3];
         let mut stride = 1i64;
@@ -27,6 +28,7 @@ impl HostTensor {
         }
         HostTensor {
             data,
+            device,
             ndim: dims.len(),
             shape,
             strides,
@@ -34,15 +36,19 @@ impl HostTensor {
     }
     /// A read-only input; the plugin receives it through a `const DLTensor*`.
     pub fn input(data: &[f32], dims: &[usize]) -> Self {
-        Self::new(data.as_ptr().cast_mut(), dims)
+        Self::new(data.as_ptr().cast_mut().cast(), DLDevice::CPU, dims)
     }
     pub fn output(data: &mut [f32], dims: &[usize]) -> Self {
-        Self::new(data.as_mut_ptr(), dims)
+        Self::new(data.as_mut_ptr().cast(), DLDevice::CPU, dims)
+    }
+    /// `f32` elements at device address `addr` of `device` (the caller owns the allocation).
+    pub fn device(addr: u64, device: DLDevice, dims: &[usize]) -> Self {
+        Self::new(addr as *mut c_void, device, dims)
     }
     pub fn dl(&mut self) -> DLTensor {
         DLTensor {
-            data: self.data.cast::<c_void>(),
-            device: DLDevice::CPU,
+            data: self.data,
+            device: self.device,
             ndim: self.ndim as i32,
             dtype: DLDataType::F32,
             shape: self.shape.as_mut_ptr(),

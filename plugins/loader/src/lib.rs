@@ -4,21 +4,29 @@
 //! backend, checking each call against the declared capabilities and turning a non-zero
 //! status into a [`PluginError`] naming the plugin, the call and the plugin's `last_error`.
 //!
+//! A plugin declaring CUDA is served as a [`DevicePluginKernel`] instead, which the CUDA backend
+//! calls with device addresses and its stream.
+//!
 //! Registered as the kernel source `plugin:`: `backend.attention = "plugin:PATH"` loads the
 //! library at `PATH`; [`register_paths`] (a `[plugins] paths` list) registers plugins under
 //! their own names.
 //!
 //! [`HostAttentionKernel`]: dflash_core::HostAttentionKernel
 
+mod calls;
+mod device;
 mod error;
 mod host;
 mod kernel;
 mod named;
 mod plugin;
 
-use dflash_core::HostAttentionKernel;
+use std::sync::Arc;
+
+use dflash_core::AttentionKernel;
 use dflash_core::registry::AttentionKernelSource;
 
+pub use device::DevicePluginKernel;
 pub use error::PluginError;
 pub use host::{HostMask, HostTensor, Workspace};
 pub use kernel::PluginKernel;
@@ -31,8 +39,20 @@ pub const PREFIX: &str = "plugin:";
 /// Name this from a binary to keep the crate (and its `plugin:` source) linked.
 pub fn link() {}
 
-fn create(path: &str) -> dflash_core::Result<Box<dyn HostAttentionKernel>> {
-    Ok(Box::new(PluginKernel::load(path)?))
+fn create(path: &str) -> dflash_core::Result<AttentionKernel> {
+    Ok(kernel_of(Arc::new(Plugin::load(path)?))?)
+}
+
+/// The plugin as the kernel its declared device calls for: host memory for `kDLCPU`, CUDA
+/// device memory for `kDLCUDA`.
+pub fn kernel_of(plugin: Arc<Plugin>) -> Result<AttentionKernel, PluginError> {
+    if plugin.capabilities().device_type == dflash_attention_abi::kDLCUDA {
+        Ok(AttentionKernel::Device(Box::new(DevicePluginKernel::new(
+            plugin,
+        )?)))
+    } else {
+        Ok(AttentionKernel::Host(Box::new(PluginKernel::new(plugin)?)))
+    }
 }
 
 inventory::submit! {

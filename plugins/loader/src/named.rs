@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use dflash_core::HostAttentionKernel;
+use dflash_core::AttentionKernel;
 
-use crate::{Plugin, PluginError, PluginKernel};
+use crate::{Plugin, PluginError};
 
 static REGISTERED: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
 
@@ -23,7 +23,7 @@ pub fn register_paths(paths: &[impl AsRef<Path>]) -> Result<Vec<String>, PluginE
     let mut names = Vec::new();
     for path in paths {
         let plugin = Arc::new(Plugin::load(path.as_ref())?);
-        PluginKernel::new(plugin.clone())?;
+        crate::kernel_of(plugin.clone())?;
         let name = plugin.name().to_string();
         let in_tree = dflash_core::registry::attention_kernel_names();
         let mut list = registered();
@@ -54,12 +54,12 @@ pub(crate) fn names() -> Vec<String> {
     registered().iter().map(|p| p.name().to_string()).collect()
 }
 
-pub(crate) fn create(name: &str) -> dflash_core::Result<Box<dyn HostAttentionKernel>> {
+pub(crate) fn create(name: &str) -> dflash_core::Result<AttentionKernel> {
     let plugin = registered().iter().find(|p| p.name() == name).cloned();
     let plugin = plugin.ok_or_else(|| dflash_core::Error::UnknownName {
         kind: "registered attention plugin",
         name: name.to_string(),
         available: names(),
     })?;
-    Ok(Box::new(PluginKernel::new(plugin)?))
+    Ok(crate::kernel_of(plugin)?)
 }
