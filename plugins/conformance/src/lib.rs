@@ -10,6 +10,7 @@
 //!   return a non-zero status with a non-empty `last_error`.
 
 mod abi_cases;
+mod device;
 mod table;
 
 use dflash_attention_abi::CAP_DETERMINISTIC;
@@ -17,11 +18,11 @@ use dflash_attention_loader::PluginKernel;
 use dflash_core::AttnDims;
 
 pub use abi_cases::abi_cases;
+pub use device::check_device_plugin;
 pub use table::{Outcome, Row, Table};
 
 /// Why a suite case is outside what the plugin declares, if it is.
-fn undeclared(kernel: &PluginKernel, dims: &AttnDims) -> Option<String> {
-    let caps = kernel.plugin().capabilities();
+fn undeclared(caps: &dflash_attention_abi::DfAttnCapabilities, dims: &AttnDims) -> Option<String> {
     if !caps.supports_head_dim(dims.head_dim as u64) {
         return Some(format!("head dim {} not declared", dims.head_dim));
     }
@@ -31,21 +32,17 @@ fn undeclared(kernel: &PluginKernel, dims: &AttnDims) -> Option<String> {
     None
 }
 
-/// The whole conformance run on `kernel`; `Err` only when the suite's cases cannot be built.
-pub fn check_plugin(kernel: &PluginKernel) -> Result<Table, String> {
-    let skips: Vec<(String, String)> = dflash_tests::suite_cases()?
-        .iter()
-        .filter_map(|c| undeclared(kernel, &c.dims).map(|why| (c.name.clone(), why)))
-        .collect();
-    let report = dflash_tests::check_host_attention_kernel(kernel)?;
-    let deterministic = kernel.plugin().capabilities().flags & CAP_DETERMINISTIC != 0;
+/// One row per case of `report`: those named in `skips` as skipped (why), a failure that is
+/// only a rerun's bit difference passed for a plugin that does not declare determinism.
+fn rows_of(report: &dflash_tests::Report, skips: &[(String, String)], flags: u32) -> Vec<Row> {
+    let deterministic = flags & CAP_DETERMINISTIC != 0;
     // The suite requires bit-identical reruns of every kernel; a plugin that does not declare
     // determinism is held to everything else.
     let only_nondeterminism = |f: &str| {
         f.split("; ")
             .all(|part| part.contains("is not deterministic"))
     };
-    let mut rows: Vec<Row> = report
+    report
         .cases
         .iter()
         .map(|c| {
@@ -64,7 +61,19 @@ pub fn check_plugin(kernel: &PluginKernel) -> Result<Table, String> {
                 outcome,
             }
         })
+        .collect()
+}
+
+/// The whole conformance run on `kernel`; `Err` only when the suite's cases cannot be built.
+pub fn check_plugin(kernel: &PluginKernel) -> Result<Table, String> {
+    let skips: Vec<(String, String)> = dflash_tests::suite_cases()?
+        .iter()
+        .filter_map(|c| {
+            undeclared(kernel.plugin().capabilities(), &c.dims).map(|why| (c.name.clone(), why))
+        })
         .collect();
+    let report = dflash_tests::check_host_attention_kernel(kernel)?;
+    let mut rows = rows_of(&report, &skips, kernel.plugin().capabilities().flags);
     rows.extend(abi_cases(kernel));
     Ok(Table {
         plugin: kernel.plugin().label().to_string(),
