@@ -4,7 +4,10 @@
 //! leaves the previous checkpoint intact.
 
 use std::path::Path;
+use std::sync::Arc;
 
+use dflash_config::DrafterConfig;
+use dflash_core::Backend;
 use dflash_models::DrafterParams;
 use dflash_models::checkpoint::{load_drafter, save_drafter};
 use dflash_models::safetensors_io::{Dtype, TensorFiles, write_atomic, write_tensors_streaming};
@@ -35,20 +38,57 @@ fn state_err(path: &Path, detail: impl ToString) -> TrainError {
 
 /// Saves `replica` into `dir` (which should be new and empty).
 pub fn save(dir: &Path, replica: &DrafterReplica, extra: serde_json::Value) -> Result<()> {
-    let b = replica.drafter.backend().clone();
-    let b = b.as_ref();
-    let cfg = replica.drafter.config();
+    write_state(dir, &StateRef::of(replica), extra)
+}
+
+/// What [`save`] writes, borrowed: from a live replica or from a [`Snapshot`].
+struct StateRef<'a> {
+    backend: &'a dyn Backend,
+    config: &'a DrafterConfig,
+    params: &'a DrafterParams,
+    m: &'a DrafterParams,
+    v: &'a DrafterParams,
+    counters: Counters,
+}
+
+/// The replica's step counters.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    step: u64,
+    adam_step: u64,
+    nonfinite_run: u64,
+}
+
+impl<'a> StateRef<'a> {
+    fn of(replica: &'a DrafterReplica) -> Self {
+        StateRef {
+            backend: replica.drafter.backend().as_ref(),
+            config: replica.drafter.config(),
+            params: &replica.drafter.params,
+            m: &replica.optimizer.m,
+            v: &replica.optimizer.v,
+            counters: Counters {
+                step: replica.step,
+                adam_step: replica.optimizer.step,
+                nonfinite_run: replica.nonfinite_run,
+            },
+        }
+    }
+}
+
+fn write_state(dir: &Path, st: &StateRef<'_>, extra: serde_json::Value) -> Result<()> {
+    let b = st.backend;
     // The f32 master weights, whatever dtype the served drafter is saved in.
-    let master = dflash_config::DrafterConfig {
+    let master = DrafterConfig {
         dtype: dflash_config::DType::Float32,
-        ..cfg.clone()
+        ..st.config.clone()
     };
-    save_drafter(b, dir, &master, &replica.drafter.params)?;
+    save_drafter(b, dir, &master, st.params)?;
     // Streamed one tensor at a time: the moments are twice the weights' size.
-    let layout = DrafterParams::layout(cfg);
+    let layout = DrafterParams::layout(st.config);
     let mut entries = Vec::with_capacity(2 * layout.len());
     let mut moments = Vec::with_capacity(2 * layout.len());
-    for (prefix, m) in [("m", &replica.optimizer.m), ("v", &replica.optimizer.v)] {
+    for (prefix, m) in [("m", st.m), ("v", st.v)] {
         for ((name, shape), t) in layout.iter().zip(m.tensors()) {
             entries.push((format!("{prefix}.{name}"), shape.clone()));
             moments.push(t);
@@ -62,14 +102,67 @@ pub fn save(dir: &Path, replica: &DrafterReplica, extra: serde_json::Value) -> R
         &|i| Ok(b.download(moments[i])?),
     )?;
     let state = TrainerState {
-        step: replica.step,
-        adam_step: replica.optimizer.step,
-        nonfinite_run: replica.nonfinite_run,
+        step: st.counters.step,
+        adam_step: st.counters.adam_step,
+        nonfinite_run: st.counters.nonfinite_run,
         extra,
     };
     let json = serde_json::to_string_pretty(&state).expect("state serialises");
     write_atomic(&dir.join(TRAINER_STATE), json.as_bytes())?;
     Ok(())
+}
+
+/// A replica's resumable state copied on its own device at one step: weights and moments
+/// (three times the weights' size in device memory, for as long as it lives) and the counters.
+/// [`Snapshot::save`] writes the same files as [`save`] at that step, from any thread, while
+/// the replica trains on.
+pub struct Snapshot {
+    backend: Arc<dyn Backend>,
+    config: DrafterConfig,
+    params: DrafterParams,
+    m: DrafterParams,
+    v: DrafterParams,
+    counters: Counters,
+}
+
+impl Snapshot {
+    /// Copies `replica`'s state on its device (device-to-device: no host memory, no PCIe).
+    pub fn take(replica: &DrafterReplica) -> Result<Self> {
+        let backend = replica.drafter.backend().clone();
+        let b = backend.as_ref();
+        let copy = |p: &DrafterParams| -> Result<DrafterParams> {
+            let ts: std::result::Result<Vec<_>, _> =
+                p.tensors().into_iter().map(|t| b.copy(t)).collect();
+            Ok(DrafterParams::from_tensors(ts?))
+        };
+        let st = StateRef::of(replica);
+        Ok(Snapshot {
+            params: copy(st.params)?,
+            m: copy(st.m)?,
+            v: copy(st.v)?,
+            config: st.config.clone(),
+            counters: st.counters,
+            backend,
+        })
+    }
+
+    /// The step the snapshot resumes at.
+    pub fn step(&self) -> u64 {
+        self.counters.step
+    }
+
+    /// Writes the snapshot into `dir` (new and empty), as [`save`] would have at its step.
+    pub fn save(&self, dir: &Path, extra: serde_json::Value) -> Result<()> {
+        let st = StateRef {
+            backend: self.backend.as_ref(),
+            config: &self.config,
+            params: &self.params,
+            m: &self.m,
+            v: &self.v,
+            counters: self.counters,
+        };
+        write_state(dir, &st, extra)
+    }
 }
 
 /// Restores weights, moments and counters saved by [`save`] into `replica`, whose config

@@ -561,6 +561,50 @@ fn state_round_trip_continues_bit_for_bit() {
     assert!(e.contains(&dir.path().display().to_string()), "{e}");
 }
 
+/// A snapshot writes the files `save` would have written at its step, byte for byte, even
+/// after the replica has trained on (the background checkpoint's contract).
+#[test]
+fn snapshot_saves_the_state_of_its_step_after_training_goes_on() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    let extra = serde_json::json!({ "epoch": 0 });
+    let now = tempfile::tempdir().unwrap();
+    state::save(now.path(), &a, extra.clone()).unwrap();
+    let snap = state::Snapshot::take(&a).unwrap();
+    assert_eq!(snap.step(), a.step);
+    step(&mut a, &good[1]).unwrap();
+    let later = tempfile::tempdir().unwrap();
+    // Written from another thread, as the pipeline's checkpoint thread does.
+    let (dir, ex) = (later.path().to_path_buf(), extra.clone());
+    std::thread::spawn(move || snap.save(&dir, ex).unwrap())
+        .join()
+        .unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(now.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    for f in &files {
+        let (x, y) = (
+            std::fs::read(now.path().join(f)).unwrap(),
+            std::fs::read(later.path().join(f)).unwrap(),
+        );
+        assert!(x == y, "{f:?} differs between save and the snapshot's save");
+    }
+    // And the replica did move on: its own state is not the snapshot's.
+    let moved = tempfile::tempdir().unwrap();
+    state::save(moved.path(), &a, extra).unwrap();
+    let w = "model.safetensors";
+    assert_ne!(
+        std::fs::read(now.path().join(w)).unwrap(),
+        std::fs::read(moved.path().join(w)).unwrap()
+    );
+}
+
 /// The serving loop commits exactly the completion: summed over cycles, the committed
 /// tokens equal the tokens to generate (no bonus token past the end is counted), and a stop
 /// token ends generation right after it is committed.

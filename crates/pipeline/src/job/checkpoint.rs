@@ -1,9 +1,11 @@
 //! Publishing a run's checkpoints under `checkpoints/`, and finding the latest one.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use dflash_models::safetensors_io::write_atomic;
-use dflash_training::{DrafterReplica, state};
+use dflash_training::state::{self, Snapshot};
+use dflash_training::{DrafterReplica, TrainError};
 
 use crate::error::{PipelineError, Result};
 
@@ -16,21 +18,17 @@ pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
     Some(ckpts.join(name.trim()))
 }
 
-/// Writes `checkpoints/step-N`, then atomically points `checkpoints/latest` at it, then
-/// removes older ones: at every instant a complete checkpoint is published. Returns the
+/// Writes `checkpoints/step-N` with `save`, then atomically points `checkpoints/latest` at it,
+/// then removes older ones: at every instant a complete checkpoint is published. Returns the
 /// bytes written.
-pub(super) fn publish_checkpoint(
-    run_dir: &Path,
-    replica: &DrafterReplica,
-    extra: serde_json::Value,
-) -> Result<u64> {
+fn publish(run_dir: &Path, step: u64, save: impl FnOnce(&Path) -> Result<()>) -> Result<u64> {
     let ckpts = run_dir.join("checkpoints");
-    let name = format!("step-{}", replica.step);
+    let name = format!("step-{step}");
     let dir = ckpts.join(&name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(PipelineError::io(&dir))?;
     }
-    state::save(&dir, replica, extra)?;
+    save(&dir)?;
     let bytes = std::fs::read_dir(&dir)
         .map(|d| {
             d.flatten()
@@ -49,4 +47,99 @@ pub(super) fn publish_checkpoint(
         }
     }
     Ok(bytes)
+}
+
+/// A finished checkpoint write.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    pub step: u64,
+    pub bytes: u64,
+    /// Seconds from the start of the write to its publication.
+    pub write_secs: f64,
+    /// Seconds the drafter waited for it: the snapshot, or the whole write when it was
+    /// written in place.
+    pub stall_secs: f64,
+}
+
+/// Checkpoints written in the background: the replica's state is copied on its device
+/// ([`Snapshot`]) and a thread writes and publishes it while training goes on, so a step waits
+/// only for the copy. At most one write is in flight: the next checkpoint, and the end of the
+/// run, wait for it first. A device without room for the copy writes in place instead.
+pub(super) struct CheckpointWriter {
+    run_dir: PathBuf,
+    pending: Option<(std::thread::JoinHandle<Result<u64>>, u64, Instant, f64)>,
+}
+
+impl CheckpointWriter {
+    pub fn new(run_dir: &Path) -> Self {
+        CheckpointWriter {
+            run_dir: run_dir.to_path_buf(),
+            pending: None,
+        }
+    }
+
+    /// Starts the checkpoint of `replica` at its current step; returns the previous write if
+    /// this call had to wait for it, or this one when it was written in place.
+    pub fn start(
+        &mut self,
+        replica: &DrafterReplica,
+        extra: serde_json::Value,
+    ) -> Result<Vec<Written>> {
+        let mut done: Vec<Written> = self.wait()?.into_iter().collect();
+        let t0 = Instant::now();
+        let step = replica.step;
+        match Snapshot::take(replica) {
+            Ok(snap) => {
+                let stall = t0.elapsed().as_secs_f64();
+                let run_dir = self.run_dir.clone();
+                let handle = std::thread::Builder::new()
+                    .name("checkpoint".into())
+                    .spawn(move || publish(&run_dir, step, |dir| Ok(snap.save(dir, extra)?)))
+                    .map_err(|e| {
+                        PipelineError::Job(format!("cannot start the checkpoint thread: {e}"))
+                    })?;
+                self.pending = Some((handle, step, t0, stall));
+            }
+            Err(TrainError::Backend(dflash_core::Error::OutOfMemory { .. })) => {
+                let bytes = publish(&self.run_dir, step, |dir| {
+                    Ok(state::save(dir, replica, extra)?)
+                })?;
+                let secs = t0.elapsed().as_secs_f64();
+                done.push(Written {
+                    step,
+                    bytes,
+                    write_secs: secs,
+                    stall_secs: secs,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(done)
+    }
+
+    /// Waits for the write in flight, if any.
+    pub fn wait(&mut self) -> Result<Option<Written>> {
+        let Some((handle, step, t0, stall)) = self.pending.take() else {
+            return Ok(None);
+        };
+        let bytes = handle.join().map_err(|_| {
+            PipelineError::Job(format!(
+                "the thread writing checkpoint step-{step} panicked"
+            ))
+        })??;
+        Ok(Some(Written {
+            step,
+            bytes,
+            write_secs: t0.elapsed().as_secs_f64(),
+            stall_secs: stall,
+        }))
+    }
+}
+
+impl Drop for CheckpointWriter {
+    /// A run that stops on an error still lets the write in flight finish (or fail) rather
+    /// than leaving it to the process's exit.
+    fn drop(&mut self) {
+        let _ = self.wait();
+    }
 }

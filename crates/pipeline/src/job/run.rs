@@ -19,7 +19,7 @@ use dflash_queue::Queue;
 use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state};
 
 use super::TrainOutcome;
-use super::checkpoint::{latest_checkpoint, publish_checkpoint};
+use super::checkpoint::{CheckpointWriter, Written, latest_checkpoint};
 use super::plan::{JobPlan, TargetSource};
 use super::setup::{backend_for, eval_features, stop_tokens};
 use crate::comm::HostComm;
@@ -381,7 +381,7 @@ fn run_workers(
                     let lead = lead.map(|(reporter, result)| Lead {
                         reporter,
                         result,
-                        run_dir,
+                        checkpoints: CheckpointWriter::new(run_dir),
                     });
                     let run = DrafterLoop {
                         plan,
@@ -477,7 +477,7 @@ fn load_work(plan: &JobPlan, shared: &Shared, start_step: u64, end_step: u64) {
 struct Lead<'a> {
     reporter: &'a mut Reporter,
     result: &'a mut RunResult,
-    run_dir: &'a Path,
+    checkpoints: CheckpointWriter,
 }
 
 /// One drafter replica's loop over the steps.
@@ -544,16 +544,30 @@ impl DrafterLoop<'_> {
                 || n == end_step
             {
                 let extra = serde_json::json!({ "epoch": work.epoch, "seed": plan.cfg.train.seed });
-                let bytes = publish_checkpoint(lead.run_dir, replica, extra)?;
-                let secs = mark.elapsed().as_secs_f64();
-                lead.reporter.log(&format!(
-                    "checkpoint step-{n}: {:.2} GB in {secs:.1} s ({:.2} GB/s)",
-                    bytes as f64 / 1e9,
-                    bytes as f64 / 1e9 / secs.max(1e-9)
-                ));
+                for w in lead.checkpoints.start(replica, extra)? {
+                    log_checkpoint(lead.reporter, &w);
+                }
                 clock.lap(Phase::Checkpoint, &mut mark);
             }
         }
+        if let Some(lead) = lead.as_mut() {
+            // The run's last checkpoint is on disk before the run reports its end.
+            if let Some(w) = lead.checkpoints.wait()? {
+                log_checkpoint(lead.reporter, &w);
+            }
+            clock.lap(Phase::Checkpoint, &mut mark);
+        }
         Ok(())
     }
+}
+
+fn log_checkpoint(reporter: &mut Reporter, w: &Written) {
+    let gb = w.bytes as f64 / 1e9;
+    reporter.log(&format!(
+        "checkpoint step-{}: {gb:.2} GB in {:.1} s ({:.2} GB/s); the drafter waited {:.2} s",
+        w.step,
+        w.write_secs,
+        gb / w.write_secs.max(1e-9),
+        w.stall_secs
+    ));
 }
