@@ -254,6 +254,11 @@ fn phase_line(
         .join(", ")
 }
 
+/// The step after which the measured window's checkpoint is written (its middle).
+fn mid_checkpoint(case: &Case) -> u64 {
+    case.warmup_steps + case.measured_steps.div_ceil(2)
+}
+
 fn job_config(
     s: &Suite<'_>,
     case: &Case,
@@ -267,6 +272,9 @@ fn job_config(
         set("target.path", run_dir.display()),
         set("data.train", data.display()),
         set("train.max_steps", steps),
+        // One checkpoint inside the measured window, as a long run has them: its cost (the
+        // drafter's wait, the background write sharing the device) is part of the figure.
+        set("train.save_every", mid_checkpoint(case)),
         set("train.epochs", 0),
         set("train.log_every", 10),
         set("backend.name", b.name()),
@@ -338,7 +346,8 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     let detail = format!(
         "{} steps after {w} warm-up, {:.0} tokens/step; target {} layers hidden {}, drafter {} \
          layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
-         [{}], drafter [{}]; end-of-run checkpoint and save included in the job's {wall:.1} s; \
+         [{}], drafter [{}] (a checkpoint after step {} inside the window); end-of-run \
+         checkpoint and save included in the job's {wall:.1} s; \
          first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}",
         recs.len() - w,
         per_step,
@@ -351,6 +360,7 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
         cfg.data.token_budget,
         phases(&first.target_phases_s, &last.target_phases_s),
         phases(&first.drafter_phases_s, &last.drafter_phases_s),
+        mid_checkpoint(&case),
         recs[0].job_s,
         out.first_loss,
         out.final_loss,
