@@ -141,6 +141,8 @@ pub struct CudaBackend {
     loss_ws: Mutex<Option<CudaSlice<u8>>>,
     /// Recently uploaded index arrays, see [`CudaBackend::upload_i32_cached`].
     uploads: Mutex<std::collections::VecDeque<CachedUpload>>,
+    /// The side stream of [`dflash_core::MemoryOps::download_detached`], made on first use.
+    transfers: Mutex<Option<Arc<CudaStream>>>,
 }
 
 impl CudaBackend {
@@ -175,6 +177,7 @@ impl CudaBackend {
             attention_name,
             loss_ws: Mutex::new(None),
             uploads: Mutex::new(std::collections::VecDeque::new()),
+            transfers: Mutex::new(None),
         };
         if flash {
             // Compile attention.cu now (once per device) so that a failure shows at creation.

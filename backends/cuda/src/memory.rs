@@ -111,6 +111,37 @@ impl MemoryOps for CudaBackend {
         Ok(out)
     }
 
+    /// On the side stream: the context's event tracking (on while this backend has its own
+    /// stream) makes the copy wait for the tensor's last write only, and a later write to it
+    /// on the main stream wait for this read. Not f32: converted on the main stream first.
+    fn download_detached(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let op = "download_detached";
+        let s = self.any(op, t)?;
+        if s.dtype != DType::F32 || !self.dev.ctx.is_event_tracking() {
+            return self.download(t);
+        }
+        let stream = {
+            let mut side = self.transfers.lock().unwrap_or_else(|p| p.into_inner());
+            match side.as_ref() {
+                Some(st) => st.clone(),
+                None => {
+                    let st = self.dev.ctx.new_stream().map_err(|e| self.drv(op, e))?;
+                    *side = Some(st.clone());
+                    st
+                }
+            }
+        };
+        let mut out = vec![0.0f32; s.len];
+        if s.len > 0 {
+            stream
+                .memcpy_dtoh(&s.view(0, s.len), f32_bytes_mut(&mut out))
+                .map_err(|e| self.drv(op, e))?;
+        }
+        stream.synchronize().map_err(|e| self.drv(op, e))?;
+        self.dev.ctx.check_err().map_err(|e| self.drv(op, e))?;
+        Ok(out)
+    }
+
     /// Generated on the device (no host buffer, no upload): the same stream as the host
     /// generator, so a seed gives the same weights on every backend.
     fn random_normal(&self, shape: &[usize], std: f32, seed: u64) -> Result<Tensor> {

@@ -8,7 +8,7 @@ use rand::Rng;
 
 use common::*;
 use dflash_backend_cuda::DType;
-use dflash_core::MemoryOps;
+use dflash_core::{GemmOps, MemoryOps, Transpose};
 
 // ---------------------------------------------------------------------------------------
 // Memory and elementwise
@@ -28,6 +28,19 @@ fn memory_ops_match_reference() {
     assert_eq!(z.dims(), &[5, 3]);
     check_exact("zeros", &down(&cu, &z), &[0.0; 15]);
     check_exact("copy", &down(&cu, &cu.copy(&xc).unwrap()), &x);
+    // The side-stream read of a fresh copy sees the copy's values (it waits for that write),
+    // also from another thread and with the main stream still busy with later work.
+    let snap = cu.copy(&xc).unwrap();
+    let busy = cu
+        .matmul(&xc, Transpose::No, &cu.copy(&yc).unwrap(), Transpose::Yes)
+        .unwrap();
+    let side = std::thread::scope(|s| {
+        s.spawn(|| cu.download_detached(&snap).unwrap())
+            .join()
+            .unwrap()
+    });
+    check_exact("download_detached of a copy", &side, &x);
+    assert_eq!(busy.dims(), &[rows, rows]);
     for (s, l) in [(0, rows), (3, 10), (rows - 1, 1), (5, 0)] {
         check_exact(
             &format!("narrow_rows({s}, {l})"),

@@ -20,6 +20,36 @@ pub fn save_drafter(
     cfg: &DrafterConfig,
     params: &DrafterParams,
 ) -> Result<()> {
+    save_drafter_via(b, dir, cfg, params, Fetch::InOrder)
+}
+
+/// How a write takes tensors off the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetch {
+    /// [`MemoryOps::download`](dflash_core::MemoryOps::download): after the work queued so far.
+    InOrder,
+    /// [`MemoryOps::download_detached`](dflash_core::MemoryOps::download_detached): tensors
+    /// nothing queued writes (a snapshot), read beside the work queued since.
+    Detached,
+}
+
+impl Fetch {
+    pub fn download(self, b: &dyn Backend, t: &dflash_core::Tensor) -> Result<Vec<f32>> {
+        Ok(match self {
+            Fetch::InOrder => b.download(t)?,
+            Fetch::Detached => b.download_detached(t)?,
+        })
+    }
+}
+
+/// As [`save_drafter`], taking the tensors off the device as `fetch` says.
+pub fn save_drafter_via(
+    b: &dyn Backend,
+    dir: &Path,
+    cfg: &DrafterConfig,
+    params: &DrafterParams,
+    fetch: Fetch,
+) -> Result<()> {
     let layout = DrafterParams::layout(cfg);
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let dtype = match cfg.dtype {
@@ -33,7 +63,7 @@ pub fn save_drafter(
         &layout,
         dtype,
         Some(meta),
-        &|i| Ok(b.download(tensors[i])?),
+        &|i| fetch.download(b, tensors[i]),
     )?;
     let json = serde_json::to_string_pretty(&cfg.to_json()).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), json.as_bytes())?;

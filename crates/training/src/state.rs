@@ -9,7 +9,7 @@ use std::sync::Arc;
 use dflash_config::DrafterConfig;
 use dflash_core::Backend;
 use dflash_models::DrafterParams;
-use dflash_models::checkpoint::{load_drafter, save_drafter};
+use dflash_models::checkpoint::{Fetch, load_drafter, save_drafter_via};
 use dflash_models::safetensors_io::{Dtype, TensorFiles, write_atomic, write_tensors_streaming};
 
 use crate::error::{Result, TrainError};
@@ -49,6 +49,7 @@ struct StateRef<'a> {
     m: &'a DrafterParams,
     v: &'a DrafterParams,
     counters: Counters,
+    fetch: Fetch,
 }
 
 /// The replica's step counters.
@@ -72,6 +73,7 @@ impl<'a> StateRef<'a> {
                 adam_step: replica.optimizer.step,
                 nonfinite_run: replica.nonfinite_run,
             },
+            fetch: Fetch::InOrder,
         }
     }
 }
@@ -83,7 +85,7 @@ fn write_state(dir: &Path, st: &StateRef<'_>, extra: serde_json::Value) -> Resul
         dtype: dflash_config::DType::Float32,
         ..st.config.clone()
     };
-    save_drafter(b, dir, &master, st.params)?;
+    save_drafter_via(b, dir, &master, st.params, st.fetch)?;
     // Streamed one tensor at a time: the moments are twice the weights' size.
     let layout = DrafterParams::layout(st.config);
     let mut entries = Vec::with_capacity(2 * layout.len());
@@ -99,7 +101,7 @@ fn write_state(dir: &Path, st: &StateRef<'_>, extra: serde_json::Value) -> Resul
         &entries,
         Dtype::F32,
         None,
-        &|i| Ok(b.download(moments[i])?),
+        &|i| Ok(st.fetch.download(b, moments[i])?),
     )?;
     let state = TrainerState {
         step: st.counters.step,
@@ -160,6 +162,8 @@ impl Snapshot {
             m: &self.m,
             v: &self.v,
             counters: self.counters,
+            // Nothing queued writes the copies: the reads need not wait for the training.
+            fetch: Fetch::Detached,
         };
         write_state(dir, &st, extra)
     }

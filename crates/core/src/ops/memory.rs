@@ -110,6 +110,12 @@ impl<'a> HostSlice<'a> {
 pub trait MemoryOps {
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor>;
     fn download(&self, t: &Tensor) -> Result<Vec<f32>>;
+    /// As [`download`](Self::download), for a reader on another thread of a tensor that no
+    /// queued work writes (a checkpoint's device snapshot): a device backend copies it on a
+    /// side stream, waiting only for `t`'s own last write, not for the work queued since.
+    fn download_detached(&self, t: &Tensor) -> Result<Vec<f32>> {
+        self.download(t)
+    }
     fn zeros(&self, shape: &[usize]) -> Result<Tensor>;
     fn copy(&self, t: &Tensor) -> Result<Tensor>;
     /// Rows `[start, start+len)` of a `(R, C)` view of `t` (first dim as rows).
