@@ -101,7 +101,7 @@ fn write_state(dir: &Path, st: &StateRef<'_>, extra: serde_json::Value) -> Resul
         &entries,
         Dtype::F32,
         None,
-        &|i| Ok(st.fetch.download(b, moments[i])?),
+        &|i| st.fetch.download(b, moments[i]),
     )?;
     let state = TrainerState {
         step: st.counters.step,
