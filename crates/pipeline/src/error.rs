@@ -35,12 +35,12 @@ pub enum PipelineError {
     },
     /// Refused before anything was allocated: the memory plan's peak exceeds what is free.
     #[error(
-        "the job does not fit in the memory of {device}: its memory plan peaks at {:.2} GiB, \
-         {:.2} GiB are free ({:.2} GiB total); it shrinks with {advice} (every term: \
-         memory_plan.json in the run directory)",
-        crate::job::memory::gib(*peak),
-        crate::job::memory::gib(*free),
-        crate::job::memory::gib(*total)
+        "the job does not fit in the memory of {device}: its memory plan peaks at {}, {} are \
+         free ({} total); it shrinks with {advice} (every term: memory_plan.json in the run \
+         directory)",
+        crate::job::memory::human(*peak),
+        crate::job::memory::human(*free),
+        crate::job::memory::human(*total)
     )]
     PlanDoesNotFit {
         device: String,

@@ -37,6 +37,17 @@ pub fn gib(x: u64) -> f64 {
     x as f64 / (1u64 << 30) as f64
 }
 
+/// `x` in GiB, MiB or KiB, whichever keeps three significant digits (tiny jobs are planned
+/// too, and their knobs must read differently).
+pub fn human(x: u64) -> String {
+    let f = x as f64;
+    match x {
+        x if x >= 1 << 30 => format!("{:.2} GiB", f / (1u64 << 30) as f64),
+        x if x >= 1 << 20 => format!("{:.1} MiB", f / (1u64 << 20) as f64),
+        _ => format!("{:.1} KiB", f / 1024.0),
+    }
+}
+
 /// The largest micro-batch of a schedule: most context rows and most blocks (each
 /// document gives at most `num_anchors` blocks, and no more than its length less one since a
 /// document's last token is never an anchor). The step's bytes grow with both, so this
@@ -198,7 +209,8 @@ impl MemoryPlan {
         // workers' share (rounded up).
         let in_flight = nd * k.queue_capacity + nd + nt;
         let mut devices: BTreeMap<String, DevicePlan> = BTreeMap::new();
-        let mut terms: BTreeMap<String, BTreeMap<&'static str, u128>> = BTreeMap::new();
+        // Per device, in the order first added (the table reads state, then per-step terms).
+        let mut terms: BTreeMap<String, Vec<(&'static str, u128)>> = BTreeMap::new();
         let mut add = |dev: &str, m: BackendModel, name: &'static str, x: u128| {
             devices
                 .entry(dev.to_string())
@@ -215,11 +227,11 @@ impl MemoryPlan {
                     total_bytes: None,
                     measured_peak_bytes: None,
                 });
-            *terms
-                .entry(dev.to_string())
-                .or_default()
-                .entry(name)
-                .or_default() += x;
+            let ts = terms.entry(dev.to_string()).or_default();
+            match ts.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, sum)) => *sum += x,
+                None => ts.push((name, x)),
+            }
         };
         for t in targets {
             let (layers, frozen) = step::target_weights(tcfg, depth, &t.model);
@@ -283,7 +295,7 @@ impl MemoryPlan {
             .into_values()
             .map(|mut dp| {
                 let ts = terms.remove(&dp.device).unwrap_or_default();
-                dp.peak_bytes = bytes(ts.values().sum());
+                dp.peak_bytes = bytes(ts.iter().map(|(_, x)| x).sum());
                 dp.terms = ts
                     .into_iter()
                     .filter(|(_, x)| *x > 0)
@@ -307,20 +319,18 @@ impl MemoryPlan {
         );
         for d in &self.devices {
             let free = match (d.free_bytes, d.total_bytes) {
-                (Some(f), Some(t)) => {
-                    format!(" of {:.2} GiB free ({:.2} GiB total)", gib(f), gib(t))
-                }
+                (Some(f), Some(t)) => format!(" of {} free ({} total)", human(f), human(t)),
                 _ => " (free memory unknown)".into(),
             };
-            out += &format!("\n  {}: peak {:.2} GiB{free}", d.device, gib(d.peak_bytes));
+            out += &format!("\n  {}: peak {}{free}", d.device, human(d.peak_bytes));
             for (name, x) in &d.terms {
-                out += &format!("\n    {name:<28} {:>9.3} GiB", gib(*x));
+                out += &format!("\n    {name:<28} {:>11}", human(*x));
             }
             if d.drafter_replicas > 0 {
                 out += &format!(
-                    "\n    (working set includes attention workspace {:.3} GiB, CE workspace {:.3} GiB)",
-                    gib(d.attention_workspace_bytes),
-                    gib(d.ce_workspace_bytes)
+                    "\n    (the working set includes attention workspace {}, CE workspace {})",
+                    human(d.attention_workspace_bytes),
+                    human(d.ce_workspace_bytes)
                 );
             }
         }
@@ -398,40 +408,62 @@ impl MemoryPlan {
                 .find(|x| x.device == d.device)
                 .map_or(0, |x| x.peak_bytes)
         };
-        let mut advice = Vec::new();
-        if !base.recompute {
-            let p = peak_with(Knobs {
-                recompute: true,
-                ..base
-            });
-            advice.push(format!("train.recompute = true ({:.2} GiB)", gib(p)));
-        }
+        // Each knob that lowers this device's peak, set to the next smaller value, with the
+        // peak it would give.
         let cfg = &plan.cfg;
+        let mut options: Vec<(String, Knobs)> = Vec::new();
+        if !base.recompute {
+            options.push((
+                "train.recompute = true".into(),
+                Knobs {
+                    recompute: true,
+                    ..base
+                },
+            ));
+        }
         let budget = (cfg.data.token_budget / 2).max(cfg.data.max_len);
         if budget < cfg.data.token_budget {
             let micro = plan.micro_with_budget(budget);
-            let p = peak_with(Knobs { micro, ..base });
-            advice.push(format!("data.token_budget = {budget} ({:.2} GiB)", gib(p)));
+            options.push((
+                format!("data.token_budget = {budget}"),
+                Knobs { micro, ..base },
+            ));
         }
         let anchors = cfg.data.num_anchors / 2;
         if anchors > 0 {
             let micro = plan.largest_micro(anchors);
-            let p = peak_with(Knobs { micro, ..base });
-            advice.push(format!("data.num_anchors = {anchors} ({:.2} GiB)", gib(p)));
+            options.push((
+                format!("data.num_anchors = {anchors}"),
+                Knobs { micro, ..base },
+            ));
         }
         if base.queue_capacity > 1 {
-            let p = peak_with(Knobs {
-                queue_capacity: 1,
-                ..base
-            });
-            advice.push(format!("pipeline.queue_capacity = 1 ({:.2} GiB)", gib(p)));
+            options.push((
+                "pipeline.queue_capacity = 1".into(),
+                Knobs {
+                    queue_capacity: 1,
+                    ..base
+                },
+            ));
         }
+        let advice: Vec<String> = options
+            .into_iter()
+            .map(|(knob, k)| (knob, peak_with(k)))
+            .filter(|&(_, p)| p < d.peak_bytes)
+            .map(|(knob, p)| format!("{knob} ({})", human(p)))
+            .collect();
+        let advice = match advice.is_empty() {
+            true => "none of train.recompute, data.token_budget, data.num_anchors, \
+                     pipeline.queue_capacity (a smaller drafter or a larger device)"
+                .to_string(),
+            false => advice.join(", "),
+        };
         Err(PipelineError::PlanDoesNotFit {
             device: d.device.clone(),
             peak: d.peak_bytes,
             free: d.free_bytes.unwrap_or(0),
             total: d.total_bytes.unwrap_or(0),
-            advice: advice.join(", "),
+            advice,
         })
     }
 }
@@ -455,3 +487,6 @@ pub fn host_capacity() -> Option<MemoryCapacity> {
         total: field("MemTotal:")?,
     })
 }
+
+#[cfg(test)]
+mod tests;

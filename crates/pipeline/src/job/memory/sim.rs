@@ -5,6 +5,8 @@
 //! follows `dflash_models::{drafter, layer, target}`; a change there that moves the peak shows
 //! up in this module's CPU test against the measured peak.
 
+use dflash_models::layer::LayerDims;
+
 use super::model::{BackendModel, Dtype};
 
 /// Bytes live now and their high-water mark. 128-bit: a typo'd size (a 10^11 MLP) must come
@@ -47,6 +49,20 @@ pub(super) struct LayerShape {
 }
 
 impl LayerShape {
+    /// The layer of `d` (the models' own dimensions) with MLP width `i`, projections of `wdt`.
+    pub fn new(d: &LayerDims, i: usize, wdt: Dtype) -> Self {
+        let u = |x: usize| x as u128;
+        LayerShape {
+            h: u(d.hidden),
+            qd: u(d.q_heads) * u(d.head_dim),
+            kd: u(d.kv_heads) * u(d.head_dim),
+            hq: u(d.q_heads),
+            hkv: u(d.kv_heads),
+            dh: u(d.head_dim),
+            i: u(i),
+            wdt,
+        }
+    }
     /// Elements of the seven projections (the 2-D weights).
     pub fn matrix_elems(&self) -> u128 {
         let (h, qd, kd, i) = (self.h, self.qd, self.kd, self.i);

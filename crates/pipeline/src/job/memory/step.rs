@@ -11,29 +11,13 @@ use super::sim::{LayerShape, Walk, layer_backward, layer_cache, layer_forward};
 const MASK_ROW_BYTES: u128 = 16;
 
 pub(super) fn drafter_layer(cfg: &DrafterConfig) -> LayerShape {
-    LayerShape {
-        h: cfg.hidden_size as u128,
-        qd: (cfg.num_attention_heads * cfg.head_dim) as u128,
-        kd: (cfg.num_key_value_heads * cfg.head_dim) as u128,
-        hq: cfg.num_attention_heads as u128,
-        hkv: cfg.num_key_value_heads as u128,
-        dh: cfg.head_dim as u128,
-        i: cfg.intermediate_size as u128,
-        wdt: Dtype::F32,
-    }
+    let dims = dflash_models::drafter::layer_dims(cfg);
+    LayerShape::new(&dims, cfg.intermediate_size, Dtype::F32)
 }
 
 pub(super) fn target_layer(cfg: &Qwen3Config, m: &BackendModel) -> LayerShape {
-    LayerShape {
-        h: cfg.hidden_size as u128,
-        qd: (cfg.num_attention_heads * cfg.head_dim) as u128,
-        kd: (cfg.num_key_value_heads * cfg.head_dim) as u128,
-        hq: cfg.num_attention_heads as u128,
-        hkv: cfg.num_key_value_heads as u128,
-        dh: cfg.head_dim as u128,
-        i: cfg.intermediate_size as u128,
-        wdt: m.compute_dtype(),
-    }
+    let dims = dflash_models::target::layer_dims(cfg);
+    LayerShape::new(&dims, cfg.intermediate_size, m.compute_dtype())
 }
 
 /// Elements of the drafter's trainable tensors (`DrafterParams::layout`, counted without
