@@ -165,20 +165,31 @@ fn measure(b: &Arc<dyn Backend>, cfg: &DrafterConfig, batch: usize, recompute: b
 #[test]
 fn the_plan_is_within_ten_percent_of_the_reference_backends_measured_peak() {
     dflash_backend_reference::link();
+    dflash_attention_tiled::link();
+    let mut rows = Vec::new();
+    for kernel in ["reference", "tiled"] {
+        check_kernel(kernel, &mut rows);
+    }
+    eprintln!("{}", rows.join("\n"));
+}
+
+/// Batch 1 and 3, recomputation off and on, with attention kernel `kernel`.
+fn check_kernel(kernel: &str, rows: &mut Vec<String>) {
     let opts = BackendOptions {
-        attention: "reference".into(),
+        attention: kernel.into(),
         threads: 2,
         device: 0,
     };
     let b = create_backend("reference", &opts).unwrap();
     let cfg = drafter();
     let model = BackendModel::of(b.as_ref());
-    assert_eq!(model, BackendModel::reference());
+    if kernel == "reference" {
+        assert_eq!(model, BackendModel::reference());
+    }
     let mb = MicroShape {
         ctx_rows: S,
         blocks: ANCHORS,
     };
-    let mut rows = Vec::new();
     for (batch, recompute) in [(1, false), (3, false), (1, true), (3, true)] {
         let measured = measure(&b, &cfg, batch, recompute);
         let plan = DrafterPlan::new(&cfg, mb, batch, recompute, &model);
@@ -189,7 +200,7 @@ fn the_plan_is_within_ten_percent_of_the_reference_backends_measured_peak() {
         let step_plan = plan.activations_kept + plan.working_set;
         let step_ratio = step_plan as f64 / (measured - resident) as f64;
         rows.push(format!(
-            "batch {batch}, recompute {recompute}: plan {} B, measured {measured} B, ratio \
+            "{kernel}: batch {batch}, recompute {recompute}: plan {} B, measured {measured} B, ratio \
              {ratio:.3}; the step's activations and workspaces alone: plan {step_plan} B, \
              ratio {step_ratio:.3}",
             plan.peak,
@@ -202,7 +213,6 @@ fn the_plan_is_within_ten_percent_of_the_reference_backends_measured_peak() {
             );
         }
     }
-    eprintln!("{}", rows.join("\n"));
     // Recomputation must be what the plan says it is: a smaller peak.
     let on = DrafterPlan::new(&cfg, mb, 1, true, &model).peak;
     let off = DrafterPlan::new(&cfg, mb, 1, false, &model).peak;
