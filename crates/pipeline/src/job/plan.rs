@@ -56,6 +56,10 @@ pub struct JobPlan {
     pub step_tokens: Vec<u64>,
     /// Each sample's length after truncation to `data.max_len` (what the schedule packs).
     pub lengths: Vec<usize>,
+    /// Tokens of the evaluation set as it is featurised (the first `eval.max_samples`
+    /// samples of `data.eval`, each at most `data.max_len`): its features stay in host memory
+    /// for the whole run. 0 without an evaluation set.
+    pub eval_tokens: usize,
     pub lr: LrSchedule,
 }
 
@@ -91,6 +95,14 @@ impl JobPlan {
                 cfg.train.max_steps
             )));
         }
+        let eval_tokens = match &cfg.data.eval {
+            Some(p) => {
+                let data = open_dataset(p)?;
+                let n = data.len().min(cfg.eval.max_samples.unwrap_or(usize::MAX));
+                (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum()
+            }
+            None => 0,
+        };
         let step_tokens = schedule
             .steps
             .iter()
@@ -142,6 +154,7 @@ impl JobPlan {
             schedule,
             step_tokens,
             lengths,
+            eval_tokens,
             lr,
         })
     }

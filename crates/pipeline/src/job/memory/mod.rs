@@ -96,9 +96,9 @@ impl DrafterPlan {
         let state = step::drafter_state(cfg);
         let s = step::drafter_step(cfg, mb, recompute, false, m);
         let finish = step::finish_step(cfg, 1, m);
-        let kh = (cfg.target_layer_ids.len() * cfg.hidden_size) as u128;
+        let kh = cfg.target_layer_ids.len() as u128 * cfg.hidden_size as u128;
         let features = micro_batches as u128 * mb.ctx_rows as u128 * kh * m.compute as u128;
-        let frozen = 2 * (cfg.vocab_size * cfg.hidden_size) as u128 * m.compute as u128;
+        let frozen = 2 * cfg.vocab_size as u128 * cfg.hidden_size as u128 * m.compute as u128;
         let working = s.peak.max(finish) - s.kept;
         let backend = m.instance_bytes();
         let peak = 4 * state + frozen + features + s.kept + working + backend;
@@ -118,6 +118,13 @@ impl DrafterPlan {
     }
 }
 
+/// One term of a device's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Term {
+    pub name: String,
+    pub bytes: u64,
+}
+
 /// One device's share of the plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct DevicePlan {
@@ -125,8 +132,8 @@ pub struct DevicePlan {
     pub model: BackendModel,
     pub target_workers: usize,
     pub drafter_replicas: usize,
-    /// `(term, bytes)`, summing to `peak_bytes`.
-    pub terms: Vec<(String, u64)>,
+    /// Summing to `peak_bytes`.
+    pub terms: Vec<Term>,
     /// Within the working set (for the reader; already counted).
     pub attention_workspace_bytes: u64,
     pub ce_workspace_bytes: u64,
@@ -263,7 +270,8 @@ impl MemoryPlan {
             add(&d.device, *m, "AdamW moments", 2 * state);
             if target0 != Some(d.device.as_str()) {
                 // Shared with target worker 0 on its device, imported anywhere else.
-                let frozen = 2 * (tcfg.vocab_size * tcfg.hidden_size) as u128 * m.compute as u128;
+                let frozen =
+                    2 * tcfg.vocab_size as u128 * tcfg.hidden_size as u128 * m.compute as u128;
                 add(&d.device, *m, "frozen embedding + LM head", frozen);
             }
             add(&d.device, *m, "drafter activations kept", s.kept);
@@ -278,6 +286,17 @@ impl MemoryPlan {
             e.0 += 1;
             e.1 += s.attention_ws;
             e.2 += s.ce_ws;
+        }
+        // The featurised evaluation set, f32 in host memory for the whole run: planned on
+        // the first device whose memory is the host's.
+        if let Some(h) = targets
+            .iter()
+            .chain(drafters)
+            .find(|p| p.model.ops == OpsKind::Host)
+        {
+            let kh = ids.len() as u128 * tcfg.hidden_size as u128;
+            let eval = plan.eval_tokens as u128 * kh * 4;
+            add(&h.device, h.model, "evaluation features", eval);
         }
         for (dev, (n, attn, ce)) in replicas {
             if let Some(dp) = devices.get_mut(&dev) {
@@ -299,7 +318,10 @@ impl MemoryPlan {
                 dp.terms = ts
                     .into_iter()
                     .filter(|(_, x)| *x > 0)
-                    .map(|(n, x)| (n.to_string(), bytes(x)))
+                    .map(|(n, x)| Term {
+                        name: n.to_string(),
+                        bytes: bytes(x),
+                    })
                     .collect();
                 dp
             })
@@ -323,8 +345,8 @@ impl MemoryPlan {
                 _ => " (free memory unknown)".into(),
             };
             out += &format!("\n  {}: peak {}{free}", d.device, human(d.peak_bytes));
-            for (name, x) in &d.terms {
-                out += &format!("\n    {name:<28} {:>11}", human(*x));
+            for t in &d.terms {
+                out += &format!("\n    {:<28} {:>11}", t.name, human(t.bytes));
             }
             if d.drafter_replicas > 0 {
                 out += &format!(

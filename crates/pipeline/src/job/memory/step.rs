@@ -24,7 +24,7 @@ pub(super) fn target_layer(cfg: &Qwen3Config, m: &BackendModel) -> LayerShape {
 /// building it: a typo'd layer count must not allocate the list).
 pub(super) fn drafter_params(cfg: &DrafterConfig) -> u128 {
     let l = drafter_layer(cfg);
-    let kh = (cfg.target_layer_ids.len() * cfg.hidden_size) as u128;
+    let kh = cfg.target_layer_ids.len() as u128 * cfg.hidden_size as u128;
     l.h * kh + 2 * l.h + cfg.num_hidden_layers as u128 * (l.matrix_elems() + l.norm_elems())
 }
 
@@ -32,7 +32,7 @@ pub(super) fn drafter_params(cfg: &DrafterConfig) -> u128 {
 fn largest_param(cfg: &DrafterConfig) -> u128 {
     let l = drafter_layer(cfg);
     l.largest_matrix()
-        .max(l.h * (cfg.target_layer_ids.len() * cfg.hidden_size) as u128)
+        .max(l.h * cfg.target_layer_ids.len() as u128 * cfg.hidden_size as u128)
 }
 
 /// One micro-batch as the drafter sees it.
@@ -68,7 +68,10 @@ pub(super) fn drafter_step(
     m: &BackendModel,
 ) -> StepBytes {
     let l = drafter_layer(cfg);
-    let (s, rows) = (mb.ctx_rows as u128, (mb.blocks * cfg.block_size) as u128);
+    let (s, rows) = (
+        mb.ctx_rows as u128,
+        mb.blocks as u128 * cfg.block_size as u128,
+    );
     let (h, v) = (l.h, cfg.vocab_size as u128);
     let kh = cfg.target_layer_ids.len() as u128 * h;
     let layers = cfg.num_hidden_layers as u128;
@@ -97,7 +100,7 @@ pub(super) fn drafter_step(
     let kept = w.sim.live.max(0) as u128;
     // out = norm(x); the fused CE writes d_out (T, H) with its workspace; out is dropped.
     let (out, _rstd_f) = w.rms_norm(rows, h);
-    let active = (mb.blocks * cfg.block_size.saturating_sub(1)) as u128;
+    let active = mb.blocks as u128 * cfg.block_size.saturating_sub(1) as u128;
     let (ce_t, ce_kept) = m.ce_workspace(active, h, v);
     w.a(rows * h);
     w.sim.transient(ce_t);

@@ -70,7 +70,7 @@ fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_gi
     assert_eq!(mp.devices.len(), 1, "one host device: {mp:?}");
     let d = &mut mp.devices[0];
     assert_eq!((d.target_workers, d.drafter_replicas), (1, 1));
-    let sum: u64 = d.terms.iter().map(|(_, x)| x).sum();
+    let sum: u64 = d.terms.iter().map(|t| t.bytes).sum();
     assert_eq!(sum, d.peak_bytes, "the terms add up to the peak");
     for term in [
         "drafter weights",
@@ -84,7 +84,7 @@ fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_gi
         "drafter step working set",
     ] {
         assert!(
-            d.terms.iter().any(|(n, _)| n == term),
+            d.terms.iter().any(|t| t.name == term),
             "{term} missing: {d:?}"
         );
     }
@@ -166,13 +166,32 @@ fn absurd_drafter_sizes_are_refused_before_anything_is_allocated() {
 #[test]
 fn a_run_prints_and_writes_its_plan() {
     let runs = tempfile::tempdir().unwrap();
-    let out = crate::job::train(&config(runs.path(), &[]), None).unwrap();
+    let eval = format!("{TINY_TRAIN:?}");
+    let cfg = config(
+        runs.path(),
+        &[("data.eval", eval.as_str()), ("eval.max_samples", "3")],
+    );
+    let out = crate::job::train(&cfg, None).unwrap();
     let text = std::fs::read_to_string(out.run_dir.join(MEMORY_PLAN_FILE)).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let dev = &v["devices"][0];
     assert!(dev["peak_bytes"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(dev["model"]["attention"], "reference", "{v}");
     assert!(v["micro"]["ctx_rows"].as_u64().unwrap() <= 512, "{v}");
+    // Three evaluation samples of at most max_len tokens, k = 2 features of the tiny
+    // target's hidden size, f32, held in host memory for the run.
+    let hidden = JobPlan::new(&cfg).unwrap().target_config.hidden_size as u64;
+    let eval_term = dev["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "evaluation features")
+        .unwrap_or_else(|| panic!("no evaluation term: {v}"));
+    assert_eq!(
+        eval_term["bytes"].as_u64().unwrap(),
+        3 * 256 * 2 * hidden * 4,
+        "{v}"
+    );
 }
 
 #[test]
