@@ -472,14 +472,34 @@ impl MemoryPlan {
             .into_iter()
             .map(|(knob, k)| (knob, peak_with(k)))
             .filter(|&(_, p)| p < d.peak_bytes)
-            .map(|(knob, p)| format!("{knob} ({})", human(p)))
+            .map(|(knob, p)| {
+                let saves = human(d.peak_bytes - p);
+                format!("{knob} ({}, saves {saves})", human(p))
+            })
             .collect();
-        let advice = match advice.is_empty() {
+        let mut advice = match advice.is_empty() {
             true => "none of train.recompute, data.token_budget, data.num_anchors, \
-                     pipeline.queue_capacity (a smaller drafter or a larger device)"
+                     pipeline.queue_capacity"
                 .to_string(),
             false => advice.join(", "),
         };
+        // What no knob of the step changes: the drafter's own state.
+        let state: u64 = d
+            .terms
+            .iter()
+            .filter(|t| {
+                ["drafter weights", "gradients", "AdamW moments"].contains(&t.name.as_str())
+            })
+            .map(|t| t.bytes)
+            .sum();
+        if d.free_bytes.is_some_and(|f| state > f) {
+            advice += &format!(
+                "; but the drafter's weights, gradients and AdamW moments alone take {}: it \
+                 needs fewer drafter.num_layers or a smaller drafter.intermediate_size, or a \
+                 larger device",
+                human(state)
+            );
+        }
         Err(PipelineError::PlanDoesNotFit {
             device: d.device.clone(),
             peak: d.peak_bytes,

@@ -125,6 +125,38 @@ fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_gi
 }
 
 #[test]
+fn a_job_too_big_for_this_machine_is_refused_by_train_before_it_allocates() {
+    // A 44M-wide MLP on the tiny target's hidden size 128: ~500 GiB of drafter state, within
+    // the config's 1 TiB bound, so only the plan stands between it and the allocator.
+    if host_capacity().is_some_and(|c| c.free > 600 << 30) {
+        eprintln!("skipped: this host has more than 600 GiB free");
+        return;
+    }
+    let runs = tempfile::tempdir().unwrap();
+    let cfg = config(runs.path(), &[("drafter.intermediate_size", "44000000")]);
+    let t0 = std::time::Instant::now();
+    let e = match crate::job::train(&cfg, None) {
+        Err(e) => e,
+        Ok(_) => panic!("a 500 GiB drafter trained"),
+    };
+    assert!(matches!(e, PipelineError::PlanDoesNotFit { .. }), "{e:?}");
+    let msg = cause_chain(&e);
+    for needle in [
+        "does not fit in the memory of cpu",
+        "GiB are free",
+        "data.num_anchors =",
+    ] {
+        assert!(msg.contains(needle), "{needle:?} missing: {msg}");
+    }
+    let run = runs.path().join("run");
+    assert!(run.join(MEMORY_PLAN_FILE).exists());
+    let written = std::fs::read_to_string(run.join("error.txt")).unwrap();
+    assert!(written.contains("does not fit"), "{written}");
+    // Refused from the shapes: no weight was drawn (that alone would take minutes).
+    assert!(t0.elapsed().as_secs() < 30, "{:?}", t0.elapsed());
+}
+
+#[test]
 fn absurd_drafter_sizes_are_refused_before_anything_is_allocated() {
     let runs = tempfile::tempdir().unwrap();
     for (knob, value, field) in [
