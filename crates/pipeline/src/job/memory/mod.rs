@@ -19,7 +19,7 @@ use dflash_core::{Backend, MemoryCapacity};
 use serde::Serialize;
 
 pub use model::{AttentionKind, BackendModel, OpsKind};
-pub use step::{MicroShape, StepBytes};
+pub use step::MicroShape;
 
 use super::plan::JobPlan;
 use crate::error::{PipelineError, Result};

@@ -83,9 +83,8 @@ impl LayerShape {
 pub(super) struct Walk<'a> {
     pub sim: Sim,
     pub m: &'a BackendModel,
-    /// Attention workspace and CE workspace seen, the largest of each (for the breakdown).
+    /// The largest attention workspace seen (for the breakdown).
     pub attn_ws: u128,
-    pub ce_ws: u128,
 }
 
 impl<'a> Walk<'a> {
@@ -94,7 +93,6 @@ impl<'a> Walk<'a> {
             sim: Sim::default(),
             m,
             attn_ws: 0,
-            ce_ws: 0,
         }
     }
     /// `n` runs of `f`, each changing the live bytes by the same amount (identical layers):
@@ -114,7 +112,6 @@ impl<'a> Walk<'a> {
             .max(self.sim.live + runs_before * delta + local_peak);
         self.sim.live += n as i128 * delta;
         self.attn_ws = self.attn_ws.max(one.attn_ws);
-        self.ce_ws = self.ce_ws.max(one.ce_ws);
     }
     fn act(&self, elems: u128) -> u128 {
         elems * self.m.act as u128

@@ -47,15 +47,14 @@ pub struct MicroShape {
 /// What one micro-batch's forward and backward add on top of the replica's state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepBytes {
-    /// High-water mark of the step's own allocations.
+    /// High-water mark of the step's own allocations (with the backend's kept workspace).
     pub peak: u128,
     /// Activations held when the forward ends (the layer caches unless recomputed).
     pub kept: u128,
-    /// The largest attention workspace and CE workspace of the step (within `peak`).
+    /// The largest attention workspace and the CE workspace of the step (within `peak`; the
+    /// CE's includes what the backend keeps between calls).
     pub attention_ws: u128,
     pub ce_ws: u128,
-    /// Workspace the backend keeps after the step (CUDA's loss workspace; within `peak`).
-    pub backend_kept: u128,
 }
 
 /// One `DrafterReplica::accumulate` of a micro-batch `mb` whose features are on the device
@@ -77,6 +76,11 @@ pub(super) fn drafter_step(
     let layers = cfg.num_hidden_layers as u128;
     let (act, compute) = (m.act_dtype(), m.compute_dtype());
     let mut w = Walk::new(m);
+    // The loss workspace a backend keeps between calls (CUDA) is there from the previous
+    // step on, so from the start of this one.
+    let active = mb.blocks as u128 * cfg.block_size.saturating_sub(1) as u128;
+    let (ce_t, ce_kept) = m.ce_workspace(active, h, v);
+    w.sim.alloc(ce_kept);
     // The host inputs (ids, positions, labels, weights per slot; anchors) and, for a host
     // backend, the masks (one per layer) and context positions: host memory, which is the
     // device's memory only on the host.
@@ -97,14 +101,11 @@ pub(super) fn drafter_step(
     w.repeat(layers, |w| {
         cache = layer_forward(w, &l, rows, Some(s), !recompute).1;
     });
-    let kept = w.sim.live.max(0) as u128;
+    let kept = w.sim.live.max(0) as u128 - ce_kept;
     // out = norm(x); the fused CE writes d_out (T, H) with its workspace; out is dropped.
     let (out, _rstd_f) = w.rms_norm(rows, h);
-    let active = mb.blocks as u128 * cfg.block_size.saturating_sub(1) as u128;
-    let (ce_t, ce_kept) = m.ce_workspace(active, h, v);
     w.a(rows * h);
     w.sim.transient(ce_t);
-    w.sim.alloc(ce_kept);
     w.free(out);
     let (dx, _d_norm) = w.rms_norm_backward(rows, h);
     w.f(s * h); // d_ctx
@@ -127,7 +128,6 @@ pub(super) fn drafter_step(
         kept,
         attention_ws: w.attn_ws,
         ce_ws: ce_t + ce_kept,
-        backend_kept: ce_kept,
     }
 }
 
