@@ -214,7 +214,16 @@ impl MemoryPlan {
         // finished by each target worker waiting to be queued. They stay on the device of
         // the worker that made them; workers are fed round robin, so each device holds its
         // workers' share (rounded up).
-        let in_flight = nd * k.queue_capacity + nd + nt;
+        // No more than the invocation's micro-batches, which a short job bounds first.
+        let steps = usize::try_from(plan.end_step()).unwrap_or(usize::MAX);
+        let scheduled: usize = plan
+            .schedule
+            .steps
+            .iter()
+            .take(steps)
+            .map(|s| s.micro.len())
+            .sum();
+        let in_flight = (nd * k.queue_capacity + nd + nt).min(scheduled);
         let mut devices: BTreeMap<String, DevicePlan> = BTreeMap::new();
         // Per device, in the order first added (the table reads state, then per-step terms).
         let mut terms: BTreeMap<String, Vec<(&'static str, u128)>> = BTreeMap::new();
