@@ -64,7 +64,8 @@ fn reference() -> Arc<dyn Backend> {
 #[test]
 fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_give() {
     let runs = tempfile::tempdir().unwrap();
-    let plan = JobPlan::new(&config(runs.path(), &[])).unwrap();
+    // Eight steps of one micro-batch each: more than the queues hold, so their capacity counts.
+    let plan = JobPlan::new(&config(runs.path(), &[("train.max_steps", "8")])).unwrap();
     let b = [reference()];
     let mut mp = MemoryPlan::new(&plan, &b, &b);
     assert_eq!(mp.devices.len(), 1, "one host device: {mp:?}");
