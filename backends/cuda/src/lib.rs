@@ -633,6 +633,20 @@ impl BackendInfo for CudaBackend {
         let _ = self.synchronize();
         let _ = device::pool_usage(&self.dev.ctx, true);
     }
+    fn element_bytes(&self) -> dflash_core::ElementBytes {
+        dflash_core::ElementBytes {
+            activation: self.opts.activations.size() as u64,
+            compute: self.compute_format().size() as u64,
+        }
+    }
+    fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {
+        self.dev.ctx.bind_to_thread().ok()?;
+        let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+        Some(dflash_core::MemoryCapacity {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
 }
 
 fn create(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {

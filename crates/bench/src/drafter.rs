@@ -16,6 +16,7 @@ use dflash_core::pipeline::{Features, HiddenBatch, SeqMeta};
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, DrafterParams};
 use dflash_pipeline::comm::HostComm;
+use dflash_pipeline::job::memory::{self, BackendModel, DrafterPlan, MicroShape};
 use dflash_training::optimizer::{AdamW, AdamWHyper};
 use dflash_training::{BlockSpec, DrafterReplica, PreparedBatch};
 
@@ -24,9 +25,9 @@ use crate::{BenchError, Result, Scale, Suite, Timing};
 
 const SEED: u64 = 0xD2AF_7E25;
 pub const BATCHES: [usize; 2] = [1, 4];
-/// `(batch, recompute)` of each measured configuration: the recipe at batch 1 and 4, and
-/// batch 1 with per-layer activation recomputation (the memory-lean setting).
-const RUNS: [(usize, bool); 3] = [(1, false), (4, false), (1, true)];
+/// `(batch, recompute)` of each measured configuration: the recipe at batch 1 and 4, without
+/// and with per-layer activation recomputation (the memory-lean setting).
+const RUNS: [(usize, bool); 4] = [(1, false), (4, false), (1, true), (4, true)];
 const LR: f64 = 6e-4;
 const GRAD_CLIP: f64 = 1.0;
 /// The drafter step's phases, as its `detail` times them (the job's drafter phases).
@@ -257,11 +258,28 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
             );
             s.record(&tp, (batch * len) as f64 / t / 1e3, t, with_phases)?;
         }
-        // Omitted when the backend does not track memory.
+        // Omitted when the backend does not track memory. The job's memory plan for this
+        // step (from the shapes alone) goes next to the measured peak.
         if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
             let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
             let parts = ledger.describe(m.peak_bytes, kept);
-            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}"))?;
+            let micro = MicroShape {
+                ctx_rows: len,
+                blocks: num_anchors,
+            };
+            let plan = DrafterPlan::new(&cfg, micro, batch, recompute, &BackendModel::of(b));
+            let vs = format!(
+                "memory plan {:.2} GiB, plan / measured {:.3} (plan GiB: state {:.2}, frozen \
+                 {:.2}, features {:.2}, activations kept {:.2}, working set {:.2})",
+                memory::gib(plan.peak),
+                plan.peak as f64 / m.peak_bytes.max(1) as f64,
+                memory::gib(4 * plan.weights),
+                memory::gib(plan.frozen),
+                memory::gib(plan.features),
+                memory::gib(plan.activations_kept),
+                memory::gib(plan.working_set),
+            );
+            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}; {vs}"))?;
         }
     }
     Ok(())

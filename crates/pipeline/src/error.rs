@@ -33,6 +33,22 @@ pub enum PipelineError {
         device: String,
         source: Box<PipelineError>,
     },
+    /// Refused before anything was allocated: the memory plan's peak exceeds what is free.
+    #[error(
+        "the job does not fit in the memory of {device}: its memory plan peaks at {}, {} are \
+         free ({} total); it shrinks with {advice} (every term: memory_plan.json in the run \
+         directory)",
+        crate::job::memory::human(*peak),
+        crate::job::memory::human(*free),
+        crate::job::memory::human(*total)
+    )]
+    PlanDoesNotFit {
+        device: String,
+        peak: u64,
+        free: u64,
+        total: u64,
+        advice: String,
+    },
 }
 
 impl PipelineError {

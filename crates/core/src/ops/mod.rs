@@ -52,6 +52,23 @@ pub struct MemoryStats {
     pub peak_bytes: u64,
 }
 
+/// How a backend instance stores what a memory plan counts, in bytes per element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElementBytes {
+    /// An activation: what compute ops write (outputs and activation gradients).
+    pub activation: u64,
+    /// A tensor in the compute format (`MemoryOps::to_compute_format`): frozen weights, features.
+    pub compute: u64,
+}
+
+/// The memory a backend instance allocates from, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryCapacity {
+    /// Free now (what a job starting now can still take).
+    pub free: u64,
+    pub total: u64,
+}
+
 /// Identity of a backend instance.
 pub trait BackendInfo: Send + Sync {
     /// Registered name, e.g. `"reference"`.
@@ -73,4 +90,17 @@ pub trait BackendInfo: Send + Sync {
     }
     /// Restarts the peak of [`BackendInfo::memory_stats`] from the memory in use now.
     fn reset_peak_memory(&self) {}
+    /// Element sizes of this instance's storage. The default is f32 throughout (parameters,
+    /// gradients and optimizer moments are f32 on every backend).
+    fn element_bytes(&self) -> ElementBytes {
+        ElementBytes {
+            activation: 4,
+            compute: 4,
+        }
+    }
+    /// The device memory this instance allocates from, when the backend knows it (`None`: a
+    /// backend that keeps its tensors in host memory; the caller asks the host).
+    fn memory_capacity(&self) -> Option<MemoryCapacity> {
+        None
+    }
 }

@@ -1,6 +1,7 @@
 //! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
 
 mod checkpoint;
+pub mod memory;
 mod plan;
 mod run;
 mod setup;

@@ -10,6 +10,7 @@ use dflash_data::{Dataset, open_dataset};
 use dflash_training::optimizer::AdamWHyper;
 use dflash_training::{BlockSpec, LrSchedule};
 
+use super::memory::{MicroShape, largest_micro};
 use super::setup::{drafter_config, too_long};
 use crate::error::{PipelineError, Result};
 use crate::schedule::Schedule;
@@ -53,6 +54,12 @@ pub struct JobPlan {
     pub empty_samples: usize,
     /// Tokens of each step (after truncation to `data.max_len`).
     pub step_tokens: Vec<u64>,
+    /// Each sample's length after truncation to `data.max_len` (what the schedule packs).
+    pub lengths: Vec<usize>,
+    /// Tokens of the evaluation set as it is featurised (the first `eval.max_samples`
+    /// samples of `data.eval`, each at most `data.max_len`): its features stay in host memory
+    /// for the whole run. 0 without an evaluation set.
+    pub eval_tokens: usize,
     pub lr: LrSchedule,
 }
 
@@ -88,6 +95,14 @@ impl JobPlan {
                 cfg.train.max_steps
             )));
         }
+        let eval_tokens = match &cfg.data.eval {
+            Some(p) => {
+                let data = open_dataset(p)?;
+                let n = data.len().min(cfg.eval.max_samples.unwrap_or(usize::MAX));
+                (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum()
+            }
+            None => 0,
+        };
         let step_tokens = schedule
             .steps
             .iter()
@@ -138,8 +153,30 @@ impl JobPlan {
             empty_samples: lengths.iter().filter(|&&l| l == 0).count(),
             schedule,
             step_tokens,
+            lengths,
+            eval_tokens,
             lr,
         })
+    }
+
+    /// The schedule's largest micro-batch with `num_anchors` anchors per document.
+    pub fn largest_micro(&self, num_anchors: usize) -> MicroShape {
+        largest_micro(&self.schedule, &self.lengths, num_anchors)
+    }
+
+    /// The largest micro-batch the schedule would have with `data.token_budget = budget`.
+    pub fn micro_with_budget(&self, budget: usize) -> MicroShape {
+        let cfg = &self.cfg;
+        let (schedule, _) = Schedule::new(
+            &self.lengths,
+            &cfg.data.bucket_bounds,
+            budget,
+            cfg.train.seed,
+            cfg.train.epochs as u64,
+            cfg.train.micro_batches_per_step,
+            cfg.train.max_steps,
+        );
+        largest_micro(&schedule, &self.lengths, cfg.data.num_anchors)
     }
 
     pub fn total_steps(&self) -> u64 {

@@ -20,6 +20,7 @@ use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state}
 
 use super::TrainOutcome;
 use super::checkpoint::{CheckpointWriter, Written, latest_checkpoint};
+use super::memory::MemoryPlan;
 use super::plan::{JobPlan, TargetSource};
 use super::setup::{backend_for, eval_features, stop_tokens};
 use crate::comm::HostComm;
@@ -45,6 +46,11 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         plan.target_workers,
         plan.drafter_workers
     );
+    // Planned from the shapes and refused here, before the first tensor is allocated.
+    let mut memory = MemoryPlan::new(plan, &target_backends, &drafter_backends);
+    eprintln!("{}", memory.table());
+    memory.write(run_dir)?;
+    memory.check(plan, &target_backends, &drafter_backends)?;
     let targets = load_targets(plan, &target_backends)?;
     eprintln!(
         "train data {}: {} samples",
@@ -73,6 +79,15 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         true => None,
     };
     let (replica, run) = run_workers(plan, run_dir, targets, replicas, start_step, job_start)?;
+    let all: Vec<_> = target_backends
+        .iter()
+        .chain(&drafter_backends)
+        .cloned()
+        .collect();
+    if memory.record_measured(&all) {
+        eprintln!("{}", memory.measured_summary());
+        memory.write(run_dir)?;
+    }
     if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
         eprintln!(
             "stopped after step {} of {} (train.stop_at_step); continue with `train --resume {}`",

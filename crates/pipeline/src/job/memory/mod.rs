@@ -1,0 +1,543 @@
+//! The job's memory plan: from the shapes alone (drafter and target configs, the schedule's
+//! largest micro-batch, the knobs), the bytes each device will hold at its peak, term by term
+//! (weights, gradients, AdamW moments, frozen embedding and LM head, target weights, queued
+//! features, activations kept, the step's working set with its attention and CE workspaces,
+//! backend workspaces). Built after the backends exist (their element sizes and free memory
+//! are inputs) and before anything is allocated on them: a job that does not fit is refused
+//! with the knobs that shrink it, each with the peak it would give.
+
+mod model;
+mod sim;
+mod step;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use dflash_config::DrafterConfig;
+use dflash_core::{Backend, MemoryCapacity};
+use serde::Serialize;
+
+pub use model::{AttentionKind, BackendModel, OpsKind};
+pub use step::MicroShape;
+
+use super::plan::JobPlan;
+use crate::error::{PipelineError, Result};
+use crate::schedule::Schedule;
+
+/// File name of the plan in the run directory.
+pub const MEMORY_PLAN_FILE: &str = "memory_plan.json";
+
+/// Bytes (saturated to u64: no device holds 16 EiB, and a saturated plan does not fit).
+fn bytes(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+pub fn gib(x: u64) -> f64 {
+    x as f64 / (1u64 << 30) as f64
+}
+
+/// `x` in GiB, MiB or KiB, whichever keeps three significant digits (tiny jobs are planned
+/// too, and their knobs must read differently).
+pub fn human(x: u64) -> String {
+    let f = x as f64;
+    match x {
+        x if x >= 1 << 30 => format!("{:.2} GiB", f / (1u64 << 30) as f64),
+        x if x >= 1 << 20 => format!("{:.1} MiB", f / (1u64 << 20) as f64),
+        _ => format!("{:.1} KiB", f / 1024.0),
+    }
+}
+
+/// The largest micro-batch of a schedule: most context rows and most blocks (each
+/// document gives at most `num_anchors` blocks, and no more than its length less one since a
+/// document's last token is never an anchor). The step's bytes grow with both, so this
+/// bounds every micro-batch.
+pub fn largest_micro(schedule: &Schedule, lengths: &[usize], num_anchors: usize) -> MicroShape {
+    let mut worst = MicroShape {
+        ctx_rows: 0,
+        blocks: 0,
+    };
+    for micro in schedule.steps.iter().flat_map(|s| &s.micro) {
+        let lens = micro.iter().map(|&i| lengths.get(i).copied().unwrap_or(0));
+        worst.ctx_rows = worst.ctx_rows.max(lens.clone().sum());
+        worst.blocks = worst
+            .blocks
+            .max(lens.map(|l| l.saturating_sub(1).min(num_anchors)).sum());
+    }
+    worst
+}
+
+/// The drafter-only part of a plan for one replica on one device, as `dflash bench` measures
+/// it: state, frozen embedding and head, `micro_batches` micro-batches' features resident,
+/// one step's activations and workspaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DrafterPlan {
+    pub weights: u64,
+    pub gradients: u64,
+    pub adamw: u64,
+    pub frozen: u64,
+    pub features: u64,
+    pub activations_kept: u64,
+    pub working_set: u64,
+    pub attention_workspace: u64,
+    pub ce_workspace: u64,
+    pub backend_workspace: u64,
+    pub peak: u64,
+}
+
+impl DrafterPlan {
+    pub fn new(
+        cfg: &DrafterConfig,
+        mb: MicroShape,
+        micro_batches: usize,
+        recompute: bool,
+        m: &BackendModel,
+    ) -> Self {
+        let state = step::drafter_state(cfg);
+        let s = step::drafter_step(cfg, mb, recompute, false, m);
+        let finish = step::finish_step(cfg, 1, m);
+        let kh = cfg.target_layer_ids.len() as u128 * cfg.hidden_size as u128;
+        let features = micro_batches as u128 * mb.ctx_rows as u128 * kh * m.compute as u128;
+        let frozen = 2 * cfg.vocab_size as u128 * cfg.hidden_size as u128 * m.compute as u128;
+        let working = s.peak.max(finish) - s.kept;
+        let backend = m.instance_bytes();
+        let peak = 4 * state + frozen + features + s.kept + working + backend;
+        DrafterPlan {
+            weights: bytes(state),
+            gradients: bytes(state),
+            adamw: bytes(2 * state),
+            frozen: bytes(frozen),
+            features: bytes(features),
+            activations_kept: bytes(s.kept),
+            working_set: bytes(working),
+            attention_workspace: bytes(s.attention_ws),
+            ce_workspace: bytes(s.ce_ws),
+            backend_workspace: bytes(backend),
+            peak: bytes(peak),
+        }
+    }
+}
+
+/// One term of a device's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Term {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// One device's share of the plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct DevicePlan {
+    pub device: String,
+    pub model: BackendModel,
+    pub target_workers: usize,
+    pub drafter_replicas: usize,
+    /// Summing to `peak_bytes`.
+    pub terms: Vec<Term>,
+    /// Within the working set (for the reader; already counted).
+    pub attention_workspace_bytes: u64,
+    pub ce_workspace_bytes: u64,
+    pub peak_bytes: u64,
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// The backend's measured peak over the run (`BackendInfo::memory_stats`), once known.
+    pub measured_peak_bytes: Option<u64>,
+}
+
+/// The whole job's plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    /// The largest micro-batch, which every step term is computed for.
+    pub micro: MicroShape,
+    pub recompute: bool,
+    pub devices: Vec<DevicePlan>,
+}
+
+/// Where each worker runs: its device name and backend model.
+struct Placed {
+    device: String,
+    model: BackendModel,
+}
+
+fn placed(bs: &[Arc<dyn Backend>]) -> Vec<Placed> {
+    bs.iter()
+        .map(|b| Placed {
+            device: b.device(),
+            model: BackendModel::of(b.as_ref()),
+        })
+        .collect()
+}
+
+/// The knobs of a job that the plan depends on (the rest comes from the configs).
+#[derive(Debug, Clone, Copy)]
+struct Knobs {
+    micro: MicroShape,
+    recompute: bool,
+    queue_capacity: usize,
+}
+
+impl MemoryPlan {
+    /// The plan of `plan` on the backends its workers were placed on (target workers'
+    /// `targets`, drafter replicas' `drafters`), with each device's free memory.
+    pub fn new(
+        plan: &JobPlan,
+        targets: &[Arc<dyn Backend>],
+        drafters: &[Arc<dyn Backend>],
+    ) -> Self {
+        let knobs = Knobs {
+            micro: plan.largest_micro(plan.cfg.data.num_anchors),
+            recompute: plan.cfg.train.recompute,
+            queue_capacity: plan.cfg.pipeline.queue_capacity.max(1),
+        };
+        let mut p = Self::with_knobs(plan, &placed(targets), &placed(drafters), knobs);
+        let all = targets.iter().chain(drafters);
+        for d in &mut p.devices {
+            let cap = all
+                .clone()
+                .find(|b| b.device() == d.device)
+                .and_then(|b| b.memory_capacity())
+                // A backend that does not report device memory keeps tensors in host memory.
+                .or_else(host_capacity);
+            d.free_bytes = cap.map(|c| c.free);
+            d.total_bytes = cap.map(|c| c.total);
+        }
+        p
+    }
+
+    fn with_knobs(plan: &JobPlan, targets: &[Placed], drafters: &[Placed], k: Knobs) -> Self {
+        let dcfg = &plan.drafter;
+        let tcfg = &plan.target_config;
+        let ids = &dcfg.target_layer_ids;
+        let depth = ids.iter().max().map_or(0, |d| d + 1);
+        let (nt, nd) = (targets.len().max(1), drafters.len());
+        // Features in flight: each queue full, one batch in each replica's step, one
+        // finished by each target worker waiting to be queued. They stay on the device of
+        // the worker that made them; workers are fed round robin, so each device holds its
+        // workers' share (rounded up).
+        // No more than the invocation's micro-batches, which a short job bounds first.
+        let steps = usize::try_from(plan.end_step()).unwrap_or(usize::MAX);
+        let scheduled: usize = plan
+            .schedule
+            .steps
+            .iter()
+            .take(steps)
+            .map(|s| s.micro.len())
+            .sum();
+        let in_flight = (nd * k.queue_capacity + nd + nt).min(scheduled);
+        let mut devices: BTreeMap<String, DevicePlan> = BTreeMap::new();
+        // Per device, in the order first added (the table reads state, then per-step terms).
+        let mut terms: BTreeMap<String, Vec<(&'static str, u128)>> = BTreeMap::new();
+        let mut add = |dev: &str, m: BackendModel, name: &'static str, x: u128| {
+            devices
+                .entry(dev.to_string())
+                .or_insert_with(|| DevicePlan {
+                    device: dev.to_string(),
+                    model: m,
+                    target_workers: 0,
+                    drafter_replicas: 0,
+                    terms: Vec::new(),
+                    attention_workspace_bytes: 0,
+                    ce_workspace_bytes: 0,
+                    peak_bytes: 0,
+                    free_bytes: None,
+                    total_bytes: None,
+                    measured_peak_bytes: None,
+                });
+            let ts = terms.entry(dev.to_string()).or_default();
+            match ts.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, sum)) => *sum += x,
+                None => ts.push((name, x)),
+            }
+        };
+        for t in targets {
+            let (layers, frozen) = step::target_weights(tcfg, depth, &t.model);
+            let (peak, features) = step::target_forward(tcfg, ids, k.micro.ctx_rows, &t.model);
+            add(&t.device, t.model, "target weights", layers);
+            add(&t.device, t.model, "frozen embedding + LM head", frozen);
+            add(&t.device, t.model, "target forward", peak - features);
+            add(
+                &t.device,
+                t.model,
+                "backend workspaces",
+                t.model.instance_bytes(),
+            );
+            let share = in_flight.div_ceil(nt) as u128;
+            add(&t.device, t.model, "features in flight", share * features);
+        }
+        let target0 = targets.first().map(|t| t.device.as_str());
+        // Per device: replicas, attention and CE workspaces (for the breakdown).
+        let mut replicas: BTreeMap<String, (usize, u128, u128)> = BTreeMap::new();
+        for d in drafters {
+            let m = &d.model;
+            let state = step::drafter_state(dcfg);
+            // Features made on another device are copied here for the step.
+            let import = targets.iter().any(|t| t.device != d.device);
+            let s = step::drafter_step(dcfg, k.micro, k.recompute, import, m);
+            let finish = step::finish_step(dcfg, nd, m);
+            add(&d.device, *m, "drafter weights", state);
+            add(&d.device, *m, "gradients", state);
+            add(&d.device, *m, "AdamW moments", 2 * state);
+            if target0 != Some(d.device.as_str()) {
+                // Shared with target worker 0 on its device, imported anywhere else.
+                let frozen =
+                    2 * tcfg.vocab_size as u128 * tcfg.hidden_size as u128 * m.compute as u128;
+                add(&d.device, *m, "frozen embedding + LM head", frozen);
+            }
+            add(&d.device, *m, "drafter activations kept", s.kept);
+            add(
+                &d.device,
+                *m,
+                "drafter step working set",
+                s.peak.max(finish) - s.kept,
+            );
+            add(&d.device, *m, "backend workspaces", m.instance_bytes());
+            let e = replicas.entry(d.device.clone()).or_default();
+            e.0 += 1;
+            e.1 += s.attention_ws;
+            e.2 += s.ce_ws;
+        }
+        // The featurised evaluation set, f32 in host memory for the whole run: planned on
+        // the first device whose memory is the host's.
+        if let Some(h) = targets
+            .iter()
+            .chain(drafters)
+            .find(|p| p.model.ops == OpsKind::Host)
+        {
+            let kh = ids.len() as u128 * tcfg.hidden_size as u128;
+            let eval = plan.eval_tokens as u128 * kh * 4;
+            add(&h.device, h.model, "evaluation features", eval);
+        }
+        for (dev, (n, attn, ce)) in replicas {
+            if let Some(dp) = devices.get_mut(&dev) {
+                dp.drafter_replicas = n;
+                dp.attention_workspace_bytes = bytes(attn);
+                dp.ce_workspace_bytes = bytes(ce);
+            }
+        }
+        for t in targets {
+            if let Some(dp) = devices.get_mut(&t.device) {
+                dp.target_workers += 1;
+            }
+        }
+        let devices = devices
+            .into_values()
+            .map(|mut dp| {
+                let ts = terms.remove(&dp.device).unwrap_or_default();
+                dp.peak_bytes = bytes(ts.iter().map(|(_, x)| x).sum());
+                dp.terms = ts
+                    .into_iter()
+                    .filter(|(_, x)| *x > 0)
+                    .map(|(n, x)| Term {
+                        name: n.to_string(),
+                        bytes: bytes(x),
+                    })
+                    .collect();
+                dp
+            })
+            .collect();
+        MemoryPlan {
+            micro: k.micro,
+            recompute: k.recompute,
+            devices,
+        }
+    }
+
+    /// The plan as a table, one block per device.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "memory plan (largest micro-batch: {} context rows, {} blocks; recompute {}):",
+            self.micro.ctx_rows, self.micro.blocks, self.recompute
+        );
+        for d in &self.devices {
+            let free = match (d.free_bytes, d.total_bytes) {
+                (Some(f), Some(t)) => format!(" of {} free ({} total)", human(f), human(t)),
+                _ => " (free memory unknown)".into(),
+            };
+            out += &format!("\n  {}: peak {}{free}", d.device, human(d.peak_bytes));
+            for t in &d.terms {
+                out += &format!("\n    {:<28} {:>11}", t.name, human(t.bytes));
+            }
+            if d.drafter_replicas > 0 {
+                out += &format!(
+                    "\n    (the working set includes attention workspace {}, CE workspace {})",
+                    human(d.attention_workspace_bytes),
+                    human(d.ce_workspace_bytes)
+                );
+            }
+        }
+        out
+    }
+
+    /// Records each device's measured peak where its backend tracks memory; false when none
+    /// does.
+    pub fn record_measured(&mut self, backends: &[Arc<dyn Backend>]) -> bool {
+        let mut any = false;
+        for d in &mut self.devices {
+            let m = backends
+                .iter()
+                .filter(|b| b.device() == d.device)
+                .find_map(|b| b.memory_stats());
+            d.measured_peak_bytes = m.map(|m| m.peak_bytes);
+            any |= m.is_some();
+        }
+        any
+    }
+
+    /// `memory: DEVICE planned X GiB, measured Y GiB (plan/measured R)` per measured device.
+    pub fn measured_summary(&self) -> String {
+        self.devices
+            .iter()
+            .filter_map(|d| {
+                let m = d.measured_peak_bytes?;
+                Some(format!(
+                    "memory: {} planned {:.2} GiB, measured peak {:.2} GiB (plan / measured {:.3})",
+                    d.device,
+                    gib(d.peak_bytes),
+                    gib(m),
+                    d.peak_bytes as f64 / m.max(1) as f64
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Writes the plan to `run_dir/memory_plan.json`.
+    pub fn write(&self, run_dir: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self).expect("the plan serialises");
+        dflash_models::safetensors_io::write_atomic(
+            &run_dir.join(MEMORY_PLAN_FILE),
+            json.as_bytes(),
+        )?;
+        Ok(())
+    }
+
+    /// The first device whose peak exceeds its free memory: an error naming the knobs that
+    /// shrink the job, each with the peak that device would then plan.
+    pub fn check(
+        &self,
+        plan: &JobPlan,
+        targets: &[Arc<dyn Backend>],
+        drafters: &[Arc<dyn Backend>],
+    ) -> Result<()> {
+        let Some(d) = self
+            .devices
+            .iter()
+            .find(|d| d.free_bytes.is_some_and(|f| d.peak_bytes > f))
+        else {
+            return Ok(());
+        };
+        let (t, dr) = (placed(targets), placed(drafters));
+        let base = Knobs {
+            micro: self.micro,
+            recompute: self.recompute,
+            queue_capacity: plan.cfg.pipeline.queue_capacity.max(1),
+        };
+        let peak_with = |k: Knobs| {
+            Self::with_knobs(plan, &t, &dr, k)
+                .devices
+                .iter()
+                .find(|x| x.device == d.device)
+                .map_or(0, |x| x.peak_bytes)
+        };
+        // Each knob that lowers this device's peak, set to the next smaller value, with the
+        // peak it would give.
+        let cfg = &plan.cfg;
+        let mut options: Vec<(String, Knobs)> = Vec::new();
+        if !base.recompute {
+            options.push((
+                "train.recompute = true".into(),
+                Knobs {
+                    recompute: true,
+                    ..base
+                },
+            ));
+        }
+        let budget = (cfg.data.token_budget / 2).max(cfg.data.max_len);
+        if budget < cfg.data.token_budget {
+            let micro = plan.micro_with_budget(budget);
+            options.push((
+                format!("data.token_budget = {budget}"),
+                Knobs { micro, ..base },
+            ));
+        }
+        let anchors = cfg.data.num_anchors / 2;
+        if anchors > 0 {
+            let micro = plan.largest_micro(anchors);
+            options.push((
+                format!("data.num_anchors = {anchors}"),
+                Knobs { micro, ..base },
+            ));
+        }
+        if base.queue_capacity > 1 {
+            options.push((
+                "pipeline.queue_capacity = 1".into(),
+                Knobs {
+                    queue_capacity: 1,
+                    ..base
+                },
+            ));
+        }
+        let advice: Vec<String> = options
+            .into_iter()
+            .map(|(knob, k)| (knob, peak_with(k)))
+            .filter(|&(_, p)| p < d.peak_bytes)
+            .map(|(knob, p)| {
+                let saves = human(d.peak_bytes - p);
+                format!("{knob} ({}, saves {saves})", human(p))
+            })
+            .collect();
+        let mut advice = match advice.is_empty() {
+            true => "none of train.recompute, data.token_budget, data.num_anchors, \
+                     pipeline.queue_capacity"
+                .to_string(),
+            false => advice.join(", "),
+        };
+        // What no knob of the step changes: the drafter's own state.
+        let state: u64 = d
+            .terms
+            .iter()
+            .filter(|t| {
+                ["drafter weights", "gradients", "AdamW moments"].contains(&t.name.as_str())
+            })
+            .map(|t| t.bytes)
+            .sum();
+        if d.free_bytes.is_some_and(|f| state > f) {
+            advice += &format!(
+                "; but the drafter's weights, gradients and AdamW moments alone take {}: it \
+                 needs fewer drafter.num_layers or a smaller drafter.intermediate_size, or a \
+                 larger device",
+                human(state)
+            );
+        }
+        Err(PipelineError::PlanDoesNotFit {
+            device: d.device.clone(),
+            peak: d.peak_bytes,
+            free: d.free_bytes.unwrap_or(0),
+            total: d.total_bytes.unwrap_or(0),
+            advice,
+        })
+    }
+}
+
+/// Host memory from `/proc/meminfo`: `MemAvailable` (what can be allocated without
+/// swapping) and `MemTotal`. `None` where the file is missing (not Linux).
+pub fn host_capacity() -> Option<MemoryCapacity> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    Some(MemoryCapacity {
+        free: field("MemAvailable:")?,
+        total: field("MemTotal:")?,
+    })
+}
+
+#[cfg(test)]
+mod tests;
