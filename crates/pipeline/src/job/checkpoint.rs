@@ -67,13 +67,17 @@ pub(super) struct Written {
 /// run, wait for it first. A device without room for the copy writes in place instead.
 pub(super) struct CheckpointWriter {
     run_dir: PathBuf,
+    /// `false`: every checkpoint written in place (the memory plan found no room for a
+    /// snapshot).
+    background: bool,
     pending: Option<(std::thread::JoinHandle<Result<u64>>, u64, Instant, f64)>,
 }
 
 impl CheckpointWriter {
-    pub fn new(run_dir: &Path) -> Self {
+    pub fn new(run_dir: &Path, background: bool) -> Self {
         CheckpointWriter {
             run_dir: run_dir.to_path_buf(),
+            background,
             pending: None,
         }
     }
@@ -88,8 +92,17 @@ impl CheckpointWriter {
         let mut done: Vec<Written> = self.wait()?.into_iter().collect();
         let t0 = Instant::now();
         let step = replica.step;
-        match Snapshot::take(replica) {
-            Ok(snap) => {
+        // No room for the copy (planned, or found at run time): written in place.
+        let snapshot = match self.background {
+            false => None,
+            true => match Snapshot::take(replica) {
+                Ok(s) => Some(s),
+                Err(TrainError::Backend(dflash_core::Error::OutOfMemory { .. })) => None,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        match snapshot {
+            Some(snap) => {
                 let stall = t0.elapsed().as_secs_f64();
                 let run_dir = self.run_dir.clone();
                 let handle = std::thread::Builder::new()
@@ -100,7 +113,7 @@ impl CheckpointWriter {
                     })?;
                 self.pending = Some((handle, step, t0, stall));
             }
-            Err(TrainError::Backend(dflash_core::Error::OutOfMemory { .. })) => {
+            None => {
                 let bytes = publish(&self.run_dir, step, |dir| {
                     Ok(state::save(dir, replica, extra)?)
                 })?;
@@ -112,7 +125,6 @@ impl CheckpointWriter {
                     stall_secs: secs,
                 });
             }
-            Err(e) => return Err(e.into()),
         }
         Ok(done)
     }

@@ -78,7 +78,15 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         false => eval.tau(&replicas[0].drafter, "before")?,
         true => None,
     };
-    let (replica, run) = run_workers(plan, run_dir, targets, replicas, start_step, job_start)?;
+    let (replica, run) = run_workers(
+        plan,
+        run_dir,
+        targets,
+        replicas,
+        start_step,
+        memory.background_checkpoints,
+        job_start,
+    )?;
     let all: Vec<_> = target_backends
         .iter()
         .chain(&drafter_backends)
@@ -350,6 +358,7 @@ fn run_workers(
     targets: Vec<Arc<Qwen3Target>>,
     replicas: Vec<DrafterReplica>,
     start_step: u64,
+    background_checkpoints: bool,
     job_start: Instant,
 ) -> Result<(DrafterReplica, RunResult)> {
     let comms = HostComm::group(plan.drafter_workers);
@@ -396,7 +405,7 @@ fn run_workers(
                     let lead = lead.map(|(reporter, result)| Lead {
                         reporter,
                         result,
-                        checkpoints: CheckpointWriter::new(run_dir),
+                        checkpoints: CheckpointWriter::new(run_dir, background_checkpoints),
                     });
                     let run = DrafterLoop {
                         plan,

@@ -150,6 +150,9 @@ pub struct MemoryPlan {
     /// The largest micro-batch, which every step term is computed for.
     pub micro: MicroShape,
     pub recompute: bool,
+    /// Whether checkpoints are written in the background from a device snapshot: only when
+    /// the snapshot fits beside everything else; otherwise they are written in place.
+    pub background_checkpoints: bool,
     pub devices: Vec<DevicePlan>,
 }
 
@@ -174,6 +177,8 @@ struct Knobs {
     micro: MicroShape,
     recompute: bool,
     queue_capacity: usize,
+    /// Checkpoints from a device snapshot, written in the background (see `run.rs`).
+    snapshot: bool,
 }
 
 impl MemoryPlan {
@@ -188,20 +193,39 @@ impl MemoryPlan {
             micro: plan.largest_micro(plan.cfg.data.num_anchors),
             recompute: plan.cfg.train.recompute,
             queue_capacity: plan.cfg.pipeline.queue_capacity.max(1),
+            snapshot: true,
         };
-        let mut p = Self::with_knobs(plan, &placed(targets), &placed(drafters), knobs);
-        let all = targets.iter().chain(drafters);
-        for d in &mut p.devices {
-            let cap = all
-                .clone()
-                .find(|b| b.device() == d.device)
-                .and_then(|b| b.memory_capacity())
-                // A backend that does not report device memory keeps tensors in host memory.
-                .or_else(host_capacity);
-            d.free_bytes = cap.map(|c| c.free);
-            d.total_bytes = cap.map(|c| c.total);
+        let (t, d) = (placed(targets), placed(drafters));
+        let with_capacity = |k: Knobs| {
+            let mut p = Self::with_knobs(plan, &t, &d, k);
+            let all = targets.iter().chain(drafters);
+            for d in &mut p.devices {
+                let cap = all
+                    .clone()
+                    .find(|b| b.device() == d.device)
+                    .and_then(|b| b.memory_capacity())
+                    // A backend that does not report device memory keeps tensors in host memory.
+                    .or_else(host_capacity);
+                d.free_bytes = cap.map(|c| c.free);
+                d.total_bytes = cap.map(|c| c.total);
+            }
+            p
+        };
+        let p = with_capacity(knobs);
+        if p.fits() {
+            return p;
         }
-        p
+        with_capacity(Knobs {
+            snapshot: false,
+            ..knobs
+        })
+    }
+
+    /// Whether every device's peak is within its free memory (where that is known).
+    fn fits(&self) -> bool {
+        self.devices
+            .iter()
+            .all(|d| d.free_bytes.is_none_or(|f| d.peak_bytes <= f))
     }
 
     fn with_knobs(plan: &JobPlan, targets: &[Placed], drafters: &[Placed], k: Knobs) -> Self {
@@ -291,6 +315,11 @@ impl MemoryPlan {
                 s.peak.max(finish) - s.kept,
             );
             add(&d.device, *m, "backend workspaces", m.instance_bytes());
+            if k.snapshot && std::ptr::eq(d, &drafters[0]) {
+                // Replica 0's weights and moments copied for a background checkpoint, alive
+                // while the write runs (job/checkpoint.rs).
+                add(&d.device, *m, "checkpoint snapshot", 3 * state);
+            }
             let e = replicas.entry(d.device.clone()).or_default();
             e.0 += 1;
             e.1 += s.attention_ws;
@@ -338,14 +367,20 @@ impl MemoryPlan {
         MemoryPlan {
             micro: k.micro,
             recompute: k.recompute,
+            background_checkpoints: k.snapshot,
             devices,
         }
     }
 
     /// The plan as a table, one block per device.
     pub fn table(&self) -> String {
+        let checkpoints = match self.background_checkpoints {
+            true => "in the background from a device snapshot",
+            false => "in place (no room for a snapshot)",
+        };
         let mut out = format!(
-            "memory plan (largest micro-batch: {} context rows, {} blocks; recompute {}):",
+            "memory plan (largest micro-batch: {} context rows, {} blocks; recompute {}; \
+             checkpoints {checkpoints}):",
             self.micro.ctx_rows, self.micro.blocks, self.recompute
         );
         for d in &self.devices {
@@ -431,6 +466,7 @@ impl MemoryPlan {
             micro: self.micro,
             recompute: self.recompute,
             queue_capacity: plan.cfg.pipeline.queue_capacity.max(1),
+            snapshot: self.background_checkpoints,
         };
         let peak_with = |k: Knobs| {
             Self::with_knobs(plan, &t, &dr, k)

@@ -315,3 +315,53 @@ fn the_8b_recipe_on_the_cuda_model_matches_the_h200s_recorded_peaks() {
     assert!(compared.len() >= 3, "{compared:?}");
     eprintln!("{}", compared.join("\n"));
 }
+
+/// The background checkpoint's snapshot (replica 0's weights and moments) is a term where it
+/// fits, and a plan whose device has no room for it writes checkpoints in place instead of
+/// being refused.
+#[test]
+fn the_checkpoint_snapshot_is_planned_where_it_fits_and_dropped_where_it_does_not() {
+    let runs = tempfile::tempdir().unwrap();
+    let plan = JobPlan::new(&config(runs.path(), &[])).unwrap();
+    let b = [reference()];
+    let (t, d) = (placed(&b), placed(&b));
+    let knobs = Knobs {
+        micro: plan.largest_micro(plan.cfg.data.num_anchors),
+        recompute: false,
+        queue_capacity: 2,
+        snapshot: true,
+    };
+    let with = MemoryPlan::with_knobs(&plan, &t, &d, knobs);
+    let term = |p: &MemoryPlan, name: &str| {
+        p.devices[0]
+            .terms
+            .iter()
+            .find(|x| x.name == name)
+            .map(|x| x.bytes)
+    };
+    let weights = term(&with, "drafter weights").unwrap();
+    assert_eq!(term(&with, "checkpoint snapshot"), Some(3 * weights));
+    assert!(with.background_checkpoints);
+    let without = MemoryPlan::with_knobs(
+        &plan,
+        &t,
+        &d,
+        Knobs {
+            snapshot: false,
+            ..knobs
+        },
+    );
+    assert_eq!(term(&without, "checkpoint snapshot"), None);
+    assert_eq!(
+        without.devices[0].peak_bytes + 3 * weights,
+        with.devices[0].peak_bytes
+    );
+    // Free memory between the two peaks: the snapshot is dropped, the job still fits.
+    let mut p = with.clone();
+    p.devices[0].free_bytes = Some(without.devices[0].peak_bytes + weights);
+    assert!(!p.fits());
+    let mut q = without.clone();
+    q.devices[0].free_bytes = p.devices[0].free_bytes;
+    assert!(q.fits() && !q.background_checkpoints);
+    q.check(&plan, &b, &b).unwrap();
+}
