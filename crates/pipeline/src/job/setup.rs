@@ -90,6 +90,8 @@ pub(super) fn eval_features(
         min_supervised: 2,
         too_long: too_long(cfg),
         max_positions,
+        // Evaluation reports its skips only.
+        mask_token_id: None,
     };
     let skips = Mutex::new(SkipCounts::default());
     let mut seqs = Vec::new();
