@@ -209,6 +209,15 @@ pub struct OutOfVocab {
     pub vocab_size: usize,
 }
 
+/// A kept sample holding the drafter's mask token id: a warning, not a skip (the sample
+/// trains, but in its context the drafter cannot tell that token from a masked position).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskTokenInData {
+    pub sample: u64,
+    pub position: usize,
+    pub id: u32,
+}
+
 /// Per-reason counters. `kept + skipped() == seen`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SkipCounts {
@@ -225,6 +234,10 @@ pub struct SkipCounts {
     pub first_out_of_vocab: Option<OutOfVocab>,
     /// `(sample index, message)` of the first malformed sample.
     pub first_malformed: Option<(u64, String)>,
+    /// Kept samples holding the mask token id (included in `kept`; a warning).
+    pub mask_token_in_data: u64,
+    /// The first of them (smallest sample index after [`SkipCounts::merge`]).
+    pub first_mask_token: Option<MaskTokenInData>,
 }
 
 impl SkipCounts {
@@ -264,6 +277,25 @@ impl SkipCounts {
         }
     }
 
+    /// Counts a kept `sample` that holds `mask_token_id`; `Some` with where, when it does.
+    pub fn record_mask_token(
+        &mut self,
+        sample: &Sample,
+        mask_token_id: u32,
+    ) -> Option<MaskTokenInData> {
+        let position = sample.ids.iter().position(|&t| t == mask_token_id)?;
+        let seen = MaskTokenInData {
+            sample: sample.id,
+            position,
+            id: mask_token_id,
+        };
+        self.mask_token_in_data += 1;
+        if self.first_mask_token.is_none_or(|f| seen.sample < f.sample) {
+            self.first_mask_token = Some(seen);
+        }
+        Some(seen)
+    }
+
     /// Counts a sample that could not be read at all (`sample` is its index).
     pub fn record_error(&mut self, sample: u64, error: &DataError) {
         self.seen += 1;
@@ -299,6 +331,13 @@ impl SkipCounts {
         self.id_out_of_vocab += o.id_out_of_vocab;
         self.beyond_max_positions += o.beyond_max_positions;
         self.malformed += o.malformed;
+        self.mask_token_in_data += o.mask_token_in_data;
+        let earlier = o
+            .first_mask_token
+            .filter(|f| self.first_mask_token.is_none_or(|s| f.sample < s.sample));
+        if earlier.is_some() {
+            self.first_mask_token = earlier;
+        }
         let earlier = o
             .first_out_of_vocab
             .filter(|f| self.first_out_of_vocab.is_none_or(|s| f.sample < s.sample));
@@ -322,6 +361,13 @@ impl fmt::Display for SkipCounts {
         write!(f, "kept {}/{}", self.kept, self.seen)?;
         if self.too_long_truncated > 0 {
             write!(f, " ({} truncated to max_len)", self.too_long_truncated)?;
+        }
+        if let Some(m) = self.first_mask_token {
+            write!(
+                f,
+                " ({} holding the mask token id {}, first: sample {}, position {})",
+                self.mask_token_in_data, m.id, m.sample, m.position
+            )?;
         }
         if self.skipped() == 0 {
             return Ok(());

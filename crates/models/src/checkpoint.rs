@@ -74,6 +74,12 @@ pub fn save_drafter_via(
 pub fn load_drafter(b: &dyn Backend, dir: &Path) -> Result<(DrafterConfig, DrafterParams)> {
     let cfg = DrafterConfig::from_file(dir.join("config.json"))?;
     let files = TensorFiles::open(dir)?;
+    crate::target::check_layers_match(
+        &files,
+        "layers.",
+        cfg.num_hidden_layers,
+        "config.json's num_hidden_layers",
+    )?;
     let ts = DrafterParams::layout(&cfg)
         .iter()
         .map(|(name, shape)| Ok(b.upload(&files.read_f32(name, shape)?, shape)?))

@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod drafter;
 pub mod error;
+pub mod fault;
 pub mod finite;
 pub mod layer;
 pub mod safetensors_io;

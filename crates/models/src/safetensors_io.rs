@@ -282,12 +282,15 @@ pub fn write_tensors_streaming(
                 .and_then(|()| f.write_all(&header))
                 .map_err(io_err(tmp))?;
             let mut unflushed = 0;
-            for _ in entries {
+            for i in 0..entries.len() {
                 let bytes = rx.recv().map_err(|_| ModelError::Checkpoint {
                     path: path.to_path_buf(),
                     detail: "the thread fetching tensors ended early".into(),
                 })??;
                 f.write_all(&bytes).map_err(io_err(tmp))?;
+                if i == 0 {
+                    crate::fault::file_point("stream", path);
+                }
                 unflushed += bytes.len();
                 if unflushed >= FLUSH_BYTES {
                     f.sync_data().map_err(io_err(tmp))?;
@@ -384,6 +387,12 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     })
 }
 
+/// Whether `name` is a temp file of [`write_atomic`] or the tensor writers: what a write
+/// killed before its rename leaves behind.
+pub fn is_temp_file(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp-")
+}
+
 /// Runs `write(tmp)` with a fresh temp path next to `path`, then renames the temp file onto
 /// `path`; on failure removes the temp file (a full disk must not leave it behind).
 fn with_temp_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
@@ -397,7 +406,10 @@ fn with_temp_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
         .unwrap_or_default();
     let serial = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".{file_name}.tmp-{}-{serial}", std::process::id()));
-    let result = write(&tmp).and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
+    let result = write(&tmp).and_then(|()| {
+        crate::fault::file_point("write", path);
+        std::fs::rename(&tmp, path).map_err(io_err(path))
+    });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

@@ -332,24 +332,63 @@ impl dflash_core::pipeline::Target for Qwen3Target {
 /// truncated target is never meant). Missing deeper layers are fine: only the layers up to
 /// the deepest one used are ever read.
 fn check_layer_count(cfg: &Qwen3Config, files: &TensorFiles) -> Result<()> {
-    let n = cfg.num_hidden_layers;
-    for name in files.names() {
+    check_layers_match(
+        files,
+        "model.layers.",
+        cfg.num_hidden_layers,
+        "config.json's num_hidden_layers",
+    )
+}
+
+/// The layer tensors of `files` (named `{prefix}{i}.{name}`) against the `n` layers the
+/// config says, in both directions: a layer index `>= n` is an unused tensor, and every
+/// layer `< n` must hold all of its tensors, also those the job will not read (a target
+/// is run only to its deepest needed layer): either way the config and the weights
+/// describe different models, or a shard is missing.
+pub(crate) fn check_layers_match(
+    files: &TensorFiles,
+    prefix: &str,
+    n: usize,
+    what: &str,
+) -> Result<()> {
+    let err = |name: String, detail: String| ModelError::Tensor {
+        path: files.dir().to_path_buf(),
+        name,
+        detail,
+    };
+    let mut names = files.names();
+    names.sort();
+    for name in names {
         let Some(i) = name
-            .strip_prefix("model.layers.")
+            .strip_prefix(prefix)
             .and_then(|rest| rest.split('.').next())
             .and_then(|i| i.parse::<usize>().ok())
         else {
             continue;
         };
         if i >= n {
-            return Err(ModelError::Tensor {
-                path: files.dir().to_path_buf(),
+            return Err(err(
                 name,
-                detail: format!(
-                    "layer {i} is beyond config.json's num_hidden_layers {n}: the config \
-                     and the weights describe different models"
+                format!(
+                    "layer {i} is beyond {what} {n}: the config and the weights describe \
+                     different models"
                 ),
-            });
+            ));
+        }
+    }
+    for i in 0..n {
+        if let Some(t) = LAYER_TENSOR_NAMES
+            .iter()
+            .map(|t| format!("{prefix}{i}.{t}"))
+            .find(|t| !files.contains(t))
+        {
+            return Err(err(
+                t,
+                format!(
+                    "missing: {what} is {n}, but the weights hold no such tensor of layer {i} \
+                     (a shard missing, or a config for a deeper model)"
+                ),
+            ));
         }
     }
     Ok(())

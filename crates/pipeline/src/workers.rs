@@ -163,6 +163,9 @@ pub struct SampleRules {
     pub too_long: TooLongPolicy,
     /// The target's `max_position_embeddings`: longer kept samples are skipped and counted.
     pub max_positions: usize,
+    /// The drafter's mask token id: kept samples holding it are counted (a warning, logged
+    /// once); `None` checks nothing.
+    pub mask_token_id: Option<u32>,
 }
 
 /// Loads and validates sample `i`; `None` when it is skipped (counted).
@@ -191,11 +194,21 @@ pub fn load_sample(
         rules.too_long,
     )
     .within_positions(rules.max_positions);
-    skips
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .record(&verdict);
+    let mut counts = skips.lock().unwrap_or_else(|p| p.into_inner());
+    counts.record(&verdict);
     let sample = verdict.into_sample()?;
+    if let Some(mask) = rules.mask_token_id
+        && let Some(m) = counts.record_mask_token(&sample, mask)
+        && counts.mask_token_in_data == 1
+    {
+        eprintln!(
+            "warning: sample {} holds the mask token id {} (position {}): it trains, but the \
+             drafter cannot tell it from a masked position; pick an unused id with \
+             drafter.mask_token_id (counted in the data line at the end)",
+            m.sample, m.id, m.position
+        );
+    }
+    drop(counts);
     Some(SeqMeta {
         sample_id: sample.id,
         ids: sample.ids,

@@ -206,7 +206,8 @@ pub fn read_state(dir: &Path) -> Result<TrainerState> {
     let path = dir.join(TRAINER_STATE);
     let text = std::fs::read_to_string(&path).map_err(|e| state_err(&path, e))?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| state_err(&path, e))?;
-    if state.adam_step + state.nonfinite_run > state.step {
+    // Saturating: counters near u64::MAX (an edited file) are an error, not an overflow.
+    if state.adam_step.saturating_add(state.nonfinite_run) > state.step {
         return Err(state_err(
             &path,
             format!(

@@ -130,6 +130,7 @@ impl JobPlan {
             min_supervised: cfg.data.min_supervised,
             too_long: too_long(cfg),
             max_positions: target_config.max_position_embeddings,
+            mask_token_id: Some(drafter.mask_token_id),
         };
         let total_steps = schedule.len() as u64;
         let lr = LrSchedule::new(

@@ -19,7 +19,7 @@ use dflash_queue::Queue;
 use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state};
 
 use super::TrainOutcome;
-use super::checkpoint::{CheckpointWriter, Written, latest_checkpoint};
+use super::checkpoint::{CheckpointWriter, Figures, Written, latest_checkpoint, tidy};
 use super::memory::MemoryPlan;
 use super::plan::{JobPlan, TargetSource};
 use super::setup::{backend_for, eval_features, stop_tokens};
@@ -61,9 +61,10 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         eprintln!("{s}");
     }
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
-    if resuming {
-        resume(run_dir, &mut replicas)?;
-    }
+    let carried = match resuming {
+        true => resume(run_dir, &mut replicas)?,
+        false => Figures::default(),
+    };
     let start_step = replicas[0].step;
     eprintln!(
         "drafter: {} layers, {:.2} M parameters, block {}, target layers {:?}; {} steps",
@@ -74,16 +75,21 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         plan.total_steps()
     );
     let eval = Eval::featurise(plan, targets[0].as_ref())?;
-    let tau_before = match resuming {
-        false => eval.tau(&replicas[0].drafter, "before")?,
-        true => None,
+    // A run resumed before its first checkpoint starts over, so it measures tau too.
+    let tau_before = match start_step {
+        0 => eval.tau(&replicas[0].drafter, "before")?,
+        _ => carried.tau_before,
+    };
+    let carried = Figures {
+        tau_before,
+        ..carried
     };
     let (replica, run) = run_workers(
         plan,
         run_dir,
         targets,
         replicas,
-        start_step,
+        carried,
         memory.background_checkpoints,
         job_start,
     )?;
@@ -132,10 +138,10 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     let outcome = TrainOutcome {
         run_dir: run_dir.to_path_buf(),
         steps: plan.end_step(),
-        final_loss: run.last.0,
-        final_accuracy: run.last.1,
-        first_loss: run.first_loss,
-        tau_before,
+        final_loss: run.figures.last.0,
+        final_accuracy: run.figures.last.1,
+        first_loss: run.figures.first_loss,
+        tau_before: run.figures.tau_before,
         tau_after: eval.tau(&replica.drafter, "after")?,
         skipped_samples: run.skips.skipped(),
     };
@@ -202,21 +208,24 @@ fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> 
     }))
 }
 
-/// Loads the latest checkpoint of `run_dir` into every replica.
-fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<()> {
+/// Loads the latest checkpoint of `run_dir` into every replica; returns the run's figures
+/// it carries.
+fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<Figures> {
+    tidy(run_dir);
     let Some(ckpt) = latest_checkpoint(run_dir) else {
         // Killed before its first checkpoint: the run starts over, in its own directory.
         eprintln!(
             "{}: no checkpoint yet; starting the run from step 0",
             run_dir.display()
         );
-        return Ok(());
+        return Ok(Figures::default());
     };
+    let mut extra = serde_json::Value::Null;
     for r in replicas.iter_mut() {
-        state::load_into(&ckpt, r)?;
+        extra = state::load_into(&ckpt, r)?.extra;
     }
     eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
-    Ok(())
+    Ok(Figures::from_extra(&extra))
 }
 
 /// The held-out evaluation set (`data.eval`), featurised once and kept in host memory.
@@ -342,25 +351,26 @@ fn build_replicas(
 
 /// What the run loop leaves behind besides replica 0.
 struct RunResult {
-    first_loss: f64,
-    /// Loss and accuracy of the last step.
-    last: (f64, f64),
+    /// The run's figures: those carried from its checkpoint, updated by each step.
+    figures: Figures,
     /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
     supervised: f64,
     skips: SkipCounts,
 }
 
-/// Spawns the loader, the target workers and the drafter replicas, runs steps
-/// `start_step..end_step`, and returns replica 0 with the run's figures.
+/// Spawns the loader, the target workers and the drafter replicas, runs steps from the
+/// replicas' step to `end_step`, and returns replica 0 with the run's figures (`carried`
+/// updated).
 fn run_workers(
     plan: &JobPlan,
     run_dir: &Path,
     targets: Vec<Arc<Qwen3Target>>,
     replicas: Vec<DrafterReplica>,
-    start_step: u64,
+    carried: Figures,
     background_checkpoints: bool,
     job_start: Instant,
 ) -> Result<(DrafterReplica, RunResult)> {
+    let start_step = replicas[0].step;
     let comms = HostComm::group(plan.drafter_workers);
     let shared = shared_state(plan, comms[0].clone());
     let mut reporter = Reporter::new(
@@ -371,8 +381,7 @@ fn run_workers(
         plan.cfg.train.log_every,
     )?;
     let mut result = RunResult {
-        first_loss: f64::NAN,
-        last: (f64::NAN, f64::NAN),
+        figures: carried,
         supervised: 0.0,
         skips: SkipCounts::default(),
     };
@@ -541,6 +550,7 @@ impl DrafterLoop<'_> {
                 clock.lap(Phase::Prepare, &mut mark);
                 if let Some(p) = prepared {
                     replica.accumulate(&p.as_input())?;
+                    dflash_models::fault::point("accumulated");
                 }
                 clock.lap(Phase::ForwardBackward, &mut mark);
             }
@@ -555,10 +565,11 @@ impl DrafterLoop<'_> {
                 plan.step_tokens[step as usize],
                 shared.gauges(),
             )?;
-            if lead.result.first_loss.is_nan() {
-                lead.result.first_loss = summary.stats.loss();
+            let figures = &mut lead.result.figures;
+            if figures.first_loss.is_nan() {
+                figures.first_loss = summary.stats.loss();
             }
-            lead.result.last = (summary.stats.loss(), summary.stats.accuracy());
+            figures.last = (summary.stats.loss(), summary.stats.accuracy());
             lead.result.supervised += summary.stats.weight_sum;
             clock.lap(Phase::Report, &mut mark);
             let n = step + 1;
@@ -567,7 +578,11 @@ impl DrafterLoop<'_> {
                 || n == plan.total_steps()
                 || n == end_step
             {
-                let extra = serde_json::json!({ "epoch": work.epoch, "seed": plan.cfg.train.seed });
+                let extra = serde_json::json!({
+                    "epoch": work.epoch,
+                    "seed": plan.cfg.train.seed,
+                    "figures": lead.result.figures.to_json(),
+                });
                 for w in lead.checkpoints.start(replica, extra)? {
                     log_checkpoint(lead.reporter, &w);
                 }

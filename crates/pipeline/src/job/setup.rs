@@ -90,6 +90,8 @@ pub(super) fn eval_features(
         min_supervised: 2,
         too_long: too_long(cfg),
         max_positions,
+        // Evaluation reports its skips only.
+        mask_token_id: None,
     };
     let skips = Mutex::new(SkipCounts::default());
     let mut seqs = Vec::new();
@@ -125,12 +127,17 @@ pub(super) fn new_run_dir(cfg: &TrainConfig) -> PathBuf {
             .unwrap_or(0);
         format!("run-{secs}")
     });
-    // Never train into a directory holding another run: pick the first free `name-N`.
+    // Never train into a directory holding another run: pick the first free `name-N`. One
+    // where no run started (only the error.txt of a job refused before it began, or the
+    // temp file of a write killed at startup) is reused.
     let base = cfg.run.dir.join(&name);
     let occupied = |p: &Path| {
-        p.read_dir()
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
+        p.read_dir().is_ok_and(|d| {
+            d.flatten().any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n != "error.txt" && !dflash_models::safetensors_io::is_temp_file(&n)
+            })
+        })
     };
     if !occupied(&base) {
         return base;

@@ -193,7 +193,9 @@ impl MemoryPlan {
             micro: plan.largest_micro(plan.cfg.data.num_anchors),
             recompute: plan.cfg.train.recompute,
             queue_capacity: plan.cfg.pipeline.queue_capacity.max(1),
-            snapshot: true,
+            // As the checkpoint writer decides: small states are written in place.
+            snapshot: 3 * step::drafter_state(&plan.drafter)
+                >= crate::job::checkpoint::BACKGROUND_MIN_BYTES as u128,
         };
         let (t, d) = (placed(targets), placed(drafters));
         let with_capacity = |k: Knobs| {
