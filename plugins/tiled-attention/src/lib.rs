@@ -46,6 +46,7 @@ mod context;
 mod dense;
 mod forward;
 mod geometry;
+mod simd;
 mod tiles;
 
 use dflash_core::mask::TileMap;
