@@ -6,6 +6,10 @@
 /// True when the AVX2 copies may run (x86-64 CPUs with AVX2; the check is cached by std).
 #[inline]
 pub(crate) fn has_avx2() -> bool {
+    #[cfg(test)]
+    if BASELINE_ONLY.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2")
@@ -15,3 +19,8 @@ pub(crate) fn has_avx2() -> bool {
         false
     }
 }
+
+/// Tests set this to run the baseline copies on an AVX2 machine, to compare the two.
+#[cfg(test)]
+pub(crate) static BASELINE_ONLY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
