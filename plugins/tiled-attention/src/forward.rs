@@ -91,7 +91,13 @@ impl Ctx<'_> {
                             continue;
                         }
                         // Rescale factor of the old state; exp(-inf) = 0 handles the first tile.
-                        let alpha = ((m_old - m_new) as f64).exp();
+                        // An unchanged max (the common case past the first tiles) needs no exp:
+                        // exp(0) is exactly 1.
+                        let alpha = if m_new == m_old {
+                            1.0
+                        } else {
+                            ((m_old - m_new) as f64).exp()
+                        };
                         pv.fill(0.0);
                         let mut psum = 0f32;
                         for (lo, hi) in ranges.clone() {
