@@ -27,6 +27,12 @@
 //!   loops cheap and vectorisable; every cross-tile accumulator (`l`, the output numerator, and
 //!   `dq`/`dk`/`dv`) is f64, so rounding error does not grow with sequence length. Results
 //!   match an f64 oracle to ~1e-6 relative on the conformance suite.
+//! - **Vectorised inner loops.** A key tile of K (and V, in the backward) is transposed once per
+//!   tile and kv head, so a row's scores are a loop across keys with the sum over the head dim
+//!   kept in registers; `exp` is a polynomial (no libm call per score) and the tile max uses
+//!   fixed partials. Each pass is compiled twice, for baseline x86-64 and for AVX2, and picked
+//!   at run time; without FMA and with every sum in a fixed order both give the same bits
+//!   (`dense`, `simd`).
 //! - **Backward = FA2 recompute**: with the forward's `lse`, `P = exp(s - lse)` is recomputed
 //!   per tile instead of stored (storing it would cost memory proportional to visible pairs
 //!   times heads), `D_i = rowsum(dO_i * O_i)`, `dS = P * (dP - D_i)`.
