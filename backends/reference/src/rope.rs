@@ -9,20 +9,25 @@ use rayon::prelude::*;
 use crate::storage::{host_tensor, slice};
 use crate::{DEVICE, ReferenceBackend};
 
-/// `(cos, sin)` tables `(T, D/2)` for the given positions.
+/// `(cos, sin)` tables `(T, D/2)` for the given positions, one position per task.
 fn tables(positions: &[i32], half: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let d = (2 * half) as f64;
     let inv_freq: Vec<f64> = (0..half)
         .map(|i| (theta as f64).powf(-((2 * i) as f64) / d))
         .collect(); // (D/2)
-    let mut cos = Vec::with_capacity(positions.len() * half);
-    let mut sin = Vec::with_capacity(positions.len() * half);
-    for &p in positions {
-        for &f in &inv_freq {
-            let angle = p as f64 * f;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
+    let mut cos = vec![0.0f32; positions.len() * half];
+    let mut sin = vec![0.0f32; positions.len() * half];
+    if half > 0 {
+        cos.par_chunks_mut(half)
+            .zip(sin.par_chunks_mut(half))
+            .zip(positions.par_iter())
+            .for_each(|((c_row, s_row), &p)| {
+                for ((c, s), &f) in c_row.iter_mut().zip(s_row.iter_mut()).zip(&inv_freq) {
+                    let angle = p as f64 * f;
+                    *c = angle.cos() as f32;
+                    *s = angle.sin() as f32;
+                }
+            });
     }
     (cos, sin)
 }
@@ -48,8 +53,8 @@ fn rotate(
     }
     let half = d / 2;
     let per_token = xs.len() / t; // heads * D
-    let (cos, sin) = tables(positions, half, theta);
     be.run(|| {
+        let (cos, sin) = tables(positions, half, theta);
         y.par_chunks_mut(per_token)
             .zip(xs.par_chunks(per_token))
             .enumerate()

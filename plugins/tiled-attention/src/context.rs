@@ -3,6 +3,7 @@
 
 use dflash_core::AttnInputs;
 
+use crate::dense::transpose_into;
 use crate::geometry::Geom;
 
 /// Inputs shared by every task of one call.
@@ -28,6 +29,20 @@ impl Ctx<'_> {
     pub(crate) fn v_row(&self, j: usize, h: usize) -> &[f32] {
         let d = self.geo.d;
         &self.input.v[(j * self.geo.hkv + h) * d..][..d]
+    }
+    /// Keys `[k0, k1)` of kv head `h` of `src` (`k` or `v`, `(Tk, Hkv, D)`), transposed into
+    /// `t (D, k1 - k0)`: built once per tile and head, read by every row of a query tile.
+    #[inline(always)]
+    pub(crate) fn transposed_tile(
+        &self,
+        src: &[f32],
+        k0: usize,
+        k1: usize,
+        h: usize,
+        t: &mut [f32],
+    ) {
+        let (d, hkv) = (self.geo.d, self.geo.hkv);
+        transpose_into(t, k1 - k0, d, |j| &src[((k0 + j) * hkv + h) * d..][..d]);
     }
     #[inline]
     pub(crate) fn key_range(&self, kt: usize) -> (usize, usize) {
