@@ -236,8 +236,11 @@ fn find_content_spans(
             }
             continue;
         }
-        let think = split_think(content);
-        let found = match think {
+        if content.trim().is_empty() {
+            out.push(None);
+            continue;
+        }
+        let found = match split_think(content) {
             None => find(cursor, text.len(), &[content, content.trim()]),
             Some((reasoning, answer)) if reasoning.trim().is_empty() => {
                 let a = answer.trim_start_matches('\n');
@@ -257,7 +260,6 @@ fn find_content_spans(
                 cursor = end;
                 out.push(Some(start..end));
             }
-            None if content.trim().is_empty() => out.push(None),
             None => return Err(SkipReason::ContentNotFound { message: k }),
         }
     }

@@ -1,8 +1,9 @@
-//! Chat dataset readers: JSON Lines (a leading UTF-8 byte order mark is ignored), Parquet
-//! files, and Arrow stream data (an HF `save_to_disk` directory, a `.arrow` stream file, or a
-//! directory of `.parquet` files as the HF hub lays them out). Column-oriented rows are turned
-//! into the JSON objects a JSONL line would hold, so one parser reads every format. Only the
-//! conversation columns (`messages`, `conversations`, `system`) are read.
+//! Chat dataset readers: JSON Lines (a leading UTF-8 byte order mark is ignored), a `.json`
+//! file holding one array of conversations, Parquet files, and Arrow stream data (an HF
+//! `save_to_disk` directory, a `.arrow` stream file, or a directory of `.parquet` files as the
+//! HF hub lays them out). Column-oriented rows are turned into the JSON objects a JSONL line
+//! would hold, so one parser reads every format. Only the conversation columns (`messages`,
+//! `conversations`, `system`) are read.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,8 @@ pub struct Input {
 enum Kind {
     /// Lines of one JSONL file (the file is read whole; rows are parsed per chunk).
     Jsonl(Vec<u8>),
+    /// A `.json` file holding one array of objects (ShareGPT exports).
+    JsonArray(Vec<Value>),
     Parquet(Vec<PathBuf>),
     Arrow(Vec<PathBuf>),
 }
@@ -60,7 +63,12 @@ impl Input {
             match ext.as_str() {
                 "jsonl" | "ndjson" | "json" => {
                     let text = std::fs::read(path).map_err(|e| PrepareError::io(path, e))?;
-                    Kind::Jsonl(text)
+                    let body = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&text);
+                    if ext == "json" && body.trim_ascii_start().starts_with(b"[") {
+                        json_array(path, body)?
+                    } else {
+                        Kind::Jsonl(text)
+                    }
                 }
                 "parquet" => Kind::Parquet(vec![path.to_path_buf()]),
                 "arrow" => Kind::Arrow(vec![path.to_path_buf()]),
@@ -88,6 +96,7 @@ impl Input {
             Kind::Jsonl(text) => {
                 Some(jsonl_lines(text).filter(|(_, l)| !l.is_empty()).count() as u64)
             }
+            Kind::JsonArray(rows) => Some(rows.len() as u64),
             Kind::Parquet(files) => {
                 let mut n = 0u64;
                 for f in files {
@@ -129,6 +138,13 @@ impl Input {
                     f(rows)?;
                 }
             }
+            Kind::JsonArray(rows) => {
+                for part in rows.chunks(chunk) {
+                    let start = next;
+                    next += part.len() as u64;
+                    f((start..next).zip(part.iter().cloned()).collect())?;
+                }
+            }
             Kind::Arrow(files) => {
                 for file in files {
                     let (schema, batches) = dflash_data::read_stream_file(file)?;
@@ -146,6 +162,23 @@ impl Input {
         }
         Ok(())
     }
+}
+
+/// A whole-file JSON array; each element must be an object (the error names it as "line"
+/// `k + 1`, its 1-based position in the array).
+fn json_array(path: &Path, body: &[u8]) -> Result<Kind, PrepareError> {
+    let v: Vec<Value> = serde_json::from_slice(body).map_err(|e| PrepareError::BadLine {
+        path: path.to_path_buf(),
+        line: e.line(),
+        detail: format!("not a JSON array of objects: {e}"),
+    })?;
+    if let Some(k) = v.iter().position(|x| !x.is_object()) {
+        return Err(PrepareError::Input {
+            path: path.to_path_buf(),
+            detail: format!("element {k} of the JSON array is not an object"),
+        });
+    }
+    Ok(Kind::JsonArray(v))
 }
 
 fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, PrepareError> {
