@@ -49,6 +49,11 @@ enum Command {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+    /// Chat data to training data: renders each conversation (JSONL, Parquet or a datasets
+    /// save_to_disk directory; OpenAI `messages` or ShareGPT `conversations`) with the target's
+    /// chat template, tokenizes it with its tokenizer.json and masks the assistant content;
+    /// writes `input_ids` + `loss_mask` as a save_to_disk directory for `data.train`.
+    Prepare(PrepareArgs),
     /// Progress and last error of a run directory.
     Status { run_dir: PathBuf },
     /// Registered backends and attention kernels.
@@ -56,6 +61,42 @@ enum Command {
     /// Benchmarks against the measured PyTorch anchors of docs/design.md §4: prints a table and
     /// writes the results as a JSON list.
     Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct PrepareArgs {
+    /// Target directory: tokenizer.json and tokenizer_config.json (with its chat_template).
+    #[arg(long)]
+    target: PathBuf,
+    /// The chat dataset: .jsonl, .parquet, .arrow, or a save_to_disk directory.
+    #[arg(long)]
+    data: PathBuf,
+    /// Output directory (must not exist, or be empty).
+    #[arg(long)]
+    out: PathBuf,
+    /// A chat template file to use instead of the target's (e.g. with {% generation %} blocks).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// Length buckets of the summary's histogram (default: data.bucket_bounds' default).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    buckets: Option<Vec<usize>>,
+}
+
+fn prepare(args: PrepareArgs) -> Result<()> {
+    let opts = dflash_prepare::PrepareOptions {
+        target: args.target,
+        chat_template: args.chat_template,
+        data: args.data,
+        out: args.out,
+        bucket_bounds: args
+            .buckets
+            .unwrap_or_else(|| dflash_config::DataSection::default().bucket_bounds),
+        progress: true,
+    };
+    let summary = dflash_prepare::prepare(&opts)?;
+    print!("{summary}");
+    println!("out={}", opts.out.display());
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -277,6 +318,7 @@ fn run(cli: Cli) -> Result<()> {
                 out.report.tau, out.report.sequences, out.report.cycles, out.skipped_samples
             );
         }
+        Command::Prepare(args) => prepare(args)?,
         Command::Status { run_dir } => status(&run_dir)?,
         Command::Bench(args) => bench(args)?,
         Command::Backends => {

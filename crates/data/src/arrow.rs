@@ -370,8 +370,9 @@ impl ArrowDataset {
     }
 }
 
-/// The data files of a `save_to_disk` directory.
-fn data_files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+/// The data files of a `save_to_disk` directory: those `state.json` lists, else every
+/// `*.arrow` sorted by name.
+pub fn data_files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     if dir.join("dataset_dict.json").exists() {
         let mut splits: Vec<String> = std::fs::read_dir(dir)
             .map_err(|e| DataError::io(dir, e))?

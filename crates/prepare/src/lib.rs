@@ -1,0 +1,239 @@
+//! `dflash prepare`: chat datasets to training data.
+//!
+//! Reads conversations (OpenAI `messages` with `role` / `content`, or ShareGPT
+//! `conversations` with `from` / `value`, an optional top-level `system`) from JSONL, Parquet
+//! or an HF `save_to_disk` directory; renders each with the target's chat template as
+//! transformers does ([`template`]); tokenizes it with the target's `tokenizer.json`; masks
+//! the assistant content ([`mask`]); and writes `input_ids` + `loss_mask` in the
+//! `save_to_disk` layout that `dflash train` reads ([`write`]). A sample that cannot be used
+//! is skipped and counted with its index and reason; a dataset where all are is an error.
+
+pub mod arrow_json;
+pub mod conversation;
+mod error;
+pub mod mask;
+pub mod read;
+pub mod template;
+pub mod write;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+pub use conversation::{Message, Role, parse_sample};
+pub use error::{PrepareError, SkipReason};
+pub use mask::{Prepared, Preparer};
+pub use read::Input;
+pub use template::ChatTemplate;
+pub use write::DatasetWriter;
+
+/// What to prepare.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// Target directory: `tokenizer.json`, `tokenizer_config.json` (its `chat_template`, or a
+    /// `chat_template.jinja` beside it).
+    pub target: PathBuf,
+    /// A chat template file to use instead of the target's (e.g. one with `{% generation %}`
+    /// blocks).
+    pub chat_template: Option<PathBuf>,
+    /// The chat dataset (see [`Input::open`]).
+    pub data: PathBuf,
+    /// The output directory (must not exist, or be empty).
+    pub out: PathBuf,
+    /// Upper bounds of the summary's length histogram (the training buckets).
+    pub bucket_bounds: Vec<usize>,
+    /// Draw a progress bar on the terminal.
+    pub progress: bool,
+}
+
+/// Conversations handed to the worker threads at a time.
+const CHUNK: usize = 256;
+
+/// What a preparation did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Samples read.
+    pub samples: usize,
+    /// Samples written.
+    pub written: usize,
+    /// `(sample index, reason)` of every skipped sample, in order.
+    pub skipped: Vec<(u64, SkipReason)>,
+    /// Tokens written.
+    pub tokens: u64,
+    /// Tokens with `loss_mask` 1.
+    pub supervised: u64,
+    pub min_len: usize,
+    pub max_len: usize,
+    /// `(upper bound, samples)` per length bucket; `None` is the bucket past the last bound.
+    pub histogram: Vec<(Option<usize>, usize)>,
+    /// The data files written.
+    pub files: Vec<PathBuf>,
+    /// Whether the template's `{% generation %}` blocks defined the masks.
+    pub generation_blocks: bool,
+}
+
+impl Summary {
+    fn new(bounds: &[usize]) -> Self {
+        let mut histogram: Vec<(Option<usize>, usize)> =
+            bounds.iter().map(|&b| (Some(b), 0)).collect();
+        histogram.push((None, 0));
+        Summary {
+            histogram,
+            min_len: usize::MAX,
+            ..Default::default()
+        }
+    }
+
+    fn add(&mut self, s: &Prepared) {
+        let n = s.ids.len();
+        self.written += 1;
+        self.tokens += n as u64;
+        self.supervised += s.loss_mask.iter().map(|&m| u64::from(m)).sum::<u64>();
+        self.min_len = self.min_len.min(n);
+        self.max_len = self.max_len.max(n);
+        let k = self
+            .histogram
+            .iter()
+            .position(|(b, _)| b.is_none_or(|b| n <= b))
+            .unwrap_or(self.histogram.len() - 1);
+        self.histogram[k].1 += 1;
+    }
+
+    /// Skips per reason kind, most frequent first.
+    pub fn skips_by_kind(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for (_, r) in &self.skipped {
+            match counts.iter_mut().find(|(k, _)| *k == r.kind()) {
+                Some(c) => c.1 += 1,
+                None => counts.push((r.kind(), 1)),
+            }
+        }
+        counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+        counts
+    }
+
+    /// Fraction of written tokens that are supervised.
+    pub fn supervised_fraction(&self) -> f64 {
+        if self.tokens == 0 {
+            0.0
+        } else {
+            self.supervised as f64 / self.tokens as f64
+        }
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "samples: {} read, {} written, {} skipped",
+            self.samples,
+            self.written,
+            self.skipped.len()
+        )?;
+        writeln!(
+            f,
+            "tokens: {} ({} supervised, {:.1}%), lengths {}..{}, masks from {}",
+            self.tokens,
+            self.supervised,
+            100.0 * self.supervised_fraction(),
+            if self.written == 0 { 0 } else { self.min_len },
+            self.max_len,
+            if self.generation_blocks {
+                "the template's generation blocks"
+            } else {
+                "assistant content"
+            }
+        )?;
+        writeln!(f, "{:>10} {:>10}", "length", "samples")?;
+        let mut prev = 0;
+        for &(bound, n) in &self.histogram {
+            let label = match bound {
+                Some(b) => {
+                    prev = b;
+                    format!("<={b}")
+                }
+                None => format!(">{prev}"),
+            };
+            writeln!(f, "{label:>10} {n:>10}")?;
+        }
+        for (kind, n) in self.skips_by_kind() {
+            writeln!(f, "skipped ({kind}): {n}")?;
+        }
+        for (i, r) in self.skipped.iter().take(10) {
+            writeln!(f, "  sample {i}: {r}")?;
+        }
+        if self.skipped.len() > 10 {
+            writeln!(f, "  ... and {} more", self.skipped.len() - 10)?;
+        }
+        Ok(())
+    }
+}
+
+/// Prepares `opts.data` for `opts.target` into `opts.out`.
+pub fn prepare(opts: &PrepareOptions) -> Result<Summary, PrepareError> {
+    let preparer = Preparer::from_target_dir(&opts.target, opts.chat_template.as_deref())?;
+    let input = Input::open(&opts.data)?;
+    prepare_with(&preparer, &input, opts)
+}
+
+/// [`prepare`] with an already loaded target and input.
+pub fn prepare_with(
+    preparer: &Preparer,
+    input: &Input,
+    opts: &PrepareOptions,
+) -> Result<Summary, PrepareError> {
+    let mut summary = Summary::new(&opts.bucket_bounds);
+    summary.generation_blocks = preparer.template().has_generation_blocks();
+    let bar = if opts.progress {
+        let bar = match input.rows_hint() {
+            Some(n) => indicatif::ProgressBar::new(n),
+            None => indicatif::ProgressBar::no_length(),
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} prepare [{elapsed_precise}] {bar:40} {pos}/{len} samples ({per_sec}, eta {eta}) {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut writer = DatasetWriter::create(&opts.out)?;
+    input.for_each_chunk(CHUNK, &mut |rows| {
+        let results: Vec<(u64, Result<Prepared, SkipReason>)> = rows
+            .into_par_iter()
+            .map(|(i, v)| (i, parse_sample(&v).and_then(|m| preparer.prepare(&m))))
+            .collect();
+        for (i, r) in results {
+            summary.samples += 1;
+            match r {
+                Ok(p) => {
+                    writer.push(i, &p)?;
+                    summary.add(&p);
+                }
+                Err(reason) => summary.skipped.push((i, reason)),
+            }
+            bar.inc(1);
+        }
+        bar.set_message(format!("{} skipped", summary.skipped.len()));
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    if summary.samples == 0 {
+        return Err(PrepareError::Empty {
+            path: input.path().to_path_buf(),
+        });
+    }
+    if summary.written == 0 {
+        return Err(PrepareError::AllSkipped {
+            path: input.path().to_path_buf(),
+            total: summary.samples,
+            first: summary.skipped.iter().take(10).cloned().collect(),
+        });
+    }
+    summary.files = writer.finish()?;
+    Ok(summary)
+}

@@ -1,0 +1,361 @@
+//! From a conversation to `input_ids` + `loss_mask`.
+//!
+//! The supervised character spans of the rendered conversation are, with a template that has
+//! `{% generation %}` blocks, what those blocks rendered (transformers'
+//! `return_assistant_tokens_mask`); otherwise each assistant message's content (trimmed; with
+//! a `<think>` block in the content, from the reasoning to the end of the answer), found in
+//! order in the rendering. So an empty `<think>\n\n</think>\n\n` that a template inserts
+//! (Qwen3) is never supervised, nor are role headers and end-of-turn tokens.
+//!
+//! Each turn's span is cross-checked against the template itself: rendering the conversation
+//! up to the turn with the generation prompt, then with the turn, must extend the first
+//! rendering by text that contains the span's text; where the whole conversation's rendering
+//! starts with the latter, the span must lie inside the extension.
+//!
+//! A token is supervised when its byte offsets overlap a span, which for tokens that tile the
+//! text is transformers' `char_to_token(start) ..= char_to_token(end - 1)`.
+
+use std::ops::Range;
+use std::path::Path;
+
+use tokenizers::Tokenizer;
+
+use crate::conversation::{Message, Role};
+use crate::error::{PrepareError, SkipReason};
+use crate::template::{CLOSE, ChatTemplate, OPEN};
+
+/// One prepared sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub ids: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+}
+
+/// A target's chat template and tokenizer.
+pub struct Preparer {
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+}
+
+impl Preparer {
+    /// `DIR/tokenizer.json` and the chat template of `DIR` (see
+    /// [`ChatTemplate::from_target_dir`]), or the one in `template` where given.
+    pub fn from_target_dir(dir: &Path, template: Option<&Path>) -> Result<Self, PrepareError> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(PrepareError::target(
+                &path,
+                "no tokenizer.json: the target directory must hold the HF tokenizer files",
+            ));
+        }
+        let tokenizer = Tokenizer::from_file(&path)
+            .map_err(|e| PrepareError::target(&path, format!("not a usable tokenizer: {e}")))?;
+        let template = match template {
+            Some(t) => ChatTemplate::from_target_dir_with(dir, t)?,
+            None => ChatTemplate::from_target_dir(dir)?,
+        };
+        Ok(Self::new(template, tokenizer))
+    }
+
+    pub fn new(template: ChatTemplate, mut tokenizer: Tokenizer) -> Self {
+        // transformers tokenizes the rendered chat with truncation and padding off, whatever
+        // the file configures.
+        tokenizer.with_truncation(None).ok();
+        tokenizer.with_padding(None);
+        Preparer {
+            template,
+            tokenizer,
+        }
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// Token ids and the loss mask of one conversation.
+    pub fn prepare(&self, messages: &[Message]) -> Result<Prepared, SkipReason> {
+        let (text, spans) = self.supervised_spans(messages)?;
+        let enc =
+            self.tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| SkipReason::Tokenize {
+                    detail: e.to_string(),
+                })?;
+        let ids = enc.get_ids().to_vec();
+        let loss_mask: Vec<u8> = enc
+            .get_offsets()
+            .iter()
+            .map(|&(s, e)| u8::from(s < e && spans.iter().any(|r| s < r.end && e > r.start)))
+            .collect();
+        if loss_mask.iter().all(|&m| m == 0) {
+            return Err(SkipReason::NothingSupervised);
+        }
+        if loss_mask.iter().all(|&m| m == 1) {
+            return Err(SkipReason::AllSupervised);
+        }
+        Ok(Prepared { ids, loss_mask })
+    }
+
+    /// The rendered conversation and its supervised byte spans (checked, in order).
+    pub fn supervised_spans(
+        &self,
+        messages: &[Message],
+    ) -> Result<(String, Vec<Range<usize>>), SkipReason> {
+        if let Some(k) = messages
+            .iter()
+            .position(|m| m.content.contains([OPEN, CLOSE]))
+        {
+            return Err(SkipReason::MarkerInContent { message: k });
+        }
+        let full = self
+            .template
+            .render(messages, false)
+            .map_err(|detail| SkipReason::Render { detail })?;
+        let turns: Vec<usize> = messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Assistant)
+            .map(|(k, _)| k)
+            .collect();
+        let per_turn: Vec<Option<Range<usize>>> = if self.template.has_generation_blocks() {
+            if full.generation.len() != turns.len() {
+                return Err(SkipReason::CrossCheck {
+                    message: turns[0],
+                    detail: format!(
+                        "the template's generation blocks rendered {} spans for {} assistant \
+                         messages",
+                        full.generation.len(),
+                        turns.len()
+                    ),
+                });
+            }
+            full.generation.iter().cloned().map(Some).collect()
+        } else {
+            find_content_spans(messages, &full.text)?
+        };
+        for (&k, span) in turns.iter().zip(&per_turn) {
+            if let Some(span) = span
+                && !span.is_empty()
+            {
+                self.cross_check(messages, k, &full.text, span)?;
+            }
+        }
+        let spans = per_turn
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .collect();
+        Ok((full.text, spans))
+    }
+
+    fn cross_check(
+        &self,
+        messages: &[Message],
+        k: usize,
+        full: &str,
+        span: &Range<usize>,
+    ) -> Result<(), SkipReason> {
+        let fail = |detail: String| SkipReason::CrossCheck { message: k, detail };
+        let without = self
+            .template
+            .render(&messages[..k], true)
+            .map_err(|e| fail(format!("rendering the turns before it failed: {e}")))?
+            .text;
+        let with = self
+            .template
+            .render(&messages[..=k], false)
+            .map_err(|e| fail(format!("rendering up to it failed: {e}")))?
+            .text;
+        let Some(turn) = with.strip_prefix(without.as_str()) else {
+            return Err(fail(
+                "rendering up to the turn does not extend rendering without it (with the \
+                 generation prompt)"
+                    .into(),
+            ));
+        };
+        let supervised = &full[span.clone()];
+        if !turn.contains(supervised) {
+            return Err(fail(format!(
+                "the supervised text {:?} is not in what the template renders for the turn ({:?})",
+                clip(supervised),
+                clip(turn)
+            )));
+        }
+        if full.starts_with(with.as_str()) && (span.start < without.len() || span.end > with.len())
+        {
+            return Err(fail(format!(
+                "the supervised bytes {}..{} lie outside the turn's bytes {}..{}",
+                span.start,
+                span.end,
+                without.len(),
+                with.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn clip(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.chars().count() <= MAX {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{head}...")
+    }
+}
+
+/// Each assistant message's span in `text` (None for an empty content), searching in message
+/// order: every message's content moves the cursor past itself where it is found, so an
+/// answer that repeats an earlier message is not matched there.
+///
+/// The content is looked for as written, then trimmed (templates that trim it). A content
+/// with a non-empty `<think>` block that is not rendered as written (Qwen3 re-renders it, or
+/// drops it from earlier turns) is looked for as its answer, extended back to the reasoning
+/// where that is rendered before it; an empty `<think></think>` in the content is dropped, so
+/// it is never supervised.
+fn find_content_spans(
+    messages: &[Message],
+    text: &str,
+) -> Result<Vec<Option<Range<usize>>>, SkipReason> {
+    let mut cursor = 0usize;
+    let mut out = Vec::new();
+    // The first candidate found after `from`: (start, end).
+    let find = |from: usize, to: usize, cands: &[&str]| -> Option<(usize, usize)> {
+        cands.iter().filter(|c| !c.is_empty()).find_map(|c| {
+            text[from..to]
+                .find(c)
+                .map(|at| (from + at, from + at + c.len()))
+        })
+    };
+    for (k, m) in messages.iter().enumerate() {
+        let content = m.content.as_str();
+        if m.role != Role::Assistant {
+            if let Some((_, end)) = find(cursor, text.len(), &[content, content.trim()]) {
+                cursor = end;
+            }
+            continue;
+        }
+        if content.trim().is_empty() {
+            out.push(None);
+            continue;
+        }
+        let found = match split_think(content) {
+            None => find(cursor, text.len(), &[content, content.trim()]),
+            Some((reasoning, answer)) if reasoning.trim().is_empty() => {
+                let a = answer.trim_start_matches('\n');
+                find(cursor, text.len(), &[a, a.trim()])
+            }
+            Some((reasoning, answer)) => find(cursor, text.len(), &[content, content.trim()])
+                .or_else(|| {
+                    let a = answer.trim_start_matches('\n');
+                    let (a_start, a_end) = find(cursor, text.len(), &[a, a.trim()])?;
+                    let r = reasoning.trim_matches('\n');
+                    let start = find(cursor, a_start, &[r, r.trim()]).map_or(a_start, |(s, _)| s);
+                    Some((start, a_end))
+                }),
+        };
+        match found {
+            Some((start, end)) => {
+                cursor = end;
+                out.push(Some(start..end));
+            }
+            None => return Err(SkipReason::ContentNotFound { message: k }),
+        }
+    }
+    Ok(out)
+}
+
+/// `(reasoning, answer)` of a content with a `</think>`: the reasoning is what precedes it
+/// (after the last `<think>`), the answer what follows, as Qwen3's template splits them.
+fn split_think(content: &str) -> Option<(&str, &str)> {
+    let at = content.rfind("</think>")?;
+    let before = &content[..at];
+    let reasoning = before.rsplit("<think>").next().unwrap_or(before);
+    Some((reasoning, &content[at + "</think>".len()..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(role: Role, c: &str) -> Message {
+        Message {
+            role,
+            content: c.into(),
+        }
+    }
+
+    #[test]
+    fn think_blocks_split_like_qwen3() {
+        assert_eq!(split_think("hello "), None);
+        assert_eq!(
+            split_think("<think>\n\n</think>\n\nhi"),
+            Some(("\n\n", "\n\nhi"))
+        );
+        assert_eq!(
+            split_think("<think>\nwhy\n</think>\nhi"),
+            Some(("\nwhy\n", "\nhi"))
+        );
+        assert_eq!(split_think("why</think>hi"), Some(("why", "hi")));
+    }
+
+    fn spans_of<'a>(msgs: &[Message], text: &'a str) -> Vec<Option<&'a str>> {
+        find_content_spans(msgs, text)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.map(|s| &text[s]))
+            .collect()
+    }
+
+    #[test]
+    fn content_search_skips_a_repeat_in_an_earlier_message() {
+        let msgs = [
+            m(Role::User, "yes"),
+            m(Role::Assistant, "yes"),
+            m(Role::User, "and?"),
+            m(Role::Assistant, " no "),
+        ];
+        let text = "U: yes\nA: yes\nU: and?\nA: no\n";
+        assert_eq!(find_content_spans(&msgs, text).unwrap()[0], Some(10..13));
+        // " no " is not rendered as written (the template trims): found trimmed.
+        assert_eq!(spans_of(&msgs, text), [Some("yes"), Some("no")]);
+        let e = find_content_spans(&msgs, "U: yes\nA: yes\nU: and?\nA: ...\n").unwrap_err();
+        assert_eq!(e, SkipReason::ContentNotFound { message: 3 });
+    }
+
+    #[test]
+    fn leading_indentation_is_content_when_rendered() {
+        let msgs = [m(Role::User, "q"), m(Role::Assistant, "  x = 1\n")];
+        assert_eq!(spans_of(&msgs, "q|  x = 1\n|"), [Some("  x = 1\n")]);
+        assert_eq!(spans_of(&msgs, "q|x = 1|"), [Some("x = 1")]);
+    }
+
+    #[test]
+    fn reasoning_is_supervised_where_rendered_and_an_empty_think_never() {
+        let msgs = [
+            m(Role::User, "q"),
+            m(Role::Assistant, "<think>\nr\n</think>\n\na"),
+        ];
+        // Rendered as written (a template that knows nothing of thinking).
+        let literal = "q|<think>\nr\n</think>\n\na|";
+        assert_eq!(
+            spans_of(&msgs, literal),
+            [Some("<think>\nr\n</think>\n\na")]
+        );
+        // Re-rendered around the reasoning: from the reasoning on.
+        let rerendered = "q|<think>\nr\n</think>\n\n\na|";
+        assert_eq!(spans_of(&msgs, rerendered), [Some("r\n</think>\n\n\na")]);
+        // Dropped: a later "r" (here in "bar") is not taken for the reasoning.
+        assert_eq!(spans_of(&msgs, "q|a|bar"), [Some("a")]);
+        // An empty think block in the content stays unsupervised even where the rendering
+        // holds the same text.
+        let empty = [
+            m(Role::User, "q"),
+            m(Role::Assistant, "<think>\n\n</think>\n\na"),
+        ];
+        assert_eq!(spans_of(&empty, "q|<think>\n\n</think>\n\na|"), [Some("a")]);
+        let blank = [m(Role::User, "q"), m(Role::Assistant, " ")];
+        assert_eq!(spans_of(&blank, "q||"), [None]);
+    }
+}

@@ -1,0 +1,260 @@
+//! Output in the on-disk layout of HF `datasets` `Dataset.save_to_disk`: Arrow IPC stream
+//! shards `data-0000i-of-0000N.arrow` (record batches of at most 1000 rows, as `datasets`
+//! writes them; a new shard past about 500 MB, its default `max_shard_size`),
+//! `dataset_info.json` and `state.json`, with `input_ids` list<int32> and `loss_mask`
+//! list<int8>, as `dflash_data::open_dataset` and `datasets.load_from_disk` read them.
+//!
+//! Everything is written into a temporary sibling directory that is renamed to the output at
+//! the end, so an interrupted run leaves no half-written dataset under the output's name.
+
+use std::fs::File;
+use std::io::{BufWriter, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{Int8Builder, Int32Builder, ListBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{DataType, Field, Schema};
+
+use crate::error::PrepareError;
+use crate::mask::Prepared;
+
+/// Rows per record batch (`datasets`' default `writer_batch_size`).
+pub const ROWS_PER_BATCH: usize = 1000;
+/// Bytes of token data past which a new shard starts.
+pub const SHARD_BYTES: usize = 500 << 20;
+
+pub struct DatasetWriter {
+    out: PathBuf,
+    tmp: PathBuf,
+    schema: Arc<Schema>,
+    shard_bytes: usize,
+    shards: Vec<PathBuf>,
+    writer: Option<(StreamWriter<BufWriter<File>>, usize)>,
+    ids: ListBuilder<Int32Builder>,
+    mask: ListBuilder<Int8Builder>,
+    pending: usize,
+    rows: usize,
+}
+
+fn features() -> serde_json::Value {
+    let seq = |dtype: &str| serde_json::json!({"feature": {"dtype": dtype, "_type": "Value"}, "_type": "Sequence"});
+    serde_json::json!({"input_ids": seq("int32"), "loss_mask": seq("int8")})
+}
+
+impl DatasetWriter {
+    /// Starts writing the dataset that will be `out`: an error if `out` exists and is not an
+    /// empty directory.
+    pub fn create(out: &Path) -> Result<Self, PrepareError> {
+        Self::with_shard_bytes(out, SHARD_BYTES)
+    }
+
+    /// As [`create`](Self::create), with another shard size (tests).
+    pub fn with_shard_bytes(out: &Path, shard_bytes: usize) -> Result<Self, PrepareError> {
+        if out.exists() {
+            let empty = out.is_dir()
+                && std::fs::read_dir(out)
+                    .map_err(|e| PrepareError::io(out, e))?
+                    .next()
+                    .is_none();
+            if !empty {
+                return Err(PrepareError::output(
+                    out,
+                    "already exists and is not an empty directory (remove it or choose another --out)",
+                ));
+            }
+        }
+        let name = out
+            .file_name()
+            .ok_or_else(|| PrepareError::output(out, "the output path has no final component"))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| PrepareError::io(parent, e))?;
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
+        }
+        std::fs::create_dir(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
+        let hf = serde_json::json!({"info": {"features": features()}}).to_string();
+        let schema = Schema::new(vec![
+            Field::new(
+                "input_ids",
+                DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
+                true,
+            ),
+            Field::new(
+                "loss_mask",
+                DataType::List(Arc::new(Field::new("item", DataType::Int8, true))),
+                true,
+            ),
+        ])
+        .with_metadata(std::collections::HashMap::from([(
+            "huggingface".to_string(),
+            hf,
+        )]));
+        Ok(DatasetWriter {
+            out: out.to_path_buf(),
+            tmp,
+            schema: Arc::new(schema),
+            shard_bytes: shard_bytes.max(1),
+            shards: Vec::new(),
+            writer: None,
+            ids: ListBuilder::new(Int32Builder::new()),
+            mask: ListBuilder::new(Int8Builder::new()),
+            pending: 0,
+            rows: 0,
+        })
+    }
+
+    /// Appends one sample. `index` names it in the error for a token id past `i32::MAX`.
+    pub fn push(&mut self, index: u64, s: &Prepared) -> Result<(), PrepareError> {
+        if let Some(&id) = s.ids.iter().find(|&&id| id > i32::MAX as u32) {
+            return Err(PrepareError::TokenRange { index, id });
+        }
+        self.ids.append_value(s.ids.iter().map(|&i| Some(i as i32)));
+        self.mask
+            .append_value(s.loss_mask.iter().map(|&m| Some(m as i8)));
+        self.pending += 1;
+        self.rows += 1;
+        if self.pending == ROWS_PER_BATCH {
+            self.flush_batch()?;
+        }
+        Ok(())
+    }
+
+    /// Rows pushed so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn flush_batch(&mut self) -> Result<(), PrepareError> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let ids: ArrayRef = Arc::new(self.ids.finish());
+        let mask: ArrayRef = Arc::new(self.mask.finish());
+        let bytes = ids.get_array_memory_size() + mask.get_array_memory_size();
+        self.pending = 0;
+        let batch = RecordBatch::try_new(self.schema.clone(), vec![ids, mask])
+            .map_err(|e| PrepareError::output(&self.tmp, e))?;
+        if self.writer.is_none() {
+            let path = self.tmp.join(format!("shard-{}.arrow", self.shards.len()));
+            let file = File::create(&path).map_err(|e| PrepareError::io(&path, e))?;
+            let w = StreamWriter::try_new(BufWriter::new(file), &self.schema)
+                .map_err(|e| PrepareError::output(&path, e))?;
+            self.shards.push(path);
+            self.writer = Some((w, 0));
+        }
+        let (w, written) = self
+            .writer
+            .as_mut()
+            .expect("a shard writer was just opened");
+        let path = self.shards.last().expect("one shard per writer");
+        w.write(&batch).map_err(|e| PrepareError::output(path, e))?;
+        *written += bytes;
+        if *written >= self.shard_bytes {
+            self.finish_shard()?;
+        }
+        Ok(())
+    }
+
+    fn finish_shard(&mut self) -> Result<(), PrepareError> {
+        if let Some((mut w, _)) = self.writer.take() {
+            let path = self.shards.last().expect("one shard per writer");
+            w.finish().map_err(|e| PrepareError::output(path, e))?;
+            w.into_inner()
+                .map_err(|e| PrepareError::output(path, e))?
+                .into_inner()
+                .map_err(|e| PrepareError::output(path, e.error()))?
+                .sync_all()
+                .map_err(|e| PrepareError::io(path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the shards, writes `dataset_info.json` and `state.json` and moves the
+    /// dataset to its name. Returns the data files (in their final place).
+    pub fn finish(mut self) -> Result<Vec<PathBuf>, PrepareError> {
+        self.flush_batch()?;
+        if self.shards.is_empty() {
+            // An empty dataset is still a valid one: one stream with the schema only.
+            let path = self.tmp.join("shard-0.arrow");
+            let file = File::create(&path).map_err(|e| PrepareError::io(&path, e))?;
+            let w = StreamWriter::try_new(BufWriter::new(file), &self.schema)
+                .map_err(|e| PrepareError::output(&path, e))?;
+            self.shards.push(path);
+            self.writer = Some((w, 0));
+        }
+        self.finish_shard()?;
+        let n = self.shards.len();
+        let mut names = Vec::with_capacity(n);
+        let mut hash = Fnv::new();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let name = format!("data-{i:05}-of-{n:05}.arrow");
+            let dest = self.tmp.join(&name);
+            std::fs::rename(shard, &dest).map_err(|e| PrepareError::io(shard, e))?;
+            hash.file(&dest)?;
+            names.push(name);
+        }
+        let info = serde_json::json!({
+            "citation": "", "description": "", "features": features(), "homepage": "", "license": ""
+        });
+        let state = serde_json::json!({
+            "_data_files": names.iter().map(|n| serde_json::json!({"filename": n})).collect::<Vec<_>>(),
+            "_fingerprint": format!("{:016x}", hash.0),
+            "_format_columns": null,
+            "_format_kwargs": {},
+            "_format_type": null,
+            "_output_all_columns": false,
+            "_split": null
+        });
+        for (file, v) in [("dataset_info.json", info), ("state.json", state)] {
+            let path = self.tmp.join(file);
+            let text = serde_json::to_string_pretty(&v).expect("JSON values serialize");
+            std::fs::write(&path, text).map_err(|e| PrepareError::io(&path, e))?;
+        }
+        if self.out.exists() {
+            // Checked empty at create.
+            std::fs::remove_dir(&self.out).map_err(|e| PrepareError::io(&self.out, e))?;
+        }
+        std::fs::rename(&self.tmp, &self.out).map_err(|e| PrepareError::io(&self.out, e))?;
+        Ok(names.iter().map(|n| self.out.join(n)).collect())
+    }
+}
+
+impl Drop for DatasetWriter {
+    fn drop(&mut self) {
+        // Not finished (an error on the way): leave nothing behind.
+        if self.tmp.exists() {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// FNV-1a over the data files: a content fingerprint like the one `datasets` keeps, so two
+/// identical preparations have the same `_fingerprint`.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn file(&mut self, path: &Path) -> Result<(), PrepareError> {
+        let mut f = File::open(path).map_err(|e| PrepareError::io(path, e))?;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = f.read(&mut buf).map_err(|e| PrepareError::io(path, e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            for &b in &buf[..n] {
+                self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+}

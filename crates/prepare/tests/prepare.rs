@@ -1,0 +1,345 @@
+//! `prepare` end to end on the Qwen3 fixture target: every input format gives the same
+//! output, skipped samples are counted with index and reason, the output is what
+//! `dflash_data::open_dataset` reads, and bad inputs are errors naming the file.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Fields, Schema};
+use dflash_prepare::{
+    DatasetWriter, Input, PrepareError, PrepareOptions, Prepared, Preparer, SkipReason, prepare,
+};
+use serde_json::{Value, json};
+
+fn target() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/qwen3")
+}
+
+fn fixture_jsonl() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conversations.jsonl")
+}
+
+fn opts(data: &Path, out: &Path) -> PrepareOptions {
+    PrepareOptions {
+        target: target(),
+        chat_template: None,
+        data: data.to_path_buf(),
+        out: out.to_path_buf(),
+        bucket_bounds: vec![32, 48],
+        progress: false,
+    }
+}
+
+/// The fixture conversations as `messages` lists (ShareGPT rows converted, system first).
+fn fixture_messages() -> Vec<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(fixture_jsonl()).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            dflash_prepare::parse_sample(&v)
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.role.as_str().to_string(), m.content))
+                .collect()
+        })
+        .collect()
+}
+
+fn read_back(dir: &Path) -> Vec<(Vec<u32>, Vec<u8>)> {
+    let ds = dflash_data::open_dataset(dir).unwrap();
+    (0..ds.len())
+        .map(|i| {
+            let s = ds.get(i).unwrap();
+            (s.ids, s.loss_mask)
+        })
+        .collect()
+}
+
+fn messages_column(convs: &[Vec<(String, String)>]) -> ArrayRef {
+    let fields = Fields::from(vec![
+        Field::new("content", DataType::Utf8, true),
+        Field::new("role", DataType::Utf8, true),
+    ]);
+    let mut b = ListBuilder::new(StructBuilder::from_fields(fields, 0));
+    for conv in convs {
+        for (role, content) in conv {
+            let s = b.values();
+            s.field_builder::<StringBuilder>(0)
+                .unwrap()
+                .append_value(content);
+            s.field_builder::<StringBuilder>(1)
+                .unwrap()
+                .append_value(role);
+            s.append(true);
+        }
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+fn batch(convs: &[Vec<(String, String)>]) -> RecordBatch {
+    let messages = messages_column(convs);
+    let other: ArrayRef = Arc::new(StringArray::from(vec!["x"; convs.len()]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("source", DataType::Utf8, true),
+        Field::new("messages", messages.data_type().clone(), true),
+    ]));
+    RecordBatch::try_new(schema, vec![other, messages]).unwrap()
+}
+
+#[test]
+fn jsonl_parquet_and_save_to_disk_inputs_give_the_same_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let convs = fixture_messages();
+
+    let from_jsonl = tmp.path().join("a");
+    let s = prepare(&opts(&fixture_jsonl(), &from_jsonl)).unwrap();
+    assert_eq!((s.samples, s.written, s.skipped.len()), (7, 7, 0));
+    let want = read_back(&from_jsonl);
+    assert_eq!(want.len(), 7);
+    assert_eq!(s.tokens, want.iter().map(|r| r.0.len() as u64).sum::<u64>());
+    assert_eq!(
+        s.supervised,
+        want.iter()
+            .map(|r| r.1.iter().map(|&m| m as u64).sum::<u64>())
+            .sum::<u64>()
+    );
+    // Histogram over the buckets <=32, <=48, >48; sums to the samples.
+    assert_eq!(s.histogram.iter().map(|h| h.1).sum::<usize>(), 7);
+    let lens: Vec<usize> = want.iter().map(|r| r.0.len()).collect();
+    assert_eq!(s.histogram[0].1, lens.iter().filter(|&&n| n <= 32).count());
+    assert_eq!(s.histogram[2].1, lens.iter().filter(|&&n| n > 48).count());
+    let summary = s.to_string();
+    assert!(
+        summary.contains("samples: 7 read, 7 written, 0 skipped"),
+        "{summary}"
+    );
+
+    // Parquet, in two row groups.
+    let pq = tmp.path().join("chat.parquet");
+    let b = batch(&convs);
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(File::create(&pq).unwrap(), b.schema(), None).unwrap();
+    w.write(&b.slice(0, 3)).unwrap();
+    w.flush().unwrap();
+    w.write(&b.slice(3, 4)).unwrap();
+    w.close().unwrap();
+    let from_parquet = tmp.path().join("b");
+    prepare(&opts(&pq, &from_parquet)).unwrap();
+    assert_eq!(read_back(&from_parquet), want);
+
+    // A save_to_disk directory of chat rows (two stream files listed by state.json).
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for (k, (lo, n)) in [(0usize, 4usize), (4, 3)].into_iter().enumerate() {
+        let part = b.slice(lo, n);
+        let f = File::create(hf.join(format!("data-0000{k}-of-00002.arrow"))).unwrap();
+        let mut sw = arrow_ipc::writer::StreamWriter::try_new(f, &part.schema()).unwrap();
+        sw.write(&part).unwrap();
+        sw.finish().unwrap();
+    }
+    std::fs::write(
+        hf.join("state.json"),
+        json!({"_data_files": [{"filename": "data-00000-of-00002.arrow"},
+                               {"filename": "data-00001-of-00002.arrow"}]})
+        .to_string(),
+    )
+    .unwrap();
+    // A .json array (ShareGPT exports), with a byte order mark.
+    let arr = tmp.path().join("chat.json");
+    let text = std::fs::read_to_string(fixture_jsonl()).unwrap();
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    std::fs::write(
+        &arr,
+        format!("\u{feff}{}", serde_json::to_string_pretty(&rows).unwrap()),
+    )
+    .unwrap();
+    let from_array = tmp.path().join("d");
+    prepare(&opts(&arr, &from_array)).unwrap();
+    assert_eq!(read_back(&from_array), want);
+
+    let from_hf = tmp.path().join("c");
+    prepare(&opts(&hf, &from_hf)).unwrap();
+    assert_eq!(read_back(&from_hf), want);
+
+    // The output is deterministic: same data files, same fingerprint.
+    let state = |d: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("state.json")).unwrap()).unwrap()
+    };
+    assert_eq!(
+        state(&from_jsonl)["_fingerprint"],
+        state(&from_hf)["_fingerprint"]
+    );
+    let info: Value = serde_json::from_str(
+        &std::fs::read_to_string(from_jsonl.join("dataset_info.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(info["features"]["input_ids"]["feature"]["dtype"], "int32");
+}
+
+#[test]
+fn skipped_samples_are_counted_with_index_and_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("mixed.jsonl");
+    let good = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The capital of France is Paris."}]});
+    let lines = [
+        good.clone(),
+        json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        json!({"text": "no conversation"}),
+        json!({"messages": [{"role": "user", "content": "only a question"}]}),
+        json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}),
+        json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a\u{FDD0}"}]}),
+        good,
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n\n")).collect();
+    std::fs::write(&data, text).unwrap();
+    let out = tmp.path().join("out");
+    let s = prepare(&opts(&data, &out)).unwrap();
+    assert_eq!((s.samples, s.written), (7, 2));
+    let got: Vec<(u64, &'static str)> = s.skipped.iter().map(|(i, r)| (*i, r.kind())).collect();
+    assert_eq!(
+        got,
+        [
+            (1, "malformed roles or content"),
+            (2, "no conversation"),
+            (3, "no assistant turn"),
+            (4, "mask all zeros"),
+            (5, "content holds a private marker"),
+        ]
+    );
+    assert_eq!(read_back(&out).len(), 2);
+    let summary = s.to_string();
+    assert!(
+        summary.contains("sample 1: message 0: unknown role \"wizard\""),
+        "{summary}"
+    );
+}
+
+#[test]
+fn all_skipped_empty_and_unreadable_inputs_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"text\": 1}\n{\"messages\": []}\n").unwrap();
+    let out = tmp.path().join("out");
+    match prepare(&opts(&bad, &out)) {
+        Err(PrepareError::AllSkipped { total, first, .. }) => {
+            assert_eq!(total, 2);
+            assert_eq!(first[0], (0, SkipReason::NoConversation));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!out.exists(), "nothing is left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !leftovers.iter().any(|n| n.contains(".tmp-")),
+        "{leftovers:?}"
+    );
+
+    let empty = tmp.path().join("empty.jsonl");
+    std::fs::write(&empty, "\u{feff}\n\n").unwrap();
+    assert!(matches!(
+        prepare(&opts(&empty, &out)),
+        Err(PrepareError::Empty { .. })
+    ));
+
+    let broken = tmp.path().join("broken.jsonl");
+    std::fs::write(&broken, "{\"messages\": []}\n{not json\n").unwrap();
+    let e = prepare(&opts(&broken, &out)).unwrap_err().to_string();
+    assert!(e.contains("broken.jsonl:2:"), "{e}");
+
+    let pq = tmp.path().join("nochat.parquet");
+    let col: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
+    let b = RecordBatch::try_from_iter([("text", col)]).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(File::create(&pq).unwrap(), b.schema(), None).unwrap();
+    w.write(&b).unwrap();
+    w.close().unwrap();
+    let e = prepare(&opts(&pq, &out)).unwrap_err().to_string();
+    assert!(
+        e.contains("nochat.parquet") && e.contains("columns present: [text]"),
+        "{e}"
+    );
+
+    let e = prepare(&opts(&tmp.path().join("data.csv"), &out)).unwrap_err();
+    assert!(e.to_string().contains("no such file"), "{e}");
+
+    let mut o = opts(&fixture_jsonl(), &out);
+    o.target = tmp.path().to_path_buf();
+    let e = prepare(&o).unwrap_err().to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+}
+
+#[test]
+fn output_shards_and_batches_are_read_back_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sharded");
+    // Tiny shards: a new shard after every record batch of 1000 rows.
+    let mut w = DatasetWriter::with_shard_bytes(&out, 1).unwrap();
+    let rows: Vec<Prepared> = (0..2500u32)
+        .map(|i| Prepared {
+            ids: (0..1 + i % 5).map(|k| i * 7 + k).collect(),
+            loss_mask: (0..1 + i % 5).map(|k| (k % 2) as u8).collect(),
+        })
+        .collect();
+    for (i, r) in rows.iter().enumerate() {
+        w.push(i as u64, r).unwrap();
+    }
+    let files = w.finish().unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "data-00000-of-00003.arrow",
+            "data-00001-of-00003.arrow",
+            "data-00002-of-00003.arrow"
+        ]
+    );
+    let back = read_back(&out);
+    assert_eq!(back.len(), 2500);
+    for (r, (ids, mask)) in rows.iter().zip(&back) {
+        assert_eq!((&r.ids, &r.loss_mask), (ids, mask));
+    }
+    let mut w = DatasetWriter::create(&tmp.path().join("big")).unwrap();
+    let e = w
+        .push(
+            9,
+            &Prepared {
+                ids: vec![u32::MAX],
+                loss_mask: vec![1],
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, PrepareError::TokenRange { index: 9, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_input_reader_streams_rows_in_order() {
+    let input = Input::open(&fixture_jsonl()).unwrap();
+    assert_eq!(input.rows_hint(), Some(7));
+    let mut seen = Vec::new();
+    input
+        .for_each_chunk(2, &mut |rows| {
+            assert!(rows.len() <= 2);
+            seen.extend(rows.into_iter().map(|r| r.0));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen, (0..7).collect::<Vec<u64>>());
+    let _ = Preparer::from_target_dir(&target(), None).unwrap();
+}
