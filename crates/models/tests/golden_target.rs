@@ -174,26 +174,27 @@ fn shallow_load_runs_only_needed_layers() {
     }
 }
 
-/// The target never reads layers deeper than the deepest id: a checkpoint with every
-/// `model.layers.2.*` tensor removed loads and matches for ids `[1, 0]`, and fails, naming a
-/// missing layer-2 tensor, for `[2]`.
+/// The target never reads layers deeper than the deepest id: a checkpoint whose every
+/// `model.layers.2.*` tensor is NaN (the load-time weight scan refuses any tensor it reads
+/// that holds one) loads and matches for ids `[1, 0]`, and fails, naming a layer-2 tensor,
+/// for `[2]`. (Removing the tensors instead is refused whatever the ids: the config and the
+/// weights must agree on the layers.)
 #[test]
 fn deeper_layers_are_never_loaded() {
     let src = fixture_dir().join("model");
     let files = TensorFiles::open(&src).unwrap();
     let mut kept = Vec::new();
+    let mut poisoned = 0;
     for name in files.names() {
-        if name.starts_with("model.layers.2.") {
-            continue;
-        }
         let shape = files.shape(&name).unwrap();
-        kept.push((
-            name.clone(),
-            shape.clone(),
-            files.read_f32(&name, &shape).unwrap(),
-        ));
+        let mut data = files.read_f32(&name, &shape).unwrap();
+        if name.starts_with("model.layers.2.") {
+            data.fill(f32::NAN);
+            poisoned += 1;
+        }
+        kept.push((name.clone(), shape.clone(), data));
     }
-    assert_eq!(kept.len(), 36 - 11);
+    assert_eq!((kept.len(), poisoned), (36, 11));
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
     write_f32_atomic(&tmp.path().join("model.safetensors"), &kept, None).unwrap();
@@ -216,7 +217,7 @@ fn deeper_layers_are_never_loaded() {
         "layer_output.1",
         1,
         HID,
-        "layer-2-less checkpoint, layer 1",
+        "checkpoint with a NaN layer 2, layer 1",
     );
     check(
         &g,
@@ -224,12 +225,12 @@ fn deeper_layers_are_never_loaded() {
         "layer_output.0",
         1,
         HID,
-        "layer-2-less checkpoint, layer 0",
+        "checkpoint with a NaN layer 2, layer 0",
     );
 
     let err = Qwen3Target::load(backend(), tmp.path(), &[2])
         .err()
-        .expect("loading layer 2 from a checkpoint without it must fail")
+        .expect("loading layer 2 from a checkpoint where it is NaN must fail")
         .to_string();
     assert!(
         err.contains("model.layers.2."),
