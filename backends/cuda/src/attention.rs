@@ -220,53 +220,24 @@ impl AttentionOps for CudaBackend {
                     self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
                 ))
             }
-            AttnImpl::Simple => {
-                self.simple_supports(op, &dims)?;
-                let od = self.opts.activations;
-                let mut out = self.alloc(op, qs.len, od)?;
-                let mut lse = self.alloc_f32(op, nl)?;
-                if nl > 0 {
-                    let (id, [qb, kb, vb]) = self.uniform(op, [qs, ks, vs])?;
-                    let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
-                    let (tq, hq, hkv, d) = (
-                        dims.q_rows as i32,
-                        dims.q_heads as i32,
-                        dims.kv_heads as i32,
-                        dims.head_dim as i32,
-                    );
-                    let kn = self.k();
-                    let f = pick(
-                        &[
-                            &kn.attn_fwd_ff,
-                            &kn.attn_fwd_fb,
-                            &kn.attn_fwd_bf,
-                            &kn.attn_fwd_bb,
-                        ],
-                        &[od, id],
-                    );
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(qb.get())
-                        .arg(kb.get())
-                        .arg(vb.get())
-                        .arg(&*f0)
-                        .arg(&*f1)
-                        .arg(&*s0)
-                        .arg(&*s1)
-                        .arg(&mut out)
-                        .arg(&mut lse)
-                        .arg(&tq)
-                        .arg(&hq)
-                        .arg(&hkv)
-                        .arg(&d)
-                        .arg(&scale);
-                    self.launch(op, l, warp_items(nl))?;
-                }
-                Ok((
-                    self.tensor(out, od, q.shape().clone()),
-                    self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
-                ))
-            }
+            AttnImpl::Simple => self.simple_forward(op, &dims, [qs, ks, vs], mask, scale),
         }
+    }
+
+    /// `cuda-simple`'s forward whatever kernel `attention` dispatches to: one warp per
+    /// (query row, head) walking that row's own intervals, the schedule this op asks for.
+    fn attention_rows(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let op = "attention_rows";
+        let dims = self.attn_dims(op, q, k, v, mask)?;
+        let ins = [self.any(op, q)?, self.any(op, k)?, self.any(op, v)?];
+        Ok(self.simple_forward(op, &dims, ins, mask, scale)?.0)
     }
 
     fn attention_backward(
@@ -442,5 +413,63 @@ impl AttentionOps for CudaBackend {
                 ))
             }
         }
+    }
+}
+
+impl CudaBackend {
+    /// The `cuda-simple` forward: `(out (Tq, Hq, D), lse (Tq, Hq))`.
+    fn simple_forward(
+        &self,
+        op: &'static str,
+        dims: &AttnDims,
+        [qs, ks, vs]: [&crate::storage::CudaStorage; 3],
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let nl = dims.q_rows * dims.q_heads;
+        self.simple_supports(op, dims)?;
+        let od = self.opts.activations;
+        let mut out = self.alloc(op, qs.len, od)?;
+        let mut lse = self.alloc_f32(op, nl)?;
+        if nl > 0 {
+            let (id, [qb, kb, vb]) = self.uniform(op, [qs, ks, vs])?;
+            let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
+            let (tq, hq, hkv, d) = (
+                dims.q_rows as i32,
+                dims.q_heads as i32,
+                dims.kv_heads as i32,
+                dims.head_dim as i32,
+            );
+            let kn = self.k();
+            let f = pick(
+                &[
+                    &kn.attn_fwd_ff,
+                    &kn.attn_fwd_fb,
+                    &kn.attn_fwd_bf,
+                    &kn.attn_fwd_bb,
+                ],
+                &[od, id],
+            );
+            let mut l = self.stream.launch_builder(f);
+            l.arg(qb.get())
+                .arg(kb.get())
+                .arg(vb.get())
+                .arg(&*f0)
+                .arg(&*f1)
+                .arg(&*s0)
+                .arg(&*s1)
+                .arg(&mut out)
+                .arg(&mut lse)
+                .arg(&tq)
+                .arg(&hq)
+                .arg(&hkv)
+                .arg(&d)
+                .arg(&scale);
+            self.launch(op, l, warp_items(nl))?;
+        }
+        Ok((
+            self.tensor(out, od, [dims.q_rows, dims.q_heads, dims.head_dim]),
+            self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
+        ))
     }
 }

@@ -188,6 +188,35 @@ impl MemoryOps for CudaBackend {
         copy_any(self, "copy", t)
     }
 
+    /// One launch of `scatter_rows_<dst>` (any `dst` dtype, kept; `src` widened to f32 if it
+    /// is bf16), with the row indices through the upload cache: a decode step writes each
+    /// layer's keys and values to the same rows.
+    fn scatter_rows(&self, dst: &mut Tensor, rows: &[usize], src: &Tensor) -> Result<()> {
+        let op = "scatter_rows";
+        let cols = dflash_core::scatter_rows_cols(op, &self.tag, dst, rows, src)?;
+        let n = rows.len();
+        if n == 0 || cols == 0 {
+            return Ok(());
+        }
+        let idx: Vec<i32> = rows
+            .iter()
+            .map(|&r| i32::try_from(r).map_err(|_| self.shape_err(op, format!("row {r} > i32"))))
+            .collect::<Result<_>>()?;
+        let idx = self.upload_i32_cached(op, &idx)?;
+        let xs = self.widen(op, self.any(op, src)?)?;
+        let d = self.any_mut(op, dst)?;
+        let k = self.k();
+        let f = pick(&[&k.scatter_rows_f, &k.scatter_rows_b], &[d.dtype]);
+        let (n64, c64) = (n as i64, cols as i64);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut d.buf)
+            .arg(xs.get())
+            .arg(&*idx)
+            .arg(&n64)
+            .arg(&c64);
+        self.launch(op, l, grid1d(n * cols))
+    }
+
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
         let op = "narrow_rows";
         let s = self.any(op, t)?;

@@ -230,6 +230,30 @@ impl AttentionOps for ReferenceBackend {
         ))
     }
 
+    /// Always the plain reference kernel, whatever kernel `attention` dispatches to: it
+    /// walks each row's own intervals, which is the schedule this op asks for.
+    fn attention_rows(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let op = "attention_rows";
+        let dims = attn_dims(op, q, k, v, mask)?;
+        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
+        // Poisoned: the kernel must overwrite every element.
+        let mut out = vec![f32::NAN; qs.len()];
+        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads];
+        self.run(|| {
+            let call = AttnForward::new(&dims, mask, scale, [qs, ks, vs], [&mut out, &mut lse])?;
+            ReferenceAttention.forward(call)
+        })
+        .map_err(|e| self.kernel_err(op, e))?;
+        Ok(host_tensor(out, q.shape().clone()))
+    }
+
     fn attention_backward(
         &self,
         q: &Tensor,

@@ -70,6 +70,17 @@ impl MemoryOps for ReferenceBackend {
         ))
     }
 
+    fn scatter_rows(&self, dst: &mut Tensor, rows: &[usize], src: &Tensor) -> Result<()> {
+        let op = "scatter_rows";
+        let cols = dflash_core::scatter_rows_cols(op, crate::DEVICE, dst, rows, src)?;
+        let s = slice(op, src)?;
+        let d = slice_mut(op, dst)?;
+        for (j, &r) in rows.iter().enumerate() {
+            d[r * cols..(r + 1) * cols].copy_from_slice(&s[j * cols..(j + 1) * cols]);
+        }
+        Ok(())
+    }
+
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let Some(first) = parts.first() else {
             return Err(shape_err("concat_rows", "no tensors to concatenate"));

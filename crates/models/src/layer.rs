@@ -163,7 +163,12 @@ pub struct LayerCache {
 }
 
 /// RMSNorm of each head: `x (T, heads*D)` viewed as `(T*heads, D)`.
-fn head_norm(b: &dyn Backend, x: &Tensor, w: &Tensor, d: &LayerDims) -> Result<(Tensor, Tensor)> {
+pub(crate) fn head_norm(
+    b: &dyn Backend,
+    x: &Tensor,
+    w: &Tensor,
+    d: &LayerDims,
+) -> Result<(Tensor, Tensor)> {
     let (rows, cols) = x.shape().as_matrix();
     let xv = b.copy(x)?.reshape([rows * cols / d.head_dim, d.head_dim])?;
     let (y, rstd) = b.rms_norm(&xv, w, d.eps)?;

@@ -7,6 +7,7 @@ pub mod drafter;
 pub mod error;
 pub mod fault;
 pub mod finite;
+pub mod generate;
 pub mod layer;
 pub mod safetensors_io;
 pub mod target;

@@ -17,13 +17,13 @@ use crate::safetensors_io::TensorFiles;
 pub struct Qwen3Target {
     backend: Arc<dyn Backend>,
     cfg: Qwen3Config,
-    dims: LayerDims,
+    pub(crate) dims: LayerDims,
     /// Layers `0..=max(layer_ids)` only: deeper ones are never run, so never loaded.
-    layers: Vec<LayerWeights>,
+    pub(crate) layers: Vec<LayerWeights>,
     layer_ids: Vec<usize>,
     /// `(V, H)` embedding and LM head, shared with drafters on the same device.
-    frozen: Arc<FrozenTarget>,
-    norm: Option<Tensor>,
+    pub(crate) frozen: Arc<FrozenTarget>,
+    pub(crate) norm: Option<Tensor>,
     /// Bytes read from the checkpoint (0 for a random target).
     loaded_bytes: u64,
 }

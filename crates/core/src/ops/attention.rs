@@ -321,6 +321,20 @@ pub trait AttentionOps {
         mask: &BlockMask,
         scale: f32,
     ) -> Result<(Tensor, Tensor)>;
+    /// The `out` of [`Self::attention`], scheduled per query row: for calls whose query
+    /// rows read unrelated key ranges, such as a decode step (one new row per sequence over
+    /// that sequence's slot of a shared KV cache), where a kernel tiling query rows would
+    /// visit the union of their keys. Same layouts, mask and semantics; forward only.
+    fn attention_rows(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<Tensor> {
+        Ok(self.attention(q, k, v, mask, scale)?.0)
+    }
     /// Returns `(dq, dk, dv)` shaped like `q`, `k`, `v`.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(

@@ -117,6 +117,20 @@ pub trait MemoryOps {
         self.download(t)
     }
     fn zeros(&self, shape: &[usize]) -> Result<Tensor>;
+    /// Writes row `j` of `src` into row `rows[j]` of `dst` (both viewed as `(R, C)`, first
+    /// dim as rows), in place: a KV cache takes each step's new keys without being copied.
+    /// Operands are checked by [`scatter_rows_cols`]. The default goes through host memory
+    /// (correct everywhere, two full transfers); backends with device memory override it.
+    fn scatter_rows(&self, dst: &mut Tensor, rows: &[usize], src: &Tensor) -> Result<()> {
+        let cols = scatter_rows_cols("scatter_rows", "host", dst, rows, src)?;
+        let mut d = self.download(dst)?;
+        let s = self.download(src)?;
+        for (j, &r) in rows.iter().enumerate() {
+            d[r * cols..(r + 1) * cols].copy_from_slice(&s[j * cols..(j + 1) * cols]);
+        }
+        *dst = self.upload(&d, dst.dims())?;
+        Ok(())
+    }
     fn copy(&self, t: &Tensor) -> Result<Tensor>;
     /// Rows `[start, start+len)` of a `(R, C)` view of `t` (first dim as rows).
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor>;
@@ -194,6 +208,59 @@ pub trait MemoryOps {
         let n = shape.iter().product();
         self.upload(&normal_host(n, std, seed), shape)
     }
+}
+
+/// The row length `C` of a [`MemoryOps::scatter_rows`] call, after checking that `src` has
+/// one row per entry of `rows`, the same row length as `dst`, and that every target row is
+/// in range and written once (two writes to one row would race on a device).
+pub fn scatter_rows_cols(
+    op: &'static str,
+    device: &str,
+    dst: &Tensor,
+    rows: &[usize],
+    src: &Tensor,
+) -> Result<usize> {
+    let split = |t: &Tensor| {
+        t.dims()
+            .split_first()
+            .map(|(&r, rest)| (r, rest.iter().product()))
+    };
+    let (Some((dst_rows, cols)), Some((src_rows, src_cols))) = (split(dst), split(src)) else {
+        return Err(Error::shape(op, device, "cannot scatter rank-0 tensors"));
+    };
+    if src_cols != cols || src_rows != rows.len() {
+        return Err(Error::shape(
+            op,
+            device,
+            format!(
+                "src {:?} must be ({}, {cols}) to scatter into rows of dst {:?}",
+                src.shape(),
+                rows.len(),
+                dst.shape()
+            ),
+        ));
+    }
+    let mut seen = vec![false; dst_rows];
+    for &r in rows {
+        match seen.get_mut(r) {
+            None => {
+                return Err(Error::shape(
+                    op,
+                    device,
+                    format!("row {r} is outside dst {:?}", dst.shape()),
+                ));
+            }
+            Some(true) => {
+                return Err(Error::shape(
+                    op,
+                    device,
+                    format!("row {r} is written twice"),
+                ));
+            }
+            Some(s) => *s = true,
+        }
+    }
+    Ok(cols)
 }
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -19,7 +19,7 @@ pub use collective::{CollectiveOps, Communicator};
 pub use embedding::EmbeddingOps;
 pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossDims, LossOps, LossStats};
-pub use memory::{HostSlice, MemoryOps};
+pub use memory::{HostSlice, MemoryOps, scatter_rows_cols};
 pub use norm::{NormDims, NormOps};
 pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
 pub use rope::{RopeDims, RopeOps};
