@@ -44,8 +44,18 @@ impl Role {
     }
 }
 
-/// The conversation of one sample (a JSON object, or a row converted to one).
+/// The conversation of one sample (a JSON object, or a row converted to one), which must
+/// hold an assistant turn to supervise.
 pub fn parse_sample(sample: &Value) -> Result<Vec<Message>, SkipReason> {
+    let out = parse_conversation(sample)?;
+    if !out.iter().any(|m| m.role == Role::Assistant) {
+        return Err(SkipReason::NoAssistant);
+    }
+    Ok(out)
+}
+
+/// As [`parse_sample`], without requiring an assistant turn (prompts to answer).
+pub fn parse_conversation(sample: &Value) -> Result<Vec<Message>, SkipReason> {
     let (list, role_key, content_key) = match (sample.get("messages"), sample.get("conversations"))
     {
         (Some(m), _) if !m.is_null() => (m, "role", "content"),
@@ -115,9 +125,6 @@ pub fn parse_sample(sample: &Value) -> Result<Vec<Message>, SkipReason> {
             return Err(bad("a system message after the first message".into()));
         }
         out.push(Message { role, content });
-    }
-    if !out.iter().any(|m| m.role == Role::Assistant) {
-        return Err(SkipReason::NoAssistant);
     }
     Ok(out)
 }

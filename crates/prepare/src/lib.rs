@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
-pub use conversation::{Message, Role, parse_sample};
+pub use conversation::{Message, Role, parse_conversation, parse_sample};
 pub use error::{PrepareError, SkipReason};
 pub use mask::{Prepared, Preparer};
 pub use read::Input;

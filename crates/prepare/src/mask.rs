@@ -72,6 +72,11 @@ impl Preparer {
         &self.template
     }
 
+    /// The tokenizer, truncation and padding off (as transformers runs it on a chat).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// Token ids and the loss mask of one conversation.
     pub fn prepare(&self, messages: &[Message]) -> Result<Prepared, SkipReason> {
         let (text, spans) = self.supervised_spans(messages)?;
