@@ -54,6 +54,10 @@ enum Command {
     /// chat template, tokenizes it with its tokenizer.json and masks the assistant content;
     /// writes `input_ids` + `loss_mask` as a save_to_disk directory for `data.train`.
     Prepare(PrepareArgs),
+    /// The target writes the answers: for each conversation, every turn but a final assistant
+    /// turn is the prompt and the target generates that turn (KV cache, batched; greedy by
+    /// default). Writes JSONL conversations for `prepare`; re-running continues the file.
+    Regenerate(RegenerateArgs),
     /// Progress and last error of a run directory.
     Status { run_dir: PathBuf },
     /// Registered backends and attention kernels.
@@ -100,6 +104,110 @@ fn prepare(args: PrepareArgs) -> Result<()> {
 }
 
 #[derive(clap::Args)]
+struct RegenerateArgs {
+    /// Target directory: config.json, weights, tokenizer.json, tokenizer_config.json.
+    #[arg(long)]
+    target: PathBuf,
+    /// The chat dataset: .jsonl, .parquet, .arrow, or a save_to_disk directory.
+    #[arg(long)]
+    data: PathBuf,
+    /// Output JSONL file; an existing one written with the same settings is continued.
+    #[arg(long)]
+    out: PathBuf,
+    /// A chat template file to use instead of the target's.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// Registered backend to run on (see `dflash backends`).
+    #[arg(long, default_value = "reference")]
+    backend: String,
+    /// Attention kernel of the backend (default: the backend's preferred kernel).
+    #[arg(long)]
+    attention: Option<String>,
+    /// Device ordinal (GPU backends).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Worker threads (CPU backends; 0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Conversations decoded together.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    #[arg(long, default_value_t = 1024)]
+    max_new_tokens: usize,
+    /// Tokens per sequence, prompt and answer (default: the target's max_position_embeddings).
+    #[arg(long)]
+    capacity: Option<usize>,
+    /// Prompt tokens prefilled in one call, at most.
+    #[arg(long, default_value_t = 8192)]
+    prefill_tokens: usize,
+    /// 0 = greedy; otherwise sample at this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample among the most likely tokens holding this much probability (1 = all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampling streams (one per conversation).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn regenerate(args: RegenerateArgs) -> Result<()> {
+    let backend = create_backend(&args.backend, args.attention, args.device, args.threads)?;
+    let opts = dflash_regenerate::RegenerateOptions {
+        target: args.target,
+        chat_template: args.chat_template,
+        data: args.data,
+        out: args.out,
+        batch: args.batch,
+        max_new_tokens: args.max_new_tokens,
+        capacity: args.capacity,
+        prefill_tokens: args.prefill_tokens,
+        sampling: dflash_models::generate::Sampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        progress: true,
+    };
+    println!(
+        "regenerate: backend {} on {}, attention {}",
+        backend.name(),
+        backend.device(),
+        backend.attention_kernel()
+    );
+    let summary = dflash_regenerate::regenerate(backend, &opts)?;
+    print!("{summary}");
+    println!("out={}", opts.out.display());
+    Ok(())
+}
+
+/// A registered backend with its preferred attention kernel unless one is named.
+fn create_backend(
+    name: &str,
+    attention: Option<String>,
+    device: usize,
+    threads: usize,
+) -> Result<std::sync::Arc<dyn dflash_core::Backend>> {
+    let attention = match attention {
+        Some(a) => a,
+        None => dflash_core::registry::preferred_attention(name)
+            .with_context(|| format!("creating backend {name:?}"))?
+            .to_string(),
+    };
+    let opts = dflash_core::registry::BackendOptions {
+        attention,
+        device,
+        threads,
+    };
+    dflash_core::registry::create_backend(name, &opts)
+        .with_context(|| format!("creating backend {name:?}"))
+}
+
+#[derive(clap::Args)]
 struct BenchArgs {
     /// Registered backend to run on (see `dflash backends`).
     #[arg(long)]
@@ -136,19 +244,7 @@ struct BenchArgs {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
-    let attention = match args.attention {
-        Some(a) => a,
-        None => dflash_core::registry::preferred_attention(&args.backend)
-            .with_context(|| format!("creating backend {:?}", args.backend))?
-            .to_string(),
-    };
-    let opts = dflash_core::registry::BackendOptions {
-        attention,
-        device: args.device,
-        threads: args.threads,
-    };
-    let backend = dflash_core::registry::create_backend(&args.backend, &opts)
-        .with_context(|| format!("creating backend {:?}", args.backend))?;
+    let backend = create_backend(&args.backend, args.attention, args.device, args.threads)?;
     let bench_opts = dflash_bench::BenchOptions {
         scale: args.scale,
         only: args.only,
@@ -319,6 +415,7 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Command::Prepare(args) => prepare(args)?,
+        Command::Regenerate(args) => regenerate(args)?,
         Command::Status { run_dir } => status(&run_dir)?,
         Command::Bench(args) => bench(args)?,
         Command::Backends => {

@@ -133,3 +133,69 @@ name = "run"
     assert!(ok, "{out}");
     assert!(out.contains("steps=2"), "{out}");
 }
+
+/// The DFlash recipe's path: chat JSONL -> `dflash regenerate` (the target writes the answers)
+/// -> `dflash prepare` on its output. A second run continues the file and generates nothing.
+#[test]
+fn regenerate_then_prepare_on_the_embedded_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chat = tmp.path().join("chat.jsonl");
+    let regenerated = tmp.path().join("regenerated.jsonl");
+    let prepared = tmp.path().join("prepared");
+    write_chat(&chat);
+    let regenerate = || {
+        let (data, out) = (chat.to_str().unwrap(), regenerated.to_str().unwrap());
+        dflash(&[
+            "regenerate",
+            "--target",
+            TARGET,
+            "--data",
+            data,
+            "--out",
+            out,
+            "--batch",
+            "5",
+            "--max-new-tokens",
+            "24",
+            "--threads",
+            "2",
+        ])
+    };
+    let (ok, out) = regenerate();
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("samples: 13 read, 12 generated, 0 already done, 1 skipped"),
+        "{out}"
+    );
+    assert!(out.contains("skipped sample 12"), "{out}");
+    let text = std::fs::read_to_string(&regenerated).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 12);
+    for line in &lines {
+        let messages = line["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        assert_eq!(last["role"], "assistant", "{line}");
+        let new_tokens = line["new_tokens"].as_u64().unwrap();
+        assert!((1..=24).contains(&new_tokens), "{line}");
+        // The prompt is kept: the turn before the answer is the user's, as in the input.
+        assert_eq!(messages[messages.len() - 2]["role"], "user", "{line}");
+    }
+
+    let (ok, again) = regenerate();
+    assert!(ok, "{again}");
+    assert!(
+        again.contains("12 already done") && again.contains("0 generated"),
+        "{again}"
+    );
+    assert_eq!(std::fs::read_to_string(&regenerated).unwrap(), text);
+
+    let (data, out) = (regenerated.to_str().unwrap(), prepared.to_str().unwrap());
+    let (ok, out) = dflash(&[
+        "prepare", "--target", TARGET, "--data", data, "--out", out, "--buckets", "128,256",
+    ]);
+    assert!(ok, "{out}");
+    assert!(prepared.join("state.json").is_file(), "{out}");
+}
