@@ -409,6 +409,7 @@ fn run(cli: Cli) -> Result<()> {
                 .or_else(|| config.data.eval.clone())
                 .context("no evaluation data: pass --data or set data.eval")?;
             let out = dflash_pipeline::evaluate(&config, &drafter, &data)?;
+            eprintln!("data: {}", out.data);
             println!(
                 "tau={:.3} sequences={} cycles={} skipped={}",
                 out.report.tau, out.report.sequences, out.report.cycles, out.skipped_samples

@@ -32,15 +32,17 @@ const DETERMINISTIC_FIELDS: [&str; 8] = [
     "tokens",
 ];
 
-/// Summary fields that are the run's, whatever interrupted it (`skipped_samples` counts
-/// this invocation's skips).
-const SUMMARY_FIELDS: [&str; 6] = [
+/// Summary fields that are the run's, whatever interrupted it (`invocation_*` are the last
+/// invocation's).
+const SUMMARY_FIELDS: [&str; 8] = [
     "steps",
     "final_loss",
     "final_accuracy",
     "first_loss",
     "tau_before",
     "tau_after",
+    "skipped_samples",
+    "data",
 ];
 
 /// What a run leaves that an interrupted run must reproduce.
@@ -110,6 +112,8 @@ fn baseline() -> (Job, Outcome, String) {
     assert_eq!(whole.latest, format!("step-{STEPS}"));
     assert_eq!(whole.checkpoints, [format!("step-{STEPS}")]);
     assert!(whole.summary.iter().all(|v| !v.is_null()), "{whole:?}");
+    // Both bad samples are met in the first epoch at least.
+    assert!(whole.summary[6].as_u64().unwrap() >= 2, "{whole:?}");
     (job, whole, figures(&line).to_string())
 }
 
@@ -258,8 +262,9 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-/// A run stopped early (`train.stop_at_step`) and resumed reports the run's first loss and
-/// tau before training, not the resumed invocation's.
+/// A run stopped early (`train.stop_at_step`) and resumed reports the run's first loss,
+/// tau before training and skip counts, not the resumed invocation's; the invocation's
+/// counts are reported next to the run's, each for what it is.
 #[test]
 fn a_resumed_run_reports_the_runs_first_loss_and_tau_before() {
     let (job, whole, whole_line) = baseline();
@@ -267,8 +272,37 @@ fn a_resumed_run_reports_the_runs_first_loss_and_tau_before() {
     first.args(["--set", "train.stop_at_step=5"]);
     let out = first.output().unwrap();
     assert!(out.status.success());
+    let summary = |name: &str| -> Value {
+        let text = std::fs::read_to_string(job.run_dir(name).join("summary.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let before = summary("stopped")["skipped_samples"].as_u64().unwrap();
     let (line, stderr) = job.finish("stopped", true);
     assert!(stderr.contains("checkpoints/step-5 at step 5"), "{stderr}");
     assert_eq!(figures(&line), whole_line);
     assert_eq!(Outcome::read(&job.run_dir("stopped")), whole);
+
+    let (run, resumed) = (summary("whole"), summary("stopped"));
+    let total = run["skipped_samples"].as_u64().unwrap();
+    assert!(0 < before && before < total, "{before} of {total}");
+    assert_eq!(resumed["skipped_samples"], total, "the run's");
+    assert_eq!(resumed["invocation_start_step"], 5);
+    assert_eq!(resumed["invocation_skipped_samples"], total - before);
+    assert_eq!(run["invocation_start_step"], 0);
+    assert_eq!(run["invocation_skipped_samples"], total);
+    let data = |who: &str| {
+        stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("data, steps {who}")))
+            .unwrap_or_else(|| panic!("no data line for {who} in\n{stderr}"))
+            .to_string()
+    };
+    assert!(
+        data("5..12 (this invocation)").contains(&format!("skipped {}:", total - before)),
+        "{stderr}"
+    );
+    assert!(
+        data("0..12 (the run)").contains(&format!("skipped {total}:")),
+        "{stderr}"
+    );
 }

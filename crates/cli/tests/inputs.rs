@@ -5,7 +5,8 @@ mod common;
 use common::Job;
 
 /// A `drafter.mask_token_id` that occurs in the data: the run trains, warns once when it
-/// first meets it, and counts the samples holding it in the data line at the end.
+/// first meets it in the training data and once in the evaluation set, and counts the
+/// samples holding it in the data lines; `dflash eval` of that drafter does the same.
 #[test]
 fn a_mask_token_id_that_occurs_in_the_data_is_a_counted_warning() {
     let job = Job::new();
@@ -17,21 +18,46 @@ fn a_mask_token_id_that_occurs_in_the_data_is_a_counted_warning() {
     let out = c.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    let held = format!("holds the mask token id {token} (position ");
+    assert_eq!(stderr.matches(&held).count(), 2, "{stderr}");
     // Samples come in schedule order: the warning names whichever came first.
-    let warning = format!("holds the mask token id {token} (position ");
-    assert_eq!(stderr.matches(&warning).count(), 1, "{stderr}");
-    let data = stderr
-        .lines()
-        .find(|l| l.starts_with("data: "))
-        .unwrap_or_default();
-    assert!(
-        data.contains(&format!(
-            "holding the mask token id {token}, first: sample 0, position 0"
-        )),
+    assert_eq!(
+        stderr.matches("warning: train sample ").count(),
+        1,
         "{stderr}"
     );
+    let counted = format!("holding the mask token id {token}, first: sample 0, position 0");
+    let line = |prefix: &str| line_of(&stderr, prefix);
+    assert!(line("data: ").contains(&counted), "{stderr}");
+    // The evaluation set is the first 4 samples, in order.
+    let eval_warning = format!("warning: eval sample 0 {held}0)");
+    assert_eq!(stderr.matches(&eval_warning).count(), 1, "{stderr}");
+    assert!(line("eval data ").contains(&counted), "{stderr}");
+
+    // `dflash eval` of the drafter takes the id from its config.json.
+    let out = std::process::Command::new(common::BIN)
+        .arg("eval")
+        .arg("--config")
+        .arg(job.config())
+        .arg("--drafter")
+        .arg(job.run_dir("mask"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches(&eval_warning).count(), 1, "{stderr}");
+    assert_eq!(stderr.matches(&held).count(), 1, "{stderr}");
+    assert!(line_of(&stderr, "data: ").contains(&counted), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("tau="));
 
     // The default id (an unused row of this vocabulary) raises nothing.
     let (_, stderr) = job.finish("default", false);
     assert!(!stderr.contains("mask token"), "{stderr}");
+}
+
+fn line_of(text: &str, prefix: &str) -> String {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_default()
+        .to_string()
 }

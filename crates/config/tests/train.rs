@@ -426,6 +426,17 @@ fn unbounded_knobs_are_refused_naming_the_knob() {
                 "drafter.target_layer_ids",
                 "appears twice",
             ),
+            // Not "is the dataset empty?": the knob that asked for nothing is named.
+            (
+                &[("train.epochs", "0")][..],
+                "train.epochs",
+                "is 0 and train.max_steps is not set: nothing to train",
+            ),
+            (
+                &[("train.epochs", "1"), ("train.max_steps", "0")][..],
+                "train.max_steps",
+                "at least 1",
+            ),
         ] {
             let msg = TrainConfig::load(None, &ov(pairs)).unwrap_err().to_string();
             assert!(

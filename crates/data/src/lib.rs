@@ -25,7 +25,8 @@ pub use error::{DataError, SampleProblem};
 pub use jsonl::JsonlDataset;
 pub use targets::{BlockTargets, block_targets, decay, default_gamma};
 pub use validate::{
-    OutOfVocab, SkipCounts, SkipReason, TooLongPolicy, Verdict, anchor_candidates, validate,
+    MaskTokenInData, OutOfVocab, SkipCounts, SkipReason, TooLongPolicy, Verdict, anchor_candidates,
+    validate,
 };
 
 /// One training sequence.

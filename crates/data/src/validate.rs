@@ -201,7 +201,7 @@ pub fn validate(
 }
 
 /// The first out-of-vocabulary id seen (smallest sample index after [`SkipCounts::merge`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OutOfVocab {
     pub sample: u64,
     pub position: usize,
@@ -211,15 +211,16 @@ pub struct OutOfVocab {
 
 /// A kept sample holding the drafter's mask token id: a warning, not a skip (the sample
 /// trains, but in its context the drafter cannot tell that token from a masked position).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MaskTokenInData {
     pub sample: u64,
     pub position: usize,
     pub id: u32,
 }
 
-/// Per-reason counters. `kept + skipped() == seen`.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Per-reason counters. `kept + skipped() == seen`. A checkpoint carries its run's counts
+/// as JSON (serde), so a resumed run can report the run's next to its own.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SkipCounts {
     pub seen: u64,
     pub kept: u64,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dflash_core::pipeline::{HiddenBatch, HiddenSeq, SeqMeta, Target};
-use dflash_data::{Dataset, SkipCounts, TooLongPolicy, validate};
+use dflash_data::{Dataset, MaskTokenInData, SkipCounts, TooLongPolicy, validate};
 use dflash_queue::{BoundedQueue, Queue, QueueError};
 
 use crate::error::{PipelineError, Result};
@@ -32,7 +32,7 @@ pub struct Shared {
     pub work: BoundedQueue<WorkItem>,
     /// One features queue per drafter replica.
     pub features: Vec<BoundedQueue<HiddenBatch>>,
-    pub skips: Mutex<SkipCounts>,
+    pub skips: Mutex<StepSkips>,
     pub stall_timeout: Duration,
     /// Called once on the first failure (aborts the all-reduce group).
     pub on_abort: Box<dyn Fn() + Send + Sync>,
@@ -168,21 +168,65 @@ pub struct SampleRules {
     pub mask_token_id: Option<u32>,
 }
 
-/// Loads and validates sample `i`; `None` when it is skipped (counted).
+/// The skip counts of a run's work items by step. The target workers run ahead of the
+/// drafter, so a checkpoint at step `n` takes the counts of the steps before `n` only
+/// ([`StepSkips::before`]): a run resumed there then counts each step once, as an
+/// uninterrupted run does.
+#[derive(Debug, Default)]
+pub struct StepSkips {
+    by_step: BTreeMap<u64, SkipCounts>,
+    /// Whether the mask-token warning was printed (once per invocation).
+    mask_warned: bool,
+}
+
+impl StepSkips {
+    /// Adds the counts of one work item of `step`; warns the first time a kept sample holds
+    /// the mask token id.
+    pub fn add(&mut self, step: u64, counts: &SkipCounts) {
+        self.by_step.entry(step).or_default().merge(counts);
+        if let Some(m) = counts.first_mask_token
+            && !std::mem::replace(&mut self.mask_warned, true)
+        {
+            warn_mask_token(&m, "train");
+        }
+    }
+
+    /// The counts of the steps before `end` that this invocation ran.
+    pub fn before(&self, end: u64) -> SkipCounts {
+        let mut all = SkipCounts::default();
+        for c in self.by_step.range(..end).map(|(_, c)| c) {
+            all.merge(c);
+        }
+        all
+    }
+}
+
+/// The warning for a kept sample holding the mask token id; `what` names the data (`train`
+/// or `eval`).
+pub fn warn_mask_token(m: &MaskTokenInData, what: &str) {
+    let effect = match what {
+        "train" => "it trains, but the drafter cannot tell it from a masked position",
+        _ => "it is measured, but the drafter cannot tell it from a masked position",
+    };
+    eprintln!(
+        "warning: {what} sample {} holds the mask token id {} (position {}): {effect}; pick an \
+         unused id with drafter.mask_token_id (counted in the data line at the end)",
+        m.sample, m.id, m.position
+    );
+}
+
+/// Loads and validates sample `i` into `counts`; `None` when it is skipped.
 pub fn load_sample(
     data: &dyn Dataset,
     i: usize,
     rules: &SampleRules,
-    skips: &Mutex<SkipCounts>,
+    counts: &mut SkipCounts,
 ) -> Option<SeqMeta> {
     let sample = match data.get(i) {
         Ok(s) => s,
         Err(e) => {
             // A corrupt record is counted and skipped; the file-level errors surface at open.
-            skips
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .record_error(i as u64, &e);
+            counts.record_error(i as u64, &e);
             return None;
         }
     };
@@ -194,21 +238,11 @@ pub fn load_sample(
         rules.too_long,
     )
     .within_positions(rules.max_positions);
-    let mut counts = skips.lock().unwrap_or_else(|p| p.into_inner());
     counts.record(&verdict);
     let sample = verdict.into_sample()?;
-    if let Some(mask) = rules.mask_token_id
-        && let Some(m) = counts.record_mask_token(&sample, mask)
-        && counts.mask_token_in_data == 1
-    {
-        eprintln!(
-            "warning: sample {} holds the mask token id {} (position {}): it trains, but the \
-             drafter cannot tell it from a masked position; pick an unused id with \
-             drafter.mask_token_id (counted in the data line at the end)",
-            m.sample, m.id, m.position
-        );
+    if let Some(mask) = rules.mask_token_id {
+        counts.record_mask_token(&sample, mask);
     }
-    drop(counts);
     Some(SeqMeta {
         sample_id: sample.id,
         ids: sample.ids,
@@ -223,9 +257,9 @@ pub fn featurise(
     data: &dyn Dataset,
     i: usize,
     rules: &SampleRules,
-    skips: &Mutex<SkipCounts>,
+    counts: &mut SkipCounts,
 ) -> Result<Option<HiddenSeq>> {
-    let Some(meta) = load_sample(data, i, rules, skips) else {
+    let Some(meta) = load_sample(data, i, rules, counts) else {
         return Ok(None);
     };
     let features = target.features(&meta.ids)?;
@@ -237,20 +271,26 @@ pub fn featurise(
     }))
 }
 
-/// The samples of one work item, validated and run through the target as one packed
-/// forward.
+/// The samples of one work item, validated (counted into `skips` under the item's step)
+/// and run through the target as one packed forward.
 pub fn featurise_packed(
     target: &dyn Target,
     data: &dyn Dataset,
     item: &WorkItem,
     rules: &SampleRules,
-    skips: &Mutex<SkipCounts>,
+    skips: &Mutex<StepSkips>,
 ) -> Result<HiddenBatch> {
+    let mut counts = SkipCounts::default();
     let seqs: Vec<SeqMeta> = item
         .samples
         .iter()
-        .filter_map(|&i| load_sample(data, i, rules, skips))
+        .filter_map(|&i| load_sample(data, i, rules, &mut counts))
         .collect();
+    // Counted before the batch is sent: once a step is done, its counts are all in.
+    skips
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .add(item.step, &counts);
     let features = if seqs.is_empty() {
         None
     } else {

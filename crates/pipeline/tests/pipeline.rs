@@ -208,6 +208,39 @@ fn err_text(e: &PipelineError) -> String {
     cause_chain(e)
 }
 
+/// Rewrites the tensors of `files` (as f32) into the file `dst`, `edit` applied to each
+/// `(name, shape, values)`; returns whether `edit` said it changed one.
+fn rewrite_f32(
+    files: TensorFiles,
+    dst: &Path,
+    edit: impl Fn(&str, &[usize], &mut [f32]) -> bool,
+) -> bool {
+    let mut tensors = Vec::new();
+    let mut edited = false;
+    for name in files.names() {
+        let shape = files.shape(&name).unwrap();
+        let mut v = files.read_f32(&name, &shape).unwrap();
+        edited |= edit(&name, &shape, &mut v);
+        tensors.push((name, shape, v));
+    }
+    drop(files);
+    write_f32_atomic(dst, &tensors, None).unwrap();
+    edited
+}
+
+/// Rewrites the safetensors file `path` (as f32) with element 5 of `tensor` set to NaN.
+fn poison_tensor(path: &Path, tensor: &str) {
+    let files = TensorFiles::open_file(path).unwrap();
+    let found = rewrite_f32(files, path, |name, _, v| {
+        let hit = name == tensor;
+        if hit {
+            v[5] = f32::NAN;
+        }
+        hit
+    });
+    assert!(found, "{tensor} in {path:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. Exact resume.
 // ---------------------------------------------------------------------------------------------
@@ -499,6 +532,24 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
 // 3. Non-finite steps.
 // ---------------------------------------------------------------------------------------------
 
+/// The load check is process-wide: tests that switch it off exclude, for that time, the
+/// tests that need it on (which hold [`load_check_on`]).
+static LOAD_CHECK: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// The load check off until the value drops (the check comes back before the lock goes).
+fn load_check_off() -> (
+    dflash_models::finite::LoadCheckOff,
+    std::sync::RwLockWriteGuard<'static, ()>,
+) {
+    let guard = LOAD_CHECK.write().unwrap_or_else(|p| p.into_inner());
+    (dflash_models::finite::LoadCheckOff::new(), guard)
+}
+
+/// The load check on while the guard lives.
+fn load_check_on() -> std::sync::RwLockReadGuard<'static, ()> {
+    LOAD_CHECK.read().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A copy of the tiny target whose embedding row `token` is NaN: any sequence containing
 /// `token` gets NaN target features from that position on, and so a NaN drafter gradient
 /// (the `fc` weight gradient multiplies every feature row), while sequences without it are
@@ -514,17 +565,14 @@ fn poisoned_target(dir: &Path, token: usize) {
     )
     .unwrap();
     let files = TensorFiles::open(Path::new(TARGET)).unwrap();
-    let mut out = Vec::new();
-    for name in files.names() {
-        let shape = files.shape(&name).unwrap();
-        let mut v = files.read_f32(&name, &shape).unwrap();
-        if name == "model.embed_tokens.weight" {
+    rewrite_f32(files, &dir.join("model.safetensors"), |name, shape, v| {
+        let hit = name == "model.embed_tokens.weight";
+        if hit {
             let h = shape[1];
             v[token * h..(token + 1) * h].fill(f32::NAN);
         }
-        out.push((name, shape, v));
-    }
-    write_f32_atomic(&dir.join("model.safetensors"), &out, None).unwrap();
+        hit
+    });
 }
 
 /// `--resume` on a directory that no run created says so (not what the config then lacks)
@@ -577,7 +625,7 @@ fn samples_beyond_max_position_embeddings_are_skipped_and_counted() {
     let mut cfg = fx.config(&[("train.epochs", "1")]);
     cfg.target.path = Some(short);
     let out = train(&cfg, None).unwrap();
-    assert_eq!(out.skipped_samples, longer as u64);
+    assert_eq!(out.skipped_samples, Some(longer as u64));
 }
 
 /// `dflash eval` on a drafter with a NaN weight is refused at load (it reported a tau), and
@@ -585,6 +633,7 @@ fn samples_beyond_max_position_embeddings_are_skipped_and_counted() {
 #[test]
 fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
     link();
+    let _check = load_check_on();
     let fx = Fixture::new(&tiny_samples(6));
     let cfg = fx.config(&[("train.max_steps", "2")]);
     let out = train(&cfg, None).unwrap();
@@ -608,18 +657,7 @@ fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
         "{e}"
     );
 
-    let files = TensorFiles::open(&out.run_dir).unwrap();
-    let mut tensors = Vec::new();
-    for name in files.names() {
-        let shape = files.shape(&name).unwrap();
-        let mut v = files.read_f32(&name, &shape).unwrap();
-        if name == "fc.weight" {
-            v[5] = f32::NAN;
-        }
-        tensors.push((name, shape, v));
-    }
-    drop(files);
-    write_f32_atomic(&out.run_dir.join("model.safetensors"), &tensors, None).unwrap();
+    poison_tensor(&out.run_dir.join("model.safetensors"), "fc.weight");
     let e = dflash_pipeline::evaluate(&cfg, &out.run_dir, &fx.data())
         .unwrap_err()
         .to_string();
@@ -629,6 +667,52 @@ fn eval_refuses_a_nan_drafter_and_data_with_nothing_to_measure() {
     );
 }
 
+/// The NaN policy on a job's own loads: a checkpoint whose `fc.weight` holds a NaN (the
+/// issue's reproduction: it resumed, trained and saved a drafter with NaN weights, exit 0),
+/// one whose AdamW moment does, and an `init_from` drafter with a NaN are each refused
+/// naming tensor and file, before a step; the checkpoint stays the latest.
+#[test]
+fn a_non_finite_checkpoint_moment_or_init_from_is_refused_naming_the_tensor() {
+    link();
+    let _check = load_check_on();
+    let fx = Fixture::new(&tiny_samples(8));
+    let cfg = fx.config(&[
+        ("train.max_steps", "4"),
+        ("train.save_every", "0"),
+        ("train.stop_at_step", "2"),
+    ]);
+    let out = train(&cfg, None).unwrap();
+    let ckpt = latest_checkpoint(&out.run_dir).unwrap();
+    assert_eq!(ckpt.file_name().unwrap(), "step-2");
+    let resumed = TrainConfig::load(Some(&out.run_dir.join("config.toml")), &[]).unwrap();
+    for (file, tensor) in [
+        ("model.safetensors", "fc.weight"),
+        ("optimizer.safetensors", "v.fc.weight"),
+    ] {
+        let path = ckpt.join(file);
+        let good = std::fs::read(&path).unwrap();
+        poison_tensor(&path, tensor);
+        let e = err_text(&train(&resumed, Some(&out.run_dir)).unwrap_err());
+        assert!(
+            e.contains(&format!("\"{tensor}\"")) && e.contains(file) && e.contains("non-finite"),
+            "{e}"
+        );
+        assert_eq!(metrics(&out.run_dir).len(), 2, "no step ran");
+        assert_eq!(latest_checkpoint(&out.run_dir), Some(ckpt.clone()));
+        std::fs::write(&path, good).unwrap();
+    }
+
+    poison_tensor(&out.run_dir.join("model.safetensors"), "fc.weight");
+    let mut init = fx.config(&[("train.max_steps", "2"), ("run.name", "init")]);
+    init.drafter.init_from = Some(out.run_dir.clone());
+    let e = err_text(&train(&init, None).unwrap_err());
+    assert!(
+        e.contains("\"fc.weight\"") && e.contains("non-finite"),
+        "{e}"
+    );
+    assert!(!fx.runs().join("init/model.safetensors").exists());
+}
+
 /// Empty rows (an Arrow null row reads as one) are never scheduled, so the run's skip counts
 /// never see them: the plan counts them, for the data line to report.
 #[test]
@@ -636,8 +720,21 @@ fn empty_rows_are_counted_by_the_plan() {
     let mut samples = tiny_samples(6);
     samples.insert(2, (Vec::new(), Vec::new()));
     let fx = Fixture::new(&samples);
-    let plan = dflash_pipeline::job::JobPlan::new(&fx.config(&[])).unwrap();
+    let cfg = fx.config(&[("train.max_steps", "2")]);
+    let plan = dflash_pipeline::job::JobPlan::new(&cfg).unwrap();
     assert_eq!(plan.empty_samples, 1);
+    // The summary says so next to the counts of the rows that were read (the issue: it said
+    // every sample was kept).
+    link();
+    let out = train(&cfg, None).unwrap();
+    assert_eq!(out.empty_rows, 1);
+    let text = std::fs::read_to_string(out.run_dir.join("summary.json")).unwrap();
+    let summary: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(summary["empty_rows"], 1);
+    assert_eq!(
+        summary["data"]["seen"], summary["data"]["kept"],
+        "{summary}"
+    );
 }
 
 #[test]
@@ -672,6 +769,34 @@ fn training_on_nothing_is_an_error_naming_the_skip_counts() {
         !fx.runs().join("run/model.safetensors").exists(),
         "no untrained drafter is saved as the run's result"
     );
+    // Every sample with an id beyond the 264-token vocabulary, or of one token.
+    for (name, samples, says) in [
+        (
+            "oov",
+            tiny_samples(6)
+                .into_iter()
+                .map(|(mut ids, m)| {
+                    ids[3] = 300;
+                    (ids, m)
+                })
+                .collect::<Samples>(),
+            "position 3, id 300 >= vocab_size 264)",
+        ),
+        (
+            "one-token",
+            (0..6).map(|i| (vec![10 + i], vec![1])).collect(),
+            "too few supervised tokens",
+        ),
+    ] {
+        let fx = Fixture::new(&samples);
+        let e = train(&fx.config(&[("train.max_steps", "2")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("trained on nothing") && e.contains("kept 0/") && e.contains(says),
+            "{name}: {e}"
+        );
+    }
 }
 
 #[test]
@@ -700,7 +825,7 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
-    let check_off = dflash_models::finite::LoadCheckOff::new();
+    let check_off = load_check_off();
     let err = train(&cfg, None).unwrap_err();
     drop(check_off);
     match &err {
@@ -807,7 +932,7 @@ fn resume_after_failure_between_checkpoints_keeps_one_record_per_step() {
     ];
     let mut cfg = fx.config(&ov);
     cfg.target.path = Some(bad_target);
-    let check_off = dflash_models::finite::LoadCheckOff::new();
+    let check_off = load_check_off();
     train(&cfg, None).unwrap_err();
     drop(check_off);
     let run_dir = fx.runs().join("run");
@@ -1009,7 +1134,7 @@ fn bad_samples_are_skipped_counted_and_training_completes() {
         None,
     )
     .unwrap();
-    assert_eq!(skip.skipped_samples as usize, always_bad + too_long);
+    assert_eq!(skip.skipped_samples, Some((always_bad + too_long) as u64));
     assert_eq!(
         summary("skip")["skipped_samples"],
         (always_bad + too_long) as u64
@@ -1033,7 +1158,7 @@ fn bad_samples_are_skipped_counted_and_training_completes() {
         None,
     )
     .unwrap();
-    assert_eq!(trunc.skipped_samples as usize, always_bad);
+    assert_eq!(trunc.skipped_samples, Some(always_bad as u64));
     assert_eq!(summary("trunc")["skipped_samples"], always_bad as u64);
 }
 

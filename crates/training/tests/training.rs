@@ -527,6 +527,37 @@ fn non_finite_step_is_skipped_without_trace_and_a_run_of_them_stops() {
     }
 }
 
+/// With finite features, a non-finite loss is the drafter's own (here a NaN in its `fc`
+/// weight, set on the device past every load check): the error names the drafter, not the
+/// target.
+#[test]
+fn a_non_finite_loss_from_finite_features_names_the_drafter() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut r = replica(&b, &cfg, 1, 1);
+    let fc = &mut r.drafter.params.fc;
+    let mut w = b.download(fc).unwrap();
+    w[7] = f32::NAN;
+    let dims = fc.dims().to_vec();
+    *fc = b.upload(&w, &dims).unwrap();
+    match step(&mut r, &good[0]) {
+        Err(
+            e @ TrainError::NonFinite {
+                count: 1,
+                limit: 1,
+                step: 0,
+                origin: NonFiniteSource::Drafter,
+            },
+        ) => assert!(
+            e.to_string()
+                .contains("features were finite, so the drafter's forward produced it"),
+            "{e}"
+        ),
+        other => panic!("expected NonFinite from the drafter, got {other:?}"),
+    }
+}
+
 /// Saving after a step and loading into a fresh replica (other initial weights) continues
 /// bit for bit.
 #[test]

@@ -1,5 +1,5 @@
 //! The test job of the binary's tests: a 1-layer drafter on the embedded tiny target, 12
-//! steps over two epochs of 16 synthetic samples, a checkpoint every 3 steps (step-3, step-6,
+//! steps over two epochs of 16 synthetic samples (and 2 that are skipped), a checkpoint every 3 steps (step-3, step-6,
 //! step-9, step-12); a run takes well under a second. Runs the `dflash` binary to the end,
 //! or until a fault point where it is killed.
 #![allow(dead_code)] // each test binary uses its part
@@ -39,6 +39,15 @@ impl Job {
                 })
                 .collect();
             let mask: Vec<u8> = (0..n).map(|j| u8::from(j >= 8)).collect();
+            text += &serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string();
+            text.push('\n');
+        }
+        // Two samples every run skips (counted at each visit): an id beyond the tiny target's
+        // 264-token vocabulary, and no supervised token.
+        for (ids, mask) in [
+            (vec![5u32, 300, 7, 9], vec![1u8; 4]),
+            (vec![5, 6, 7], vec![0; 3]),
+        ] {
             text += &serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string();
             text.push('\n');
         }
@@ -98,6 +107,11 @@ dir = {runs:?}
         self.tmp.path().join("train.jsonl")
     }
 
+    /// The job's config file.
+    pub fn config(&self) -> PathBuf {
+        self.tmp.path().join("job.toml")
+    }
+
     pub fn run_dir(&self, name: &str) -> PathBuf {
         self.tmp.path().join("runs").join(name)
     }
@@ -110,7 +124,7 @@ dir = {runs:?}
             true => c.arg("--resume").arg(self.run_dir(name)),
             false => c
                 .arg("--config")
-                .arg(self.tmp.path().join("job.toml"))
+                .arg(self.config())
                 .args(["--set", &format!("run.name={name}")]),
         };
         c.env_remove(FAULT_ENV).stdin(Stdio::null());

@@ -41,6 +41,7 @@ impl TrainConfig {
             ("drafter.num_key_value_heads", d.num_key_value_heads),
             ("drafter.head_dim", d.head_dim),
             ("eval.max_samples", self.eval.max_samples),
+            ("train.max_steps", t.max_steps.map(|s| s as usize)),
             ("train.stop_at_step", t.stop_at_step.map(|s| s as usize)),
         ] {
             if v == Some(0) {

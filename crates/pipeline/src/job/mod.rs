@@ -3,6 +3,7 @@
 mod checkpoint;
 pub mod memory;
 mod plan;
+mod resume;
 mod run;
 mod setup;
 
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dflash_config::TrainConfig;
+use dflash_data::SkipCounts;
 use dflash_models::checkpoint::load_drafter;
 use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, Qwen3Target};
@@ -20,7 +22,7 @@ use dflash_training::{TauReport, evaluate_tau};
 
 use crate::error::{PipelineError, Result, cause_chain};
 use run::run_plan;
-use setup::{backend_for, eval_features, new_run_dir, stop_tokens};
+use setup::{EvalData, backend_for, eval_features, new_run_dir, stop_tokens};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainOutcome {
@@ -33,13 +35,28 @@ pub struct TrainOutcome {
     pub first_loss: f64,
     pub tau_before: Option<f64>,
     pub tau_after: Option<f64>,
-    pub skipped_samples: u64,
+    /// Samples skipped in the run's steps `0..steps`, over all its invocations (a sample
+    /// is counted at each visit, once per epoch); `None` when the checkpoint this
+    /// invocation resumed from did not record its counts.
+    pub skipped_samples: Option<u64>,
+    /// The run's counts by reason, as `skipped_samples`.
+    pub data: Option<SkipCounts>,
+    /// The step this invocation started at (0 for a fresh run).
+    pub invocation_start_step: u64,
+    /// Samples skipped in this invocation's steps (`invocation_start_step..steps`).
+    pub invocation_skipped_samples: u64,
+    /// Rows of the training data that are empty (or Arrow null rows): never scheduled, so
+    /// in neither count above.
+    pub empty_rows: usize,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EvalOutcome {
     pub report: TauReport,
     pub skipped_samples: u64,
+    /// The evaluation set's counts: kept, skipped by reason, kept holding the drafter's
+    /// mask token id (a warning: those samples are measured).
+    pub data: SkipCounts,
 }
 
 /// `dflash eval`: tau of the drafter in `drafter_dir` on `data` with the configured target.
@@ -49,24 +66,26 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
     let target = Qwen3Target::load(b.clone(), cfg.target_dir()?, &dcfg.target_layer_ids)?;
     dcfg.validate_against(target.config())?;
     let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
+    let set = EvalData {
+        path: data,
+        max: cfg.eval.max_samples.unwrap_or(usize::MAX),
+        max_positions: target.config().max_position_embeddings,
+        mask_token_id: dcfg.mask_token_id,
+    };
     let drafter = Drafter::new(b, dcfg, params, Arc::new(frozen))?;
-    let (seqs, skipped_samples) = eval_features(
-        cfg,
-        &target,
-        data,
-        cfg.eval.max_samples.unwrap_or(usize::MAX),
-        target.config().max_position_embeddings,
-    )?;
+    let (seqs, counts) = eval_features(cfg, &target, &set)?;
     if seqs.is_empty() {
         return Err(PipelineError::Job(format!(
-            "{}: no usable sequence to evaluate ({skipped_samples} samples skipped: each needs \
-             ids in the vocabulary and two or more supervised tokens); tau is undefined",
-            data.display()
+            "{}: no usable sequence to evaluate ({} samples skipped; data: {counts}): each \
+             needs ids in the vocabulary and two or more supervised tokens; tau is undefined",
+            data.display(),
+            counts.skipped()
         )));
     }
     Ok(EvalOutcome {
         report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
-        skipped_samples,
+        skipped_samples: counts.skipped(),
+        data: counts,
     })
 }
 

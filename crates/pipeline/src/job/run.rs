@@ -16,18 +16,19 @@ use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
 use dflash_queue::Queue;
-use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau, state};
+use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau};
 
 use super::TrainOutcome;
-use super::checkpoint::{CheckpointWriter, Figures, Written, latest_checkpoint, tidy};
+use super::checkpoint::{CheckpointWriter, Figures, Written};
 use super::memory::MemoryPlan;
 use super::plan::{JobPlan, TargetSource};
-use super::setup::{backend_for, eval_features, stop_tokens};
+use super::resume::{finished_run, report_data, resume};
+use super::setup::{EvalData, backend_for, eval_features, stop_tokens};
 use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};
 use crate::phases::{Phase, PhaseClock};
 use crate::report::Reporter;
-use crate::workers::{Reorder, Shared, WorkItem, target_worker};
+use crate::workers::{Reorder, Shared, StepSkips, WorkItem, target_worker};
 
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
@@ -61,9 +62,9 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         eprintln!("{s}");
     }
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
-    let carried = match resuming {
+    let (carried, carried_skips) = match resuming {
         true => resume(run_dir, &mut replicas)?,
-        false => Figures::default(),
+        false => (Figures::default(), Some(SkipCounts::default())),
     };
     let start_step = replicas[0].step;
     eprintln!(
@@ -89,7 +90,7 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         run_dir,
         targets,
         replicas,
-        carried,
+        (carried, carried_skips),
         memory.background_checkpoints,
         job_start,
     )?;
@@ -115,9 +116,14 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         0 => String::new(),
         n => format!("; {n} empty or null rows not scheduled"),
     };
-    if run.skips != SkipCounts::default() || !empty.is_empty() {
-        eprintln!("data: {}{empty}", run.skips);
-    }
+    let run_skips = run.run_skips();
+    report_data(
+        start_step,
+        plan.end_step(),
+        &run.skips,
+        run_skips.as_ref(),
+        &empty,
+    );
     if start_step < plan.end_step() && run.supervised == 0.0 {
         // Saving an untrained drafter and exiting 0 would look like success.
         return Err(PipelineError::Job(format!(
@@ -143,7 +149,11 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         first_loss: run.figures.first_loss,
         tau_before: run.figures.tau_before,
         tau_after: eval.tau(&replica.drafter, "after")?,
-        skipped_samples: run.skips.skipped(),
+        skipped_samples: run_skips.as_ref().map(SkipCounts::skipped),
+        data: run_skips,
+        invocation_start_step: start_step,
+        invocation_skipped_samples: run.skips.skipped(),
+        empty_rows: plan.empty_samples,
     };
     let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
     write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
@@ -164,70 +174,6 @@ fn write_resolved_config(plan: &JobPlan, run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The outcome of a run that has already finished (its latest checkpoint is at the end of the
-/// schedule and `summary.json` exists), read back, so resuming it says so and changes
-/// nothing; an error when the checkpoint's step lies beyond the schedule.
-fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> {
-    let Some(ckpt) = latest_checkpoint(run_dir) else {
-        return Ok(None);
-    };
-    let path = ckpt.join(state::TRAINER_STATE);
-    let step = state::read_state(&ckpt)?.step;
-    let total = plan.total_steps();
-    if step > total {
-        return Err(PipelineError::Job(format!(
-            "{}: step {step} is beyond this run's schedule of {total} steps (train.max_steps, \
-             train.epochs or the data changed since it was saved)",
-            path.display()
-        )));
-    }
-    let summary = run_dir.join("summary.json");
-    let Some(v) = std::fs::read_to_string(&summary)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-    else {
-        return Ok(None);
-    };
-    if step < total {
-        return Ok(None);
-    }
-    eprintln!(
-        "{}: the run already finished (step {step} of {total}); nothing to do",
-        run_dir.display()
-    );
-    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    Ok(Some(TrainOutcome {
-        run_dir: run_dir.to_path_buf(),
-        steps: step,
-        final_loss: f("final_loss"),
-        final_accuracy: f("final_accuracy"),
-        first_loss: f("first_loss"),
-        tau_before: v["tau_before"].as_f64(),
-        tau_after: v["tau_after"].as_f64(),
-        skipped_samples: v["skipped_samples"].as_u64().unwrap_or(0),
-    }))
-}
-
-/// Loads the latest checkpoint of `run_dir` into every replica; returns the run's figures
-/// it carries.
-fn resume(run_dir: &Path, replicas: &mut [DrafterReplica]) -> Result<Figures> {
-    tidy(run_dir);
-    let Some(ckpt) = latest_checkpoint(run_dir) else {
-        // Killed before its first checkpoint: the run starts over, in its own directory.
-        eprintln!(
-            "{}: no checkpoint yet; starting the run from step 0",
-            run_dir.display()
-        );
-        return Ok(Figures::default());
-    };
-    let mut extra = serde_json::Value::Null;
-    for r in replicas.iter_mut() {
-        extra = state::load_into(&ckpt, r)?.extra;
-    }
-    eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
-    Ok(Figures::from_extra(&extra))
-}
-
 /// The held-out evaluation set (`data.eval`), featurised once and kept in host memory.
 struct Eval {
     seqs: Option<Vec<HiddenSeq>>,
@@ -239,9 +185,15 @@ impl Eval {
         let cfg = &plan.cfg;
         let seqs = match &cfg.data.eval {
             Some(p) => {
-                let max = cfg.eval.max_samples.unwrap_or(usize::MAX);
-                let max_positions = plan.target_config.max_position_embeddings;
-                Some(eval_features(cfg, target, p, max, max_positions)?.0)
+                let set = EvalData {
+                    path: p,
+                    max: cfg.eval.max_samples.unwrap_or(usize::MAX),
+                    max_positions: plan.target_config.max_position_embeddings,
+                    mask_token_id: plan.drafter.mask_token_id,
+                };
+                let (seqs, counts) = eval_features(cfg, target, &set)?;
+                eprintln!("eval data {}: {counts}", p.display());
+                Some(seqs)
             }
             None => None,
         };
@@ -355,7 +307,24 @@ struct RunResult {
     figures: Figures,
     /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
     supervised: f64,
+    /// This invocation's skip counts (its steps only).
     skips: SkipCounts,
+    /// The run's counts of the steps before this invocation (`None`: not recorded).
+    carried_skips: Option<SkipCounts>,
+}
+
+impl RunResult {
+    /// The run's counts: those carried plus `mine` (this invocation's so far).
+    fn with_carried(&self, mine: &SkipCounts) -> Option<SkipCounts> {
+        let mut all = self.carried_skips.clone()?;
+        all.merge(mine);
+        Some(all)
+    }
+
+    /// The run's counts at the end of this invocation.
+    fn run_skips(&self) -> Option<SkipCounts> {
+        self.with_carried(&self.skips)
+    }
 }
 
 /// Spawns the loader, the target workers and the drafter replicas, runs steps from the
@@ -366,7 +335,7 @@ fn run_workers(
     run_dir: &Path,
     targets: Vec<Arc<Qwen3Target>>,
     replicas: Vec<DrafterReplica>,
-    carried: Figures,
+    (carried, carried_skips): (Figures, Option<SkipCounts>),
     background_checkpoints: bool,
     job_start: Instant,
 ) -> Result<(DrafterReplica, RunResult)> {
@@ -384,6 +353,7 @@ fn run_workers(
         figures: carried,
         supervised: 0.0,
         skips: SkipCounts::default(),
+        carried_skips,
     };
     let end_step = plan.end_step();
     let finished: Vec<Option<DrafterReplica>> = std::thread::scope(|scope| {
@@ -454,7 +424,7 @@ fn run_workers(
         .skips
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .clone();
+        .before(end_step);
     let replica = finished
         .into_iter()
         .next()
@@ -473,7 +443,7 @@ fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
         features: (0..plan.drafter_workers)
             .map(|r| BoundedQueue::new(format!("features[{r}]"), p.queue_capacity.max(1)))
             .collect(),
-        skips: Mutex::new(SkipCounts::default()),
+        skips: Mutex::new(StepSkips::default()),
         stall_timeout: Duration::from_secs(p.timeout_secs.max(1)),
         on_abort: Box::new(move || abort_comm.abort()),
         target_clocks: (0..plan.target_workers)
@@ -578,10 +548,17 @@ impl DrafterLoop<'_> {
                 || n == plan.total_steps()
                 || n == end_step
             {
+                // Only the steps this checkpoint holds: the target workers may be ahead.
+                let mine = shared
+                    .skips
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .before(n);
                 let extra = serde_json::json!({
                     "epoch": work.epoch,
                     "seed": plan.cfg.train.seed,
                     "figures": lead.result.figures.to_json(),
+                    "skips": lead.result.with_carried(&mine),
                 });
                 for w in lead.checkpoints.start(replica, extra)? {
                     log_checkpoint(lead.reporter, &w);

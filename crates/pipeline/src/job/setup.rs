@@ -1,7 +1,7 @@
 //! A job's setup: its backend, drafter config, eval features and a fresh run directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dflash_config::{
     DType, DrafterConfig, DrafterShape, Qwen3Config, TooLong, TrainConfig,
@@ -13,7 +13,7 @@ use dflash_core::registry::{BackendOptions, create_backend};
 use dflash_data::{SkipCounts, TooLongPolicy, open_dataset};
 
 use crate::error::{PipelineError, Result};
-use crate::workers::{SampleRules, featurise};
+use crate::workers::{SampleRules, featurise, warn_mask_token};
 
 /// The configured backend on `device`, every plugin of `plugins.paths` registered first (so
 /// that `backend.attention` may name a plugin's kernel, in training and in eval alike;
@@ -74,39 +74,48 @@ pub(super) fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<
     Ok(d)
 }
 
-/// Featurises up to `max` eval samples once (reused before and after training); samples
-/// longer than `max_positions` (the target's `max_position_embeddings`) are skipped.
+/// What to featurise an evaluation set with: its path, at most `max` samples, the target's
+/// `max_position_embeddings` (longer samples are skipped) and the drafter's mask token id
+/// (kept samples holding it are counted, a warning as in training).
+pub(super) struct EvalData<'a> {
+    pub path: &'a Path,
+    pub max: usize,
+    pub max_positions: usize,
+    pub mask_token_id: u32,
+}
+
+/// Featurises an evaluation set once (reused before and after training); returns the
+/// sequences and the set's counts.
 pub(super) fn eval_features(
     cfg: &TrainConfig,
     target: &dyn Target,
-    path: &Path,
-    max: usize,
-    max_positions: usize,
-) -> Result<(Vec<HiddenSeq>, u64)> {
-    let data = open_dataset(path)?;
+    set: &EvalData<'_>,
+) -> Result<(Vec<HiddenSeq>, SkipCounts)> {
+    let data = open_dataset(set.path)?;
     let rules = SampleRules {
         vocab_size: target.vocab_size(),
         max_len: cfg.data.max_len,
         min_supervised: 2,
         too_long: too_long(cfg),
-        max_positions,
-        // Evaluation reports its skips only.
-        mask_token_id: None,
+        max_positions: set.max_positions,
+        mask_token_id: Some(set.mask_token_id),
     };
-    let skips = Mutex::new(SkipCounts::default());
+    let mut counts = SkipCounts::default();
     let mut seqs = Vec::new();
-    for i in 0..data.len().min(max) {
-        if let Some(mut s) = featurise(target, data.as_ref(), i, &rules, &skips)? {
+    for i in 0..data.len().min(set.max) {
+        let before = counts.mask_token_in_data;
+        if let Some(mut s) = featurise(target, data.as_ref(), i, &rules, &mut counts)? {
+            if before == 0
+                && let Some(m) = counts.first_mask_token
+            {
+                warn_mask_token(&m, "eval");
+            }
             // Kept in host memory between the two evaluations, not on the training device.
             s.features = Features::Host(s.features.to_host()?);
             seqs.push(s);
         }
     }
-    let skipped = skips
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .skipped();
-    Ok((seqs, skipped))
+    Ok((seqs, counts))
 }
 
 /// The target's EOS ids: evaluation stops a sequence there, as the serving loop does.

@@ -1,0 +1,187 @@
+//! Resuming a run: the run's figures and skip counts carried by its checkpoint, a finished
+//! run read back (resuming it changes nothing), and the data lines that tell this
+//! invocation's counts from the run's.
+
+use std::path::Path;
+
+use dflash_data::SkipCounts;
+use dflash_training::{DrafterReplica, state};
+
+use super::TrainOutcome;
+use super::checkpoint::{Figures, latest_checkpoint, tidy};
+use super::plan::JobPlan;
+use crate::error::{PipelineError, Result};
+
+/// The outcome of a run that has already finished (its latest checkpoint is at the end of the
+/// schedule and `summary.json` exists), read back, so resuming it says so and changes
+/// nothing; an error when the checkpoint's step lies beyond the schedule.
+pub(super) fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> {
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        return Ok(None);
+    };
+    let path = ckpt.join(state::TRAINER_STATE);
+    let step = state::read_state(&ckpt)?.step;
+    let total = plan.total_steps();
+    if step > total {
+        return Err(PipelineError::Job(format!(
+            "{}: step {step} is beyond this run's schedule of {total} steps (train.max_steps, \
+             train.epochs or the data changed since it was saved)",
+            path.display()
+        )));
+    }
+    let Some(outcome) = std::fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| read_summary(&t, run_dir, step))
+    else {
+        return Ok(None);
+    };
+    if step < total {
+        return Ok(None);
+    }
+    eprintln!(
+        "{}: the run already finished (step {step} of {total}); nothing to do",
+        run_dir.display()
+    );
+    Ok(Some(outcome))
+}
+
+/// The outcome `summary.json` (`text`) holds, at checkpoint step `step`; `None` when it is
+/// not JSON. Its figures come back bit-identical (serde_json's `float_roundtrip`); a null
+/// figure (NaN when written) is NaN again.
+fn read_summary(text: &str, run_dir: &Path, step: u64) -> Option<TrainOutcome> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    Some(TrainOutcome {
+        run_dir: run_dir.to_path_buf(),
+        steps: step,
+        final_loss: f("final_loss"),
+        final_accuracy: f("final_accuracy"),
+        first_loss: f("first_loss"),
+        tau_before: v["tau_before"].as_f64(),
+        tau_after: v["tau_after"].as_f64(),
+        skipped_samples: v["skipped_samples"].as_u64(),
+        data: serde_json::from_value(v["data"].clone()).ok(),
+        invocation_start_step: v["invocation_start_step"].as_u64().unwrap_or(0),
+        invocation_skipped_samples: v["invocation_skipped_samples"].as_u64().unwrap_or(0),
+        empty_rows: v["empty_rows"].as_u64().unwrap_or(0) as usize,
+    })
+}
+
+/// Loads the latest checkpoint of `run_dir` into every replica; returns the run's figures
+/// and skip counts it carries (`None`: a checkpoint that did not record them).
+pub(super) fn resume(
+    run_dir: &Path,
+    replicas: &mut [DrafterReplica],
+) -> Result<(Figures, Option<SkipCounts>)> {
+    tidy(run_dir);
+    let Some(ckpt) = latest_checkpoint(run_dir) else {
+        // Killed before its first checkpoint: the run starts over, in its own directory.
+        eprintln!(
+            "{}: no checkpoint yet; starting the run from step 0",
+            run_dir.display()
+        );
+        return Ok((Figures::default(), Some(SkipCounts::default())));
+    };
+    let mut extra = serde_json::Value::Null;
+    for r in replicas.iter_mut() {
+        extra = state::load_into(&ckpt, r)?.extra;
+    }
+    eprintln!("resuming {} at step {}", ckpt.display(), replicas[0].step);
+    let skips = serde_json::from_value(extra["skips"].clone()).ok();
+    Ok((Figures::from_extra(&extra), skips))
+}
+
+/// The data line(s) at the end: this invocation's counts and, after a resume, the run's.
+pub(super) fn report_data(
+    start: u64,
+    end: u64,
+    mine: &SkipCounts,
+    run: Option<&SkipCounts>,
+    empty: &str,
+) {
+    if start == 0 {
+        if *mine != SkipCounts::default() || !empty.is_empty() {
+            eprintln!("data: {mine}{empty}");
+        }
+        return;
+    }
+    eprintln!("data, steps {start}..{end} (this invocation): {mine}");
+    match run {
+        Some(r) => eprintln!("data, steps 0..{end} (the run): {r}{empty}"),
+        None => eprintln!(
+            "data, steps 0..{end} (the run): not known (the checkpoint of step {start} did not \
+             record the counts of the steps before it){empty}"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `run_plan` writes as `summary.json` reads back bit for bit: random finite f64
+    /// bit patterns (and f32 losses widened, as the replicas report them), NaN as NaN.
+    #[test]
+    fn summary_figures_read_back_bit_identical() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let dir = Path::new("/runs/r");
+        for i in 0..20_000 {
+            let mut figure = || loop {
+                let v = match i % 2 {
+                    0 => f64::from_bits(next()),
+                    _ => f64::from(f32::from_bits(next() as u32)),
+                };
+                if v.is_finite() {
+                    return v;
+                }
+            };
+            let out = TrainOutcome {
+                run_dir: dir.to_path_buf(),
+                steps: 12,
+                final_loss: figure(),
+                final_accuracy: figure(),
+                first_loss: if i == 0 { f64::NAN } else { figure() },
+                tau_before: Some(figure()),
+                tau_after: None,
+                skipped_samples: Some(3),
+                data: Some(SkipCounts {
+                    seen: 5,
+                    kept: 2,
+                    too_few_supervised: 3,
+                    ..SkipCounts::default()
+                }),
+                invocation_start_step: 6,
+                invocation_skipped_samples: 1,
+                empty_rows: 2,
+            };
+            let text = serde_json::to_string_pretty(&out).unwrap();
+            let back = read_summary(&text, dir, 12).unwrap();
+            let bits = |o: &TrainOutcome| {
+                [
+                    o.final_loss,
+                    o.final_accuracy,
+                    o.first_loss,
+                    o.tau_before.unwrap(),
+                ]
+                .map(f64::to_bits)
+            };
+            if i == 0 {
+                assert!(back.first_loss.is_nan());
+                continue;
+            }
+            assert_eq!(bits(&back), bits(&out), "{text}");
+            assert_eq!(back.tau_after, None);
+            assert_eq!(
+                (&back.data, back.skipped_samples, back.invocation_start_step),
+                (&out.data, Some(3), 6)
+            );
+            assert_eq!((back.invocation_skipped_samples, back.empty_rows), (1, 2));
+        }
+    }
+}
