@@ -1,0 +1,1 @@
+// attention.wgsl: block-sparse attention (not yet written).

@@ -1,0 +1,1 @@
+// loss.wgsl: fused linear cross-entropy (not yet written).
