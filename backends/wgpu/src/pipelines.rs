@@ -38,7 +38,6 @@ pub(crate) enum Family {
     Activation,
     Embedding,
     Optimizer,
-    #[allow(dead_code)] // until the fused loss kernels land
     Loss,
     #[allow(dead_code)] // until the attention kernels land
     Attention,
