@@ -1,5 +1,10 @@
 //! Attention over a block-sparse mask: any registered host kernel through a host round trip
-//! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled`.
+//! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
+//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles).
+
+mod tiled;
+
+pub(crate) use tiled::MetaCache;
 
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{DeviceAttentionKernelRegistration, create_attention};
@@ -97,7 +102,15 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                return Err(self.err(op, format!("{TILED}: not yet implemented on wgpu")));
+                let qs = storage(op, &self.ctx, q)?;
+                let (ks, vs) = (storage(op, &self.ctx, k)?, storage(op, &self.ctx, v)?);
+                let out = self.out(op, qs.len)?;
+                let lse = self.out(op, dims.q_rows * dims.q_heads)?;
+                self.tiled_forward(op, &dims, mask, scale, [qs, ks, vs], &out, &lse)?;
+                return Ok((
+                    self.tensor(out, q.dims()),
+                    self.tensor(lse, [dims.q_rows, dims.q_heads]),
+                ));
             }
         };
         let host = self.download_all(op, &[q, k, v])?;
@@ -135,7 +148,20 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                return Err(self.err(op, format!("{TILED}: not yet implemented on wgpu")));
+                let mut ins = Vec::with_capacity(6);
+                for t in [q, k, v, out, lse, d_out] {
+                    ins.push(storage(op, &self.ctx, t)?);
+                }
+                let dq = self.out(op, ins[0].len)?;
+                let dk = self.out(op, ins[1].len)?;
+                let dv = self.out(op, ins[2].len)?;
+                let ins = [ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]];
+                self.tiled_backward(op, &dims, mask, scale, ins, [&dq, &dk, &dv])?;
+                return Ok((
+                    self.tensor(dq, q.dims()),
+                    self.tensor(dk, k.dims()),
+                    self.tensor(dv, v.dims()),
+                ));
             }
         };
         let h = self.download_all(op, &[q, k, v, out, lse, d_out])?;

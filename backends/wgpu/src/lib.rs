@@ -73,6 +73,7 @@ pub struct WgpuBackend {
     attention: attention::AttnImpl,
     attention_name: String,
     rope_tables: rope::TableCache,
+    attn_meta: attention::MetaCache,
 }
 
 impl WgpuBackend {
@@ -91,6 +92,7 @@ impl WgpuBackend {
             attention,
             attention_name: opts.attention.clone(),
             rope_tables: Default::default(),
+            attn_meta: Default::default(),
         })
     }
 
@@ -122,6 +124,9 @@ impl WgpuBackend {
         let s = self.ctx.alloc(op, n)?;
         if self.opts.poison && n > 0 {
             self.fill(op, &s, 0, n, f32::NAN)?;
+            if std::env::var("DBG_WAIT").is_ok() {
+                self.ctx.wait(op)?;
+            }
         }
         Ok(s)
     }

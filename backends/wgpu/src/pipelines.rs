@@ -39,7 +39,6 @@ pub(crate) enum Family {
     Embedding,
     Optimizer,
     Loss,
-    #[allow(dead_code)] // until the attention kernels land
     Attention,
 }
 

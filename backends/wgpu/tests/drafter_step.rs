@@ -5,6 +5,8 @@
 //! round trip, so every other op of the step (GEMMs, norms, RoPE, SwiGLU, embedding, the
 //! fused loss, copies) runs in WGSL; f32 storage and accumulation: `StepTolerance::F32`.
 //!
+//! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device.
+//!
 //! Skips cleanly without an adapter.
 
 mod common;
@@ -20,6 +22,21 @@ fn drafter_step_matches_reference_with_host_attention() {
     drafter_step_matches_reference(
         Arc::new(be),
         "wgpu, host reference attention",
+        &ALL_PROBLEMS,
+        &StepTolerance::F32,
+    );
+}
+
+/// Every op of the step in WGSL, attention included (`wgpu-tiled`, an f32 online softmax):
+/// still f32 kernels throughout, so `StepTolerance::F32`.
+#[test]
+fn drafter_step_matches_reference_with_tiled_attention() {
+    let Some(be) = wgpu_with("wgpu-tiled", None) else {
+        return;
+    };
+    drafter_step_matches_reference(
+        Arc::new(be),
+        "wgpu, wgpu-tiled attention",
         &ALL_PROBLEMS,
         &StepTolerance::F32,
     );
