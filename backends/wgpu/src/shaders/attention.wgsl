@@ -100,26 +100,25 @@ fn load_q(dst: u32, r0: u32, head: u32, lid: u32) {
     }
 }
 
-fn load_k(dst: u32, k0: u32, kh: u32, lid: u32) {
+// Keys [k0, k0 + BK) of kv head kh of k (which 0) or v (which 1) into a tile, zero past tk.
+fn load_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32) {
     for (var e = lid; e < p.bk * p.d; e = e + THREADS) {
         let key = k0 + e / p.d;
         var x = 0.0;
         if (key < p.tk) {
-            x = k[(key * p.hkv + kh) * p.d + e % p.d];
+            let at = (key * p.hkv + kh) * p.d + e % p.d;
+            x = select(k[at], v[at], which == 1u);
         }
         buf[dst + e] = x;
     }
 }
 
+fn load_k(dst: u32, k0: u32, kh: u32, lid: u32) {
+    load_kv(0u, dst, k0, kh, lid);
+}
+
 fn load_v(dst: u32, k0: u32, kh: u32, lid: u32) {
-    for (var e = lid; e < p.bk * p.d; e = e + THREADS) {
-        let key = k0 + e / p.d;
-        var x = 0.0;
-        if (key < p.tk) {
-            x = v[(key * p.hkv + kh) * p.d + e % p.d];
-        }
-        buf[dst + e] = x;
-    }
+    load_kv(1u, dst, k0, kh, lid);
 }
 
 // The intervals of query rows [r0, r0 + BQ) into row_iv (empty past tq).
