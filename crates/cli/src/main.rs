@@ -446,6 +446,7 @@ fn main() -> ExitCode {
     dflash_backend_reference::link();
     dflash_attention_tiled::link();
     dflash_backend_cuda::link();
+    dflash_backend_wgpu::link();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

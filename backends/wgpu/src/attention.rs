@@ -1,0 +1,194 @@
+//! Attention over a block-sparse mask: any registered host kernel through a host round trip
+//! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
+//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles).
+
+mod tiled;
+
+pub(crate) use tiled::MetaCache;
+
+use dflash_core::mask::BlockMask;
+use dflash_core::registry::{DeviceAttentionKernelRegistration, create_attention};
+use dflash_core::{
+    AttentionKernel, AttentionOps, AttnBackward, AttnDims, AttnForward, Error, HostAttentionKernel,
+    Result, Tensor,
+};
+
+use crate::WgpuBackend;
+use crate::storage::storage;
+
+/// The block-sparse WGSL kernel.
+pub const TILED: &str = "wgpu-tiled";
+
+/// The attention kernels of this backend.
+pub const WGPU_ATTENTION_KERNELS: [&str; 1] = [TILED];
+
+inventory::submit! {
+    DeviceAttentionKernelRegistration {
+        backend: "wgpu",
+        name: TILED,
+        description: "block-sparse tiled attention in WGSL over the compact mask (f32)",
+    }
+}
+
+pub(crate) enum AttnImpl {
+    Tiled,
+    /// A host kernel from the registry, run through a host round trip.
+    Host(Box<dyn HostAttentionKernel>),
+}
+
+/// The kernel named `name`: this backend's own, or a registered host kernel.
+pub(crate) fn resolve(name: &str) -> Result<AttnImpl> {
+    if name == TILED {
+        return Ok(AttnImpl::Tiled);
+    }
+    match create_attention(name) {
+        Ok(AttentionKernel::Host(k)) => Ok(AttnImpl::Host(k)),
+        Ok(AttentionKernel::Device(k)) => Err(Error::op(
+            "attention kernel",
+            "wgpu",
+            format!(
+                "{name:?} (kernel {:?}) runs on {} device memory, not on wgpu buffers; \
+                 choose {TILED:?} or a host kernel",
+                k.name(),
+                k.device()
+            ),
+        )),
+        Err(Error::UnknownName { available, .. }) => {
+            let mut all: Vec<String> = WGPU_ATTENTION_KERNELS.map(str::to_string).to_vec();
+            all.extend(
+                available
+                    .into_iter()
+                    .map(|h| format!("{h} (host round trip)")),
+            );
+            Err(Error::UnknownName {
+                kind: "attention kernel",
+                name: name.to_string(),
+                available: all,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl WgpuBackend {
+    fn download_all(&self, op: &'static str, ts: &[&Tensor]) -> Result<Vec<Vec<f32>>> {
+        ts.iter()
+            .map(|t| {
+                let s = storage(op, &self.ctx, t)?;
+                self.ctx.download(&s.buf, 0, s.len)
+            })
+            .collect()
+    }
+
+    fn kernel_err(&self, op: &'static str, e: String) -> Error {
+        self.err(
+            op,
+            format!("attention kernel {:?} failed: {e}", self.attention_name),
+        )
+    }
+}
+
+impl AttentionOps for WgpuBackend {
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "attention";
+        let dims = AttnDims::of_tensors(q, k, v, mask).map_err(|e| self.shape_err(op, e))?;
+        let kernel = match &self.attention {
+            AttnImpl::Host(kernel) => kernel,
+            AttnImpl::Tiled => {
+                let qs = storage(op, &self.ctx, q)?;
+                let (ks, vs) = (storage(op, &self.ctx, k)?, storage(op, &self.ctx, v)?);
+                let out = self.out(op, qs.len)?;
+                let lse = self.out(op, dims.q_rows * dims.q_heads)?;
+                self.tiled_forward(op, &dims, mask, scale, [qs, ks, vs], &out, &lse)?;
+                return Ok((
+                    self.tensor(out, q.dims()),
+                    self.tensor(lse, [dims.q_rows, dims.q_heads]),
+                ));
+            }
+        };
+        let host = self.download_all(op, &[q, k, v])?;
+        let mut out = vec![f32::NAN; host[0].len()];
+        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads];
+        let call = AttnForward::new(
+            &dims,
+            mask,
+            scale,
+            [&host[0], &host[1], &host[2]],
+            [&mut out, &mut lse],
+        )
+        .map_err(|e| self.kernel_err(op, e))?;
+        kernel.forward(call).map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            self.upload_named(op, &out, q.dims())?,
+            self.upload_named(op, &lse, &[dims.q_rows, dims.q_heads])?,
+        ))
+    }
+
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let op = "attention_backward";
+        let dims = AttnDims::of_backward(q, k, v, out, lse, d_out, mask)
+            .map_err(|e| self.shape_err(op, e))?;
+        let kernel = match &self.attention {
+            AttnImpl::Host(kernel) => kernel,
+            AttnImpl::Tiled => {
+                let mut ins = Vec::with_capacity(6);
+                for t in [q, k, v, out, lse, d_out] {
+                    ins.push(storage(op, &self.ctx, t)?);
+                }
+                let dq = self.out(op, ins[0].len)?;
+                let dk = self.out(op, ins[1].len)?;
+                let dv = self.out(op, ins[2].len)?;
+                let ins = [ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]];
+                self.tiled_backward(op, &dims, mask, scale, ins, [&dq, &dk, &dv])?;
+                return Ok((
+                    self.tensor(dq, q.dims()),
+                    self.tensor(dk, k.dims()),
+                    self.tensor(dv, v.dims()),
+                ));
+            }
+        };
+        let h = self.download_all(op, &[q, k, v, out, lse, d_out])?;
+        let mut dq = vec![f32::NAN; h[0].len()];
+        let mut dk = vec![f32::NAN; h[1].len()];
+        let mut dv = vec![f32::NAN; h[2].len()];
+        let call = AttnBackward::new(
+            &dims,
+            mask,
+            scale,
+            [&h[0], &h[1], &h[2], &h[3], &h[4], &h[5]],
+            [&mut dq, &mut dk, &mut dv],
+        )
+        .map_err(|e| self.kernel_err(op, e))?;
+        kernel.backward(call).map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            self.upload_named(op, &dq, q.dims())?,
+            self.upload_named(op, &dk, k.dims())?,
+            self.upload_named(op, &dv, v.dims())?,
+        ))
+    }
+}
+
+impl WgpuBackend {
+    fn upload_named(&self, op: &'static str, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        let s = self.ctx.alloc(op, data.len())?;
+        self.ctx.write(&s.buf, 0, data);
+        Ok(self.tensor(s, shape))
+    }
+}

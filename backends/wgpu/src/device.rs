@@ -1,0 +1,254 @@
+//! Adapters, devices and queues: which adapter a backend instance runs on, the limits it runs
+//! under, and the process-wide cache that gives every backend instance on one adapter the
+//! same device (so tensors are local across instances, and WGSL is compiled once per device).
+//!
+//! Adapter order: wgpu's enumeration, stably sorted so that discrete GPUs come first, then
+//! integrated, virtual, CPU (lavapipe / llvmpipe) and other adapters, and within a kind the
+//! native APIs (Vulkan, Metal, DX12) before GL. `backend.device = N` picks the N-th; the
+//! default, 0, is the first high-performance adapter. wgpu's `WGPU_BACKEND` variable
+//! (e.g. `vulkan`, `gl`) restricts which APIs are searched.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use dflash_core::{Error, Result};
+
+use crate::pipelines::Pipelines;
+
+/// What is missing when no adapter exists, in every "unavailable" error.
+pub const NO_ADAPTER_HINT: &str = "no GPU adapter was found through Vulkan, Metal, DX12 or GL \
+     (on Linux without a GPU, install Mesa's software Vulkan driver lavapipe: \
+     `apt-get install mesa-vulkan-drivers`)";
+
+/// The adapters of this machine, in selection order (see the module docs), enumerated once.
+struct Adapters {
+    /// Kept alive for as long as the adapters and devices made from it.
+    _instance: wgpu::Instance,
+    list: Vec<wgpu::Adapter>,
+}
+
+fn adapters() -> &'static Adapters {
+    static ADAPTERS: OnceLock<Adapters> = OnceLock::new();
+    ADAPTERS.get_or_init(|| {
+        // `WGPU_BACKEND` (wgpu's own variable, e.g. `vulkan` or `gl`) restricts the APIs.
+        let backends = wgpu::Backends::all().with_env();
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let mut list = pollster::block_on(instance.enumerate_adapters(backends));
+        // Only adapters that can run compute shaders at all.
+        list.retain(|a| {
+            a.get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+        });
+        list.sort_by_key(|a| rank(&a.get_info()));
+        Adapters {
+            _instance: instance,
+            list,
+        }
+    })
+}
+
+/// Sort key: kind of device first, then native APIs before GL.
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    let api = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (kind, api)
+}
+
+/// Number of compute-capable adapters here (0 without any).
+pub fn adapter_count() -> usize {
+    adapters().list.len()
+}
+
+/// `"name (API, kind)"` of every adapter, in selection order.
+pub fn adapter_names() -> Vec<String> {
+    adapters()
+        .list
+        .iter()
+        .map(|a| describe(&a.get_info()))
+        .collect()
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}
+
+/// Bytes held by a device's live buffers, and their high-water mark.
+#[derive(Debug, Default)]
+pub(crate) struct MemCounter {
+    in_use: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemCounter {
+    pub(crate) fn add(&self, bytes: u64) {
+        let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+    pub(crate) fn sub(&self, bytes: u64) {
+        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+    }
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.in_use.load(Ordering::Relaxed),
+            self.peak.load(Ordering::Relaxed),
+        )
+    }
+    pub(crate) fn reset_peak(&self) {
+        self.peak
+            .store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+/// One adapter's device, queue and everything built on them once.
+pub struct Ctx {
+    pub ordinal: usize,
+    /// `"wgpu:N"`, the device in every error message.
+    pub tag: String,
+    pub info: wgpu::AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// The limits in force: the adapter's own, requested in full.
+    pub limits: wgpu::Limits,
+    pub(crate) pipelines: Pipelines,
+    /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
+    errors: Arc<Mutex<Vec<String>>>,
+    pub(crate) mem: MemCounter,
+    pub(crate) pending: Mutex<crate::pipelines::Pending>,
+}
+
+impl Ctx {
+    /// Takes the errors wgpu raised since the last call, as an error of `op`.
+    pub(crate) fn check(&self, op: &'static str) -> Result<()> {
+        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let all = std::mem::take(&mut *errs).join("; ");
+        Err(Error::op(
+            op,
+            self.tag.clone(),
+            format!("wgpu error: {all}"),
+        ))
+    }
+
+    /// One line for the start-up log: adapter, API, driver and the limits in force.
+    pub fn summary(&self) -> String {
+        let l = &self.limits;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "{}: {} ({:?} {:?}, driver {} {}); limits in force: storage binding {:.0} MiB, \
+             buffer {:.0} MiB, workgroup storage {} KiB, {} invocations per workgroup, \
+             {} workgroups per dimension, offset alignment {} B",
+            self.tag,
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            mib(l.max_storage_buffer_binding_size),
+            mib(l.max_buffer_size),
+            l.max_compute_workgroup_storage_size / 1024,
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroups_per_dimension,
+            l.min_storage_buffer_offset_alignment,
+        )
+    }
+}
+
+/// The device of adapter `ordinal`, made on first use and shared process-wide. Prints the
+/// adapter, its API and the limits in force when the device is made.
+pub fn get(ordinal: usize) -> Result<Arc<Ctx>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Ctx>>>> = OnceLock::new();
+    let mut devices = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(ctx) = devices.get(&ordinal) {
+        return Ok(ctx.clone());
+    }
+    let ctx = Arc::new(open(ordinal)?);
+    eprintln!("dflash-backend-wgpu: {}", ctx.summary());
+    devices.insert(ordinal, ctx.clone());
+    Ok(ctx)
+}
+
+fn open(ordinal: usize) -> Result<Ctx> {
+    let tag = format!("wgpu:{ordinal}");
+    let list = &adapters().list;
+    if list.is_empty() {
+        return Err(Error::Unavailable {
+            name: "wgpu".into(),
+            reason: NO_ADAPTER_HINT.into(),
+        });
+    }
+    let Some(adapter) = list.get(ordinal) else {
+        return Err(Error::op(
+            "wgpu_init",
+            tag,
+            format!(
+                "backend.device = {ordinal}, but this machine has {} adapter(s): {}",
+                list.len(),
+                adapter_names()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("{i}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    };
+    let info = adapter.get_info();
+    // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
+    // workgroup memory): large tensors and attention tiles need them.
+    let limits = adapter.limits();
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("dflash"),
+        required_features: wgpu::Features::empty(),
+        required_limits: limits.clone(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+        Error::op(
+            "wgpu_init",
+            tag.clone(),
+            format!("{}: cannot open the device: {e}", describe(&info)),
+        )
+    })?;
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = errors.clone();
+    // wgpu's default handler panics; errors become typed errors of the next op instead.
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.to_string());
+    }));
+    let limits = device.limits();
+    let pipelines = Pipelines::new(&device);
+    Ok(Ctx {
+        ordinal,
+        tag,
+        info,
+        device,
+        queue,
+        limits,
+        pipelines,
+        errors,
+        mem: MemCounter::default(),
+        pending: Mutex::new(Default::default()),
+    })
+}

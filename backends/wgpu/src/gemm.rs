@@ -1,0 +1,264 @@
+//! Matrix products (`shaders/gemm.wgsl`): 64 x 64 workgroup tiles, f32 accumulation, every
+//! transpose combination read in place (no transposed copies).
+//!
+//! A product whose operands exceed one storage binding is split ([`plan`]): each operand is
+//! bound as the span of its *stored* rows that a sub-product needs, so splitting `M` shrinks
+//! `a` (not transposed) and `c`, splitting `N` shrinks `b` (transposed), and splitting `K`
+//! shrinks `a` (transposed) and `b` (not transposed); chunks of `K` after the first
+//! accumulate with `beta = 1`.
+
+use dflash_core::ops::gemm::{matmul_acc_dims, matmul_dims};
+use dflash_core::{GemmOps, Result, Tensor, Transpose};
+
+use crate::WgpuBackend;
+use crate::pipelines::{Family, Kernel};
+use crate::storage::{WgpuStorage, storage, storage_mut};
+
+const MATMUL: Kernel<'static> = Kernel::new(Family::Gemm, "matmul");
+const TILE: usize = 64;
+
+/// One operand: its stored matrix is `(rows, cols)` row-major.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operand<'a> {
+    pub s: &'a WgpuStorage,
+    /// Element offset of the stored matrix inside `s`.
+    pub at: usize,
+    /// Row stride of the stored matrix (its column count).
+    pub ld: usize,
+    pub t: Transpose,
+}
+
+/// A sub-product: rows `[m0, m0 + m)`, columns `[n0, n0 + n)`, inner `[k0, k0 + k)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Block {
+    pub m0: usize,
+    pub m: usize,
+    pub n0: usize,
+    pub n: usize,
+    pub k0: usize,
+    pub k: usize,
+}
+
+/// Chunk sizes `(mc, nc, kc)` such that every operand's span of stored rows fits `limit`
+/// elements, or `None` when even one stored row does not.
+pub(crate) fn plan(
+    (m, n, k): (usize, usize, usize),
+    (ta, tb): (Transpose, Transpose),
+    limit: usize,
+) -> Option<(usize, usize, usize)> {
+    let (mut mc, mut nc, mut kc) = (m.max(1), n.max(1), k.max(1));
+    loop {
+        // (span, which dimension shrinks it)
+        let spans = [
+            match ta {
+                Transpose::No => (mc * k, 0),
+                Transpose::Yes => (kc * m, 2),
+            },
+            match tb {
+                Transpose::No => (kc * n, 2),
+                Transpose::Yes => (nc * k, 1),
+            },
+            (mc * n, 0),
+        ];
+        let Some(&(_, dim)) = spans
+            .iter()
+            .filter(|(s, _)| *s > limit)
+            .max_by_key(|(s, _)| *s)
+        else {
+            return Some((mc, nc, kc));
+        };
+        let d = match dim {
+            0 => &mut mc,
+            1 => &mut nc,
+            _ => &mut kc,
+        };
+        if *d == 1 {
+            return None;
+        }
+        // Halve, keeping whole tiles where the dimension is larger than one.
+        *d = if *d > 2 * TILE {
+            (*d / 2).next_multiple_of(TILE).min(*d - 1)
+        } else {
+            *d / 2
+        };
+    }
+}
+
+/// Every block of the plan, in order (`k` innermost, so a block's first `k` chunk comes first).
+pub(crate) fn blocks(
+    (m, n, k): (usize, usize, usize),
+    (mc, nc, kc): (usize, usize, usize),
+) -> Vec<Block> {
+    let mut out = Vec::new();
+    for m0 in (0..m).step_by(mc) {
+        for n0 in (0..n).step_by(nc) {
+            let ks: Vec<usize> = if k == 0 {
+                vec![0]
+            } else {
+                (0..k).step_by(kc).collect()
+            };
+            for k0 in ks {
+                out.push(Block {
+                    m0,
+                    m: mc.min(m - m0),
+                    n0,
+                    n: nc.min(n - n0),
+                    k0,
+                    k: kc.min(k.saturating_sub(k0)),
+                });
+            }
+        }
+    }
+    out
+}
+
+impl WgpuBackend {
+    /// `c (M, N) = beta * c + op(a) @ op(b)` for operands at any offset; `c` is the
+    /// row-major `(M, N)` matrix at element `c_at` of `c`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm(
+        &self,
+        op: &'static str,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        c: &WgpuStorage,
+        c_at: usize,
+        (m, n, k): (usize, usize, usize),
+        beta: f32,
+    ) -> Result<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            // An empty sum: c = beta * c (never reading c when beta is 0).
+            return if beta == 0.0 {
+                self.fill(op, c, c_at, m * n, 0.0)
+            } else {
+                self.scale_range(op, c, c_at, m * n, beta)
+            };
+        }
+        let limit = self.span_elems();
+        let chunks = plan((m, n, k), (a.t, b.t), limit).ok_or_else(|| {
+            self.err(
+                op,
+                format!("a ({m}, {k}, {n}) product has a row longer than one storage binding"),
+            )
+        })?;
+        for blk in blocks((m, n, k), chunks) {
+            let first_k = blk.k0 == 0;
+            // a: stored rows m (not transposed) or k (transposed); the block's origin inside.
+            let (ar0, arows, acol) = match a.t {
+                Transpose::No => (blk.m0, blk.m, blk.k0),
+                Transpose::Yes => (blk.k0, blk.k, blk.m0),
+            };
+            let (br0, brows, bcol) = match b.t {
+                Transpose::No => (blk.k0, blk.k, blk.n0),
+                Transpose::Yes => (blk.n0, blk.n, blk.k0),
+            };
+            let (ab, ash) = self.span(a.s, a.at + ar0 * a.ld, arows.max(1) * a.ld);
+            let (bb, bsh) = self.span(b.s, b.at + br0 * b.ld, brows.max(1) * b.ld);
+            let (cb, csh) = self.span(c, c_at + blk.m0 * n, blk.m * n);
+            let t = |t: Transpose| (t == Transpose::Yes) as u32;
+            let p = [
+                blk.m as u32,
+                blk.n as u32,
+                blk.k as u32,
+                ash + acol as u32,
+                a.ld as u32,
+                t(a.t),
+                bsh + bcol as u32,
+                b.ld as u32,
+                t(b.t),
+                csh + blk.n0 as u32,
+                n as u32,
+                if first_k { beta } else { 1.0 }.to_bits(),
+            ];
+            let g = (blk.m.div_ceil(TILE) * blk.n.div_ceil(TILE)) as u64;
+            self.ctx.dispatch(op, &MATMUL, &p, &[ab, bb], &[cb], g)?;
+        }
+        Ok(())
+    }
+
+    /// The operands of a `matmul` / `matmul_acc` call, checked.
+    fn operands<'a>(
+        &self,
+        op: &'static str,
+        a: &'a Tensor,
+        ta: Transpose,
+        b: &'a Tensor,
+        tb: Transpose,
+    ) -> Result<(Operand<'a>, Operand<'a>, (usize, usize, usize))> {
+        let dims = matmul_dims(a.shape(), ta, b.shape(), tb).map_err(|e| self.shape_err(op, e))?;
+        let ld = |t: &Tensor| t.shape().as_matrix().1;
+        let oa = Operand {
+            s: storage(op, &self.ctx, a)?,
+            at: 0,
+            ld: ld(a),
+            t: ta,
+        };
+        let ob = Operand {
+            s: storage(op, &self.ctx, b)?,
+            at: 0,
+            ld: ld(b),
+            t: tb,
+        };
+        Ok((oa, ob, dims))
+    }
+}
+
+impl GemmOps for WgpuBackend {
+    fn matmul(&self, a: &Tensor, ta: Transpose, b: &Tensor, tb: Transpose) -> Result<Tensor> {
+        let op = "matmul";
+        let (oa, ob, (m, k, n)) = self.operands(op, a, ta, b, tb)?;
+        let c = self.out(op, m * n)?;
+        self.gemm(op, oa, ob, &c, 0, (m, n, k), 0.0)?;
+        Ok(self.tensor(c, [m, n]))
+    }
+
+    fn matmul_acc(
+        &self,
+        c: &mut Tensor,
+        a: &Tensor,
+        ta: Transpose,
+        b: &Tensor,
+        tb: Transpose,
+        beta: f32,
+    ) -> Result<()> {
+        let op = "matmul_acc";
+        let (oa, ob, (m, k, n)) = self.operands(op, a, ta, b, tb)?;
+        matmul_acc_dims(c.shape(), a.shape(), ta, b.shape(), tb)
+            .map_err(|e| self.shape_err(op, e))?;
+        let cs = storage_mut(op, &self.ctx, c)?;
+        self.gemm(op, oa, ob, cs, 0, (m, n, k), beta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every plan keeps each operand's span within the limit and its blocks tile the product.
+    #[test]
+    fn plans_fit_the_limit_and_cover_the_product() {
+        let (no, yes) = (Transpose::No, Transpose::Yes);
+        for &(m, n, k) in &[(1000, 700, 300), (5, 3000, 2), (129, 1, 4000), (64, 64, 64)] {
+            for &(ta, tb) in &[(no, no), (no, yes), (yes, no), (yes, yes)] {
+                for limit in [1 << 30, 50_000, 9_000, 4_000] {
+                    let Some((mc, nc, kc)) = plan((m, n, k), (ta, tb), limit) else {
+                        continue;
+                    };
+                    let a = if ta == no { mc * k } else { kc * m };
+                    let b = if tb == no { kc * n } else { nc * k };
+                    assert!(a <= limit && b <= limit && mc * n <= limit);
+                    let mut covered = 0;
+                    for blk in blocks((m, n, k), (mc, nc, kc)) {
+                        covered += blk.m * blk.n * blk.k;
+                    }
+                    assert_eq!(covered, m * n * k, "{m}x{n}x{k} {ta:?} {tb:?} {limit}");
+                }
+            }
+        }
+        // A stored row longer than the limit cannot be split.
+        assert_eq!(plan((4, 4, 100), (no, no), 50), None);
+    }
+}

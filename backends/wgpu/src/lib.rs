@@ -1,0 +1,259 @@
+//! The wgpu backend of dflash-rs: WGSL compute kernels on any GPU wgpu reaches (Vulkan,
+//! Metal, DX12, GL), and on machines without one through Mesa's software Vulkan driver
+//! (lavapipe), so that CI runs the GPU code path.
+//!
+//! - **Adapter** ([`device`]): the first high-performance adapter by default, another by
+//!   `backend.device`; its name, API and the limits in force are printed when its device is
+//!   opened. The device is opened with the adapter's real limits, and work that exceeds a
+//!   binding limit is split into chunks; more than 65535 workgroups go to a 2-D grid. No
+//!   adapter is [`dflash_core::Error::Unavailable`] naming what to install, never a panic.
+//! - **Kernels**: WGSL in `src/shaders/*.wgsl`, one file per op family (plus the shared
+//!   prelude `common.wgsl`), compiled once per device into cached pipelines whose bind-group
+//!   layouts are shared ([`pipelines`]).
+//! - **Execution**: ops record into one pending command encoder per device; it is submitted
+//!   when a value must reach the host (download, statistics) or every few hundred dispatches.
+//! - **Storage** ([`WgpuStorage`]): f32 everywhere (parameters, gradients, activations,
+//!   frozen weights); f32 accumulation in every kernel (WGSL has no portable f64), with the
+//!   final sums of reductions (`sum_squares`, loss statistics) added up in f64 on the host.
+//! - **Attention**: host attention kernels run through a host round trip; the block-sparse
+//!   WGSL kernel is `wgpu-tiled` (see `attention.rs` for what it supports).
+//! - **Debug poison**: with `DFLASH_WGPU_POISON=1` (or [`WgpuOptions::poison`]) every output
+//!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
+
+mod activation;
+mod attention;
+mod collective;
+pub mod device;
+mod embedding;
+mod gemm;
+mod loss;
+mod memory;
+mod norm;
+mod optimizer;
+mod pipelines;
+mod rope;
+mod storage;
+
+use std::sync::Arc;
+
+use dflash_core::registry::{BackendOptions, BackendRegistration};
+use dflash_core::{Backend, BackendInfo, Error, Result, Shape, Tensor};
+
+pub use attention::{TILED, WGPU_ATTENTION_KERNELS};
+pub use device::NO_ADAPTER_HINT;
+pub use storage::WgpuStorage;
+
+use device::Ctx;
+use pipelines::{Family, Kernel};
+
+/// Knobs of a backend instance beyond [`BackendOptions`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Fill every output buffer with NaN before an op writes it (tests, debugging).
+    pub poison: bool,
+    /// Bind at most this many bytes per storage binding (below the adapter's limit), so that
+    /// tests exercise the chunked paths on small tensors. `None`: the adapter's limit.
+    pub max_binding_bytes: Option<u64>,
+}
+
+impl WgpuOptions {
+    /// `DFLASH_WGPU_POISON=1` turns poison on.
+    pub fn from_env() -> Self {
+        WgpuOptions {
+            poison: std::env::var("DFLASH_WGPU_POISON").is_ok_and(|v| v == "1"),
+            max_binding_bytes: None,
+        }
+    }
+}
+
+/// The wgpu backend: one adapter's device and queue (shared with every other instance on it).
+pub struct WgpuBackend {
+    ctx: Arc<Ctx>,
+    opts: WgpuOptions,
+    attention: attention::AttnImpl,
+    attention_name: String,
+    rope_tables: rope::TableCache,
+    attn_meta: attention::MetaCache,
+}
+
+impl WgpuBackend {
+    /// The backend on adapter `opts.device` with [`WgpuOptions::from_env`].
+    /// [`Error::Unavailable`] (never a panic) where this machine has no adapter.
+    pub fn new(opts: &BackendOptions) -> Result<Self> {
+        Self::with_options(opts, WgpuOptions::from_env())
+    }
+
+    pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
+        let ctx = device::get(opts.device)?;
+        let attention = attention::resolve(&opts.attention)?;
+        Ok(WgpuBackend {
+            ctx,
+            opts: wopts,
+            attention,
+            attention_name: opts.attention.clone(),
+            rope_tables: Default::default(),
+            attn_meta: Default::default(),
+        })
+    }
+
+    pub fn options(&self) -> WgpuOptions {
+        self.opts
+    }
+
+    /// The adapter, API and limits in force, as printed at start.
+    pub fn summary(&self) -> String {
+        self.ctx.summary()
+    }
+
+    /// The limits the device was opened with.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.ctx.limits
+    }
+
+    pub(crate) fn tag(&self) -> &str {
+        &self.ctx.tag
+    }
+
+    /// Wraps a buffer as a tensor of `shape`.
+    pub(crate) fn tensor(&self, s: WgpuStorage, shape: impl Into<Shape>) -> Tensor {
+        Tensor::from_storage(Box::new(s), shape)
+    }
+
+    /// An output buffer of `n` f32 elements: zero-filled, or NaN-filled in poison mode.
+    pub(crate) fn out(&self, op: &'static str, n: usize) -> Result<WgpuStorage> {
+        let s = self.ctx.alloc(op, n)?;
+        if self.opts.poison && n > 0 {
+            self.fill(op, &s, 0, n, f32::NAN)?;
+            if std::env::var("DBG_WAIT").is_ok() {
+                self.ctx.wait(op)?;
+            }
+        }
+        Ok(s)
+    }
+
+    /// Bytes one storage binding may cover: the adapter's limit (or the test cap), rounded
+    /// down to the offset alignment so that chunk boundaries are valid binding offsets.
+    pub(crate) fn max_binding_bytes(&self) -> u64 {
+        let limit = self.ctx.limits.max_storage_buffer_binding_size;
+        let cap = self.opts.max_binding_bytes.map_or(limit, |c| c.min(limit));
+        let align = self.ctx.limits.min_storage_buffer_offset_alignment.max(4) as u64;
+        // At least two alignments, so that a span (shifted by < one alignment) always fits.
+        (cap / align * align).max(2 * align)
+    }
+
+    /// Elements one binding may cover (a multiple of the offset alignment in elements).
+    pub(crate) fn max_binding_elems(&self) -> usize {
+        (self.max_binding_bytes() / 4) as usize
+    }
+
+    /// Elements `[start, start + len)` of `s` bound from the aligned offset at or below
+    /// `start`: the binding, and the element shift of `start` inside it. `len` must be at most
+    /// [`Self::span_elems`].
+    pub(crate) fn span<'a>(
+        &self,
+        s: &'a WgpuStorage,
+        start: usize,
+        len: usize,
+    ) -> (pipelines::Bind<'a>, u32) {
+        let align = self.ctx.align_elems();
+        let base = start / align * align;
+        (
+            s.bind_elems(base, len + (start - base)),
+            (start - base) as u32,
+        )
+    }
+
+    /// The longest span [`Self::span`] binds (room left for the alignment shift).
+    pub(crate) fn span_elems(&self) -> usize {
+        self.max_binding_elems() - self.ctx.align_elems()
+    }
+
+    /// `[0, n)` in `(start, len)` chunks that each fit one binding.
+    pub(crate) fn chunks(&self, n: usize) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let c = self.max_binding_elems();
+        (0..n).step_by(c.max(1)).map(move |s| (s, c.min(n - s)))
+    }
+
+    /// A typed error of `op` on this device.
+    pub(crate) fn err(&self, op: &'static str, detail: impl Into<String>) -> Error {
+        Error::op(op, self.ctx.tag.clone(), detail)
+    }
+
+    /// A shape error of `op` on this device.
+    pub(crate) fn shape_err(&self, op: &'static str, detail: impl Into<String>) -> Error {
+        Error::shape(op, self.ctx.tag.clone(), detail)
+    }
+
+    /// Fills elements `[start, start + n)` of `s` with `v` (chunked over bindings).
+    pub(crate) fn fill(
+        &self,
+        op: &'static str,
+        s: &WgpuStorage,
+        start: usize,
+        n: usize,
+        v: f32,
+    ) -> Result<()> {
+        const FILL: Kernel<'static> = Kernel::new(Family::Memory, "fill");
+        let align = self.ctx.align_elems();
+        let (base, shift) = (start / align * align, start % align);
+        for (c0, len) in self.chunks(n + shift) {
+            let lo = c0.max(shift);
+            let count = len - (lo - c0);
+            let params = [(lo - c0) as u32, count as u32, v.to_bits()];
+            let bind = s.bind_elems(base + c0, len);
+            self.ctx
+                .dispatch(op, &FILL, &params, &[], &[bind], groups(count, 256))?;
+        }
+        Ok(())
+    }
+}
+
+/// Workgroups of `per` threads (or items) covering `n`.
+pub(crate) fn groups(n: usize, per: usize) -> u64 {
+    n.div_ceil(per) as u64
+}
+
+impl BackendInfo for WgpuBackend {
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+    fn device(&self) -> String {
+        format!(
+            "{} ({}, {:?})",
+            self.ctx.tag, self.ctx.info.name, self.ctx.info.backend
+        )
+    }
+    fn attention_kernel(&self) -> &str {
+        &self.attention_name
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.ctx.wait("synchronize")
+    }
+    fn memory_stats(&self) -> Option<dflash_core::MemoryStats> {
+        let (in_use, peak) = self.ctx.mem.get();
+        Some(dflash_core::MemoryStats {
+            in_use_bytes: in_use,
+            peak_bytes: peak,
+        })
+    }
+    fn reset_peak_memory(&self) {
+        self.ctx.mem.reset_peak();
+    }
+}
+
+fn create(opts: &BackendOptions) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(WgpuBackend::new(opts)?))
+}
+
+inventory::submit! {
+    BackendRegistration {
+        name: "wgpu",
+        description: "any GPU through wgpu (Vulkan, Metal, DX12, GL; lavapipe on CPU-only machines): WGSL kernels",
+        create,
+        device_count: device::adapter_count,
+        preferred_attention: attention::TILED,
+    }
+}
+
+/// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked.
+pub fn link() {}

@@ -1,0 +1,259 @@
+//! Fused linear cross-entropy against a frozen LM head, and chunked greedy argmax
+//! (`shaders/loss.wgsl` between `gemm.wgsl` products). Never a `(T, V)` tensor:
+//!
+//! - the rows that take part (weight > 0, checked on the host exactly as the reference checks
+//!   them) are gathered `ROW_CHUNK` at a time into `xc (n, H)`;
+//! - the vocabulary is walked in chunks of `vc` ids so that a chunk's logits `(n, vc)` and its
+//!   slice of the head `(vc, H)` stay within a budget and one binding; per chunk
+//!   `logits = xc @ w[v0..v0+vc]^T` is folded into a running (max, sum of exps, argmax, label
+//!   logit) per row (`ce_stats`, an online log-sum-exp);
+//! - the backward turns each chunk's logits into `grad_scale * w * (softmax - onehot)` in place
+//!   (`ce_dlogits`) and accumulates `dxc += dlogits @ w[v0..v0+vc]`; with more than one chunk
+//!   the logits are recomputed for it (one more GEMM per chunk instead of keeping `(n, V)`);
+//! - `dxc` is scattered back into the rows of `dx` (skipped rows stay exactly 0), and the row
+//!   states are read back once at the end: `CE = max + ln(sum) - logit[label]` in f64.
+
+use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
+
+use crate::WgpuBackend;
+use crate::gemm::Operand;
+use crate::pipelines::{Family, Kernel};
+use crate::storage::{WgpuStorage, storage};
+
+const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
+const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
+
+/// Rows per chunk.
+const ROW_CHUNK: usize = 128;
+/// Elements of one chunk of logits (16 MiB of f32).
+const LOGITS_BUDGET: usize = 4 << 20;
+/// Words of running state per row (loss.wgsl).
+const STATE: usize = 8;
+
+/// One chunk of rows: their indices, labels and weights on the device.
+struct RowChunk {
+    n: usize,
+    idx: WgpuStorage,
+    labels: WgpuStorage,
+    weights: WgpuStorage,
+    state: WgpuStorage,
+}
+
+impl WgpuBackend {
+    /// Ids per vocabulary chunk for `n` rows of width `h`.
+    fn vocab_chunk(&self, n: usize, h: usize, v: usize) -> usize {
+        let budget = LOGITS_BUDGET.min(self.span_elems());
+        let by_logits = budget / n.max(1);
+        let by_head = self.span_elems() / h.max(1);
+        by_logits.min(by_head).min(v).max(1)
+    }
+
+    /// `logits (n, vc) = xc (n, H) @ w[v0..v0+vc]^T`.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_logits(
+        &self,
+        op: &'static str,
+        xc: Operand<'_>,
+        w: &WgpuStorage,
+        h: usize,
+        (n, v0, vc): (usize, usize, usize),
+        logits: &WgpuStorage,
+    ) -> Result<()> {
+        let wop = Operand {
+            s: w,
+            at: v0 * h,
+            ld: h,
+            t: Transpose::Yes,
+        };
+        self.gemm(op, xc, wop, logits, 0, (n, vc, h), 0.0)
+    }
+
+    /// Folds the logits of ids `[v0, v0 + vc)` into the chunk's row states.
+    fn fold_stats(
+        &self,
+        op: &'static str,
+        c: &RowChunk,
+        logits: &WgpuStorage,
+        (v0, vc): (usize, usize),
+    ) -> Result<()> {
+        let p = [c.n as u32, vc as u32, v0 as u32, (v0 == 0) as u32];
+        let reads = [logits.bind_elems(0, c.n * vc), c.labels.bind()];
+        self.ctx
+            .dispatch(op, &STATS, &p, &reads, &[c.state.bind()], c.n as u64)
+    }
+
+    /// The forward over all vocabulary chunks of one row chunk; returns the logits buffer when
+    /// there was a single chunk (still holding its logits, for the backward to reuse).
+    fn forward_chunk(
+        &self,
+        op: &'static str,
+        c: &RowChunk,
+        xc: Operand<'_>,
+        w: &WgpuStorage,
+        (h, v, vc): (usize, usize, usize),
+        logits: &WgpuStorage,
+    ) -> Result<()> {
+        for v0 in (0..v).step_by(vc) {
+            let len = vc.min(v - v0);
+            self.chunk_logits(op, xc, w, h, (c.n, v0, len), logits)?;
+            self.fold_stats(op, c, logits, (v0, len))?;
+        }
+        Ok(())
+    }
+
+    fn upload_rows(
+        &self,
+        op: &'static str,
+        rows: &[usize],
+        labels: &[u32],
+        weights: &[f32],
+    ) -> Result<RowChunk> {
+        let n = rows.len();
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let lab: Vec<u32> = rows.iter().map(|&r| labels[r]).collect();
+        let wts: Vec<f32> = rows.iter().map(|&r| weights[r]).collect();
+        let w = self.ctx.alloc(op, n)?;
+        self.ctx.write(&w.buf, 0, &wts);
+        Ok(RowChunk {
+            n,
+            idx: self.ctx.upload_u32(op, &idx)?,
+            labels: self.ctx.upload_u32(op, &lab)?,
+            weights: w,
+            state: self.ctx.alloc(op, n * STATE)?,
+        })
+    }
+}
+
+/// `(lse, best id, label logit)` of one row's state; NaN lse when a logit was NaN.
+fn read_state(s: &[f32]) -> (f64, u32, f64) {
+    let lse = if s[5] != 0.0 {
+        f64::NAN
+    } else {
+        s[0] as f64 + (s[1] as f64).ln()
+    };
+    (lse, s[3].to_bits(), s[4] as f64)
+}
+
+impl LossOps for WgpuBackend {
+    fn linear_cross_entropy(
+        &self,
+        x: &Tensor,
+        w_head: &Tensor,
+        labels: &[u32],
+        weights: &[f32],
+        grad_scale: f32,
+    ) -> Result<(LossStats, Tensor)> {
+        let op = "linear_cross_entropy";
+        let dims = LossDims::of_cross_entropy(op, self.tag(), x, w_head, labels, weights)?;
+        let (t, h, v) = (dims.rows, dims.hidden, dims.vocab);
+        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        let active = dims.active_rows(op, self.tag(), labels, weights)?;
+        // Skipped rows stay exactly 0: wgpu zero-initialises the buffer.
+        let dx = self.ctx.alloc(op, t * h)?;
+        let mut stats = LossStats::default();
+        if active.is_empty() {
+            return Ok((stats, self.tensor(dx, x.shape().clone())));
+        }
+        let n_max = ROW_CHUNK.min(active.len());
+        let vc = self.vocab_chunk(n_max, h, v);
+        let single = vc >= v;
+        let xc = self.ctx.alloc(op, n_max * h)?;
+        let dxc = self.ctx.alloc(op, n_max * h)?;
+        let logits = self.ctx.alloc(op, n_max * vc)?;
+        let mut chunks = Vec::new();
+        for rows in active.chunks(ROW_CHUNK) {
+            let c = self.upload_rows(op, rows, labels, weights)?;
+            self.gather_scatter(op, false, xs, t, h, &c.idx, c.n, &xc)?;
+            let xo = Operand {
+                s: &xc,
+                at: 0,
+                ld: h,
+                t: Transpose::No,
+            };
+            self.forward_chunk(op, &c, xo, ws, (h, v, vc), &logits)?;
+            for (i, v0) in (0..v).step_by(vc).enumerate() {
+                let len = vc.min(v - v0);
+                if !single {
+                    self.chunk_logits(op, xo, ws, h, (c.n, v0, len), &logits)?;
+                }
+                let p = [c.n as u32, len as u32, v0 as u32, 0, grad_scale.to_bits()];
+                let reads = [c.labels.bind(), c.weights.bind(), c.state.bind()];
+                let write = [logits.bind_elems(0, c.n * len)];
+                let g = crate::groups(c.n * len, 256);
+                self.ctx.dispatch(op, &DLOGITS, &p, &reads, &write, g)?;
+                // dxc (n, H) (+)= dlogits (n, len) @ w[v0..v0+len] (len, H)
+                let dl = Operand {
+                    s: &logits,
+                    at: 0,
+                    ld: len,
+                    t: Transpose::No,
+                };
+                let wo = Operand {
+                    s: ws,
+                    at: v0 * h,
+                    ld: h,
+                    t: Transpose::No,
+                };
+                let beta = if i == 0 { 0.0 } else { 1.0 };
+                self.gemm(op, dl, wo, &dxc, 0, (c.n, h, len), beta)?;
+            }
+            self.gather_scatter(op, true, &dx, t, h, &c.idx, c.n, &dxc)?;
+            chunks.push((rows, c));
+        }
+        for (rows, c) in &chunks {
+            let s = self.ctx.download(&c.state.buf, 0, c.n * STATE)?;
+            for (&row, st) in rows.iter().zip(s.chunks_exact(STATE)) {
+                let (lse, best, label_logit) = read_state(st);
+                let wt = weights[row] as f64;
+                stats.weighted_loss += wt * (lse - label_logit);
+                stats.weight_sum += wt;
+                stats.counted += 1;
+                stats.correct += (best == labels[row]) as u64;
+            }
+        }
+        Ok((stats, self.tensor(dx, x.shape().clone())))
+    }
+
+    fn linear_argmax(&self, x: &Tensor, w_head: &Tensor) -> Result<Vec<u32>> {
+        let op = "linear_argmax";
+        let LossDims {
+            rows: t,
+            hidden: h,
+            vocab: v,
+        } = LossDims::of_argmax(op, self.tag(), x, w_head)?;
+        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let n_max = ROW_CHUNK.min(t);
+        let vc = self.vocab_chunk(n_max, h, v);
+        let logits = self.ctx.alloc(op, n_max * vc)?;
+        let mut chunks = Vec::new();
+        for r0 in (0..t).step_by(ROW_CHUNK) {
+            let rows: Vec<usize> = (r0..(r0 + ROW_CHUNK).min(t)).collect();
+            // No label: u32::MAX is inside no vocabulary chunk.
+            let c = RowChunk {
+                n: rows.len(),
+                idx: self.ctx.alloc(op, 0)?,
+                labels: self.ctx.upload_u32(op, &vec![u32::MAX; rows.len()])?,
+                weights: self.ctx.alloc(op, 0)?,
+                state: self.ctx.alloc(op, rows.len() * STATE)?,
+            };
+            // x's rows are contiguous already: the operand starts at row r0.
+            let xo = Operand {
+                s: xs,
+                at: r0 * h,
+                ld: h,
+                t: Transpose::No,
+            };
+            self.forward_chunk(op, &c, xo, ws, (h, v, vc), &logits)?;
+            chunks.push(c);
+        }
+        let mut out = Vec::with_capacity(t);
+        for c in &chunks {
+            let s = self.ctx.download(&c.state.buf, 0, c.n * STATE)?;
+            out.extend(s.chunks_exact(STATE).map(|st| read_state(st).1));
+        }
+        Ok(out)
+    }
+}

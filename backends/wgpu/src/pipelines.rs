@@ -1,0 +1,348 @@
+//! WGSL compiled once per device into cached compute pipelines, the bind-group layouts they
+//! share, and the recording of dispatches into one pending command encoder.
+//!
+//! Binding convention of every kernel: `@binding(0)` is a uniform block of parameters, then
+//! the read-only storage buffers, then the read-write ones, all in group 0. Layouts are keyed
+//! by `(reads, writes)` and shared by every pipeline with that signature.
+//!
+//! Work is recorded, not submitted: every op appends its compute passes (and buffer copies) to
+//! the device's pending encoder, which is submitted when something must reach the host
+//! (a download, a statistic, `synchronize`) or after [`FLUSH_EVERY`] dispatches, so a step is
+//! a few submissions instead of one per kernel (wgpu's submission cost is large). Buffers
+//! written from the host are always fresh (nothing pending reads them), except in-place host
+//! writes, which flush first ([`crate::WgpuBackend::write_existing`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use dflash_core::{Error, Result};
+use wgpu::util::DeviceExt;
+
+use crate::device::Ctx;
+
+/// Dispatches recorded before the pending encoder is submitted anyway (bounds the memory the
+/// encoder's uniform blocks and bind groups hold).
+const FLUSH_EVERY: usize = 256;
+
+/// 32-bit words of every uniform block (the largest parameter struct has 12).
+const UNIFORM_WORDS: usize = 16;
+
+/// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
+/// shared prelude (`common.wgsl`) in front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Family {
+    Memory,
+    Gemm,
+    Norm,
+    Rope,
+    Activation,
+    Embedding,
+    Optimizer,
+    Loss,
+    Attention,
+}
+
+impl Family {
+    fn source(self) -> &'static str {
+        match self {
+            Family::Memory => include_str!("shaders/memory.wgsl"),
+            Family::Gemm => include_str!("shaders/gemm.wgsl"),
+            Family::Norm => include_str!("shaders/norm.wgsl"),
+            Family::Rope => include_str!("shaders/rope.wgsl"),
+            Family::Activation => include_str!("shaders/activation.wgsl"),
+            Family::Embedding => include_str!("shaders/embedding.wgsl"),
+            Family::Optimizer => include_str!("shaders/optimizer.wgsl"),
+            Family::Loss => include_str!("shaders/loss.wgsl"),
+            Family::Attention => include_str!("shaders/attention.wgsl"),
+        }
+    }
+    fn file(self) -> String {
+        format!("{self:?}").to_lowercase() + ".wgsl"
+    }
+}
+
+const PRELUDE: &str = include_str!("shaders/common.wgsl");
+
+/// One entry point of a family, with its pipeline-overridable constants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernel<'a> {
+    pub family: Family,
+    pub entry: &'static str,
+    pub consts: &'a [(&'static str, f64)],
+}
+
+impl Kernel<'static> {
+    pub(crate) const fn new(family: Family, entry: &'static str) -> Self {
+        Kernel {
+            family,
+            entry,
+            consts: &[],
+        }
+    }
+}
+
+/// A byte range of a buffer bound to one storage binding.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bind<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
+
+/// The per-device caches.
+pub(crate) struct Pipelines {
+    modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
+    layouts: Mutex<HashMap<(u32, u32), Layouts>>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Pipelines {
+    pub(crate) fn new(_device: &wgpu::Device) -> Self {
+        Pipelines {
+            modules: Mutex::default(),
+            layouts: Mutex::default(),
+            pipelines: Mutex::default(),
+        }
+    }
+}
+
+/// The encoder that ops record into, submitted by [`Ctx::flush`].
+#[derive(Default)]
+pub(crate) struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    recorded: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Ctx {
+    fn layouts(&self, reads: u32, writes: u32) -> Layouts {
+        let mut cache = lock(&self.pipelines.layouts);
+        if let Some(l) = cache.get(&(reads, writes)) {
+            return l.clone();
+        }
+        let storage = |read_only| wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        };
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for i in 0..reads + writes {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: 1 + i,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: storage(i < reads),
+                count: None,
+            });
+        }
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("dflash"),
+                entries: &entries,
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("dflash"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let l = (Arc::new(bgl), Arc::new(pl));
+        cache.insert((reads, writes), l.clone());
+        l
+    }
+
+    fn module(&self, family: Family) -> Arc<wgpu::ShaderModule> {
+        let mut cache = lock(&self.pipelines.modules);
+        cache
+            .entry(family)
+            .or_insert_with(|| {
+                let src = format!("{PRELUDE}\n{}", family.source());
+                Arc::new(
+                    self.device
+                        .create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some(family.source().lines().next().unwrap_or("dflash")),
+                            source: wgpu::ShaderSource::Wgsl(src.into()),
+                        }),
+                )
+            })
+            .clone()
+    }
+
+    /// The pipeline of `k` with `reads` read-only and `writes` read-write storage bindings,
+    /// compiled on first use; a WGSL or validation error is a typed error of `op`.
+    pub(crate) fn pipeline(
+        &self,
+        op: &'static str,
+        k: &Kernel<'_>,
+        reads: u32,
+        writes: u32,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = format!("{:?}/{}/{:?}/{reads}/{writes}", k.family, k.entry, k.consts);
+        if let Some(p) = lock(&self.pipelines.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.module(k.family);
+        let (_, layout) = self.layouts(reads, writes);
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(k.entry),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: k.consts,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            // A broken module stays broken: drop it so the message repeats, not a stale state.
+            lock(&self.pipelines.modules).remove(&k.family);
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!(
+                    "compiling {} entry point {:?} (constants {:?}) failed: {e}",
+                    k.family.file(),
+                    k.entry,
+                    k.consts
+                ),
+            ));
+        }
+        let p = Arc::new(pipeline);
+        lock(&self.pipelines.pipelines).insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// `groups` workgroups as a grid: one row of up to the per-dimension limit, then more rows
+    /// (kernels recover the linear index with `wg_linear` and skip indices `>= groups`).
+    pub(crate) fn grid(&self, op: &'static str, groups: u64) -> Result<(u32, u32)> {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1) as u64;
+        let x = groups.min(max);
+        let y = groups.div_ceil(x.max(1));
+        if y > max {
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!("{groups} workgroups exceed a {max} x {max} grid"),
+            ));
+        }
+        Ok((x as u32, y as u32))
+    }
+
+    /// Records one dispatch of `k` over `groups` workgroups (a 2-D grid past the
+    /// per-dimension limit), with `params` as its uniform block.
+    pub(crate) fn dispatch(
+        &self,
+        op: &'static str,
+        k: &Kernel<'_>,
+        params: &[u32],
+        reads: &[Bind<'_>],
+        writes: &[Bind<'_>],
+        groups: u64,
+    ) -> Result<()> {
+        if groups == 0 {
+            return Ok(());
+        }
+        let (gx, gy) = self.grid(op, groups)?;
+        let (nr, nw) = (reads.len() as u32, writes.len() as u32);
+        let pipeline = self.pipeline(op, k, nr, nw)?;
+        let (bgl, _) = self.layouts(nr, nw);
+        // The uniform block: params zero-padded to UNIFORM_WORDS, at least the size of every
+        // kernel's parameter struct (a kernel may declare fields a call leaves at 0).
+        let mut words = params.to_vec();
+        words.resize(params.len().next_multiple_of(4).max(UNIFORM_WORDS), 0);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(k.entry),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in reads.iter().chain(writes).enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 1 + i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buf,
+                    offset: b.offset,
+                    size: wgpu::BufferSize::new(b.size),
+                }),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout: &bgl,
+            entries: &entries,
+        });
+        self.record(|enc| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(k.entry),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(gx, gy, 1);
+        });
+        self.check(op)
+    }
+
+    /// Appends commands to the pending encoder (submitted every [`FLUSH_EVERY`] records).
+    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = lock(&self.pending);
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("dflash"),
+                })
+        });
+        f(enc);
+        p.recorded += 1;
+        if p.recorded >= FLUSH_EVERY {
+            self.submit_locked(&mut p);
+        }
+    }
+
+    fn submit_locked(&self, p: &mut Pending) {
+        p.recorded = 0;
+        if let Some(enc) = p.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Submits everything recorded so far (and the queue's pending host writes).
+    pub(crate) fn flush(&self) {
+        let mut p = lock(&self.pending);
+        self.submit_locked(&mut p);
+    }
+
+    /// Submits and waits until the device is idle; reports any error raised meanwhile.
+    pub(crate) fn wait(&self, op: &'static str) -> Result<()> {
+        self.flush();
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::op(op, self.tag.clone(), format!("waiting for the device: {e}")))?;
+        self.check(op)
+    }
+}

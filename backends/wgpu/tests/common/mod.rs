@@ -1,0 +1,139 @@
+//! Shared helpers of the wgpu conformance tests: backends (with an explicit, clean skip where
+//! no adapter exists), seeded random inputs and the checks that print each measured error.
+//!
+//! The tests check the wgpu backend against the reference backend, one integration-test file
+//! per op family group (`memory gemm elementwise loss collective attention drafter_step
+//! device`), each running the op on both backends on fresh seeded random inputs (never
+//! zeros), wgpu outputs NaN-poisoned before the op writes them ([`wgpu`]), with a stated
+//! tolerance and its reason. Every op also runs on a second instance whose storage bindings
+//! are capped at a few KiB ([`wgpu_small_bindings`]), so the chunked paths (what a tensor
+//! larger than the adapter's binding limit takes) are exercised on small inputs.
+//!
+//! Where this machine has no adapter every test prints `skipped: no wgpu adapter (<reason>)`
+//! and passes (on Linux CI: `apt-get install mesa-vulkan-drivers` provides lavapipe).
+//!
+//! Tolerances, by cause (the wgpu kernels store f32 and accumulate in f32; the reference
+//! accumulates in f64):
+//! - exact: copies, gathers, f32 adds/scales (the same single rounding on both sides);
+//! - f32 vs f64 accumulation (norm, loss, sums): ~1e-6 relative, stated as 1e-5..1e-4 by the
+//!   reduction's length;
+//! - GEMMs: f32 products with f32 accumulation against f64: |err| <= ~K * 2^-24 of
+//!   `sum_k |a_ik||b_kj|`, stated as 1e-5 of that scale.
+#![allow(dead_code)]
+
+use dflash_backend_reference::ReferenceBackend;
+use dflash_backend_wgpu::{WgpuBackend, WgpuOptions};
+use dflash_core::registry::BackendOptions;
+use dflash_core::{Error, MemoryOps, Tensor};
+#[allow(unused_imports)]
+pub use dflash_tests::tolerance::{
+    AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Storage bindings of [`wgpu_small_bindings`]: 4 KiB, 1024 f32 elements.
+pub const SMALL_BINDING_BYTES: u64 = 4096;
+
+/// The wgpu backend on adapter 0 with poison on (every output allocation NaN-filled first,
+/// so an unwritten element fails the comparison) and the host `reference` attention kernel,
+/// or `None` after printing the skip line when this machine has no adapter. Any other
+/// start-up failure fails the test.
+pub fn wgpu() -> Option<WgpuBackend> {
+    wgpu_with("reference", None)
+}
+
+/// As [`wgpu`], with every storage binding capped at [`SMALL_BINDING_BYTES`].
+pub fn wgpu_small_bindings() -> Option<WgpuBackend> {
+    wgpu_with("reference", Some(SMALL_BINDING_BYTES))
+}
+
+/// Both: the adapter's limits, then small bindings (empty without an adapter).
+pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = Vec::new();
+    if let Some(b) = wgpu() {
+        v.push(("full bindings", b));
+    }
+    if let Some(b) = wgpu_small_bindings() {
+        v.push(("4 KiB bindings", b));
+    }
+    v
+}
+
+/// The wgpu backend with attention kernel `attention` and a binding cap.
+pub fn wgpu_with(attention: &str, max_binding_bytes: Option<u64>) -> Option<WgpuBackend> {
+    dflash_backend_wgpu::link();
+    dflash_backend_reference::link();
+    let opts = BackendOptions {
+        attention: attention.into(),
+        threads: 0,
+        device: 0,
+    };
+    let wopts = WgpuOptions {
+        poison: true,
+        max_binding_bytes,
+    };
+    match WgpuBackend::with_options(&opts, wopts) {
+        Ok(b) => Some(b),
+        Err(Error::Unavailable { reason, .. }) => {
+            skip(&reason);
+            None
+        }
+        Err(e) => panic!("the wgpu backend failed to start: {e}"),
+    }
+}
+
+/// Prints `skipped: no wgpu adapter (<reason>)` where a plain `cargo test` shows it.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("wgpu test")
+        .to_string();
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "{test}: skipped: no wgpu adapter ({reason})"
+    );
+}
+
+pub fn reference() -> ReferenceBackend {
+    ReferenceBackend::new(&BackendOptions::default()).expect("reference backend")
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in `[-s, s)` (never all zeros).
+pub fn rand_vec(r: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-s..s)).collect()
+}
+
+pub fn up(be: &dyn MemoryOps, data: &[f32], shape: &[usize]) -> Tensor {
+    be.upload(data, shape).expect("upload")
+}
+
+pub fn down(be: &dyn MemoryOps, t: &Tensor) -> Vec<f32> {
+    be.download(t).expect("download")
+}
+
+/// Bit-exact comparison (copies, gathers, plain f32 adds).
+pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}");
+    }
+    println!("  {name:<44} bit-exact ({} elements)", got.len());
+}
+
+/// Asserts that `r` is an error whose message contains every one of `parts`.
+pub fn assert_err<T>(r: dflash_core::Result<T>, parts: &[&str]) -> String {
+    let e = match r {
+        Ok(_) => panic!("expected an error containing {parts:?}"),
+        Err(e) => e.to_string(),
+    };
+    for p in parts {
+        assert!(e.contains(p), "error {e:?} lacks {p:?}");
+    }
+    e
+}

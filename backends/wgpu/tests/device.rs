@@ -1,0 +1,118 @@
+//! Adapter selection, the limits in force, the registry entry, and clean errors: no adapter
+//! (wgpu restricted to an API this machine lacks, in a child process), an adapter index out
+//! of range, unknown attention kernels, and ops that are not implemented yet.
+//!
+//! Skips cleanly without an adapter (except the no-adapter test, which needs none).
+
+mod common;
+
+use common::*;
+use dflash_core::registry::{self, BackendOptions};
+use dflash_core::{BackendInfo, Error};
+
+/// The child half of `no_adapter_is_a_clean_unavailable_error`: runs only with
+/// `DFLASH_WGPU_EXPECT_NONE=1`, where wgpu is restricted to an API with no adapter here.
+#[test]
+fn child_no_adapter() {
+    if std::env::var("DFLASH_WGPU_EXPECT_NONE").is_err() {
+        return;
+    }
+    dflash_backend_wgpu::link();
+    assert_eq!(registry::device_count("wgpu").unwrap(), 0);
+    match registry::create_backend("wgpu", &BackendOptions::default()) {
+        Err(Error::Unavailable { name, reason }) => {
+            assert_eq!(name, "wgpu");
+            assert!(reason.contains("mesa-vulkan-drivers"), "{reason}");
+            println!("CHILD-OK: {reason}");
+        }
+        Err(e) => panic!("expected Unavailable, got {e}"),
+        Ok(_) => panic!("expected Unavailable, got a backend"),
+    }
+}
+
+#[test]
+fn no_adapter_is_a_clean_unavailable_error() {
+    // Linux has no Metal (and macOS no DX12): wgpu finds no adapter through it.
+    let api = if cfg!(target_os = "macos") {
+        "dx12"
+    } else {
+        "metal"
+    };
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args(["child_no_adapter", "--exact", "--nocapture"])
+        .env("DFLASH_WGPU_EXPECT_NONE", "1")
+        .env("WGPU_BACKEND", api)
+        .output()
+        .expect("run the child");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("CHILD-OK"), "{text}");
+    println!("  WGPU_BACKEND={api}: Unavailable, naming mesa-vulkan-drivers");
+}
+
+#[test]
+fn adapter_limits_and_registry() {
+    let Some(be) = wgpu() else { return };
+    let l = be.limits();
+    let summary = be.summary();
+    println!("  {summary}");
+    // The adapter's own limits are in force, not WebGPU's defaults (lavapipe: 2 GiB buffers,
+    // 32 KiB of workgroup memory, vs 256 MiB and 16 KiB).
+    let defaults = wgpu::Limits::default();
+    assert!(l.max_buffer_size >= defaults.max_buffer_size);
+    assert!(l.max_compute_workgroup_storage_size >= defaults.max_compute_workgroup_storage_size);
+    assert!(summary.contains("storage binding") && summary.contains("workgroup storage"));
+    assert!(be.device().starts_with("wgpu:0 ("), "{}", be.device());
+    assert_eq!(be.name(), "wgpu");
+    assert!(registry::backend_names().contains(&"wgpu".to_string()));
+    let n = registry::device_count("wgpu").unwrap();
+    assert!(n >= 1);
+    let e = match dflash_backend_wgpu::WgpuBackend::new(&BackendOptions {
+        device: n,
+        ..BackendOptions::default()
+    }) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("device {n} of {n} accepted"),
+    };
+    assert!(
+        e.contains(&format!("backend.device = {n}")) && e.contains("0: "),
+        "{e}"
+    );
+    println!("  {e}");
+}
+
+#[test]
+fn unknown_attention_kernel_lists_the_choices() {
+    if wgpu().is_none() {
+        return;
+    }
+    let opts = BackendOptions {
+        attention: "no-such-kernel".into(),
+        ..BackendOptions::default()
+    };
+    match dflash_backend_wgpu::WgpuBackend::new(&opts) {
+        Err(Error::UnknownName { available, .. }) => {
+            assert!(
+                available.contains(&"wgpu-tiled".to_string()),
+                "{available:?}"
+            );
+            assert!(available.contains(&"reference (host round trip)".to_string()));
+        }
+        Err(e) => panic!("expected UnknownName, got {e}"),
+        Ok(_) => panic!("an unknown kernel was accepted"),
+    }
+}
+
+#[test]
+fn memory_stats_track_live_buffers() {
+    let Some(be) = wgpu() else { return };
+    use dflash_core::MemoryOps;
+    // Other tests share the device: only what this one holds is certain.
+    let t = be.zeros(&[1 << 20]).unwrap();
+    let during = be.memory_stats().unwrap();
+    assert!(during.in_use_bytes >= 4 << 20 && during.peak_bytes >= during.in_use_bytes);
+    drop(t);
+    be.synchronize().unwrap();
+    println!("  memory_stats: {during:?}");
+}

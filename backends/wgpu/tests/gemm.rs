@@ -1,0 +1,162 @@
+//! GEMMs against a naive f64 matmul: every transpose combination, `matmul_acc` with several
+//! `beta` (0 must not read `c`: it holds NaN poison), edge sizes, and the chunked paths (4 KiB
+//! bindings split `M`, `N` and `K`).
+//!
+//! Skips cleanly without an adapter; inputs, poisoning and tolerances: `common`.
+
+mod common;
+
+use common::*;
+use dflash_core::{GemmOps, MemoryOps, Transpose};
+
+/// `op(a) (M, K) @ op(b) (K, N)` in f64, and `sum_k |a||b|` (the natural error scale).
+fn naive(
+    a: &[f32],
+    ta: bool,
+    b: &[f32],
+    tb: bool,
+    (m, k, n): (usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>) {
+    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] } as f64;
+    let bt = |p: usize, j: usize| if tb { b[j * k + p] } else { b[p * n + j] } as f64;
+    let mut c = vec![0.0; m * n];
+    let mut s = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                c[i * n + j] += at(i, p) * bt(p, j);
+                s[i * n + j] += (at(i, p) * bt(p, j)).abs();
+            }
+        }
+    }
+    (c, s)
+}
+
+/// f32 products with f32 accumulation (fma) against f64: |err| <= ~K * 2^-24 of the scale.
+const TOL: f64 = 1e-5;
+
+fn check(name: &str, got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{name}: lengths");
+    let mut worst: f64 = 0.0;
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        assert!(g.is_finite(), "{name}[{i}]: {g}");
+        let r = (g as f64 - w).abs() / (s + 1e-30);
+        assert!(
+            r <= TOL,
+            "{name}[{i}]: got {g}, want {w}, err/sum|a||b| {r:.3e} > {TOL:.0e}"
+        );
+        worst = worst.max(r);
+    }
+    worst
+}
+
+fn tr(t: bool) -> Transpose {
+    if t { Transpose::Yes } else { Transpose::No }
+}
+
+#[test]
+fn gemm_ops_match_naive() {
+    let mut r = rng(2);
+    for (label, be) in wgpu_both() {
+        let mut worst = 0.0f64;
+        // Edge tiles, a single element, tall/wide, and one past 64-tiles in every dimension.
+        // On 4 KiB bindings every operand here is split (hundreds of small dispatches, each
+        // a fixed cost on lavapipe): fewer shapes, still splitting M, N and K.
+        let shapes: &[(usize, usize, usize)] = if label == "full bindings" {
+            &[
+                (7, 5, 3),
+                (33, 65, 17),
+                (1, 9, 1),
+                (130, 257, 67),
+                (64, 128, 192),
+                (3, 700, 2),
+            ]
+        } else {
+            &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
+        };
+        for &(m, k, n) in shapes {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let a = rand_vec(&mut r, m * k, 1.0);
+                let b = rand_vec(&mut r, k * n, 1.0);
+                let ash = if ta { [k, m] } else { [m, k] };
+                let bsh = if tb { [n, k] } else { [k, n] };
+                let (wa, wb) = (up(&be, &a, &ash), up(&be, &b, &bsh));
+                let c = be.matmul(&wa, tr(ta), &wb, tr(tb)).unwrap();
+                assert_eq!(c.dims(), &[m, n]);
+                let (want, scale) = naive(&a, ta, &b, tb, (m, k, n));
+                let name = format!("matmul {m}x{k}x{n} ta={ta} tb={tb}");
+                worst = worst.max(check(&name, &down(&be, &c), &want, &scale));
+                for beta in [0.0f32, 1.0, -0.5] {
+                    let c0 = rand_vec(&mut r, m * n, 1.0);
+                    // beta 0: c holds NaN, which must not leak into the result.
+                    let c0 = if beta == 0.0 {
+                        vec![f32::NAN; m * n]
+                    } else {
+                        c0
+                    };
+                    let mut ct = up(&be, &c0, &[m, n]);
+                    be.matmul_acc(&mut ct, &wa, tr(ta), &wb, tr(tb), beta)
+                        .unwrap();
+                    let (w2, s2): (Vec<f64>, Vec<f64>) = want
+                        .iter()
+                        .zip(&scale)
+                        .zip(&c0)
+                        .map(|((p, s), &c)| {
+                            let bc = if beta == 0.0 {
+                                0.0
+                            } else {
+                                beta as f64 * c as f64
+                            };
+                            (bc + p, s + bc.abs())
+                        })
+                        .unzip();
+                    let name = format!("matmul_acc beta={beta} {m}x{k}x{n} ta={ta} tb={tb}");
+                    worst = worst.max(check(&name, &down(&be, &ct), &w2, &s2));
+                }
+            }
+        }
+        println!(
+            "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {TOL:.0e}: f32 accumulation)"
+        );
+    }
+}
+
+/// K = 0: the product is empty, so matmul gives zeros and matmul_acc scales c by beta.
+#[test]
+fn empty_inner_dimension() {
+    let Some(be) = wgpu() else { return };
+    let (a, b) = (be.zeros(&[3, 0]).unwrap(), be.zeros(&[0, 4]).unwrap());
+    let c = be.matmul(&a, Transpose::No, &b, Transpose::No).unwrap();
+    check_exact("matmul K=0", &down(&be, &c), &[0.0; 12]);
+    let mut c = up(&be, &[2.0; 12], &[3, 4]);
+    be.matmul_acc(&mut c, &a, Transpose::No, &b, Transpose::No, 0.5)
+        .unwrap();
+    check_exact("matmul_acc K=0 beta=0.5", &down(&be, &c), &[1.0; 12]);
+}
+
+#[test]
+fn gemm_shape_errors_match_reference() {
+    let rf = reference();
+    let Some(be) = wgpu() else { return };
+    let (a, b) = (up(&be, &[1.0; 6], &[2, 3]), up(&be, &[1.0; 8], &[2, 4]));
+    let (ra, rb) = (up(&rf, &[1.0; 6], &[2, 3]), up(&rf, &[1.0; 8], &[2, 4]));
+    let w = be
+        .matmul(&a, Transpose::No, &b, Transpose::No)
+        .unwrap_err()
+        .to_string();
+    let r = rf
+        .matmul(&ra, Transpose::No, &rb, Transpose::No)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(w.replace("wgpu:0", "cpu"), r);
+    let mut c = be.zeros(&[3, 3]).unwrap();
+    let mut rc = rf.zeros(&[3, 3]).unwrap();
+    let w = be
+        .matmul_acc(&mut c, &a, Transpose::Yes, &b, Transpose::No, 1.0)
+        .unwrap_err();
+    let r = rf
+        .matmul_acc(&mut rc, &ra, Transpose::Yes, &rb, Transpose::No, 1.0)
+        .unwrap_err();
+    assert_eq!(w.to_string().replace("wgpu:0", "cpu"), r.to_string());
+    println!("  {w}");
+}
