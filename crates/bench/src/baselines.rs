@@ -37,6 +37,7 @@ impl Baseline {
 pub const TFLOPS: &str = "TFLOP/s";
 pub const KTOKS: &str = "K tok/s";
 pub const GIB: &str = "GiB";
+pub const TOKS: &str = "tok/s";
 
 const fn hi(name: &'static str, value: f64, unit: &'static str, what: &'static str) -> Baseline {
     Baseline {
@@ -60,6 +61,8 @@ const fn lo(name: &'static str, value: f64, unit: &'static str, what: &'static s
 
 const DFLASH: &str = "flex_attention (compiled) on the DFlash mask, 32 q / 8 kv heads, d=128, bf16";
 const CAUSAL: &str = "causal SDPA (FlashAttention path), 32 heads, d=128, S=8192";
+const ROOFLINE: &str =
+    "decode, Qwen3-8B shape, 512 + 128 tokens: HF generate in the same run, else the HBM roofline";
 const DRAFTER: &str = "PyTorch DFlash drafter train step, Qwen3-8B recipe, S=3072, 512 anchors";
 
 /// docs/design.md §4, in table order. Attention TFLOP/s count visible pairs only
@@ -115,6 +118,14 @@ pub const BASELINES: &[Baseline] = &[
         "s",
         "time to first step with a 16 GB sharded bf16 checkpoint: goal, not a PyTorch figure",
     ),
+    // Decoding (`dflash regenerate`): HF `generate` is measured in the same run
+    // (`bench/hf_generate.py`, `--baselines`); without it the H200's HBM roofline stands in:
+    // a decode step reads the non-embedding weights once (7.57 G bf16 values, 15.14 GB) and
+    // each sequence's bf16 KV cache at its mean length of 576 tokens (147 KB a token, 84.9 MB),
+    // at 4.8 TB/s: batch / (bytes / 4.8e12) tokens per second.
+    hi("generate.8b.b1", 315.0, TOKS, ROOFLINE),
+    hi("generate.8b.b16", 4655.0, TOKS, ROOFLINE),
+    hi("generate.8b.b64", 14934.0, TOKS, ROOFLINE),
     hi(
         "pipeline.2gpu.throughput",
         16.7,

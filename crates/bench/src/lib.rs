@@ -7,7 +7,10 @@
 //! - the Qwen3-8B-shape target forward, 4 x 4096 tokens, features of layers [1, 9, 17, 25, 33]
 //!   (so it stops after layer 33), in K tok/s ([`target`]);
 //! - the drafter training step of the Qwen3-8B recipe (5 layers, S = 3072, 512 anchors,
-//!   block 16, k = 5) at batch 1 and 4: K tok/s and peak device memory ([`drafter`]).
+//!   block 16, k = 5) at batch 1 and 4: K tok/s and peak device memory ([`drafter`]);
+//! - the job end to end ([`e2e`]);
+//! - decoding with the target as `dflash regenerate` does, batch 1, 16 and 64 ([`generate`]),
+//!   against HF `generate` measured in the same run (`BenchOptions::baselines`).
 //!
 //! Every result carries its baseline and `ratio`, oriented so that > 1.0 is better than the
 //! PyTorch stack (ours / baseline for speed, baseline / ours for memory). [`Scale::Smoke`] runs the
@@ -21,6 +24,7 @@ pub mod baselines;
 mod checkpoint;
 pub mod drafter;
 pub mod e2e;
+pub mod generate;
 pub mod target;
 mod util;
 
@@ -128,6 +132,9 @@ pub struct BenchOptions {
     pub warmup: Option<usize>,
     /// Override the timed runs per figure (the median is reported).
     pub runs: Option<usize>,
+    /// Baselines measured in this run (e.g. HF `generate` by `bench/hf_generate.py`), by
+    /// figure name: they replace the table's value for that figure.
+    pub baselines: Vec<(String, f64)>,
 }
 
 impl Default for BenchOptions {
@@ -137,6 +144,7 @@ impl Default for BenchOptions {
             only: None,
             warmup: None,
             runs: None,
+            baselines: Vec::new(),
         }
     }
 }
@@ -150,6 +158,13 @@ impl BenchOptions {
     }
     fn wants(&self, name: &str) -> bool {
         self.only.as_deref().is_none_or(|s| name.contains(s))
+    }
+    /// The baseline of `name` measured in this run, if one was given.
+    pub fn measured_baseline(&self, name: &str) -> Option<f64> {
+        self.baselines
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
     }
 }
 
@@ -223,12 +238,16 @@ impl Suite<'_> {
         self.backend.as_ref()
     }
 
-    /// Records the figure `name` (which must be a baseline's name) measured as `value`.
+    /// Records the figure `name` (which must be a baseline's name) measured as `value`,
+    /// against the baseline measured in this run where one was given, else the table's.
     pub fn record(&mut self, name: &str, value: f64, seconds: f64, detail: String) -> Result<()> {
-        let a = baseline(name).ok_or_else(|| BenchError::Invalid {
+        let mut a = *baseline(name).ok_or_else(|| BenchError::Invalid {
             bench: name.into(),
             detail: "no baseline of that name in docs/design.md §4".into(),
         })?;
+        if let Some(v) = self.opts.measured_baseline(name) {
+            a.value = v;
+        }
         let b = self.backend.as_ref();
         let r = BenchResult {
             name: name.to_string(),
@@ -256,6 +275,7 @@ pub fn figure_names() -> Vec<String> {
     v.extend(target::figure_names());
     v.extend(drafter::figure_names());
     v.extend(e2e::figure_names());
+    v.extend(generate::figure_names());
     v
 }
 
@@ -275,6 +295,7 @@ pub fn run_suite<'a>(
     target::run(&mut s)?;
     drafter::run(&mut s)?;
     e2e::run(&mut s)?;
+    generate::run(&mut s)?;
     Ok(s.results)
 }
 

@@ -109,6 +109,31 @@ fn only_selects_by_substring() {
     assert_eq!(names, ["attention.causal.s8192.fwd_bwd"]);
 }
 
+/// A baseline measured in the run (`--baselines`) replaces the table's for its figure only.
+#[test]
+fn baselines_measured_in_the_run_replace_the_tables() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let opts = BenchOptions {
+        only: Some("generate.8b.b64".into()),
+        runs: Some(1),
+        warmup: Some(0),
+        baselines: vec![
+            ("generate.8b.b1".into(), 2.5),
+            ("generate.8b.b64".into(), 7.0),
+        ],
+        ..BenchOptions::smoke()
+    };
+    let results = run_suite(backend, &opts, |_| {}).unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["generate.8b.b64"]);
+    let r = &results[0];
+    assert_eq!(r.baseline, 7.0);
+    assert!(close(r.ratio, r.value / 7.0), "{r:?}");
+    assert!(r.detail.contains("HF generate in this run"), "{}", r.detail);
+    assert_ne!(baseline("generate.8b.b64").unwrap().value, 7.0);
+}
+
 #[test]
 fn device_slugs() {
     assert_eq!(device_slug("cuda:0 (NVIDIA H200, sm_90)"), "nvidia-h200");

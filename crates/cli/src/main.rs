@@ -241,6 +241,36 @@ struct BenchArgs {
     /// Timed runs per figure, median reported (default per benchmark).
     #[arg(long)]
     runs: Option<usize>,
+    /// Baselines measured in this run, a JSON object `{"figure name": value}` (e.g. written
+    /// by `bench/hf_generate.py`): they replace the built-in baselines of those figures.
+    #[arg(long, value_name = "FILE")]
+    baselines: Option<PathBuf>,
+}
+
+/// The `--baselines` file: figure names known to the suite, finite positive values.
+fn read_baselines(path: &std::path::Path) -> Result<Vec<(String, f64)>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading baselines {}", path.display()))?;
+    let map: std::collections::BTreeMap<String, f64> =
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{}: expected a JSON object of figure name -> number",
+                path.display()
+            )
+        })?;
+    let names = dflash_bench::figure_names();
+    for (name, v) in &map {
+        if !names.contains(name) {
+            anyhow::bail!("{}: {name:?} is not a figure of the suite", path.display());
+        }
+        if !(v.is_finite() && *v > 0.0) {
+            anyhow::bail!(
+                "{}: {name}: the baseline must be a finite number > 0, got {v}",
+                path.display()
+            );
+        }
+    }
+    Ok(map.into_iter().collect())
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
@@ -250,6 +280,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         only: args.only,
         warmup: args.warmup,
         runs: args.runs,
+        baselines: match &args.baselines {
+            Some(p) => read_baselines(p)?,
+            None => Vec::new(),
+        },
     };
     if let Some(only) = &bench_opts.only {
         let all = dflash_bench::figure_names();

@@ -194,7 +194,15 @@ fn regenerate_then_prepare_on_the_embedded_target() {
 
     let (data, out) = (regenerated.to_str().unwrap(), prepared.to_str().unwrap());
     let (ok, out) = dflash(&[
-        "prepare", "--target", TARGET, "--data", data, "--out", out, "--buckets", "128,256",
+        "prepare",
+        "--target",
+        TARGET,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--buckets",
+        "128,256",
     ]);
     assert!(ok, "{out}");
     assert!(prepared.join("state.json").is_file(), "{out}");
