@@ -57,7 +57,10 @@ fn scatter_rows_matches_reference_in_place() {
     );
     // Bad calls: a row twice, a row out of range, a wrong row length; none writes anything.
     let s2 = up(&cu, &src[..2 * cols], &[2, cols]);
-    for (bad, what) in [(&[3usize, 3][..], "twice"), (&[3, rows][..], "out of range")] {
+    for (bad, what) in [
+        (&[3usize, 3][..], "twice"),
+        (&[3, rows][..], "out of range"),
+    ] {
         let e = cu
             .scatter_rows(&mut got_t, bad, &s2)
             .err()
