@@ -4,9 +4,12 @@
 //!
 //! Adapter order: wgpu's enumeration, stably sorted so that discrete GPUs come first, then
 //! integrated, virtual, CPU (lavapipe / llvmpipe) and other adapters, and within a kind the
-//! native APIs (Vulkan, Metal, DX12) before GL. `backend.device = N` picks the N-th; the
-//! default, 0, is the first high-performance adapter. wgpu's `WGPU_BACKEND` variable
-//! (e.g. `vulkan`, `gl`) restricts which APIs are searched.
+//! native APIs (Vulkan, Metal, DX12) before GL. GL adapters are dropped when a native one
+//! exists: GL is then a second view of the same hardware (lavapipe and llvmpipe, or a GPU
+//! through both drivers), and counting it would place a job's workers on "two" devices that
+//! are one. `backend.device = N` picks the N-th; the default, 0, is the first
+//! high-performance adapter. wgpu's `WGPU_BACKEND` variable (e.g. `vulkan`, `gl`) restricts
+//! which APIs are searched (`gl` to use GL where a native API exists).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +47,9 @@ fn adapters() -> &'static Adapters {
                 .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
         });
         list.sort_by_key(|a| rank(&a.get_info()));
+        if list.iter().any(|a| rank(&a.get_info()).1 == 0) {
+            list.retain(|a| rank(&a.get_info()).1 == 0);
+        }
         Adapters {
             _instance: instance,
             list,
