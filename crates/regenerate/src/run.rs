@@ -79,7 +79,14 @@ pub(crate) fn run(
         let result = generate(target, opts, &mut feed, &mut |g, stats| {
             let mut sh = shared.borrow_mut();
             let turns = sh.turns.remove(&g.id).unwrap_or_default();
-            let line = output_line(preparer, &g, &turns);
+            let line = match output_line(preparer, &g, &turns) {
+                Ok(line) => line,
+                Err(reason) => {
+                    sh.summary.skipped.push((g.id, reason));
+                    bar.inc(1);
+                    return Ok(());
+                }
+            };
             if let Err(e) = out.write(g.id, &line) {
                 sh.failed = Some(e);
                 return Err(ModelError::Input("the output could not be written".into()));
@@ -146,30 +153,37 @@ fn to_prompt(preparer: &Preparer, i: u64, v: &Value, capacity: usize) -> Item {
     }
 }
 
-/// The conversation with its new assistant turn, as one output line.
-fn output_line(preparer: &Preparer, g: &Generated, turns: &[Message]) -> Value {
+/// The conversation with its new assistant turn, as one output line, or why it is skipped:
+/// an answer with ids past the tokenizer's vocabulary (a model with a padded embedding can
+/// emit them; the tokenizer would drop them silently) or that does not decode would be
+/// training text that the target never wrote.
+fn output_line(preparer: &Preparer, g: &Generated, turns: &[Message]) -> Result<Value, String> {
     let answer = match g.finish {
         Finish::Eos => &g.tokens[..g.tokens.len() - 1],
         _ => &g.tokens[..],
     };
-    // Decoding cannot fail on ids the target produced (all inside its vocabulary) unless
-    // the tokenizer is smaller than the model: then the ids say what happened.
-    let text = preparer
-        .tokenizer()
+    let tok = preparer.tokenizer();
+    let vocab = tok.get_vocab_size(true);
+    if let Some(&id) = answer.iter().find(|&&id| id as usize >= vocab) {
+        return Err(format!(
+            "the target's answer holds id {id}, past the tokenizer's {vocab} tokens"
+        ));
+    }
+    let text = tok
         .decode(answer, true)
-        .unwrap_or_else(|e| format!("<undecodable: {e}: {answer:?}>"));
+        .map_err(|e| format!("the target's answer does not decode ({e}): ids {answer:?}"))?;
     let mut messages: Vec<Value> = turns
         .iter()
         .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
         .collect();
     messages.push(json!({"role": "assistant", "content": text}));
-    json!({
+    Ok(json!({
         "index": g.id,
         "messages": messages,
         "finish_reason": g.finish.as_str(),
         "prompt_tokens": g.prompt_len,
         "new_tokens": g.tokens.len(),
-    })
+    }))
 }
 
 /// The prompts for [`generate`], from the reader's channel: skipped and resumed samples are
