@@ -212,11 +212,8 @@ impl WgpuBackend {
         writes: &[Bind<'_>],
         groups: u64,
     ) -> Result<()> {
-        let n = len.div_ceil(per).max(1);
-        for i in 0..n {
-            p[13] = (i * per).min(u32::MAX as usize) as u32;
-            p[14] = per.min(u32::MAX as usize) as u32;
-            p[15] = (i == 0) as u32 | (((i + 1 == n) as u32) << 1);
+        for [first, count, flags] in pass_words(per, len) {
+            (p[13], p[14], p[15]) = (first, count, flags);
             self.ctx.dispatch(op, k, &p, reads, writes, groups)?;
         }
         Ok(())
@@ -290,9 +287,70 @@ impl WgpuBackend {
     }
 }
 
+/// `[w_first, w_count, flags]` of each pass over `len` list iterations, `per` at a time (at
+/// least one pass). A count never exceeds `len`: the shader adds it to where a tile's list
+/// starts in the concatenated lists, so `u32::MAX` standing for "all" would wrap.
+fn pass_words(per: usize, len: usize) -> Vec<[u32; 3]> {
+    let per = per.clamp(1, len.max(1));
+    let n = len.div_ceil(per).max(1);
+    (0..n)
+        .map(|i| {
+            let flags = (i == 0) as u32 | (((i + 1 == n) as u32) << 1);
+            [(i * per) as u32, per as u32, flags]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shader's `pass_range` on the host: the iterations a pass runs of the list
+    /// `[lo, hi)`.
+    fn pass_range([first, count, _]: [u32; 3], lo: u32, hi: u32) -> std::ops::Range<u32> {
+        let a = lo + first.min(hi - lo);
+        a..a + count.min(hi - a)
+    }
+
+    #[test]
+    fn passes_cover_every_list_once_without_wrapping() {
+        // (per, max list length): a GPU's single pass (per = usize::MAX), a CPU adapter's
+        // splits, a pass longer than the lists, empty lists.
+        for (per, len) in [
+            (usize::MAX, 7),
+            (3, 7),
+            (7, 7),
+            (100, 7),
+            (usize::MAX, 0),
+            (1, 1),
+        ] {
+            let words = pass_words(per, len);
+            assert_eq!(words[0][2] & 1, 1, "the first pass is flagged first");
+            assert_eq!(
+                words.last().unwrap()[2] & 2,
+                2,
+                "the last pass is flagged last"
+            );
+            assert!(
+                words.iter().all(|w| w[1] as usize <= len.max(1)),
+                "{words:?}"
+            );
+            // Lists of every length up to `len`, starting deep into the concatenated lists
+            // (near u32::MAX, where an unclamped count wraps).
+            for lo in [0u32, 5, u32::MAX - 10] {
+                for l in 0..=len as u32 {
+                    let hi = lo + l;
+                    let seen: Vec<u32> =
+                        words.iter().flat_map(|&w| pass_range(w, lo, hi)).collect();
+                    assert_eq!(
+                        seen,
+                        (lo..hi).collect::<Vec<_>>(),
+                        "per {per} len {len} lo {lo}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn tile_sizes_fit_the_kernel_buffers() {

@@ -33,9 +33,11 @@ struct AttnParams {
 const FIRST: u32 = 1u;
 const LAST: u32 = 2u;
 
+// Saturating: `lo + w_count` may not fit a u32 (a GPU's one pass sends the whole list
+// length, but lo is where this tile's list starts in the concatenated lists).
 fn pass_range(lo: u32, hi: u32) -> vec2<u32> {
-    let a = min(lo + p.w_first, hi);
-    return vec2<u32>(a, min(a + p.w_count, hi));
+    let a = lo + min(p.w_first, hi - lo);
+    return vec2<u32>(a, a + min(p.w_count, hi - a));
 }
 @group(0) @binding(0) var<uniform> p: AttnParams;
 
