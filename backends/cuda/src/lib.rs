@@ -141,8 +141,9 @@ pub struct CudaBackend {
     loss_ws: Mutex<Option<CudaSlice<u8>>>,
     /// Recently uploaded index arrays, see [`CudaBackend::upload_i32_cached`].
     uploads: Mutex<std::collections::VecDeque<CachedUpload>>,
-    /// The side stream of [`dflash_core::MemoryOps::download_detached`], made on first use.
-    transfers: Mutex<Option<Arc<CudaStream>>>,
+    /// The side stream and pinned staging of [`dflash_core::MemoryOps::download_detached`],
+    /// made on first use.
+    transfers: Mutex<Option<memory::SideTransfers>>,
 }
 
 impl CudaBackend {

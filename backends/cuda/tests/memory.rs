@@ -41,6 +41,20 @@ fn memory_ops_match_reference() {
     });
     check_exact("download_detached of a copy", &side, &x);
     assert_eq!(busy.dims(), &[rows, rows]);
+    // Snapshots of checkpoint size go through the 32 MB pinned buffers in chunks: one chunk
+    // exactly, two (both buffers, no refill), five and a tail (refills and the plain tail).
+    const CHUNK_F32: usize = (32 << 20) / 4;
+    for n in [CHUNK_F32, 2 * CHUNK_F32, 5 * CHUNK_F32 + 12_345] {
+        let big = rand_vec(&mut r, n, 1.0);
+        let snap = cu.copy(&up(&cu, &big, &[n])).unwrap();
+        let side = std::thread::scope(|s| {
+            s.spawn(|| cu.download_detached(&snap).unwrap())
+                .join()
+                .unwrap()
+        });
+        assert_eq!(side.len(), n);
+        check_exact(&format!("download_detached of {n} values"), &side, &big);
+    }
     for (s, l) in [(0, rows), (3, 10), (rows - 1, 1), (5, 0)] {
         check_exact(
             &format!("narrow_rows({s}, {l})"),
