@@ -9,22 +9,27 @@
 #   DFLASH_CUDA_GEMM=fp32 .cudatest/run_all.sh  # default backend GEMMs in exact f32
 #   .cudatest/gemm --nocapture                  # one op family (also: run_all.sh <filter>)
 #
+# Another crate's tests stage the same way into another directory, e.g. the wgpu backend's for
+# a Vulkan run on the GPU machine: `stage-device-tests.sh dflash-backend-wgpu .wgputest`.
+#
 # run_all.sh passes `--nocapture --test-threads 1` (plus its own arguments) to each executable,
 # runs all of them even after a failure, and exits non-zero if any failed.
 # (The release profile keeps debug info; stripping keeps each binary a few MB instead of ~80.)
 set -euo pipefail
+pkg=${1:-dflash-backend-cuda}
+dir=${2:-.cudatest}
 cd "$(dirname "$0")/../../.."
-grep -qx '/.cudatest/' .git/info/exclude 2>/dev/null || echo '/.cudatest/' >> .git/info/exclude
+grep -qx "/$dir/" .git/info/exclude 2>/dev/null || echo "/$dir/" >> .git/info/exclude
 # Only this crate's test harnesses are executables in the build's artifact messages; each is
-# <target name>-<hash> (the unit tests: dflash_backend_cuda-<hash>).
-mapfile -t exes < <(cargo test --release -p dflash-backend-cuda --no-run --message-format=json 2>/dev/null \
+# <target name>-<hash> (the unit tests: e.g. dflash_backend_cuda-<hash>).
+mapfile -t exes < <(cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null \
     | grep '"executable":"' | sed 's/.*"executable":"\([^"]*\)".*/\1/' | sort -u)
 [ "${#exes[@]}" -gt 0 ] || { echo "no test executable found" >&2; exit 1; }
-rm -rf .cudatest && mkdir .cudatest
+rm -rf "$dir" && mkdir "$dir"
 names=()
 for exe in "${exes[@]}"; do
     name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
-    cp "$exe" ".cudatest/$name" && strip ".cudatest/$name"
+    cp "$exe" "$dir/$name" && strip "$dir/$name"
     names+=("$name")
 done
 {
@@ -38,6 +43,6 @@ done
     echo 'done'
     echo '[ "${#failed[@]}" -eq 0 ] || { echo "FAILED: ${failed[*]}" >&2; exit 1; }'
     echo 'echo "all test executables passed"'
-} > .cudatest/run_all.sh
-chmod +x .cudatest/run_all.sh
-ls -la .cudatest
+} > "$dir/run_all.sh"
+chmod +x "$dir/run_all.sh"
+ls -la "$dir"

@@ -74,6 +74,21 @@ pub const BASELINES: &[Baseline] = &[
         TFLOPS,
         "bf16 GEMM 8192^3 (cuBLAS via torch), 776-784",
     ),
+    // The suite's own GEMM figures. `gemm.compute` is bf16 on CUDA, so cuBLAS's bf16 rate is
+    // its yardstick; the f32 one is read against the H200's non-tensor f32 peak (datasheet,
+    // ~67 TFLOP/s), which no f32 GEMM without TF32 can pass.
+    hi(
+        "gemm.compute.8192",
+        780.0,
+        TFLOPS,
+        "bf16 GEMM 8192^3 (cuBLAS via torch), 776-784",
+    ),
+    hi(
+        "gemm.f32.8192",
+        67.0,
+        TFLOPS,
+        "H200 f32 peak without tensor cores (datasheet)",
+    ),
     hi("copy.d2d", 4.22, "TB/s", "device-to-device copy"),
     hi("attention.dflash.ctx4096.fwd", 246.0, TFLOPS, DFLASH),
     hi("attention.dflash.ctx4096.fwd_bwd", 207.0, TFLOPS, DFLASH),

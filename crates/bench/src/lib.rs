@@ -24,6 +24,7 @@ pub mod baselines;
 mod checkpoint;
 pub mod drafter;
 pub mod e2e;
+pub mod gemm;
 pub mod generate;
 pub mod target;
 mod util;
@@ -126,7 +127,8 @@ pub struct BenchResult {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchOptions {
     pub scale: Scale,
-    /// Run only results whose name contains this substring.
+    /// Run only results whose name contains this substring, or any of several separated by
+    /// commas (`gemm,attention.dflash.ctx4096`).
     pub only: Option<String>,
     /// Override the warm-up runs per figure.
     pub warmup: Option<usize>,
@@ -157,7 +159,24 @@ impl BenchOptions {
         }
     }
     fn wants(&self, name: &str) -> bool {
-        self.only.as_deref().is_none_or(|s| name.contains(s))
+        self.only
+            .as_deref()
+            .is_none_or(|s| s.split(',').any(|part| name.contains(part.trim())))
+    }
+    /// The parts of `only` that match no figure of the suite (a typo would otherwise run
+    /// nothing, or less than asked, without a word).
+    pub fn unmatched_only(&self) -> Vec<String> {
+        let all = figure_names();
+        self.only
+            .as_deref()
+            .map(|s| {
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|part| !all.iter().any(|n| n.contains(part)))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
     /// The baseline of `name` measured in this run, if one was given.
     pub fn measured_baseline(&self, name: &str) -> Option<f64> {
@@ -271,7 +290,8 @@ impl Suite<'_> {
 
 /// Every figure name the suite can produce, in run order.
 pub fn figure_names() -> Vec<String> {
-    let mut v = attention::figure_names();
+    let mut v = gemm::figure_names();
+    v.extend(attention::figure_names());
     v.extend(target::figure_names());
     v.extend(drafter::figure_names());
     v.extend(e2e::figure_names());
@@ -291,6 +311,7 @@ pub fn run_suite<'a>(
         on_result: Box::new(on_result),
         results: Vec::new(),
     };
+    gemm::run(&mut s)?;
     attention::run(&mut s)?;
     target::run(&mut s)?;
     drafter::run(&mut s)?;

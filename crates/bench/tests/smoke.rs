@@ -109,6 +109,29 @@ fn only_selects_by_substring() {
     assert_eq!(names, ["attention.causal.s8192.fwd_bwd"]);
 }
 
+/// `--only a,b` runs the figures matching any part, in suite order; a part matching nothing
+/// is reported (the CLI refuses it) rather than silently running less than asked.
+#[test]
+fn only_takes_several_substrings() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let opts = BenchOptions {
+        only: Some("causal.s8192.fwd_bwd, gemm.f32".into()),
+        runs: Some(1),
+        warmup: Some(0),
+        ..BenchOptions::smoke()
+    };
+    assert!(opts.unmatched_only().is_empty());
+    let results = run_suite(backend, &opts, |_| {}).unwrap();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["gemm.f32.8192", "attention.causal.s8192.fwd_bwd"]);
+    let typo = BenchOptions {
+        only: Some("gemm,atention".into()),
+        ..BenchOptions::smoke()
+    };
+    assert_eq!(typo.unmatched_only(), ["atention"]);
+}
+
 /// A baseline measured in the run (`--baselines`) replaces the table's for its figure only.
 #[test]
 fn baselines_measured_in_the_run_replace_the_tables() {

@@ -219,7 +219,7 @@ struct BenchArgs {
     /// `full`: the §4 shapes (a GPU); `smoke`: tiny shapes over the same code paths.
     #[arg(long, default_value = "full")]
     scale: dflash_bench::Scale,
-    /// Run only the figures whose name contains SUBSTRING.
+    /// Run only the figures whose name contains SUBSTRING (several, comma-separated: any).
     #[arg(long, value_name = "SUBSTRING")]
     only: Option<String>,
     /// Write the JSON list here (parent directories are created).
@@ -285,14 +285,13 @@ fn bench(args: BenchArgs) -> Result<()> {
             None => Vec::new(),
         },
     };
-    if let Some(only) = &bench_opts.only {
-        let all = dflash_bench::figure_names();
-        if !all.iter().any(|n| n.contains(only.as_str())) {
-            anyhow::bail!(
-                "no figure matches --only {only:?}; figures: {}",
-                all.join(", ")
-            );
-        }
+    let unmatched = bench_opts.unmatched_only();
+    if !unmatched.is_empty() {
+        anyhow::bail!(
+            "no figure matches --only {:?}; figures: {}",
+            unmatched.join(","),
+            dflash_bench::figure_names().join(", ")
+        );
     }
     println!(
         "bench: backend {} on {}, attention {}, scale {}",
