@@ -18,7 +18,7 @@ use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
 use crate::WgpuBackend;
 use crate::gemm::Operand;
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage};
+use crate::storage::{WgpuStorage, storage, storage_any};
 
 const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
 const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
@@ -146,7 +146,9 @@ impl LossOps for WgpuBackend {
         let op = "linear_cross_entropy";
         let dims = LossDims::of_cross_entropy(op, self.tag(), x, w_head, labels, weights)?;
         let (t, h, v) = (dims.rows, dims.hidden, dims.vocab);
-        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        let xs = storage(op, &self.ctx, x)?;
+        // The head may be f16 (a frozen LM head in the compute format): the GEMMs widen it.
+        let ws = storage_any(op, &self.ctx, w_head)?;
         let active = dims.active_rows(op, self.tag(), labels, weights)?;
         // Skipped rows stay exactly 0: wgpu zero-initialises the buffer.
         let dx = self.ctx.alloc(op, t * h)?;
@@ -221,7 +223,9 @@ impl LossOps for WgpuBackend {
             hidden: h,
             vocab: v,
         } = LossDims::of_argmax(op, self.tag(), x, w_head)?;
-        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        let xs = storage(op, &self.ctx, x)?;
+        // The head may be f16 (a frozen LM head in the compute format): the GEMMs widen it.
+        let ws = storage_any(op, &self.ctx, w_head)?;
         if t == 0 {
             return Ok(Vec::new());
         }

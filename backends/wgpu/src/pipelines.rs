@@ -28,11 +28,14 @@ const FLUSH_EVERY: usize = 256;
 const UNIFORM_WORDS: usize = 16;
 
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
-/// shared prelude (`common.wgsl`) in front.
+/// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
+/// (the operand bindings and readers are put in front of `gemm.wgsl`); `F16` holds the
+/// kernels that read or write f16 buffers and is compiled only on a device with
+/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
-    Gemm,
+    Gemm { a16: bool, b16: bool },
     Norm,
     Rope,
     Activation,
@@ -40,13 +43,23 @@ pub(crate) enum Family {
     Optimizer,
     Loss,
     Attention,
+    F16,
 }
 
 impl Family {
-    fn source(self) -> &'static str {
-        match self {
+    /// The module's text: `enable` directives, the prelude, the family's file.
+    fn source(self) -> String {
+        let body = match self {
             Family::Memory => include_str!("shaders/memory.wgsl"),
-            Family::Gemm => include_str!("shaders/gemm.wgsl"),
+            Family::Gemm { a16, b16 } => {
+                let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
+                return format!(
+                    "{f16}{PRELUDE}\n{}{}{}",
+                    gemm_operand("a", 1, a16),
+                    gemm_operand("b", 2, b16),
+                    include_str!("shaders/gemm.wgsl")
+                );
+            }
             Family::Norm => include_str!("shaders/norm.wgsl"),
             Family::Rope => include_str!("shaders/rope.wgsl"),
             Family::Activation => include_str!("shaders/activation.wgsl"),
@@ -54,10 +67,42 @@ impl Family {
             Family::Optimizer => include_str!("shaders/optimizer.wgsl"),
             Family::Loss => include_str!("shaders/loss.wgsl"),
             Family::Attention => include_str!("shaders/attention.wgsl"),
-        }
+            Family::F16 => {
+                return format!(
+                    "enable f16;\n{PRELUDE}\n{}",
+                    include_str!("shaders/f16.wgsl")
+                );
+            }
+        };
+        format!("{PRELUDE}\n{body}")
     }
     fn file(self) -> String {
-        format!("{self:?}").to_lowercase() + ".wgsl"
+        match self {
+            Family::Gemm { a16, b16 } => {
+                let d = |h| if h { "f16" } else { "f32" };
+                format!("gemm.wgsl (a {}, b {})", d(a16), d(b16))
+            }
+            _ => format!("{self:?}").to_lowercase() + ".wgsl",
+        }
+    }
+}
+
+/// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers `read_x(i)` (stored element
+/// `i` as f32) and `read_x2(i)` (elements `i`, `i + 1`, `i` even): an f16 operand is bound as
+/// `vec2<f16>` words, so a pair is one 32-bit load.
+fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
+    if f16 {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<vec2<f16>>;\n\
+             fn read_{x}(i: u32) -> f32 {{ return f32(g{x}[i >> 1u][i & 1u]); }}\n\
+             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i >> 1u]); }}\n"
+        )
+    } else {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<f32>;\n\
+             fn read_{x}(i: u32) -> f32 {{ return g{x}[i]; }}\n\
+             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i], g{x}[i + 1u]); }}\n"
+        )
     }
 }
 
@@ -171,12 +216,12 @@ impl Ctx {
         cache
             .entry(family)
             .or_insert_with(|| {
-                let src = format!("{PRELUDE}\n{}", family.source());
+                let label = family.file();
                 Arc::new(
                     self.device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(family.source().lines().next().unwrap_or("dflash")),
-                            source: wgpu::ShaderSource::Wgsl(src.into()),
+                            label: Some(&label),
+                            source: wgpu::ShaderSource::Wgsl(family.source().into()),
                         }),
                 )
             })
