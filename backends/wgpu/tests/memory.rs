@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use dflash_backend_wgpu::DType;
 use dflash_core::{MemoryOps, Tensor};
 
 /// Sizes around the small-binding chunk (1024 elements), and the empty tensor.
@@ -229,4 +230,143 @@ fn more_than_65535_workgroups_use_a_2d_grid() {
     let got = down(&be, &s);
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     check_exact(&format!("add over {n} elements (2-D grid)"), &got, &want);
+}
+
+/// The f16 compute format through the moves that must take it: `to_compute_format` rounds
+/// (checked per element by `up_f16`), and download, copy, narrow_rows, concat_rows and
+/// concat_cols keep f16 and its values bit for bit, at odd element offsets and lengths (one
+/// f16 is half a word: the kernel path) and even ones (buffer copies), on both binding sizes.
+#[test]
+fn f16_moves_keep_the_values_bit_exact() {
+    let rf = reference();
+    let mut r = rng(12);
+    for (label, be) in wgpu_f16_both() {
+        println!("[{label}]");
+        for &(rows, cols) in &[(13, 7), (300, 33), (6, 1000), (1, 1), (40, 2)] {
+            let x = rand_vec(&mut r, rows * cols, 3.0);
+            let (tw, held) = up_f16(&be, &x, &[rows, cols]);
+            let tr = up(&rf, &held, &[rows, cols]);
+            let c = be.copy(&tw).unwrap();
+            assert_eq!(dtype(&c), DType::F16);
+            check_exact(&format!("f16 copy {rows}x{cols}"), &down(&be, &c), &held);
+            for (start, len) in [
+                (0, rows),
+                (rows / 3, rows - rows / 3),
+                (rows - 1, 1),
+                (0, 0),
+            ] {
+                let nw = be.narrow_rows(&tw, start, len).unwrap();
+                assert_eq!(dtype(&nw), DType::F16);
+                check_exact(
+                    &format!("f16 narrow_rows {rows}x{cols} [{start}, +{len})"),
+                    &down(&be, &nw),
+                    &down(&rf, &rf.narrow_rows(&tr, start, len).unwrap()),
+                );
+            }
+            let extra = [rows + 2, 1, 17];
+            let parts: Vec<(Tensor, Vec<f32>)> = extra
+                .iter()
+                .map(|&k| up_f16(&be, &rand_vec(&mut r, k * cols, 1.0), &[k, cols]))
+                .collect();
+            let pr: Vec<Tensor> = parts
+                .iter()
+                .zip(&extra)
+                .map(|((_, h), &k)| up(&rf, h, &[k, cols]))
+                .collect();
+            let cw = be
+                .concat_rows(&parts.iter().map(|(t, _)| t).collect::<Vec<_>>())
+                .unwrap();
+            assert_eq!(dtype(&cw), DType::F16);
+            let cr = rf.concat_rows(&pr.iter().collect::<Vec<_>>()).unwrap();
+            check_exact("f16 concat_rows", &down(&be, &cw), &down(&rf, &cr));
+            let widths = [cols, 3, 2 * cols + 1];
+            let parts: Vec<(Tensor, Vec<f32>)> = widths
+                .iter()
+                .map(|&c| up_f16(&be, &rand_vec(&mut r, rows * c, 1.0), &[rows, c]))
+                .collect();
+            let pr: Vec<Tensor> = parts
+                .iter()
+                .zip(&widths)
+                .map(|((_, h), &c)| up(&rf, h, &[rows, c]))
+                .collect();
+            let cw = be
+                .concat_cols(&parts.iter().map(|(t, _)| t).collect::<Vec<_>>())
+                .unwrap();
+            assert_eq!(dtype(&cw), DType::F16);
+            let cr = rf.concat_cols(&pr.iter().collect::<Vec<_>>()).unwrap();
+            check_exact(
+                &format!("f16 concat_cols {rows} rows, widths {widths:?}"),
+                &down(&be, &cw),
+                &down(&rf, &cr),
+            );
+        }
+    }
+}
+
+/// Rounding into f16 at the edges of its range (round to nearest even; what WGSL leaves
+/// undefined, spelled out), parts of two dtypes, the ops that read f32 only (each an error
+/// naming the op, the dtype and the device, never garbage), and `DFLASH_WGPU_F16`'s off
+/// switch (`WgpuOptions::f16 = false`: the compute format stays f32).
+#[test]
+fn f16_rounding_edges_and_clean_errors() {
+    let Some(f32_be) = wgpu() else { return };
+    assert_eq!(f32_be.compute_format(), DType::F32);
+    let t = f32_be
+        .to_compute_format(up(&f32_be, &[0.1, -3.0], &[2]))
+        .unwrap();
+    assert_eq!(dtype(&t), DType::F32);
+    check_exact(
+        "to_compute_format with f16 off",
+        &down(&f32_be, &t),
+        &[0.1, -3.0],
+    );
+    let Some(be) = wgpu_f16() else { return };
+    let x = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        70000.0,
+        65520.0,
+        65519.0,
+        -65510.0,
+        65504.0,
+        1.0 + 2f32.powi(-11),       // a tie: to even (1.0)
+        1.0 + 3.0 * 2f32.powi(-11), // a tie: to even (1 + 2^-9)
+        2f32.powi(-24),             // the smallest subnormal
+        2f32.powi(-26),             // below half of it: 0
+        -0.0,
+    ];
+    let t = be.to_compute_format(up(&be, &x, &[x.len()])).unwrap();
+    let got = down(&be, &t);
+    let want = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::INFINITY,
+        65504.0,
+        -65504.0,
+        65504.0,
+        1.0,
+        1.0 + 2f32.powi(-9),
+        2f32.powi(-24),
+        0.0,
+        -0.0,
+    ];
+    assert!(got[0].is_nan(), "NaN rounds to NaN, got {}", got[0]);
+    check_exact("f16 rounding at the range's edges", &got[1..], &want[1..]);
+    let (a, _) = up_f16(&be, &[1.0; 6], &[2, 3]);
+    let b = up(&be, &[1.0; 6], &[2, 3]);
+    assert_err(
+        be.concat_rows(&[&a, &b]),
+        &["concat_rows", "f16", "f32", "wgpu:0"],
+    );
+    let e = assert_err(be.add(&a, &b), &["add", "[2, 3]", "f16", "wgpu:0"]);
+    println!("  {e}");
+    assert_err(be.sum_squares(&a), &["sum_squares", "f16", "wgpu:0"]);
+    let mut acc = be.copy(&a).unwrap();
+    assert_err(
+        be.scale_assign(&mut acc, 2.0),
+        &["scale_assign", "f16", "wgpu:0"],
+    );
 }
