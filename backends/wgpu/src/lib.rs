@@ -22,6 +22,10 @@
 //!   on the host.
 //! - **Attention**: host attention kernels run through a host round trip; the block-sparse
 //!   WGSL kernel is `wgpu-tiled` (see `attention.rs` for what it supports).
+//! - **Row reductions** (RMSNorm, the loss's row max / argmax / sum, sums of squares): on
+//!   subgroup operations where the adapter has `SUBGROUP`, else through workgroup memory
+//!   (`DFLASH_WGPU_SUBGROUPS=0` forces the latter); one WGSL interface (`reduce.wgsl`,
+//!   `reduce_subgroups.wgsl`), the variant chosen when the pipeline is made.
 //! - **Debug poison**: with `DFLASH_WGPU_POISON=1` (or [`WgpuOptions::poison`]) every output
 //!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
 
@@ -63,16 +67,22 @@ pub struct WgpuOptions {
     /// Keep read-only tensors (frozen weights, features) in f16 where the device has
     /// `SHADER_F16` ([`WgpuBackend::compute_format`]); off, or without the feature, f32.
     pub f16: bool,
+    /// Row reductions (RMSNorm, the loss's row max and sum, sums of squares) on subgroup
+    /// operations where the device has `SUBGROUP`; off, or without it, through workgroup
+    /// memory ([`WgpuBackend::subgroups`]).
+    pub subgroups: bool,
 }
 
 impl WgpuOptions {
     /// `DFLASH_WGPU_POISON=1` turns poison on; f16 is on unless `DFLASH_WGPU_F16=0` (which
-    /// forces f32 on an adapter with `SHADER_F16`, so both paths run on one machine).
+    /// forces f32 on an adapter with `SHADER_F16`, so both paths run on one machine), and
+    /// subgroup reductions unless `DFLASH_WGPU_SUBGROUPS=0`.
     pub fn from_env() -> Self {
         WgpuOptions {
             poison: std::env::var("DFLASH_WGPU_POISON").is_ok_and(|v| v == "1"),
             max_binding_bytes: None,
             f16: std::env::var("DFLASH_WGPU_F16").map_or(true, |v| v != "0"),
+            subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -114,6 +124,17 @@ impl WgpuBackend {
     /// The adapter, API and limits in force, as printed at start.
     pub fn summary(&self) -> String {
         self.ctx.summary()
+    }
+
+    /// Whether this instance's row reductions run on subgroup operations: the device has
+    /// `SUBGROUP` and [`WgpuOptions::subgroups`] is on.
+    pub fn subgroups(&self) -> bool {
+        self.opts.subgroups && self.ctx.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// `k` (of a family that reduces rows) in this instance's reduction variant.
+    pub(crate) fn reducing<'a>(&self, k: &Kernel<'a>) -> Kernel<'a> {
+        k.with_subgroups(self.subgroups())
     }
 
     /// The limits the device was opened with.

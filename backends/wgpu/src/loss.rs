@@ -78,8 +78,14 @@ impl WgpuBackend {
     ) -> Result<()> {
         let p = [c.n as u32, vc as u32, v0 as u32, (v0 == 0) as u32];
         let reads = [logits.bind_elems(0, c.n * vc), c.labels.bind()];
-        self.ctx
-            .dispatch(op, &STATS, &p, &reads, &[c.state.bind()], c.n as u64)
+        self.ctx.dispatch(
+            op,
+            &self.reducing(&STATS),
+            &p,
+            &reads,
+            &[c.state.bind()],
+            c.n as u64,
+        )
     }
 
     /// The forward over all vocabulary chunks of one row chunk; returns the logits buffer when

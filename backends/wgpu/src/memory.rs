@@ -140,6 +140,7 @@ impl WgpuBackend {
     /// One partial per 4096 elements of each tensor, all read back in one transfer; returns
     /// each tensor's partials.
     fn partials(&self, op: &'static str, k: &Kernel<'_>, ts: &[&Tensor]) -> Result<Vec<Vec<f32>>> {
+        let k = &self.reducing(k);
         let mut counts = Vec::with_capacity(ts.len());
         let mut total = 0usize;
         let mut plan = Vec::new(); // (tensor, chunk start, chunk len, first partial)

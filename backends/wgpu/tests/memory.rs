@@ -136,7 +136,7 @@ fn reductions_match_reference() {
         atol_unit: AtolUnit::Absolute,
         why: "f32 partial sums of 4096 squares vs f64",
     };
-    for (label, be) in wgpu_both() {
+    for (label, be) in wgpu_reduction_variants() {
         println!("[{label}]");
         let xs: Vec<Vec<f32>> = [1usize, 4095, 4097, 20_000, 3]
             .iter()

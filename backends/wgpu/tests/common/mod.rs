@@ -131,7 +131,38 @@ pub fn wgpu_with(attention: &str, max_binding_bytes: Option<u64>) -> Option<Wgpu
     wgpu_opts(attention, max_binding_bytes, false)
 }
 
+/// As [`wgpu`], with the row reductions through workgroup memory even where the adapter has
+/// subgroups (the fallback, tested next to the subgroup variant on one adapter).
+pub fn wgpu_workgroup_reductions() -> Option<WgpuBackend> {
+    let be = wgpu_opts_full("reference", None, false, false)?;
+    assert!(!be.subgroups());
+    Some(be)
+}
+
+/// The backends the row-reduction tests run on: [`wgpu_both`], plus (where the adapter has
+/// `SUBGROUP`, so that those use subgroup reductions) one with workgroup-memory reductions.
+pub fn wgpu_reduction_variants() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = wgpu_both();
+    if v.first().is_some_and(|(_, b)| b.subgroups()) {
+        if let Some(b) = wgpu_workgroup_reductions() {
+            v.push(("full bindings, workgroup-memory reductions", b));
+        }
+    } else if !v.is_empty() {
+        println!("  (the adapter has no SUBGROUP: workgroup-memory reductions only)");
+    }
+    v
+}
+
 fn wgpu_opts(attention: &str, max_binding_bytes: Option<u64>, f16: bool) -> Option<WgpuBackend> {
+    wgpu_opts_full(attention, max_binding_bytes, f16, true)
+}
+
+fn wgpu_opts_full(
+    attention: &str,
+    max_binding_bytes: Option<u64>,
+    f16: bool,
+    subgroups: bool,
+) -> Option<WgpuBackend> {
     dflash_backend_wgpu::link();
     dflash_backend_reference::link();
     let opts = BackendOptions {
@@ -143,6 +174,7 @@ fn wgpu_opts(attention: &str, max_binding_bytes: Option<u64>, f16: bool) -> Opti
         poison: true,
         max_binding_bytes,
         f16,
+        subgroups,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
