@@ -5,7 +5,7 @@
 //! f16 elements
 //! at any offset (a buffer copy needs 4-byte offsets and sizes, an f16 element is 2 bytes).
 
-use dflash_core::Result;
+use dflash_core::{HostSlice, Result, Tensor};
 
 use crate::pipelines::{Family, Kernel};
 use crate::storage::{DType, WgpuStorage};
@@ -51,15 +51,30 @@ impl WgpuBackend {
         let out = self.out_as(op, src.len, dtype)?;
         if src.dtype == dtype {
             self.copy_elems(op, src, 0, &out, 0, src.len)?;
-            return Ok(out);
+        } else {
+            self.convert_range(op, src, 0, &out, 0, src.len)?;
         }
-        let narrow = dtype == DType::F16;
+        Ok(out)
+    }
+
+    /// `dst[d0 .. d0 + n) = src[s0 .. s0 + n)` converted between f32 and f16 (the two differ);
+    /// into f16, `d0` must be even (to_f16 writes whole words).
+    fn convert_range(
+        &self,
+        op: &'static str,
+        src: &WgpuStorage,
+        s0: usize,
+        dst: &WgpuStorage,
+        d0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let narrow = dst.dtype == DType::F16;
         // Even chunk starts: to_f16 writes whole words (two elements per thread).
         let span = (self.span_elems() & !1).max(2);
-        for c0 in (0..src.len).step_by(span) {
-            let len = span.min(src.len - c0);
-            let (sb, ss) = self.span(src, c0, len);
-            let (db, ds) = self.span(&out, c0, len);
+        for c0 in (0..n).step_by(span) {
+            let len = span.min(n - c0);
+            let (sb, ss) = self.span(src, s0 + c0, len);
+            let (db, ds) = self.span(dst, d0 + c0, len);
             if narrow {
                 // The f16 offset alignment is an even element count, so `ds` is even too.
                 let p = [len as u32, ss, ds / 2];
@@ -71,7 +86,61 @@ impl WgpuBackend {
                 self.ctx.dispatch(op, &TO_F32, &p, &[sb], &[db], g)?;
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// [`dflash_core::MemoryOps::upload_frozen`] in host chunks of at most `chunk` elements
+    /// (public so that tests cross chunk boundaries on small tensors): f16 file bytes into an
+    /// f16 tensor as they are; anything into an f32 tensor widened on the host one chunk at a
+    /// time; f32 or bf16 into an f16 tensor widened one chunk at a time into a device staging
+    /// buffer and rounded from there. No whole-tensor f32 copy in host memory.
+    pub fn upload_frozen_chunked(
+        &self,
+        data: HostSlice<'_>,
+        shape: &[usize],
+        chunk: usize,
+    ) -> Result<Tensor> {
+        let op = "upload_frozen";
+        let n = data.check(op, self.tag(), shape)?;
+        let dtype = self.compute_format();
+        // Even, so every chunk starts at a whole word of an f16 tensor.
+        let chunk = chunk.max(2) & !1;
+        let out = self.ctx.alloc_as(op, n, dtype)?;
+        match (dtype, data) {
+            (DType::F16, HostSlice::F16(bytes)) => {
+                for c0 in (0..n).step_by(chunk) {
+                    let len = chunk.min(n - c0);
+                    let mut part = bytes[2 * c0..2 * (c0 + len)].to_vec();
+                    // Writes are whole words; the buffer has room for the padding.
+                    part.resize(part.len().next_multiple_of(4), 0);
+                    self.ctx.queue.write_buffer(&out.buf, 2 * c0 as u64, &part);
+                    self.ctx.queue.submit([]);
+                }
+            }
+            (DType::F32, _) => {
+                let mut host = vec![0.0f32; chunk.min(n)];
+                for c0 in (0..n).step_by(chunk) {
+                    let len = chunk.min(n - c0);
+                    data.range(c0, len).widen_into(&mut host[..len]);
+                    self.ctx.write(&out.buf, c0, &host[..len]);
+                    self.ctx.queue.submit([]);
+                }
+            }
+            (DType::F16, _) => {
+                let staging = self.ctx.alloc(op, chunk.min(n))?;
+                let mut host = vec![0.0f32; chunk.min(n)];
+                for c0 in (0..n).step_by(chunk) {
+                    let len = chunk.min(n - c0);
+                    data.range(c0, len).widen_into(&mut host[..len]);
+                    self.ctx.write(&staging.buf, 0, &host[..len]);
+                    self.convert_range(op, &staging, 0, &out, c0, len)?;
+                    // The conversion must read this chunk before the next one is written: a
+                    // queued write lands at the start of the next submission.
+                    self.ctx.flush();
+                }
+            }
+        }
+        Ok(self.tensor(out, shape))
     }
 
     /// `s` itself when it is f32, else an f32 copy of it (for kernels that read f32 only: the

@@ -5,7 +5,7 @@
 //! The moves (download, copy, narrow, concatenation) take either dtype and keep it (parts of
 //! one concatenation must agree); the arithmetic and the reductions take f32.
 
-use dflash_core::{MemoryOps, Result, Tensor};
+use dflash_core::{HostSlice, MemoryOps, Result, Tensor};
 
 use crate::half::COPY2D_H;
 use crate::pipelines::{Family, Kernel};
@@ -228,6 +228,11 @@ impl MemoryOps for WgpuBackend {
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         let s = storage_any("download", &self.ctx, t)?;
         self.ctx.download_as(&s.buf, s.dtype, s.len)
+    }
+
+    /// The file's bytes in chunks of 16 Mi elements ([`WgpuBackend::upload_frozen_chunked`]).
+    fn upload_frozen(&self, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
+        self.upload_frozen_chunked(data, shape, 16 << 20)
     }
 
     /// f16 where [`WgpuBackend::compute_format`] says so (rounded to nearest even on the
