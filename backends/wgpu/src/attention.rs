@@ -1,6 +1,8 @@
 //! Attention over a block-sparse mask: any registered host kernel through a host round trip
 //! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
-//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles).
+//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles). q, k, v
+//! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
+//! into f32 copies on the device first (its kernels read f32).
 
 mod tiled;
 

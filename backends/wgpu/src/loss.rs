@@ -12,6 +12,8 @@
 //!   the logits are recomputed for it (one more GEMM per chunk instead of keeping `(n, V)`);
 //! - `dxc` is scattered back into the rows of `dx` (skipped rows stay exactly 0), and the row
 //!   states are read back once at the end: `CE = max + ln(sum) - logit[label]` in f64.
+//!
+//! The head may be f16 (a frozen LM head in the compute format): both GEMMs widen it on load.
 
 use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
 
