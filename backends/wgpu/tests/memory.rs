@@ -431,3 +431,53 @@ fn upload_frozen_matches_the_compute_format_of_the_widened_data() {
         );
     }
 }
+
+/// Round to nearest even into f16, over its whole range: every finite f16 value (normal,
+/// subnormal, both signs) comes back as itself; the exact midpoint between two neighbours goes
+/// to the one with an even mantissa; one f32 ulp below / above it goes down / up (past 65504,
+/// "up" is infinity).
+#[test]
+fn f16_rounding_is_nearest_even_over_the_whole_range() {
+    let Some(be) = wgpu_f16() else { return };
+    let widen = |bits: &[u16]| {
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        HostSlice::F16(&bytes).to_f32_vec()
+    };
+    let finite: Vec<u16> = (0..0x7c00u16).chain(0x8000..0xfc00).collect();
+    let vals = widen(&finite);
+    let t = be.to_compute_format(up(&be, &vals, &[vals.len()])).unwrap();
+    check_exact("every finite f16 value", &down(&be, &t), &vals);
+    // Neighbours (h, h + 1) over the positive range, up to (65504, infinity).
+    let lo: Vec<u16> = (0..0x7bffu16 + 1).collect();
+    let hi: Vec<u16> = lo.iter().map(|h| h + 1).collect();
+    let (a, b) = (widen(&lo), widen(&hi));
+    // Past 65504 the next step would be 65536: the midpoint there is 65520.
+    let mid: Vec<f32> = a
+        .iter()
+        .zip(&b)
+        .map(|(&x, &y)| ((x as f64 + if y.is_finite() { y as f64 } else { 65536.0 }) / 2.0) as f32)
+        .collect();
+    let below: Vec<f32> = mid
+        .iter()
+        .map(|m| f32::from_bits(m.to_bits() - 1))
+        .collect();
+    let above: Vec<f32> = mid
+        .iter()
+        .map(|m| f32::from_bits(m.to_bits() + 1))
+        .collect();
+    let even: Vec<f32> = lo
+        .iter()
+        .zip(a.iter().zip(&b))
+        .map(|(h, (&x, &y))| if h % 2 == 0 { x } else { y })
+        .collect();
+    for (name, input, want) in [
+        ("midpoints: to even", &mid, &even),
+        ("one ulp below the midpoints: down", &below, &a),
+        ("one ulp above the midpoints: up", &above, &b),
+    ] {
+        let t = be
+            .to_compute_format(up(&be, input, &[input.len()]))
+            .unwrap();
+        check_exact(name, &down(&be, &t), want);
+    }
+}
