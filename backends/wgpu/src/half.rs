@@ -2,8 +2,8 @@
 //! f16 where the device has `SHADER_F16` (and [`crate::WgpuOptions::f16`] is on), f32
 //! elsewhere. The kernels of `shaders/f16.wgsl` convert (f32 -> f16 rounds to nearest even on
 //! the bits, NaN, infinities, overflow and subnormals included; f16 -> f32 is exact) and move
-//! f16 elements
-//! at any offset (a buffer copy needs 4-byte offsets and sizes, an f16 element is 2 bytes).
+//! f16 elements at any offset (a buffer copy needs 4-byte offsets and sizes, an f16 element
+//! is 2 bytes). The checkpoint loader ([`WgpuBackend::upload_frozen_chunked`]) is here too.
 
 use dflash_core::{HostSlice, Result, Tensor};
 
