@@ -1,8 +1,9 @@
 // reduce_subgroups.wgsl: reduce.wgsl's interface on subgroup operations (the device's
-// SUBGROUP feature, which is what naga asks of them): each subgroup reduces
-// its lanes, its first lane writes the result to workgroup memory at the subgroup's index,
-// and every thread adds the subgroups' results in index order (a fixed order for a given
-// subgroup size). Entry points pass their subgroup builtins to rd_init first.
+// SUBGROUP feature, which is what naga asks of them): each subgroup reduces its lanes, its
+// first lane writes the result to workgroup memory at the subgroup's index, and every thread
+// adds the subgroups' results in index order. The order inside subgroupAdd is the driver's,
+// so sums may differ from reduce.wgsl's in the last bits (maxima and argmax do not).
+// Entry points pass their subgroup builtins to rd_init first.
 
 var<workgroup> rd_val: array<f32, 256>;
 var<workgroup> rd_idx: array<u32, 256>;
