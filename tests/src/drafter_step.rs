@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dflash_config::{DrafterConfig, DrafterShape, LayerType, Qwen3Config};
 use dflash_core::Backend;
-use dflash_core::pipeline::{Features, HiddenBatch, SeqMeta};
+use dflash_core::pipeline::{Features, FeaturesRef, HiddenBatch, SeqMeta};
 use dflash_data::{block_targets, default_gamma};
 use dflash_models::drafter::{FrozenTarget, normal_vec};
 use dflash_models::{DraftInput, Drafter, DrafterParams};
@@ -232,16 +232,26 @@ struct Run {
     grads: Vec<(String, Vec<f32>)>,
 }
 
-fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool) -> Run {
+/// With `compute_format`, the frozen embedding, the LM head and the features are handed to
+/// the drafter in `b`'s `to_compute_format`, as a job's loader and target worker do.
+fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool, compute_format: bool) -> Run {
     let params = DrafterParams::from_tensors(
         p.host_params
             .iter()
             .map(|(_, shape, w)| b.upload(w, shape).unwrap())
             .collect(),
     );
+    let frozen_up = |w: &[f32]| {
+        let t = b.upload(w, &[p.v, p.h]).unwrap();
+        if compute_format {
+            b.to_compute_format(t).unwrap()
+        } else {
+            t
+        }
+    };
     let frozen = Arc::new(FrozenTarget {
-        embed: b.upload(&p.embed, &[p.v, p.h]).unwrap(),
-        lm_head: b.upload(&p.lm_head, &[p.v, p.h]).unwrap(),
+        embed: frozen_up(&p.embed),
+        lm_head: frozen_up(&p.lm_head),
     });
     let bs = p.cfg.block_size;
     let bt = block_targets(
@@ -252,7 +262,8 @@ fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool) -> Run {
         default_gamma(bs),
         p.cfg.mask_token_id,
     );
-    let inp = match &p.packed {
+    let feats;
+    let mut inp = match &p.packed {
         Some(batch) => batch.as_input(),
         None => DraftInput {
             features: (&p.features).into(),
@@ -265,6 +276,17 @@ fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool) -> Run {
             ctx_positions: &[],
         },
     };
+    if compute_format {
+        let host = match inp.features {
+            FeaturesRef::Host(h) => h.to_vec(),
+            FeaturesRef::Tensor(t) => t.storage().read_host(t.numel()).unwrap(),
+        };
+        let rows = host.len() / (2 * p.h);
+        feats = b
+            .to_compute_format(b.upload(&host, &[rows, 2 * p.h]).unwrap())
+            .unwrap();
+        inp.features = FeaturesRef::Tensor(&feats);
+    }
     let drafter = Drafter::new(b.clone(), p.cfg.clone(), params, frozen).unwrap();
     let mut g = DrafterParams::zeros(b.as_ref(), &p.cfg).unwrap();
     let stats = drafter
@@ -345,13 +367,35 @@ pub fn drafter_step_matches_reference(
     problems: &[StepProblem],
     tol: &StepTolerance,
 ) {
+    step_matches_reference(backend, label, problems, tol, false);
+}
+
+/// As [`drafter_step_matches_reference`], with the frozen embedding, the LM head and the
+/// features in `backend`'s compute format (`MemoryOps::to_compute_format`, as in a job); the
+/// reference keeps them in f32, so `tol` covers their rounding.
+pub fn drafter_step_in_compute_format_matches_reference(
+    backend: Arc<dyn Backend>,
+    label: &str,
+    problems: &[StepProblem],
+    tol: &StepTolerance,
+) {
+    step_matches_reference(backend, label, problems, tol, true);
+}
+
+fn step_matches_reference(
+    backend: Arc<dyn Backend>,
+    label: &str,
+    problems: &[StepProblem],
+    tol: &StepTolerance,
+    compute_format: bool,
+) {
     let reference = reference_with("reference");
     for &which in problems {
         let p = problem(which, 11);
-        let want = run(reference.clone(), &p, false);
+        let want = run(reference.clone(), &p, false, false);
         assert!(want.counted > 0 && want.loss > 0.0);
         for recompute in [false, true] {
-            let got = run(backend.clone(), &p, recompute);
+            let got = run(backend.clone(), &p, recompute, compute_format);
             println!("{which:?} drafter, {label}, recompute={recompute}");
             check_step(&got, &want, tol);
         }

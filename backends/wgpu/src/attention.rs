@@ -1,6 +1,8 @@
 //! Attention over a block-sparse mask: any registered host kernel through a host round trip
 //! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
-//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles).
+//! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles). q, k, v
+//! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
+//! into f32 copies on the device first (its kernels read f32).
 
 mod tiled;
 
@@ -14,7 +16,7 @@ use dflash_core::{
 };
 
 use crate::WgpuBackend;
-use crate::storage::storage;
+use crate::storage::{storage, storage_any};
 
 /// The block-sparse WGSL kernel.
 pub const TILED: &str = "wgpu-tiled";
@@ -71,11 +73,17 @@ pub(crate) fn resolve(name: &str) -> Result<AttnImpl> {
 }
 
 impl WgpuBackend {
-    fn download_all(&self, op: &'static str, ts: &[&Tensor]) -> Result<Vec<Vec<f32>>> {
+    /// The tensors on the host, widened to f32; `any` of them (q, k, v) may be f16.
+    fn download_all(&self, op: &'static str, ts: &[&Tensor], any: usize) -> Result<Vec<Vec<f32>>> {
         ts.iter()
-            .map(|t| {
-                let s = storage(op, &self.ctx, t)?;
-                self.ctx.download(&s.buf, 0, s.len)
+            .enumerate()
+            .map(|(i, t)| {
+                let s = if i < any {
+                    storage_any(op, &self.ctx, t)?
+                } else {
+                    storage(op, &self.ctx, t)?
+                };
+                self.ctx.download_as(&s.buf, s.dtype, s.len)
             })
             .collect()
     }
@@ -102,8 +110,12 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                let qs = storage(op, &self.ctx, q)?;
-                let (ks, vs) = (storage(op, &self.ctx, k)?, storage(op, &self.ctx, v)?);
+                // f16 q, k, v (the compute format) are widened into f32 copies first: the
+                // tiled kernel reads f32.
+                let (mut wq, mut wk, mut wv) = (None, None, None);
+                let qs = self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?;
+                let ks = self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?;
+                let vs = self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?;
                 let out = self.out(op, qs.len)?;
                 let lse = self.out(op, dims.q_rows * dims.q_heads)?;
                 self.tiled_forward(op, &dims, mask, scale, [qs, ks, vs], &out, &lse)?;
@@ -113,7 +125,7 @@ impl AttentionOps for WgpuBackend {
                 ));
             }
         };
-        let host = self.download_all(op, &[q, k, v])?;
+        let host = self.download_all(op, &[q, k, v], 3)?;
         let mut out = vec![f32::NAN; host[0].len()];
         let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads];
         let call = AttnForward::new(
@@ -148,8 +160,13 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                let mut ins = Vec::with_capacity(6);
-                for t in [q, k, v, out, lse, d_out] {
+                let (mut wq, mut wk, mut wv) = (None, None, None);
+                let mut ins = vec![
+                    self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?,
+                    self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?,
+                    self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?,
+                ];
+                for t in [out, lse, d_out] {
                     ins.push(storage(op, &self.ctx, t)?);
                 }
                 let dq = self.out(op, ins[0].len)?;
@@ -164,7 +181,7 @@ impl AttentionOps for WgpuBackend {
                 ));
             }
         };
-        let h = self.download_all(op, &[q, k, v, out, lse, d_out])?;
+        let h = self.download_all(op, &[q, k, v, out, lse, d_out], 3)?;
         let mut dq = vec![f32::NAN; h[0].len()];
         let mut dk = vec![f32::NAN; h[1].len()];
         let mut dv = vec![f32::NAN; h[2].len()];

@@ -118,6 +118,11 @@ impl MemCounter {
     }
 }
 
+/// The optional features requested where the adapter offers them: `SHADER_F16` (f16 storage
+/// buffers, the compute format of read-only tensors) and `SUBGROUP` (subgroup reductions).
+pub const OPTIONAL_FEATURES: wgpu::Features =
+    wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
+
 /// One adapter's device, queue and everything built on them once.
 pub struct Ctx {
     pub ordinal: usize,
@@ -128,6 +133,8 @@ pub struct Ctx {
     pub queue: wgpu::Queue,
     /// The limits in force: the adapter's own, requested in full.
     pub limits: wgpu::Limits,
+    /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers.
+    pub features: wgpu::Features,
     pub(crate) pipelines: Pipelines,
     /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
     errors: Arc<Mutex<Vec<String>>>,
@@ -150,14 +157,28 @@ impl Ctx {
         ))
     }
 
-    /// One line for the start-up log: adapter, API, driver and the limits in force.
+    /// Whether the device has f16 storage buffers (`SHADER_F16`).
+    pub fn has_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// One line for the start-up log: adapter, API, driver, the limits and optional features
+    /// in force.
     pub fn summary(&self) -> String {
         let l = &self.limits;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let feature = |f: wgpu::Features, name: &str| {
+            let on = if self.features.contains(f) {
+                "yes"
+            } else {
+                "no"
+            };
+            format!("{name} {on}")
+        };
         format!(
             "{}: {} ({:?} {:?}, driver {} {}); limits in force: storage binding {:.0} MiB, \
              buffer {:.0} MiB, workgroup storage {} KiB, {} invocations per workgroup, \
-             {} workgroups per dimension, offset alignment {} B",
+             {} workgroups per dimension, offset alignment {} B; features: {}, {}",
             self.tag,
             self.info.name,
             self.info.backend,
@@ -170,6 +191,8 @@ impl Ctx {
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroups_per_dimension,
             l.min_storage_buffer_offset_alignment,
+            feature(wgpu::Features::SHADER_F16, "SHADER_F16"),
+            feature(wgpu::Features::SUBGROUP, "SUBGROUP"),
         )
     }
 }
@@ -220,9 +243,10 @@ fn open(ordinal: usize) -> Result<Ctx> {
     // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
     // workgroup memory): large tensors and attention tiles need them.
     let limits = adapter.limits();
+    let features = adapter.features() & OPTIONAL_FEATURES;
     let desc = wgpu::DeviceDescriptor {
         label: Some("dflash"),
-        required_features: wgpu::Features::empty(),
+        required_features: features,
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -244,6 +268,7 @@ fn open(ordinal: usize) -> Result<Ctx> {
             .push(e.to_string());
     }));
     let limits = device.limits();
+    let features = device.features() & OPTIONAL_FEATURES;
     let pipelines = Pipelines::new(&device);
     Ok(Ctx {
         ordinal,
@@ -252,6 +277,7 @@ fn open(ordinal: usize) -> Result<Ctx> {
         device,
         queue,
         limits,
+        features,
         pipelines,
         errors,
         mem: MemCounter::default(),

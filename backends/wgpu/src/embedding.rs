@@ -1,16 +1,18 @@
 //! Row gather from a frozen `(V, H)` table (`shaders/embedding.wgsl`), and the gather and
 //! scatter of rows by an index list that the loss uses. Ids are checked on the host (an
 //! out-of-range id is an error naming it and its position, never a read out of bounds);
-//! tables and outputs larger than one binding are walked in row chunks.
+//! tables and outputs larger than one binding are walked in row chunks. The table may be f16
+//! (the compute format of a frozen embedding): `gather_h` widens its rows into f32.
 
 use dflash_core::{EmbeddingOps, Result, Tensor};
 
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage};
+use crate::storage::{DType, WgpuStorage, storage_any};
 use crate::{WgpuBackend, groups};
 
 const GATHER: Kernel<'static> = Kernel::new(Family::Embedding, "gather");
 const SCATTER: Kernel<'static> = Kernel::new(Family::Embedding, "scatter");
+const GATHER_H: Kernel<'static> = Kernel::new(Family::F16, "gather_h");
 
 impl WgpuBackend {
     /// `out (n, h)[t] = table (v, h)[idx[t]]` (gather) or `out (v, h)[idx[t]] = src (n, h)[t]`
@@ -31,6 +33,21 @@ impl WgpuBackend {
         if n == 0 || h == 0 {
             return Ok(());
         }
+        if small.dtype != DType::F32 || (scatter && big.dtype != DType::F32) {
+            return Err(self.err(
+                op,
+                format!(
+                    "{} into {} rows: only a gather's table may be f16",
+                    if scatter { "scatter" } else { "gather" },
+                    big.dtype.name()
+                ),
+            ));
+        }
+        let gather = if big.dtype == DType::F16 {
+            &GATHER_H
+        } else {
+            &GATHER
+        };
         let rows = (self.span_elems() / h).max(1);
         for t0 in (0..n).step_by(rows) {
             let tc = rows.min(n - t0);
@@ -46,7 +63,7 @@ impl WgpuBackend {
                     self.ctx.dispatch(op, &SCATTER, &p, &[sb, ib], &[bb], g)?;
                 } else {
                     let p = [tc as u32, h as u32, v0, v1, bsh, ssh, ish];
-                    self.ctx.dispatch(op, &GATHER, &p, &[bb, ib], &[sb], g)?;
+                    self.ctx.dispatch(op, gather, &p, &[bb, ib], &[sb], g)?;
                 }
             }
         }
@@ -57,7 +74,7 @@ impl WgpuBackend {
 impl EmbeddingOps for WgpuBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let op = "embedding";
-        let tab = storage(op, &self.ctx, table)?;
+        let tab = storage_any(op, &self.ctx, table)?;
         if table.dims().len() != 2 {
             return Err(self.shape_err(op, format!("table {:?} must be (V, H)", table.shape())));
         }

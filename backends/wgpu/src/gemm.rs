@@ -1,5 +1,7 @@
-//! Matrix products (`shaders/gemm.wgsl`): 64 x 64 workgroup tiles, f32 accumulation, every
-//! transpose combination read in place (no transposed copies).
+//! Matrix products (`shaders/gemm.wgsl`): 64 x 64 workgroup tiles, f32 accumulation and f32
+//! output, every transpose combination read in place (no transposed copies), each operand f32
+//! or f16 (the compute format of frozen weights and features, widened on load: one pipeline
+//! per dtype pair).
 //!
 //! A product whose operands exceed one storage binding is split ([`plan`]): each operand is
 //! bound as the span of its *stored* rows that a sub-product needs, so splitting `M` shrinks
@@ -12,10 +14,18 @@ use dflash_core::{GemmOps, Result, Tensor, Transpose};
 
 use crate::WgpuBackend;
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage, storage_mut};
+use crate::storage::{DType, WgpuStorage, storage_any, storage_mut};
 
-const MATMUL: Kernel<'static> = Kernel::new(Family::Gemm, "matmul");
 const TILE: usize = 64;
+
+/// The GEMM pipeline for operands of dtypes `a` and `b`.
+fn matmul_kernel(a: DType, b: DType) -> Kernel<'static> {
+    let family = Family::Gemm {
+        a16: a == DType::F16,
+        b16: b == DType::F16,
+    };
+    Kernel::new(family, "matmul")
+}
 
 /// One operand: its stored matrix is `(rows, cols)` row-major.
 #[derive(Debug, Clone, Copy)]
@@ -138,6 +148,7 @@ impl WgpuBackend {
             };
         }
         let limit = self.span_elems();
+        let kernel = matmul_kernel(a.s.dtype, b.s.dtype);
         let chunks = plan((m, n, k), (a.t, b.t), limit).ok_or_else(|| {
             self.err(
                 op,
@@ -174,12 +185,12 @@ impl WgpuBackend {
                 if first_k { beta } else { 1.0 }.to_bits(),
             ];
             let g = (blk.m.div_ceil(TILE) * blk.n.div_ceil(TILE)) as u64;
-            self.ctx.dispatch(op, &MATMUL, &p, &[ab, bb], &[cb], g)?;
+            self.ctx.dispatch(op, &kernel, &p, &[ab, bb], &[cb], g)?;
         }
         Ok(())
     }
 
-    /// The operands of a `matmul` / `matmul_acc` call, checked.
+    /// The operands of a `matmul` / `matmul_acc` call, checked (either may be f16).
     fn operands<'a>(
         &self,
         op: &'static str,
@@ -191,13 +202,13 @@ impl WgpuBackend {
         let dims = matmul_dims(a.shape(), ta, b.shape(), tb).map_err(|e| self.shape_err(op, e))?;
         let ld = |t: &Tensor| t.shape().as_matrix().1;
         let oa = Operand {
-            s: storage(op, &self.ctx, a)?,
+            s: storage_any(op, &self.ctx, a)?,
             at: 0,
             ld: ld(a),
             t: ta,
         };
         let ob = Operand {
-            s: storage(op, &self.ctx, b)?,
+            s: storage_any(op, &self.ctx, b)?,
             at: 0,
             ld: ld(b),
             t: tb,

@@ -12,11 +12,20 @@
 //!   layouts are shared ([`pipelines`]).
 //! - **Execution**: ops record into one pending command encoder per device; it is submitted
 //!   when a value must reach the host (download, statistics) or every few hundred dispatches.
-//! - **Storage** ([`WgpuStorage`]): f32 everywhere (parameters, gradients, activations,
-//!   frozen weights); f32 accumulation in every kernel (WGSL has no portable f64), with the
-//!   final sums of reductions (`sum_squares`, loss statistics) added up in f64 on the host.
+//! - **Storage** ([`WgpuStorage`], a [`DType`] tag validated in the downcast): f32 for
+//!   everything a kernel writes (parameters, gradients, activations); the compute format of
+//!   read-only tensors (frozen weights, features) is f16 where the adapter has `SHADER_F16`
+//!   (`DFLASH_WGPU_F16=0` forces f32), read by memory moves, GEMM operands, the embedding
+//!   table, attention's q/k/v and the loss head, widened to f32 on load; every other op
+//!   rejects an f16 tensor by name. f32 accumulation in every kernel (WGSL has no portable
+//!   f64), with the final sums of reductions (`sum_squares`, loss statistics) added up in f64
+//!   on the host.
 //! - **Attention**: host attention kernels run through a host round trip; the block-sparse
 //!   WGSL kernel is `wgpu-tiled` (see `attention.rs` for what it supports).
+//! - **Row reductions** (RMSNorm, the loss's row max / argmax / sum, sums of squares): on
+//!   subgroup operations where the adapter has `SUBGROUP`, else through workgroup memory
+//!   (`DFLASH_WGPU_SUBGROUPS=0` forces the latter); one WGSL interface (`reduce.wgsl`,
+//!   `reduce_subgroups.wgsl`), the variant chosen when the pipeline is made.
 //! - **Debug poison**: with `DFLASH_WGPU_POISON=1` (or [`WgpuOptions::poison`]) every output
 //!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
 
@@ -26,6 +35,7 @@ mod collective;
 pub mod device;
 mod embedding;
 mod gemm;
+mod half;
 mod loss;
 mod memory;
 mod norm;
@@ -41,7 +51,7 @@ use dflash_core::{Backend, BackendInfo, Error, Result, Shape, Tensor};
 
 pub use attention::{TILED, WGPU_ATTENTION_KERNELS};
 pub use device::NO_ADAPTER_HINT;
-pub use storage::WgpuStorage;
+pub use storage::{DType, WgpuStorage};
 
 use device::Ctx;
 use pipelines::{Family, Kernel};
@@ -54,14 +64,25 @@ pub struct WgpuOptions {
     /// Bind at most this many bytes per storage binding (below the adapter's limit), so that
     /// tests exercise the chunked paths on small tensors. `None`: the adapter's limit.
     pub max_binding_bytes: Option<u64>,
+    /// Keep read-only tensors (frozen weights, features) in f16 where the device has
+    /// `SHADER_F16` ([`WgpuBackend::compute_format`]); off, or without the feature, f32.
+    pub f16: bool,
+    /// Row reductions (RMSNorm, the loss's row max and sum, sums of squares) on subgroup
+    /// operations where the device has `SUBGROUP`; off, or without it, through workgroup
+    /// memory ([`WgpuBackend::subgroups`]).
+    pub subgroups: bool,
 }
 
 impl WgpuOptions {
-    /// `DFLASH_WGPU_POISON=1` turns poison on.
+    /// `DFLASH_WGPU_POISON=1` turns poison on; f16 is on unless `DFLASH_WGPU_F16=0` (which
+    /// forces f32 on an adapter with `SHADER_F16`, so both paths run on one machine), and
+    /// subgroup reductions unless `DFLASH_WGPU_SUBGROUPS=0`.
     pub fn from_env() -> Self {
         WgpuOptions {
             poison: std::env::var("DFLASH_WGPU_POISON").is_ok_and(|v| v == "1"),
             max_binding_bytes: None,
+            f16: std::env::var("DFLASH_WGPU_F16").map_or(true, |v| v != "0"),
+            subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -103,6 +124,17 @@ impl WgpuBackend {
     /// The adapter, API and limits in force, as printed at start.
     pub fn summary(&self) -> String {
         self.ctx.summary()
+    }
+
+    /// Whether this instance's row reductions run on subgroup operations: the device has
+    /// `SUBGROUP` and [`WgpuOptions::subgroups`] is on.
+    pub fn subgroups(&self) -> bool {
+        self.opts.subgroups && self.ctx.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// `k` (of a family that reduces rows) in this instance's reduction variant.
+    pub(crate) fn reducing<'a>(&self, k: &Kernel<'a>) -> Kernel<'a> {
+        k.with_subgroups(self.subgroups())
     }
 
     /// The limits the device was opened with.
@@ -148,14 +180,15 @@ impl WgpuBackend {
 
     /// Elements `[start, start + len)` of `s` bound from the aligned offset at or below
     /// `start`: the binding, and the element shift of `start` inside it. `len` must be at most
-    /// [`Self::span_elems`].
+    /// [`Self::span_elems`] (which, counted in f32 elements, also bounds an f16 span: half
+    /// the bytes, and a shift of at most twice as many elements).
     pub(crate) fn span<'a>(
         &self,
         s: &'a WgpuStorage,
         start: usize,
         len: usize,
     ) -> (pipelines::Bind<'a>, u32) {
-        let align = self.ctx.align_elems();
+        let align = self.ctx.align_of(s.dtype);
         let base = start / align * align;
         (
             s.bind_elems(base, len + (start - base)),
@@ -184,7 +217,7 @@ impl WgpuBackend {
         Error::shape(op, self.ctx.tag.clone(), detail)
     }
 
-    /// Fills elements `[start, start + n)` of `s` with `v` (chunked over bindings).
+    /// Fills f32 elements `[start, start + n)` of `s` with `v` (chunked over bindings).
     pub(crate) fn fill(
         &self,
         op: &'static str,
@@ -193,14 +226,30 @@ impl WgpuBackend {
         n: usize,
         v: f32,
     ) -> Result<()> {
+        self.fill_words(op, &s.buf, start, n, v.to_bits())
+    }
+
+    /// Fills 32-bit words `[start, start + n)` of `buf` with `bits` (chunked over bindings).
+    pub(crate) fn fill_words(
+        &self,
+        op: &'static str,
+        buf: &wgpu::Buffer,
+        start: usize,
+        n: usize,
+        bits: u32,
+    ) -> Result<()> {
         const FILL: Kernel<'static> = Kernel::new(Family::Memory, "fill");
         let align = self.ctx.align_elems();
         let (base, shift) = (start / align * align, start % align);
         for (c0, len) in self.chunks(n + shift) {
             let lo = c0.max(shift);
             let count = len - (lo - c0);
-            let params = [(lo - c0) as u32, count as u32, v.to_bits()];
-            let bind = s.bind_elems(base + c0, len);
+            let params = [(lo - c0) as u32, count as u32, bits];
+            let bind = pipelines::Bind {
+                buf,
+                offset: 4 * (base + c0) as u64,
+                size: 4 * len.max(1) as u64,
+            };
             self.ctx
                 .dispatch(op, &FILL, &params, &[], &[bind], groups(count, 256))?;
         }
@@ -238,6 +287,12 @@ impl BackendInfo for WgpuBackend {
     }
     fn reset_peak_memory(&self) {
         self.ctx.mem.reset_peak();
+    }
+    fn element_bytes(&self) -> dflash_core::ElementBytes {
+        dflash_core::ElementBytes {
+            activation: 4,
+            compute: self.compute_format().size() as u64,
+        }
     }
 }
 

@@ -12,13 +12,15 @@
 //!   the logits are recomputed for it (one more GEMM per chunk instead of keeping `(n, V)`);
 //! - `dxc` is scattered back into the rows of `dx` (skipped rows stay exactly 0), and the row
 //!   states are read back once at the end: `CE = max + ln(sum) - logit[label]` in f64.
+//!
+//! The head may be f16 (a frozen LM head in the compute format): both GEMMs widen it on load.
 
 use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
 
 use crate::WgpuBackend;
 use crate::gemm::Operand;
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage};
+use crate::storage::{WgpuStorage, storage, storage_any};
 
 const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
 const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
@@ -78,8 +80,14 @@ impl WgpuBackend {
     ) -> Result<()> {
         let p = [c.n as u32, vc as u32, v0 as u32, (v0 == 0) as u32];
         let reads = [logits.bind_elems(0, c.n * vc), c.labels.bind()];
-        self.ctx
-            .dispatch(op, &STATS, &p, &reads, &[c.state.bind()], c.n as u64)
+        self.ctx.dispatch(
+            op,
+            &self.reducing(&STATS),
+            &p,
+            &reads,
+            &[c.state.bind()],
+            c.n as u64,
+        )
     }
 
     /// The forward over all vocabulary chunks of one row chunk; returns the logits buffer when
@@ -146,7 +154,9 @@ impl LossOps for WgpuBackend {
         let op = "linear_cross_entropy";
         let dims = LossDims::of_cross_entropy(op, self.tag(), x, w_head, labels, weights)?;
         let (t, h, v) = (dims.rows, dims.hidden, dims.vocab);
-        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        let xs = storage(op, &self.ctx, x)?;
+        // The head may be f16 (a frozen LM head in the compute format): the GEMMs widen it.
+        let ws = storage_any(op, &self.ctx, w_head)?;
         let active = dims.active_rows(op, self.tag(), labels, weights)?;
         // Skipped rows stay exactly 0: wgpu zero-initialises the buffer.
         let dx = self.ctx.alloc(op, t * h)?;
@@ -221,7 +231,9 @@ impl LossOps for WgpuBackend {
             hidden: h,
             vocab: v,
         } = LossDims::of_argmax(op, self.tag(), x, w_head)?;
-        let (xs, ws) = (storage(op, &self.ctx, x)?, storage(op, &self.ctx, w_head)?);
+        let xs = storage(op, &self.ctx, x)?;
+        // The head may be f16 (a frozen LM head in the compute format): the GEMMs widen it.
+        let ws = storage_any(op, &self.ctx, w_head)?;
         if t == 0 {
             return Ok(Vec::new());
         }

@@ -2,11 +2,14 @@
 //! concatenation) are buffer-to-buffer copies, which no binding limit applies to; kernels
 //! (`shaders/memory.wgsl`) bind at most one binding's worth per dispatch and loop over chunks.
 //! Reductions write one f32 partial per 4096 elements; the host adds the partials in f64.
+//! The moves (download, copy, narrow, concatenation) take either dtype and keep it (parts of
+//! one concatenation must agree); the arithmetic and the reductions take f32.
 
-use dflash_core::{MemoryOps, Result, Tensor};
+use dflash_core::{HostSlice, MemoryOps, Result, Tensor};
 
+use crate::half::COPY2D_H;
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage, storage_mut};
+use crate::storage::{DType, WgpuStorage, storage, storage_any, storage_mut};
 use crate::{WgpuBackend, groups};
 
 const ADD: Kernel<'static> = Kernel::new(Family::Memory, "add");
@@ -20,21 +23,52 @@ const NONFINITE: Kernel<'static> = Kernel::new(Family::Memory, "nonfinite_partia
 const PER_PARTIAL: usize = 4096;
 
 impl WgpuBackend {
-    /// Copies `n` elements from `src[s0..]` to `dst[d0..]` (recorded, no binding limit).
+    /// Copies `n` elements from `src[s0..]` to `dst[d0..]` (the same dtype): a recorded buffer
+    /// copy, no binding limit (f16 at odd offsets: [`Self::copy_halves`]).
     pub(crate) fn copy_elems(
         &self,
+        op: &'static str,
         src: &WgpuStorage,
         s0: usize,
         dst: &WgpuStorage,
         d0: usize,
         n: usize,
-    ) {
-        if n == 0 {
-            return;
+    ) -> Result<()> {
+        if src.dtype != dst.dtype {
+            return Err(self.err(
+                op,
+                format!(
+                    "copy from {} into {} (the dtypes must agree)",
+                    src.dtype.name(),
+                    dst.dtype.name()
+                ),
+            ));
         }
-        let (so, d, bytes) = (4 * s0 as u64, 4 * d0 as u64, 4 * n as u64);
-        self.ctx
-            .record(|enc| enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes));
+        if src.dtype == DType::F16 {
+            return self.copy_halves(op, src, s0, dst, d0, n);
+        }
+        if n > 0 {
+            let (so, d, bytes) = (4 * s0 as u64, 4 * d0 as u64, 4 * n as u64);
+            self.ctx
+                .record(|enc| enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes));
+        }
+        Ok(())
+    }
+
+    /// The one dtype of `parts` (an error of `op` naming the first that differs).
+    fn common_dtype(&self, op: &'static str, parts: &[&WgpuStorage]) -> Result<DType> {
+        let d = parts.first().map_or(DType::F32, |s| s.dtype);
+        match parts.iter().position(|s| s.dtype != d) {
+            None => Ok(d),
+            Some(i) => Err(self.err(
+                op,
+                format!(
+                    "part {i} is {} but part 0 is {} (parts must share a dtype)",
+                    parts[i].dtype.name(),
+                    d.name()
+                ),
+            )),
+        }
     }
 
     /// `(R, c)` `src` into columns `[off, off + c)` of `(R, total)` `dst`, chunked by rows.
@@ -54,12 +88,17 @@ impl WgpuBackend {
         }
         let per = self.span_elems() / total.max(1);
         if per == 0 {
-            // Rows longer than a binding: one buffer copy per row (no binding involved).
+            // Rows longer than a binding: one copy per row.
             for r in 0..rows {
-                self.copy_elems(src, r * c, dst, r * total + off, c);
+                self.copy_elems(op, src, r * c, dst, r * total + off, c)?;
             }
             return Ok(());
         }
+        let k = if src.dtype == DType::F16 {
+            &COPY2D_H
+        } else {
+            &COPY2D
+        };
         for r0 in (0..rows).step_by(per) {
             let rc = per.min(rows - r0);
             let (sb, ss) = self.span(src, r0 * c, rc * c);
@@ -73,7 +112,7 @@ impl WgpuBackend {
                 ds + off as u32,
             ];
             self.ctx
-                .dispatch(op, &COPY2D, &p, &[sb], &[db], groups(rc * c, 256))?;
+                .dispatch(op, k, &p, &[sb], &[db], groups(rc * c, 256))?;
         }
         Ok(())
     }
@@ -101,6 +140,7 @@ impl WgpuBackend {
     /// One partial per 4096 elements of each tensor, all read back in one transfer; returns
     /// each tensor's partials.
     fn partials(&self, op: &'static str, k: &Kernel<'_>, ts: &[&Tensor]) -> Result<Vec<Vec<f32>>> {
+        let k = &self.reducing(k);
         let mut counts = Vec::with_capacity(ts.len());
         let mut total = 0usize;
         let mut plan = Vec::new(); // (tensor, chunk start, chunk len, first partial)
@@ -186,8 +226,26 @@ impl MemoryOps for WgpuBackend {
     }
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
-        let s = storage("download", &self.ctx, t)?;
-        self.ctx.download(&s.buf, 0, s.len)
+        let s = storage_any("download", &self.ctx, t)?;
+        self.ctx.download_as(&s.buf, s.dtype, s.len)
+    }
+
+    /// The file's bytes in chunks of 16 Mi elements ([`WgpuBackend::upload_frozen_chunked`]).
+    fn upload_frozen(&self, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
+        self.upload_frozen_chunked(data, shape, 16 << 20)
+    }
+
+    /// f16 where [`WgpuBackend::compute_format`] says so (rounded to nearest even on the
+    /// device); an f16 tensor stays as it is.
+    fn to_compute_format(&self, t: Tensor) -> Result<Tensor> {
+        let op = "to_compute_format";
+        let s = storage_any(op, &self.ctx, &t)?;
+        let want = self.compute_format();
+        if s.dtype == want || s.dtype == DType::F16 {
+            return Ok(t);
+        }
+        let out = self.convert(op, s, want)?;
+        Ok(self.tensor(out, t.shape().clone()))
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
@@ -197,15 +255,15 @@ impl MemoryOps for WgpuBackend {
     }
 
     fn copy(&self, t: &Tensor) -> Result<Tensor> {
-        let s = storage("copy", &self.ctx, t)?;
-        let out = self.out("copy", s.len)?;
-        self.copy_elems(s, 0, &out, 0, s.len);
+        let s = storage_any("copy", &self.ctx, t)?;
+        let out = self.out_as("copy", s.len, s.dtype)?;
+        self.copy_elems("copy", s, 0, &out, 0, s.len)?;
         Ok(self.tensor(out, t.shape().clone()))
     }
 
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
         let op = "narrow_rows";
-        let s = storage(op, &self.ctx, t)?;
+        let s = storage_any(op, &self.ctx, t)?;
         let Some((&rows, rest)) = t.dims().split_first() else {
             return Err(self.shape_err(op, "cannot narrow a rank-0 tensor"));
         };
@@ -219,8 +277,8 @@ impl MemoryOps for WgpuBackend {
             ));
         }
         let row: usize = rest.iter().product();
-        let out = self.out(op, len * row)?;
-        self.copy_elems(s, start * row, &out, 0, len * row);
+        let out = self.out_as(op, len * row, s.dtype)?;
+        self.copy_elems(op, s, start * row, &out, 0, len * row)?;
         let mut dims = vec![len];
         dims.extend_from_slice(rest);
         Ok(self.tensor(out, dims))
@@ -247,15 +305,18 @@ impl MemoryOps for WgpuBackend {
                     ),
                 ));
             }
-            storage(op, &self.ctx, p)?;
             rows += p.dims()[0];
         }
+        let ss = parts
+            .iter()
+            .map(|p| storage_any(op, &self.ctx, p))
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = self.common_dtype(op, &ss)?;
         let row: usize = rest.iter().product();
-        let out = self.out(op, rows * row)?;
+        let out = self.out_as(op, rows * row, dtype)?;
         let mut at = 0;
-        for p in parts {
-            let s = storage(op, &self.ctx, p)?;
-            self.copy_elems(s, 0, &out, at, s.len);
+        for s in ss {
+            self.copy_elems(op, s, 0, &out, at, s.len)?;
             at += s.len;
         }
         let mut dims = vec![rows];
@@ -282,14 +343,17 @@ impl MemoryOps for WgpuBackend {
                     ),
                 ));
             }
-            storage(op, &self.ctx, p)?;
             cols.push(c);
         }
+        let ss = parts
+            .iter()
+            .map(|p| storage_any(op, &self.ctx, p))
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = self.common_dtype(op, &ss)?;
         let total: usize = cols.iter().sum();
-        let out = self.out(op, rows * total)?;
+        let out = self.out_as(op, rows * total, dtype)?;
         let mut off = 0;
-        for (p, &c) in parts.iter().zip(&cols) {
-            let s = storage(op, &self.ctx, p)?;
+        for (s, &c) in ss.into_iter().zip(&cols) {
             self.copy_cols(op, s, &out, rows, c, total, off)?;
             off += c;
         }

@@ -54,8 +54,14 @@ impl NormOps for WgpuBackend {
             let (yb, ysh) = self.span(&y, r0 * cols, rc * cols);
             let (rb, rsh) = self.span(&rstd, r0, rc);
             let p = [rc as u32, cols as u32, eps.to_bits(), xsh, 0, ysh, rsh];
-            self.ctx
-                .dispatch(op, &FWD, &p, &[xb, ws.bind()], &[yb, rb], rc as u64)?;
+            self.ctx.dispatch(
+                op,
+                &self.reducing(&FWD),
+                &p,
+                &[xb, ws.bind()],
+                &[yb, rb],
+                rc as u64,
+            )?;
         }
         Ok((self.tensor(y, x.shape().clone()), self.tensor(rstd, [rows])))
     }
@@ -99,7 +105,8 @@ impl NormOps for WgpuBackend {
             let (db, dsh) = self.span(&dx, r0 * cols, rc * cols);
             let p = [rc as u32, cols as u32, 0, gsh, xsh, rsh, dsh];
             let reads = [gb, xb, ws.bind(), rb];
-            self.ctx.dispatch(op, &DX, &p, &reads, &[db], rc as u64)?;
+            self.ctx
+                .dispatch(op, &self.reducing(&DX), &p, &reads, &[db], rc as u64)?;
             // r0 is a multiple of DW_BLOCK whenever there is more than one chunk.
             let p = [
                 rc as u32,

@@ -28,11 +28,14 @@ const FLUSH_EVERY: usize = 256;
 const UNIFORM_WORDS: usize = 16;
 
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
-/// shared prelude (`common.wgsl`) in front.
+/// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
+/// (the operand bindings and readers are put in front of `gemm.wgsl`); `F16` holds the
+/// kernels that read or write f16 buffers and is compiled only on a device with
+/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
-    Gemm,
+    Gemm { a16: bool, b16: bool },
     Norm,
     Rope,
     Activation,
@@ -40,24 +43,106 @@ pub(crate) enum Family {
     Optimizer,
     Loss,
     Attention,
+    F16,
 }
 
+/// The row reductions of the families that reduce (norm, loss, memory), in front of their file:
+/// through workgroup memory, or on subgroup operations ([`Kernel::subgroups`]).
+const REDUCE: &str = include_str!("shaders/reduce.wgsl");
+const REDUCE_SUBGROUPS: &str = include_str!("shaders/reduce_subgroups.wgsl");
+
+/// The builtins the subgroup variant adds to an entry point that reduces (at `/*rd-args*/`)
+/// and hands to `rd_init` (at `/*rd-init*/`).
+const RD_ARGS: &str = ", @builtin(subgroup_invocation_id) rd_lane_in: u32, \
+     @builtin(subgroup_id) rd_sg_in: u32, @builtin(num_subgroups) rd_sgs_in: u32";
+const RD_INIT: &str = "rd_init(rd_lane_in, rd_sg_in, rd_sgs_in);";
+
 impl Family {
-    fn source(self) -> &'static str {
-        match self {
-            Family::Memory => include_str!("shaders/memory.wgsl"),
-            Family::Gemm => include_str!("shaders/gemm.wgsl"),
-            Family::Norm => include_str!("shaders/norm.wgsl"),
+    /// Whether the family's file reduces rows (and so comes in two variants).
+    fn reduces(self) -> bool {
+        matches!(self, Family::Memory | Family::Norm | Family::Loss)
+    }
+
+    /// The module's text: `enable` directives, the prelude, the family's file (behind the
+    /// reductions of the chosen variant where it reduces).
+    fn source(self, subgroups: bool) -> String {
+        if self.reduces() {
+            let body = match self {
+                Family::Memory => include_str!("shaders/memory.wgsl"),
+                Family::Norm => include_str!("shaders/norm.wgsl"),
+                _ => include_str!("shaders/loss.wgsl"),
+            };
+            return if subgroups {
+                let body = body
+                    .replace("/*rd-args*/", RD_ARGS)
+                    .replace("/*rd-init*/", RD_INIT);
+                // No `enable subgroups;`: naga rejects the directive (not implemented yet) and
+                // takes the builtins on the device's SUBGROUP feature alone.
+                format!("{PRELUDE}\n{REDUCE_SUBGROUPS}\n{body}")
+            } else {
+                format!("{PRELUDE}\n{REDUCE}\n{body}")
+            };
+        }
+        let body = match self {
+            Family::Gemm { a16, b16 } => {
+                let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
+                return format!(
+                    "{f16}{PRELUDE}\n{}{}{}",
+                    gemm_operand("a", 1, a16),
+                    gemm_operand("b", 2, b16),
+                    include_str!("shaders/gemm.wgsl")
+                );
+            }
             Family::Rope => include_str!("shaders/rope.wgsl"),
             Family::Activation => include_str!("shaders/activation.wgsl"),
             Family::Embedding => include_str!("shaders/embedding.wgsl"),
             Family::Optimizer => include_str!("shaders/optimizer.wgsl"),
-            Family::Loss => include_str!("shaders/loss.wgsl"),
             Family::Attention => include_str!("shaders/attention.wgsl"),
+            Family::F16 => {
+                return format!(
+                    "enable f16;\n{PRELUDE}\n{}",
+                    include_str!("shaders/f16.wgsl")
+                );
+            }
+            Family::Memory | Family::Norm | Family::Loss => unreachable!("handled above"),
+        };
+        format!("{PRELUDE}\n{body}")
+    }
+    /// The module's name in messages: its file, and the variant where there are several.
+    fn label(self, subgroups: bool) -> String {
+        if subgroups {
+            return format!("{} (subgroup reductions)", self.file());
+        }
+        self.file()
+    }
+
+    fn file(self) -> String {
+        match self {
+            Family::Gemm { a16, b16 } => {
+                let d = |h| if h { "f16" } else { "f32" };
+                format!("gemm.wgsl (a {}, b {})", d(a16), d(b16))
+            }
+            _ => format!("{self:?}").to_lowercase() + ".wgsl",
         }
     }
-    fn file(self) -> String {
-        format!("{self:?}").to_lowercase() + ".wgsl"
+}
+
+/// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers `read_x(i)` (stored element
+/// `i` as f32) and `read_x2(i)` (elements `i`, `i + 1`, `i` even): an f16 operand is bound as
+/// `vec2<f16>` words, so a pair is one 32-bit load.
+fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
+    if f16 {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<vec2<f16>>;\n\
+             fn read_{x}(i: u32) -> f32 {{ return f32(g{x}[i >> 1u][i & 1u]); }}\n\
+             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i >> 1u]); }}\n"
+        )
+    } else {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<f32>;\n\
+             fn read_{x}(i: u32) -> f32 {{ return g{x}[i]; }}\n\
+             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i], g{x}[i + 1u]); }}\n"
+        )
     }
 }
 
@@ -69,6 +154,9 @@ pub(crate) struct Kernel<'a> {
     pub family: Family,
     pub entry: &'static str,
     pub consts: &'a [(&'static str, f64)],
+    /// For the families that reduce rows: the subgroup variant of their reductions (the
+    /// device must have `SUBGROUP`); ignored by the others.
+    pub subgroups: bool,
 }
 
 impl Kernel<'static> {
@@ -77,7 +165,24 @@ impl Kernel<'static> {
             family,
             entry,
             consts: &[],
+            subgroups: false,
         }
+    }
+}
+
+impl<'a> Kernel<'a> {
+    /// This kernel with its family's reductions on subgroups (`on`) or workgroup memory.
+    pub(crate) const fn with_subgroups(self, on: bool) -> Self {
+        Kernel {
+            subgroups: on,
+            ..self
+        }
+    }
+
+    /// The module variant the kernel needs: its family, and the reduction variant where the
+    /// family has two.
+    fn module_key(&self) -> (Family, bool) {
+        (self.family, self.subgroups && self.family.reduces())
     }
 }
 
@@ -93,7 +198,7 @@ type Layouts = (Arc<wgpu::BindGroupLayout>, Arc<wgpu::PipelineLayout>);
 
 /// The per-device caches.
 pub(crate) struct Pipelines {
-    modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
+    modules: Mutex<HashMap<(Family, bool), Arc<wgpu::ShaderModule>>>,
     layouts: Mutex<HashMap<(u32, u32), Layouts>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
@@ -166,17 +271,17 @@ impl Ctx {
         l
     }
 
-    fn module(&self, family: Family) -> Arc<wgpu::ShaderModule> {
+    fn module(&self, (family, subgroups): (Family, bool)) -> Arc<wgpu::ShaderModule> {
         let mut cache = lock(&self.pipelines.modules);
         cache
-            .entry(family)
+            .entry((family, subgroups))
             .or_insert_with(|| {
-                let src = format!("{PRELUDE}\n{}", family.source());
+                let label = family.label(subgroups);
                 Arc::new(
                     self.device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(family.source().lines().next().unwrap_or("dflash")),
-                            source: wgpu::ShaderSource::Wgsl(src.into()),
+                            label: Some(&label),
+                            source: wgpu::ShaderSource::Wgsl(family.source(subgroups).into()),
                         }),
                 )
             })
@@ -192,12 +297,13 @@ impl Ctx {
         reads: u32,
         writes: u32,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key = format!("{:?}/{}/{:?}/{reads}/{writes}", k.family, k.entry, k.consts);
+        let mk = k.module_key();
+        let key = format!("{mk:?}/{}/{:?}/{reads}/{writes}", k.entry, k.consts);
         if let Some(p) = lock(&self.pipelines.pipelines).get(&key) {
             return Ok(p.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.module(k.family);
+        let module = self.module(mk);
         let (_, layout) = self.layouts(reads, writes);
         let pipeline = self
             .device
@@ -214,13 +320,13 @@ impl Ctx {
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
             // A broken module stays broken: drop it so the message repeats, not a stale state.
-            lock(&self.pipelines.modules).remove(&k.family);
+            lock(&self.pipelines.modules).remove(&mk);
             return Err(Error::op(
                 op,
                 self.tag.clone(),
                 format!(
                     "compiling {} entry point {:?} (constants {:?}) failed: {e}",
-                    k.family.file(),
+                    mk.0.label(mk.1),
                     k.entry,
                     k.consts
                 ),

@@ -1,6 +1,12 @@
-//! Device buffers: [`WgpuStorage`] (f32 elements in one storage buffer), allocation with
-//! out-of-memory detection, host transfers in bounded chunks, and the checked downcasts every
-//! op goes through.
+//! Device buffers: [`WgpuStorage`] (elements of one [`DType`] in one storage buffer),
+//! allocation with out-of-memory detection, host transfers in bounded chunks, and the checked
+//! downcasts every op goes through.
+//!
+//! The dtype is validated once per operand, in the downcast: [`storage`] is what every op
+//! that computes in f32 takes, and it rejects an f16 tensor with an error naming the op, the
+//! shape, the dtype and the device; [`storage_any`] is for the ops that read both (the ones
+//! [`dflash_core::MemoryOps::to_compute_format`] lists: memory moves, GEMM operands, the
+//! embedding table, attention's q/k/v, the loss head), which branch on [`WgpuStorage::dtype`].
 
 use std::any::Any;
 use std::sync::Arc;
@@ -19,16 +25,54 @@ const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
-/// A tensor's buffer: `len` f32 elements, row-major, on the device of `ctx`.
+/// Element type of a tensor buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// Everything a kernel writes: parameters, gradients, activations, statistics.
+    F32,
+    /// The compute format of read-only tensors (frozen weights, features) where the adapter
+    /// has `SHADER_F16`: IEEE half, widened to f32 on load (kernels accumulate in f32).
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+/// A tensor's buffer: `len` elements of `dtype`, row-major, on the device of `ctx`.
 pub struct WgpuStorage {
     pub(crate) buf: wgpu::Buffer,
     pub(crate) len: usize,
+    pub(crate) dtype: DType,
     pub(crate) ctx: Arc<Ctx>,
+}
+
+impl WgpuStorage {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
 }
 
 impl std::fmt::Debug for WgpuStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WgpuStorage({} f32 on {})", self.len, self.ctx.tag)
+        write!(
+            f,
+            "WgpuStorage({} {} on {})",
+            self.len,
+            self.dtype.name(),
+            self.ctx.tag
+        )
     }
 }
 
@@ -56,7 +100,7 @@ impl Storage for WgpuStorage {
                 format!("{n} elements asked of a buffer of {}", self.len),
             ));
         }
-        self.ctx.download(&self.buf, 0, n)
+        self.ctx.download_as(&self.buf, self.dtype, n)
     }
 }
 
@@ -67,12 +111,15 @@ impl WgpuStorage {
     }
 
     /// Elements `[start, start + len)` as one binding; `start` must be a multiple of the
-    /// device's offset alignment in elements ([`Ctx::align_elems`]).
+    /// device's offset alignment in elements of this dtype ([`Ctx::align_of`]). The size is
+    /// rounded up to whole 32-bit words (what a storage binding must be; an f16 tensor's
+    /// buffer always has room for it).
     pub(crate) fn bind_elems(&self, start: usize, len: usize) -> Bind<'_> {
+        let es = self.dtype.size() as u64;
         Bind {
             buf: &self.buf,
-            offset: 4 * start as u64,
-            size: (4 * len as u64).max(4),
+            offset: es * start as u64,
+            size: (es * len as u64).next_multiple_of(4).max(4),
         }
     }
 }
@@ -80,21 +127,39 @@ impl WgpuStorage {
 impl Ctx {
     /// The storage-buffer offset alignment, in f32 elements.
     pub(crate) fn align_elems(&self) -> usize {
-        (self.limits.min_storage_buffer_offset_alignment as usize / 4).max(1)
+        self.align_of(DType::F32)
+    }
+
+    /// The storage-buffer offset alignment, in elements of `dtype`.
+    pub(crate) fn align_of(&self, dtype: DType) -> usize {
+        (self.limits.min_storage_buffer_offset_alignment.max(4) as usize / dtype.size()).max(1)
     }
 
     /// A zero-filled buffer for `n` f32 elements (wgpu zero-initialises every buffer).
     /// Out of memory is [`Error::OutOfMemory`]; a size past the buffer limit names the limit.
     pub(crate) fn alloc(self: &Arc<Ctx>, op: &'static str, n: usize) -> Result<WgpuStorage> {
+        self.alloc_as(op, n, DType::F32)
+    }
+
+    /// As [`Self::alloc`], for `n` elements of `dtype`.
+    pub(crate) fn alloc_as(
+        self: &Arc<Ctx>,
+        op: &'static str,
+        n: usize,
+        dtype: DType,
+    ) -> Result<WgpuStorage> {
         // At least 16 bytes, a multiple of 16: no empty buffers, and vec4 reads stay inside.
-        let bytes = (4 * n as u64).next_multiple_of(16).max(16);
+        let bytes = (dtype.size() as u64 * n as u64)
+            .next_multiple_of(16)
+            .max(16);
         if bytes > self.limits.max_buffer_size {
             return Err(Error::op(
                 op,
                 self.tag.clone(),
                 format!(
-                    "a tensor of {n} f32 elements ({bytes} bytes) exceeds the adapter's buffer \
+                    "a tensor of {n} {} elements ({bytes} bytes) exceeds the adapter's buffer \
                      size limit of {} bytes",
+                    dtype.name(),
                     self.limits.max_buffer_size
                 ),
             ));
@@ -119,6 +184,7 @@ impl Ctx {
         Ok(WgpuStorage {
             buf,
             len: n,
+            dtype,
             ctx: self.clone(),
         })
     }
@@ -160,24 +226,60 @@ impl Ctx {
         Ok(s)
     }
 
-    /// Reads elements `[start, start + n)` of `buf` back to the host (submits what is pending
-    /// and waits for it).
+    /// Reads f32 elements `[start, start + n)` of `buf` back to the host (submits what is
+    /// pending and waits for it).
     pub(crate) fn download(&self, buf: &wgpu::Buffer, start: usize, n: usize) -> Result<Vec<f32>> {
-        let op = "download";
         let mut out = Vec::with_capacity(n);
-        let chunk = (TRANSFER_CHUNK / 4) as usize;
+        self.download_bytes(buf, 4 * start as u64, 4 * n as u64, |b| {
+            out.extend(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            )
+        })?;
+        Ok(out)
+    }
+
+    /// The first `n` elements of a buffer of `dtype`, widened to f32 (exact).
+    pub(crate) fn download_as(
+        &self,
+        buf: &wgpu::Buffer,
+        dtype: DType,
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        if dtype == DType::F32 {
+            return self.download(buf, 0, n);
+        }
+        let mut out = Vec::with_capacity(n);
+        // Whole words (a copy moves multiples of 4 bytes; the buffer has room for them).
+        self.download_bytes(buf, 0, (2 * n as u64).next_multiple_of(4), |b| {
+            let widened = dflash_core::HostSlice::F16(b).to_f32_vec();
+            let room = n - out.len();
+            out.extend_from_slice(&widened[..widened.len().min(room)]);
+        })?;
+        Ok(out)
+    }
+
+    /// Bytes `[start, start + bytes)` of `buf` (both multiples of 4), handed to `sink` in
+    /// chunks of at most [`TRANSFER_CHUNK`] (each a multiple of 4 bytes).
+    fn download_bytes(
+        &self,
+        buf: &wgpu::Buffer,
+        start: u64,
+        bytes: u64,
+        mut sink: impl FnMut(&[u8]),
+    ) -> Result<()> {
+        let op = "download";
         let mut done = 0;
-        while done < n {
-            let len = chunk.min(n - done);
-            let bytes = 4 * len as u64;
+        while done < bytes {
+            let len = TRANSFER_CHUNK.min(bytes - done);
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("download staging"),
-                size: bytes,
+                size: len,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let src = 4 * (start + done) as u64;
-            self.record(|enc| enc.copy_buffer_to_buffer(buf, src, &staging, 0, bytes));
+            let src = start + done;
+            self.record(|enc| enc.copy_buffer_to_buffer(buf, src, &staging, 0, len));
             self.flush();
             let (tx, rx) = mpsc::channel();
             staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -192,15 +294,12 @@ impl Ctx {
                 let view = staging
                     .get_mapped_range(..)
                     .map_err(|e| Error::op(op, self.tag.clone(), format!("mapped range: {e}")))?;
-                out.extend(
-                    view.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
+                sink(&view);
             }
             staging.unmap();
             done += len;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -219,8 +318,20 @@ fn foreign(op: &'static str, tag: &str, t: &Tensor) -> Error {
     }
 }
 
-/// The wgpu storage of `t`, checked to be of device `ctx` and to hold `t.numel()` elements.
+/// The f32 storage of `t`, checked to be of device `ctx` and to hold `t.numel()` elements:
+/// what every op that computes in f32 takes (an f16 tensor is an error naming `op`).
 pub(crate) fn storage<'a>(op: &'static str, ctx: &Ctx, t: &'a Tensor) -> Result<&'a WgpuStorage> {
+    let s = storage_any(op, ctx, t)?;
+    want_f32(op, ctx, s, t.shape())?;
+    Ok(s)
+}
+
+/// As [`storage`], of either dtype (for the ops that read f16 operands).
+pub(crate) fn storage_any<'a>(
+    op: &'static str,
+    ctx: &Ctx,
+    t: &'a Tensor,
+) -> Result<&'a WgpuStorage> {
     let s = t
         .storage()
         .as_any()
@@ -230,7 +341,22 @@ pub(crate) fn storage<'a>(op: &'static str, ctx: &Ctx, t: &'a Tensor) -> Result<
     Ok(s)
 }
 
-/// As [`storage`], mutably (for in-place ops).
+fn want_f32(op: &'static str, ctx: &Ctx, s: &WgpuStorage, shape: &Shape) -> Result<()> {
+    if s.dtype != DType::F32 {
+        return Err(Error::op(
+            op,
+            ctx.tag.clone(),
+            format!(
+                "tensor {shape:?} is {} (the compute format of read-only tensors); this op \
+                 reads f32 only",
+                s.dtype.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// As [`storage`], mutably (for in-place ops, which write f32 only).
 pub(crate) fn storage_mut<'a>(
     op: &'static str,
     ctx: &Ctx,
@@ -246,6 +372,7 @@ pub(crate) fn storage_mut<'a>(
         .downcast_mut::<WgpuStorage>()
         .ok_or_else(|| Error::op(op, ctx.tag.clone(), "downcast failed"))?;
     check_storage(op, ctx, s, &shape)?;
+    want_f32(op, ctx, s, &shape)?;
     Ok(s)
 }
 

@@ -7,14 +7,22 @@
 //!
 //! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device.
 //!
-//! Skips cleanly without an adapter.
+//! The same step with the frozen embedding, the LM head and the features in the f16 compute
+//! format (`drafter_step_f16_*`, on adapters with `SHADER_F16`): the f16 GEMM operands, the
+//! f16 embedding gather and the f16 loss head on the job's path.
+//!
+//! Skips cleanly without an adapter (and the f16 step without `SHADER_F16`).
 
 mod common;
 
 use std::sync::Arc;
 
 use common::*;
-use dflash_tests::drafter_step::{ALL_PROBLEMS, StepTolerance, drafter_step_matches_reference};
+use dflash_tests::drafter_step::{
+    ALL_PROBLEMS, StepTolerance, drafter_step_in_compute_format_matches_reference,
+    drafter_step_matches_reference,
+};
+use dflash_tests::tolerance::{AtolUnit, RelL2, Tolerance};
 
 #[test]
 fn drafter_step_matches_reference_with_host_attention() {
@@ -39,5 +47,50 @@ fn drafter_step_matches_reference_with_tiled_attention() {
         "wgpu, wgpu-tiled attention",
         &ALL_PROBLEMS,
         &StepTolerance::F32,
+    );
+}
+
+const F16_WHY: &str = "embedding, LM head and features rounded to f16 (2^-11 relative each) \
+     against the reference's f32 values; f32 kernels otherwise";
+
+/// The f16 inputs' rounding (<= 4.9e-4 relative per element, ~2.8e-4 rms) reaches every
+/// output through f32 kernels: the loss and each gradient tensor within ~1e-3 relative
+/// (rel-L2 bound 3e-3), per element 3e-3 of the tensor's max plus 3e-2 relative (single
+/// elements near zero carry the absolute error); greedy predictions may flip on near ties.
+/// Measured on lavapipe (all three problems, with and without recomputation): loss within
+/// 6.3e-5 relative, gradient rel-L2 at most 1.3e-3, per element at most 0.36 of the bound,
+/// every prediction equal.
+const STEP_F16: StepTolerance = StepTolerance {
+    grad: Tolerance {
+        atol: 3e-3,
+        rtol: 3e-2,
+        atol_unit: AtolUnit::MaxWant,
+        why: F16_WHY,
+    },
+    grad_rel_l2: Some(RelL2 {
+        max: 3e-3,
+        why: F16_WHY,
+    }),
+    loss: Tolerance {
+        atol: 0.0,
+        rtol: 1e-3,
+        atol_unit: AtolUnit::Absolute,
+        why: F16_WHY,
+    },
+    correct_slack_div: 20,
+    same_pct: 95,
+};
+
+/// The whole step on the device (`wgpu-tiled`) with its read-only inputs in f16.
+#[test]
+fn drafter_step_f16_matches_reference_with_tiled_attention() {
+    let Some(be) = wgpu_f16_with("wgpu-tiled", None) else {
+        return;
+    };
+    drafter_step_in_compute_format_matches_reference(
+        Arc::new(be),
+        "wgpu f16 compute format, wgpu-tiled attention",
+        &ALL_PROBLEMS,
+        &STEP_F16,
     );
 }

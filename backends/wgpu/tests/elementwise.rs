@@ -16,11 +16,11 @@ use dflash_core::{
 fn norm_ops_match_reference() {
     let rf = reference();
     let mut r = rng(3);
-    for (label, be) in wgpu_both() {
+    for (label, be) in wgpu_reduction_variants() {
         // Odd widths, one wider than a workgroup, the QK-norm shape (many short rows), more
         // than 64 rows (several dw blocks), and a row wider than a 4 KiB binding's worth of
         // 64-row blocks would allow (only on full bindings).
-        let shapes: &[(usize, usize)] = if label == "full bindings" {
+        let shapes: &[(usize, usize)] = if label.starts_with("full bindings") {
             &[
                 (13, 24),
                 (64, 1000),
@@ -306,5 +306,38 @@ fn optimizer_ops_match_reference() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("1-based") && e.contains("wgpu:0"), "{e}");
+    }
+}
+
+/// An f16 table (a frozen embedding in the compute format): the rows it holds, bit for bit
+/// (widening is exact); odd `H` puts rows at odd f16 offsets. Ops that compute in f32 only
+/// reject an f16 operand by name.
+#[test]
+fn embedding_f16_table_and_f32_only_ops() {
+    let rf = reference();
+    let mut r = rng(16);
+    for (label, be) in wgpu_f16_both() {
+        for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
+            let (tw, held) = up_f16(&be, &rand_vec(&mut r, v * h, 4.0), &[v, h]);
+            let tr = up(&rf, &held, &[v, h]);
+            let ids: Vec<u32> = (0..517).map(|_| r.random_range(0..v as u32)).collect();
+            let ew = be.embedding(&tw, &ids).unwrap();
+            assert_eq!(dtype(&ew), dflash_backend_wgpu::DType::F32);
+            check_exact(
+                &format!("[{label}] embedding, f16 table ({v}, {h})"),
+                &down(&be, &ew),
+                &down(&rf, &rf.embedding(&tr, &ids).unwrap()),
+            );
+            let e = be.embedding(&tw, &[3, v as u32]).err().unwrap().to_string();
+            assert!(e.contains("out of range"), "{e}");
+        }
+        let (x, _) = up_f16(&be, &rand_vec(&mut r, 12, 1.0), &[3, 4]);
+        let w = up(&be, &[1.0; 4], &[4]);
+        let e = assert_err(
+            be.rms_norm(&x, &w, 1e-6),
+            &["rms_norm", "[3, 4]", "f16", "wgpu:0"],
+        );
+        println!("  {e}");
+        assert_err(be.swiglu(&x, &x), &["swiglu", "f16", "wgpu:0"]);
     }
 }

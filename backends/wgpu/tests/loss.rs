@@ -38,11 +38,11 @@ const NEAR_TIE: f64 = 1e-4;
 fn loss_ops_match_reference() {
     let rf = reference();
     let mut r = rng(7);
-    for (label, be) in wgpu_both() {
+    for (label, be) in wgpu_reduction_variants() {
         // (T, H, V): one vocabulary chunk on full bindings; several on 4 KiB bindings; the
         // last shape has more than one 128-row chunk and, on full bindings, more ids than
         // one chunk of logits holds (several vocabulary chunks there too).
-        let shapes: &[(usize, usize, usize)] = if label == "full bindings" {
+        let shapes: &[(usize, usize, usize)] = if label.starts_with("full bindings") {
             &[(37, 64, 1000), (3, 8, 5), (300, 16, 40_000)]
         } else {
             &[(37, 32, 100), (3, 8, 5), (150, 16, 200)]
@@ -175,4 +175,66 @@ fn loss_errors_and_nan_match_reference() {
         "{s:?} {sr:?}"
     );
     println!("  a NaN feature gives a NaN loss, as on the reference");
+}
+
+/// An f16 LM head (the compute format of a frozen head) gives the fused loss, its `dx` and the
+/// argmax bit for bit what the f32 head with the same values gives (the GEMMs widen on load,
+/// the products and sums are the same f32 operations), which `loss_ops_match_reference`
+/// checks against the reference. Odd `H` puts head rows at odd f16 offsets.
+#[test]
+fn loss_f16_head_matches_the_f32_head_bit_exact() {
+    let mut r = rng(17);
+    for (label, be) in wgpu_f16_both() {
+        let shapes: &[(usize, usize, usize)] = if label == "f16, full bindings" {
+            &[(37, 64, 1000), (9, 33, 300), (300, 16, 40_000)]
+        } else {
+            &[(37, 32, 100), (20, 9, 200)]
+        };
+        for &(t, h, v) in shapes {
+            let x = up(&be, &rand_vec(&mut r, t * h, 1.0), &[t, h]);
+            let (w16, held) = up_f16(&be, &rand_vec(&mut r, v * h, 1.0), &[v, h]);
+            let w32 = up(&be, &held, &[v, h]);
+            let labels: Vec<u32> = (0..t).map(|_| r.random_range(0..v as u32)).collect();
+            let weights: Vec<f32> = (0..t)
+                .map(|i| {
+                    if i % 4 == 1 {
+                        0.0
+                    } else {
+                        r.random_range(0.1f32..1.0)
+                    }
+                })
+                .collect();
+            let (s16, dx16) = be
+                .linear_cross_entropy(&x, &w16, &labels, &weights, 0.37)
+                .unwrap();
+            let (s32, dx32) = be
+                .linear_cross_entropy(&x, &w32, &labels, &weights, 0.37)
+                .unwrap();
+            let tag = format!("[{label}] ({t}, {h}, {v})");
+            assert_eq!(
+                s16.weighted_loss.to_bits(),
+                s32.weighted_loss.to_bits(),
+                "{tag}"
+            );
+            assert_eq!(
+                (s16.correct, s16.counted),
+                (s32.correct, s32.counted),
+                "{tag}"
+            );
+            check_exact(
+                &format!("f16 head dx {tag}"),
+                &down(&be, &dx16),
+                &down(&be, &dx32),
+            );
+            assert_eq!(
+                be.linear_argmax(&x, &w16).unwrap(),
+                be.linear_argmax(&x, &w32).unwrap(),
+                "{tag}: argmax"
+            );
+            println!(
+                "  f16 head {tag}: loss {:.6} bit-exact, argmax equal",
+                s16.weighted_loss
+            );
+        }
+    }
 }

@@ -1,12 +1,19 @@
-// gemm.wgsl: c = beta * c + op(a) @ op(b), f32 storage and f32 accumulation.
+// gemm.wgsl: c = beta * c + op(a) @ op(b), f32 accumulation and f32 output; a and b are
+// f32 or f16 (the compute format of read-only tensors), widened to f32 as they are loaded.
 //
 // One workgroup of 256 threads computes a 64 x 64 tile of c, 4 x 4 elements per thread
 // (rows ty + 16 r, columns tx + 16 c: neighbouring threads read neighbouring words of the
-// tiles). K advances in steps of 16 through two workgroup-memory tiles, loaded so that
-// consecutive threads read consecutive addresses of the stored matrix whichever way it is
-// transposed. Operands are given by an element offset and a row stride of their stored
-// matrix, so the host can hand any sub-block (a chunk of a large matrix) to one dispatch.
-// beta == 0 never reads c (it may hold NaN poison).
+// tiles). K advances in steps of 16 through two workgroup-memory tiles; each thread loads two
+// pairs of neighbours along the stored matrix's contiguous dimension, so consecutive threads
+// read consecutive addresses whichever way it is transposed, and a pair at an even element
+// index is one 32-bit load of two f16 (one vec2<f16> element). Operands are given by an
+// element offset and a row stride of their stored matrix, so the host can hand any sub-block
+// (a chunk of a large matrix) to one dispatch. beta == 0 never reads c (it may hold NaN
+// poison).
+//
+// The host puts the operand bindings (@binding(1) ga, @binding(2) gb) and their readers in
+// front of this file, one variant per operand dtype: read_a(i) is stored element i as f32,
+// read_a2(i) elements i and i + 1 (i even).
 
 struct GemmParams {
     m: u32, n: u32, k: u32,
@@ -15,8 +22,6 @@ struct GemmParams {
     c_off: u32, ldc: u32, beta: f32,
 }
 @group(0) @binding(0) var<uniform> gp: GemmParams;
-@group(0) @binding(1) var<storage, read> ga: array<f32>;
-@group(0) @binding(2) var<storage, read> gb: array<f32>;
 @group(0) @binding(3) var<storage, read_write> gc: array<f32>;
 
 const BM: u32 = 64u;
@@ -26,26 +31,76 @@ const BK: u32 = 16u;
 var<workgroup> tile_a: array<f32, 1024>; // [BK][BM]
 var<workgroup> tile_b: array<f32, 1024>; // [BK][BN]
 
-// op(a)[i, p]
-fn load_a(i: u32, p: u32) -> f32 {
-    if (i >= gp.m || p >= gp.k) {
-        return 0.0;
+// Stored elements base and base + 1 of a, where `lo` / `hi` say whether each is inside the
+// operand (a pair at an even index inside is one load).
+fn pair_a(base: u32, lo: bool, hi: bool) -> vec2<f32> {
+    if (hi && (base & 1u) == 0u) {
+        return read_a2(base);
     }
-    if (gp.ta == 0u) {
-        return ga[gp.a_off + i * gp.lda + p];
-    }
-    return ga[gp.a_off + p * gp.lda + i];
+    var v = vec2<f32>(0.0, 0.0);
+    if (lo) { v.x = read_a(base); }
+    if (hi) { v.y = read_a(base + 1u); }
+    return v;
 }
 
-// op(b)[p, j]
-fn load_b(p: u32, j: u32) -> f32 {
-    if (p >= gp.k || j >= gp.n) {
-        return 0.0;
+fn pair_b(base: u32, lo: bool, hi: bool) -> vec2<f32> {
+    if (hi && (base & 1u) == 0u) {
+        return read_b2(base);
     }
+    var v = vec2<f32>(0.0, 0.0);
+    if (lo) { v.x = read_b(base); }
+    if (hi) { v.y = read_b(base + 1u); }
+    return v;
+}
+
+// Pair q (of 512) of a's tile at (m0, k0) into tile_a.
+fn load_tile_a(q: u32, m0: u32, k0: u32) {
+    if (gp.ta == 0u) {
+        // stored (m, k): the pair is along k
+        let ii = q / 8u;
+        let kk = (q % 8u) * 2u;
+        let i = m0 + ii;
+        let p = k0 + kk;
+        let inside = i < gp.m;
+        let v = pair_a(gp.a_off + i * gp.lda + p, inside && p < gp.k, inside && p + 1u < gp.k);
+        tile_a[kk * BM + ii] = v.x;
+        tile_a[(kk + 1u) * BM + ii] = v.y;
+    } else {
+        // stored (k, m): the pair is along m
+        let ii = (q % 32u) * 2u;
+        let kk = q / 32u;
+        let i = m0 + ii;
+        let p = k0 + kk;
+        let inside = p < gp.k;
+        let v = pair_a(gp.a_off + p * gp.lda + i, inside && i < gp.m, inside && i + 1u < gp.m);
+        tile_a[kk * BM + ii] = v.x;
+        tile_a[kk * BM + ii + 1u] = v.y;
+    }
+}
+
+// Pair q (of 512) of b's tile at (k0, n0) into tile_b.
+fn load_tile_b(q: u32, k0: u32, n0: u32) {
     if (gp.tb == 0u) {
-        return gb[gp.b_off + p * gp.ldb + j];
+        // stored (k, n): the pair is along n
+        let jj = (q % 32u) * 2u;
+        let kk = q / 32u;
+        let j = n0 + jj;
+        let p = k0 + kk;
+        let inside = p < gp.k;
+        let v = pair_b(gp.b_off + p * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
+        tile_b[kk * BN + jj] = v.x;
+        tile_b[kk * BN + jj + 1u] = v.y;
+    } else {
+        // stored (n, k): the pair is along k
+        let jj = q / 8u;
+        let kk = (q % 8u) * 2u;
+        let j = n0 + jj;
+        let p = k0 + kk;
+        let inside = j < gp.n;
+        let v = pair_b(gp.b_off + j * gp.ldb + p, inside && p < gp.k, inside && p + 1u < gp.k);
+        tile_b[kk * BN + jj] = v.x;
+        tile_b[(kk + 1u) * BN + jj] = v.y;
     }
-    return gb[gp.b_off + j * gp.ldb + p];
 }
 
 @compute @workgroup_size(256)
@@ -67,15 +122,9 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
     }
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + BK) {
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            let idx = lid + e * 256u;
-            // a: consecutive threads along the stored matrix's contiguous dimension.
-            var ii: u32; var ka: u32;
-            if (gp.ta == 0u) { ka = idx % BK; ii = idx / BK; } else { ii = idx % BM; ka = idx / BM; }
-            tile_a[ka * BM + ii] = load_a(m0 + ii, k0 + ka);
-            var jj: u32; var kb: u32;
-            if (gp.tb == 0u) { jj = idx % BN; kb = idx / BN; } else { kb = idx % BK; jj = idx / BK; }
-            tile_b[kb * BN + jj] = load_b(k0 + kb, n0 + jj);
+        for (var e = 0u; e < 2u; e = e + 1u) {
+            load_tile_a(lid + e * 256u, m0, k0);
+            load_tile_b(lid + e * 256u, k0, n0);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {

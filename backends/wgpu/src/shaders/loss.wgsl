@@ -4,13 +4,11 @@
 // Running state per row, 8 words: [0] max of the non-NaN logits so far, [1] sum of
 // exp(z - max), [2] best value, [3] best id (u32 bits), [4] the label's logit, [5] NaN seen
 // (1.0), [6..8) unused. Argmax: the lowest id among the largest non-NaN values (NaNs never
-// win; all NaN gives id 0), as the reference does.
+// win; all NaN gives id 0), as the reference does. The row reductions are reduce.wgsl's (or
+// reduce_subgroups.wgsl's) wg_argmax, wg_sum and wg_max_u32.
 
 struct CeParams { n: u32, vc: u32, v0: u32, first: u32, grad_scale: f32 }
 @group(0) @binding(0) var<uniform> p: CeParams;
-
-var<workgroup> t_val: array<f32, 256>;
-var<workgroup> t_idx: array<u32, 256>;
 
 const NEG_INF_BITS: u32 = 0xff800000u;
 
@@ -27,7 +25,8 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 
 @compute @workgroup_size(256)
 fn ce_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
+            @builtin(local_invocation_index) lid: u32 /*rd-args*/) {
+    /*rd-init*/
     let row = wg_linear(wid, nwg);
     if (row >= p.n) {
         return;
@@ -46,23 +45,9 @@ fn ce_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             bi = j;
         }
     }
-    t_val[lid] = bv;
-    t_idx[lid] = bi;
-    for (var s = 128u; s > 0u; s = s / 2u) {
-        workgroupBarrier();
-        if (lid < s) {
-            let oi = t_idx[lid + s];
-            if (oi != 0xffffffffu && (t_idx[lid] == 0xffffffffu
-                    || better(t_val[lid], t_idx[lid], t_val[lid + s], oi))) {
-                t_val[lid] = t_val[lid + s];
-                t_idx[lid] = oi;
-            }
-        }
-    }
-    workgroupBarrier();
-    let cmax = t_val[0];      // -inf when the chunk is all NaN (or all -inf)
-    let cbest = t_idx[0];     // 0xffffffff when the chunk is all NaN
-    workgroupBarrier();
+    let best = wg_argmax(bv, bi, lid);
+    let cmax = bitcast<f32>(best.x); // -inf when the chunk is all NaN (or all -inf)
+    let cbest = best.y;              // 0xffffffff when the chunk is all NaN
     // Pass 2: sum of exp(z - cmax) over the non-NaN values, and the NaN flag.
     var acc = 0.0;
     if (cmax != bitcast<f32>(NEG_INF_BITS)) {
@@ -73,16 +58,8 @@ fn ce_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             }
         }
     }
-    t_val[lid] = acc;
-    t_idx[lid] = nan;
-    for (var s = 128u; s > 0u; s = s / 2u) {
-        workgroupBarrier();
-        if (lid < s) {
-            t_val[lid] = t_val[lid] + t_val[lid + s];
-            t_idx[lid] = max(t_idx[lid], t_idx[lid + s]);
-        }
-    }
-    workgroupBarrier();
+    let csum = wg_sum(acc, lid);
+    let any_nan = wg_max_u32(nan, lid);
     if (lid != 0u) {
         return;
     }
@@ -97,7 +74,6 @@ fn ce_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     // Online merge of (max, sum); a -inf side contributes nothing (exp(-inf - -inf) is NaN).
     let m = s_state[at];
-    let csum = t_val[0];
     let nm = select(m, cmax, cmax > m);
     var total = 0.0;
     if (m != bitcast<f32>(NEG_INF_BITS)) {
@@ -116,7 +92,7 @@ fn ce_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (label >= p.v0 && label < p.v0 + p.vc) {
         s_state[at + 4u] = s_logits[base + label - p.v0];
     }
-    if (t_idx[0] != 0u) {
+    if (any_nan != 0u) {
         s_state[at + 5u] = 1.0;
     }
 }

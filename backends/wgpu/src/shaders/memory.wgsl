@@ -79,8 +79,8 @@ fn copy2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // ---- partial reductions: one value per workgroup of REDUCE_PER_WG elements ---------------
-// Each thread sums 16 strided elements, then a tree over the workgroup (a fixed order: the
-// same bits on every run).
+// Each thread sums 16 strided elements, then wg_sum over the workgroup (reduce.wgsl or
+// reduce_subgroups.wgsl: a fixed order, the same bits on every run).
 
 const REDUCE_THREADS: u32 = 256u;
 const REDUCE_PER_THREAD: u32 = 16u;
@@ -90,21 +90,11 @@ struct ReduceParams { n: u32, out_first: u32 }
 @group(0) @binding(1) var<storage, read> red_x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> red_out: array<f32>;
 
-var<workgroup> red_tree: array<f32, 256>;
-
-fn reduce_tree(lid: u32) {
-    for (var s = REDUCE_THREADS / 2u; s > 0u; s = s / 2u) {
-        workgroupBarrier();
-        if (lid < s) {
-            red_tree[lid] = red_tree[lid] + red_tree[lid + s];
-        }
-    }
-}
-
 @compute @workgroup_size(256)
 fn sum_squares_partial(@builtin(workgroup_id) wid: vec3<u32>,
                        @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) lid: u32) {
+                       @builtin(local_invocation_index) lid: u32 /*rd-args*/) {
+    /*rd-init*/
     let g = wg_linear(wid, nwg);
     let base = g * REDUCE_THREADS * REDUCE_PER_THREAD;
     if (base >= rp.n) {
@@ -118,17 +108,17 @@ fn sum_squares_partial(@builtin(workgroup_id) wid: vec3<u32>,
             acc = acc + v * v;
         }
     }
-    red_tree[lid] = acc;
-    reduce_tree(lid);
+    let total = wg_sum(acc, lid);
     if (lid == 0u) {
-        red_out[rp.out_first + g] = red_tree[0];
+        red_out[rp.out_first + g] = total;
     }
 }
 
 @compute @workgroup_size(256)
 fn nonfinite_partial(@builtin(workgroup_id) wid: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
+                     @builtin(local_invocation_index) lid: u32 /*rd-args*/) {
+    /*rd-init*/
     let g = wg_linear(wid, nwg);
     let base = g * REDUCE_THREADS * REDUCE_PER_THREAD;
     if (base >= rp.n) {
@@ -141,9 +131,8 @@ fn nonfinite_partial(@builtin(workgroup_id) wid: vec3<u32>,
             bad = bad + 1.0;
         }
     }
-    red_tree[lid] = bad;
-    reduce_tree(lid);
+    let total = wg_sum(bad, lid);
     if (lid == 0u) {
-        red_out[rp.out_first + g] = red_tree[0];
+        red_out[rp.out_first + g] = total;
     }
 }

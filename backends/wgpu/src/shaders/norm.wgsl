@@ -1,26 +1,14 @@
 // norm.wgsl: RMSNorm over the last dim, y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
-// One workgroup of 256 threads per row for the row statistics (a fixed-order tree: the same
-// bits on every run); dw as column sums over blocks of rows, then the blocks added in order.
+// One workgroup of 256 threads per row for the row statistics (wg_sum: reduce.wgsl or
+// reduce_subgroups.wgsl, a fixed order either way); dw as column sums over blocks of rows,
+// then the blocks added in order. `/*rd-args*/` and `/*rd-init*/` mark where the subgroup
+// variant adds its builtins and hands them to rd_init.
 
 struct RowParams {
     rows: u32, cols: u32, eps: f32,
     s0: u32, s1: u32, s2: u32, s3: u32,  // element shifts of the bindings, in binding order
 }
 @group(0) @binding(0) var<uniform> rp: RowParams;
-
-var<workgroup> tree: array<f32, 256>;
-
-// The sum of `tree` over the workgroup, in tree[0] (visible to all after the last barrier).
-fn tree_sum(lid: u32) -> f32 {
-    for (var s = 128u; s > 0u; s = s / 2u) {
-        workgroupBarrier();
-        if (lid < s) {
-            tree[lid] = tree[lid] + tree[lid + s];
-        }
-    }
-    workgroupBarrier();
-    return tree[0];
-}
 
 // ---- forward: x, w -> y, rstd -------------------------------------------------------------
 
@@ -31,7 +19,8 @@ fn tree_sum(lid: u32) -> f32 {
 
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
+            @builtin(local_invocation_index) lid: u32 /*rd-args*/) {
+    /*rd-init*/
     let row = wg_linear(wid, nwg);
     if (row >= rp.rows) {
         return;
@@ -42,8 +31,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let v = f_x[x0 + c];
         acc = fma(v, v, acc);
     }
-    tree[lid] = acc;
-    let ms = tree_sum(lid) / f32(rp.cols);
+    let ms = wg_sum(acc, lid) / f32(rp.cols);
     let rstd = 1.0 / sqrt(ms + rp.eps);
     let y0 = rp.s2 + row * rp.cols;
     for (var c = lid; c < rp.cols; c = c + 256u) {
@@ -66,7 +54,8 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 // Shifts: rp.s0 dy, rp.s1 x, rp.s2 rstd, rp.s3 dx.
 @compute @workgroup_size(256)
 fn rms_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
+               @builtin(local_invocation_index) lid: u32 /*rd-args*/) {
+    /*rd-init*/
     let row = wg_linear(wid, nwg);
     if (row >= rp.rows) {
         return;
@@ -78,8 +67,7 @@ fn rms_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     for (var c = lid; c < rp.cols; c = c + 256u) {
         acc = fma(b_dy[g0 + c] * b_w[c], b_x[x0 + c], acc);
     }
-    tree[lid] = acc;
-    let dot = tree_sum(lid) * rstd / f32(rp.cols);
+    let dot = wg_sum(acc, lid) * rstd / f32(rp.cols);
     let d0 = rp.s3 + row * rp.cols;
     for (var c = lid; c < rp.cols; c = c + 256u) {
         let xhat = b_x[x0 + c] * rstd;

@@ -19,10 +19,16 @@
 //!   reduction's length;
 //! - GEMMs: f32 products with f32 accumulation against f64: |err| <= ~K * 2^-24 of
 //!   `sum_k |a_ik||b_kj|`, stated as 1e-5 of that scale.
+//!
+//! The f16 compute format (`*_f16` tests, on [`wgpu_f16`]: adapters with `SHADER_F16`; a
+//! clean skip naming the missing feature elsewhere): read-only operands are rounded to f16
+//! (relative error <= 2^-11 ~ 4.9e-4 per element) and widened on load. Against the values the
+//! f16 tensor holds (its download) an op is as exact as in f32; against the f32 originals the
+//! rounding adds ~1e-3 relative, the bound stated by each test.
 #![allow(dead_code)]
 
 use dflash_backend_reference::ReferenceBackend;
-use dflash_backend_wgpu::{WgpuBackend, WgpuOptions};
+use dflash_backend_wgpu::{DType, WgpuBackend, WgpuOptions};
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Error, MemoryOps, Tensor};
 #[allow(unused_imports)]
@@ -60,8 +66,103 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
     v
 }
 
+/// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
+/// the skip line when there is no adapter or it lacks `SHADER_F16`.
+pub fn wgpu_f16() -> Option<WgpuBackend> {
+    wgpu_f16_with("reference", None)
+}
+
+/// [`wgpu_f16`] on the adapter's limits, then on small bindings (empty where it skips).
+pub fn wgpu_f16_both() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = Vec::new();
+    if let Some(b) = wgpu_f16() {
+        v.push(("f16, full bindings", b));
+        if let Some(b) = wgpu_f16_with("reference", Some(SMALL_BINDING_BYTES)) {
+            v.push(("f16, 4 KiB bindings", b));
+        }
+    }
+    v
+}
+
+/// The f16 backend with attention kernel `attention` and a binding cap (see [`wgpu_f16`]).
+pub fn wgpu_f16_with(attention: &str, max_binding_bytes: Option<u64>) -> Option<WgpuBackend> {
+    let be = wgpu_opts(attention, max_binding_bytes, true)?;
+    if be.compute_format() != DType::F16 {
+        skip(&format!(
+            "the adapter lacks SHADER_F16, so the f16 compute format is unavailable: {}",
+            be.summary()
+        ));
+        return None;
+    }
+    Some(be)
+}
+
+/// The dtype of a wgpu tensor.
+pub fn dtype(t: &Tensor) -> DType {
+    t.storage()
+        .as_any()
+        .downcast_ref::<dflash_backend_wgpu::WgpuStorage>()
+        .expect("a wgpu tensor")
+        .dtype()
+}
+
+/// `data` uploaded and put in the compute format (asserted to be f16), and the values it
+/// holds, each checked to be `data`'s rounded to f16: within 2^-11 relative, or 2^-25
+/// absolute below f16's normal range (6.1e-5).
+pub fn up_f16(be: &WgpuBackend, data: &[f32], shape: &[usize]) -> (Tensor, Vec<f32>) {
+    let t = be
+        .to_compute_format(up(be, data, shape))
+        .expect("to_compute_format");
+    assert_eq!(dtype(&t), DType::F16, "to_compute_format on an f16 backend");
+    assert_eq!(t.dims(), shape);
+    let held = down(be, &t);
+    for (i, (&h, &x)) in held.iter().zip(data).enumerate() {
+        let err = (h - x).abs();
+        assert!(
+            err <= x.abs() * 2f32.powi(-11) || err <= 2f32.powi(-25),
+            "f16 rounding of element {i}: {x} held as {h}"
+        );
+    }
+    (t, held)
+}
+
 /// The wgpu backend with attention kernel `attention` and a binding cap.
 pub fn wgpu_with(attention: &str, max_binding_bytes: Option<u64>) -> Option<WgpuBackend> {
+    wgpu_opts(attention, max_binding_bytes, false)
+}
+
+/// As [`wgpu`], with the row reductions through workgroup memory even where the adapter has
+/// subgroups (the fallback, tested next to the subgroup variant on one adapter).
+pub fn wgpu_workgroup_reductions() -> Option<WgpuBackend> {
+    let be = wgpu_opts_full("reference", None, false, false)?;
+    assert!(!be.subgroups());
+    Some(be)
+}
+
+/// The backends the row-reduction tests run on: [`wgpu_both`], plus (where the adapter has
+/// `SUBGROUP`, so that those use subgroup reductions) one with workgroup-memory reductions.
+pub fn wgpu_reduction_variants() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = wgpu_both();
+    if v.first().is_some_and(|(_, b)| b.subgroups()) {
+        if let Some(b) = wgpu_workgroup_reductions() {
+            v.push(("full bindings, workgroup-memory reductions", b));
+        }
+    } else if !v.is_empty() {
+        println!("  (the adapter has no SUBGROUP: workgroup-memory reductions only)");
+    }
+    v
+}
+
+fn wgpu_opts(attention: &str, max_binding_bytes: Option<u64>, f16: bool) -> Option<WgpuBackend> {
+    wgpu_opts_full(attention, max_binding_bytes, f16, true)
+}
+
+fn wgpu_opts_full(
+    attention: &str,
+    max_binding_bytes: Option<u64>,
+    f16: bool,
+    subgroups: bool,
+) -> Option<WgpuBackend> {
     dflash_backend_wgpu::link();
     dflash_backend_reference::link();
     let opts = BackendOptions {
@@ -72,28 +173,27 @@ pub fn wgpu_with(attention: &str, max_binding_bytes: Option<u64>) -> Option<Wgpu
     let wopts = WgpuOptions {
         poison: true,
         max_binding_bytes,
+        f16,
+        subgroups,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
         Err(Error::Unavailable { reason, .. }) => {
-            skip(&reason);
+            skip(&format!("no wgpu adapter ({reason})"));
             None
         }
         Err(e) => panic!("the wgpu backend failed to start: {e}"),
     }
 }
 
-/// Prints `skipped: no wgpu adapter (<reason>)` where a plain `cargo test` shows it.
+/// Prints `skipped: <reason>` where a plain `cargo test` shows it.
 pub fn skip(reason: &str) {
     use std::io::Write;
     let test = std::thread::current()
         .name()
         .unwrap_or("wgpu test")
         .to_string();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "{test}: skipped: no wgpu adapter ({reason})"
-    );
+    let _ = writeln!(std::io::stderr().lock(), "{test}: skipped: {reason}");
 }
 
 pub fn reference() -> ReferenceBackend {
