@@ -72,9 +72,17 @@ fn cached_logits_match_the_full_forward_however_sequences_are_split_and_batched(
             check(&t, &lg[v..], &c[..=cn], &format!("decode c at {cn}"));
         }
     }
-    assert_eq!((cache.len(2), cache.len(0), cache.len(1)), (19, 12, 0));
+    assert_eq!(
+        (cache.len(2), cache.len(0), cache.len(1)),
+        (Some(19), Some(12), Some(0))
+    );
+    assert_eq!(cache.len(3), None, "no slot 3");
+    assert!(
+        cache.clear(3).is_err(),
+        "clearing slot 3 is an error, not a panic"
+    );
     // A slot cleared and refilled forgets what it held.
-    cache.clear(2);
+    cache.clear(2).unwrap();
     let h = t.extend(&mut cache, &[(2, &c[..7])]).unwrap();
     check(
         &t,

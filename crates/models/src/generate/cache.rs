@@ -39,13 +39,19 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
-    /// Tokens held by `slot` now.
-    pub fn len(&self, slot: usize) -> usize {
-        self.lens[slot]
+    /// Tokens held by `slot` now (`None`: no such slot).
+    pub fn len(&self, slot: usize) -> Option<usize> {
+        self.lens.get(slot).copied()
     }
     /// Empties `slot` for the next sequence (its rows are overwritten as it refills).
-    pub fn clear(&mut self, slot: usize) {
-        self.lens[slot] = 0;
+    pub fn clear(&mut self, slot: usize) -> Result<()> {
+        let slots = self.slots();
+        let len = self
+            .lens
+            .get_mut(slot)
+            .ok_or_else(|| ModelError::Input(format!("kv cache: slot {slot} of {slots}")))?;
+        *len = 0;
+        Ok(())
     }
     /// Bytes of a cache of `slots x capacity` tokens for `target`, in f32 (what
     /// [`Qwen3Target::kv_cache`] allocates): `2 * layers * slots * capacity * Hkv * D * 4`.

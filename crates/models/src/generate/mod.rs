@@ -194,7 +194,7 @@ impl Run<'_> {
                 break;
             }
             budget = budget.saturating_sub(p.ids.len());
-            self.cache.clear(slot);
+            self.cache.clear(slot)?;
             admitted.push((slot, p));
         }
         Ok(admitted)
@@ -283,7 +283,9 @@ impl Run<'_> {
         done: &mut dyn FnMut(Generated, &GenerateStats) -> Result<()>,
     ) -> Result<()> {
         for (&slot, &t) in slots.iter().zip(next) {
-            let held = self.cache.len(slot);
+            let held = self.cache.len(slot).ok_or_else(|| {
+                ModelError::Input(format!("generate: slot {slot} is not in the cache"))
+            })?;
             let (max_new, cap) = (self.opts.max_new_tokens, self.opts.capacity);
             let eos = self.opts.eos.contains(&t);
             let a = self.active(slot);
