@@ -3,7 +3,7 @@
 //
 // One workgroup of 256 threads computes a 64 x 64 tile of c, 4 x 4 elements per thread
 // (rows ty + 16 r, columns tx + 16 c: neighbouring threads read neighbouring words of the
-// tiles). K advances in steps of 16 through two workgroup-memory tiles; each thread loads two
+// tiles), held in four vec4 registers. K advances in steps of 16 through two workgroup-memory tiles; each thread loads two
 // pairs of neighbours along the stored matrix's contiguous dimension, so consecutive threads
 // read consecutive addresses whichever way it is transposed, and a pair at an even element
 // index is one 32-bit load of two f16 (one vec2<f16> element). Operands are given by an
@@ -28,8 +28,13 @@ const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 16u;
 
-var<workgroup> tile_a: array<f32, 1024>; // [BK][BM]
-var<workgroup> tile_b: array<f32, 1024>; // [BK][BN]
+// Row strides of the tiles, one word past the tile width: the loads write down a column of
+// the tile for one of the two transposes (k, k + 1 at a stride of a row), and a stride of 64
+// words would put those writes in one shared-memory bank.
+const SA: u32 = 65u;
+const SB: u32 = 65u;
+var<workgroup> tile_a: array<f32, 1040>; // [BK][SA]
+var<workgroup> tile_b: array<f32, 1040>; // [BK][SB]
 
 // Stored elements base and base + 1 of a, where `lo` / `hi` say whether each is inside the
 // operand (a pair at an even index inside is one load).
@@ -63,8 +68,8 @@ fn load_tile_a(q: u32, m0: u32, k0: u32) {
         let p = k0 + kk;
         let inside = i < gp.m;
         let v = pair_a(gp.a_off + i * gp.lda + p, inside && p < gp.k, inside && p + 1u < gp.k);
-        tile_a[kk * BM + ii] = v.x;
-        tile_a[(kk + 1u) * BM + ii] = v.y;
+        tile_a[kk * SA + ii] = v.x;
+        tile_a[(kk + 1u) * SA + ii] = v.y;
     } else {
         // stored (k, m): the pair is along m
         let ii = (q % 32u) * 2u;
@@ -73,8 +78,8 @@ fn load_tile_a(q: u32, m0: u32, k0: u32) {
         let p = k0 + kk;
         let inside = p < gp.k;
         let v = pair_a(gp.a_off + p * gp.lda + i, inside && i < gp.m, inside && i + 1u < gp.m);
-        tile_a[kk * BM + ii] = v.x;
-        tile_a[kk * BM + ii + 1u] = v.y;
+        tile_a[kk * SA + ii] = v.x;
+        tile_a[kk * SA + ii + 1u] = v.y;
     }
 }
 
@@ -88,8 +93,8 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
         let p = k0 + kk;
         let inside = p < gp.k;
         let v = pair_b(gp.b_off + p * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
-        tile_b[kk * BN + jj] = v.x;
-        tile_b[kk * BN + jj + 1u] = v.y;
+        tile_b[kk * SB + jj] = v.x;
+        tile_b[kk * SB + jj + 1u] = v.y;
     } else {
         // stored (n, k): the pair is along k
         let jj = q / 8u;
@@ -98,8 +103,8 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
         let p = k0 + kk;
         let inside = j < gp.n;
         let v = pair_b(gp.b_off + j * gp.ldb + p, inside && p < gp.k, inside && p + 1u < gp.k);
-        tile_b[kk * BN + jj] = v.x;
-        tile_b[(kk + 1u) * BN + jj] = v.y;
+        tile_b[kk * SB + jj] = v.x;
+        tile_b[(kk + 1u) * SB + jj] = v.y;
     }
 }
 
@@ -115,45 +120,54 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let n0 = (g % tiles_n) * BN;
     let tx = lid % 16u;
     let ty = lid / 16u;
-    var acc: array<array<f32, 4>, 4>;
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            acc[r][c] = 0.0;
-        }
-    }
+    // The 4 x 4 outputs in four vec4 registers (row r, columns c = 0..3): no array indexed
+    // by a loop counter, which a shader compiler may place in local memory.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + BK) {
-        for (var e = 0u; e < 2u; e = e + 1u) {
-            load_tile_a(lid + e * 256u, m0, k0);
-            load_tile_b(lid + e * 256u, k0, n0);
-        }
+        load_tile_a(lid, m0, k0);
+        load_tile_b(lid, k0, n0);
+        load_tile_a(lid + 256u, m0, k0);
+        load_tile_b(lid + 256u, k0, n0);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            for (var r = 0u; r < 4u; r = r + 1u) {
-                av[r] = tile_a[kk * BM + ty + 16u * r];
-                bv[r] = tile_b[kk * BN + tx + 16u * r];
-            }
-            for (var r = 0u; r < 4u; r = r + 1u) {
-                for (var c = 0u; c < 4u; c = c + 1u) {
-                    acc[r][c] = fma(av[r], bv[c], acc[r][c]);
-                }
-            }
+            let ra = kk * SA + ty;
+            let rb = kk * SB + tx;
+            let av = vec4<f32>(tile_a[ra], tile_a[ra + 16u], tile_a[ra + 32u], tile_a[ra + 48u]);
+            let bv = vec4<f32>(tile_b[rb], tile_b[rb + 16u], tile_b[rb + 32u], tile_b[rb + 48u]);
+            acc0 = fma(vec4<f32>(av.x), bv, acc0);
+            acc1 = fma(vec4<f32>(av.y), bv, acc1);
+            acc2 = fma(vec4<f32>(av.z), bv, acc2);
+            acc3 = fma(vec4<f32>(av.w), bv, acc3);
         }
         workgroupBarrier();
     }
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        let i = m0 + ty + 16u * r;
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let j = n0 + tx + 16u * c;
-            if (i < gp.m && j < gp.n) {
-                let at = gp.c_off + i * gp.ldc + j;
-                if (gp.beta == 0.0) {
-                    gc[at] = acc[r][c];
-                } else {
-                    gc[at] = gp.beta * gc[at] + acc[r][c];
-                }
-            }
+    store_row(m0 + ty, n0 + tx, acc0);
+    store_row(m0 + ty + 16u, n0 + tx, acc1);
+    store_row(m0 + ty + 32u, n0 + tx, acc2);
+    store_row(m0 + ty + 48u, n0 + tx, acc3);
+}
+
+// Row i of c at columns j, j + 16, j + 32, j + 48 (those inside the product).
+fn store_row(i: u32, j: u32, v: vec4<f32>) {
+    if (i >= gp.m) {
+        return;
+    }
+    store(i, j, v.x);
+    store(i, j + 16u, v.y);
+    store(i, j + 32u, v.z);
+    store(i, j + 48u, v.w);
+}
+
+fn store(i: u32, j: u32, x: f32) {
+    if (j < gp.n) {
+        let at = gp.c_off + i * gp.ldc + j;
+        if (gp.beta == 0.0) {
+            gc[at] = x;
+        } else {
+            gc[at] = gp.beta * gc[at] + x;
         }
     }
 }
