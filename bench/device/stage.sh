@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Stages everything a GPU check needs into .carry/ (ignored by git), here, where Rust is:
+# the release `dflash`, every CUDA and wgpu test executable, and the Debian Vulkan loader with
+# the glvnd libraries (a GPU image with the NVIDIA driver but no loader needs them for wgpu).
+# Then, on the GPU machine, from the repository root (carry `.carry`):
+#
+#   bash bench/device/validate.sh OUT PHASE...     # phases: see validate.sh
+#
+# The carried tree must stay under the device's limit (64 MiB with the tracked files), so the
+# executables travel xz-compressed; the script prints the total and fails if it is over.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+limit=$((64 << 20))
+for d in .carry .gl; do
+    grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
+done
+cargo build --release -p dflash-cli
+bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-cuda .cudatest
+bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-wgpu .wgputest
+cp target/release/dflash .cudatest/dflash && strip .cudatest/dflash
+if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+    mkdir -p .gl /tmp/amd64/partial
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    # shellcheck disable=SC2086
+    apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 \
+        libopengl0 libgl1 libglx0 libgles2) || echo "warning: no Vulkan loader packages (wgpu phase will find no adapter)"
+fi
+rm -rf .carry && mkdir .carry
+cp .gl/*.deb .carry/ 2>/dev/null || true
+tar -cf - .cudatest | xz -T0 -6 > .carry/cudatest.tar.xz
+tar -cf - .wgputest | xz -T0 -6 > .carry/wgputest.tar.xz
+tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+carried=$(du -cb .carry | tail -1 | cut -f1)
+total=$((tracked + carried))
+echo "tracked $((tracked >> 20)) MiB + .carry $((carried >> 20)) MiB = $((total >> 20)) MiB (limit 64)"
+[ "$total" -lt "$limit" ] || { echo "over the device's 64 MiB: carry less" >&2; exit 1; }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Every GPU check of the project, on the device machine, from the repository root, with the
+# `.carry/` that bench/device/stage.sh made:
+#
+#   bash bench/device/validate.sh OUT PHASE...
+#
+# Phases (each fits one device call of <= 10 minutes; name several to run them in order):
+#   cuda-tests   every CUDA conformance executable                         -> OUT/cuda-tests.log
+#   wgpu-tests   every wgpu executable on the GPU through Vulkan           -> OUT/wgpu-tests.log
+#   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
+#   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
+#   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
+#   wgpu-bench   gemm, attention ctx4096 on wgpu and CUDA, for the ratios  -> OUT/wgpu*.json
+#   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
+# The device returns at most 8 files from OUT: name few phases per call.
+# Prints a short table of each phase last; exits non-zero if any phase failed.
+set -uo pipefail
+out=${1:?usage: validate.sh OUT PHASE...}
+shift
+mkdir -p "$out"
+for f in .carry/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+ldconfig 2>/dev/null || true
+for t in .carry/*.tar.xz; do [ -e "$t" ] && tar -xJf "$t"; done
+# The test executables find their fixtures through the path they were built in.
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+[ -f /usr/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/share/vulkan/icd.d/nvidia_icd.json
+D=.cudatest/dflash
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
+
+failed=()
+table() { cut -c1-140 "$1" | grep -E "^[a-z0-9]+\.[a-z0-9.]+ " || true; }
+for phase in "$@"; do
+    echo "== $phase"
+    case $phase in
+    cuda-tests)
+        .cudatest/run_all.sh > "$out/cuda-tests.log" 2>&1 || failed+=("$phase")
+        grep -E "^test result|FAILED|panicked" "$out/cuda-tests.log" | sort | uniq -c ;;
+    wgpu-tests)
+        .wgputest/run_all.sh > "$out/wgpu-tests.log" 2>&1 || failed+=("$phase")
+        grep -E "^test result|FAILED|panicked|skipped" "$out/wgpu-tests.log" | cut -c1-160 | sort | uniq -c ;;
+    components)
+        $D bench --backend cuda --attention cuda-flash --only gemm,attention,target,drafter \
+            --out "$out/components.json" > "$out/components.log" 2>&1 || failed+=("$phase")
+        table "$out/components.log" ;;
+    job)
+        $D bench --backend cuda --attention cuda-flash --warmup 1 --runs 1 --only e2e,load \
+            --out "$out/job.json" > "$out/job.log" 2>&1 || failed+=("$phase")
+        table "$out/job.log" ;;
+    generate)
+        python3 bench/hf_generate.py --out "$out/hf.json" > "$out/hf.log" 2>&1 || failed+=("$phase (HF)")
+        base=(); [ -s "$out/hf.json" ] && base=(--baselines "$out/hf.json")
+        $D bench --backend cuda --only generate "${base[@]}" --out "$out/generate.json" \
+            > "$out/generate.log" 2>&1 || failed+=("$phase")
+        table "$out/generate.log" ;;
+    wgpu-bench)
+        for be in "wgpu wgpu-tiled" "cuda cuda-flash"; do
+            read -r name kernel <<< "$be"
+            $D bench --backend "$name" --attention "$kernel" --only gemm,attention.dflash.ctx4096 \
+                --out "$out/$name-bench.json" > "$out/$name-bench.log" 2>&1 || failed+=("$phase ($name)")
+            table "$out/$name-bench.log"
+        done ;;
+    wgpu-train)
+        $D train --config configs/default.toml --set backend.name='"wgpu"' \
+            --set backend.attention='"wgpu-tiled"' --set run.dir="\"/tmp/wgpu-runs\"" \
+            > "$out/wgpu-train.log" 2>&1 || failed+=("$phase")
+        grep -E "adapter|tau|^run_dir" "$out/wgpu-train.log" | cut -c1-200 ;;
+    *)
+        echo "unknown phase $phase" >&2; failed+=("$phase") ;;
+    esac
+done
+[ "${#failed[@]}" -eq 0 ] || { echo "FAILED: ${failed[*]}" >&2; exit 1; }
+echo "all phases passed"
