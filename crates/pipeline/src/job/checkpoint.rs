@@ -81,6 +81,9 @@ pub(super) struct CheckpointWriter {
     /// `false`: every checkpoint written in place (the memory plan found no room for a
     /// snapshot).
     background: bool,
+    /// States smaller than this are written in place ([`BACKGROUND_MIN_BYTES`]; the tests
+    /// lower it to run the background path on a tiny drafter).
+    min_background_bytes: u64,
     pending: Option<(std::thread::JoinHandle<Result<u64>>, u64, Instant, f64)>,
 }
 
@@ -89,6 +92,7 @@ impl CheckpointWriter {
         CheckpointWriter {
             run_dir: run_dir.to_path_buf(),
             background,
+            min_background_bytes: BACKGROUND_MIN_BYTES,
             pending: None,
         }
     }
@@ -105,7 +109,7 @@ impl CheckpointWriter {
         let step = replica.step;
         // No room for the copy (planned, or found at run time), or a state small enough to
         // write in less time than a step: written in place.
-        let snapshot = match self.background && state_bytes(replica) >= BACKGROUND_MIN_BYTES {
+        let snapshot = match self.background && state_bytes(replica) >= self.min_background_bytes {
             false => None,
             true => match Snapshot::take(replica) {
                 Ok(s) => Some(s),
@@ -244,5 +248,122 @@ impl Figures {
             ),
             tau_before: f("tau_before"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use dflash_config::{DType, DrafterConfig, DrafterShape, Qwen3Config};
+    use dflash_core::Backend;
+    use dflash_models::drafter::FrozenTarget;
+    use dflash_models::{Drafter, DrafterParams};
+    use dflash_training::optimizer::AdamWHyper;
+    use dflash_training::{AdamW, DrafterReplica};
+
+    use super::*;
+
+    const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
+
+    /// A 1-layer drafter for the embedded target with random weights and random (not zero)
+    /// AdamW moments, at step `step`.
+    fn replica(step: u64) -> DrafterReplica {
+        dflash_backend_reference::link();
+        let b: Arc<dyn Backend> =
+            dflash_core::registry::create_backend("reference", &Default::default()).unwrap();
+        let t = Qwen3Config::from_file(Path::new(TARGET).join("config.json")).unwrap();
+        let shape = DrafterShape {
+            num_layers: 1,
+            num_target_features: 2,
+            dtype: DType::Float32,
+            ..DrafterShape::standard(t.vocab_size as u32 - 1)
+        };
+        let cfg = DrafterConfig::for_target(&t, &shape).unwrap();
+        let params = DrafterParams::init_random(b.as_ref(), &cfg, 0.02, 1).unwrap();
+        let (_, frozen) = FrozenTarget::load(b.as_ref(), Path::new(TARGET)).unwrap();
+        let drafter = Drafter::new(b.clone(), cfg.clone(), params, Arc::new(frozen)).unwrap();
+        let hyper = AdamWHyper {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        };
+        let mut opt = AdamW::new(b.as_ref(), &cfg, hyper).unwrap();
+        opt.m = DrafterParams::init_random(b.as_ref(), &cfg, 0.1, 2).unwrap();
+        opt.v = DrafterParams::init_random(b.as_ref(), &cfg, 0.1, 3).unwrap();
+        opt.step = step;
+        let mut r = DrafterReplica::new(drafter, opt, false, 1.0, 10).unwrap();
+        r.step = step;
+        r
+    }
+
+    /// Every file of a checkpoint directory, by name.
+    fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().into_string().unwrap(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The background writer publishes what the replica held when the checkpoint started,
+    /// byte for byte what an in-place write of that state publishes, although training
+    /// changes the weights while it writes; a checkpoint started while one is in flight waits
+    /// for it.
+    #[test]
+    fn a_background_checkpoint_is_the_state_at_its_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = |name: &str| tmp.path().join(name);
+        let mut r = replica(3);
+        let extra = serde_json::json!({ "note": "test" });
+
+        let mut in_place = CheckpointWriter::new(&run("a"), true);
+        let done = in_place.start(&r, extra.clone()).unwrap();
+        assert_eq!(done.len(), 1, "a tiny state is written in place");
+        assert_eq!(done[0].step, 3);
+
+        let mut bg = CheckpointWriter::new(&run("b"), true);
+        bg.min_background_bytes = 0;
+        assert!(
+            bg.start(&r, extra.clone()).unwrap().is_empty(),
+            "in the background"
+        );
+        // Training goes on while the thread writes: the weights change.
+        let b = r.drafter.backend().clone();
+        for t in r.drafter.params.tensors_mut() {
+            b.scale_assign(t, 2.0).unwrap();
+        }
+        let first = bg.wait().unwrap().expect("step 3 was in flight");
+        assert_eq!((first.step, first.bytes > 0), (3, true));
+        let step3 = files(&run("a").join("checkpoints/step-3"));
+        assert!(
+            step3.len() >= 2,
+            "{:?}",
+            step3.iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+        assert_eq!(files(&run("b").join("checkpoints/step-3")), step3);
+
+        r.step = 4;
+        assert!(bg.start(&r, extra.clone()).unwrap().is_empty());
+        r.step = 5;
+        let done = bg.start(&r, extra.clone()).unwrap();
+        assert_eq!(done.len(), 1, "step 5 waited for step 4");
+        assert_eq!(done[0].step, 4);
+        assert_eq!(bg.wait().unwrap().map(|w| w.step), Some(5));
+        let latest = latest_checkpoint(&run("b")).unwrap();
+        assert_eq!(latest.file_name().unwrap(), "step-5");
+        let mut c = CheckpointWriter::new(&run("c"), false);
+        c.start(&r, extra).unwrap();
+        assert_eq!(files(&latest), files(&run("c").join("checkpoints/step-5")));
+        assert_ne!(files(&latest), step3, "the doubled weights were saved");
     }
 }
