@@ -1,14 +1,18 @@
-//! Fault points for the crash suite: named moments at which a test stops the process so
-//! that it can be killed there with SIGKILL, deterministically.
+//! Fault points for the crash and fault suites: named moments at which a test stops the
+//! process (to kill it there with SIGKILL) or makes a worker fail, deterministically.
 //!
-//! Inert unless `DFLASH_FAULT` is set (read once; a point costs one load then). With
-//! `DFLASH_FAULT=POINT` or `DFLASH_FAULT=POINT@K`, the K-th time (default 1) this process
-//! reaches `POINT` it prints `DFLASH_FAULT: at POINT@K` on stderr and blocks that thread for
-//! ever, touching nothing more: whoever watches stderr then kills the process. Blocking
-//! instead of exiting keeps the kill a real SIGKILL from outside, with no destructor, flush
-//! or exit code in between, exactly as the machine going away would.
+//! Inert unless `DFLASH_FAULT` is set (read once; a point costs one load then). Two modes:
 //!
-//! Points (`crates/cli/tests/crash.rs` kills at each):
+//! - `DFLASH_FAULT=POINT` or `DFLASH_FAULT=POINT@K`: the K-th time (default 1) this process
+//!   reaches `POINT` it prints `DFLASH_FAULT: at POINT@K` on stderr and blocks that thread for
+//!   ever, touching nothing more: whoever watches stderr then kills the process. Blocking
+//!   instead of exiting keeps the kill a real SIGKILL from outside, with no destructor, flush
+//!   or exit code in between, exactly as the machine going away would.
+//! - `DFLASH_FAULT=fail:POINT[@K]`: the K-th time a worker reaches `POINT` (a point that can
+//!   fail, see [`fail_point`]) it returns an error instead, as a device fault would: the run
+//!   must stop every worker, keep its last checkpoint and resume from it.
+//!
+//! Points that block (`crates/cli/tests/crash.rs` kills at each):
 //! - `write:FILE`: an atomic write of a file named FILE (`config.json`, `model.safetensors`,
 //!   `optimizer.safetensors`, `trainer_state.json`, `latest`, `metrics.jsonl`,
 //!   `summary.json`, `config.toml`, ...) has its temp file complete and not yet renamed;
@@ -16,6 +20,10 @@
 //!   not (a torn temp file);
 //! - `published`: `checkpoints/latest` names the new checkpoint, the old ones still exist;
 //! - `accumulated`: a micro-batch's forward and backward are done, the step's update not.
+//!
+//! Points that fail (`crates/cli/tests/faults.rs`):
+//! - `drafter-step:R`: drafter replica R starts a step (K counts this invocation's steps);
+//! - `target-batch:I`: target worker I starts a micro-batch.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +31,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The environment variable naming the fault point.
 pub const ENV: &str = "DFLASH_FAULT";
 
+/// What a fault does at its point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Block,
+    Fail,
+}
+
 struct Spec {
+    mode: Mode,
     point: String,
     nth: u64,
     hits: AtomicU64,
@@ -33,11 +49,16 @@ fn spec() -> Option<&'static Spec> {
     static SPEC: OnceLock<Option<Spec>> = OnceLock::new();
     SPEC.get_or_init(|| {
         let v = std::env::var(ENV).ok()?;
+        let (mode, v) = match v.strip_prefix("fail:") {
+            Some(rest) => (Mode::Fail, rest),
+            None => (Mode::Block, v.as_str()),
+        };
         let (point, nth) = match v.rsplit_once('@') {
             Some((p, k)) => (p, k.trim().parse().ok()?),
-            None => (v.as_str(), 1),
+            None => (v, 1),
         };
         Some(Spec {
+            mode,
             point: point.trim().to_string(),
             nth,
             hits: AtomicU64::new(0),
@@ -48,23 +69,43 @@ fn spec() -> Option<&'static Spec> {
 
 /// The fault point `name` (see the module docs).
 pub fn point(name: &str) {
-    reached(|p| p == name);
+    if hit(Mode::Block, |p| p == name).is_some() {
+        block_here();
+    }
 }
 
 /// The fault point `KIND:FILE`, FILE being the last component of `path`.
 pub fn file_point(kind: &str, path: &std::path::Path) {
-    reached(|p| {
+    let is_it = |p: &str| {
         let file = path.file_name().and_then(|n| n.to_str());
         p.split_once(':')
             .is_some_and(|(k, f)| k == kind && Some(f) == file)
-    });
+    };
+    if hit(Mode::Block, is_it).is_some() {
+        block_here();
+    }
 }
 
-fn reached(is_it: impl FnOnce(&str) -> bool) {
-    let Some(s) = spec() else { return };
-    if !is_it(&s.point) || s.hits.fetch_add(1, Ordering::SeqCst) + 1 != s.nth {
-        return;
+/// A point where a worker can be made to fail: `Err` with a message naming the fault when
+/// `DFLASH_FAULT=fail:NAME@K` and this is the K-th time, `Ok` otherwise.
+pub fn fail_point(name: &str) -> Result<(), String> {
+    match hit(Mode::Fail, |p| p == name) {
+        Some(nth) => Err(format!("fault injected by {ENV}=fail:{name}@{nth}")),
+        None => Ok(()),
     }
+}
+
+/// `Some(K)` when this reach of a point of `mode` is the configured K-th.
+fn hit(mode: Mode, is_it: impl FnOnce(&str) -> bool) -> Option<u64> {
+    let s = spec()?;
+    if s.mode != mode || !is_it(&s.point) || s.hits.fetch_add(1, Ordering::SeqCst) + 1 != s.nth {
+        return None;
+    }
+    Some(s.nth)
+}
+
+fn block_here() -> ! {
+    let s = spec().expect("a blocking fault is configured");
     use std::io::Write;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{ENV}: at {}@{}", s.point, s.nth);

@@ -320,6 +320,8 @@ pub fn target_worker(
     let mut mark = Instant::now();
     while let Some(item) = shared.pop_patiently(&shared.work, &name)? {
         clock.lap(Phase::WaitWork, &mut mark);
+        dflash_models::fault::fail_point(&format!("target-batch:{index}"))
+            .map_err(PipelineError::Job)?;
         let batch = featurise_packed(target, data, &item, &rules, &shared.skips)?;
         clock.lap(Phase::TargetForward, &mut mark);
         shared.push_patiently(&shared.features[item.micro as usize % d], batch, &name)?;

@@ -5,10 +5,12 @@
 #![allow(dead_code)] // each test binary uses its part
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_dflash");
 pub const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
@@ -20,6 +22,8 @@ pub const FAULT_ENV: &str = "DFLASH_FAULT";
 /// A temp dir with the job's data and config; runs go to `runs/NAME`.
 pub struct Job {
     tmp: tempfile::TempDir,
+    /// `--set` overrides every fresh run of this job gets.
+    sets: Vec<String>,
 }
 
 impl Job {
@@ -99,7 +103,16 @@ dir = {runs:?}
             runs = tmp.path().join("runs").display().to_string(),
         );
         std::fs::write(tmp.path().join("job.toml"), config).unwrap();
-        Job { tmp }
+        Job {
+            tmp,
+            sets: Vec::new(),
+        }
+    }
+
+    /// The job with `KEY=VALUE` overrides on every fresh run.
+    pub fn with_sets(mut self, sets: &[&str]) -> Job {
+        self.sets = sets.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// The training (and evaluation) data, JSONL.
@@ -125,7 +138,8 @@ dir = {runs:?}
             false => c
                 .arg("--config")
                 .arg(self.config())
-                .args(["--set", &format!("run.name={name}")]),
+                .args(["--set", &format!("run.name={name}")])
+                .args(self.sets.iter().flat_map(|s| ["--set", s.as_str()])),
         };
         c.env_remove(FAULT_ENV).stdin(Stdio::null());
         c
@@ -189,4 +203,87 @@ dir = {runs:?}
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9), "killed by SIGKILL at {fault}");
     }
+}
+
+/// Fields of a metrics record that an interrupted run must reproduce exactly (the others
+/// are wall-clock and queue measurements).
+const DETERMINISTIC_FIELDS: [&str; 8] = [
+    "step",
+    "epoch",
+    "loss",
+    "accuracy",
+    "lr",
+    "grad_norm",
+    "applied",
+    "tokens",
+];
+
+/// Summary fields that are the run's, whatever interrupted it (`invocation_*` are the last
+/// invocation's).
+const SUMMARY_FIELDS: [&str; 8] = [
+    "steps",
+    "final_loss",
+    "final_accuracy",
+    "first_loss",
+    "tau_before",
+    "tau_after",
+    "skipped_samples",
+    "data",
+];
+
+/// What a run leaves that an interrupted run must reproduce.
+#[derive(Debug, PartialEq)]
+pub struct Outcome {
+    /// The deterministic fields of each step's record, in file order.
+    pub records: Vec<Vec<Value>>,
+    pub model: Vec<u8>,
+    pub latest: String,
+    pub optimizer: Vec<u8>,
+    pub trainer_state: Value,
+    pub summary: Vec<Value>,
+    /// Checkpoint directories left (only the latest should be).
+    pub checkpoints: Vec<String>,
+}
+
+impl Outcome {
+    pub fn read(run_dir: &Path) -> Outcome {
+        let records = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                DETERMINISTIC_FIELDS.iter().map(|k| v[k].clone()).collect()
+            })
+            .collect();
+        let ckpts = run_dir.join("checkpoints");
+        let latest = std::fs::read_to_string(ckpts.join("latest")).unwrap();
+        let ckpt = ckpts.join(latest.trim());
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+                .unwrap();
+        let mut checkpoints: Vec<String> = std::fs::read_dir(&ckpts)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        checkpoints.sort();
+        Outcome {
+            records,
+            model: std::fs::read(run_dir.join("model.safetensors")).unwrap(),
+            latest,
+            optimizer: std::fs::read(ckpt.join("optimizer.safetensors")).unwrap(),
+            trainer_state: serde_json::from_str(
+                &std::fs::read_to_string(ckpt.join("trainer_state.json")).unwrap(),
+            )
+            .unwrap(),
+            summary: SUMMARY_FIELDS.iter().map(|k| summary[k].clone()).collect(),
+            checkpoints,
+        }
+    }
+}
+
+/// The outcome line without its `run_dir=...` field.
+pub fn figures(line: &str) -> &str {
+    line.split_once(' ').map_or("", |(_, rest)| rest)
 }

@@ -507,6 +507,8 @@ impl DrafterLoop<'_> {
         let mut mark = Instant::now();
         for step in start_step..end_step {
             let work = &plan.schedule.steps[step as usize];
+            dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
+                .map_err(PipelineError::Job)?;
             for m in (0..work.micro.len()).filter(|m| m % world == self.rank) {
                 let batch = reorder.next(
                     shared,
