@@ -38,6 +38,20 @@ enum Command {
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
     },
+    /// How to split this machine's devices between target workers and drafter replicas:
+    /// times the job's first steps (target and drafter, each alone on device 0), prints every
+    /// split with its expected tok/s and its memory per device, best first, and the settings
+    /// of the best that fits (`pipeline.placement = "auto"` makes `train` do this itself).
+    Plan {
+        #[command(flatten)]
+        cfg: ConfigArgs,
+        /// Steps to time, after one warm-up step.
+        #[arg(long, default_value_t = 3)]
+        steps: u64,
+        /// Also write the report as JSON here.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// Acceptance length tau of a drafter on held-out data (docs/design.md §2.5).
     Eval {
         #[command(flatten)]
@@ -435,6 +449,15 @@ fn run(cli: Cli) -> Result<()> {
                 fmt_tau(out.tau_before),
                 fmt_tau(out.tau_after)
             );
+        }
+        Command::Plan { cfg, steps, json } => {
+            let report = dflash_pipeline::job::plan_placement(&load_config(&cfg)?, steps)?;
+            println!("{}", report.table());
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&report)?;
+                std::fs::write(&path, text + "\n")
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
         }
         Command::Eval { cfg, drafter, data } => {
             let config = load_config(&cfg)?;

@@ -14,6 +14,7 @@ pub mod comm;
 pub mod error;
 pub mod job;
 pub mod phases;
+pub mod placement;
 pub mod report;
 pub mod schedule;
 pub mod workers;

@@ -223,6 +223,25 @@ pub struct PipelineSection {
     pub queue_capacity: usize,
     /// A worker blocked this long on a queue is treated as stuck and the run stops. Default 600.
     pub timeout_secs: u64,
+    /// How workers are put on devices when no device lists are given: `"round-robin"`
+    /// (default: targets on devices `0..T`, drafters on `T..T+D`, wrapping around) or
+    /// `"auto"` (measure both models' rates on this machine first, as `dflash plan` does,
+    /// and take its best split that fits).
+    pub placement: PlacementMode,
+    /// The device of each target worker, e.g. `[0, 1, 2]` (a device may repeat: several
+    /// workers on one GPU). Sets the worker count; `target_workers` must then be 1 or agree.
+    pub target_devices: Option<Vec<usize>>,
+    /// The device of each drafter replica, e.g. `[3, 3]`; as `target_devices`.
+    pub drafter_devices: Option<Vec<usize>>,
+}
+
+/// `pipeline.placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementMode {
+    #[default]
+    RoundRobin,
+    Auto,
 }
 
 impl Default for PipelineSection {
@@ -232,6 +251,9 @@ impl Default for PipelineSection {
             drafter_workers: 1,
             queue_capacity: 4,
             timeout_secs: 600,
+            placement: PlacementMode::RoundRobin,
+            target_devices: None,
+            drafter_devices: None,
         }
     }
 }

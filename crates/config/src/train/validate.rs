@@ -104,6 +104,42 @@ impl TrainConfig {
                 ),
             );
         }
+        for (field, list, workers, workers_field) in [
+            (
+                "pipeline.target_devices",
+                &p.target_devices,
+                p.target_workers,
+                "pipeline.target_workers",
+            ),
+            (
+                "pipeline.drafter_devices",
+                &p.drafter_devices,
+                p.drafter_workers,
+                "pipeline.drafter_workers",
+            ),
+        ] {
+            let Some(list) = list else { continue };
+            if list.is_empty() {
+                return bad(field, "must name at least one device when set".into());
+            }
+            if workers != 1 && workers != list.len() {
+                return bad(
+                    workers_field,
+                    format!(
+                        "is {workers} but {field} names {} devices {list:?}",
+                        list.len()
+                    ),
+                );
+            }
+            if p.placement == super::PlacementMode::Auto {
+                return bad(
+                    field,
+                    "is set together with pipeline.placement = \"auto\": give the devices or \
+                     let the plan choose them, not both"
+                        .into(),
+                );
+            }
+        }
         if p.timeout_secs == 0 {
             return bad(
                 "pipeline.timeout_secs",

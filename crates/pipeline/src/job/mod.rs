@@ -3,12 +3,14 @@
 mod checkpoint;
 pub mod memory;
 mod plan;
+mod rates;
 mod resume;
 mod run;
 mod setup;
 
 pub use checkpoint::latest_checkpoint;
 pub use plan::{JobPlan, TargetSource};
+pub use rates::{PlacementReport, PlannedSplit, RateRun, measure_rates, plan_placement};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,6 +106,11 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
             dir.display()
         )));
     }
+    // A resumed run's config holds the device lists its first invocation chose.
+    let cfg = match resume {
+        None => &rates::resolve_auto(cfg)?,
+        Some(_) => cfg,
+    };
     let run_dir = resume
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));

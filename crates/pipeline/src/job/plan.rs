@@ -13,6 +13,7 @@ use dflash_training::{BlockSpec, LrSchedule};
 use super::memory::{MicroShape, largest_micro};
 use super::setup::{drafter_config, too_long};
 use crate::error::{PipelineError, Result};
+use crate::placement::Placement;
 use crate::schedule::Schedule;
 use crate::workers::SampleRules;
 
@@ -147,8 +148,18 @@ impl JobPlan {
             spec,
             hyper,
             rules,
-            target_workers: cfg.pipeline.target_workers.max(1),
-            drafter_workers: cfg.pipeline.drafter_workers.max(1),
+            target_workers: cfg
+                .pipeline
+                .target_devices
+                .as_ref()
+                .map_or(cfg.pipeline.target_workers, Vec::len)
+                .max(1),
+            drafter_workers: cfg
+                .pipeline
+                .drafter_devices
+                .as_ref()
+                .map_or(cfg.pipeline.drafter_workers, Vec::len)
+                .max(1),
             train_data,
             bucket_summary: plans.first().map(|p| p.bucket_summary().to_string()),
             empty_samples: lengths.iter().filter(|&&l| l == 0).count(),
@@ -178,6 +189,26 @@ impl JobPlan {
             cfg.train.max_steps,
         );
         largest_micro(&schedule, &self.lengths, cfg.data.num_anchors)
+    }
+
+    /// The devices of the workers: `pipeline.target_devices` / `drafter_devices` where given,
+    /// round robin otherwise; an index past the backend's devices is an error naming its field.
+    pub fn placement(&self) -> Result<Placement> {
+        let p = &self.cfg.pipeline;
+        let n_dev = dflash_core::registry::device_count(&self.cfg.backend.name)?.max(1);
+        let rr = Placement::round_robin(self.target_workers, self.drafter_workers, n_dev);
+        let placed = Placement {
+            targets: p.target_devices.clone().unwrap_or(rr.targets),
+            drafters: p.drafter_devices.clone().unwrap_or(rr.drafters),
+        };
+        if let Some((field, d)) = placed.out_of_range(n_dev) {
+            return Err(PipelineError::Job(format!(
+                "{field}: device {d} does not exist: backend {} has {n_dev} device(s), 0..={}",
+                self.cfg.backend.name,
+                n_dev - 1
+            )));
+        }
+        Ok(placed)
     }
 
     pub fn total_steps(&self) -> u64 {

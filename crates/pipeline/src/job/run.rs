@@ -214,26 +214,26 @@ impl Eval {
     }
 }
 
-/// Backends: targets on devices `0..T`, drafters on `T..T+D`, wrapping around when there are
-/// fewer devices than workers (a device then hosts target and drafter work on their own
-/// streams). CPU backends have one device.
 /// The backends of the target workers and of the drafter replicas.
-type Placement = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
+type Placed = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
 
-fn place_workers(plan: &JobPlan) -> Result<Placement> {
+/// Backends on the devices of [`JobPlan::placement`]. CPU backends have one device.
+fn place_workers(plan: &JobPlan) -> Result<Placed> {
     let cfg = &plan.cfg;
-    let n_dev = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
-    let targets = (0..plan.target_workers)
-        .map(|i| backend_for(cfg, i % n_dev))
-        .collect::<Result<Vec<_>>>()?;
-    let drafters = (0..plan.drafter_workers)
-        .map(|i| backend_for(cfg, (plan.target_workers + i) % n_dev))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((targets, drafters))
+    let placement = plan.placement()?;
+    let on = |devs: &[usize]| {
+        devs.iter()
+            .map(|&d| backend_for(cfg, d))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok((on(&placement.targets)?, on(&placement.drafters)?))
 }
 
 /// One frozen target per target worker, and how long loading them took.
-fn load_targets(plan: &JobPlan, backends: &[Arc<dyn Backend>]) -> Result<Vec<Arc<Qwen3Target>>> {
+pub(super) fn load_targets(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+) -> Result<Vec<Arc<Qwen3Target>>> {
     let t0 = Instant::now();
     let ids = &plan.drafter.target_layer_ids;
     let targets = backends
@@ -267,7 +267,7 @@ fn load_targets(plan: &JobPlan, backends: &[Arc<dyn Backend>]) -> Result<Vec<Arc
 /// Replicas with identical initial weights. Each takes the target's frozen embedding and LM
 /// head from target worker 0 (shared on the same device, imported otherwise) instead of
 /// reading them from disk again.
-fn build_replicas(
+pub(super) fn build_replicas(
     plan: &JobPlan,
     backends: &[Arc<dyn Backend>],
     target: &Qwen3Target,
