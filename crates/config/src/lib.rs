@@ -29,6 +29,6 @@ pub use error::{ConfigError, Result};
 pub use qwen3::{Qwen3Config, TokenIds};
 pub use train::{
     BackendSection, DataSection, DrafterSection, ENV_PREFIX, EvalSection, PipelineSection,
-    PlacementMode, PluginsSection, RunSection, TargetSection, TooLong, TrainConfig, TrainSection,
-    parse_overrides,
+    PlacementMode, PluginsSection, Routing, RunSection, TargetSection, TooLong, TrainConfig,
+    TrainSection, parse_overrides,
 };

@@ -306,7 +306,8 @@ pub fn featurise_packed(
     })
 }
 
-/// A target worker: work items in, packed feature batches out to replica `micro % D`.
+/// A target worker: work items in, packed feature batches out to queue `micro % Q` (one
+/// queue per replica with fixed routing, one shared queue with least-loaded routing).
 pub fn target_worker(
     index: usize,
     shared: &Shared,
@@ -315,7 +316,7 @@ pub fn target_worker(
     rules: SampleRules,
 ) -> Result<()> {
     let name = format!("target worker {index}");
-    let d = shared.features.len();
+    let queues = shared.features.len();
     let clock = &shared.target_clocks[index];
     let mut mark = Instant::now();
     while let Some(item) = shared.pop_patiently(&shared.work, &name)? {
@@ -324,7 +325,7 @@ pub fn target_worker(
             .map_err(PipelineError::Job)?;
         let batch = featurise_packed(target, data, &item, &rules, &shared.skips)?;
         clock.lap(Phase::TargetForward, &mut mark);
-        shared.push_patiently(&shared.features[item.micro as usize % d], batch, &name)?;
+        shared.push_patiently(&shared.features[item.micro as usize % queues], batch, &name)?;
         clock.lap(Phase::PushWait, &mut mark);
     }
     Ok(())
@@ -371,5 +372,56 @@ impl Reorder {
 impl Default for Reorder {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Least-loaded routing (`pipeline.routing = "least-loaded"`): the micro-batches of a step,
+/// from one queue all replicas share, to whichever replica asks first; a replica's step ends
+/// when every micro-batch of the step is taken. The sum of the step's gradients is the same
+/// whoever took what (up to float rounding: the replicas' partial sums group differently).
+#[derive(Default)]
+pub struct SharedRouter {
+    state: Mutex<RouterState>,
+}
+
+#[derive(Default)]
+struct RouterState {
+    /// Batches that arrived, by step, not yet taken.
+    stash: BTreeMap<u64, Vec<HiddenBatch>>,
+    /// Micro-batches of each step taken so far.
+    taken: BTreeMap<u64, usize>,
+}
+
+impl SharedRouter {
+    /// The next micro-batch of `step` (of `count`), or `None` once all are taken.
+    pub fn next(
+        &self,
+        shared: &Shared,
+        q: &BoundedQueue<HiddenBatch>,
+        (step, count): (u64, usize),
+        who: &str,
+    ) -> Result<Option<HiddenBatch>> {
+        // Held while popping: the others would wait on the same queue anyway, and the pop
+        // gives up on an abort or a stall.
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let taken = s.taken.get(&step).copied().unwrap_or(0);
+            if taken >= count {
+                return Ok(None);
+            }
+            if let Some(b) = s.stash.get_mut(&step).and_then(Vec::pop) {
+                s.taken.insert(step, taken + 1);
+                return Ok(Some(b));
+            }
+            match shared.pop_patiently(q, who)? {
+                Some(b) => s.stash.entry(b.step).or_default().push(b),
+                None => {
+                    return Err(PipelineError::Job(format!(
+                        "{who}: feature queue closed before step {step} had all {count} \
+                         micro-batches"
+                    )));
+                }
+            }
+        }
     }
 }

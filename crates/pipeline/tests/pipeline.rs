@@ -486,6 +486,18 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
             );
         }
     }
+    assert_close_runs(&a.run_dir, &c.run_dir);
+}
+
+/// Runs `a` and `c` of one job with different worker counts or routing: the same step
+/// records, and losses, grad norms and weights equal to float rounding. Loss statistics
+/// travel as f32 sums and gradients are summed per replica and then across replicas, so
+/// agreement is to float rounding: 1e-4 relative is ~1000x the rounding seen (<= 3e-7), and
+/// far below any real difference (a sample lost or counted twice changes a step's loss by
+/// percents).
+fn assert_close_runs(a: &Path, c: &Path) {
+    let (ma, mc) = (metrics(a), metrics(c));
+    assert_eq!(ma.len(), mc.len());
     for (x, y) in ma.iter().zip(&mc) {
         for k in ["step", "epoch", "tokens", "lr"] {
             assert_eq!(x[k], y[k], "{k}");
@@ -510,8 +522,8 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
     // coordinate, so a coordinate whose gradient is ~0 can move by up to lr per step on
     // rounding alone; the tensors as a whole must still agree closely.
     let (ta, tc) = (
-        tensors(&a.run_dir.join("model.safetensors")),
-        tensors(&c.run_dir.join("model.safetensors")),
+        tensors(&a.join("model.safetensors")),
+        tensors(&c.join("model.safetensors")),
     );
     for ((name, va), (_, vc)) in ta.iter().zip(&tc) {
         let diff: f64 = va
@@ -526,6 +538,34 @@ fn two_plus_two_workers_match_one_plus_one_and_runs_are_deterministic() {
             "{name}: |a - c| = {diff:e}, |a| = {norm:e}"
         );
     }
+}
+
+/// Least-loaded routing (one shared feature queue, each micro-batch to whichever replica is
+/// free) trains as fixed routing does, to float rounding, with 3 micro-batches a step over
+/// 2 replicas (uneven shares) and 2 target workers racing to fill the queue.
+#[test]
+fn least_loaded_routing_matches_fixed_routing() {
+    link();
+    let fx = Fixture::new(&tiny_samples(24));
+    let run = |name: &str, routing: &str, t: &str, d: &str| {
+        let routing = format!("\"{routing}\"");
+        let ov = [
+            ("train.micro_batches_per_step", "3"),
+            ("train.max_steps", "5"),
+            ("run.name", name),
+            ("pipeline.target_workers", t),
+            ("pipeline.drafter_workers", d),
+            ("pipeline.queue_capacity", "1"),
+            ("pipeline.routing", routing.as_str()),
+        ];
+        train(&fx.config(&ov), None).unwrap()
+    };
+    let one = run("one", "fixed", "1", "1");
+    let fixed = run("fixed", "fixed", "2", "2");
+    let shared = run("shared", "least-loaded", "2", "2");
+    assert_eq!(metrics(&shared.run_dir).len(), 5);
+    assert_close_runs(&one.run_dir, &shared.run_dir);
+    assert_close_runs(&fixed.run_dir, &shared.run_dir);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ use layering::{KeyStyle, Layer, LayerData, env_provider, overrides_provider};
 pub use layering::parse_overrides;
 pub use sections::{
     BackendSection, DataSection, DrafterSection, EvalSection, PipelineSection, PlacementMode,
-    PluginsSection, RunSection, TargetSection, TooLong, TrainSection,
+    PluginsSection, Routing, RunSection, TargetSection, TooLong, TrainSection,
 };
 
 /// Prefix of the environment variables read by [`TrainConfig::load`].

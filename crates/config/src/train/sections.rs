@@ -233,6 +233,19 @@ pub struct PipelineSection {
     pub target_devices: Option<Vec<usize>>,
     /// The device of each drafter replica, e.g. `[3, 3]`; as `target_devices`.
     pub drafter_devices: Option<Vec<usize>>,
+    /// Which drafter replica trains on which micro-batch: `"fixed"` (default: micro-batch m
+    /// of a step on replica m % D; runs repeat bit for bit) or `"least-loaded"` (whichever
+    /// replica is free takes the step's next micro-batch; losses equal to float rounding).
+    pub routing: Routing,
+}
+
+/// `pipeline.routing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    #[default]
+    Fixed,
+    LeastLoaded,
 }
 
 /// `pipeline.placement`.
@@ -254,6 +267,7 @@ impl Default for PipelineSection {
             placement: PlacementMode::RoundRobin,
             target_devices: None,
             drafter_devices: None,
+            routing: Routing::Fixed,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dflash_config::Routing;
 use dflash_core::pipeline::HiddenSeq;
 use dflash_core::{Backend, Communicator};
 use dflash_data::SkipCounts;
@@ -28,7 +29,7 @@ use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};
 use crate::phases::{Phase, PhaseClock};
 use crate::report::Reporter;
-use crate::workers::{Reorder, Shared, StepSkips, WorkItem, target_worker};
+use crate::workers::{Reorder, Shared, SharedRouter, StepSkips, WorkItem, target_worker};
 
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
@@ -342,6 +343,7 @@ fn run_workers(
     let start_step = replicas[0].step;
     let comms = HostComm::group(plan.drafter_workers);
     let shared = shared_state(plan, comms[0].clone());
+    let router = SharedRouter::default();
     let mut reporter = Reporter::new(
         run_dir,
         job_start,
@@ -373,6 +375,7 @@ fn run_workers(
             });
         }
         let mut rank0 = Some((&mut reporter, &mut result));
+        let router = &router;
         let handles: Vec<_> = replicas
             .into_iter()
             .zip(comms)
@@ -392,6 +395,8 @@ fn run_workers(
                         rank,
                         who: &who,
                         comm: &comm,
+                        router: (plan.cfg.pipeline.routing == Routing::LeastLoaded)
+                            .then_some(router),
                     };
                     match run.steps(&mut replica, lead, start_step, end_step) {
                         Ok(()) => Some(replica),
@@ -440,9 +445,16 @@ fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
         abort: AtomicBool::new(false),
         first_error: Mutex::new(None),
         work: BoundedQueue::new("work", (2 * plan.target_workers).max(2)),
-        features: (0..plan.drafter_workers)
-            .map(|r| BoundedQueue::new(format!("features[{r}]"), p.queue_capacity.max(1)))
-            .collect(),
+        features: match p.routing {
+            Routing::Fixed => (0..plan.drafter_workers)
+                .map(|r| BoundedQueue::new(format!("features[{r}]"), p.queue_capacity.max(1)))
+                .collect(),
+            // As many batches in flight as with a queue per replica.
+            Routing::LeastLoaded => vec![BoundedQueue::new(
+                "features",
+                p.queue_capacity.max(1) * plan.drafter_workers,
+            )],
+        },
         skips: Mutex::new(StepSkips::default()),
         stall_timeout: Duration::from_secs(p.timeout_secs.max(1)),
         on_abort: Box::new(move || abort_comm.abort()),
@@ -490,6 +502,8 @@ struct DrafterLoop<'a> {
     rank: usize,
     who: &'a str,
     comm: &'a HostComm,
+    /// Least-loaded routing's shared hand-out; `None`: fixed routing.
+    router: Option<&'a SharedRouter>,
 }
 
 impl DrafterLoop<'_> {
@@ -509,14 +523,27 @@ impl DrafterLoop<'_> {
             let work = &plan.schedule.steps[step as usize];
             dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
                 .map_err(PipelineError::Job)?;
-            for m in (0..work.micro.len()).filter(|m| m % world == self.rank) {
-                let batch = reorder.next(
-                    shared,
-                    &shared.features[self.rank],
-                    step,
-                    m as u32,
-                    self.who,
-                )?;
+            let mut mine = (0..work.micro.len()).filter(|m| m % world == self.rank);
+            loop {
+                let batch = match self.router {
+                    Some(r) => r.next(
+                        shared,
+                        &shared.features[0],
+                        (step, work.micro.len()),
+                        self.who,
+                    )?,
+                    None => match mine.next() {
+                        Some(m) => Some(reorder.next(
+                            shared,
+                            &shared.features[self.rank],
+                            step,
+                            m as u32,
+                            self.who,
+                        )?),
+                        None => None,
+                    },
+                };
+                let Some(batch) = batch else { break };
                 clock.lap(Phase::QueueWait, &mut mark);
                 let prepared = PreparedBatch::packed(batch, &plan.spec);
                 clock.lap(Phase::Prepare, &mut mark);
