@@ -4,6 +4,7 @@ mod checkpoint;
 pub mod memory;
 mod plan;
 mod rates;
+mod replica_loop;
 mod resume;
 mod run;
 mod setup;

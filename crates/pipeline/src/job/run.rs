@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dflash_config::Routing;
+use dflash_core::Backend;
 use dflash_core::pipeline::HiddenSeq;
-use dflash_core::{Backend, Communicator};
 use dflash_data::SkipCounts;
 use dflash_models::checkpoint::load_drafter;
 use dflash_models::drafter::FrozenTarget;
@@ -17,19 +17,20 @@ use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_queue::BoundedQueue;
 use dflash_queue::Queue;
-use dflash_training::{AdamW, DrafterReplica, PreparedBatch, evaluate_tau};
+use dflash_training::{AdamW, DrafterReplica, evaluate_tau};
 
 use super::TrainOutcome;
-use super::checkpoint::{CheckpointWriter, Figures, Written};
+use super::checkpoint::{CheckpointWriter, Figures};
 use super::memory::MemoryPlan;
 use super::plan::{JobPlan, TargetSource};
+use super::replica_loop::{DrafterLoop, Lead};
 use super::resume::{finished_run, report_data, resume};
 use super::setup::{EvalData, backend_for, eval_features, stop_tokens};
 use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};
-use crate::phases::{Phase, PhaseClock};
+use crate::phases::PhaseClock;
 use crate::report::Reporter;
-use crate::workers::{Reorder, Shared, SharedRouter, StepSkips, WorkItem, target_worker};
+use crate::workers::{Shared, SharedRouter, StepSkips, WorkItem, target_worker};
 
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
 pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
@@ -303,20 +304,20 @@ pub(super) fn build_replicas(
 }
 
 /// What the run loop leaves behind besides replica 0.
-struct RunResult {
+pub(super) struct RunResult {
     /// The run's figures: those carried from its checkpoint, updated by each step.
-    figures: Figures,
+    pub(super) figures: Figures,
     /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
-    supervised: f64,
+    pub(super) supervised: f64,
     /// This invocation's skip counts (its steps only).
-    skips: SkipCounts,
+    pub(super) skips: SkipCounts,
     /// The run's counts of the steps before this invocation (`None`: not recorded).
-    carried_skips: Option<SkipCounts>,
+    pub(super) carried_skips: Option<SkipCounts>,
 }
 
 impl RunResult {
     /// The run's counts: those carried plus `mine` (this invocation's so far).
-    fn with_carried(&self, mine: &SkipCounts) -> Option<SkipCounts> {
+    pub(super) fn with_carried(&self, mine: &SkipCounts) -> Option<SkipCounts> {
         let mut all = self.carried_skips.clone()?;
         all.merge(mine);
         Some(all)
@@ -486,133 +487,4 @@ fn load_work(plan: &JobPlan, shared: &Shared, start_step: u64, end_step: u64) {
         }
     }
     shared.work.close();
-}
-
-/// Replica 0's extra duties: reporting and checkpoints.
-struct Lead<'a> {
-    reporter: &'a mut Reporter,
-    result: &'a mut RunResult,
-    checkpoints: CheckpointWriter,
-}
-
-/// One drafter replica's loop over the steps.
-struct DrafterLoop<'a> {
-    plan: &'a JobPlan,
-    shared: &'a Shared,
-    rank: usize,
-    who: &'a str,
-    comm: &'a HostComm,
-    /// Least-loaded routing's shared hand-out; `None`: fixed routing.
-    router: Option<&'a SharedRouter>,
-}
-
-impl DrafterLoop<'_> {
-    fn steps(
-        &self,
-        replica: &mut DrafterReplica,
-        mut lead: Option<Lead<'_>>,
-        start_step: u64,
-        end_step: u64,
-    ) -> Result<()> {
-        let (plan, shared) = (self.plan, self.shared);
-        let clock = &shared.drafter_clocks[self.rank];
-        let world = self.comm.world_size();
-        let mut reorder = Reorder::new();
-        let mut mark = Instant::now();
-        for step in start_step..end_step {
-            let work = &plan.schedule.steps[step as usize];
-            dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
-                .map_err(PipelineError::Job)?;
-            let mut mine = (0..work.micro.len()).filter(|m| m % world == self.rank);
-            loop {
-                let batch = match self.router {
-                    Some(r) => r.next(
-                        shared,
-                        &shared.features[0],
-                        (step, work.micro.len()),
-                        self.who,
-                    )?,
-                    None => match mine.next() {
-                        Some(m) => Some(reorder.next(
-                            shared,
-                            &shared.features[self.rank],
-                            step,
-                            m as u32,
-                            self.who,
-                        )?),
-                        None => None,
-                    },
-                };
-                let Some(batch) = batch else { break };
-                clock.lap(Phase::QueueWait, &mut mark);
-                let prepared = PreparedBatch::packed(batch, &plan.spec);
-                clock.lap(Phase::Prepare, &mut mark);
-                if let Some(p) = prepared {
-                    replica.accumulate(&p.as_input())?;
-                    dflash_models::fault::point("accumulated");
-                }
-                clock.lap(Phase::ForwardBackward, &mut mark);
-            }
-            let summary = replica.finish_step(self.comm, plan.lr.lr(step))?;
-            clock.add_secs(Phase::AllReduce, replica.last_times.all_reduce_s);
-            clock.add_secs(Phase::Optimizer, replica.last_times.optimizer_s);
-            mark = Instant::now();
-            let Some(lead) = lead.as_mut() else { continue };
-            lead.reporter.step(
-                &summary,
-                work.epoch,
-                plan.step_tokens[step as usize],
-                shared.gauges(),
-            )?;
-            let figures = &mut lead.result.figures;
-            if figures.first_loss.is_nan() {
-                figures.first_loss = summary.stats.loss();
-            }
-            figures.last = (summary.stats.loss(), summary.stats.accuracy());
-            lead.result.supervised += summary.stats.weight_sum;
-            clock.lap(Phase::Report, &mut mark);
-            let n = step + 1;
-            let save_every = plan.cfg.train.save_every;
-            if (save_every > 0 && n.is_multiple_of(save_every))
-                || n == plan.total_steps()
-                || n == end_step
-            {
-                // Only the steps this checkpoint holds: the target workers may be ahead.
-                let mine = shared
-                    .skips
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .before(n);
-                let extra = serde_json::json!({
-                    "epoch": work.epoch,
-                    "seed": plan.cfg.train.seed,
-                    "figures": lead.result.figures.to_json(),
-                    "skips": lead.result.with_carried(&mine),
-                });
-                for w in lead.checkpoints.start(replica, extra)? {
-                    log_checkpoint(lead.reporter, &w);
-                }
-                clock.lap(Phase::Checkpoint, &mut mark);
-            }
-        }
-        if let Some(lead) = lead.as_mut() {
-            // The run's last checkpoint is on disk before the run reports its end.
-            if let Some(w) = lead.checkpoints.wait()? {
-                log_checkpoint(lead.reporter, &w);
-            }
-            clock.lap(Phase::Checkpoint, &mut mark);
-        }
-        Ok(())
-    }
-}
-
-fn log_checkpoint(reporter: &mut Reporter, w: &Written) {
-    let gb = w.bytes as f64 / 1e9;
-    reporter.log(&format!(
-        "checkpoint step-{}: {gb:.2} GB in {:.1} s ({:.2} GB/s); the drafter waited {:.2} s",
-        w.step,
-        w.write_secs,
-        gb / w.write_secs.max(1e-9),
-        w.stall_secs
-    ));
 }

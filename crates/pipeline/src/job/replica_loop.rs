@@ -1,0 +1,146 @@
+//! One drafter replica's loop over a run's steps: its micro-batches (fixed or least-loaded
+//! routing), the step's all-reduce and update, and for replica 0 the reporting and the
+//! checkpoints.
+
+use std::time::Instant;
+
+use dflash_core::Communicator;
+use dflash_training::{DrafterReplica, PreparedBatch};
+
+use super::checkpoint::{CheckpointWriter, Written};
+use super::plan::JobPlan;
+use super::run::RunResult;
+use crate::comm::HostComm;
+use crate::error::{PipelineError, Result};
+use crate::phases::Phase;
+use crate::report::Reporter;
+use crate::workers::{Reorder, Shared, SharedRouter};
+
+/// Replica 0's extra duties: reporting and checkpoints.
+pub(super) struct Lead<'a> {
+    pub(super) reporter: &'a mut Reporter,
+    pub(super) result: &'a mut RunResult,
+    pub(super) checkpoints: CheckpointWriter,
+}
+
+/// One drafter replica's loop over the steps.
+pub(super) struct DrafterLoop<'a> {
+    pub(super) plan: &'a JobPlan,
+    pub(super) shared: &'a Shared,
+    pub(super) rank: usize,
+    pub(super) who: &'a str,
+    pub(super) comm: &'a HostComm,
+    /// Least-loaded routing's shared hand-out; `None`: fixed routing.
+    pub(super) router: Option<&'a SharedRouter>,
+}
+
+impl DrafterLoop<'_> {
+    pub(super) fn steps(
+        &self,
+        replica: &mut DrafterReplica,
+        mut lead: Option<Lead<'_>>,
+        start_step: u64,
+        end_step: u64,
+    ) -> Result<()> {
+        let (plan, shared) = (self.plan, self.shared);
+        let clock = &shared.drafter_clocks[self.rank];
+        let world = self.comm.world_size();
+        let mut reorder = Reorder::new();
+        let mut mark = Instant::now();
+        for step in start_step..end_step {
+            let work = &plan.schedule.steps[step as usize];
+            dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
+                .map_err(PipelineError::Job)?;
+            let mut mine = (0..work.micro.len()).filter(|m| m % world == self.rank);
+            loop {
+                let batch = match self.router {
+                    Some(r) => r.next(
+                        shared,
+                        &shared.features[0],
+                        (step, work.micro.len()),
+                        self.who,
+                    )?,
+                    None => match mine.next() {
+                        Some(m) => Some(reorder.next(
+                            shared,
+                            &shared.features[self.rank],
+                            step,
+                            m as u32,
+                            self.who,
+                        )?),
+                        None => None,
+                    },
+                };
+                let Some(batch) = batch else { break };
+                clock.lap(Phase::QueueWait, &mut mark);
+                let prepared = PreparedBatch::packed(batch, &plan.spec);
+                clock.lap(Phase::Prepare, &mut mark);
+                if let Some(p) = prepared {
+                    replica.accumulate(&p.as_input())?;
+                    dflash_models::fault::point("accumulated");
+                }
+                clock.lap(Phase::ForwardBackward, &mut mark);
+            }
+            let summary = replica.finish_step(self.comm, plan.lr.lr(step))?;
+            clock.add_secs(Phase::AllReduce, replica.last_times.all_reduce_s);
+            clock.add_secs(Phase::Optimizer, replica.last_times.optimizer_s);
+            mark = Instant::now();
+            let Some(lead) = lead.as_mut() else { continue };
+            lead.reporter.step(
+                &summary,
+                work.epoch,
+                plan.step_tokens[step as usize],
+                shared.gauges(),
+            )?;
+            let figures = &mut lead.result.figures;
+            if figures.first_loss.is_nan() {
+                figures.first_loss = summary.stats.loss();
+            }
+            figures.last = (summary.stats.loss(), summary.stats.accuracy());
+            lead.result.supervised += summary.stats.weight_sum;
+            clock.lap(Phase::Report, &mut mark);
+            let n = step + 1;
+            let save_every = plan.cfg.train.save_every;
+            if (save_every > 0 && n.is_multiple_of(save_every))
+                || n == plan.total_steps()
+                || n == end_step
+            {
+                // Only the steps this checkpoint holds: the target workers may be ahead.
+                let mine = shared
+                    .skips
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .before(n);
+                let extra = serde_json::json!({
+                    "epoch": work.epoch,
+                    "seed": plan.cfg.train.seed,
+                    "figures": lead.result.figures.to_json(),
+                    "skips": lead.result.with_carried(&mine),
+                });
+                for w in lead.checkpoints.start(replica, extra)? {
+                    log_checkpoint(lead.reporter, &w);
+                }
+                clock.lap(Phase::Checkpoint, &mut mark);
+            }
+        }
+        if let Some(lead) = lead.as_mut() {
+            // The run's last checkpoint is on disk before the run reports its end.
+            if let Some(w) = lead.checkpoints.wait()? {
+                log_checkpoint(lead.reporter, &w);
+            }
+            clock.lap(Phase::Checkpoint, &mut mark);
+        }
+        Ok(())
+    }
+}
+
+fn log_checkpoint(reporter: &mut Reporter, w: &Written) {
+    let gb = w.bytes as f64 / 1e9;
+    reporter.log(&format!(
+        "checkpoint step-{}: {gb:.2} GB in {:.1} s ({:.2} GB/s); the drafter waited {:.2} s",
+        w.step,
+        w.write_secs,
+        gb / w.write_secs.max(1e-9),
+        w.stall_secs
+    ));
+}
