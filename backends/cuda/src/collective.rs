@@ -1,12 +1,26 @@
-//! Collectives. v1 goes through the host like the reference backend: download, sum across
-//! ranks with the communicator, upload in place. (NCCL on device buffers comes later.)
+//! Collectives. `all_reduce_sum` goes through the host like the reference backend: download,
+//! sum across ranks with the communicator, upload in place. The device group (NCCL, one rank
+//! per GPU, nothing through host memory) is in `nccl.rs`.
 
-use dflash_core::{CollectiveOps, Communicator, Error, Result, Tensor};
+use dflash_core::{
+    CollectiveEndpoint, CollectiveOps, Communicator, DeviceCollective, Error, Result, Tensor,
+};
 
 use crate::CudaBackend;
 use crate::storage::{f32_bytes, f32_bytes_mut};
 
 impl CollectiveOps for CudaBackend {
+    fn collective_endpoint(&self) -> Result<CollectiveEndpoint> {
+        self.nccl_endpoint()
+    }
+
+    fn device_collectives(
+        &self,
+        endpoints: Vec<CollectiveEndpoint>,
+    ) -> Result<Vec<Box<dyn DeviceCollective>>> {
+        self.nccl_group(endpoints)
+    }
+
     fn all_reduce_sum(&self, t: &mut Tensor, comm: &dyn Communicator) -> Result<()> {
         let op = "all_reduce_sum";
         let shape = t.shape().clone();

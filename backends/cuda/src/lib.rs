@@ -56,6 +56,7 @@ mod gemm;
 pub mod kernels;
 mod loss;
 mod memory;
+mod nccl;
 mod norm;
 mod optimizer;
 mod options;

@@ -55,3 +55,103 @@ fn collective_ops_match_reference() {
         "{e}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Device collectives (NCCL)
+
+/// The backend on device `d`, or `None` (said) where CUDA or the device is missing.
+fn cuda_on(d: usize) -> Option<dflash_backend_cuda::CudaBackend> {
+    let opts = dflash_core::registry::BackendOptions {
+        device: d,
+        ..Default::default()
+    };
+    match dflash_backend_cuda::CudaBackend::with_options(
+        &opts,
+        dflash_backend_cuda::CudaOptions::from_env().unwrap(),
+    ) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            skip(&format!("device {d}: {e}"));
+            None
+        }
+    }
+}
+
+/// The group's members on `backends`, or `None` (said) without NCCL.
+fn nccl_group(
+    backends: &[&dflash_backend_cuda::CudaBackend],
+) -> Option<Vec<Box<dyn dflash_core::DeviceCollective>>> {
+    let endpoints: Result<Vec<_>, _> = backends.iter().map(|b| b.collective_endpoint()).collect();
+    match endpoints.and_then(|e| backends[0].device_collectives(e)) {
+        Ok(m) => Some(m),
+        Err(dflash_core::Error::Unavailable { reason, .. }) => {
+            skip(&format!("NCCL: {reason}"));
+            None
+        }
+        Err(e) => panic!("the NCCL group failed: {e}"),
+    }
+}
+
+/// One GPU: a group of one leaves the tensor as it is (loads NCCL, makes a communicator,
+/// runs the call); two replicas on one GPU are refused by name.
+#[test]
+fn nccl_group_of_one_and_duplicate_devices() {
+    let Some(cu) = cuda_on(0) else { return };
+    let Some(members) = nccl_group(&[&cu]) else {
+        return;
+    };
+    let mut r = rng(21);
+    let x = rand_vec(&mut r, 10_007, 1.0);
+    let mut t = up(&cu, &x, &[10_007]);
+    members[0].all_reduce_sum(&mut t).unwrap();
+    check_exact("NCCL all-reduce over one rank", &down(&cu, &t), &x);
+    assert!(members[0].describe().contains("rank 0 of 1 on cuda:0"));
+    let e = cu
+        .device_collectives(vec![
+            cu.collective_endpoint().unwrap(),
+            cu.collective_endpoint().unwrap(),
+        ])
+        .err()
+        .expect("two ranks on one GPU are refused")
+        .to_string();
+    assert!(e.contains("two drafter replicas on cuda:0"), "{e}");
+}
+
+/// Two GPUs: each rank's thread sums its tensor with the other's; both end with x0 + x1,
+/// bit for bit what the host computes (one f32 addition per element, in either order).
+#[test]
+fn nccl_two_gpus_sum_like_the_host() {
+    match dflash_backend_cuda::device::device_count() {
+        Ok(n) if n >= 2 => {}
+        other => {
+            skip(&format!("needs 2 GPUs; device count: {other:?}"));
+            return;
+        }
+    }
+    let (Some(c0), Some(c1)) = (cuda_on(0), cuda_on(1)) else {
+        return;
+    };
+    let Some(members) = nccl_group(&[&c0, &c1]) else {
+        return;
+    };
+    let mut r = rng(22);
+    let len = (1 << 20) + 3;
+    let (x0, x1) = (rand_vec(&mut r, len, 1.0), rand_vec(&mut r, len, 1.0));
+    let want: Vec<f32> = x0.iter().zip(&x1).map(|(a, b)| a + b).collect();
+    let (mut t0, mut t1) = (up(&c0, &x0, &[len]), up(&c1, &x1, &[len]));
+    let [m0, m1]: [Box<dyn dflash_core::DeviceCollective>; 2] =
+        members.try_into().ok().expect("two members");
+    let (t0, t1) = std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            m0.all_reduce_sum(&mut t0).unwrap();
+            t0
+        });
+        let b = s.spawn(move || {
+            m1.all_reduce_sum(&mut t1).unwrap();
+            t1
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    check_exact("NCCL all-reduce, rank 0", &down(&c0, &t0), &want);
+    check_exact("NCCL all-reduce, rank 1", &down(&c1, &t1), &want);
+}

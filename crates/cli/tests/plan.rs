@@ -1,7 +1,8 @@
 //! `dflash plan` and the placement settings it leads to, on the reference backend (one
 //! device): the report's numbers are consistent with its own model, `placement = "auto"`
 //! trains with the placement the plan picks and records it for `--resume`, and device lists
-//! that name a missing device or disagree with the worker counts are refused by field.
+//! that name a missing device or disagree with the worker counts, or a device collective the
+//! backend lacks, are refused by field.
 
 mod common;
 
@@ -92,7 +93,7 @@ fn auto_placement_trains_as_the_planned_lists_do_and_is_kept_for_resume() {
 }
 
 #[test]
-fn device_lists_naming_a_missing_device_or_disagreeing_with_counts_are_refused() {
+fn placement_and_collective_settings_that_cannot_work_are_refused() {
     let job = Job::new();
     for (sets, expect) in [
         (
@@ -113,6 +114,16 @@ fn device_lists_naming_a_missing_device_or_disagreeing_with_counts_are_refused()
         (
             &["pipeline.target_devices=[]"][..],
             "must name at least one device",
+        ),
+        // The reference backend has no device collective: said by setting and reason.
+        (
+            &[
+                "pipeline.drafter_workers=2",
+                "pipeline.collective=\"device\"",
+            ][..],
+            "pipeline.collective = \"device\" with 2 drafter replicas on backend reference: \
+             backend \"device collective\" is not available on this machine: this backend \
+             sums gradients through host memory only",
         ),
     ] {
         let mut c = job.command("bad", false);

@@ -28,7 +28,7 @@ pub use drafter::{
 pub use error::{ConfigError, Result};
 pub use qwen3::{Qwen3Config, TokenIds};
 pub use train::{
-    BackendSection, DataSection, DrafterSection, ENV_PREFIX, EvalSection, PipelineSection,
-    PlacementMode, PluginsSection, Routing, RunSection, TargetSection, TooLong, TrainConfig,
-    TrainSection, parse_overrides,
+    BackendSection, Collective, DataSection, DrafterSection, ENV_PREFIX, EvalSection,
+    PipelineSection, PlacementMode, PluginsSection, Routing, RunSection, TargetSection, TooLong,
+    TrainConfig, TrainSection, parse_overrides,
 };

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dflash_core::{Backend, Communicator, LossStats};
+use dflash_core::{Backend, Communicator, DeviceCollective, LossStats};
 use dflash_models::{DraftInput, Drafter, DrafterGrads};
 
 use crate::error::{NonFiniteSource, Result, TrainError};
@@ -50,6 +50,9 @@ pub struct DrafterReplica {
     pub step: u64,
     /// Timings of the last finished step.
     pub last_times: StepTimes,
+    /// Where the gradients are summed across replicas: a device collective group (NCCL),
+    /// or the backend's host all-reduce through the step's communicator when `None`.
+    device_collective: Option<Box<dyn DeviceCollective>>,
 }
 
 impl DrafterReplica {
@@ -73,7 +76,19 @@ impl DrafterReplica {
             features_nonfinite: None,
             step: 0,
             last_times: StepTimes::default(),
+            device_collective: None,
         })
+    }
+
+    /// Sums this replica's gradients through `c` from now on (its rank in a group made for
+    /// all replicas of the run), instead of through host memory.
+    pub fn set_device_collective(&mut self, c: Box<dyn DeviceCollective>) {
+        self.device_collective = Some(c);
+    }
+
+    /// The device collective group member, if one was set.
+    pub fn device_collective(&self) -> Option<&dyn DeviceCollective> {
+        self.device_collective.as_deref()
     }
 
     fn backend(&self) -> Arc<dyn Backend> {
@@ -120,8 +135,12 @@ impl DrafterReplica {
             ];
             comm.all_reduce_sum(&mut s)
                 .map_err(TrainError::Collective)?;
+            let device = &self.device_collective;
             for g in self.grads.tensors_mut() {
-                b.all_reduce_sum(g, comm)?;
+                match device {
+                    Some(d) => d.all_reduce_sum(g)?,
+                    None => b.all_reduce_sum(g, comm)?,
+                }
             }
             LossStats {
                 weighted_loss: s[0] as f64,

@@ -39,8 +39,8 @@ use layering::{KeyStyle, Layer, LayerData, env_provider, overrides_provider};
 
 pub use layering::parse_overrides;
 pub use sections::{
-    BackendSection, DataSection, DrafterSection, EvalSection, PipelineSection, PlacementMode,
-    PluginsSection, Routing, RunSection, TargetSection, TooLong, TrainSection,
+    BackendSection, Collective, DataSection, DrafterSection, EvalSection, PipelineSection,
+    PlacementMode, PluginsSection, Routing, RunSection, TargetSection, TooLong, TrainSection,
 };
 
 /// Prefix of the environment variables read by [`TrainConfig::load`].

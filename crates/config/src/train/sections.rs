@@ -237,6 +237,19 @@ pub struct PipelineSection {
     /// of a step on replica m % D; runs repeat bit for bit) or `"least-loaded"` (whichever
     /// replica is free takes the step's next micro-batch; losses equal to float rounding).
     pub routing: Routing,
+    /// How drafter replicas sum their gradients: `"host"` (default: through host memory, any
+    /// backend) or `"device"` (the backend's device collective, NCCL on CUDA: one replica per
+    /// GPU, nothing through host memory; an error where the backend or NCCL lacks it).
+    pub collective: Collective,
+}
+
+/// `pipeline.collective`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collective {
+    #[default]
+    Host,
+    Device,
 }
 
 /// `pipeline.routing`.
@@ -268,6 +281,7 @@ impl Default for PipelineSection {
             target_devices: None,
             drafter_devices: None,
             routing: Routing::Fixed,
+            collective: Collective::Host,
         }
     }
 }

@@ -15,7 +15,7 @@ pub mod rope;
 
 pub use activation::ActivationOps;
 pub use attention::AttentionOps;
-pub use collective::{CollectiveOps, Communicator};
+pub use collective::{CollectiveEndpoint, CollectiveOps, Communicator, DeviceCollective};
 pub use embedding::EmbeddingOps;
 pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossDims, LossOps, LossStats};

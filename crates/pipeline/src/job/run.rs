@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dflash_config::Routing;
+use dflash_config::{Collective, Routing};
 use dflash_core::Backend;
 use dflash_core::pipeline::HiddenSeq;
 use dflash_data::SkipCounts;
@@ -64,6 +64,7 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         eprintln!("{s}");
     }
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
+    attach_device_collective(plan, &drafter_backends, &mut replicas)?;
     let (carried, carried_skips) = match resuming {
         true => resume(run_dir, &mut replicas)?,
         false => (Figures::default(), Some(SkipCounts::default())),
@@ -301,6 +302,43 @@ pub(super) fn build_replicas(
         )?);
     }
     Ok(replicas)
+}
+
+/// With `pipeline.collective = "device"` and more than one replica: one device collective
+/// group over the replicas' backends (NCCL on CUDA), each replica its rank.
+fn attach_device_collective(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+    replicas: &mut [DrafterReplica],
+) -> Result<()> {
+    if plan.cfg.pipeline.collective != Collective::Device || replicas.len() < 2 {
+        return Ok(());
+    }
+    let why = |e: dflash_core::Error| {
+        PipelineError::Job(format!(
+            "pipeline.collective = \"device\" with {} drafter replicas on backend {}: {e}",
+            backends.len(),
+            plan.cfg.backend.name
+        ))
+    };
+    let endpoints = backends
+        .iter()
+        .map(|b| b.collective_endpoint())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(why)?;
+    let members = backends[0].device_collectives(endpoints).map_err(why)?;
+    eprintln!(
+        "gradients summed on the devices: {}",
+        members
+            .iter()
+            .map(|m| m.describe())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    for (r, m) in replicas.iter_mut().zip(members) {
+        r.set_device_collective(m);
+    }
+    Ok(())
 }
 
 /// What the run loop leaves behind besides replica 0.
