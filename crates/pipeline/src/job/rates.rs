@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use dflash_config::{PlacementMode, TrainConfig};
+use dflash_config::{Collective, PlacementMode, TrainConfig};
 use dflash_core::{Backend, Communicator};
 use dflash_training::PreparedBatch;
 use serde::Serialize;
@@ -44,6 +44,8 @@ pub struct PlannedSplit {
 #[derive(Debug, Clone, Serialize)]
 pub struct PlacementReport {
     pub backend: String,
+    /// `pipeline.collective = "device"`: the replicas' gradients stay on the devices.
+    pub device_collective: bool,
     pub devices: usize,
     pub rates: Rates,
     pub measured: RateRun,
@@ -105,10 +107,11 @@ impl PlacementReport {
                  pipeline.drafter_devices='{:?}' (or pipeline.placement = \"auto\")",
                 p.targets, p.drafters
             );
-            if p.drafters.len() > 1 && self.backend != "reference" {
+            if p.drafters.len() > 1 && self.backend != "reference" && !self.device_collective {
                 out += &format!(
                     "\nnote: {} drafter replicas all-reduce {:.1} M gradient values a step \
-                     through host memory (no device collective yet)",
+                     through host memory (pipeline.collective = \"device\" keeps them on the \
+                     GPUs)",
                     p.drafters.len(),
                     m.drafter_params as f64 / 1e6
                 );
@@ -189,10 +192,12 @@ pub fn plan_placement(cfg: &TrainConfig, steps: u64) -> Result<PlacementReport> 
     let plan = JobPlan::new(cfg)?;
     let (rates, measured) = measure_rates(&plan, steps)?;
     let devices = dflash_core::registry::device_count(&cfg.backend.name)?.max(1);
-    let on = |devs: &[usize]| {
-        devs.iter()
-            .map(|&d| backend_for(cfg, d))
-            .collect::<Result<Vec<Arc<dyn Backend>>>>()
+    // One backend per device, shared by every split's plan (workers on one device share it).
+    let per_device = (0..devices)
+        .map(|d| backend_for(cfg, d))
+        .collect::<Result<Vec<Arc<dyn Backend>>>>()?;
+    let on = |devs: &[usize]| -> Result<Vec<Arc<dyn Backend>>> {
+        Ok(devs.iter().map(|&d| per_device[d].clone()).collect())
     };
     let splits = splits(devices, &rates)
         .into_iter()
@@ -218,6 +223,7 @@ pub fn plan_placement(cfg: &TrainConfig, steps: u64) -> Result<PlacementReport> 
         .collect::<Result<Vec<_>>>()?;
     Ok(PlacementReport {
         backend: cfg.backend.name.clone(),
+        device_collective: cfg.pipeline.collective == Collective::Device,
         devices,
         rates,
         measured,
