@@ -12,6 +12,9 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096 on wgpu and CUDA, for the ratios  -> OUT/wgpu*.json
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
+#   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
+#   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
+#                (needs a machine with 2+ GPUs; the NCCL tests are in cuda-tests)
 # The device returns at most 8 files from OUT: name few phases per call.
 # Prints a short table of each phase last; exits non-zero if any phase failed.
 set -uo pipefail
@@ -66,6 +69,16 @@ for phase in "$@"; do
             --set backend.attention='"wgpu-tiled"' --set run.dir="\"/tmp/wgpu-runs\"" \
             > "$out/wgpu-train.log" 2>&1 || failed+=("$phase")
         grep -E "adapter|tau|^run_dir" "$out/wgpu-train.log" | cut -c1-200 ;;
+    plan)
+        $D plan --config configs/default.toml --set backend.name='"cuda"' \
+            --set backend.attention='"cuda-flash"' --json "$out/plan.json" \
+            > "$out/plan.log" 2>&1 || failed+=("$phase")
+        grep -E "tok/s|best" "$out/plan.log" | cut -c1-200 ;;
+    multi-gpu)
+        $D bench --backend cuda --attention cuda-flash --warmup 1 --runs 1 \
+            --only e2e.8b.1gpu,e2e.8b.2gpu,e2e.8b.2gpu.dp \
+            --out "$out/multi.json" > "$out/multi.log" 2>&1 || failed+=("$phase")
+        table "$out/multi.log"; grep -E "skipped|NCCL|gradients summed" "$out/multi.log" | cut -c1-200 ;;
     *)
         echo "unknown phase $phase" >&2; failed+=("$phase") ;;
     esac

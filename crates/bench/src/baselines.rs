@@ -121,6 +121,18 @@ pub const BASELINES: &[Baseline] = &[
         "the whole job, 8B recipe: the PyTorch pipeline's 16.7 K tok/s on 2 GPUs, per GPU",
     ),
     hi(
+        "e2e.8b.2gpu",
+        16.7,
+        KTOKS,
+        "the whole job, 8B recipe on 2 GPUs (target on one, drafter on the other): the PyTorch pipeline's layout",
+    ),
+    hi(
+        "e2e.8b.2gpu.dp",
+        16.7,
+        KTOKS,
+        "the whole job, 8B recipe on 2 GPUs, each with a target worker and a drafter replica (NCCL all-reduce): against the PyTorch pipeline on 2 GPUs",
+    ),
+    hi(
         "e2e.small.1gpu",
         301.6,
         KTOKS,

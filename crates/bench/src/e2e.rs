@@ -26,12 +26,19 @@ use crate::{BenchError, Result, Scale, Suite};
 
 pub const E2E_8B: &str = "e2e.8b.1gpu";
 pub const E2E_SMALL: &str = "e2e.small.1gpu";
+/// The 8B recipe on two GPUs: target on device 0, drafter on device 1.
+pub const E2E_8B_2GPU: &str = "e2e.8b.2gpu";
+/// The 8B recipe on two GPUs, each hosting a target worker and a drafter replica, gradients
+/// summed by the device collective.
+pub const E2E_8B_2GPU_DP: &str = "e2e.8b.2gpu.dp";
 pub const LOAD_8B: &str = "load.8b";
 const RECIPE_8B: &str = include_str!("../../../configs/qwen3-8b.toml");
 const SEED: u64 = 0xE2E0_0001;
 
 pub fn figure_names() -> Vec<String> {
-    [E2E_8B, E2E_SMALL, LOAD_8B].map(String::from).to_vec()
+    [E2E_8B, E2E_8B_2GPU, E2E_8B_2GPU_DP, E2E_SMALL, LOAD_8B]
+        .map(String::from)
+        .to_vec()
 }
 
 /// One end-to-end job: the target's shape, the recipe and the synthetic data.
@@ -369,9 +376,40 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     s.record(case.name, tokens as f64 / secs / 1e3, secs / n, detail)
 }
 
+/// The 8B case placed on two devices (`placement`: device lists and collective).
+fn case_8b_on_two(scale: Scale, name: &'static str, placement: &[(&str, &str)]) -> Case {
+    let mut case = case_8b(scale);
+    case.name = name;
+    case.overrides
+        .extend(placement.iter().map(|(k, v)| set(k, v)));
+    case
+}
+
 pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     let scale = s.opts.scale;
     run_case(s, case_8b(scale))?;
+    let two = [E2E_8B_2GPU, E2E_8B_2GPU_DP].map(String::from);
+    if s.wants_any(&two) {
+        let devices = dflash_core::registry::device_count(s.b().name())?;
+        if devices >= 2 {
+            let split = [
+                ("pipeline.target_devices", "[0]"),
+                ("pipeline.drafter_devices", "[1]"),
+            ];
+            run_case(s, case_8b_on_two(scale, E2E_8B_2GPU, &split))?;
+            let dp = [
+                ("pipeline.target_devices", "[0, 1]"),
+                ("pipeline.drafter_devices", "[0, 1]"),
+                ("pipeline.collective", "\"device\""),
+            ];
+            run_case(s, case_8b_on_two(scale, E2E_8B_2GPU_DP, &dp))?;
+        } else {
+            eprintln!(
+                "{E2E_8B_2GPU}, {E2E_8B_2GPU_DP}: skipped: need 2 devices, backend {} has {devices}",
+                s.b().name()
+            );
+        }
+    }
     run_case(s, case_small(scale))?;
     run_load(s)
 }
