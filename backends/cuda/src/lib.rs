@@ -60,6 +60,7 @@ mod nccl;
 mod norm;
 mod optimizer;
 mod options;
+mod peer;
 mod plugin_attention;
 mod rope;
 mod storage;

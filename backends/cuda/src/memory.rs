@@ -63,6 +63,15 @@ impl MemoryOps for CudaBackend {
             .is_some_and(|s| s.ordinal == self.ordinal)
     }
 
+    /// Another GPU's tensor by a peer copy (`peer.rs`); anything else through the host.
+    fn import(&self, t: &Tensor) -> Result<Tensor> {
+        let here = match self.import_peer(t)? {
+            Some(copy) => copy,
+            None => self.upload(&t.storage().read_host(t.numel())?, t.dims())?,
+        };
+        self.to_compute_format(here)
+    }
+
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
         let op = "upload";
         let numel: usize = shape.iter().product();

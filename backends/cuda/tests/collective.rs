@@ -1,4 +1,5 @@
-//! Collectives (the host path through a `Communicator`) against the reference backend.
+//! Collectives (the host path through a `Communicator`, against the reference backend; the
+//! NCCL group) and copies between GPUs.
 //!
 //! Skips cleanly without CUDA; inputs, poisoning and the tolerance scheme: `common`.
 
@@ -77,6 +78,17 @@ fn cuda_on(d: usize) -> Option<dflash_backend_cuda::CudaBackend> {
     }
 }
 
+/// Whether this machine has 2 GPUs (said when not).
+fn two_gpus() -> bool {
+    match dflash_backend_cuda::device::device_count() {
+        Ok(n) if n >= 2 => true,
+        other => {
+            skip(&format!("needs 2 GPUs; device count: {other:?}"));
+            false
+        }
+    }
+}
+
 /// The group's members on `backends`, or `None` (said) without NCCL.
 fn nccl_group(
     backends: &[&dflash_backend_cuda::CudaBackend],
@@ -121,12 +133,8 @@ fn nccl_group_of_one_and_duplicate_devices() {
 /// bit for bit what the host computes (one f32 addition per element, in either order).
 #[test]
 fn nccl_two_gpus_sum_like_the_host() {
-    match dflash_backend_cuda::device::device_count() {
-        Ok(n) if n >= 2 => {}
-        other => {
-            skip(&format!("needs 2 GPUs; device count: {other:?}"));
-            return;
-        }
+    if !two_gpus() {
+        return;
     }
     let (Some(c0), Some(c1)) = (cuda_on(0), cuda_on(1)) else {
         return;
@@ -154,4 +162,26 @@ fn nccl_two_gpus_sum_like_the_host() {
     });
     check_exact("NCCL all-reduce, rank 0", &down(&c0, &t0), &want);
     check_exact("NCCL all-reduce, rank 1", &down(&c1, &t1), &want);
+}
+
+/// Two GPUs: a tensor of GPU 0 imported by GPU 1's backend is a peer copy that GPU 1 owns,
+/// with exactly the values GPU 0 holds in the compute format.
+#[test]
+fn peer_import_between_two_gpus() {
+    if !two_gpus() {
+        return;
+    }
+    let (Some(c0), Some(c1)) = (cuda_on(0), cuda_on(1)) else {
+        return;
+    };
+    use dflash_core::MemoryOps;
+    let mut r = rng(23);
+    let n = 3 * 4096 + 5;
+    let x = rand_vec(&mut r, n, 2.0);
+    let t0 = up(&c0, &x, &[n]);
+    let want = down(&c0, &c0.to_compute_format(c0.copy(&t0).unwrap()).unwrap());
+    assert!(!c1.is_local(&t0));
+    let t1 = c1.import(&t0).unwrap();
+    assert!(c1.is_local(&t1), "the import lives on cuda:1");
+    check_exact("peer import cuda:0 -> cuda:1", &down(&c1, &t1), &want);
 }
