@@ -19,13 +19,22 @@ const DSUM: Kernel<'static> = Kernel::new(Family::Attention, "attn_dsum");
 const DQ: Kernel<'static> = Kernel::new(Family::Attention, "attn_dq");
 const DKDV: Kernel<'static> = Kernel::new(Family::Attention, "attn_dkdv");
 
-/// attention.wgsl's buffer sizes: tiles of at most `TILE` f32, `PAIRS` scores.
+/// attention.wgsl's limits on the tile sizes: BQ * D and BK * D within `TILE` f32, BQ * BK
+/// within `PAIRS` scores, BQ at most `MAX_ROWS`.
 const TILE: usize = 2048;
 const PAIRS: usize = 1024;
+const MAX_ROWS: usize = 64;
 /// The largest head dim (16 accumulator dims for each of 128 threads over a tile row).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
-/// Workgroup memory the kernels declare, in bytes (three tiles, the scores, row state).
-const WORKGROUP_BYTES: u32 = 4 * (3 * TILE + PAIRS + 4 * 64 + 256 + 2) as u32;
+/// The shader's buffers: staged tile rows at the odd stride `D | 1` and score rows at
+/// `BK | 1` (against workgroup-memory bank conflicts), so each holds up to `MAX_ROWS` more
+/// words than the limits above.
+const TILE_BUF: usize = TILE + MAX_ROWS;
+const PAIRS_BUF: usize = PAIRS + MAX_ROWS;
+/// Workgroup memory the kernels declare, in bytes (three tiles, the scores, two per-thread
+/// statistics, the row intervals, the list bounds): 31752, within the 32 KiB every desktop
+/// GPU and llvmpipe give.
+const WORKGROUP_BYTES: u32 = 4 * (3 * TILE_BUF + PAIRS_BUF + 2 * 128 + 256 + 2) as u32;
 
 /// Masks whose tile lists stay on the device (a step's forward and backward share one).
 const CACHED: usize = 4;
@@ -41,7 +50,7 @@ fn tile_sizes(d: usize) -> (usize, usize) {
             1 << (usize::BITS - 1 - n.leading_zeros())
         }
     };
-    let bq = pow2(fit.min(64));
+    let bq = pow2(fit.min(MAX_ROWS));
     let bk = pow2(fit.min(32)).min(PAIRS / bq);
     (bq, bk)
 }
@@ -189,12 +198,13 @@ impl WgpuBackend {
     /// List iterations one dispatch may run: unbounded on GPUs; on a CPU adapter (llvmpipe
     /// stops every invocation after 65535 loop iterations in all) as many as keep an
     /// invocation's loop iterations under 60000, counted generously for the heaviest kernel
-    /// (three dot-product phases over its pairs, two accumulation phases, the tile loads).
+    /// (three dot-product phases over its pairs, two accumulation phases of BQ or BK steps
+    /// with 16 dims each, the tile loads).
     fn per_pass(&self, d: usize, (bq, bk): (usize, usize)) -> usize {
         if self.ctx.info.device_type != wgpu::DeviceType::Cpu {
             return usize::MAX;
         }
-        let cost = 3 * (bq * bk).div_ceil(128) * d + 2 * 16 * bq.max(bk) + 4 * TILE / 128 + 64;
+        let cost = 3 * (bq * bk).div_ceil(128) * d + 2 * 17 * bq.max(bk) + 4 * TILE / 128 + 64;
         (60_000 / cost).max(1)
     }
 
@@ -362,6 +372,12 @@ mod tests {
                 bq * d <= TILE && bk * d <= TILE && bq * bk <= PAIRS,
                 "d {d}"
             );
+            // The padded layouts fit the shader's buffers.
+            assert!(
+                bq * (d | 1) <= TILE_BUF && bk * (d | 1) <= TILE_BUF,
+                "d {d}"
+            );
+            assert!(bq * (bk | 1) <= PAIRS_BUF, "d {d}");
             // 16 accumulator dims per thread suffice.
             assert!(
                 d.div_ceil(128 / bq) <= 16 && d.div_ceil(128 / bk) <= 16,

@@ -7,8 +7,23 @@
 // tile each (row, key) pair is checked against the row's two key intervals.
 //
 // Tiles: BQ rows x BK keys with BQ * D <= 2048 and BK * D <= 2048 (runtime sizes, fixed
-// buffers): ~30 KiB of workgroup memory. For the accumulators thread t owns row (or key)
+// buffers): 31 KiB of workgroup memory. For the accumulators thread t owns row (or key)
 // t / per and the dims t % per + per * c, c < 16, where per = 128 / BQ (or 128 / BK).
+//
+// Bank conflicts: workgroup memory has 32 banks of one word (NVIDIA; AMD 32 or 64), word w in
+// bank w % 32. In the score loops consecutive threads take consecutive keys j and read
+// row j of a tile, column c: with rows D words apart (D a multiple of 32 for the usual head
+// dims) every thread of a warp hits one bank, a 16- to 32-way conflict on each load of the
+// innermost loop. So staged tiles use an odd row stride, D | 1 (tile_stride): rows j and j'
+// then start in different banks for any 32 consecutive j (an odd stride is invertible mod
+// any power of two), and reading column c of 32 rows is conflict-free. The scores use the
+// odd row stride BK | 1 (score_stride) for the same reason: the accumulation loops of the
+// forward and dq read one score of each of 32 / per rows at once.
+//
+// The forward's online-softmax update is split over all 128 threads (per threads a row, a
+// workgroup-memory reduction of their partial max and sum), not left to BQ of them; the
+// accumulation loops run over keys (or rows) outside and the 16 dims inside (constant bound:
+// unrollable, the accumulators can stay in registers; each score read once).
 //
 // NaN policy: a visible score that is NaN (or +inf) makes its row's out, lse and dq NaN, and
 // its key's dk/dv NaN; products with a zero probability are skipped (select), so a NaN key
@@ -42,23 +57,37 @@ fn pass_range(lo: u32, hi: u32) -> vec2<u32> {
 @group(0) @binding(0) var<uniform> p: AttnParams;
 
 const THREADS: u32 = 128u;
-const TILE: u32 = 2048u;     // BQ * D and BK * D at most
-const PAIRS: u32 = 1024u;    // BQ * BK at most
+// A staged tile: BQ or BK rows (at most 64) at stride D | 1 <= D + 1, so at most
+// 2048 + 64 words.
+const TILE: u32 = 2112u;
+// The scores: BQ rows at stride BK + 1, BQ * BK <= 1024, BQ <= 64.
+const PAIRS: u32 = 1088u;
 const ACC: u32 = 16u;        // accumulator dims per thread
 
 // Three tiles in one array (naga passes no workgroup pointers to functions): X, Y, Z at
 // these offsets.
-var<workgroup> buf: array<f32, 6144>;
+var<workgroup> buf: array<f32, 6336>;
 const XS: u32 = 0u;
-const YS: u32 = 2048u;
-const ZS: u32 = 4096u;
+const YS: u32 = 2112u;
+const ZS: u32 = 4224u;
 var<workgroup> sc: array<f32, PAIRS>;
-var<workgroup> row_m: array<f32, 64>;
-var<workgroup> row_l: array<f32, 64>;
-var<workgroup> row_a: array<f32, 64>;
-var<workgroup> row_nan: array<u32, 64>;
+// dq and dk/dv: the lse (stat_m) and dsum (stat_s) of each query row of the tile. The
+// forward: each thread's partial max (stat_m) and partial sum (stat_s) of its share of its
+// row's scores (one entry per thread), reduced over the row's threads.
+var<workgroup> stat_m: array<f32, THREADS>;
+var<workgroup> stat_s: array<f32, THREADS>;
 var<workgroup> row_iv: array<i32, 256>;
 var<workgroup> bounds: array<u32, 2>;
+
+// Row stride of a staged tile (odd: see Bank conflicts); an even D's pad column is unused.
+fn tile_stride() -> u32 {
+    return p.d | 1u;
+}
+
+// Row stride of the scores (BK is a power of two, so BK + 1 for BK > 1: odd).
+fn score_stride() -> u32 {
+    return p.bk | 1u;
+}
 
 // Every kernel binds these four first.
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -91,27 +120,34 @@ fn poisons(s: f32) -> bool {
     return is_nan_f32(s) || (!is_finite_f32(s) && s > 0.0);
 }
 
+// Query rows [r0, r0 + BQ) of head `head` into a tile, zero past tq.
 fn load_q(dst: u32, r0: u32, head: u32, lid: u32) {
+    let st = tile_stride();
     for (var e = lid; e < p.bq * p.d; e = e + THREADS) {
-        let r = r0 + e / p.d;
+        let i = e / p.d;
+        let c = e % p.d;
+        let r = r0 + i;
         var x = 0.0;
         if (r < p.tq) {
-            x = q[(r * p.hq + head) * p.d + e % p.d];
+            x = q[(r * p.hq + head) * p.d + c];
         }
-        buf[dst + e] = x;
+        buf[dst + i * st + c] = x;
     }
 }
 
 // Keys [k0, k0 + BK) of kv head kh of k (which 0) or v (which 1) into a tile, zero past tk.
 fn load_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32) {
+    let st = tile_stride();
     for (var e = lid; e < p.bk * p.d; e = e + THREADS) {
-        let key = k0 + e / p.d;
+        let j = e / p.d;
+        let c = e % p.d;
+        let key = k0 + j;
         var x = 0.0;
         if (key < p.tk) {
-            let at = (key * p.hkv + kh) * p.d + e % p.d;
+            let at = (key * p.hkv + kh) * p.d + c;
             x = select(k[at], v[at], which == 1u);
         }
-        buf[dst + e] = x;
+        buf[dst + j * st + c] = x;
     }
 }
 
@@ -137,9 +173,12 @@ fn load_intervals(r0: u32, lid: u32) {
 
 // Row i of the tile at a (D wide) dotted with row j of the tile at b.
 fn dot(a: u32, i: u32, b: u32, j: u32) -> f32 {
+    let st = tile_stride();
+    let x = a + i * st;
+    let y = b + j * st;
     var s = 0.0;
     for (var c = 0u; c < p.d; c = c + 1u) {
-        s = fma(buf[a + i * p.d + c], buf[b + j * p.d + c], s);
+        s = fma(buf[x + c], buf[y + c], s);
     }
     return s;
 }
@@ -176,22 +215,25 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     load_q(XS, r0, h, lid);
     load_intervals(r0, lid);
     let first = (p.flags & FIRST) != 0u;
-    if (lid < p.bq) {
-        let at = min(r0 + lid, p.tq - 1u) * p.hq + h;
-        if (first) {
-            row_m[lid] = neg_inf_f32();
-            row_l[lid] = 0.0;
-            row_nan[lid] = 0u;
-        } else {
-            row_m[lid] = f_state[3u * at];
-            row_l[lid] = f_state[3u * at + 1u];
-            row_nan[lid] = u32(f_state[3u * at + 2u]);
-        }
-    }
     let per = THREADS / p.bq;
     let my_row = lid / per;
     let my_lane = lid % per;
     let my_r = min(r0 + my_row, p.tq - 1u);
+    let st = tile_stride();
+    let row = my_row * score_stride(); // where my_row's scores start in sc
+    let part = my_row * per;           // where my_row's threads' partials start in stat_*
+    // The online softmax state of row my_row: every one of the row's `per` threads holds the
+    // running max m and sum l, all computing the same values from the same reductions. `nan`
+    // covers this thread's share of the row's scores; the row's flag is their OR (at the end).
+    var m = neg_inf_f32();
+    var l = 0.0;
+    var nan = 0u;
+    if (!first) {
+        let at = 3u * (my_r * p.hq + h);
+        m = f_state[at];
+        l = f_state[at + 1u];
+        nan = u32(f_state[at + 2u]);
+    }
     var acc: array<f32, ACC>;
     for (var c = 0u; c < ACC; c = c + 1u) {
         let dd = my_lane + per * c;
@@ -213,66 +255,85 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             if (visible(i, k0 + j)) {
                 s = p.scale * dot(XS, i, ZS, j);
             }
-            sc[e] = s;
+            sc[i * score_stride() + j] = s;
         }
         workgroupBarrier();
-        if (lid < p.bq) {
-            // Online softmax update of row lid; invisible keys are -inf.
-            var cm = neg_inf_f32();
-            var bad = 0u;
-            for (var j = 0u; j < p.bk; j = j + 1u) {
-                let s = sc[lid * p.bk + j];
-                if (poisons(s)) {
-                    bad = 1u;
-                } else if (s > cm) {
-                    cm = s;
-                }
-            }
-            let m_old = row_m[lid];
-            let m_new = select(m_old, cm, cm > m_old);
-            var alpha = 0.0;
-            if (m_old != neg_inf_f32()) {
-                alpha = exp(m_old - m_new);
-            }
-            var sum = 0.0;
-            for (var j = 0u; j < p.bk; j = j + 1u) {
-                let s = sc[lid * p.bk + j];
-                var pr = 0.0;
-                if (s != neg_inf_f32() && !poisons(s)) {
-                    pr = exp(s - m_new);
-                }
-                sc[lid * p.bk + j] = pr;
-                sum = sum + pr;
-            }
-            row_m[lid] = m_new;
-            row_l[lid] = row_l[lid] * alpha + sum;
-            row_a[lid] = alpha;
-            row_nan[lid] = row_nan[lid] | bad;
-        }
-        workgroupBarrier();
+        // K is read no more: stage V now, its loads overlapping the softmax below (the
+        // softmax's barriers publish it).
         load_v(ZS, k0, kh, lid);
+        // Online softmax update of row my_row, split over the row's threads: this one takes
+        // keys my_lane, my_lane + per, ...; invisible keys are -inf. Its partial max, then
+        // the row's max from all partials.
+        var cm = neg_inf_f32();
+        for (var j = my_lane; j < p.bk; j = j + per) {
+            let s = sc[row + j];
+            if (poisons(s)) {
+                nan = 1u;
+            } else if (s > cm) {
+                cm = s;
+            }
+        }
+        stat_m[lid] = cm;
         workgroupBarrier();
-        let alpha = row_a[my_row];
+        for (var u = 0u; u < per; u = u + 1u) {
+            let x = stat_m[part + u];
+            cm = select(cm, x, x > cm);
+        }
+        let m_new = select(m, cm, cm > m);
+        var alpha = 0.0;
+        if (m != neg_inf_f32()) {
+            alpha = exp(m - m_new);
+        }
+        // This thread's probabilities (in place of its scores) and their partial sum, then
+        // the row's sum from all partials.
+        var sum = 0.0;
+        for (var j = my_lane; j < p.bk; j = j + per) {
+            let s = sc[row + j];
+            var pr = 0.0;
+            if (s != neg_inf_f32() && !poisons(s)) {
+                pr = exp(s - m_new);
+            }
+            sc[row + j] = pr;
+            sum = sum + pr;
+        }
+        stat_s[lid] = sum;
+        workgroupBarrier(); // the probabilities, the partial sums and the V tile
+        sum = 0.0;
+        for (var u = 0u; u < per; u = u + 1u) {
+            sum = sum + stat_s[part + u];
+        }
+        m = m_new;
+        l = l * alpha + sum;
+        // acc += P V, a key at a time over all of this thread's dims: each probability is
+        // read once, and the dims loop has a constant bound (the driver can unroll it and
+        // keep acc in registers).
         for (var c = 0u; c < ACC; c = c + 1u) {
-            let dd = my_lane + per * c;
-            if (dd < p.d) {
-                var a = acc[c] * alpha;
-                for (var j = 0u; j < p.bk; j = j + 1u) {
-                    let pr = sc[my_row * p.bk + j];
-                    a = a + select(0.0, pr * buf[ZS + j * p.d + dd], nonzero(pr));
+            acc[c] = acc[c] * alpha;
+        }
+        for (var j = 0u; j < p.bk; j = j + 1u) {
+            let pr = sc[row + j];
+            let nz = nonzero(pr);
+            let at = ZS + j * st + my_lane;
+            for (var c = 0u; c < ACC; c = c + 1u) {
+                if (my_lane + per * c < p.d) {
+                    acc[c] = acc[c] + select(0.0, pr * buf[at + per * c], nz);
                 }
-                acc[c] = a;
             }
         }
         workgroupBarrier();
     }
-    workgroupBarrier(); // the row state is read by other threads than its writer
+    // The row's NaN flag: the OR of its threads' flags (stat_m is free: the loop ended on a
+    // barrier, or never read it).
+    stat_m[lid] = f32(nan);
+    workgroupBarrier();
+    var bad = false;
+    for (var u = 0u; u < per; u = u + 1u) {
+        bad = bad || (stat_m[part + u] != 0.0);
+    }
     let r = r0 + my_row;
     if (r >= p.tq) {
         return;
     }
-    let l = row_l[my_row];
-    let nan = row_nan[my_row] != 0u;
     if ((p.flags & LAST) == 0u) {
         // Not the last pass: keep the unnormalised accumulators and the row state.
         for (var c = 0u; c < ACC; c = c + 1u) {
@@ -283,9 +344,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         if (my_lane == 0u) {
             let at = 3u * (r * p.hq + h);
-            f_state[at] = row_m[my_row];
+            f_state[at] = m;
             f_state[at + 1u] = l;
-            f_state[at + 2u] = f32(row_nan[my_row]);
+            f_state[at + 2u] = select(0.0, 1.0, bad);
         }
         return;
     }
@@ -293,7 +354,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let dd = my_lane + per * c;
         if (dd < p.d) {
             var o = 0.0;
-            if (nan) {
+            if (bad) {
                 o = nan_f32();
             } else if (l > 0.0) {
                 o = acc[c] / l;
@@ -303,10 +364,10 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     if (my_lane == 0u) {
         var lse = neg_inf_f32();
-        if (nan) {
+        if (bad) {
             lse = nan_f32();
         } else if (l > 0.0) {
-            lse = row_m[my_row] + log(l);
+            lse = m + log(l);
         }
         f_lse[r * p.hq + h] = lse;
     }
@@ -344,17 +405,20 @@ fn attn_dsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 @group(0) @binding(9) var<storage, read_write> b_dv: array<f32>;
 
 fn load_dout(dst: u32, r0: u32, head: u32, lid: u32) {
+    let st = tile_stride();
     for (var e = lid; e < p.bq * p.d; e = e + THREADS) {
-        let r = r0 + e / p.d;
+        let i = e / p.d;
+        let c = e % p.d;
+        let r = r0 + i;
         var x = 0.0;
         if (r < p.tq) {
-            x = d_out[(r * p.hq + head) * p.d + e % p.d];
+            x = d_out[(r * p.hq + head) * p.d + c];
         }
-        buf[dst + e] = x;
+        buf[dst + i * st + c] = x;
     }
 }
 
-// lse and dsum of rows [r0, r0 + BQ) of head h into row_m and row_a.
+// lse and dsum of rows [r0, r0 + BQ) of head h into stat_m and stat_s.
 fn load_row_stats(r0: u32, h: u32, lid: u32) {
     if (lid < p.bq) {
         let r = r0 + lid;
@@ -364,8 +428,8 @@ fn load_row_stats(r0: u32, h: u32, lid: u32) {
             l = lse_in[r * p.hq + h];
             ds = dsum_in[r * p.hq + h];
         }
-        row_m[lid] = l;
-        row_a[lid] = ds;
+        stat_m[lid] = l;
+        stat_s[lid] = ds;
     }
 }
 
@@ -389,6 +453,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let my_row = lid / per;
     let my_lane = lid % per;
     let my_r = min(r0 + my_row, p.tq - 1u);
+    let st = tile_stride();
+    let ss = score_stride();
     var acc: array<f32, ACC>;
     for (var c = 0u; c < ACC; c = c + 1u) {
         let dd = my_lane + per * c;
@@ -410,7 +476,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             if (visible(i, k0 + j)) {
                 dp = dot(YS, i, ZS, j);
             }
-            sc[e] = dp;
+            sc[i * ss + j] = dp;
         }
         workgroupBarrier();
         load_k(ZS, k0, kh, lid);
@@ -420,21 +486,21 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             let j = e % p.bk;
             var ds = 0.0;
             if (visible(i, k0 + j)) {
-                let pr = prob(p.scale * dot(XS, i, ZS, j), row_m[i]);
-                ds = pr * (sc[e] - row_a[i]);
+                let pr = prob(p.scale * dot(XS, i, ZS, j), stat_m[i]);
+                ds = pr * (sc[i * ss + j] - stat_s[i]);
             }
-            sc[e] = ds;
+            sc[i * ss + j] = ds;
         }
         workgroupBarrier();
-        for (var c = 0u; c < ACC; c = c + 1u) {
-            let dd = my_lane + per * c;
-            if (dd < p.d) {
-                var a = acc[c];
-                for (var j = 0u; j < p.bk; j = j + 1u) {
-                    let ds = sc[my_row * p.bk + j];
-                    a = a + select(0.0, ds * buf[ZS + j * p.d + dd], nonzero(ds));
+        // acc += dS K, a key at a time over all of this thread's dims (as the forward's P V).
+        for (var j = 0u; j < p.bk; j = j + 1u) {
+            let ds = sc[my_row * ss + j];
+            let nz = nonzero(ds);
+            let at = ZS + j * st + my_lane;
+            for (var c = 0u; c < ACC; c = c + 1u) {
+                if (my_lane + per * c < p.d) {
+                    acc[c] = acc[c] + select(0.0, ds * buf[at + per * c], nz);
                 }
-                acc[c] = a;
             }
         }
         workgroupBarrier();
@@ -473,6 +539,8 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let my_key = lid / per;
     let my_lane = lid % per;
     let my_k = min(k0 + my_key, p.tk - 1u);
+    let st = tile_stride();
+    let ss = score_stride();
     var dk: array<f32, ACC>;
     var dv: array<f32, ACC>;
     for (var c = 0u; c < ACC; c = c + 1u) {
@@ -499,22 +567,22 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let j = e % p.bk;
             var pr = 0.0;
             if (visible(i, k0 + j)) {
-                pr = prob(p.scale * dot(XS, i, YS, j), row_m[i]);
+                pr = prob(p.scale * dot(XS, i, YS, j), stat_m[i]);
             }
-            sc[e] = pr;
+            sc[i * ss + j] = pr;
         }
         workgroupBarrier();
         load_dout(XS, r0, h, lid);
         workgroupBarrier();
-        for (var c = 0u; c < ACC; c = c + 1u) {
-            let dd = my_lane + per * c;
-            if (dd < p.d) {
-                var a = dv[c];
-                for (var i = 0u; i < p.bq; i = i + 1u) {
-                    let pr = sc[i * p.bk + my_key];
-                    a = a + select(0.0, pr * buf[XS + i * p.d + dd], nonzero(pr));
+        // dv += P^T d_out, a query row at a time over all of this thread's dims.
+        for (var i = 0u; i < p.bq; i = i + 1u) {
+            let pr = sc[i * ss + my_key];
+            let nz = nonzero(pr);
+            let at = XS + i * st + my_lane;
+            for (var c = 0u; c < ACC; c = c + 1u) {
+                if (my_lane + per * c < p.d) {
+                    dv[c] = dv[c] + select(0.0, pr * buf[at + per * c], nz);
                 }
-                dv[c] = a;
             }
         }
         workgroupBarrier();
@@ -522,21 +590,21 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let i = e / p.bk;
             let j = e % p.bk;
             if (visible(i, k0 + j)) {
-                sc[e] = sc[e] * (dot(XS, i, ZS, j) - row_a[i]);
+                sc[i * ss + j] = sc[i * ss + j] * (dot(XS, i, ZS, j) - stat_s[i]);
             }
         }
         workgroupBarrier();
         load_q(XS, r0, h, lid);
         workgroupBarrier();
-        for (var c = 0u; c < ACC; c = c + 1u) {
-            let dd = my_lane + per * c;
-            if (dd < p.d) {
-                var a = dk[c];
-                for (var i = 0u; i < p.bq; i = i + 1u) {
-                    let ds = sc[i * p.bk + my_key];
-                    a = a + select(0.0, ds * buf[XS + i * p.d + dd], nonzero(ds));
+        // dk += dS^T q (scaled on the last pass).
+        for (var i = 0u; i < p.bq; i = i + 1u) {
+            let ds = sc[i * ss + my_key];
+            let nz = nonzero(ds);
+            let at = XS + i * st + my_lane;
+            for (var c = 0u; c < ACC; c = c + 1u) {
+                if (my_lane + per * c < p.d) {
+                    dk[c] = dk[c] + select(0.0, ds * buf[at + per * c], nz);
                 }
-                dk[c] = a;
             }
         }
         workgroupBarrier();
