@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use dflash_core::{Error, Result};
-use wgpu::util::DeviceExt;
 
 use crate::device::Ctx;
 
@@ -24,8 +23,9 @@ use crate::device::Ctx;
 /// encoder's uniform blocks and bind groups hold).
 const FLUSH_EVERY: usize = 256;
 
-/// 32-bit words of every uniform block (the largest parameter struct has 12).
+/// 32-bit words of every uniform block (the largest parameter struct has 16).
 const UNIFORM_WORDS: usize = 16;
+const UNIFORM_BYTES: u64 = UNIFORM_WORDS as u64 * 4;
 
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
 /// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
@@ -218,6 +218,12 @@ impl Pipelines {
 pub(crate) struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     recorded: usize,
+    /// The uniform blocks of the encoder's dispatches: slot `recorded` of this ring is the
+    /// block of the record being made, written with `queue.write_buffer` (applied at the
+    /// next submit, before that submit's commands run and after every earlier submit's), so
+    /// the ring is reused from slot 0 after each submit. One buffer for all dispatches
+    /// instead of a new one per dispatch.
+    uniforms: Option<(wgpu::Buffer, u64)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -240,8 +246,8 @@ impl Ctx {
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: false,
-                min_binding_size: None,
+                has_dynamic_offset: true,
+                min_binding_size: wgpu::BufferSize::new(UNIFORM_BYTES),
             },
             count: None,
         }];
@@ -371,21 +377,33 @@ impl Ctx {
         let (nr, nw) = (reads.len() as u32, writes.len() as u32);
         let pipeline = self.pipeline(op, k, nr, nw)?;
         let (bgl, _) = self.layouts(nr, nw);
-        // The uniform block: params zero-padded to UNIFORM_WORDS, at least the size of every
-        // kernel's parameter struct (a kernel may declare fields a call leaves at 0).
+        // The uniform block: params zero-padded to UNIFORM_WORDS, the size of every kernel's
+        // parameter struct at most (a kernel may declare fields a call leaves at 0).
+        if params.len() > UNIFORM_WORDS {
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!(
+                    "{} parameter words for {}, more than the uniform block's {UNIFORM_WORDS}",
+                    params.len(),
+                    k.entry
+                ),
+            ));
+        }
         let mut words = params.to_vec();
-        words.resize(params.len().next_multiple_of(4).max(UNIFORM_WORDS), 0);
+        words.resize(UNIFORM_WORDS, 0);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let uniform = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(k.entry),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let mut p = lock(&self.pending);
+        let (ring, stride) = self.uniform_ring(&mut p);
+        let offset = p.recorded as u64 * stride;
+        self.queue.write_buffer(&ring, offset, &bytes);
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: uniform.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &ring,
+                offset: 0,
+                size: wgpu::BufferSize::new(UNIFORM_BYTES),
+            }),
         }];
         for (i, b) in reads.iter().chain(writes).enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -402,21 +420,46 @@ impl Ctx {
             layout: &bgl,
             entries: &entries,
         });
-        self.record(|enc| {
+        // Dynamic offsets are u32; the ring is FLUSH_EVERY slots of at most a few KiB.
+        let dynamic = [offset as u32];
+        self.record_locked(&mut p, |enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(k.entry),
                 timestamp_writes: None,
             });
             pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
+            pass.set_bind_group(0, &bind_group, &dynamic);
             pass.dispatch_workgroups(gx, gy, 1);
         });
+        drop(p);
         self.check(op)
+    }
+
+    /// The uniform ring (made on first use) and its slot stride: a block rounded up to the
+    /// adapter's uniform offset alignment.
+    fn uniform_ring(&self, p: &mut Pending) -> (wgpu::Buffer, u64) {
+        p.uniforms
+            .get_or_insert_with(|| {
+                let align = u64::from(self.limits.min_uniform_buffer_offset_alignment.max(1));
+                let stride = UNIFORM_BYTES.next_multiple_of(align);
+                let ring = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("dflash uniforms"),
+                    size: stride * FLUSH_EVERY as u64,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                (ring, stride)
+            })
+            .clone()
     }
 
     /// Appends commands to the pending encoder (submitted every [`FLUSH_EVERY`] records).
     pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = lock(&self.pending);
+        self.record_locked(&mut p, f);
+    }
+
+    fn record_locked(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -426,7 +469,7 @@ impl Ctx {
         f(enc);
         p.recorded += 1;
         if p.recorded >= FLUSH_EVERY {
-            self.submit_locked(&mut p);
+            self.submit_locked(p);
         }
     }
 
