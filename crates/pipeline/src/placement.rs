@@ -46,38 +46,32 @@ impl Placement {
 
     /// Devices hosting both a target worker and a drafter replica.
     pub fn shared_devices(&self) -> usize {
-        let mut shared: Vec<usize> = self
-            .targets
+        let targets = distinct(&self.targets);
+        distinct(&self.drafters)
             .iter()
-            .copied()
-            .filter(|d| self.drafters.contains(d))
-            .collect();
-        shared.sort_unstable();
-        shared.dedup();
-        shared.len()
+            .filter(|d| targets.contains(d))
+            .count()
     }
 
     /// Distinct devices used.
     pub fn devices_used(&self) -> usize {
-        let mut all: Vec<usize> = self.targets.iter().chain(&self.drafters).copied().collect();
-        all.sort_unstable();
-        all.dedup();
-        all.len()
+        let all: Vec<usize> = self.targets.iter().chain(&self.drafters).copied().collect();
+        distinct(&all).len()
+    }
+
+    /// Distinct devices of the drafter replicas (more than one: their all-reduce crosses
+    /// devices).
+    pub fn drafter_devices_used(&self) -> usize {
+        distinct(&self.drafters).len()
     }
 
     /// The model's rate of this placement (module docs): devices count once however many
     /// workers of one kind they host.
     pub fn expected_tok_s(&self, rates: &Rates) -> f64 {
-        let s = self.shared_devices() as f64;
-        let distinct = |v: &[usize]| {
-            let mut v = v.to_vec();
-            v.sort_unstable();
-            v.dedup();
-            v.len() as f64
-        };
-        let nt = distinct(&self.targets) - s;
-        let nd = distinct(&self.drafters) - s;
-        split_rate(nt, nd, s, rates)
+        let s = self.shared_devices();
+        let nt = distinct(&self.targets).len() - s;
+        let nd = distinct(&self.drafters).len() - s;
+        split_rate(nt as f64, nd as f64, s as f64, rates)
     }
 
     /// `targets on [0, 1], drafters on [2]`.
@@ -87,6 +81,14 @@ impl Placement {
             self.targets, self.drafters
         )
     }
+}
+
+/// The distinct device indices of `v`, sorted.
+fn distinct(v: &[usize]) -> Vec<usize> {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// Measured rates of one target worker and one drafter replica, each alone on a device.

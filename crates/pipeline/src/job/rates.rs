@@ -107,7 +107,7 @@ impl PlacementReport {
                  pipeline.drafter_devices='{:?}' (or pipeline.placement = \"auto\")",
                 p.targets, p.drafters
             );
-            if p.drafters.len() > 1 && self.backend != "reference" && !self.device_collective {
+            if p.drafter_devices_used() > 1 && !self.device_collective {
                 out += &format!(
                     "\nnote: {} drafter replicas all-reduce {:.1} M gradient values a step \
                      through host memory (pipeline.collective = \"device\" keeps them on the \

@@ -60,16 +60,13 @@ impl DrafterLoop<'_> {
                         (step, work.micro.len()),
                         self.who,
                     )?,
-                    None => match mine.next() {
-                        Some(m) => Some(reorder.next(
-                            shared,
-                            &shared.features[self.rank],
-                            step,
-                            m as u32,
-                            self.who,
-                        )?),
-                        None => None,
-                    },
+                    None => mine
+                        .next()
+                        .map(|m| {
+                            let q = &shared.features[self.rank];
+                            reorder.next(shared, q, step, m as u32, self.who)
+                        })
+                        .transpose()?,
                 };
                 let Some(batch) = batch else { break };
                 clock.lap(Phase::QueueWait, &mut mark);
