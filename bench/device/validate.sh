@@ -11,6 +11,7 @@
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096 on wgpu and CUDA, for the ratios  -> OUT/wgpu*.json
+#   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
 #   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
@@ -64,6 +65,15 @@ for phase in "$@"; do
                 --out "$out/$name-bench.json" > "$out/$name-bench.log" 2>&1 || failed+=("$phase ($name)")
             table "$out/$name-bench.log"
         done ;;
+    wgpu-knobs)
+        for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
+                "DFLASH_WGPU_GEMM_TILE=64"; do
+            echo "-- knobs: ${knobs:-none}" >> "$out/wgpu-knobs.log"
+            env $knobs $D bench --backend wgpu --attention wgpu-tiled \
+                --only gemm,attention.dflash.ctx4096 --out /tmp/knobs.json \
+                >> "$out/wgpu-knobs.log" 2>&1 || failed+=("$phase ($knobs)")
+        done
+        grep -E "^-- knobs|^(gemm|attention)\." "$out/wgpu-knobs.log" | cut -c1-140 ;;
     wgpu-train)
         $D train --config configs/default.toml --set backend.name='"wgpu"' \
             --set backend.attention='"wgpu-tiled"' --set run.dir="\"/tmp/wgpu-runs\"" \

@@ -73,7 +73,7 @@ pub(crate) fn resolve(name: &str) -> Result<AttnImpl> {
 }
 
 impl WgpuBackend {
-    /// The tensors on the host, widened to f32; `any` of them (q, k, v) may be f16.
+    /// The tensors on the host, widened to f32; the first `any` of them may be f16.
     fn download_all(&self, op: &'static str, ts: &[&Tensor], any: usize) -> Result<Vec<Vec<f32>>> {
         ts.iter()
             .enumerate()
@@ -160,15 +160,17 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                let (mut wq, mut wk, mut wv) = (None, None, None);
-                let mut ins = vec![
+                // Any input may be in the compute format (a benchmark's inputs are): the
+                // kernel reads f32, so f16 ones are widened first.
+                let (mut wq, mut wk, mut wv, mut wo, mut wd) = (None, None, None, None, None);
+                let ins = vec![
                     self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?,
                     self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?,
                     self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?,
+                    self.widened(op, storage_any(op, &self.ctx, out)?, &mut wo)?,
+                    storage(op, &self.ctx, lse)?,
+                    self.widened(op, storage_any(op, &self.ctx, d_out)?, &mut wd)?,
                 ];
-                for t in [out, lse, d_out] {
-                    ins.push(storage(op, &self.ctx, t)?);
-                }
                 let dq = self.out(op, ins[0].len)?;
                 let dk = self.out(op, ins[1].len)?;
                 let dv = self.out(op, ins[2].len)?;
@@ -181,7 +183,7 @@ impl AttentionOps for WgpuBackend {
                 ));
             }
         };
-        let h = self.download_all(op, &[q, k, v, out, lse, d_out], 3)?;
+        let h = self.download_all(op, &[q, k, v, out, lse, d_out], 6)?;
         let mut dq = vec![f32::NAN; h[0].len()];
         let mut dk = vec![f32::NAN; h[1].len()];
         let mut dv = vec![f32::NAN; h[2].len()];

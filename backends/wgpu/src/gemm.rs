@@ -16,15 +16,21 @@ use crate::WgpuBackend;
 use crate::pipelines::{Family, Kernel};
 use crate::storage::{DType, WgpuStorage, storage_any, storage_mut};
 
-const TILE: usize = 64;
+/// The chunk granularity of [`plan`]: a multiple of both kernels' tiles.
+const TILE: usize = 128;
 
-/// The GEMM pipeline for operands of dtypes `a` and `b`.
-fn matmul_kernel(a: DType, b: DType) -> Kernel<'static> {
+/// The GEMM pipeline for operands of dtypes `a` and `b` and its square tile: `matmul`
+/// (64 x 64) or `matmul128` (128 x 128).
+fn matmul_kernel(a: DType, b: DType, small: bool) -> (Kernel<'static>, usize) {
     let family = Family::Gemm {
         a16: a == DType::F16,
         b16: b == DType::F16,
     };
-    Kernel::new(family, "matmul")
+    if small {
+        (Kernel::new(family, "matmul"), 64)
+    } else {
+        (Kernel::new(family, "matmul128"), 128)
+    }
 }
 
 /// One operand: its stored matrix is `(rows, cols)` row-major.
@@ -148,7 +154,7 @@ impl WgpuBackend {
             };
         }
         let limit = self.span_elems();
-        let kernel = matmul_kernel(a.s.dtype, b.s.dtype);
+        let (kernel, tile) = matmul_kernel(a.s.dtype, b.s.dtype, self.opts.gemm_small_tiles);
         let chunks = plan((m, n, k), (a.t, b.t), limit).ok_or_else(|| {
             self.err(
                 op,
@@ -184,7 +190,7 @@ impl WgpuBackend {
                 n as u32,
                 if first_k { beta } else { 1.0 }.to_bits(),
             ];
-            let g = (blk.m.div_ceil(TILE) * blk.n.div_ceil(TILE)) as u64;
+            let g = (blk.m.div_ceil(tile) * blk.n.div_ceil(tile)) as u64;
             self.ctx.dispatch(op, &kernel, &p, &[ab, bb], &[cb], g)?;
         }
         Ok(())

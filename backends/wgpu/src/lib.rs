@@ -71,18 +71,24 @@ pub struct WgpuOptions {
     /// operations where the device has `SUBGROUP`; off, or without it, through workgroup
     /// memory ([`WgpuBackend::subgroups`]).
     pub subgroups: bool,
+    /// The GEMM on the 64 x 64-tile kernel (`matmul`) instead of the 128 x 128 one
+    /// (`matmul128`): both ship so each is tested; the small tile wastes less on products
+    /// with few rows or columns.
+    pub gemm_small_tiles: bool,
 }
 
 impl WgpuOptions {
     /// `DFLASH_WGPU_POISON=1` turns poison on; f16 is on unless `DFLASH_WGPU_F16=0` (which
     /// forces f32 on an adapter with `SHADER_F16`, so both paths run on one machine), and
-    /// subgroup reductions unless `DFLASH_WGPU_SUBGROUPS=0`.
+    /// subgroup reductions unless `DFLASH_WGPU_SUBGROUPS=0`; `DFLASH_WGPU_GEMM_TILE=64` picks
+    /// the small GEMM tile.
     pub fn from_env() -> Self {
         WgpuOptions {
             poison: std::env::var("DFLASH_WGPU_POISON").is_ok_and(|v| v == "1"),
             max_binding_bytes: None,
             f16: std::env::var("DFLASH_WGPU_F16").map_or(true, |v| v != "0"),
             subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
+            gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
         }
     }
 }

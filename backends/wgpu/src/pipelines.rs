@@ -148,6 +148,24 @@ fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
 
 const PRELUDE: &str = include_str!("shaders/common.wgsl");
 
+/// Which of naga's runtime checks the shader modules carry. By default bounds checks and
+/// integer-division checks, without loop bounding: a counter naga puts on every loop so that a
+/// loop the driver could not prove finite still ends, which made the attention kernels 4.3x
+/// slower on the H200 (docs/PERF.md) while every loop here ends by construction (bounds from
+/// the uniform block or from host-built tile lists). `DFLASH_WGPU_CHECKS=all` adds loop
+/// bounding back, `none` drops every check (a measurement switch, to see what they cost).
+fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    static CHECKS: std::sync::OnceLock<wgpu::ShaderRuntimeChecks> = std::sync::OnceLock::new();
+    *CHECKS.get_or_init(|| match std::env::var("DFLASH_WGPU_CHECKS").as_deref() {
+        Ok("all") => wgpu::ShaderRuntimeChecks::checked(),
+        Ok("none") => wgpu::ShaderRuntimeChecks::unchecked(),
+        _ => wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        },
+    })
+}
+
 /// One entry point of a family, with its pipeline-overridable constants.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernel<'a> {
@@ -283,13 +301,16 @@ impl Ctx {
             .entry((family, subgroups))
             .or_insert_with(|| {
                 let label = family.label(subgroups);
-                Arc::new(
+                let desc = wgpu::ShaderModuleDescriptor {
+                    label: Some(&label),
+                    source: wgpu::ShaderSource::Wgsl(family.source(subgroups).into()),
+                };
+                // SAFETY: with the default checks every access stays bounds-checked; the loops
+                // end by construction (see `runtime_checks`), which the conformance suite runs.
+                Arc::new(unsafe {
                     self.device
-                        .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(&label),
-                            source: wgpu::ShaderSource::Wgsl(family.source(subgroups).into()),
-                        }),
-                )
+                        .create_shader_module_trusted(desc, runtime_checks())
+                })
             })
             .clone()
     }

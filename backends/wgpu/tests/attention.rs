@@ -106,9 +106,9 @@ fn unsupported_head_dims_are_clean_errors() {
     println!("  {e}");
 }
 
-/// f16 q, k, v (the compute format) through `wgpu-tiled` and through the host round trip:
-/// widened to f32 first, so forward (out, lse) and backward (dq, dk, dv) are bit for bit
-/// those of f32 q, k, v holding the same values (which the suites above check against the
+/// f16 q, k, v (the compute format; out and d_out too for the backward) through `wgpu-tiled`
+/// and through the host round trip: widened to f32 first, so forward (out, lse) and backward
+/// (dq, dk, dv) are bit for bit those of f32 tensors holding the same values (which the suites above check against the
 /// oracle).
 #[test]
 fn attention_f16_qkv_match_the_f32_path_bit_exact() {
@@ -142,12 +142,15 @@ fn attention_f16_qkv_match_the_f32_path_bit_exact() {
                 &down(&be, &l16),
                 &down(&be, &l32),
             );
-            let dout = up(&be, &rand_vec(&mut r, s * hq * d, 1.0), &[s, hq, d]);
+            // out and d_out in f16 too (a benchmark hands every input in the compute format).
+            let (dout16, dout) = up_f16(&be, &rand_vec(&mut r, s * hq * d, 1.0), &[s, hq, d]);
+            let (oh16, oh) = up_f16(&be, &down(&be, &o32), &[s, hq, d]);
+            let (dout32, oh32) = (up(&be, &dout, &[s, hq, d]), up(&be, &oh, &[s, hq, d]));
             let g16 = be
-                .attention_backward(&q16, &k16, &v16, &o32, &l32, &dout, &mask, scale)
+                .attention_backward(&q16, &k16, &v16, &oh16, &l32, &dout16, &mask, scale)
                 .unwrap();
             let g32 = be
-                .attention_backward(&q32, &k32, &v32, &o32, &l32, &dout, &mask, scale)
+                .attention_backward(&q32, &k32, &v32, &oh32, &l32, &dout32, &mask, scale)
                 .unwrap();
             check_exact(
                 &format!("f16 qkv dq {tag}"),

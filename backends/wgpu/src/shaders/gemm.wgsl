@@ -171,3 +171,159 @@ fn store(i: u32, j: u32, x: f32) {
         }
     }
 }
+
+// ---- matmul128: 128 x 128 tiles, 8 x 8 outputs per thread ------------------------------------
+//
+// The same product with four times the work per workgroup-memory read: each of the 256 threads
+// keeps an 8 x 8 block of c (rows 4 ty + r and 64 + 4 ty + r, columns 4 tx + c and 64 + 4 tx + c)
+// in sixteen vec4 registers and reads, per step of k, two vec4 of a's tile and two of b's: 4
+// workgroup loads for 64 FMAs (matmul: 8 for 16). The tiles are k-major vec4 rows (the m or n
+// direction packed four to a vec4) one vec4 past the tile width, so a row's reads by the 16
+// threads of a half-warp are 16 consecutive vec4 (conflict-free) or one broadcast.
+
+const WM: u32 = 128u;
+const WK: u32 = 16u;
+const WS: u32 = 33u; // vec4 per tile row: WM / 4 + 1
+var<workgroup> wa: array<vec4<f32>, 528>; // [WK][WS]
+var<workgroup> wb: array<vec4<f32>, 528>; // [WK][WS]
+
+// Element (kk, ii) of a's tile and (kk, jj) of b's: one lane of a vec4.
+fn put_a(kk: u32, ii: u32, x: f32) {
+    wa[kk * WS + ii / 4u][ii % 4u] = x;
+}
+
+fn put_b(kk: u32, jj: u32, x: f32) {
+    wb[kk * WS + jj / 4u][jj % 4u] = x;
+}
+
+// a's 128 x 16 tile at (m0, k0): 8 elements per thread, consecutive along the stored matrix's
+// contiguous dimension.
+fn load_a128(lid: u32, m0: u32, k0: u32) {
+    if (gp.ta == 0u) {
+        // stored (m, k): thread -> row ii, k from kb to kb + 7
+        let ii = lid / 2u;
+        let kb = (lid % 2u) * 8u;
+        let i = m0 + ii;
+        let row = gp.a_off + i * gp.lda + k0 + kb;
+        for (var e = 0u; e < 8u; e = e + 1u) {
+            var v = 0.0;
+            if (i < gp.m && k0 + kb + e < gp.k) { v = read_a(row + e); }
+            put_a(kb + e, ii, v);
+        }
+    } else {
+        // stored (k, m): thread -> k row kk, m from ib to ib + 7
+        let kk = lid / 16u;
+        let ib = (lid % 16u) * 8u;
+        let p = k0 + kk;
+        let row = gp.a_off + p * gp.lda + m0 + ib;
+        var v0 = vec4<f32>(0.0);
+        var v1 = vec4<f32>(0.0);
+        if (p < gp.k) {
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                if (m0 + ib + e < gp.m) { v0[e] = read_a(row + e); }
+                if (m0 + ib + 4u + e < gp.m) { v1[e] = read_a(row + 4u + e); }
+            }
+        }
+        wa[kk * WS + ib / 4u] = v0;
+        wa[kk * WS + ib / 4u + 1u] = v1;
+    }
+}
+
+// b's 16 x 128 tile at (k0, n0), as load_a128 with the roles of the transposes swapped.
+fn load_b128(lid: u32, k0: u32, n0: u32) {
+    if (gp.tb == 0u) {
+        // stored (k, n): thread -> k row kk, n from jb to jb + 7
+        let kk = lid / 16u;
+        let jb = (lid % 16u) * 8u;
+        let p = k0 + kk;
+        let row = gp.b_off + p * gp.ldb + n0 + jb;
+        var v0 = vec4<f32>(0.0);
+        var v1 = vec4<f32>(0.0);
+        if (p < gp.k) {
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                if (n0 + jb + e < gp.n) { v0[e] = read_b(row + e); }
+                if (n0 + jb + 4u + e < gp.n) { v1[e] = read_b(row + 4u + e); }
+            }
+        }
+        wb[kk * WS + jb / 4u] = v0;
+        wb[kk * WS + jb / 4u + 1u] = v1;
+    } else {
+        // stored (n, k): thread -> row jj, k from kb to kb + 7
+        let jj = lid / 2u;
+        let kb = (lid % 2u) * 8u;
+        let j = n0 + jj;
+        let row = gp.b_off + j * gp.ldb + k0 + kb;
+        for (var e = 0u; e < 8u; e = e + 1u) {
+            var v = 0.0;
+            if (j < gp.n && k0 + kb + e < gp.k) { v = read_b(row + e); }
+            put_b(kb + e, jj, v);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let tiles_n = (gp.n + WM - 1u) / WM;
+    let g = wg_linear(wid, nwg);
+    if (g >= tiles_n * ((gp.m + WM - 1u) / WM)) {
+        return; // the tail of a 2-D grid
+    }
+    let m0 = (g / tiles_n) * WM;
+    let n0 = (g % tiles_n) * WM;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    // cR0 / cR1: c row 4 ty + R at columns 4 tx and 64 + 4 tx; dR0 / dR1 the same at row
+    // 64 + 4 ty + R.
+    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+    var d00 = vec4<f32>(0.0); var d01 = vec4<f32>(0.0);
+    var d10 = vec4<f32>(0.0); var d11 = vec4<f32>(0.0);
+    var d20 = vec4<f32>(0.0); var d21 = vec4<f32>(0.0);
+    var d30 = vec4<f32>(0.0); var d31 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < gp.k; k0 = k0 + WK) {
+        load_a128(lid, m0, k0);
+        load_b128(lid, k0, n0);
+        workgroupBarrier();
+        for (var kk = 0u; kk < WK; kk = kk + 1u) {
+            let a0 = wa[kk * WS + ty];
+            let a1 = wa[kk * WS + ty + 16u];
+            let b0 = wb[kk * WS + tx];
+            let b1 = wb[kk * WS + tx + 16u];
+            c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
+            c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
+            c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
+            c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
+            d00 = fma(vec4<f32>(a1.x), b0, d00); d01 = fma(vec4<f32>(a1.x), b1, d01);
+            d10 = fma(vec4<f32>(a1.y), b0, d10); d11 = fma(vec4<f32>(a1.y), b1, d11);
+            d20 = fma(vec4<f32>(a1.z), b0, d20); d21 = fma(vec4<f32>(a1.z), b1, d21);
+            d30 = fma(vec4<f32>(a1.w), b0, d30); d31 = fma(vec4<f32>(a1.w), b1, d31);
+        }
+        workgroupBarrier();
+    }
+    let i0 = m0 + 4u * ty;
+    let i1 = m0 + 64u + 4u * ty;
+    let j0 = n0 + 4u * tx;
+    let j1 = n0 + 64u + 4u * tx;
+    store4(i0, j0, c00); store4(i0, j1, c01);
+    store4(i0 + 1u, j0, c10); store4(i0 + 1u, j1, c11);
+    store4(i0 + 2u, j0, c20); store4(i0 + 2u, j1, c21);
+    store4(i0 + 3u, j0, c30); store4(i0 + 3u, j1, c31);
+    store4(i1, j0, d00); store4(i1, j1, d01);
+    store4(i1 + 1u, j0, d10); store4(i1 + 1u, j1, d11);
+    store4(i1 + 2u, j0, d20); store4(i1 + 2u, j1, d21);
+    store4(i1 + 3u, j0, d30); store4(i1 + 3u, j1, d31);
+}
+
+// Row i of c at columns j .. j + 3 (those inside the product).
+fn store4(i: u32, j: u32, v: vec4<f32>) {
+    if (i >= gp.m) {
+        return;
+    }
+    store(i, j, v.x);
+    store(i, j + 1u, v.y);
+    store(i, j + 2u, v.z);
+    store(i, j + 3u, v.w);
+}

@@ -66,6 +66,23 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
     v
 }
 
+/// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus the 64 x 64-tile kernel on the
+/// adapter's limits.
+pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = wgpu_both();
+    if !v.is_empty() {
+        let b = wgpu().expect("an adapter was found above");
+        let opts = WgpuOptions {
+            gemm_small_tiles: true,
+            ..b.options()
+        };
+        let small = WgpuBackend::with_options(&BackendOptions::default(), opts)
+            .expect("the wgpu backend with small GEMM tiles");
+        v.push(("full bindings, 64-tile GEMM", small));
+    }
+    v
+}
+
 /// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
 /// the skip line when there is no adapter or it lacks `SHADER_F16`.
 pub fn wgpu_f16() -> Option<WgpuBackend> {
@@ -175,6 +192,7 @@ fn wgpu_opts_full(
         max_binding_bytes,
         f16,
         subgroups,
+        gemm_small_tiles: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
