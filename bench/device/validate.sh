@@ -10,7 +10,7 @@
 #   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
-#   wgpu-bench   gemm, attention ctx4096 on wgpu and CUDA, for the ratios  -> OUT/wgpu*.json
+#   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
@@ -61,7 +61,8 @@ for phase in "$@"; do
     wgpu-bench)
         for be in "wgpu wgpu-tiled" "cuda cuda-flash"; do
             read -r name kernel <<< "$be"
-            $D bench --backend "$name" --attention "$kernel" --only gemm,attention.dflash.ctx4096 \
+            timeout 420 $D bench --backend "$name" --attention "$kernel" \
+                --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput \
                 --out "$out/$name-bench.json" > "$out/$name-bench.log" 2>&1 || failed+=("$phase ($name)")
             table "$out/$name-bench.log"
         done ;;
