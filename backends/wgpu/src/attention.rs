@@ -163,7 +163,7 @@ impl AttentionOps for WgpuBackend {
                 // Any input may be in the compute format (a benchmark's inputs are): the
                 // kernel reads f32, so f16 ones are widened first.
                 let (mut wq, mut wk, mut wv, mut wo, mut wd) = (None, None, None, None, None);
-                let ins = vec![
+                let ins = [
                     self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?,
                     self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?,
                     self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?,
@@ -174,7 +174,6 @@ impl AttentionOps for WgpuBackend {
                 let dq = self.out(op, ins[0].len)?;
                 let dk = self.out(op, ins[1].len)?;
                 let dv = self.out(op, ins[2].len)?;
-                let ins = [ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]];
                 self.tiled_backward(op, &dims, mask, scale, ins, [&dq, &dk, &dv])?;
                 return Ok((
                     self.tensor(dq, q.dims()),
