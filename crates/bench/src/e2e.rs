@@ -288,6 +288,7 @@ fn job_config(
         set("backend.attention", b.attention_kernel()),
         set("run.dir", run_dir.display()),
     ]);
+    overrides.extend(s.opts.job_overrides.iter().cloned());
     Ok(TrainConfig::load_toml_str(
         case.recipe,
         case.name,
@@ -346,6 +347,16 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     };
     let d = &plan.drafter;
     let per_step = tokens as f64 / n;
+    let variant = match s.opts.job_overrides.as_slice() {
+        [] => String::new(),
+        o => format!(
+            "; recipe overridden: {}",
+            o.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    };
     let bound = match case.name {
         E2E_8B => component_bound(s, per_step, per_step / mean_len).map(|b| format!("; {b}")),
         _ => None,
@@ -355,7 +366,7 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
          layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
          [{}], drafter [{}] (a checkpoint after step {} inside the window); end-of-run \
          checkpoint and save included in the job's {wall:.1} s; \
-         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}",
+         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}{variant}",
         recs.len() - w,
         per_step,
         case.target.num_hidden_layers,

@@ -137,6 +137,9 @@ pub struct BenchOptions {
     /// Baselines measured in this run (e.g. HF `generate` by `bench/hf_generate.py`), by
     /// figure name: they replace the table's value for that figure.
     pub baselines: Vec<(String, f64)>,
+    /// Job config overrides (`key.path`, TOML value) applied to every end-to-end figure after
+    /// its own recipe, so a variant of the recipe is timed through the job's own code path.
+    pub job_overrides: Vec<(String, String)>,
 }
 
 impl Default for BenchOptions {
@@ -147,6 +150,7 @@ impl Default for BenchOptions {
             warmup: None,
             runs: None,
             baselines: Vec::new(),
+            job_overrides: Vec::new(),
         }
     }
 }

@@ -168,3 +168,30 @@ fn device_slugs() {
     assert_eq!(device_slug("cpu (16 threads, all cores)"), "16-threads");
     assert_eq!(device_slug("()"), "device");
 }
+
+/// `--set` reaches the end-to-end job's config: a recipe variant is timed through the job's
+/// own code, says so in the detail, and a key the config does not have is refused.
+#[test]
+fn job_overrides_reach_the_end_to_end_job() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let opts = BenchOptions {
+        only: Some("e2e.small".into()),
+        job_overrides: vec![("data.num_anchors".into(), "4".into())],
+        ..BenchOptions::smoke()
+    };
+    let results = run_suite(backend, &opts, |_| {}).unwrap();
+    assert_eq!(results.len(), 1);
+    let d = &results[0].detail;
+    assert!(d.contains(", 4 anchors,"), "{d}");
+    assert!(d.contains("recipe overridden: data.num_anchors=4"), "{d}");
+
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let bad = BenchOptions {
+        only: Some("e2e.small".into()),
+        job_overrides: vec![("data.no_such_key".into(), "1".into())],
+        ..BenchOptions::smoke()
+    };
+    let err = run_suite(backend, &bad, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("no_such_key"), "{err}");
+}

@@ -259,6 +259,10 @@ struct BenchArgs {
     /// by `bench/hf_generate.py`): they replace the built-in baselines of those figures.
     #[arg(long, value_name = "FILE")]
     baselines: Option<PathBuf>,
+    /// Override a key of the end-to-end figures' recipe, e.g. `--set data.token_budget=6144`
+    /// (repeatable): the job's own code path on a variant of the recipe.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
 }
 
 /// The `--baselines` file: figure names known to the suite, finite positive values.
@@ -298,6 +302,7 @@ fn bench(args: BenchArgs) -> Result<()> {
             Some(p) => read_baselines(p)?,
             None => Vec::new(),
         },
+        job_overrides: parse_sets(&args.set)?,
     };
     let unmatched = bench_opts.unmatched_only();
     if !unmatched.is_empty() {
@@ -336,16 +341,19 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
-    let overrides = args
-        .set
-        .iter()
+/// `--set KEY=VALUE` flags as (key, value) pairs.
+fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
+    sets.iter()
         .map(|kv| {
             kv.split_once('=')
                 .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
                 .with_context(|| format!("--set {kv:?}: expected KEY=VALUE"))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
+    let overrides = parse_sets(&args.set)?;
     Ok(TrainConfig::load(args.config.as_deref(), &overrides)?)
 }
 
