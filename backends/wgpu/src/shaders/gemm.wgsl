@@ -180,6 +180,12 @@ fn store(i: u32, j: u32, x: f32) {
 // workgroup loads for 64 FMAs (matmul: 8 for 16). The tiles are k-major vec4 rows (the m or n
 // direction packed four to a vec4) one vec4 past the tile width, so a row's reads by the 16
 // threads of a half-warp are 16 consecutive vec4 (conflict-free) or one broadcast.
+//
+// Loads are software-pipelined: each thread fetches its 8 elements of the next k-step's tiles
+// into registers (a Frag) before the current step's FMAs, so the global-memory latency hides
+// behind them, and writes them to workgroup memory after the step's barrier. Consecutive
+// threads fetch consecutive elements along the stored matrix's contiguous dimension (a warp
+// reads whole 64- or 128-byte rows), whichever way the operand is transposed.
 
 const WM: u32 = 128u;
 const WK: u32 = 16u;
@@ -187,78 +193,91 @@ const WS: u32 = 33u; // vec4 per tile row: WM / 4 + 1
 var<workgroup> wa: array<vec4<f32>, 528>; // [WK][WS]
 var<workgroup> wb: array<vec4<f32>, 528>; // [WK][WS]
 
-// Element (kk, ii) of a's tile and (kk, jj) of b's: one lane of a vec4.
-fn put_a(kk: u32, ii: u32, x: f32) {
-    wa[kk * WS + ii / 4u][ii % 4u] = x;
+// A thread's 8 elements of one operand's tile for one k-step: element p of the thread is
+// lo[p] (p < 4) or hi[p - 4]. Fixed fields, never an array indexed by a counter.
+struct Frag {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
-fn put_b(kk: u32, jj: u32, x: f32) {
-    wb[kk * WS + jj / 4u][jj % 4u] = x;
+// Where element p (0..7) of thread lid sits in a 128 x 16 tile whose stored matrix is
+// contiguous along k (`along_k`) or along the 128-wide dimension: (row of 128, kk of 16).
+// Along k, 16 consecutive threads read one row's 16 consecutive elements; across, 128
+// consecutive threads read one k row's 128 consecutive elements.
+fn frag_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
+    if (along_k) {
+        return vec2<u32>(lid / 16u + 16u * p, lid % 16u);
+    }
+    return vec2<u32>(lid % 128u, lid / 128u + 2u * p);
 }
 
-// a's 128 x 16 tile at (m0, k0): 8 elements per thread, consecutive along the stored matrix's
-// contiguous dimension.
-fn load_a128(lid: u32, m0: u32, k0: u32) {
+// Element p of a's tile at (m0, k0) for thread lid, 0 outside the product.
+fn fetch_a1(lid: u32, p: u32, m0: u32, k0: u32) -> f32 {
+    let at = frag_pos(lid, p, gp.ta == 0u);
+    let i = m0 + at.x;
+    let kk = k0 + at.y;
+    if (i >= gp.m || kk >= gp.k) {
+        return 0.0;
+    }
     if (gp.ta == 0u) {
-        // stored (m, k): thread -> row ii, k from kb to kb + 7
-        let ii = lid / 2u;
-        let kb = (lid % 2u) * 8u;
-        let i = m0 + ii;
-        let row = gp.a_off + i * gp.lda + k0 + kb;
-        for (var e = 0u; e < 8u; e = e + 1u) {
-            var v = 0.0;
-            if (i < gp.m && k0 + kb + e < gp.k) { v = read_a(row + e); }
-            put_a(kb + e, ii, v);
-        }
-    } else {
-        // stored (k, m): thread -> k row kk, m from ib to ib + 7
-        let kk = lid / 16u;
-        let ib = (lid % 16u) * 8u;
-        let p = k0 + kk;
-        let row = gp.a_off + p * gp.lda + m0 + ib;
-        var v0 = vec4<f32>(0.0);
-        var v1 = vec4<f32>(0.0);
-        if (p < gp.k) {
-            for (var e = 0u; e < 4u; e = e + 1u) {
-                if (m0 + ib + e < gp.m) { v0[e] = read_a(row + e); }
-                if (m0 + ib + 4u + e < gp.m) { v1[e] = read_a(row + 4u + e); }
-            }
-        }
-        wa[kk * WS + ib / 4u] = v0;
-        wa[kk * WS + ib / 4u + 1u] = v1;
+        return read_a(gp.a_off + i * gp.lda + kk);
     }
+    return read_a(gp.a_off + kk * gp.lda + i);
 }
 
-// b's 16 x 128 tile at (k0, n0), as load_a128 with the roles of the transposes swapped.
-fn load_b128(lid: u32, k0: u32, n0: u32) {
-    if (gp.tb == 0u) {
-        // stored (k, n): thread -> k row kk, n from jb to jb + 7
-        let kk = lid / 16u;
-        let jb = (lid % 16u) * 8u;
-        let p = k0 + kk;
-        let row = gp.b_off + p * gp.ldb + n0 + jb;
-        var v0 = vec4<f32>(0.0);
-        var v1 = vec4<f32>(0.0);
-        if (p < gp.k) {
-            for (var e = 0u; e < 4u; e = e + 1u) {
-                if (n0 + jb + e < gp.n) { v0[e] = read_b(row + e); }
-                if (n0 + jb + 4u + e < gp.n) { v1[e] = read_b(row + 4u + e); }
-            }
-        }
-        wb[kk * WS + jb / 4u] = v0;
-        wb[kk * WS + jb / 4u + 1u] = v1;
-    } else {
-        // stored (n, k): thread -> row jj, k from kb to kb + 7
-        let jj = lid / 2u;
-        let kb = (lid % 2u) * 8u;
-        let j = n0 + jj;
-        let row = gp.b_off + j * gp.ldb + k0 + kb;
-        for (var e = 0u; e < 8u; e = e + 1u) {
-            var v = 0.0;
-            if (j < gp.n && k0 + kb + e < gp.k) { v = read_b(row + e); }
-            put_b(kb + e, jj, v);
-        }
+// Element p of b's tile at (k0, n0) (the tile indexed (column of 128, kk)), 0 outside.
+fn fetch_b1(lid: u32, p: u32, k0: u32, n0: u32) -> f32 {
+    let at = frag_pos(lid, p, gp.tb != 0u);
+    let j = n0 + at.x;
+    let kk = k0 + at.y;
+    if (j >= gp.n || kk >= gp.k) {
+        return 0.0;
     }
+    if (gp.tb != 0u) {
+        return read_b(gp.b_off + j * gp.ldb + kk);
+    }
+    return read_b(gp.b_off + kk * gp.ldb + j);
+}
+
+fn fetch_a128(lid: u32, m0: u32, k0: u32) -> Frag {
+    return Frag(
+        vec4<f32>(fetch_a1(lid, 0u, m0, k0), fetch_a1(lid, 1u, m0, k0),
+                  fetch_a1(lid, 2u, m0, k0), fetch_a1(lid, 3u, m0, k0)),
+        vec4<f32>(fetch_a1(lid, 4u, m0, k0), fetch_a1(lid, 5u, m0, k0),
+                  fetch_a1(lid, 6u, m0, k0), fetch_a1(lid, 7u, m0, k0)));
+}
+
+fn fetch_b128(lid: u32, k0: u32, n0: u32) -> Frag {
+    return Frag(
+        vec4<f32>(fetch_b1(lid, 0u, k0, n0), fetch_b1(lid, 1u, k0, n0),
+                  fetch_b1(lid, 2u, k0, n0), fetch_b1(lid, 3u, k0, n0)),
+        vec4<f32>(fetch_b1(lid, 4u, k0, n0), fetch_b1(lid, 5u, k0, n0),
+                  fetch_b1(lid, 6u, k0, n0), fetch_b1(lid, 7u, k0, n0)));
+}
+
+// Element (row of 128, kk) into a k-major tile: one lane of a vec4.
+fn put_a1(at: vec2<u32>, x: f32) {
+    wa[at.y * WS + at.x / 4u][at.x % 4u] = x;
+}
+
+fn put_b1(at: vec2<u32>, x: f32) {
+    wb[at.y * WS + at.x / 4u][at.x % 4u] = x;
+}
+
+fn put_a128(lid: u32, f: Frag) {
+    let ak = gp.ta == 0u;
+    put_a1(frag_pos(lid, 0u, ak), f.lo.x); put_a1(frag_pos(lid, 1u, ak), f.lo.y);
+    put_a1(frag_pos(lid, 2u, ak), f.lo.z); put_a1(frag_pos(lid, 3u, ak), f.lo.w);
+    put_a1(frag_pos(lid, 4u, ak), f.hi.x); put_a1(frag_pos(lid, 5u, ak), f.hi.y);
+    put_a1(frag_pos(lid, 6u, ak), f.hi.z); put_a1(frag_pos(lid, 7u, ak), f.hi.w);
+}
+
+fn put_b128(lid: u32, f: Frag) {
+    let bk = gp.tb != 0u;
+    put_b1(frag_pos(lid, 0u, bk), f.lo.x); put_b1(frag_pos(lid, 1u, bk), f.lo.y);
+    put_b1(frag_pos(lid, 2u, bk), f.lo.z); put_b1(frag_pos(lid, 3u, bk), f.lo.w);
+    put_b1(frag_pos(lid, 4u, bk), f.hi.x); put_b1(frag_pos(lid, 5u, bk), f.hi.y);
+    put_b1(frag_pos(lid, 6u, bk), f.hi.z); put_b1(frag_pos(lid, 7u, bk), f.hi.w);
 }
 
 @compute @workgroup_size(256)
@@ -283,10 +302,17 @@ fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     var d10 = vec4<f32>(0.0); var d11 = vec4<f32>(0.0);
     var d20 = vec4<f32>(0.0); var d21 = vec4<f32>(0.0);
     var d30 = vec4<f32>(0.0); var d31 = vec4<f32>(0.0);
+    var fa = fetch_a128(lid, m0, 0u);
+    var fb = fetch_b128(lid, 0u, n0);
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + WK) {
-        load_a128(lid, m0, k0);
-        load_b128(lid, k0, n0);
+        put_a128(lid, fa);
+        put_b128(lid, fb);
         workgroupBarrier();
+        // The next step's elements are in flight while this step's FMAs run.
+        if (k0 + WK < gp.k) {
+            fa = fetch_a128(lid, m0, k0 + WK);
+            fb = fetch_b128(lid, k0 + WK, n0);
+        }
         for (var kk = 0u; kk < WK; kk = kk + 1u) {
             let a0 = wa[kk * WS + ty];
             let a1 = wa[kk * WS + ty + 16u];
