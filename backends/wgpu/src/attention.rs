@@ -2,11 +2,11 @@
 //! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
 //! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles). q, k, v
 //! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
-//! into f32 copies on the device first (its kernels read f32).
+//! into f32 copies on the device first (its kernels read f32, staged in workgroup memory).
 
 mod tiled;
 
-pub(crate) use tiled::MetaCache;
+pub(crate) use tiled::{AttnCfg, MetaCache};
 
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{DeviceAttentionKernelRegistration, create_attention};

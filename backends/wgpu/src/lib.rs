@@ -75,6 +75,10 @@ pub struct WgpuOptions {
     /// (`matmul128`): both ship so each is tested; the small tile wastes less on products
     /// with few rows or columns.
     pub gemm_small_tiles: bool,
+    /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
+    /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
+    /// pass on a GPU, as many as the adapter's loop cap needs on a CPU adapter.
+    pub attn_pass_tiles: Option<usize>,
 }
 
 impl WgpuOptions {
@@ -89,6 +93,7 @@ impl WgpuOptions {
             f16: std::env::var("DFLASH_WGPU_F16").map_or(true, |v| v != "0"),
             subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
             gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
+            attn_pass_tiles: None,
         }
     }
 }

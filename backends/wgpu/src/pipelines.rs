@@ -35,14 +35,18 @@ const UNIFORM_BYTES: u64 = UNIFORM_WORDS as u64 * 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
-    Gemm { a16: bool, b16: bool },
+    Gemm {
+        a16: bool,
+        b16: bool,
+    },
     Norm,
     Rope,
     Activation,
     Embedding,
     Optimizer,
     Loss,
-    Attention,
+    /// One attention kernel's module, generated per head-dim class and tile configuration.
+    Attention(crate::attention::AttnCfg),
     F16,
 }
 
@@ -97,7 +101,14 @@ impl Family {
             Family::Activation => include_str!("shaders/activation.wgsl"),
             Family::Embedding => include_str!("shaders/embedding.wgsl"),
             Family::Optimizer => include_str!("shaders/optimizer.wgsl"),
-            Family::Attention => include_str!("shaders/attention.wgsl"),
+            Family::Attention(cfg) => {
+                return format!(
+                    "{}{PRELUDE}\n{}\n{}",
+                    cfg.header(),
+                    include_str!("shaders/attention.wgsl"),
+                    cfg.body()
+                );
+            }
             Family::F16 => {
                 return format!(
                     "enable f16;\n{PRELUDE}\n{}",
@@ -122,6 +133,7 @@ impl Family {
                 let d = |h| if h { "f16" } else { "f32" };
                 format!("gemm.wgsl (a {}, b {})", d(a16), d(b16))
             }
+            Family::Attention(cfg) => cfg.label(),
             _ => format!("{self:?}").to_lowercase() + ".wgsl",
         }
     }

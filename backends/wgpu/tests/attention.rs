@@ -66,6 +66,25 @@ fn tiled_attention_on_a_long_causal_mask() {
     let mask = BlockMask::causal(1024).unwrap();
     let cases = cases_on(&[("causal_1024", mask)], &[Layout::new(2, 1, 64)]);
     run_suite(&be, "wgpu-tiled (long lists)", &cases, &F32_KERNEL);
+    // The same split on any adapter: passes of at most 3 list iterations (a GPU runs one
+    // pass otherwise, and a CPU adapter's split depends on its tile sizes), on a mask with
+    // full, partial and empty tiles and at the head dim the models use.
+    let opts = dflash_backend_wgpu::WgpuOptions {
+        attn_pass_tiles: Some(3),
+        ..be.options()
+    };
+    let backend = dflash_core::registry::BackendOptions {
+        attention: "wgpu-tiled".into(),
+        ..Default::default()
+    };
+    let split = dflash_backend_wgpu::WgpuBackend::with_options(&backend, opts).unwrap();
+    let masks = dflash_tests::suite_masks().expect("suite masks");
+    let mut cases = cases_on(
+        &[("causal_1024", BlockMask::causal(1024).unwrap())],
+        &[Layout::new(2, 1, 64)],
+    );
+    cases.extend(cases_on(&masks, &[Layout::new(4, 2, 128)]));
+    run_suite(&split, "wgpu-tiled (passes of 3)", &cases, &F32_KERNEL);
 }
 
 #[test]

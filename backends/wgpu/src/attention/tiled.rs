@@ -1,5 +1,6 @@
-//! `wgpu-tiled`: the block-sparse WGSL attention kernel (`shaders/attention.wgsl`). The host
-//! part: tile sizes for a head dim, the tile lists of a mask (a [`TileMap`] and its
+//! `wgpu-tiled`: the block-sparse WGSL attention kernels (`shaders/attention*.wgsl`). The
+//! host part: one generated module per kernel, head-dim class and tile configuration (chosen
+//! for the adapter's workgroup memory: [`AttnCfg::choose`]), the tile lists of a mask (a [`TileMap`] and its
 //! transpose, uploaded once per distinct mask and reused by every layer), and the dispatches
 //! of the forward and the three backward kernels (`dsum`, `dq`, `dk/dv`; atomics-free and
 //! deterministic).
@@ -7,53 +8,144 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use dflash_core::mask::{BlockMask, TileMap};
+use dflash_core::mask::{BlockMask, TileKind, TileMap};
 use dflash_core::{AttnDims, Result};
 
 use crate::pipelines::{Bind, Family, Kernel};
 use crate::storage::WgpuStorage;
 use crate::{WgpuBackend, groups};
 
-const FWD: Kernel<'static> = Kernel::new(Family::Attention, "attn_fwd");
-const DSUM: Kernel<'static> = Kernel::new(Family::Attention, "attn_dsum");
-const DQ: Kernel<'static> = Kernel::new(Family::Attention, "attn_dq");
-const DKDV: Kernel<'static> = Kernel::new(Family::Attention, "attn_dkdv");
-
-/// attention.wgsl's limits on the tile sizes: BQ * D and BK * D within `TILE` f32, BQ * BK
-/// within `PAIRS` scores, BQ at most `MAX_ROWS`.
-const TILE: usize = 2048;
-const PAIRS: usize = 1024;
-const MAX_ROWS: usize = 64;
-/// The largest head dim (16 accumulator dims for each of 128 threads over a tile row).
+/// The largest head dim.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
-/// The shader's buffers: staged tile rows at the odd stride `D | 1` and score rows at
-/// `BK | 1` (against workgroup-memory bank conflicts), so each holds up to `MAX_ROWS` more
-/// words than the limits above.
-const TILE_BUF: usize = TILE + MAX_ROWS;
-const PAIRS_BUF: usize = PAIRS + MAX_ROWS;
-/// Workgroup memory the kernels declare, in bytes (three tiles, the scores, two per-thread
-/// statistics, the row intervals, the list bounds): 31752, within the 32 KiB every desktop
-/// GPU and llvmpipe give.
-const WORKGROUP_BYTES: u32 = 4 * (3 * TILE_BUF + PAIRS_BUF + 2 * 128 + 256 + 2) as u32;
 
-/// Masks whose tile lists stay on the device (a step's forward and backward share one).
-const CACHED: usize = 4;
+/// Bytes kept free under the adapter's workgroup-storage limit (alignment a driver may add).
+const MARGIN: u32 = 256;
 
-/// `(BQ, BK)` for head dim `d`: BQ * D and BK * D within a tile, BQ * BK within the scores,
-/// BQ a power of two dividing the 128 threads.
-fn tile_sizes(d: usize) -> (usize, usize) {
-    let fit = TILE / d.max(1);
-    let pow2 = |n: usize| {
-        if n == 0 {
-            0
-        } else {
-            1 << (usize::BITS - 1 - n.leading_zeros())
-        }
-    };
-    let bq = pow2(fit.min(MAX_ROWS));
-    let bk = pow2(fit.min(32)).min(PAIRS / bq);
-    (bq, bk)
+/// Which attention kernel a module holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum AttnKind {
+    /// `attn_fwd` (attention_fwd.wgsl).
+    Fwd,
+    /// `attn_dsum` and `attn_dq` (attention_dq.wgsl).
+    Dq,
+    /// `attn_dkdv` (attention_dkdv.wgsl).
+    Dkdv,
 }
+
+/// One attention module: the kernel, the padded head dim `dp` (a power of two, 32..=256) and
+/// the tile sizes, put in front of the WGSL as constants. The threads: each owns 4 rows (keys
+/// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AttnCfg {
+    pub kind: AttnKind,
+    pub dp: u32,
+    pub bq: u32,
+    pub bk: u32,
+}
+
+impl AttnCfg {
+    /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory:
+    /// the forward 128 threads (BQ = 4096 / DP), dq and dk/dv 64 (BQ, resp. BK, = 2048 / DP),
+    /// the other tile side the largest of 64, 32, 16, 8 that fits. `Err`: the bytes the
+    /// smallest configuration needs.
+    pub(crate) fn choose(kind: AttnKind, d: usize, limit: u32) -> std::result::Result<Self, u32> {
+        let dp = (d.max(1).next_power_of_two() as u32).max(32);
+        let mut need = u32::MAX;
+        for other in [64, 32, 16, 8] {
+            let cfg = match kind {
+                AttnKind::Fwd => AttnCfg {
+                    kind,
+                    dp,
+                    bq: 4096 / dp,
+                    bk: other,
+                },
+                AttnKind::Dq => AttnCfg {
+                    kind,
+                    dp,
+                    bq: 2048 / dp,
+                    bk: other,
+                },
+                AttnKind::Dkdv => AttnCfg {
+                    kind,
+                    dp,
+                    bq: other,
+                    bk: 2048 / dp,
+                },
+            };
+            need = cfg.bytes() + MARGIN;
+            if need <= limit {
+                return Ok(cfg);
+            }
+        }
+        Err(need)
+    }
+
+    pub(crate) fn threads(&self) -> u32 {
+        match self.kind {
+            AttnKind::Fwd | AttnKind::Dq => self.bq * self.dp / 32,
+            AttnKind::Dkdv => self.bk * self.dp / 32,
+        }
+    }
+
+    /// The workgroup memory the module declares (attention.wgsl and the kernel's file).
+    pub(crate) fn bytes(&self) -> u32 {
+        let (bq, bk) = (self.bq, self.bk);
+        let qs = self.dp / 4 + 1;
+        let common = 16 * bq + 8 + 8;
+        let vec4s = match self.kind {
+            AttnKind::Fwd => (bq + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
+            AttnKind::Dq => (2 * bq + bk) * qs + bk * (bq / 4 + 1),
+            AttnKind::Dkdv => (2 * bk + bq) * qs + 2 * bq * (bk / 4 + 1),
+        };
+        let words = match self.kind {
+            AttnKind::Fwd => 2 * self.threads(),
+            AttnKind::Dq | AttnKind::Dkdv => 2 * bq,
+        };
+        common + 16 * vec4s + 4 * words
+    }
+
+    /// The constants in front of the module.
+    pub(crate) fn header(&self) -> String {
+        format!(
+            "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n",
+            self.dp,
+            self.bq,
+            self.bk,
+            self.threads()
+        )
+    }
+
+    /// The kernel's file.
+    pub(crate) fn body(&self) -> &'static str {
+        match self.kind {
+            AttnKind::Fwd => include_str!("../shaders/attention_fwd.wgsl"),
+            AttnKind::Dq => include_str!("../shaders/attention_dq.wgsl"),
+            AttnKind::Dkdv => include_str!("../shaders/attention_dkdv.wgsl"),
+        }
+    }
+
+    pub(crate) fn label(&self) -> String {
+        let file = match self.kind {
+            AttnKind::Fwd => "attention_fwd.wgsl",
+            AttnKind::Dq => "attention_dq.wgsl",
+            AttnKind::Dkdv => "attention_dkdv.wgsl",
+        };
+        format!("{file} (DP {}, {} x {} tiles)", self.dp, self.bq, self.bk)
+    }
+
+    fn kernel(&self, entry: &'static str) -> Kernel<'static> {
+        Kernel::new(Family::Attention(*self), entry)
+    }
+
+    /// `(BQ, BK)` as the host's tile lists take them.
+    fn tiles(&self) -> (usize, usize) {
+        (self.bq as usize, self.bk as usize)
+    }
+}
+
+/// Masks whose tile lists stay on the device (a step's forward and backward share them; each
+/// kernel has its own tile sizes).
+const CACHED: usize = 8;
 
 /// The tile lists and intervals of one mask, as attention.wgsl's `meta` buffer.
 pub(crate) struct Meta {
@@ -72,7 +164,11 @@ type MetaKey = (BlockMask, usize, usize);
 #[derive(Default)]
 pub(crate) struct MetaCache(Mutex<VecDeque<(MetaKey, Arc<Meta>)>>);
 
-/// `[q_off][q_list][k_off][k_list][ivs]` of `mask` for tiles `(bq, bk)`.
+/// The list entries' full-tile flag (attention.wgsl's `FULL`).
+const FULL: u32 = 1 << 31;
+
+/// `[q_off][q_list][k_off][k_list][ivs]` of `mask` for tiles `(bq, bk)`; list entries carry
+/// [`FULL`] on tiles whose every pair is visible.
 fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [usize; 2]) {
     let map = TileMap::new(mask, bq, bk);
     let nkt = mask.kv_len().div_ceil(bk);
@@ -81,8 +177,9 @@ fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [u
     let mut list = Vec::new();
     for (qt, tiles) in map.tiles.iter().enumerate() {
         for t in tiles {
-            list.push(t.index as u32);
-            by_key[t.index].push(qt as u32);
+            let full = if t.kind == TileKind::Full { FULL } else { 0 };
+            list.push(t.index as u32 | full);
+            by_key[t.index].push(qt as u32 | full);
         }
         words.push(list.len() as u32);
     }
@@ -135,24 +232,21 @@ impl WgpuBackend {
         Ok(m)
     }
 
-    /// Checks what `wgpu-tiled` supports: the head dim, the adapter's workgroup memory, and
-    /// operands that fit one binding each (large tensors are not chunked here yet).
-    fn tiled_check(&self, op: &'static str, dims: &AttnDims, sizes: &[usize]) -> Result<()> {
+    /// Checks what `wgpu-tiled` supports (the head dim, operands that fit one binding each:
+    /// large tensors are not chunked here yet) and picks the configuration of each kernel
+    /// for the adapter's workgroup memory.
+    fn tiled_check<const N: usize>(
+        &self,
+        op: &'static str,
+        dims: &AttnDims,
+        sizes: &[usize],
+        kinds: [AttnKind; N],
+    ) -> Result<[AttnCfg; N]> {
         let d = dims.head_dim;
         if d == 0 || d > MAX_HEAD_DIM {
             return Err(self.err(
                 op,
                 format!("wgpu-tiled supports head_dim 1..={MAX_HEAD_DIM}, got {d}"),
-            ));
-        }
-        let have = self.ctx.limits.max_compute_workgroup_storage_size;
-        if have < WORKGROUP_BYTES {
-            return Err(self.err(
-                op,
-                format!(
-                    "wgpu-tiled needs {WORKGROUP_BYTES} bytes of workgroup memory; the adapter \
-                     has {have}"
-                ),
             ));
         }
         let max = self.max_binding_elems();
@@ -165,16 +259,26 @@ impl WgpuBackend {
                 ),
             ));
         }
-        Ok(())
+        let have = self.ctx.limits.max_compute_workgroup_storage_size;
+        let mut out = Vec::with_capacity(N);
+        for kind in kinds {
+            out.push(AttnCfg::choose(kind, d, have).map_err(|need| {
+                self.err(
+                    op,
+                    format!(
+                        "wgpu-tiled needs {need} bytes of workgroup memory at head_dim {d}; \
+                         the adapter has {have}"
+                    ),
+                )
+            })?);
+        }
+        Ok(out
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one per kind")))
     }
 
-    fn attn_params(
-        &self,
-        dims: &AttnDims,
-        scale: f32,
-        m: &Meta,
-        (bq, bk): (usize, usize),
-    ) -> [u32; 16] {
+    fn attn_params(&self, dims: &AttnDims, scale: f32, m: &Meta, cfg: &AttnCfg) -> [u32; 16] {
+        let (bq, bk) = cfg.tiles();
         [
             dims.q_rows as u32,
             dims.kv_rows as u32,
@@ -197,15 +301,20 @@ impl WgpuBackend {
 
     /// List iterations one dispatch may run: unbounded on GPUs; on a CPU adapter (llvmpipe
     /// stops every invocation after 65535 loop iterations in all) as many as keep an
-    /// invocation's loop iterations under 60000, counted generously for the heaviest kernel
-    /// (three dot-product phases over its pairs, two accumulation phases of BQ or BK steps
-    /// with 16 dims each, the tile loads).
-    fn per_pass(&self, d: usize, (bq, bk): (usize, usize)) -> usize {
+    /// invocation's loop iterations under 60000, counted generously (twice: three tile
+    /// stages, two score phases of `DP / 4` steps per block, the row phase, two accumulation
+    /// phases); at most [`crate::WgpuOptions::attn_pass_tiles`] where that is set.
+    fn per_pass(&self, cfg: &AttnCfg) -> usize {
+        let cap = self.opts.attn_pass_tiles.unwrap_or(usize::MAX).max(1);
         if self.ctx.info.device_type != wgpu::DeviceType::Cpu {
-            return usize::MAX;
+            return cap;
         }
-        let cost = 3 * (bq * bk).div_ceil(128) * d + 2 * 17 * bq.max(bk) + 4 * TILE / 128 + 64;
-        (60_000 / cost).max(1)
+        let (bq, bk) = cfg.tiles();
+        let (dp, wg) = (cfg.dp as usize, cfg.threads() as usize);
+        let stage = (bq.max(bk) * dp / 4).div_ceil(wg) * 4 + bq.max(bk);
+        let scores = (bq * bk / 8).div_ceil(wg) * (dp / 4 + 8);
+        let cost = 2 * (3 * stage + 2 * scores + 2 * bk + 2 * bq.max(bk) + 64);
+        (60_000 / cost).clamp(1, cap)
     }
 
     /// Dispatches `k` once per pass over `len` list iterations (at least one pass), setting
@@ -241,21 +350,22 @@ impl WgpuBackend {
         out: &WgpuStorage,
         lse: &WgpuStorage,
     ) -> Result<()> {
-        self.tiled_check(op, dims, &[q.len, k.len])?;
+        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Fwd])?;
         if out.len == 0 {
             return Ok(());
         }
-        let tiles = tile_sizes(dims.head_dim);
-        let m = self.meta(op, mask, tiles.0, tiles.1)?;
-        let p = self.attn_params(dims, scale, &m, tiles);
-        let per = self.per_pass(dims.head_dim, tiles);
+        let (bq, bk) = cfg.tiles();
+        let m = self.meta(op, mask, bq, bk)?;
+        let p = self.attn_params(dims, scale, &m, &cfg);
+        let per = self.per_pass(&cfg);
         // The row state between passes: (max, sum, NaN seen) per (row, head).
         let state_len = if m.max_q_list > per { 3 * lse.len } else { 3 };
         let state = self.ctx.alloc(op, state_len)?;
         let reads = [q.bind(), k.bind(), v.bind(), m.buf.bind()];
         let writes = [out.bind(), lse.bind(), state.bind()];
-        let g = (dims.q_rows.div_ceil(tiles.0) * dims.q_heads) as u64;
-        self.passes(op, &FWD, p, per, m.max_q_list, &reads, &writes, g)
+        let g = (dims.q_rows.div_ceil(bq) * dims.q_heads) as u64;
+        let fwd = cfg.kernel("attn_fwd");
+        self.passes(op, &fwd, p, per, m.max_q_list, &reads, &writes, g)
     }
 
     /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`).
@@ -269,29 +379,36 @@ impl WgpuBackend {
         [q, k, v, out, lse, d_out]: [&WgpuStorage; 6],
         [dq, dk, dv]: [&WgpuStorage; 3],
     ) -> Result<()> {
-        self.tiled_check(op, dims, &[q.len, k.len])?;
-        let tiles = tile_sizes(dims.head_dim);
-        let m = self.meta(op, mask, tiles.0, tiles.1)?;
-        let p = self.attn_params(dims, scale, &m, tiles);
+        let [cq, ckv] =
+            self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Dq, AttnKind::Dkdv])?;
         let dsum = self.ctx.alloc(op, lse.len)?;
-        let base: [Bind<'_>; 4] = [q.bind(), k.bind(), v.bind(), m.buf.bind()];
+        let mq = self.meta(op, mask, cq.tiles().0, cq.tiles().1)?;
+        let p = self.attn_params(dims, scale, &mq, &cq);
         let rows = dims.q_rows * dims.q_heads;
-        let mut reads = base.to_vec();
+        let mut reads = vec![q.bind(), k.bind(), v.bind(), mq.buf.bind()];
         reads.extend([d_out.bind(), out.bind()]);
+        let dsum_k = cq.kernel("attn_dsum");
         self.ctx
-            .dispatch(op, &DSUM, &p, &reads, &[dsum.bind()], groups(rows, 128))?;
-        let mut reads = base.to_vec();
-        reads.extend([d_out.bind(), lse.bind(), dsum.bind()]);
-        let per = self.per_pass(dims.head_dim, tiles);
+            .dispatch(op, &dsum_k, &p, &reads, &[dsum.bind()], groups(rows, 128))?;
         if dq.len > 0 {
-            let g = (dims.q_rows.div_ceil(tiles.0) * dims.q_heads) as u64;
-            self.passes(op, &DQ, p, per, m.max_q_list, &reads, &[dq.bind()], g)?;
+            let mut reads = vec![q.bind(), k.bind(), v.bind(), mq.buf.bind()];
+            reads.extend([d_out.bind(), lse.bind(), dsum.bind()]);
+            let g = (dims.q_rows.div_ceil(cq.tiles().0) * dims.q_heads) as u64;
+            let per = self.per_pass(&cq);
+            let k = cq.kernel("attn_dq");
+            self.passes(op, &k, p, per, mq.max_q_list, &reads, &[dq.bind()], g)?;
         }
         if dk.len > 0 {
-            let g = (dims.kv_rows.div_ceil(tiles.1) * dims.kv_heads) as u64;
-            let len = m.max_k_list * dims.group();
+            let mk = self.meta(op, mask, ckv.tiles().0, ckv.tiles().1)?;
+            let p = self.attn_params(dims, scale, &mk, &ckv);
+            let mut reads = vec![q.bind(), k.bind(), v.bind(), mk.buf.bind()];
+            reads.extend([d_out.bind(), lse.bind(), dsum.bind()]);
+            let g = (dims.kv_rows.div_ceil(ckv.tiles().1) * dims.kv_heads) as u64;
+            let len = mk.max_k_list * dims.group();
+            let per = self.per_pass(&ckv);
             let writes = [dk.bind(), dv.bind()];
-            self.passes(op, &DKDV, p, per, len, &reads, &writes, g)?;
+            let k = ckv.kernel("attn_dkdv");
+            self.passes(op, &k, p, per, len, &reads, &writes, g)?;
         }
         Ok(())
     }
@@ -363,27 +480,35 @@ mod tests {
     }
 
     #[test]
-    fn tile_sizes_fit_the_kernel_buffers() {
-        for d in 1..=MAX_HEAD_DIM {
-            let (bq, bk) = tile_sizes(d);
-            assert!(bq.is_power_of_two() && bq <= 64 && 128 % bq == 0, "d {d}");
-            assert!(bk >= 1 && 128 % bk == 0 && bk <= 32, "d {d}");
-            assert!(
-                bq * d <= TILE && bk * d <= TILE && bq * bk <= PAIRS,
-                "d {d}"
-            );
-            // The padded layouts fit the shader's buffers.
-            assert!(
-                bq * (d | 1) <= TILE_BUF && bk * (d | 1) <= TILE_BUF,
-                "d {d}"
-            );
-            assert!(bq * (bk | 1) <= PAIRS_BUF, "d {d}");
-            // 16 accumulator dims per thread suffice.
-            assert!(
-                d.div_ceil(128 / bq) <= 16 && d.div_ceil(128 / bk) <= 16,
-                "d {d}"
-            );
+    fn configurations_fit_the_kernels_and_the_limits() {
+        for limit in [32 * 1024, 48 * 1024, 64 * 1024] {
+            for d in 1..=MAX_HEAD_DIM {
+                for kind in [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv] {
+                    let c = AttnCfg::choose(kind, d, limit).unwrap();
+                    assert!(c.bytes() + MARGIN <= limit, "{c:?}");
+                    assert!(c.dp as usize >= d && c.dp.is_power_of_two() && c.dp >= 32);
+                    // 4-row (4-key) groups, 2-key (2-row) score blocks, whole thread groups.
+                    assert!(c.bq.is_multiple_of(8) && c.bk.is_multiple_of(8), "{c:?}");
+                    assert!(
+                        c.threads().is_multiple_of(32) && c.threads() <= 256,
+                        "{c:?}"
+                    );
+                    let rows = if kind == AttnKind::Dkdv { c.bk } else { c.bq };
+                    assert_eq!(c.threads(), rows / 4 * (c.dp / 8), "{c:?}");
+                    // The forward's row phase: every row's threads take at least one key.
+                    if kind == AttnKind::Fwd {
+                        assert!(c.threads().is_multiple_of(c.bq) && c.threads() / c.bq <= c.bk);
+                    }
+                }
+            }
         }
+        // The H200's 48 KiB at head dim 128.
+        let c = |k| AttnCfg::choose(k, 128, 48 * 1024).unwrap().tiles();
+        assert_eq!(
+            [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
+            [(32, 32), (16, 32), (32, 16)]
+        );
+        assert!(AttnCfg::choose(AttnKind::Fwd, 128, 16 * 1024).is_err());
     }
 
     /// The lists name exactly the tiles with a visible pair, in both directions.
@@ -399,6 +524,8 @@ mod tests {
                 pairs.push((qt as u32, w[ql as usize + it as usize]));
             }
         }
+        let full: Vec<bool> = pairs.iter().map(|p| p.1 & FULL != 0).collect();
+        assert!(full.iter().any(|&f| f) && full.iter().any(|&f| !f));
         let mut back = Vec::new();
         for kt in 0..nkt {
             let (lo, hi) = (w[ko as usize + kt], w[ko as usize + kt + 1]);
@@ -406,8 +533,23 @@ mod tests {
                 back.push((w[kl as usize + it as usize], kt as u32));
             }
         }
-        back.sort();
+        back.sort_by_key(|&(q, k)| (q & !FULL, k));
+        let back: Vec<(u32, u32)> = back.iter().map(|&(q, k)| (q & !FULL, k)).collect();
+        let pairs: Vec<(u32, u32)> = pairs.iter().map(|&(q, k)| (q, k & !FULL)).collect();
         assert_eq!(pairs, back);
+        for (i, (qt, kt)) in pairs.iter().enumerate() {
+            let rows = (0..8)
+                .map(|r| *qt as usize * 8 + r)
+                .filter(|&r| r < mask.q_len());
+            let keys: Vec<usize> = (0..4)
+                .map(|j| *kt as usize * 4 + j)
+                .filter(|&j| j < mask.kv_len())
+                .collect();
+            let all = rows
+                .clone()
+                .all(|r| keys.iter().all(|&j| mask.visible(r, j)));
+            assert_eq!(all, full[i], "tile ({qt}, {kt}) full flag");
+        }
         for (qt, kt) in &pairs {
             let any = (0..8)
                 .map(|i| *qt as usize * 8 + i)

@@ -193,6 +193,7 @@ fn wgpu_opts_full(
         f16,
         subgroups,
         gemm_small_tiles: false,
+        attn_pass_tiles: None,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),

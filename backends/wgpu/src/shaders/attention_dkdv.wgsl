@@ -1,0 +1,188 @@
+// attention_dkdv.wgsl: the backward's dk/dv kernel (after attention.wgsl). One workgroup of
+// WG = (BK / 4) * (DP / 8) threads per (key tile, kv head), K and V staged; for each query
+// tile that sees the key tile and each query head of the kv head (one flat loop):
+// dv_j += sum_i P_ij d_out_i, dk_j += scale * sum_i dS_ij q_i. Six barriers a step: stage Q;
+// P^T (4 keys x 2 rows blocks) into SP; stage d_out; dS into SD (each block's thread reads
+// its own P) and dv += P^T d_out; stage Q again; dk += dS^T Q. SP and SD are row-major:
+// query row i's 4-key group g at buf[SP + i PSK + g], one vec4 of 4 keys' weights per row.
+
+const PSK: u32 = BK / 4u + 1u;
+const KT: u32 = 0u;
+const VT: u32 = BK * QS;
+const QD: u32 = 2u * BK * QS;
+const SP: u32 = (2u * BK + BQ) * QS;
+const SD: u32 = (2u * BK + BQ) * QS + BQ * PSK;
+const NBUF: u32 = (2u * BK + BQ) * QS + 2u * BQ * PSK;
+
+var<workgroup> buf: array<vec4<f32>, NBUF>;
+var<workgroup> row_l: array<f32, BQ>;
+var<workgroup> row_d: array<f32, BQ>;
+
+@group(0) @binding(5) var<storage, read> d_out: array<f32>;
+@group(0) @binding(6) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
+@group(0) @binding(8) var<storage, read_write> b_dk: array<f32>;
+@group(0) @binding(9) var<storage, read_write> b_dv: array<f32>;
+
+// d_out rows [r0, r0 + BQ) of head h into the tile at dst (zero past tq), flagging
+// non-finite values in bad[flag - 1].
+fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
+    for (var e = lid; e < BQ * DP4; e = e + WG) {
+        let i = e / DP4;
+        let c4 = e % DP4;
+        var x = vec4<f32>(0.0);
+        if (r0 + i < p.tq) {
+            let at = ((r0 + i) * p.hq + h) * p.d;
+            for (var u = 0u; u < 4u; u = u + 1u) {
+                if (4u * c4 + u < p.d) {
+                    x[u] = d_out[at + 4u * c4 + u];
+                }
+            }
+        }
+        note(x, flag);
+        buf[dst + i * QS + c4] = x;
+    }
+}
+
+fn kv_at(key: u32, kh: u32, c: u32) -> u32 {
+    return (key * p.hkv + kh) * p.d + c;
+}
+
+@compute @workgroup_size(WG)
+fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let nkt = (p.tk + BK - 1u) / BK;
+    let g = wg_linear(wid, nwg);
+    if (g >= nkt * p.hkv) {
+        return;
+    }
+    let kt = g / p.hkv;
+    let kh = g % p.hkv;
+    let k0 = kt * BK;
+    stage_kv(1u, KT, k0, kh, lid, 0u);
+    stage_kv(2u, VT, k0, kh, lid, 0u);
+    let ky = lid / DP8;
+    let cx = lid % DP8;
+    var dk = o8_zero();
+    var dv = o8_zero();
+    if ((p.flags & FIRST) == 0u) {
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let key = min(k0 + 4u * ky + r, p.tk - 1u);
+            var ka = vec4<f32>(0.0);
+            var kb = vec4<f32>(0.0);
+            var va = vec4<f32>(0.0);
+            var vb = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                let c = 4u * cx + e;
+                if (c < p.d) {
+                    ka[e] = b_dk[kv_at(key, kh, c)];
+                    va[e] = b_dv[kv_at(key, kh, c)];
+                }
+                if (c + DP / 2u < p.d) {
+                    kb[e] = b_dk[kv_at(key, kh, c + DP / 2u)];
+                    vb[e] = b_dv[kv_at(key, kh, c + DP / 2u)];
+                }
+            }
+            dk = o8_set(dk, r, ka, kb);
+            dv = o8_set(dv, r, va, vb);
+        }
+    }
+    let lb = list_bounds(p.koff_at, kt, lid);
+    // One flat loop over (query tile, query head of this kv head) pairs.
+    let span = pass_range(lb.x * p.group, lb.y * p.group);
+    for (var w = span.x; w < span.y; w = w + 1u) {
+        let entry = tiles[p.klist_at + w / p.group];
+        tile_full = (entry & FULL) != 0u;
+        let r0 = (entry & ~FULL) * BQ;
+        tile_r0 = r0;
+        let h = kh * p.group + w % p.group;
+        load_intervals(r0, lid);
+        stage_q(QD, r0, h, lid, 0u);
+        for (var e = lid; e < BQ; e = e + WG) {
+            let r = r0 + e;
+            var lv = 0.0;
+            var ds = 0.0;
+            if (r < p.tq) {
+                lv = lse_in[r * p.hq + h];
+                ds = dsum_in[r * p.hq + h];
+            }
+            row_l[e] = lv;
+            row_d[e] = ds;
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            atomicStore(&bad[0], 0u);
+            atomicStore(&bad[1], 0u);
+        }
+        // P^T: block sb is keys 4 tk .. 4 tk + 3 against query rows tr and tr + BQ / 2.
+        for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
+            let tk = sb / (BQ / 2u);
+            let tr = sb % (BQ / 2u);
+            let s = dots8(KT + 4u * tk * QS, QD + tr * QS, QD + (tr + BQ / 2u) * QS);
+            var x = vec4<f32>(0.0);
+            var y = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                let key = k0 + 4u * tk + e;
+                if (visible(tr, key)) {
+                    x[e] = prob(p.scale * s.x[e], row_l[tr]);
+                }
+                if (visible(tr + BQ / 2u, key)) {
+                    y[e] = prob(p.scale * s.y[e], row_l[tr + BQ / 2u]);
+                }
+            }
+            buf[SP + tr * PSK + tk] = x;
+            buf[SP + (tr + BQ / 2u) * PSK + tk] = y;
+        }
+        workgroupBarrier();
+        stage_dout(QD, r0, h, lid, 1u);
+        workgroupBarrier();
+        // dS = P (dP - dsum), dP = V d_out^T; then dv += P^T d_out.
+        for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
+            let tk = sb / (BQ / 2u);
+            let tr = sb % (BQ / 2u);
+            let s = dots8(VT + 4u * tk * QS, QD + tr * QS, QD + (tr + BQ / 2u) * QS);
+            let px = buf[SP + tr * PSK + tk];
+            let py = buf[SP + (tr + BQ / 2u) * PSK + tk];
+            var x = vec4<f32>(0.0);
+            var y = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                let key = k0 + 4u * tk + e;
+                if (visible(tr, key)) {
+                    x[e] = px[e] * (s.x[e] - row_d[tr]);
+                }
+                if (visible(tr + BQ / 2u, key)) {
+                    y[e] = py[e] * (s.y[e] - row_d[tr + BQ / 2u]);
+                }
+            }
+            buf[SD + tr * PSK + tk] = x;
+            buf[SD + (tr + BQ / 2u) * PSK + tk] = y;
+        }
+        dv = acc_rows(dv, SP + ky, PSK, QD + cx, BQ, atomicLoad(&bad[0]) != 0u);
+        workgroupBarrier();
+        stage_q(QD, r0, h, lid, 2u);
+        workgroupBarrier();
+        // dk += dS^T q (scaled on the last pass).
+        dk = acc_rows(dk, SD + ky, PSK, QD + cx, BQ, atomicLoad(&bad[1]) != 0u);
+        workgroupBarrier();
+    }
+    let f = select(1.0, p.scale, (p.flags & LAST) != 0u);
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        let key = k0 + 4u * ky + r;
+        if (key >= p.tk) {
+            break;
+        }
+        let xk = o8_row(dk, r);
+        let xv = o8_row(dv, r);
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            let c = 4u * cx + e;
+            if (c < p.d) {
+                b_dk[kv_at(key, kh, c)] = f * xk[0][e];
+                b_dv[kv_at(key, kh, c)] = xv[0][e];
+            }
+            if (c + DP / 2u < p.d) {
+                b_dk[kv_at(key, kh, c + DP / 2u)] = f * xk[1][e];
+                b_dv[kv_at(key, kh, c + DP / 2u)] = xv[1][e];
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+// attention_dq.wgsl: the backward's dsum and dq kernels (after attention.wgsl).
+// dP = d_out . v, P = exp(scale q.k - lse), dS = P (dP - dsum), dq = scale * sum_j dS k_j.
+// One workgroup of WG = (BQ / 4) * (DP / 8) threads per (query tile, head); Q and d_out stay
+// staged; per key tile five barriers: stage V; dP (4 x 2 blocks) into SC; stage K; dS in
+// place of dP (each block's thread rewrites its own values); dq += dS K on the 4 x 8 register
+// blocks. SC is key-major as the forward's (attention_fwd.wgsl).
+
+const PSQ: u32 = BQ / 4u + 1u;
+const QT: u32 = 0u;
+const DO: u32 = BQ * QS;
+const KV: u32 = 2u * BQ * QS;
+const SC: u32 = (2u * BQ + BK) * QS;
+const NBUF: u32 = (2u * BQ + BK) * QS + BK * PSQ;
+
+var<workgroup> buf: array<vec4<f32>, NBUF>;
+// lse and dsum of the staged query rows.
+var<workgroup> row_l: array<f32, BQ>;
+var<workgroup> row_d: array<f32, BQ>;
+
+// ---- dsum = rowwise d_out . out ---------------------------------------------------------------
+// Bindings 1..4 (q, k, v, tiles) unused here; d_out at 5, out at 6.
+
+@group(0) @binding(5) var<storage, read> s_dout: array<f32>;
+@group(0) @binding(6) var<storage, read> s_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> s_dsum: array<f32>;
+
+@compute @workgroup_size(128)
+fn attn_dsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 128u + lid;
+    if (i >= p.tq * p.hq) {
+        return;
+    }
+    var s = 0.0;
+    for (var c = 0u; c < p.d; c = c + 1u) {
+        s = fma(s_dout[i * p.d + c], s_out[i * p.d + c], s);
+    }
+    s_dsum[i] = s;
+}
+
+// ---- dq ---------------------------------------------------------------------------------------
+
+@group(0) @binding(5) var<storage, read> d_out: array<f32>;
+@group(0) @binding(6) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
+@group(0) @binding(8) var<storage, read_write> b_dq: array<f32>;
+
+// d_out rows [r0, r0 + BQ) of head h into the tile at dst, zero past tq.
+fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32) {
+    for (var e = lid; e < BQ * DP4; e = e + WG) {
+        let i = e / DP4;
+        let c4 = e % DP4;
+        var x = vec4<f32>(0.0);
+        if (r0 + i < p.tq) {
+            let at = ((r0 + i) * p.hq + h) * p.d;
+            for (var u = 0u; u < 4u; u = u + 1u) {
+                if (4u * c4 + u < p.d) {
+                    x[u] = d_out[at + 4u * c4 + u];
+                }
+            }
+        }
+        buf[dst + i * QS + c4] = x;
+    }
+}
+
+fn dq_at(r: u32, h: u32, c: u32) -> u32 {
+    return (r * p.hq + h) * p.d + c;
+}
+
+@compute @workgroup_size(WG)
+fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let nqt = (p.tq + BQ - 1u) / BQ;
+    let g = wg_linear(wid, nwg);
+    if (g >= nqt * p.hq) {
+        return;
+    }
+    let qt = g / p.hq;
+    let h = g % p.hq;
+    let kh = h / p.group;
+    let r0 = qt * BQ;
+    tile_r0 = r0;
+    stage_q(QT, r0, h, lid, 0u);
+    stage_dout(DO, r0, h, lid);
+    load_intervals(r0, lid);
+    for (var e = lid; e < BQ; e = e + WG) {
+        let r = r0 + e;
+        var lv = 0.0;
+        var ds = 0.0;
+        if (r < p.tq) {
+            lv = lse_in[r * p.hq + h];
+            ds = dsum_in[r * p.hq + h];
+        }
+        row_l[e] = lv;
+        row_d[e] = ds;
+    }
+    let ry = lid / DP8;
+    let cx = lid % DP8;
+    var o = o8_zero();
+    if ((p.flags & FIRST) == 0u) {
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let row = min(r0 + 4u * ry + r, p.tq - 1u);
+            var a = vec4<f32>(0.0);
+            var b = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                let c = 4u * cx + e;
+                if (c < p.d) {
+                    a[e] = b_dq[dq_at(row, h, c)];
+                }
+                if (c + DP / 2u < p.d) {
+                    b[e] = b_dq[dq_at(row, h, c + DP / 2u)];
+                }
+            }
+            o = o8_set(o, r, a, b);
+        }
+    }
+    let lb = list_bounds(0u, qt, lid);
+    let span = pass_range(lb.x, lb.y);
+    for (var it = span.x; it < span.y; it = it + 1u) {
+        let w = tiles[p.qlist_at + it];
+        tile_full = (w & FULL) != 0u;
+        let k0 = (w & ~FULL) * BK;
+        if (lid == 0u) {
+            atomicStore(&bad[0], 0u);
+        }
+        stage_kv(2u, KV, k0, kh, lid, 0u);
+        workgroupBarrier();
+        for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
+            let ty = sb / (BK / 2u);
+            let tx = sb % (BK / 2u);
+            let s = dots8(DO + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            buf[SC + tx * PSQ + ty] = s.x;
+            buf[SC + (tx + BK / 2u) * PSQ + ty] = s.y;
+        }
+        workgroupBarrier();
+        stage_kv(1u, KV, k0, kh, lid, 1u);
+        workgroupBarrier();
+        for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
+            let ty = sb / (BK / 2u);
+            let tx = sb % (BK / 2u);
+            let s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            let dpx = buf[SC + tx * PSQ + ty];
+            let dpy = buf[SC + (tx + BK / 2u) * PSQ + ty];
+            var x = vec4<f32>(0.0);
+            var y = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                let i = 4u * ty + e;
+                if (visible(i, k0 + tx)) {
+                    x[e] = prob(p.scale * s.x[e], row_l[i]) * (dpx[e] - row_d[i]);
+                }
+                if (visible(i, k0 + tx + BK / 2u)) {
+                    y[e] = prob(p.scale * s.y[e], row_l[i]) * (dpy[e] - row_d[i]);
+                }
+            }
+            buf[SC + tx * PSQ + ty] = x;
+            buf[SC + (tx + BK / 2u) * PSQ + ty] = y;
+        }
+        workgroupBarrier();
+        o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
+        workgroupBarrier();
+    }
+    // Scaled once, on the last pass.
+    let f = select(1.0, p.scale, (p.flags & LAST) != 0u);
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        let row = r0 + 4u * ry + r;
+        if (row >= p.tq) {
+            break;
+        }
+        let x = o8_row(o, r);
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            let c = 4u * cx + e;
+            if (c < p.d) {
+                b_dq[dq_at(row, h, c)] = f * x[0][e];
+            }
+            if (c + DP / 2u < p.d) {
+                b_dq[dq_at(row, h, c + DP / 2u)] = f * x[1][e];
+            }
+        }
+    }
+}

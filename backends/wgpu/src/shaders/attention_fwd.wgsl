@@ -1,0 +1,236 @@
+// attention_fwd.wgsl: the forward (after attention.wgsl), one workgroup of WG threads per
+// (query tile of BQ rows, head), WG = (BQ / 4) * (DP / 8).
+//
+// Per key tile of BK keys, five barriers: stage K; scores S = scale Q K^T (4 x 2 blocks,
+// masked to -inf) into SC; stage V while the row threads take each row's partial max; the
+// online-softmax update (probabilities in place of the scores, each row's alpha); O =
+// alpha O + P V on the 4 x 8 register blocks.
+//
+// SC holds the scores key-major: key j's 4-row group g at buf[SC + j PSQ + g], so the
+// accumulation reads one vec4 of 4 rows' weights per key. The row phase: thread lid takes
+// row rr = lid % BQ and keys part, part + NPART, ... (part = lid / BQ); its partial max and
+// sum are combined through stat_m / stat_s in part order (deterministic).
+
+const PSQ: u32 = BQ / 4u + 1u;
+const NPART: u32 = WG / BQ;
+const QT: u32 = 0u;
+const KV: u32 = BQ * QS;
+const SC: u32 = (BQ + BK) * QS;
+const NBUF: u32 = (BQ + BK) * QS + BK * PSQ;
+
+var<workgroup> buf: array<vec4<f32>, NBUF>;
+var<workgroup> stat_m: array<f32, WG>;
+var<workgroup> stat_s: array<f32, WG>;
+// Per row: alpha of the current tile; at the end the row's sum l (NaN: the row is NaN).
+var<workgroup> row_a: array<vec4<f32>, BQ / 4u>;
+
+@group(0) @binding(5) var<storage, read_write> f_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> f_lse: array<f32>;
+@group(0) @binding(7) var<storage, read_write> f_state: array<f32>; // (m, l, nan) per row
+
+fn score_at(i: u32, j: u32) -> f32 {
+    return buf[SC + j * PSQ + i / 4u][i % 4u];
+}
+
+// out row r (< tq) of head h at the thread's dims.
+fn put_out(r: u32, h: u32, cx: u32, a: vec4<f32>, b: vec4<f32>) {
+    let at = (r * p.hq + h) * p.d;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        let c = 4u * cx + e;
+        if (c < p.d) {
+            f_out[at + c] = a[e];
+        }
+        if (c + DP / 2u < p.d) {
+            f_out[at + c + DP / 2u] = b[e];
+        }
+    }
+}
+
+fn get_out(r: u32, h: u32, cx: u32) -> array<vec4<f32>, 2> {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    let at = (min(r, p.tq - 1u) * p.hq + h) * p.d;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        let c = 4u * cx + e;
+        if (c < p.d) {
+            a[e] = f_out[at + c];
+        }
+        if (c + DP / 2u < p.d) {
+            b[e] = f_out[at + c + DP / 2u];
+        }
+    }
+    return array<vec4<f32>, 2>(a, b);
+}
+
+@compute @workgroup_size(WG)
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let nqt = (p.tq + BQ - 1u) / BQ;
+    let g = wg_linear(wid, nwg);
+    if (g >= nqt * p.hq) {
+        return;
+    }
+    let qt = g / p.hq;
+    let h = g % p.hq;
+    let kh = h / p.group;
+    let r0 = qt * BQ;
+    tile_r0 = r0;
+    stage_q(QT, r0, h, lid, 0u);
+    load_intervals(r0, lid);
+    let first = (p.flags & FIRST) != 0u;
+    let last = (p.flags & LAST) != 0u;
+    // The row phase's row and part, the accumulation's 4-row group and dims.
+    let rr = lid % BQ;
+    let part = lid / BQ;
+    let ry = lid / DP8;
+    let cx = lid % DP8;
+    // The online-softmax state of row rr, the same in each of its NPART threads; `nan`
+    // covers this thread's share of the row's scores (the row's flag is their OR).
+    var m = neg_inf_f32();
+    var l = 0.0;
+    var nan = 0u;
+    if (!first) {
+        let at = 3u * (min(r0 + rr, p.tq - 1u) * p.hq + h);
+        m = f_state[at];
+        l = f_state[at + 1u];
+        nan = u32(f_state[at + 2u]);
+    }
+    var o = o8_zero();
+    if (!first) {
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let x = get_out(r0 + 4u * ry + r, h, cx);
+            o = o8_set(o, r, x[0], x[1]);
+        }
+    }
+    let lb = list_bounds(0u, qt, lid);
+    let span = pass_range(lb.x, lb.y);
+    for (var it = span.x; it < span.y; it = it + 1u) {
+        let w = tiles[p.qlist_at + it];
+        tile_full = (w & FULL) != 0u;
+        let k0 = (w & ~FULL) * BK;
+        if (lid == 0u) {
+            atomicStore(&bad[0], 0u);
+        }
+        stage_kv(1u, KV, k0, kh, lid, 0u);
+        workgroupBarrier();
+        // Scores: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
+        for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
+            let ty = sb / (BK / 2u);
+            let tx = sb % (BK / 2u);
+            let s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            var x = vec4<f32>(neg_inf_f32());
+            var y = vec4<f32>(neg_inf_f32());
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                if (visible(4u * ty + e, k0 + tx)) {
+                    x[e] = p.scale * s.x[e];
+                }
+                if (visible(4u * ty + e, k0 + tx + BK / 2u)) {
+                    y[e] = p.scale * s.y[e];
+                }
+            }
+            buf[SC + tx * PSQ + ty] = x;
+            buf[SC + (tx + BK / 2u) * PSQ + ty] = y;
+        }
+        workgroupBarrier();
+        // K is read no more: stage V now (flagging non-finite values), its loads overlapping
+        // the softmax below.
+        stage_kv(2u, KV, k0, kh, lid, 1u);
+        var cm = neg_inf_f32();
+        for (var j = part; j < BK; j = j + NPART) {
+            let s = score_at(rr, j);
+            if (poisons(s)) {
+                nan = 1u;
+            } else if (s > cm) {
+                cm = s;
+            }
+        }
+        stat_m[lid] = cm;
+        workgroupBarrier();
+        for (var u = 0u; u < NPART; u = u + 1u) {
+            let x = stat_m[rr + BQ * u];
+            cm = select(cm, x, x > cm);
+        }
+        let m_new = select(m, cm, cm > m);
+        var alpha = 0.0;
+        if (m != neg_inf_f32()) {
+            alpha = exp(m - m_new);
+        }
+        var sum = 0.0;
+        for (var j = part; j < BK; j = j + NPART) {
+            let s = score_at(rr, j);
+            var pr = 0.0;
+            if (s != neg_inf_f32() && !poisons(s)) {
+                pr = exp(s - m_new);
+            }
+            buf[SC + j * PSQ + rr / 4u][rr % 4u] = pr;
+            sum = sum + pr;
+        }
+        stat_s[lid] = sum;
+        if (part == 0u) {
+            row_a[rr / 4u][rr % 4u] = alpha;
+        }
+        m = m_new;
+        workgroupBarrier(); // the probabilities, alphas, partial sums and the V tile
+        sum = 0.0;
+        for (var u = 0u; u < NPART; u = u + 1u) {
+            sum = sum + stat_s[rr + BQ * u];
+        }
+        l = l * alpha + sum;
+        o = o8_scale(o, row_a[ry]);
+        o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
+        workgroupBarrier();
+    }
+    // The row's NaN flag: the OR of its threads' flags (stat_m is free: the loop ended on a
+    // barrier, or never read it).
+    stat_m[lid] = f32(nan);
+    workgroupBarrier();
+    var row_bad = false;
+    for (var u = 0u; u < NPART; u = u + 1u) {
+        row_bad = row_bad || (stat_m[rr + BQ * u] != 0.0);
+    }
+    if (part == 0u) {
+        let r = r0 + rr;
+        if (r < p.tq) {
+            if (!last) {
+                let at = 3u * (r * p.hq + h);
+                f_state[at] = m;
+                f_state[at + 1u] = l;
+                f_state[at + 2u] = select(0.0, 1.0, row_bad);
+            } else {
+                var lse = neg_inf_f32();
+                if (row_bad) {
+                    lse = nan_f32();
+                } else if (l > 0.0) {
+                    lse = m + log(l);
+                }
+                f_lse[r * p.hq + h] = lse;
+            }
+        }
+        row_a[rr / 4u][rr % 4u] = select(l, nan_f32(), row_bad);
+    }
+    workgroupBarrier();
+    let ls = row_a[ry];
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        let row = r0 + 4u * ry + r;
+        if (row >= p.tq) {
+            break;
+        }
+        let x = o8_row(o, r);
+        if (!last) {
+            // Not the last pass: keep the unnormalised accumulators.
+            put_out(row, h, cx, x[0], x[1]);
+        } else {
+            let lv = ls[r];
+            var a = vec4<f32>(0.0);
+            var b = vec4<f32>(0.0);
+            if (is_nan_f32(lv)) {
+                a = vec4<f32>(nan_f32());
+                b = a;
+            } else if (lv > 0.0) {
+                a = x[0] / lv;
+                b = x[1] / lv;
+            }
+            put_out(row, h, cx, a, b);
+        }
+    }
+}
