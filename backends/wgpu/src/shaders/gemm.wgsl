@@ -184,8 +184,8 @@ fn store(i: u32, j: u32, x: f32) {
 // Loads are software-pipelined: each thread fetches its 8 elements of the next k-step's tiles
 // into registers (a Frag) before the current step's FMAs, so the global-memory latency hides
 // behind them, and writes them to workgroup memory after the step's barrier. Consecutive
-// threads fetch consecutive elements along the stored matrix's contiguous dimension (a warp
-// reads whole 64- or 128-byte rows), whichever way the operand is transposed.
+// threads fetch consecutive pairs along the stored matrix's contiguous dimension (a warp
+// reads whole 64- or 256-byte row segments), whichever way the operand is transposed.
 
 const WM: u32 = 128u;
 const WK: u32 = 16u;
@@ -193,91 +193,92 @@ const WS: u32 = 33u; // vec4 per tile row: WM / 4 + 1
 var<workgroup> wa: array<vec4<f32>, 528>; // [WK][WS]
 var<workgroup> wb: array<vec4<f32>, 528>; // [WK][WS]
 
-// A thread's 8 elements of one operand's tile for one k-step: element p of the thread is
-// lo[p] (p < 4) or hi[p - 4]. Fixed fields, never an array indexed by a counter.
+// A thread's 8 elements of one operand's tile for one k-step, as four pairs of neighbours
+// along the stored matrix's contiguous dimension: pair p is (lo.xy, lo.zw, hi.xy, hi.zw)[p].
+// Fixed fields, never an array indexed by a counter.
 struct Frag {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
-// Where element p (0..7) of thread lid sits in a 128 x 16 tile whose stored matrix is
-// contiguous along k (`along_k`) or along the 128-wide dimension: (row of 128, kk of 16).
-// Along k, 16 consecutive threads read one row's 16 consecutive elements; across, 128
-// consecutive threads read one k row's 128 consecutive elements.
-fn frag_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
+// Where pair p (0..3) of thread lid starts in a 128 x 16 tile whose stored matrix is
+// contiguous along k (`along_k`: the pair is (kk, kk + 1)) or along the 128-wide dimension
+// (the pair is (x, x + 1)): (x of 128, kk of 16). Along k, 8 consecutive threads read one
+// row's 16 consecutive elements; across, 64 consecutive threads read one k row's 128. An f16
+// pair at an even element index is one 32-bit load.
+fn pair_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
     if (along_k) {
-        return vec2<u32>(lid / 16u + 16u * p, lid % 16u);
+        return vec2<u32>(lid / 8u + 32u * p, 2u * (lid % 8u));
     }
-    return vec2<u32>(lid % 128u, lid / 128u + 2u * p);
+    return vec2<u32>(2u * (lid % 64u), lid / 64u + 4u * p);
 }
 
-// Element p of a's tile at (m0, k0) for thread lid, 0 outside the product.
-fn fetch_a1(lid: u32, p: u32, m0: u32, k0: u32) -> f32 {
-    let at = frag_pos(lid, p, gp.ta == 0u);
+// Pair p of a's tile at (m0, k0) for thread lid, 0 outside the product.
+fn fetch_a2(lid: u32, p: u32, m0: u32, k0: u32) -> vec2<f32> {
+    let at = pair_pos(lid, p, gp.ta == 0u);
     let i = m0 + at.x;
     let kk = k0 + at.y;
-    if (i >= gp.m || kk >= gp.k) {
-        return 0.0;
-    }
     if (gp.ta == 0u) {
-        return read_a(gp.a_off + i * gp.lda + kk);
+        let inside = i < gp.m;
+        return pair_a(gp.a_off + i * gp.lda + kk, inside && kk < gp.k, inside && kk + 1u < gp.k);
     }
-    return read_a(gp.a_off + kk * gp.lda + i);
+    let inside = kk < gp.k;
+    return pair_a(gp.a_off + kk * gp.lda + i, inside && i < gp.m, inside && i + 1u < gp.m);
 }
 
-// Element p of b's tile at (k0, n0) (the tile indexed (column of 128, kk)), 0 outside.
-fn fetch_b1(lid: u32, p: u32, k0: u32, n0: u32) -> f32 {
-    let at = frag_pos(lid, p, gp.tb != 0u);
+// Pair p of b's tile at (k0, n0) (the tile indexed (column of 128, kk)), 0 outside.
+fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> vec2<f32> {
+    let at = pair_pos(lid, p, gp.tb != 0u);
     let j = n0 + at.x;
     let kk = k0 + at.y;
-    if (j >= gp.n || kk >= gp.k) {
-        return 0.0;
-    }
     if (gp.tb != 0u) {
-        return read_b(gp.b_off + j * gp.ldb + kk);
+        let inside = j < gp.n;
+        return pair_b(gp.b_off + j * gp.ldb + kk, inside && kk < gp.k, inside && kk + 1u < gp.k);
     }
-    return read_b(gp.b_off + kk * gp.ldb + j);
+    let inside = kk < gp.k;
+    return pair_b(gp.b_off + kk * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
 }
 
 fn fetch_a128(lid: u32, m0: u32, k0: u32) -> Frag {
-    return Frag(
-        vec4<f32>(fetch_a1(lid, 0u, m0, k0), fetch_a1(lid, 1u, m0, k0),
-                  fetch_a1(lid, 2u, m0, k0), fetch_a1(lid, 3u, m0, k0)),
-        vec4<f32>(fetch_a1(lid, 4u, m0, k0), fetch_a1(lid, 5u, m0, k0),
-                  fetch_a1(lid, 6u, m0, k0), fetch_a1(lid, 7u, m0, k0)));
+    return Frag(vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0)),
+                vec4<f32>(fetch_a2(lid, 2u, m0, k0), fetch_a2(lid, 3u, m0, k0)));
 }
 
 fn fetch_b128(lid: u32, k0: u32, n0: u32) -> Frag {
-    return Frag(
-        vec4<f32>(fetch_b1(lid, 0u, k0, n0), fetch_b1(lid, 1u, k0, n0),
-                  fetch_b1(lid, 2u, k0, n0), fetch_b1(lid, 3u, k0, n0)),
-        vec4<f32>(fetch_b1(lid, 4u, k0, n0), fetch_b1(lid, 5u, k0, n0),
-                  fetch_b1(lid, 6u, k0, n0), fetch_b1(lid, 7u, k0, n0)));
+    return Frag(vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0)),
+                vec4<f32>(fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0)));
 }
 
-// Element (row of 128, kk) into a k-major tile: one lane of a vec4.
-fn put_a1(at: vec2<u32>, x: f32) {
-    wa[at.y * WS + at.x / 4u][at.x % 4u] = x;
-}
-
-fn put_b1(at: vec2<u32>, x: f32) {
-    wb[at.y * WS + at.x / 4u][at.x % 4u] = x;
+// A pair at `at` into a k-major tile `t` (0: a's, 1: b's): along k it spans two tile rows,
+// across it is two lanes of one vec4 (x is even).
+fn put_pair(t: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
+    let w0 = at.y * WS + at.x / 4u;
+    let l0 = at.x % 4u;
+    let w1 = select(w0, w0 + WS, along_k);
+    let l1 = select(l0 + 1u, l0, along_k);
+    if (t == 0u) {
+        wa[w0][l0] = v.x;
+        wa[w1][l1] = v.y;
+    } else {
+        wb[w0][l0] = v.x;
+        wb[w1][l1] = v.y;
+    }
 }
 
 fn put_a128(lid: u32, f: Frag) {
     let ak = gp.ta == 0u;
-    put_a1(frag_pos(lid, 0u, ak), f.lo.x); put_a1(frag_pos(lid, 1u, ak), f.lo.y);
-    put_a1(frag_pos(lid, 2u, ak), f.lo.z); put_a1(frag_pos(lid, 3u, ak), f.lo.w);
-    put_a1(frag_pos(lid, 4u, ak), f.hi.x); put_a1(frag_pos(lid, 5u, ak), f.hi.y);
-    put_a1(frag_pos(lid, 6u, ak), f.hi.z); put_a1(frag_pos(lid, 7u, ak), f.hi.w);
+    put_pair(0u, pair_pos(lid, 0u, ak), ak, f.lo.xy);
+    put_pair(0u, pair_pos(lid, 1u, ak), ak, f.lo.zw);
+    put_pair(0u, pair_pos(lid, 2u, ak), ak, f.hi.xy);
+    put_pair(0u, pair_pos(lid, 3u, ak), ak, f.hi.zw);
 }
 
 fn put_b128(lid: u32, f: Frag) {
     let bk = gp.tb != 0u;
-    put_b1(frag_pos(lid, 0u, bk), f.lo.x); put_b1(frag_pos(lid, 1u, bk), f.lo.y);
-    put_b1(frag_pos(lid, 2u, bk), f.lo.z); put_b1(frag_pos(lid, 3u, bk), f.lo.w);
-    put_b1(frag_pos(lid, 4u, bk), f.hi.x); put_b1(frag_pos(lid, 5u, bk), f.hi.y);
-    put_b1(frag_pos(lid, 6u, bk), f.hi.z); put_b1(frag_pos(lid, 7u, bk), f.hi.w);
+    put_pair(1u, pair_pos(lid, 0u, bk), bk, f.lo.xy);
+    put_pair(1u, pair_pos(lid, 1u, bk), bk, f.lo.zw);
+    put_pair(1u, pair_pos(lid, 2u, bk), bk, f.hi.xy);
+    put_pair(1u, pair_pos(lid, 3u, bk), bk, f.hi.zw);
 }
 
 @compute @workgroup_size(256)
