@@ -243,7 +243,11 @@ fn open(ordinal: usize) -> Result<Ctx> {
     // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
     // workgroup memory): large tensors and attention tiles need them.
     let limits = adapter.limits();
-    let features = adapter.features() & OPTIONAL_FEATURES;
+    let mut wanted = OPTIONAL_FEATURES;
+    if crate::profile::wanted() {
+        wanted |= wgpu::Features::TIMESTAMP_QUERY;
+    }
+    let features = adapter.features() & wanted;
     let desc = wgpu::DeviceDescriptor {
         label: Some("dflash"),
         required_features: features,

@@ -41,6 +41,7 @@ mod memory;
 mod norm;
 mod optimizer;
 mod pipelines;
+mod profile;
 mod rope;
 mod storage;
 
@@ -106,6 +107,34 @@ pub struct WgpuBackend {
     attention_name: String,
     rope_tables: rope::TableCache,
     attn_meta: attention::MetaCache,
+}
+
+impl WgpuBackend {
+    /// Whether `DFLASH_WGPU_PROFILE` is timing this device's kernels (set, and the adapter
+    /// writes timestamps).
+    pub fn profiling(&self) -> bool {
+        profile::wanted()
+            && self
+                .ctx
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// `DFLASH_WGPU_PROFILE`'s report: device time per kernel since the last report, largest
+    /// first (`None` when not profiling or nothing ran). Also printed when a backend drops.
+    pub fn take_profile(&self) -> Option<String> {
+        self.ctx.take_profile()
+    }
+}
+
+/// `DFLASH_WGPU_PROFILE`: the device time per kernel since the last report (`profile.rs`).
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        if let Some(report) = self.ctx.take_profile() {
+            eprint!("{report}");
+        }
+    }
 }
 
 impl WgpuBackend {

@@ -254,6 +254,8 @@ pub(crate) struct Pending {
     /// the ring is reused from slot 0 after each submit. One buffer for all dispatches
     /// instead of a new one per dispatch.
     uniforms: Option<(wgpu::Buffer, u64)>,
+    /// `DFLASH_WGPU_PROFILE`: the dispatches' timestamps (made on the first dispatch).
+    profile: Option<crate::profile::Profiler>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -455,10 +457,17 @@ impl Ctx {
         });
         // Dynamic offsets are u32; the ring is FLUSH_EVERY slots of at most a few KiB.
         let dynamic = [offset as u32];
+        let timed = self.profiler(&mut p).and_then(|prof| prof.next(k.entry));
         self.record_locked(&mut p, |enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(k.entry),
-                timestamp_writes: None,
+                timestamp_writes: timed.as_ref().map(|(set, at)| {
+                    wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(*at),
+                        end_of_pass_write_index: Some(at + 1),
+                    }
+                }),
             });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &dynamic);
@@ -508,9 +517,45 @@ impl Ctx {
 
     fn submit_locked(&self, p: &mut Pending) {
         p.recorded = 0;
-        if let Some(enc) = p.encoder.take() {
+        if let Some(mut enc) = p.encoder.take() {
+            if let Some(prof) = &p.profile {
+                prof.resolve(&mut enc);
+            }
             self.queue.submit([enc.finish()]);
+            if let Some(prof) = &mut p.profile {
+                prof.collect(&self.device);
+            }
         }
+    }
+
+    /// The profiler when `DFLASH_WGPU_PROFILE` is set and the device writes timestamps.
+    fn profiler<'p>(&self, p: &'p mut Pending) -> Option<&'p mut crate::profile::Profiler> {
+        if !crate::profile::wanted() {
+            return None;
+        }
+        if !self
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "DFLASH_WGPU_PROFILE: {} has no TIMESTAMP_QUERY; no profile",
+                    self.tag
+                )
+            });
+            return None;
+        }
+        Some(p.profile.get_or_insert_with(|| {
+            crate::profile::Profiler::new(&self.device, &self.queue, FLUSH_EVERY)
+        }))
+    }
+
+    /// The profile's totals since the last report (and a fresh start), if profiling.
+    pub(crate) fn take_profile(&self) -> Option<String> {
+        self.flush();
+        lock(&self.pending).profile.as_mut()?.take_report()
     }
 
     /// Submits everything recorded so far (and the queue's pending host writes).
