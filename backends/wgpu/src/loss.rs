@@ -2,9 +2,11 @@
 //! (`shaders/loss.wgsl` between `gemm.wgsl` products). Never a `(T, V)` tensor:
 //!
 //! - the rows that take part (weight > 0, checked on the host exactly as the reference checks
-//!   them) are gathered `ROW_CHUNK` at a time into `xc (n, H)`;
-//! - the vocabulary is walked in chunks of `vc` ids so that a chunk's logits `(n, vc)` and its
-//!   slice of the head `(vc, H)` stay within a budget and one binding; per chunk
+//!   them) are gathered in chunks into `xc (n, H)`: as many rows as hold the whole
+//!   vocabulary's logits within a budget and one binding (up to 1024), else 128;
+//! - the vocabulary is walked in chunks of `vc` ids (one chunk where the whole vocabulary
+//!   fits) so that a chunk's logits `(n, vc)` and its slice of the head `(vc, H)` stay within
+//!   the budget and one binding; per chunk
 //!   `logits = xc @ w[v0..v0+vc]^T` is folded into a running (max, sum of exps, argmax, label
 //!   logit) per row (`ce_stats`, an online log-sum-exp);
 //! - the backward turns each chunk's logits into `grad_scale * w * (softmax - onehot)` in place
@@ -25,10 +27,16 @@ use crate::storage::{WgpuStorage, storage, storage_any};
 const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
 const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
 
-/// Rows per chunk.
+/// Rows per chunk where the whole vocabulary of that many rows does not fit the budget, and
+/// the granularity of larger chunks (the GEMM's 128-row tile).
 const ROW_CHUNK: usize = 128;
-/// Elements of one chunk of logits (16 MiB of f32).
-const LOGITS_BUDGET: usize = 4 << 20;
+/// Most rows per chunk: the `dx` product of a chunk `(n, H) = dlogits (n, V) @ w (V, H)` has
+/// only `n / 128 * H / 128` workgroups, so `n` must be large for it to fill a GPU (n = 128
+/// and H = 4096 gave 32 workgroups: most of the 8B drafter step's time on the H200).
+const MAX_ROWS: usize = 1024;
+/// Elements of one chunk of logits (640 MiB of f32: 1024 rows of a 152K vocabulary), within
+/// the adapter's binding limit.
+const LOGITS_BUDGET: usize = 160 << 20;
 /// Words of running state per row (loss.wgsl).
 const STATE: usize = 8;
 
@@ -48,6 +56,22 @@ impl WgpuBackend {
         let by_logits = budget / n.max(1);
         let by_head = self.span_elems() / h.max(1);
         by_logits.min(by_head).min(v).max(1)
+    }
+
+    /// Rows per chunk and ids per vocabulary chunk for `rows` active rows: whole-vocabulary
+    /// chunks (the backward reuses the forward's logits) of as many rows as the budget holds,
+    /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where not even [`ROW_CHUNK`] rows of
+    /// the whole vocabulary fit, [`ROW_CHUNK`] rows and vocabulary chunks (the backward then
+    /// recomputes each chunk's logits).
+    fn ce_chunks(&self, rows: usize, h: usize, v: usize) -> (usize, usize) {
+        let span = self.span_elems();
+        let full_rows = LOGITS_BUDGET.min(span) / v.max(1);
+        if full_rows >= ROW_CHUNK && span / h.max(1) >= v {
+            let n = full_rows.min(MAX_ROWS) / ROW_CHUNK * ROW_CHUNK;
+            return (n.min(rows).max(1), v);
+        }
+        let n = ROW_CHUNK.min(rows).max(1);
+        (n, self.vocab_chunk(n, h, v))
     }
 
     /// `logits (n, vc) = xc (n, H) @ w[v0..v0+vc]^T`.
@@ -164,14 +188,13 @@ impl LossOps for WgpuBackend {
         if active.is_empty() {
             return Ok((stats, self.tensor(dx, x.shape().clone())));
         }
-        let n_max = ROW_CHUNK.min(active.len());
-        let vc = self.vocab_chunk(n_max, h, v);
+        let (n_max, vc) = self.ce_chunks(active.len(), h, v);
         let single = vc >= v;
         let xc = self.ctx.alloc(op, n_max * h)?;
         let dxc = self.ctx.alloc(op, n_max * h)?;
         let logits = self.ctx.alloc(op, n_max * vc)?;
         let mut chunks = Vec::new();
-        for rows in active.chunks(ROW_CHUNK) {
+        for rows in active.chunks(n_max) {
             let c = self.upload_rows(op, rows, labels, weights)?;
             self.gather_scatter(op, false, xs, t, h, &c.idx, c.n, &xc)?;
             let xo = Operand {
@@ -237,12 +260,11 @@ impl LossOps for WgpuBackend {
         if t == 0 {
             return Ok(Vec::new());
         }
-        let n_max = ROW_CHUNK.min(t);
-        let vc = self.vocab_chunk(n_max, h, v);
+        let (n_max, vc) = self.ce_chunks(t, h, v);
         let logits = self.ctx.alloc(op, n_max * vc)?;
         let mut chunks = Vec::new();
-        for r0 in (0..t).step_by(ROW_CHUNK) {
-            let rows: Vec<usize> = (r0..(r0 + ROW_CHUNK).min(t)).collect();
+        for r0 in (0..t).step_by(n_max) {
+            let rows: Vec<usize> = (r0..(r0 + n_max).min(t)).collect();
             // No label: u32::MAX is inside no vocabulary chunk.
             let c = RowChunk {
                 n: rows.len(),
