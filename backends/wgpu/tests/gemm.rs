@@ -59,7 +59,8 @@ fn gemm_ops_match_naive() {
     let mut r = rng(2);
     for (label, be) in wgpu_gemm_variants() {
         let mut worst = 0.0f64;
-        // Edge tiles, a single element, tall/wide, and one past 64-tiles in every dimension.
+        // Edge tiles, a single element, tall/wide, one past 64-tiles in every dimension, and
+        // more than 8 tile rows of 128 (matmul128 takes its tiles in groups of 8 rows).
         // On 4 KiB bindings every operand here is split (hundreds of small dispatches, each
         // a fixed cost on lavapipe): fewer shapes, still splitting M, N and K.
         let shapes: &[(usize, usize, usize)] = if label.starts_with("full bindings") {
@@ -70,6 +71,7 @@ fn gemm_ops_match_naive() {
                 (130, 257, 67),
                 (64, 128, 192),
                 (3, 700, 2),
+                (1100, 5, 130),
             ]
         } else {
             &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
