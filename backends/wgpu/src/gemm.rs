@@ -191,6 +191,20 @@ impl WgpuBackend {
                 if first_k { beta } else { 1.0 }.to_bits(),
             ];
             let g = (blk.m.div_ceil(tile) * blk.n.div_ceil(tile)) as u64;
+            self.ctx.profile_label(|| {
+                let d = |s: &WgpuStorage| if s.dtype == DType::F16 { "16" } else { "32" };
+                format!(
+                    "{} {}x{}x{} t{}{} f{}/{}",
+                    kernel.entry,
+                    blk.m,
+                    blk.n,
+                    blk.k,
+                    t(a.t),
+                    t(b.t),
+                    d(a.s),
+                    d(b.s)
+                )
+            });
             self.ctx.dispatch(op, &kernel, &p, &[ab, bb], &[cb], g)?;
         }
         Ok(())

@@ -256,6 +256,8 @@ pub(crate) struct Pending {
     uniforms: Option<(wgpu::Buffer, u64)>,
     /// `DFLASH_WGPU_PROFILE`: the dispatches' timestamps (made on the first dispatch).
     profile: Option<crate::profile::Profiler>,
+    /// The profile's label for the next dispatch in place of its entry point.
+    next_label: Option<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -457,7 +459,10 @@ impl Ctx {
         });
         // Dynamic offsets are u32; the ring is FLUSH_EVERY slots of at most a few KiB.
         let dynamic = [offset as u32];
-        let timed = self.profiler(&mut p).and_then(|prof| prof.next(k.entry));
+        let label = p.next_label.take();
+        let timed = self
+            .profiler(&mut p)
+            .and_then(|prof| prof.next(label.unwrap_or_else(|| k.entry.to_string())));
         self.record_locked(&mut p, |enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(k.entry),
@@ -550,6 +555,14 @@ impl Ctx {
         Some(p.profile.get_or_insert_with(|| {
             crate::profile::Profiler::new(&self.device, &self.queue, FLUSH_EVERY)
         }))
+    }
+
+    /// Under `DFLASH_WGPU_PROFILE`, times the next dispatch under `label()` instead of its
+    /// entry point (e.g. a GEMM under its shape); costs nothing otherwise.
+    pub(crate) fn profile_label(&self, label: impl FnOnce() -> String) {
+        if crate::profile::wanted() {
+            lock(&self.pending).next_label = Some(label());
+        }
     }
 
     /// The profile's totals since the last report (and a fresh start), if profiling.

@@ -28,10 +28,11 @@ pub(crate) struct Profiler {
     readback: wgpu::Buffer,
     capacity: usize,
     ns_per_tick: f64,
-    /// The entry points of the pending encoder's timed dispatches, in query order.
-    labels: Vec<&'static str>,
-    /// Per entry point: device nanoseconds and dispatches.
-    totals: HashMap<&'static str, (f64, u64)>,
+    /// The labels of the pending encoder's timed dispatches, in query order: the entry
+    /// point, or what [`crate::device::Ctx::profile_label`] gave (a GEMM's shape).
+    labels: Vec<String>,
+    /// Per label: device nanoseconds and dispatches.
+    totals: HashMap<String, (f64, u64)>,
 }
 
 impl Profiler {
@@ -67,14 +68,14 @@ impl Profiler {
         }
     }
 
-    /// The query set and the begin/end indices for the next dispatch of `entry`, or `None`
+    /// The query set and the begin/end indices for the next dispatch, or `None`
     /// when this submission's slots are used up (that dispatch goes untimed).
-    pub(crate) fn next(&mut self, entry: &'static str) -> Option<(wgpu::QuerySet, u32)> {
+    pub(crate) fn next(&mut self, label: String) -> Option<(wgpu::QuerySet, u32)> {
         if self.labels.len() >= self.capacity {
             return None;
         }
         let at = 2 * self.labels.len() as u32;
-        self.labels.push(entry);
+        self.labels.push(label);
         Some((self.set.clone(), at))
     }
 
@@ -106,7 +107,7 @@ impl Profiler {
                     let b: [u8; 8] = data[8 * j..8 * j + 8].try_into().expect("8 bytes");
                     u64::from_le_bytes(b)
                 };
-                for (i, label) in self.labels.iter().enumerate() {
+                for (i, label) in self.labels.drain(..).enumerate() {
                     let ticks = tick(2 * i + 1).saturating_sub(tick(2 * i));
                     let t = self.totals.entry(label).or_default();
                     t.0 += ticks as f64 * self.ns_per_tick;
@@ -133,7 +134,7 @@ impl Profiler {
         );
         for (entry, (ns, count)) in rows {
             out += &format!(
-                "  {entry:<28} {:>10.2} ms {:>5.1}% {count:>8} dispatches {:>9.1} us each\n",
+                "  {entry:<40} {:>10.2} ms {:>5.1}% {count:>8} dispatches {:>9.1} us each\n",
                 ns / 1e6,
                 100.0 * ns / all.max(1.0),
                 ns / 1e3 / count as f64

@@ -34,9 +34,13 @@ fn profile_counts_each_dispatch_of_a_kernel() {
         .lines()
         .find(|l| l.trim_start().starts_with("matmul128 "))
         .unwrap_or_else(|| panic!("no matmul128 line in\n{report}"));
+    // `matmul128 96x96x80 t01 f32/32   <ms> ms <share>% <n> dispatches ...`: the GEMM's
+    // shape is part of its label.
+    assert!(line.contains(" 96x96x80 t01 f32/32 "), "{line}");
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert!(line.contains(" 3 dispatches"), "{line}");
-    let ms: f64 = fields[1].parse().unwrap();
+    let at_ms = fields.iter().position(|&f| f == "ms").unwrap();
+    let ms: f64 = fields[at_ms - 1].parse().unwrap();
     assert!(ms > 0.0, "{line}");
     assert_eq!(
         be.take_profile(),
