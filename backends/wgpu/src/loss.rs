@@ -2,8 +2,7 @@
 //! (`shaders/loss.wgsl` between `gemm.wgsl` products). Never a `(T, V)` tensor:
 //!
 //! - the rows that take part (weight > 0, checked on the host exactly as the reference checks
-//!   them) are gathered in chunks into `xc (n, H)`: as many rows as hold the whole
-//!   vocabulary's logits within a budget and one binding (up to 1024), else 128;
+//!   them) are gathered in chunks of up to 1024 into `xc (n, H)`;
 //! - the vocabulary is walked in chunks of `vc` ids (one chunk where the whole vocabulary
 //!   fits) so that a chunk's logits `(n, vc)` and its slice of the head `(vc, H)` stay within
 //!   the budget and one binding; per chunk
@@ -27,8 +26,8 @@ use crate::storage::{WgpuStorage, storage, storage_any};
 const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
 const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
 
-/// Rows per chunk where the whole vocabulary of that many rows does not fit the budget, and
-/// the granularity of larger chunks (the GEMM's 128-row tile).
+/// The fewest rows of a whole-vocabulary chunk, and its granularity (the GEMM's 128-row
+/// tile).
 const ROW_CHUNK: usize = 128;
 /// Most rows per chunk: the `dx` product of a chunk `(n, H) = dlogits (n, V) @ w (V, H)` has
 /// only `n / 128 * H / 128` workgroups, so `n` must be large for it to fill a GPU (n = 128
@@ -60,9 +59,11 @@ impl WgpuBackend {
 
     /// Rows per chunk and ids per vocabulary chunk for `rows` active rows: whole-vocabulary
     /// chunks (the backward reuses the forward's logits) of as many rows as the budget holds,
-    /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where not even [`ROW_CHUNK`] rows of
-    /// the whole vocabulary fit, [`ROW_CHUNK`] rows and vocabulary chunks (the backward then
-    /// recomputes each chunk's logits).
+    /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where the whole vocabulary does not fit
+    /// (its logits for [`ROW_CHUNK`] rows, or the head's rows in one binding: a 152K x 4096
+    /// head is 2.5 GB as f32 words), [`MAX_ROWS`] rows and vocabulary chunks (the backward
+    /// then recomputes each chunk's logits: one more product, against 8x fewer workgroups in
+    /// every `dx` product with 128-row chunks).
     fn ce_chunks(&self, rows: usize, h: usize, v: usize) -> (usize, usize) {
         let span = self.span_elems();
         let full_rows = LOGITS_BUDGET.min(span) / v.max(1);
@@ -70,7 +71,7 @@ impl WgpuBackend {
             let n = full_rows.min(MAX_ROWS) / ROW_CHUNK * ROW_CHUNK;
             return (n.min(rows).max(1), v);
         }
-        let n = ROW_CHUNK.min(rows).max(1);
+        let n = MAX_ROWS.min(rows).max(1);
         (n, self.vocab_chunk(n, h, v))
     }
 

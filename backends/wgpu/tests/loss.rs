@@ -40,8 +40,8 @@ fn loss_ops_match_reference() {
     let mut r = rng(7);
     for (label, be) in wgpu_reduction_variants() {
         // (T, H, V): on full bindings whole-vocabulary chunks of up to 1024 rows (the last
-        // shape: two of them, 1024 + 76 rows); on 4 KiB bindings 128-row chunks and several
-        // vocabulary chunks each (the backward recomputing each chunk's logits).
+        // shape: two of them, 1024 + 76 rows); on 4 KiB bindings one chunk of all rows and
+        // many vocabulary chunks (the backward recomputing each chunk's logits).
         let shapes: &[(usize, usize, usize)] = if label.starts_with("full bindings") {
             &[(37, 64, 1000), (3, 8, 5), (300, 16, 40_000), (1100, 8, 50)]
         } else {
