@@ -34,7 +34,8 @@ pub(crate) enum AttnKind {
 
 /// One attention module: the kernel, the padded head dim `dp` (a power of two, 32..=256) and
 /// the tile sizes, put in front of the WGSL as constants. The threads: each owns 4 rows (keys
-/// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`.
+/// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`, 128 for every kernel
+/// (the owned side is 4096 / dp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AttnCfg {
     pub kind: AttnKind,
@@ -45,33 +46,19 @@ pub(crate) struct AttnCfg {
 
 impl AttnCfg {
     /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory:
-    /// the forward 128 threads (BQ = 4096 / DP), dq and dk/dv 64 (BQ, resp. BK, = 2048 / DP),
-    /// the other tile side the largest of 64, 32, 16, 8 that fits. `Err`: the bytes the
-    /// smallest configuration needs.
+    /// 128 threads (the rows a thread block owns, BQ for the forward and dq, BK for dk/dv,
+    /// = 4096 / DP), the other tile side the largest of 64, 32, 16, 8 that fits. `Err`: the
+    /// bytes the smallest configuration needs.
     pub(crate) fn choose(kind: AttnKind, d: usize, limit: u32) -> std::result::Result<Self, u32> {
         let dp = (d.max(1).next_power_of_two() as u32).max(32);
+        let owned = 4096 / dp;
         let mut need = u32::MAX;
         for other in [64, 32, 16, 8] {
-            let cfg = match kind {
-                AttnKind::Fwd => AttnCfg {
-                    kind,
-                    dp,
-                    bq: 4096 / dp,
-                    bk: other,
-                },
-                AttnKind::Dq => AttnCfg {
-                    kind,
-                    dp,
-                    bq: 2048 / dp,
-                    bk: other,
-                },
-                AttnKind::Dkdv => AttnCfg {
-                    kind,
-                    dp,
-                    bq: other,
-                    bk: 2048 / dp,
-                },
+            let (bq, bk) = match kind {
+                AttnKind::Fwd | AttnKind::Dq => (owned, other),
+                AttnKind::Dkdv => (other, owned),
             };
+            let cfg = AttnCfg { kind, dp, bq, bk };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
                 return Ok(cfg);
@@ -94,8 +81,8 @@ impl AttnCfg {
         let common = 16 * bq + 8 + 8;
         let vec4s = match self.kind {
             AttnKind::Fwd => (bq + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
-            AttnKind::Dq => (2 * bq + bk) * qs + bk * (bq / 4 + 1),
-            AttnKind::Dkdv => (2 * bk + bq) * qs + 2 * bq * (bk / 4 + 1),
+            AttnKind::Dq => (bq + bk) * qs + bk * (bq / 4 + 1),
+            AttnKind::Dkdv => (bk + bq) * qs + 2 * bq * (bk / 4 + 1),
         };
         let words = match self.kind {
             AttnKind::Fwd => 2 * self.threads(),
@@ -301,7 +288,7 @@ impl WgpuBackend {
 
     /// List iterations one dispatch may run: unbounded on GPUs; on a CPU adapter (llvmpipe
     /// stops every invocation after 65535 loop iterations in all) as many as keep an
-    /// invocation's loop iterations under 60000, counted generously (twice: three tile
+    /// invocation's loop iterations under 60000, counted generously (twice: five tile
     /// stages, two score phases of `DP / 4` steps per block, the row phase, two accumulation
     /// phases); at most [`crate::WgpuOptions::attn_pass_tiles`] where that is set.
     fn per_pass(&self, cfg: &AttnCfg) -> usize {
@@ -313,7 +300,7 @@ impl WgpuBackend {
         let (dp, wg) = (cfg.dp as usize, cfg.threads() as usize);
         let stage = (bq.max(bk) * dp / 4).div_ceil(wg) * 4 + bq.max(bk);
         let scores = (bq * bk / 8).div_ceil(wg) * (dp / 4 + 8);
-        let cost = 2 * (3 * stage + 2 * scores + 2 * bk + 2 * bq.max(bk) + 64);
+        let cost = 2 * (5 * stage + 2 * scores + 2 * bk + 2 * bq.max(bk) + 64);
         (60_000 / cost).clamp(1, cap)
     }
 
@@ -495,6 +482,7 @@ mod tests {
                     );
                     let rows = if kind == AttnKind::Dkdv { c.bk } else { c.bq };
                     assert_eq!(c.threads(), rows / 4 * (c.dp / 8), "{c:?}");
+                    assert_eq!(c.threads(), 128, "{c:?}");
                     // The forward's row phase: every row's threads take at least one key.
                     if kind == AttnKind::Fwd {
                         assert!(c.threads().is_multiple_of(c.bq) && c.threads() / c.bq <= c.bk);
@@ -506,7 +494,13 @@ mod tests {
         let c = |k| AttnCfg::choose(k, 128, 48 * 1024).unwrap().tiles();
         assert_eq!(
             [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
-            [(32, 32), (16, 32), (32, 16)]
+            [(32, 32), (32, 32), (32, 32)]
+        );
+        // lavapipe's and llvmpipe's 32 KiB.
+        let c = |k| AttnCfg::choose(k, 128, 32 * 1024).unwrap().tiles();
+        assert_eq!(
+            [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
+            [(32, 16), (32, 16), (16, 32)]
         );
         assert!(AttnCfg::choose(AttnKind::Fwd, 128, 16 * 1024).is_err());
     }

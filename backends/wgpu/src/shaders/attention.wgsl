@@ -105,19 +105,35 @@ fn hsum(x: vec4<f32>) -> f32 {
     return (x.x + x.y) + (x.z + x.w);
 }
 
-// Flags `which` (1 or 2; 0: no check) when x holds a NaN or infinity.
-fn note(x: vec4<f32>, which: u32) {
+// Whether x holds a NaN or infinity.
+fn nonfinite4(x: vec4<f32>) -> bool {
     let e = bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u);
-    if (which != 0u && any(e == vec4<u32>(0x7f800000u))) {
+    return any(e == vec4<u32>(0x7f800000u));
+}
+
+// Flags `which` (1 or 2; 0: no check) when `seen`: one atomic per thread and staged tile,
+// after its loads (an atomic inside the load loop keeps the compiler from issuing the loads
+// of several iterations together).
+fn note(seen: bool, which: u32) {
+    if (which != 0u && seen) {
         atomicOr(&bad[which - 1u], 1u);
     }
 }
 
 // Elements 4 c4 .. 4 c4 + 3 of the D-wide row starting at `at` of q (0), k (1) or v (2),
-// zero past D.
+// zero past D. Whole vec4 inside D (every one when D % 4 == 0) take four unconditional loads.
 fn row4(which: u32, at: u32, c4: u32) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
     let c = 4u * c4;
+    if (c + 4u <= p.d) {
+        let a = at + c;
+        if (which == 0u) {
+            return vec4<f32>(q[a], q[a + 1u], q[a + 2u], q[a + 3u]);
+        } else if (which == 1u) {
+            return vec4<f32>(k[a], k[a + 1u], k[a + 2u], k[a + 3u]);
+        }
+        return vec4<f32>(v[a], v[a + 1u], v[a + 2u], v[a + 3u]);
+    }
+    var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e = e + 1u) {
         if (c + e < p.d) {
             if (which == 0u) {
@@ -132,33 +148,46 @@ fn row4(which: u32, at: u32, c4: u32) -> vec4<f32> {
     return x;
 }
 
+// Staging loops run a constant number of iterations (ceil(rows DP4 / WG)) with no side effect
+// but the workgroup store, so the driver can unroll them and issue all global loads first.
+
 // Query rows [r0, r0 + BQ) of head `head` into the tile at dst, zero past tq.
 fn stage_q(dst: u32, r0: u32, head: u32, lid: u32, flag: u32) {
-    for (var e = lid; e < BQ * DP4; e = e + WG) {
-        let i = e / DP4;
-        let c4 = e % DP4;
-        var x = vec4<f32>(0.0);
-        if (r0 + i < p.tq) {
-            x = row4(0u, ((r0 + i) * p.hq + head) * p.d, c4);
+    var seen = false;
+    for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
+        let e = lid + n * WG;
+        if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
+            let i = e / DP4;
+            let c4 = e % DP4;
+            var x = vec4<f32>(0.0);
+            if (r0 + i < p.tq) {
+                x = row4(0u, ((r0 + i) * p.hq + head) * p.d, c4);
+            }
+            seen = seen | nonfinite4(x);
+            buf[dst + i * QS + c4] = x;
         }
-        note(x, flag);
-        buf[dst + i * QS + c4] = x;
     }
+    note(seen, flag);
 }
 
 // Keys [k0, k0 + BK) of kv head kh of k (which 1) or v (which 2) into the tile at dst, zero
 // past tk.
 fn stage_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32, flag: u32) {
-    for (var e = lid; e < BK * DP4; e = e + WG) {
-        let j = e / DP4;
-        let c4 = e % DP4;
-        var x = vec4<f32>(0.0);
-        if (k0 + j < p.tk) {
-            x = row4(which, ((k0 + j) * p.hkv + kh) * p.d, c4);
+    var seen = false;
+    for (var n = 0u; n < (BK * DP4 + WG - 1u) / WG; n = n + 1u) {
+        let e = lid + n * WG;
+        if ((BK * DP4) % WG == 0u || e < BK * DP4) {
+            let j = e / DP4;
+            let c4 = e % DP4;
+            var x = vec4<f32>(0.0);
+            if (k0 + j < p.tk) {
+                x = row4(which, ((k0 + j) * p.hkv + kh) * p.d, c4);
+            }
+            seen = seen | nonfinite4(x);
+            buf[dst + j * QS + c4] = x;
         }
-        note(x, flag);
-        buf[dst + j * QS + c4] = x;
     }
+    note(seen, flag);
 }
 
 // The intervals of query rows [r0, r0 + BQ) into row_iv (empty past tq).

@@ -1,18 +1,21 @@
 // attention_dkdv.wgsl: the backward's dk/dv kernel (after attention.wgsl). One workgroup of
-// WG = (BK / 4) * (DP / 8) threads per (key tile, kv head), K and V staged; for each query
-// tile that sees the key tile and each query head of the kv head (one flat loop):
-// dv_j += sum_i P_ij d_out_i, dk_j += scale * sum_i dS_ij q_i. Six barriers a step: stage Q;
-// P^T (4 keys x 2 rows blocks) into SP; stage d_out; dS into SD (each block's thread reads
-// its own P) and dv += P^T d_out; stage Q again; dk += dS^T Q. SP and SD are row-major:
+// WG = (BK / 4) * (DP / 8) threads per (key tile, kv head), BK = 4096 / DP (128 threads),
+// its keys' dk and dv in registers (4 keys x 8 dims each per thread) across the whole list:
+// for each query tile that sees the key tile and each query head of the kv head (one flat
+// loop, no atomics), dv_j += sum_i P_ij d_out_i, dk_j += scale * sum_i dS_ij q_i.
+// Two staging areas, KT (BK keys: K, then V) and RT (BQ rows: Q, d_out, Q): restaging K and V
+// per step (hits in L1 / L2) instead of keeping both frees the memory for tiles twice as large
+// (32 x 32 at d = 128 in 48 KiB) and twice the threads. Six barriers a step: stage K, Q;
+// P^T (4 keys x 2 rows blocks) into SP; stage V, d_out; dS into SD (each block's thread
+// reads its own P) and dv += P^T d_out; stage Q; dk += dS^T Q. SP and SD are row-major:
 // query row i's 4-key group g at buf[SP + i PSK + g], one vec4 of 4 keys' weights per row.
 
 const PSK: u32 = BK / 4u + 1u;
 const KT: u32 = 0u;
-const VT: u32 = BK * QS;
-const QD: u32 = 2u * BK * QS;
-const SP: u32 = (2u * BK + BQ) * QS;
-const SD: u32 = (2u * BK + BQ) * QS + BQ * PSK;
-const NBUF: u32 = (2u * BK + BQ) * QS + 2u * BQ * PSK;
+const RT: u32 = BK * QS;
+const SP: u32 = (BK + BQ) * QS;
+const SD: u32 = (BK + BQ) * QS + BQ * PSK;
+const NBUF: u32 = (BK + BQ) * QS + 2u * BQ * PSK;
 
 var<workgroup> buf: array<vec4<f32>, NBUF>;
 var<workgroup> row_l: array<f32, BQ>;
@@ -25,23 +28,32 @@ var<workgroup> row_d: array<f32, BQ>;
 @group(0) @binding(9) var<storage, read_write> b_dv: array<f32>;
 
 // d_out rows [r0, r0 + BQ) of head h into the tile at dst (zero past tq), flagging
-// non-finite values in bad[flag - 1].
+// non-finite values in bad[flag - 1] (as stage_q).
 fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
-    for (var e = lid; e < BQ * DP4; e = e + WG) {
-        let i = e / DP4;
-        let c4 = e % DP4;
-        var x = vec4<f32>(0.0);
-        if (r0 + i < p.tq) {
-            let at = ((r0 + i) * p.hq + h) * p.d;
-            for (var u = 0u; u < 4u; u = u + 1u) {
-                if (4u * c4 + u < p.d) {
-                    x[u] = d_out[at + 4u * c4 + u];
+    var seen = false;
+    for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
+        let e = lid + n * WG;
+        if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
+            let i = e / DP4;
+            let c = 4u * (e % DP4);
+            var x = vec4<f32>(0.0);
+            if (r0 + i < p.tq) {
+                let at = ((r0 + i) * p.hq + h) * p.d + c;
+                if (c + 4u <= p.d) {
+                    x = vec4<f32>(d_out[at], d_out[at + 1u], d_out[at + 2u], d_out[at + 3u]);
+                } else {
+                    for (var u = 0u; u < 4u; u = u + 1u) {
+                        if (c + u < p.d) {
+                            x[u] = d_out[at + u];
+                        }
+                    }
                 }
             }
+            seen = seen | nonfinite4(x);
+            buf[dst + i * QS + e % DP4] = x;
         }
-        note(x, flag);
-        buf[dst + i * QS + c4] = x;
     }
+    note(seen, flag);
 }
 
 fn kv_at(key: u32, kh: u32, c: u32) -> u32 {
@@ -59,8 +71,6 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let kt = g / p.hkv;
     let kh = g % p.hkv;
     let k0 = kt * BK;
-    stage_kv(1u, KT, k0, kh, lid, 0u);
-    stage_kv(2u, VT, k0, kh, lid, 0u);
     let ky = lid / DP8;
     let cx = lid % DP8;
     var dk = o8_zero();
@@ -96,8 +106,9 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let r0 = (entry & ~FULL) * BQ;
         tile_r0 = r0;
         let h = kh * p.group + w % p.group;
+        // row_iv, row_l, row_d and the flags were last read before the previous step's
+        // final barriers.
         load_intervals(r0, lid);
-        stage_q(QD, r0, h, lid, 0u);
         for (var e = lid; e < BQ; e = e + WG) {
             let r = r0 + e;
             var lv = 0.0;
@@ -109,16 +120,18 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             row_l[e] = lv;
             row_d[e] = ds;
         }
-        workgroupBarrier();
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
             atomicStore(&bad[1], 0u);
         }
+        stage_kv(1u, KT, k0, kh, lid, 0u);
+        stage_q(RT, r0, h, lid, 0u);
+        workgroupBarrier();
         // P^T: block sb is keys 4 tk .. 4 tk + 3 against query rows tr and tr + BQ / 2.
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let tk = sb / (BQ / 2u);
             let tr = sb % (BQ / 2u);
-            let s = dots8(KT + 4u * tk * QS, QD + tr * QS, QD + (tr + BQ / 2u) * QS);
+            let s = dots8(KT + 4u * tk * QS, RT + tr * QS, RT + (tr + BQ / 2u) * QS);
             var x = vec4<f32>(0.0);
             var y = vec4<f32>(0.0);
             for (var e = 0u; e < 4u; e = e + 1u) {
@@ -134,13 +147,15 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             buf[SP + (tr + BQ / 2u) * PSK + tk] = y;
         }
         workgroupBarrier();
-        stage_dout(QD, r0, h, lid, 1u);
+        // d_out is flagged: dv accumulates P^T d_out.
+        stage_kv(2u, KT, k0, kh, lid, 0u);
+        stage_dout(RT, r0, h, lid, 1u);
         workgroupBarrier();
         // dS = P (dP - dsum), dP = V d_out^T; then dv += P^T d_out.
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let tk = sb / (BQ / 2u);
             let tr = sb % (BQ / 2u);
-            let s = dots8(VT + 4u * tk * QS, QD + tr * QS, QD + (tr + BQ / 2u) * QS);
+            let s = dots8(KT + 4u * tk * QS, RT + tr * QS, RT + (tr + BQ / 2u) * QS);
             let px = buf[SP + tr * PSK + tk];
             let py = buf[SP + (tr + BQ / 2u) * PSK + tk];
             var x = vec4<f32>(0.0);
@@ -157,12 +172,13 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             buf[SD + tr * PSK + tk] = x;
             buf[SD + (tr + BQ / 2u) * PSK + tk] = y;
         }
-        dv = acc_rows(dv, SP + ky, PSK, QD + cx, BQ, atomicLoad(&bad[0]) != 0u);
+        dv = acc_rows(dv, SP + ky, PSK, RT + cx, BQ, atomicLoad(&bad[0]) != 0u);
         workgroupBarrier();
-        stage_q(QD, r0, h, lid, 2u);
+        // Q is flagged: dk accumulates dS^T Q.
+        stage_q(RT, r0, h, lid, 2u);
         workgroupBarrier();
         // dk += dS^T q (scaled on the last pass).
-        dk = acc_rows(dk, SD + ky, PSK, QD + cx, BQ, atomicLoad(&bad[1]) != 0u);
+        dk = acc_rows(dk, SD + ky, PSK, RT + cx, BQ, atomicLoad(&bad[1]) != 0u);
         workgroupBarrier();
     }
     let f = select(1.0, p.scale, (p.flags & LAST) != 0u);

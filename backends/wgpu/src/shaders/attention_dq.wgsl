@@ -1,19 +1,22 @@
 // attention_dq.wgsl: the backward's dsum and dq kernels (after attention.wgsl).
 // dP = d_out . v, P = exp(scale q.k - lse), dS = P (dP - dsum), dq = scale * sum_j dS k_j.
-// One workgroup of WG = (BQ / 4) * (DP / 8) threads per (query tile, head); Q and d_out stay
-// staged; per key tile five barriers: stage V; dP (4 x 2 blocks) into SC; stage K; dS in
-// place of dP (each block's thread rewrites its own values); dq += dS K on the 4 x 8 register
-// blocks. SC is key-major as the forward's (attention_fwd.wgsl).
+// One workgroup of WG = (BQ / 4) * (DP / 8) threads per (query tile, head), the forward's
+// tiles (BQ = 4096 / DP: 128 threads; BK as large as workgroup memory allows). Two staging
+// areas, RT (BQ rows) and KT (BK keys), hold d_out and V, then Q and K: Q and d_out are
+// staged again per key tile (hits in L1 / L2), which halves the memory against keeping both
+// and so doubles the tile (32 x 32 at d = 128 in 48 KiB). Per key tile five barriers: stage
+// d_out, V; dP (4 x 2 blocks) into SC; stage Q, K; dS in place of dP (each block's thread
+// rewrites its own values); dq += dS K on the 4 x 8 register blocks. SC is key-major as the
+// forward's (attention_fwd.wgsl).
 
 const PSQ: u32 = BQ / 4u + 1u;
-const QT: u32 = 0u;
-const DO: u32 = BQ * QS;
-const KV: u32 = 2u * BQ * QS;
-const SC: u32 = (2u * BQ + BK) * QS;
-const NBUF: u32 = (2u * BQ + BK) * QS + BK * PSQ;
+const RT: u32 = 0u;
+const KT: u32 = BQ * QS;
+const SC: u32 = (BQ + BK) * QS;
+const NBUF: u32 = (BQ + BK) * QS + BK * PSQ;
 
 var<workgroup> buf: array<vec4<f32>, NBUF>;
-// lse and dsum of the staged query rows.
+// lse and dsum of the query rows.
 var<workgroup> row_l: array<f32, BQ>;
 var<workgroup> row_d: array<f32, BQ>;
 
@@ -45,21 +48,28 @@ fn attn_dsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 @group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
 @group(0) @binding(8) var<storage, read_write> b_dq: array<f32>;
 
-// d_out rows [r0, r0 + BQ) of head h into the tile at dst, zero past tq.
+// d_out rows [r0, r0 + BQ) of head h into the tile at dst, zero past tq (as stage_q).
 fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32) {
-    for (var e = lid; e < BQ * DP4; e = e + WG) {
-        let i = e / DP4;
-        let c4 = e % DP4;
-        var x = vec4<f32>(0.0);
-        if (r0 + i < p.tq) {
-            let at = ((r0 + i) * p.hq + h) * p.d;
-            for (var u = 0u; u < 4u; u = u + 1u) {
-                if (4u * c4 + u < p.d) {
-                    x[u] = d_out[at + 4u * c4 + u];
+    for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
+        let e = lid + n * WG;
+        if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
+            let i = e / DP4;
+            let c = 4u * (e % DP4);
+            var x = vec4<f32>(0.0);
+            if (r0 + i < p.tq) {
+                let at = ((r0 + i) * p.hq + h) * p.d + c;
+                if (c + 4u <= p.d) {
+                    x = vec4<f32>(d_out[at], d_out[at + 1u], d_out[at + 2u], d_out[at + 3u]);
+                } else {
+                    for (var u = 0u; u < 4u; u = u + 1u) {
+                        if (c + u < p.d) {
+                            x[u] = d_out[at + u];
+                        }
+                    }
                 }
             }
+            buf[dst + i * QS + e % DP4] = x;
         }
-        buf[dst + i * QS + c4] = x;
     }
 }
 
@@ -80,8 +90,6 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let kh = h / p.group;
     let r0 = qt * BQ;
     tile_r0 = r0;
-    stage_q(QT, r0, h, lid, 0u);
-    stage_dout(DO, r0, h, lid);
     load_intervals(r0, lid);
     for (var e = lid; e < BQ; e = e + WG) {
         let r = r0 + e;
@@ -120,25 +128,30 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let w = tiles[p.qlist_at + it];
         tile_full = (w & FULL) != 0u;
         let k0 = (w & ~FULL) * BK;
+        // The previous tile's readers of bad[0] passed its last barrier.
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
         }
-        stage_kv(2u, KV, k0, kh, lid, 0u);
+        stage_dout(RT, r0, h, lid);
+        stage_kv(2u, KT, k0, kh, lid, 0u);
         workgroupBarrier();
+        // dP: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let ty = sb / (BK / 2u);
             let tx = sb % (BK / 2u);
-            let s = dots8(DO + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            let s = dots8(RT + 4u * ty * QS, KT + tx * QS, KT + (tx + BK / 2u) * QS);
             buf[SC + tx * PSQ + ty] = s.x;
             buf[SC + (tx + BK / 2u) * PSQ + ty] = s.y;
         }
         workgroupBarrier();
-        stage_kv(1u, KV, k0, kh, lid, 1u);
+        // K is flagged: dq accumulates dS K.
+        stage_q(RT, r0, h, lid, 0u);
+        stage_kv(1u, KT, k0, kh, lid, 1u);
         workgroupBarrier();
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let ty = sb / (BK / 2u);
             let tx = sb % (BK / 2u);
-            let s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            let s = dots8(RT + 4u * ty * QS, KT + tx * QS, KT + (tx + BK / 2u) * QS);
             let dpx = buf[SC + tx * PSQ + ty];
             let dpy = buf[SC + (tx + BK / 2u) * PSQ + ty];
             var x = vec4<f32>(0.0);
@@ -156,7 +169,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             buf[SC + (tx + BK / 2u) * PSQ + ty] = y;
         }
         workgroupBarrier();
-        o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
+        o = acc_rows(o, SC + ry, PSQ, KT + cx, BK, atomicLoad(&bad[0]) != 0u);
         workgroupBarrier();
     }
     // Scaled once, on the last pass.
