@@ -187,17 +187,18 @@ fn wt(w: f32, t: vec4<f32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), w * t, nonzero(w));
 }
 
-// O += P V over the KC keys of V chunk v (staged in `slot`).
+// O += P V over the KC keys of V chunk v (staged in `slot`); the careful loop (the chunk
+// holds a non-finite value) is a separate loop so that the fast one has no branch.
 fn pv_step(o: O16, slot: u32, v: u32, ry: u32, kx: u32, careful: bool) -> O16 {
     var r = o;
     let base = slot * SLOT;
-    for (var jj = 0u; jj < KC; jj = jj + 1u) {
-        let j = v * KC + jj;
-        let x = buf[j * PS + 2u * ry];
-        let y = buf[j * PS + 2u * ry + 1u];
-        let u = stg[base + jj * DP4 + kx];
-        let z = stg[base + jj * DP4 + DP8 + kx];
-        if (!careful) {
+    if (!careful) {
+        for (var jj = 0u; jj < KC; jj = jj + 1u) {
+            let j = v * KC + jj;
+            let x = buf[j * PS + 2u * ry];
+            let y = buf[j * PS + 2u * ry + 1u];
+            let u = stg[base + jj * DP4 + kx];
+            let z = stg[base + jj * DP4 + DP8 + kx];
             r.a0 = fma(vec4<f32>(x.x), u, r.a0); r.b0 = fma(vec4<f32>(x.x), z, r.b0);
             r.a1 = fma(vec4<f32>(x.y), u, r.a1); r.b1 = fma(vec4<f32>(x.y), z, r.b1);
             r.a2 = fma(vec4<f32>(x.z), u, r.a2); r.b2 = fma(vec4<f32>(x.z), z, r.b2);
@@ -206,16 +207,23 @@ fn pv_step(o: O16, slot: u32, v: u32, ry: u32, kx: u32, careful: bool) -> O16 {
             r.a5 = fma(vec4<f32>(y.y), u, r.a5); r.b5 = fma(vec4<f32>(y.y), z, r.b5);
             r.a6 = fma(vec4<f32>(y.z), u, r.a6); r.b6 = fma(vec4<f32>(y.z), z, r.b6);
             r.a7 = fma(vec4<f32>(y.w), u, r.a7); r.b7 = fma(vec4<f32>(y.w), z, r.b7);
-        } else {
-            r.a0 = r.a0 + wt(x.x, u); r.b0 = r.b0 + wt(x.x, z);
-            r.a1 = r.a1 + wt(x.y, u); r.b1 = r.b1 + wt(x.y, z);
-            r.a2 = r.a2 + wt(x.z, u); r.b2 = r.b2 + wt(x.z, z);
-            r.a3 = r.a3 + wt(x.w, u); r.b3 = r.b3 + wt(x.w, z);
-            r.a4 = r.a4 + wt(y.x, u); r.b4 = r.b4 + wt(y.x, z);
-            r.a5 = r.a5 + wt(y.y, u); r.b5 = r.b5 + wt(y.y, z);
-            r.a6 = r.a6 + wt(y.z, u); r.b6 = r.b6 + wt(y.z, z);
-            r.a7 = r.a7 + wt(y.w, u); r.b7 = r.b7 + wt(y.w, z);
         }
+        return r;
+    }
+    for (var jj = 0u; jj < KC; jj = jj + 1u) {
+        let j = v * KC + jj;
+        let x = buf[j * PS + 2u * ry];
+        let y = buf[j * PS + 2u * ry + 1u];
+        let u = stg[base + jj * DP4 + kx];
+        let z = stg[base + jj * DP4 + DP8 + kx];
+        r.a0 = r.a0 + wt(x.x, u); r.b0 = r.b0 + wt(x.x, z);
+        r.a1 = r.a1 + wt(x.y, u); r.b1 = r.b1 + wt(x.y, z);
+        r.a2 = r.a2 + wt(x.z, u); r.b2 = r.b2 + wt(x.z, z);
+        r.a3 = r.a3 + wt(x.w, u); r.b3 = r.b3 + wt(x.w, z);
+        r.a4 = r.a4 + wt(y.x, u); r.b4 = r.b4 + wt(y.x, z);
+        r.a5 = r.a5 + wt(y.y, u); r.b5 = r.b5 + wt(y.y, z);
+        r.a6 = r.a6 + wt(y.z, u); r.b6 = r.b6 + wt(y.z, z);
+        r.a7 = r.a7 + wt(y.w, u); r.b7 = r.b7 + wt(y.w, z);
     }
     return r;
 }
