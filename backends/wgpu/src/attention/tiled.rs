@@ -33,68 +33,32 @@ pub(crate) enum AttnKind {
 }
 
 /// One attention module: the kernel, the padded head dim `dp` (a power of two, 32..=256) and
-/// the tile sizes, put in front of the WGSL as constants. dq and dk/dv: each thread owns 4
-/// rows (keys for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)` = 128
-/// threads (the owned side is 4096 / dp). The forward: each thread owns 8 rows x 4 keys of
-/// the scores and 8 rows x 8 dims of the output, so BK = DP / 2 and `(bq / 8) * (dp / 8)`
-/// threads; its score steps stage `dc` dims and its accumulation steps `kc` keys (0 for the
-/// backward kernels).
+/// the tile sizes, put in front of the WGSL as constants. The threads: each owns 4 rows (keys
+/// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`, 128 for every kernel
+/// (the owned side is 4096 / dp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AttnCfg {
     pub kind: AttnKind,
     pub dp: u32,
     pub bq: u32,
     pub bk: u32,
-    pub dc: u32,
-    pub kc: u32,
 }
 
 impl AttnCfg {
-    /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory.
-    /// dq and dk/dv: 128 threads (the rows a thread block owns, BQ for dq, BK for dk/dv,
-    /// = 4096 / DP), the other tile side the largest of 64, 32, 16, 8 that fits. The
-    /// forward: the most rows (64, 32, 16), then the longest steps (16, 8, 4 dims / keys)
-    /// whose staging fits the four prefetch registers a thread has. `Err`: the bytes the
-    /// smallest configuration needs.
+    /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory:
+    /// 128 threads (the rows a thread block owns, BQ for the forward and dq, BK for dk/dv,
+    /// = 4096 / DP), the other tile side the largest of 64, 32, 16, 8 that fits. `Err`: the
+    /// bytes the smallest configuration needs.
     pub(crate) fn choose(kind: AttnKind, d: usize, limit: u32) -> std::result::Result<Self, u32> {
         let dp = (d.max(1).next_power_of_two() as u32).max(32);
-        let mut need = u32::MAX;
-        if kind == AttnKind::Fwd {
-            for bq in [64, 32, 16] {
-                for step in [16, 8, 4] {
-                    let cfg = AttnCfg {
-                        kind,
-                        dp,
-                        bq,
-                        bk: dp / 2,
-                        dc: step,
-                        kc: step,
-                    };
-                    if cfg.threads() > 256 || cfg.prefetch() > 4 {
-                        continue;
-                    }
-                    need = need.min(cfg.bytes() + MARGIN);
-                    if cfg.bytes() + MARGIN <= limit {
-                        return Ok(cfg);
-                    }
-                }
-            }
-            return Err(need);
-        }
         let owned = 4096 / dp;
+        let mut need = u32::MAX;
         for other in [64, 32, 16, 8] {
             let (bq, bk) = match kind {
                 AttnKind::Fwd | AttnKind::Dq => (owned, other),
                 AttnKind::Dkdv => (other, owned),
             };
-            let cfg = AttnCfg {
-                kind,
-                dp,
-                bq,
-                bk,
-                dc: 0,
-                kc: 0,
-            };
+            let cfg = AttnCfg { kind, dp, bq, bk };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
                 return Ok(cfg);
@@ -103,20 +67,9 @@ impl AttnCfg {
         Err(need)
     }
 
-    /// The forward's vec4 staged per step (the larger of a score and an accumulation step).
-    fn slot(&self) -> u32 {
-        (self.dc * (self.bq + self.bk) / 4).max(self.kc * self.dp / 4)
-    }
-
-    /// The forward's staged vec4 per thread and step (its prefetch registers).
-    fn prefetch(&self) -> u32 {
-        self.slot().div_ceil(self.threads())
-    }
-
     pub(crate) fn threads(&self) -> u32 {
         match self.kind {
-            AttnKind::Fwd => self.bq * self.dp / 64,
-            AttnKind::Dq => self.bq * self.dp / 32,
+            AttnKind::Fwd | AttnKind::Dq => self.bq * self.dp / 32,
             AttnKind::Dkdv => self.bk * self.dp / 32,
         }
     }
@@ -126,37 +79,27 @@ impl AttnCfg {
         let (bq, bk) = (self.bq, self.bk);
         let qs = self.dp / 4 + 1;
         let common = 16 * bq + 8 + 8;
-        if self.kind == AttnKind::Fwd {
-            // P, the two staging slots, the partial row statistics, 4 row arrays, 3 flags.
-            let vec4s = bk * (bq / 4 + 1) + 2 * self.slot() + bk / 4 * bq / 4 + bq;
-            return common + 16 * vec4s + 16;
-        }
         let vec4s = match self.kind {
-            AttnKind::Fwd | AttnKind::Dq => (bq + bk) * qs + bk * (bq / 4 + 1),
+            AttnKind::Fwd => (bq + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
+            AttnKind::Dq => (bq + bk) * qs + bk * (bq / 4 + 1),
             AttnKind::Dkdv => (bk + bq) * qs + 2 * bq * (bk / 4 + 1),
         };
-        common + 16 * vec4s + 4 * 2 * bq
+        let words = match self.kind {
+            AttnKind::Fwd => 2 * self.threads(),
+            AttnKind::Dq | AttnKind::Dkdv => 2 * bq,
+        };
+        common + 16 * vec4s + 4 * words
     }
 
     /// The constants in front of the module.
     pub(crate) fn header(&self) -> String {
-        let mut h = format!(
+        format!(
             "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n",
             self.dp,
             self.bq,
             self.bk,
             self.threads()
-        );
-        if self.kind == AttnKind::Fwd {
-            h += &format!(
-                "const DC: u32 = {}u;\nconst KC: u32 = {}u;\nconst SLOT: u32 = {}u;\nconst NU: u32 = {}u;\n",
-                self.dc,
-                self.kc,
-                self.slot(),
-                self.prefetch()
-            );
-        }
-        h
+        )
     }
 
     /// The kernel's file.
@@ -355,15 +298,6 @@ impl WgpuBackend {
         }
         let (bq, bk) = cfg.tiles();
         let (dp, wg) = (cfg.dp as usize, cfg.threads() as usize);
-        if cfg.kind == AttnKind::Fwd {
-            // Per key tile: each step's inner loop and staging (up to 4 units of up to 4
-            // edge loads), the row phases' loops; the pass's own loops are under 200.
-            let (dc, kc) = (cfg.dc as usize, cfg.kc as usize);
-            let rows = bq.div_ceil(wg);
-            let steps = dp / dc * (dc + 24) + bk / kc * (kc + 24);
-            let cost = 2 * (steps + 2 * rows * (bk / 4 + 2));
-            return ((60_000 - 200) / cost).clamp(1, cap);
-        }
         let stage = (bq.max(bk) * dp / 4).div_ceil(wg) * 4 + bq.max(bk);
         let scores = (bq * bk / 8).div_ceil(wg) * (dp / 4 + 8);
         let cost = 2 * (5 * stage + 2 * scores + 2 * bk + 2 * bq.max(bk) + 64);
@@ -540,24 +474,19 @@ mod tests {
                     let c = AttnCfg::choose(kind, d, limit).unwrap();
                     assert!(c.bytes() + MARGIN <= limit, "{c:?}");
                     assert!(c.dp as usize >= d && c.dp.is_power_of_two() && c.dp >= 32);
+                    // 4-row (4-key) groups, 2-key (2-row) score blocks, whole thread groups.
+                    assert!(c.bq.is_multiple_of(8) && c.bk.is_multiple_of(8), "{c:?}");
                     assert!(
                         c.threads().is_multiple_of(32) && c.threads() <= 256,
                         "{c:?}"
                     );
-                    if kind == AttnKind::Fwd {
-                        // 8 x 4 score blocks, 8 x 8 output blocks, whole steps, at most
-                        // four prefetch registers.
-                        assert_eq!(c.bk, c.dp / 2, "{c:?}");
-                        assert_eq!(c.threads(), c.bq / 8 * (c.dp / 8), "{c:?}");
-                        assert!(c.bq.is_multiple_of(8) && c.prefetch() <= 4, "{c:?}");
-                        assert!(c.dp.is_multiple_of(c.dc) && c.bk.is_multiple_of(c.kc));
-                        continue;
-                    }
-                    // 4-row (4-key) groups, 2-key (2-row) score blocks, whole thread groups.
-                    assert!(c.bq.is_multiple_of(8) && c.bk.is_multiple_of(8), "{c:?}");
                     let rows = if kind == AttnKind::Dkdv { c.bk } else { c.bq };
                     assert_eq!(c.threads(), rows / 4 * (c.dp / 8), "{c:?}");
                     assert_eq!(c.threads(), 128, "{c:?}");
+                    // The forward's row phase: every row's threads take at least one key.
+                    if kind == AttnKind::Fwd {
+                        assert!(c.threads().is_multiple_of(c.bq) && c.threads() / c.bq <= c.bk);
+                    }
                 }
             }
         }
@@ -565,18 +494,15 @@ mod tests {
         let c = |k| AttnCfg::choose(k, 128, 48 * 1024).unwrap().tiles();
         assert_eq!(
             [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
-            [(64, 64), (32, 32), (32, 32)]
+            [(32, 32), (32, 32), (32, 32)]
         );
-        let f = |limit| AttnCfg::choose(AttnKind::Fwd, 128, limit).unwrap();
-        assert_eq!((f(48 * 1024).dc, f(32 * 1024).dc), (16, 8));
         // lavapipe's and llvmpipe's 32 KiB.
         let c = |k| AttnCfg::choose(k, 128, 32 * 1024).unwrap().tiles();
         assert_eq!(
             [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
-            [(64, 64), (32, 16), (16, 32)]
+            [(32, 16), (32, 16), (16, 32)]
         );
-        assert!(AttnCfg::choose(AttnKind::Fwd, 128, 8 * 1024).is_err());
-        assert!(AttnCfg::choose(AttnKind::Dq, 128, 16 * 1024).is_err());
+        assert!(AttnCfg::choose(AttnKind::Fwd, 128, 16 * 1024).is_err());
     }
 
     /// The lists name exactly the tiles with a visible pair, in both directions.

@@ -10,8 +10,7 @@
 //
 // Each module is generated per head-dim class and tile configuration: the host puts
 // `const DP` (the head dim padded to a power of two >= 32), `BQ`, `BK` (tile rows and keys)
-// and `WG` (threads) in front of this file. The forward (attention_fwd.wgsl) has its own
-// staging and register blocks (two GEMM-like loops, see there); dq and dk/dv, as matmul128:
+// and `WG` (threads) in front of this file. Register blocking, as the GEMM's matmul128:
 // - Staged tiles are rows of DP / 4 vec4 at the odd stride QS = DP / 4 + 1 vec4 (conflict-free
 //   vec4 reads of one column by the rows of a warp), zero past the tensor's edge and past D.
 // - Scores (`dots8`): a thread computes a 4 x 2 block (4 rows of tile A against 2 rows of

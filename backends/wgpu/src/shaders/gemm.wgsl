@@ -178,12 +178,11 @@ fn store(i: u32, j: u32, x: f32) {
 // keeps an 8 x 8 block of c (rows 4 ty + r and 64 + 4 ty + r, columns 4 tx + c and 64 + 4 tx + c)
 // in sixteen vec4 registers and reads, per step of k, two vec4 of a's tile and two of b's: 4
 // workgroup loads for 64 FMAs (matmul: 8 for 16). The tiles are k-major vec4 rows (the m or n
-// direction packed four to a vec4, columns swizzled by `swz`), so a row's reads by the 16
-// threads of a half-warp are 16 distinct vec4 of one 256-byte span (conflict-free) or one
-// broadcast.
+// direction packed four to a vec4) one vec4 past the tile width, so a row's reads by the 16
+// threads of a half-warp are 16 consecutive vec4 (conflict-free) or one broadcast.
 //
-// K advances WK = 16 at a time through two buffers of each tile, one barrier a step: while the
-// FMAs read buffer `cur`, each thread's 8 elements of the next step's tiles are in flight from
+// K advances WK = 8 at a time through two buffers of each tile, one barrier a step: while the
+// FMAs read buffer `cur`, each thread's 4 elements of the next step's tiles are in flight from
 // global memory into registers (a Frag), and are written to the other buffer after the FMAs
 // (no thread still reads it: they all passed the previous step's barrier). Consecutive threads
 // fetch consecutive pairs along the stored matrix's contiguous dimension, whichever way the
@@ -191,29 +190,20 @@ fn store(i: u32, j: u32, x: f32) {
 // column, so the ones running together share a few panels of a and b in the cache.
 
 const WM: u32 = 128u;
-const WK: u32 = 16u;
-const WS: u32 = 32u; // vec4 per tile row: WM / 4
+const WK: u32 = 8u;
+const WS: u32 = 33u; // vec4 per tile row: WM / 4 + 1
 const GROUP: u32 = 8u;
-// 2 x 16 KiB: exactly the 32 KiB every adapter here gives.
-var<workgroup> wa: array<vec4<f32>, 1024>; // [2][WK][WS]
-var<workgroup> wb: array<vec4<f32>, 1024>; // [2][WK][WS]
+var<workgroup> wa: array<vec4<f32>, 528>; // [2][WK][WS]
+var<workgroup> wb: array<vec4<f32>, 528>; // [2][WK][WS]
 
-// The vec4 column where column c of tile row kk is kept: XOR-swizzled within groups of 8, so
-// a pair stored along k (the same column of 16 rows) spreads over the banks instead of one
-// bank for all (the rows are 128 words apart), while a row's 16 consecutive vec4 read by a
-// half-warp stay 16 distinct vec4 of one 256-byte span.
-fn swz(kk: u32, c: u32) -> u32 {
-    return c ^ (kk & 7u);
-}
-
-// Where pair p (0..3) of thread lid starts in a 128 x 16 tile whose stored matrix is
+// Where pair p (0..1) of thread lid starts in a 128 x 8 tile whose stored matrix is
 // contiguous along k (`along_k`: the pair is (kk, kk + 1)) or along the 128-wide dimension
-// (the pair is (x, x + 1)): (x of 128, kk of 16). Along k, 8 consecutive threads read one
-// row's 16 consecutive elements; across, 64 consecutive threads read one k row's 128. An f16
+// (the pair is (x, x + 1)): (x of 128, kk of 8). Along k, 4 consecutive threads read one
+// row's 8 consecutive elements; across, 64 consecutive threads read one k row's 128. An f16
 // pair at an even element index is one 32-bit load.
 fn pair_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
     if (along_k) {
-        return vec2<u32>(lid / 8u + 32u * p, 2u * (lid % 8u));
+        return vec2<u32>(lid / 4u + 64u * p, 2u * (lid % 4u));
     }
     return vec2<u32>(2u * (lid % 64u), lid / 64u + 4u * p);
 }
@@ -244,30 +234,21 @@ fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> vec2<f32> {
     return pair_b(gp.b_off + kk * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
 }
 
-// A thread's 8 elements of one operand's tile for one k-step, as four pairs: pair p is
-// (lo.xy, lo.zw, hi.xy, hi.zw)[p]. Fixed fields, never an array indexed by a counter.
-struct Frag {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
+// A thread's 4 elements of one operand's tile for one k-step: pairs 0 and 1 in .xy and .zw.
+fn fetch_a128(lid: u32, m0: u32, k0: u32) -> vec4<f32> {
+    return vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0));
 }
 
-fn fetch_a128(lid: u32, m0: u32, k0: u32) -> Frag {
-    return Frag(vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0)),
-                vec4<f32>(fetch_a2(lid, 2u, m0, k0), fetch_a2(lid, 3u, m0, k0)));
-}
-
-fn fetch_b128(lid: u32, k0: u32, n0: u32) -> Frag {
-    return Frag(vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0)),
-                vec4<f32>(fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0)));
+fn fetch_b128(lid: u32, k0: u32, n0: u32) -> vec4<f32> {
+    return vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0));
 }
 
 // A pair at `at` into buffer `buf` of a k-major tile `t` (0: a's, 1: b's): along k it spans
 // two tile rows, across it is two lanes of one vec4 (x is even).
 fn put_pair(t: u32, buf: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
-    let k1 = select(at.y, at.y + 1u, along_k);
-    let w0 = (buf * WK + at.y) * WS + swz(at.y, at.x / 4u);
-    let w1 = (buf * WK + k1) * WS + swz(k1, at.x / 4u);
+    let w0 = (buf * WK + at.y) * WS + at.x / 4u;
     let l0 = at.x % 4u;
+    let w1 = select(w0, w0 + WS, along_k);
     let l1 = select(l0 + 1u, l0, along_k);
     if (t == 0u) {
         wa[w0][l0] = v.x;
@@ -278,20 +259,16 @@ fn put_pair(t: u32, buf: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
     }
 }
 
-fn put_a128(lid: u32, buf: u32, f: Frag) {
+fn put_a128(lid: u32, buf: u32, f: vec4<f32>) {
     let ak = gp.ta == 0u;
-    put_pair(0u, buf, pair_pos(lid, 0u, ak), ak, f.lo.xy);
-    put_pair(0u, buf, pair_pos(lid, 1u, ak), ak, f.lo.zw);
-    put_pair(0u, buf, pair_pos(lid, 2u, ak), ak, f.hi.xy);
-    put_pair(0u, buf, pair_pos(lid, 3u, ak), ak, f.hi.zw);
+    put_pair(0u, buf, pair_pos(lid, 0u, ak), ak, f.xy);
+    put_pair(0u, buf, pair_pos(lid, 1u, ak), ak, f.zw);
 }
 
-fn put_b128(lid: u32, buf: u32, f: Frag) {
+fn put_b128(lid: u32, buf: u32, f: vec4<f32>) {
     let bk = gp.tb != 0u;
-    put_pair(1u, buf, pair_pos(lid, 0u, bk), bk, f.lo.xy);
-    put_pair(1u, buf, pair_pos(lid, 1u, bk), bk, f.lo.zw);
-    put_pair(1u, buf, pair_pos(lid, 2u, bk), bk, f.hi.xy);
-    put_pair(1u, buf, pair_pos(lid, 3u, bk), bk, f.hi.zw);
+    put_pair(1u, buf, pair_pos(lid, 0u, bk), bk, f.xy);
+    put_pair(1u, buf, pair_pos(lid, 1u, bk), bk, f.zw);
 }
 
 // Tile (row, column) of workgroup g: GROUP tile rows at a time, down each column of them.
@@ -333,8 +310,8 @@ fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     var cur = 0u;
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + WK) {
         let more = k0 + WK < gp.k;
-        var fa = Frag(vec4<f32>(0.0), vec4<f32>(0.0));
-        var fb = Frag(vec4<f32>(0.0), vec4<f32>(0.0));
+        var fa = vec4<f32>(0.0);
+        var fb = vec4<f32>(0.0);
         if (more) {
             fa = fetch_a128(lid, m0, k0 + WK);
             fb = fetch_b128(lid, k0 + WK, n0);
@@ -342,10 +319,10 @@ fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let base = cur * WK * WS;
         for (var kk = 0u; kk < WK; kk = kk + 1u) {
             let row = base + kk * WS;
-            let a0 = wa[row + swz(kk, ty)];
-            let a1 = wa[row + swz(kk, ty + 16u)];
-            let b0 = wb[row + swz(kk, tx)];
-            let b1 = wb[row + swz(kk, tx + 16u)];
+            let a0 = wa[row + ty];
+            let a1 = wa[row + ty + 16u];
+            let b0 = wb[row + tx];
+            let b1 = wb[row + tx + 16u];
             c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
             c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
             c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
