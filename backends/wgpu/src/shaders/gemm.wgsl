@@ -181,29 +181,34 @@ fn store(i: u32, j: u32, x: f32) {
 // direction packed four to a vec4) one vec4 past the tile width, so a row's reads by the 16
 // threads of a half-warp are 16 consecutive vec4 (conflict-free) or one broadcast.
 //
-// K advances WK = 8 at a time through two buffers of each tile, one barrier a step: while the
-// FMAs read buffer `cur`, each thread's 4 elements of the next step's tiles are in flight from
-// global memory into registers (a Frag), and are written to the other buffer after the FMAs
-// (no thread still reads it: they all passed the previous step's barrier). Consecutive threads
-// fetch consecutive pairs along the stored matrix's contiguous dimension, whichever way the
-// operand is transposed. Workgroups take their tiles in groups of GROUP tile rows, column by
-// column, so the ones running together share a few panels of a and b in the cache.
+// Loads are software-pipelined: each thread fetches its 8 elements of the next k-step's tiles
+// into registers (a Frag) before the current step's FMAs, so the global-memory latency hides
+// behind them, and writes them to workgroup memory after the step's barrier. Consecutive
+// threads fetch consecutive pairs along the stored matrix's contiguous dimension (a warp
+// reads whole 64- or 256-byte row segments), whichever way the operand is transposed.
 
 const WM: u32 = 128u;
-const WK: u32 = 8u;
+const WK: u32 = 16u;
 const WS: u32 = 33u; // vec4 per tile row: WM / 4 + 1
-const GROUP: u32 = 8u;
-var<workgroup> wa: array<vec4<f32>, 528>; // [2][WK][WS]
-var<workgroup> wb: array<vec4<f32>, 528>; // [2][WK][WS]
+var<workgroup> wa: array<vec4<f32>, 528>; // [WK][WS]
+var<workgroup> wb: array<vec4<f32>, 528>; // [WK][WS]
 
-// Where pair p (0..1) of thread lid starts in a 128 x 8 tile whose stored matrix is
+// A thread's 8 elements of one operand's tile for one k-step, as four pairs of neighbours
+// along the stored matrix's contiguous dimension: pair p is (lo.xy, lo.zw, hi.xy, hi.zw)[p].
+// Fixed fields, never an array indexed by a counter.
+struct Frag {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// Where pair p (0..3) of thread lid starts in a 128 x 16 tile whose stored matrix is
 // contiguous along k (`along_k`: the pair is (kk, kk + 1)) or along the 128-wide dimension
-// (the pair is (x, x + 1)): (x of 128, kk of 8). Along k, 4 consecutive threads read one
-// row's 8 consecutive elements; across, 64 consecutive threads read one k row's 128. An f16
+// (the pair is (x, x + 1)): (x of 128, kk of 16). Along k, 8 consecutive threads read one
+// row's 16 consecutive elements; across, 64 consecutive threads read one k row's 128. An f16
 // pair at an even element index is one 32-bit load.
 fn pair_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
     if (along_k) {
-        return vec2<u32>(lid / 4u + 64u * p, 2u * (lid % 4u));
+        return vec2<u32>(lid / 8u + 32u * p, 2u * (lid % 8u));
     }
     return vec2<u32>(2u * (lid % 64u), lid / 64u + 4u * p);
 }
@@ -234,19 +239,20 @@ fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> vec2<f32> {
     return pair_b(gp.b_off + kk * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
 }
 
-// A thread's 4 elements of one operand's tile for one k-step: pairs 0 and 1 in .xy and .zw.
-fn fetch_a128(lid: u32, m0: u32, k0: u32) -> vec4<f32> {
-    return vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0));
+fn fetch_a128(lid: u32, m0: u32, k0: u32) -> Frag {
+    return Frag(vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0)),
+                vec4<f32>(fetch_a2(lid, 2u, m0, k0), fetch_a2(lid, 3u, m0, k0)));
 }
 
-fn fetch_b128(lid: u32, k0: u32, n0: u32) -> vec4<f32> {
-    return vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0));
+fn fetch_b128(lid: u32, k0: u32, n0: u32) -> Frag {
+    return Frag(vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0)),
+                vec4<f32>(fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0)));
 }
 
-// A pair at `at` into buffer `buf` of a k-major tile `t` (0: a's, 1: b's): along k it spans
-// two tile rows, across it is two lanes of one vec4 (x is even).
-fn put_pair(t: u32, buf: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
-    let w0 = (buf * WK + at.y) * WS + at.x / 4u;
+// A pair at `at` into a k-major tile `t` (0: a's, 1: b's): along k it spans two tile rows,
+// across it is two lanes of one vec4 (x is even).
+fn put_pair(t: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
+    let w0 = at.y * WS + at.x / 4u;
     let l0 = at.x % 4u;
     let w1 = select(w0, w0 + WS, along_k);
     let l1 = select(l0 + 1u, l0, along_k);
@@ -259,39 +265,32 @@ fn put_pair(t: u32, buf: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
     }
 }
 
-fn put_a128(lid: u32, buf: u32, f: vec4<f32>) {
+fn put_a128(lid: u32, f: Frag) {
     let ak = gp.ta == 0u;
-    put_pair(0u, buf, pair_pos(lid, 0u, ak), ak, f.xy);
-    put_pair(0u, buf, pair_pos(lid, 1u, ak), ak, f.zw);
+    put_pair(0u, pair_pos(lid, 0u, ak), ak, f.lo.xy);
+    put_pair(0u, pair_pos(lid, 1u, ak), ak, f.lo.zw);
+    put_pair(0u, pair_pos(lid, 2u, ak), ak, f.hi.xy);
+    put_pair(0u, pair_pos(lid, 3u, ak), ak, f.hi.zw);
 }
 
-fn put_b128(lid: u32, buf: u32, f: vec4<f32>) {
+fn put_b128(lid: u32, f: Frag) {
     let bk = gp.tb != 0u;
-    put_pair(1u, buf, pair_pos(lid, 0u, bk), bk, f.xy);
-    put_pair(1u, buf, pair_pos(lid, 1u, bk), bk, f.zw);
-}
-
-// Tile (row, column) of workgroup g: GROUP tile rows at a time, down each column of them.
-fn grouped_tile(g: u32, tiles_m: u32, tiles_n: u32) -> vec2<u32> {
-    let per_group = GROUP * tiles_n;
-    let first = (g / per_group) * GROUP;
-    let rows = min(tiles_m - first, GROUP);
-    let r = g % per_group;
-    return vec2<u32>(first + r % rows, r / rows);
+    put_pair(1u, pair_pos(lid, 0u, bk), bk, f.lo.xy);
+    put_pair(1u, pair_pos(lid, 1u, bk), bk, f.lo.zw);
+    put_pair(1u, pair_pos(lid, 2u, bk), bk, f.hi.xy);
+    put_pair(1u, pair_pos(lid, 3u, bk), bk, f.hi.zw);
 }
 
 @compute @workgroup_size(256)
 fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let tiles_n = (gp.n + WM - 1u) / WM;
-    let tiles_m = (gp.m + WM - 1u) / WM;
     let g = wg_linear(wid, nwg);
-    if (g >= tiles_n * tiles_m) {
+    if (g >= tiles_n * ((gp.m + WM - 1u) / WM)) {
         return; // the tail of a 2-D grid
     }
-    let tile = grouped_tile(g, tiles_m, tiles_n);
-    let m0 = tile.x * WM;
-    let n0 = tile.y * WM;
+    let m0 = (g / tiles_n) * WM;
+    let n0 = (g % tiles_n) * WM;
     let tx = lid % 16u;
     let ty = lid / 16u;
     // cR0 / cR1: c row 4 ty + R at columns 4 tx and 64 + 4 tx; dR0 / dR1 the same at row
@@ -304,25 +303,22 @@ fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     var d10 = vec4<f32>(0.0); var d11 = vec4<f32>(0.0);
     var d20 = vec4<f32>(0.0); var d21 = vec4<f32>(0.0);
     var d30 = vec4<f32>(0.0); var d31 = vec4<f32>(0.0);
-    put_a128(lid, 0u, fetch_a128(lid, m0, 0u));
-    put_b128(lid, 0u, fetch_b128(lid, 0u, n0));
-    workgroupBarrier();
-    var cur = 0u;
+    var fa = fetch_a128(lid, m0, 0u);
+    var fb = fetch_b128(lid, 0u, n0);
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + WK) {
-        let more = k0 + WK < gp.k;
-        var fa = vec4<f32>(0.0);
-        var fb = vec4<f32>(0.0);
-        if (more) {
+        put_a128(lid, fa);
+        put_b128(lid, fb);
+        workgroupBarrier();
+        // The next step's elements are in flight while this step's FMAs run.
+        if (k0 + WK < gp.k) {
             fa = fetch_a128(lid, m0, k0 + WK);
             fb = fetch_b128(lid, k0 + WK, n0);
         }
-        let base = cur * WK * WS;
         for (var kk = 0u; kk < WK; kk = kk + 1u) {
-            let row = base + kk * WS;
-            let a0 = wa[row + ty];
-            let a1 = wa[row + ty + 16u];
-            let b0 = wb[row + tx];
-            let b1 = wb[row + tx + 16u];
+            let a0 = wa[kk * WS + ty];
+            let a1 = wa[kk * WS + ty + 16u];
+            let b0 = wb[kk * WS + tx];
+            let b1 = wb[kk * WS + tx + 16u];
             c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
             c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
             c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
@@ -332,12 +328,7 @@ fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             d20 = fma(vec4<f32>(a1.z), b0, d20); d21 = fma(vec4<f32>(a1.z), b1, d21);
             d30 = fma(vec4<f32>(a1.w), b0, d30); d31 = fma(vec4<f32>(a1.w), b1, d31);
         }
-        if (more) {
-            put_a128(lid, 1u - cur, fa);
-            put_b128(lid, 1u - cur, fb);
-        }
         workgroupBarrier();
-        cur = 1u - cur;
     }
     let i0 = m0 + 4u * ty;
     let i1 = m0 + 64u + 4u * ty;
