@@ -55,31 +55,32 @@ pub(crate) struct Block {
     pub k: usize,
 }
 
-/// Chunk sizes `(mc, nc, kc)` such that every operand's span of stored rows fits `limit`
-/// elements, or `None` when even one stored row does not.
+/// Chunk sizes `(mc, nc, kc)` such that each operand's span of stored rows fits its limit
+/// (`(a, b, c)`, in elements: an f16 operand's is twice an f32 one's), or `None` when even
+/// one stored row does not.
 pub(crate) fn plan(
     (m, n, k): (usize, usize, usize),
     (ta, tb): (Transpose, Transpose),
-    limit: usize,
+    (limit_a, limit_b, limit_c): (usize, usize, usize),
 ) -> Option<(usize, usize, usize)> {
     let (mut mc, mut nc, mut kc) = (m.max(1), n.max(1), k.max(1));
     loop {
-        // (span, which dimension shrinks it)
+        // (span, which dimension shrinks it, its limit)
         let spans = [
             match ta {
-                Transpose::No => (mc * k, 0),
-                Transpose::Yes => (kc * m, 2),
+                Transpose::No => (mc * k, 0, limit_a),
+                Transpose::Yes => (kc * m, 2, limit_a),
             },
             match tb {
-                Transpose::No => (kc * n, 2),
-                Transpose::Yes => (nc * k, 1),
+                Transpose::No => (kc * n, 2, limit_b),
+                Transpose::Yes => (nc * k, 1, limit_b),
             },
-            (mc * n, 0),
+            (mc * n, 0, limit_c),
         ];
-        let Some(&(_, dim)) = spans
+        let Some(&(_, dim, _)) = spans
             .iter()
-            .filter(|(s, _)| *s > limit)
-            .max_by_key(|(s, _)| *s)
+            .filter(|(s, _, limit)| s > limit)
+            .max_by_key(|(s, _, _)| *s)
         else {
             return Some((mc, nc, kc));
         };
@@ -153,9 +154,13 @@ impl WgpuBackend {
                 self.scale_range(op, c, c_at, m * n, beta)
             };
         }
-        let limit = self.span_elems();
+        let limits = (
+            self.span_elems_of(a.s.dtype),
+            self.span_elems_of(b.s.dtype),
+            self.span_elems(),
+        );
         let (kernel, tile) = matmul_kernel(a.s.dtype, b.s.dtype, self.opts.gemm_small_tiles);
-        let chunks = plan((m, n, k), (a.t, b.t), limit).ok_or_else(|| {
+        let chunks = plan((m, n, k), (a.t, b.t), limits).ok_or_else(|| {
             self.err(
                 op,
                 format!("a ({m}, {k}, {n}) product has a row longer than one storage binding"),
@@ -275,21 +280,24 @@ mod tests {
         for &(m, n, k) in &[(1000, 700, 300), (5, 3000, 2), (129, 1, 4000), (64, 64, 64)] {
             for &(ta, tb) in &[(no, no), (no, yes), (yes, no), (yes, yes)] {
                 for limit in [1 << 30, 50_000, 9_000, 4_000] {
-                    let Some((mc, nc, kc)) = plan((m, n, k), (ta, tb), limit) else {
-                        continue;
-                    };
-                    let a = if ta == no { mc * k } else { kc * m };
-                    let b = if tb == no { kc * n } else { nc * k };
-                    assert!(a <= limit && b <= limit && mc * n <= limit);
-                    let mut covered = 0;
-                    for blk in blocks((m, n, k), (mc, nc, kc)) {
-                        covered += blk.m * blk.n * blk.k;
+                    // The same limit for all, and an f16 b (twice the elements per binding).
+                    for limits in [(limit, limit, limit), (limit, 2 * limit, limit)] {
+                        let Some((mc, nc, kc)) = plan((m, n, k), (ta, tb), limits) else {
+                            continue;
+                        };
+                        let a = if ta == no { mc * k } else { kc * m };
+                        let b = if tb == no { kc * n } else { nc * k };
+                        assert!(a <= limits.0 && b <= limits.1 && mc * n <= limits.2);
+                        let mut covered = 0;
+                        for blk in blocks((m, n, k), (mc, nc, kc)) {
+                            covered += blk.m * blk.n * blk.k;
+                        }
+                        assert_eq!(covered, m * n * k, "{m}x{n}x{k} {ta:?} {tb:?} {limits:?}");
                     }
-                    assert_eq!(covered, m * n * k, "{m}x{n}x{k} {ta:?} {tb:?} {limit}");
                 }
             }
         }
         // A stored row longer than the limit cannot be split.
-        assert_eq!(plan((4, 4, 100), (no, no), 50), None);
+        assert_eq!(plan((4, 4, 100), (no, no), (50, 50, 50)), None);
     }
 }

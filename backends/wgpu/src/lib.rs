@@ -220,8 +220,7 @@ impl WgpuBackend {
 
     /// Elements `[start, start + len)` of `s` bound from the aligned offset at or below
     /// `start`: the binding, and the element shift of `start` inside it. `len` must be at most
-    /// [`Self::span_elems`] (which, counted in f32 elements, also bounds an f16 span: half
-    /// the bytes, and a shift of at most twice as many elements).
+    /// [`Self::span_elems_of`] the storage's dtype.
     pub(crate) fn span<'a>(
         &self,
         s: &'a WgpuStorage,
@@ -239,6 +238,12 @@ impl WgpuBackend {
     /// The longest span [`Self::span`] binds (room left for the alignment shift).
     pub(crate) fn span_elems(&self) -> usize {
         self.max_binding_elems() - self.ctx.align_elems()
+    }
+
+    /// The longest span of `dtype` elements [`Self::span`] binds: an f16 element is half an
+    /// f32 word, so twice [`Self::span_elems`] (bytes and alignment shift both halve).
+    pub(crate) fn span_elems_of(&self, dtype: storage::DType) -> usize {
+        self.span_elems() * (4 / dtype.size())
     }
 
     /// `[0, n)` in `(start, len)` chunks that each fit one binding.

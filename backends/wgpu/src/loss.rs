@@ -21,7 +21,7 @@ use dflash_core::{LossDims, LossOps, LossStats, Result, Tensor, Transpose};
 use crate::WgpuBackend;
 use crate::gemm::Operand;
 use crate::pipelines::{Family, Kernel};
-use crate::storage::{WgpuStorage, storage, storage_any};
+use crate::storage::{DType, WgpuStorage, storage, storage_any};
 
 const STATS: Kernel<'static> = Kernel::new(Family::Loss, "ce_stats");
 const DLOGITS: Kernel<'static> = Kernel::new(Family::Loss, "ce_dlogits");
@@ -50,10 +50,10 @@ struct RowChunk {
 
 impl WgpuBackend {
     /// Ids per vocabulary chunk for `n` rows of width `h`.
-    fn vocab_chunk(&self, n: usize, h: usize, v: usize) -> usize {
+    fn vocab_chunk(&self, n: usize, h: usize, v: usize, head: DType) -> usize {
         let budget = LOGITS_BUDGET.min(self.span_elems());
         let by_logits = budget / n.max(1);
-        let by_head = self.span_elems() / h.max(1);
+        let by_head = self.span_elems_of(head) / h.max(1);
         by_logits.min(by_head).min(v).max(1)
     }
 
@@ -61,18 +61,17 @@ impl WgpuBackend {
     /// chunks (the backward reuses the forward's logits) of as many rows as the budget holds,
     /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where the whole vocabulary does not fit
     /// (its logits for [`ROW_CHUNK`] rows, or the head's rows in one binding: a 152K x 4096
-    /// head is 2.5 GB as f32 words), [`MAX_ROWS`] rows and vocabulary chunks (the backward
+    /// head is 2.5 GB in f32, 1.25 GB in f16), [`MAX_ROWS`] rows and vocabulary chunks (the backward
     /// then recomputes each chunk's logits: one more product, against 8x fewer workgroups in
     /// every `dx` product with 128-row chunks).
-    fn ce_chunks(&self, rows: usize, h: usize, v: usize) -> (usize, usize) {
-        let span = self.span_elems();
-        let full_rows = LOGITS_BUDGET.min(span) / v.max(1);
-        if full_rows >= ROW_CHUNK && span / h.max(1) >= v {
+    fn ce_chunks(&self, rows: usize, h: usize, v: usize, head: DType) -> (usize, usize) {
+        let full_rows = LOGITS_BUDGET.min(self.span_elems()) / v.max(1);
+        if full_rows >= ROW_CHUNK && self.span_elems_of(head) / h.max(1) >= v {
             let n = full_rows.min(MAX_ROWS) / ROW_CHUNK * ROW_CHUNK;
             return (n.min(rows).max(1), v);
         }
         let n = MAX_ROWS.min(rows).max(1);
-        (n, self.vocab_chunk(n, h, v))
+        (n, self.vocab_chunk(n, h, v, head))
     }
 
     /// `logits (n, vc) = xc (n, H) @ w[v0..v0+vc]^T`.
@@ -189,7 +188,7 @@ impl LossOps for WgpuBackend {
         if active.is_empty() {
             return Ok((stats, self.tensor(dx, x.shape().clone())));
         }
-        let (n_max, vc) = self.ce_chunks(active.len(), h, v);
+        let (n_max, vc) = self.ce_chunks(active.len(), h, v, ws.dtype);
         let single = vc >= v;
         let xc = self.ctx.alloc(op, n_max * h)?;
         let dxc = self.ctx.alloc(op, n_max * h)?;
@@ -261,7 +260,7 @@ impl LossOps for WgpuBackend {
         if t == 0 {
             return Ok(Vec::new());
         }
-        let (n_max, vc) = self.ce_chunks(t, h, v);
+        let (n_max, vc) = self.ce_chunks(t, h, v, ws.dtype);
         let logits = self.ctx.alloc(op, n_max * vc)?;
         let mut chunks = Vec::new();
         for r0 in (0..t).step_by(n_max) {

@@ -180,7 +180,10 @@ fn loss_errors_and_nan_match_reference() {
 /// An f16 LM head (the compute format of a frozen head) gives the fused loss, its `dx` and the
 /// argmax bit for bit what the f32 head with the same values gives (the GEMMs widen on load,
 /// the products and sums are the same f32 operations), which `loss_ops_match_reference`
-/// checks against the reference. Odd `H` puts head rows at odd f16 offsets.
+/// checks against the reference. Odd `H` puts head rows at odd f16 offsets. On 4 KiB
+/// bindings an f16 binding holds twice the head rows of an f32 one, so the vocabulary chunks
+/// differ and the online log-sum-exp and the `dx` sums fold in another order: there the two
+/// agree to f32 rounding (1e-6 relative, where a wrong chunk would be off by 1e-2 or more).
 #[test]
 fn loss_f16_head_matches_the_f32_head_bit_exact() {
     let mut r = rng(17);
@@ -212,27 +215,47 @@ fn loss_f16_head_matches_the_f32_head_bit_exact() {
                 .unwrap();
             let tag = format!("[{label}] ({t}, {h}, {v})");
             assert_eq!(
-                s16.weighted_loss.to_bits(),
-                s32.weighted_loss.to_bits(),
-                "{tag}"
-            );
-            assert_eq!(
                 (s16.correct, s16.counted),
                 (s32.correct, s32.counted),
                 "{tag}"
             );
-            check_exact(
-                &format!("f16 head dx {tag}"),
-                &down(&be, &dx16),
-                &down(&be, &dx32),
-            );
+            if label == "f16, full bindings" {
+                assert_eq!(
+                    s16.weighted_loss.to_bits(),
+                    s32.weighted_loss.to_bits(),
+                    "{tag}"
+                );
+                check_exact(
+                    &format!("f16 head dx {tag}"),
+                    &down(&be, &dx16),
+                    &down(&be, &dx32),
+                );
+            } else {
+                let rel = (s16.weighted_loss - s32.weighted_loss).abs() / s32.weighted_loss.abs();
+                assert!(
+                    rel <= 1e-6,
+                    "{tag}: loss {} vs {}",
+                    s16.weighted_loss,
+                    s32.weighted_loss
+                );
+                let chunking = RelL2 {
+                    max: 1e-6,
+                    why: "f32 sums folded in another chunk order",
+                };
+                assert_rel_l2(
+                    &format!("f16 head dx {tag}"),
+                    &down(&be, &dx16),
+                    &down(&be, &dx32),
+                    &chunking,
+                );
+            }
             assert_eq!(
                 be.linear_argmax(&x, &w16).unwrap(),
                 be.linear_argmax(&x, &w32).unwrap(),
                 "{tag}: argmax"
             );
             println!(
-                "  f16 head {tag}: loss {:.6} bit-exact, argmax equal",
+                "  f16 head {tag}: loss {:.6} as the f32 head's, argmax equal",
                 s16.weighted_loss
             );
         }
