@@ -8,14 +8,28 @@
 #
 # The carried tree must stay under the device's limit (64 MiB with the tracked files), so the
 # executables travel xz-compressed; the script prints the total and fails if it is over.
+#
+# `bash bench/device/stage.sh --no-cuda-tests` skips the CUDA test executables (a wgpu-only
+# or bench-only call: `validate.sh` phases other than cuda-tests need only `dflash` and the
+# wgpu tests), which saves their release build here.
 set -euo pipefail
+cuda_tests=1
+case "${1:-}" in
+    --no-cuda-tests) cuda_tests=0 ;;
+    "") ;;
+    *) echo "usage: stage.sh [--no-cuda-tests]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/../.."
 limit=$((64 << 20))
 for d in .carry .gl; do
     grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
 done
 cargo build --release -p dflash-cli
-bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-cuda .cudatest
+if [ "$cuda_tests" = 1 ]; then
+    bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-cuda .cudatest
+else
+    rm -rf .cudatest && mkdir .cudatest
+fi
 bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-wgpu .wgputest
 cp target/release/dflash .cudatest/dflash && strip .cudatest/dflash
 if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then

@@ -39,6 +39,9 @@ for phase in "$@"; do
     echo "== $phase"
     case $phase in
     cuda-tests)
+        if [ ! -x .cudatest/run_all.sh ]; then
+            echo "no CUDA tests staged (stage.sh --no-cuda-tests)"; failed+=("$phase"); continue
+        fi
         .cudatest/run_all.sh > "$out/cuda-tests.log" 2>&1 || failed+=("$phase")
         grep -E "^test result|FAILED|panicked" "$out/cuda-tests.log" | sort | uniq -c ;;
     wgpu-tests)
