@@ -113,12 +113,7 @@ impl WgpuBackend {
     /// Whether `DFLASH_WGPU_PROFILE` is timing this device's kernels (set, and the adapter
     /// writes timestamps).
     pub fn profiling(&self) -> bool {
-        profile::wanted()
-            && self
-                .ctx
-                .device
-                .features()
-                .contains(wgpu::Features::TIMESTAMP_QUERY)
+        self.ctx.profiling()
     }
 
     /// `DFLASH_WGPU_PROFILE`'s report: device time per kernel since the last report, largest

@@ -49,7 +49,7 @@ struct RowChunk {
 }
 
 impl WgpuBackend {
-    /// Ids per vocabulary chunk for `n` rows of width `h`.
+    /// Ids per vocabulary chunk for `n` rows of width `h` against a head stored as `head`.
     fn vocab_chunk(&self, n: usize, h: usize, v: usize, head: DType) -> usize {
         let budget = LOGITS_BUDGET.min(self.span_elems());
         let by_logits = budget / n.max(1);
@@ -59,18 +59,20 @@ impl WgpuBackend {
 
     /// Rows per chunk and ids per vocabulary chunk for `rows` active rows: whole-vocabulary
     /// chunks (the backward reuses the forward's logits) of as many rows as the budget holds,
-    /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where the whole vocabulary does not fit
-    /// (its logits for [`ROW_CHUNK`] rows, or the head's rows in one binding: a 152K x 4096
-    /// head is 2.5 GB in f32, 1.25 GB in f16), [`MAX_ROWS`] rows and vocabulary chunks (the backward
-    /// then recomputes each chunk's logits: one more product, against 8x fewer workgroups in
-    /// every `dx` product with 128-row chunks).
+    /// a multiple of [`ROW_CHUNK`] up to [`MAX_ROWS`]; where the whole vocabulary does not
+    /// fit (its logits for [`ROW_CHUNK`] rows, or the head's rows in one binding: a 152K x
+    /// 4096 head is 2.5 GB in f32, 1.25 GB in f16), [`MAX_ROWS`] rows and vocabulary chunks
+    /// (the backward then recomputes each chunk's logits: one more product, against 8x
+    /// fewer workgroups in every `dx` product with 128-row chunks).
     fn ce_chunks(&self, rows: usize, h: usize, v: usize, head: DType) -> (usize, usize) {
         let full_rows = LOGITS_BUDGET.min(self.span_elems()) / v.max(1);
-        if full_rows >= ROW_CHUNK && self.span_elems_of(head) / h.max(1) >= v {
-            let n = full_rows.min(MAX_ROWS) / ROW_CHUNK * ROW_CHUNK;
-            return (n.min(rows).max(1), v);
-        }
-        let n = MAX_ROWS.min(rows).max(1);
+        let whole = full_rows >= ROW_CHUNK && self.span_elems_of(head) / h.max(1) >= v;
+        let n = if whole {
+            full_rows.min(MAX_ROWS) / ROW_CHUNK * ROW_CHUNK
+        } else {
+            MAX_ROWS
+        };
+        let n = n.min(rows).max(1);
         (n, self.vocab_chunk(n, h, v, head))
     }
 

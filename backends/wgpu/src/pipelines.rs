@@ -533,16 +533,17 @@ impl Ctx {
         }
     }
 
-    /// The profiler when `DFLASH_WGPU_PROFILE` is set and the device writes timestamps.
-    fn profiler<'p>(&self, p: &'p mut Pending) -> Option<&'p mut crate::profile::Profiler> {
+    /// Whether `DFLASH_WGPU_PROFILE` times this device's dispatches: set, and the device
+    /// writes timestamps (said once where it does not).
+    pub(crate) fn profiling(&self) -> bool {
         if !crate::profile::wanted() {
-            return None;
+            return false;
         }
-        if !self
+        let timestamps = self
             .device
             .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY)
-        {
+            .contains(wgpu::Features::TIMESTAMP_QUERY);
+        if !timestamps {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 eprintln!(
@@ -550,6 +551,13 @@ impl Ctx {
                     self.tag
                 )
             });
+        }
+        timestamps
+    }
+
+    /// The profiler, when [`Self::profiling`].
+    fn profiler<'p>(&self, p: &'p mut Pending) -> Option<&'p mut crate::profile::Profiler> {
+        if !self.profiling() {
             return None;
         }
         Some(p.profile.get_or_insert_with(|| {
@@ -560,7 +568,7 @@ impl Ctx {
     /// Under `DFLASH_WGPU_PROFILE`, times the next dispatch under `label()` instead of its
     /// entry point (e.g. a GEMM under its shape); costs nothing otherwise.
     pub(crate) fn profile_label(&self, label: impl FnOnce() -> String) {
-        if crate::profile::wanted() {
+        if self.profiling() {
             lock(&self.pending).next_label = Some(label());
         }
     }

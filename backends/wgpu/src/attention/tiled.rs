@@ -74,7 +74,8 @@ impl AttnCfg {
         }
     }
 
-    /// The workgroup memory the module declares (attention.wgsl and the kernel's file).
+    /// The workgroup memory the module declares (attention.wgsl, attention_bwd.wgsl for the
+    /// backward, and the kernel's file).
     pub(crate) fn bytes(&self) -> u32 {
         let (bq, bk) = (self.bq, self.bk);
         let qs = self.dp / 4 + 1;
@@ -102,12 +103,18 @@ impl AttnCfg {
         )
     }
 
-    /// The kernel's file.
+    /// The kernel's file (the backward kernels' after their shared attention_bwd.wgsl).
     pub(crate) fn body(&self) -> &'static str {
         match self.kind {
             AttnKind::Fwd => include_str!("../shaders/attention_fwd.wgsl"),
-            AttnKind::Dq => include_str!("../shaders/attention_dq.wgsl"),
-            AttnKind::Dkdv => include_str!("../shaders/attention_dkdv.wgsl"),
+            AttnKind::Dq => concat!(
+                include_str!("../shaders/attention_bwd.wgsl"),
+                include_str!("../shaders/attention_dq.wgsl")
+            ),
+            AttnKind::Dkdv => concat!(
+                include_str!("../shaders/attention_bwd.wgsl"),
+                include_str!("../shaders/attention_dkdv.wgsl")
+            ),
         }
     }
 

@@ -1,4 +1,5 @@
-// attention_dkdv.wgsl: the backward's dk/dv kernel (after attention.wgsl). One workgroup of
+// attention_dkdv.wgsl: the backward's dk/dv kernel (after attention.wgsl and
+// attention_bwd.wgsl). One workgroup of
 // WG = (BK / 4) * (DP / 8) threads per (key tile, kv head), BK = 4096 / DP (128 threads),
 // its keys' dk and dv in registers (4 keys x 8 dims each per thread) across the whole list:
 // for each query tile that sees the key tile and each query head of the kv head (one flat
@@ -18,43 +19,9 @@ const SD: u32 = (BK + BQ) * QS + BQ * PSK;
 const NBUF: u32 = (BK + BQ) * QS + 2u * BQ * PSK;
 
 var<workgroup> buf: array<vec4<f32>, NBUF>;
-var<workgroup> row_l: array<f32, BQ>;
-var<workgroup> row_d: array<f32, BQ>;
 
-@group(0) @binding(5) var<storage, read> d_out: array<f32>;
-@group(0) @binding(6) var<storage, read> lse_in: array<f32>;
-@group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
 @group(0) @binding(8) var<storage, read_write> b_dk: array<f32>;
 @group(0) @binding(9) var<storage, read_write> b_dv: array<f32>;
-
-// d_out rows [r0, r0 + BQ) of head h into the tile at dst (zero past tq), flagging
-// non-finite values in bad[flag - 1] (as stage_q).
-fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
-    var seen = false;
-    for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
-        let e = lid + n * WG;
-        if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
-            let i = e / DP4;
-            let c = 4u * (e % DP4);
-            var x = vec4<f32>(0.0);
-            if (r0 + i < p.tq) {
-                let at = ((r0 + i) * p.hq + h) * p.d + c;
-                if (c + 4u <= p.d) {
-                    x = vec4<f32>(d_out[at], d_out[at + 1u], d_out[at + 2u], d_out[at + 3u]);
-                } else {
-                    for (var u = 0u; u < 4u; u = u + 1u) {
-                        if (c + u < p.d) {
-                            x[u] = d_out[at + u];
-                        }
-                    }
-                }
-            }
-            seen = seen | nonfinite4(x);
-            buf[dst + i * QS + e % DP4] = x;
-        }
-    }
-    note(seen, flag);
-}
 
 fn kv_at(key: u32, kh: u32, c: u32) -> u32 {
     return (key * p.hkv + kh) * p.d + c;
@@ -109,17 +76,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         // row_iv, row_l, row_d and the flags were last read before the previous step's
         // final barriers.
         load_intervals(r0, lid);
-        for (var e = lid; e < BQ; e = e + WG) {
-            let r = r0 + e;
-            var lv = 0.0;
-            var ds = 0.0;
-            if (r < p.tq) {
-                lv = lse_in[r * p.hq + h];
-                ds = dsum_in[r * p.hq + h];
-            }
-            row_l[e] = lv;
-            row_d[e] = ds;
-        }
+        load_row_stats(r0, h, lid);
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
             atomicStore(&bad[1], 0u);

@@ -1,4 +1,5 @@
-// attention_dq.wgsl: the backward's dsum and dq kernels (after attention.wgsl).
+// attention_dq.wgsl: the backward's dsum and dq kernels (after attention.wgsl and
+// attention_bwd.wgsl).
 // dP = d_out . v, P = exp(scale q.k - lse), dS = P (dP - dsum), dq = scale * sum_j dS k_j.
 // One workgroup of WG = (BQ / 4) * (DP / 8) threads per (query tile, head), the forward's
 // tiles (BQ = 4096 / DP: 128 threads; BK as large as workgroup memory allows). Two staging
@@ -16,9 +17,6 @@ const SC: u32 = (BQ + BK) * QS;
 const NBUF: u32 = (BQ + BK) * QS + BK * PSQ;
 
 var<workgroup> buf: array<vec4<f32>, NBUF>;
-// lse and dsum of the query rows.
-var<workgroup> row_l: array<f32, BQ>;
-var<workgroup> row_d: array<f32, BQ>;
 
 // ---- dsum = rowwise d_out . out ---------------------------------------------------------------
 // Bindings 1..4 (q, k, v, tiles) unused here; d_out at 5, out at 6.
@@ -43,35 +41,7 @@ fn attn_dsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // ---- dq ---------------------------------------------------------------------------------------
 
-@group(0) @binding(5) var<storage, read> d_out: array<f32>;
-@group(0) @binding(6) var<storage, read> lse_in: array<f32>;
-@group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
 @group(0) @binding(8) var<storage, read_write> b_dq: array<f32>;
-
-// d_out rows [r0, r0 + BQ) of head h into the tile at dst, zero past tq (as stage_q).
-fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32) {
-    for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
-        let e = lid + n * WG;
-        if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
-            let i = e / DP4;
-            let c = 4u * (e % DP4);
-            var x = vec4<f32>(0.0);
-            if (r0 + i < p.tq) {
-                let at = ((r0 + i) * p.hq + h) * p.d + c;
-                if (c + 4u <= p.d) {
-                    x = vec4<f32>(d_out[at], d_out[at + 1u], d_out[at + 2u], d_out[at + 3u]);
-                } else {
-                    for (var u = 0u; u < 4u; u = u + 1u) {
-                        if (c + u < p.d) {
-                            x[u] = d_out[at + u];
-                        }
-                    }
-                }
-            }
-            buf[dst + i * QS + e % DP4] = x;
-        }
-    }
-}
 
 fn dq_at(r: u32, h: u32, c: u32) -> u32 {
     return (r * p.hq + h) * p.d + c;
@@ -91,17 +61,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let r0 = qt * BQ;
     tile_r0 = r0;
     load_intervals(r0, lid);
-    for (var e = lid; e < BQ; e = e + WG) {
-        let r = r0 + e;
-        var lv = 0.0;
-        var ds = 0.0;
-        if (r < p.tq) {
-            lv = lse_in[r * p.hq + h];
-            ds = dsum_in[r * p.hq + h];
-        }
-        row_l[e] = lv;
-        row_d[e] = ds;
-    }
+    load_row_stats(r0, h, lid);
     let ry = lid / DP8;
     let cx = lid % DP8;
     var o = o8_zero();
@@ -132,7 +92,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
         }
-        stage_dout(RT, r0, h, lid);
+        stage_dout(RT, r0, h, lid, 0u);
         stage_kv(2u, KT, k0, kh, lid, 0u);
         workgroupBarrier();
         // dP: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
