@@ -1,7 +1,7 @@
 // Fused linear cross-entropy, the per-row part: logits of a chunk of active rows are already
 // in `logits (n, V)` (a cuBLASLt GEMM). One block per row computes max / argmax (ties: lowest
-// index; NaN never wins), log-sum-exp (exp in f32, sums in f64), CE = lse - z[label], and
-// overwrites the row with dlogits = grad_scale * w * (softmax - onehot).
+// index; NaN never wins), log-sum-exp (exp in f32, sums in f64), CE = lse - z[label], and the
+// dlogits = grad_scale * w * (softmax - onehot).
 
 struct ArgMax {
     float v;
@@ -41,34 +41,93 @@ __device__ ArgMax block_argmax(const float* z, int V, ArgMax* sh) {
     return block_argmax_of(best, sh);
 }
 
-// Two passes over the row instead of three: (1) online, per thread, the argmax and the sum of
-// exp relative to the thread's running max (rescaled when the max grows), then block-combined
-// into the row max M and sum exp(z - M) (f64); (2) the dlogits. With `out_bf16` the dlogits
-// are written as bf16 into the first half of the row's own bytes (element j at byte 2j of the
-// row, so the chunk is a bf16 matrix with row stride 2V), which the dX GEMM reads in place:
-// no f32 write and no separate conversion pass. Within an iteration of pass (2) every thread
-// reads its element before any writes (barrier); a bf16 write at j overwrites f32 element
-// j / 2, which this or an earlier iteration has already read.
-extern "C" __global__ void ce_rows(float* logits, const int* labels, const float* weights,
-                                   int V, float grad_scale, int out_bf16, double* ce_out,
-                                   int* correct_out) {
+// Pass (1) of a row, one logit at a time: the running argmax, and the sum of exp relative to
+// the thread's running max (rescaled when the max grows). A NaN logit makes the sum NaN.
+__device__ __forceinline__ void ce_take1(float zj, int j, ArgMax& best, float& m, double& s) {
+    best = am_better(best, ArgMax{zj, j});
+    if (zj > m) {
+        s = (m == -DF_INF) ? 1.0 : s * exp((double)(m - zj)) + 1.0;
+        m = zj;
+    } else if (zj != -DF_INF) {
+        s += (double)expf(zj - m);
+    }
+}
+
+// The same for 4 consecutive logits at j: the max grows at most once, and their 4 exps are
+// summed in f32 (each <= 1) before the f64 add, so the f64 and conversion work is per vector.
+__device__ __forceinline__ void ce_take4(float4 v, int j, ArgMax& best, float& m, double& s) {
+    const float z[4] = {v.x, v.y, v.z, v.w};
+    float lm = -DF_INF;
+    bool nan = false;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        best = am_better(best, ArgMax{z[t], j + t});
+        if (z[t] > lm) lm = z[t];  // NaN compares false
+        nan |= z[t] != z[t];
+    }
+    if (lm > m) {
+        s = (m == -DF_INF) ? 0.0 : s * exp((double)(m - lm));
+        m = lm;
+    }
+    if (m != -DF_INF) {
+        float e = 0.f;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) e += expf(z[t] - m);  // -inf adds 0, NaN makes it NaN
+        s += (double)e;
+    } else if (nan) {
+        s = __longlong_as_double(0x7ff8000000000000ll);  // NaN
+    }
+}
+
+// float4 loads in flight per thread and loop step: one row per block at 256 threads leaves
+// each thread ~150 vectors of a 152K row; 4 of them in flight keeps the loads ahead of HBM.
+#define CE_UNROLL 4
+
+// f(v, j) for each of this thread's float4 vectors of the row (logits j .. j + 3), CE_UNROLL
+// loads issued before any is used, in increasing j.
+template <typename F>
+__device__ __forceinline__ void ce_vectors(const float* z, int V4, F f) {
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    for (int base = threadIdx.x; base < V4; base += blockDim.x * CE_UNROLL) {
+        float4 v[CE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CE_UNROLL; ++u) {
+            const int j4 = base + u * blockDim.x;
+            if (j4 < V4) v[u] = z4[j4];
+        }
+#pragma unroll
+        for (int u = 0; u < CE_UNROLL; ++u) {
+            const int j4 = base + u * blockDim.x;
+            if (j4 < V4) f(v[u], 4 * j4);
+        }
+    }
+}
+
+// Two passes over the row: (1) per thread the argmax and the sum of exp relative to its
+// running max, block-combined into the row max M and sum exp(z - M) (f64); (2) the dlogits
+// grad_scale * w * (softmax - onehot), written to `dl`: with `dl_bf16` a separate bf16 matrix
+// with row stride V (the dX GEMM's operand, no conversion pass), else f32 over the logits
+// themselves (each element read and then written by the same thread). Vector path (float4
+// loads) when V % 4 == 0 and the pointers are 16- (logits) and 8-byte (bf16 dl) aligned.
+extern "C" __global__ void __launch_bounds__(256) ce_rows(float* logits, void* dl, int dl_bf16,
+                                                         const int* labels, const float* weights,
+                                                         int V, float grad_scale, double* ce_out,
+                                                         int* correct_out) {
     __shared__ ArgMax sh_am[32];
     __shared__ double sh_d[32];
     const long long row = blockIdx.x;
-    float* z = logits + row * (long long)V;
+    const float* z = logits + row * (long long)V;
     const int label = labels[row];
+    const bool vec = (V & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0 &&
+                     (((unsigned long long)dl) & 7ull) == 0;
+    const int V4 = V >> 2;
     ArgMax best = {-DF_INF, 0x7fffffff};
     float m = -DF_INF;  // this thread's running max (of non-NaN values)
     double s = 0.0;     // sum of exp(z - m) over this thread's elements
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        const float zj = z[j];
-        best = am_better(best, ArgMax{zj, j});
-        if (zj > m) {
-            s = (m == -DF_INF) ? 1.0 : s * exp((double)(m - zj)) + 1.0;
-            m = zj;
-        } else if (zj != -DF_INF) {
-            s += (double)expf(zj - m);  // a NaN logit makes the sum (hence the loss) NaN
-        }
+    if (vec) {
+        ce_vectors(z, V4, [&](float4 v, int j) { ce_take4(v, j, best, m, s); });
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) ce_take1(z[j], j, best, m, s);
     }
     const ArgMax am = block_argmax_of(best, sh_am);
     const float mx = am.v;
@@ -76,7 +135,7 @@ extern "C" __global__ void ce_rows(float* logits, const int* labels, const float
     double sum = (m == -DF_INF) ? (s != s ? s : 0.0) : s * exp((double)(m - mx));
     sum = block_sum(sum, sh_d);
     const double lse = (double)mx + log(sum);
-    const float zl = z[label];  // read before the row is overwritten below
+    const float zl = z[label];  // read before an in-place pass (2) overwrites the row
     __syncthreads();
     if (threadIdx.x == 0) {
         ce_out[row] = lse - (double)zl;
@@ -84,21 +143,28 @@ extern "C" __global__ void ce_rows(float* logits, const int* labels, const float
     }
     const float gw = grad_scale * weights[row];
     const float lse_f = (float)lse;
-    if (out_bf16) {
-        df_bf16* zb = reinterpret_cast<df_bf16*>(z);
-        for (int base = 0; base < V; base += blockDim.x) {
-            const int j = base + threadIdx.x;
-            const float zj = j < V ? z[j] : 0.0f;
-            __syncthreads();
-            if (j < V) {
-                const float p = expf(zj - lse_f);
-                df_st(zb, j, gw * (p - (j == label ? 1.0f : 0.0f)));
+    float* df = reinterpret_cast<float*>(dl) + row * (long long)V;
+    df_bf16* db = reinterpret_cast<df_bf16*>(dl) + row * (long long)V;
+    if (vec) {
+        ce_vectors(z, V4, [&](float4 v, int j) {
+            float g[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+                g[t] = gw * (expf(g[t] - lse_f) - (j + t == label ? 1.0f : 0.0f));
+            if (dl_bf16) {
+                uint2 b;
+                b.x = df_bf16_bits(g[0]) | (df_bf16_bits(g[1]) << 16);
+                b.y = df_bf16_bits(g[2]) | (df_bf16_bits(g[3]) << 16);
+                *reinterpret_cast<uint2*>(db + j) = b;
+            } else {
+                *reinterpret_cast<float4*>(df + j) = make_float4(g[0], g[1], g[2], g[3]);
             }
-        }
+        });
     } else {
         for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            const float p = expf(z[j] - lse_f);
-            z[j] = gw * (p - (j == label ? 1.0f : 0.0f));
+            const float g = gw * (expf(z[j] - lse_f) - (j == label ? 1.0f : 0.0f));
+            if (dl_bf16) df_st(db, j, g);
+            else df[j] = g;
         }
     }
 }

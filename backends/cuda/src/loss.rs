@@ -4,9 +4,10 @@
 //! once. Per chunk of up to `CHUNK_ROWS` active rows (fewer when the vocabulary is large, so
 //! the logits chunk stays within `LOGITS_BYTES`): gather `x` rows into `xc (n, H)`; `logits
 //! (n, V) = xc @ W^T` (cuBLASLt) into a reusable workspace; one block per row
-//! (`kernels/loss.cu`) computes max/argmax, log-sum-exp, CE in one pass and overwrites the
-//! row with `dlogits = grad_scale * w * (softmax - onehot)` (as bf16 in the row's first half
-//! when the GEMMs are bf16: the next GEMM's operand, with no conversion pass); then
+//! (`kernels/loss.cu`) computes max/argmax, log-sum-exp and CE in one pass over the row and
+//! writes `dlogits = grad_scale * w * (softmax - onehot)` in a second (as a separate bf16
+//! matrix when the GEMMs are bf16: the next GEMM's operand, with no conversion pass; else
+//! over the f32 logits in place); then
 //! `dx_chunk (n, H) = dlogits @ W`
 //! (cuBLASLt) is scattered into `dx`, which starts at zero (skipped rows stay exactly 0).
 //! With `grad_scale == 0` (loss only) the second GEMM is skipped: `dx` is all zeros. The
@@ -36,11 +37,11 @@ fn chunk_rows(v: usize) -> usize {
     (LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CHUNK_ROWS)
 }
 
-/// Threads per row block of the per-row kernels.
-fn row_cfg(rows: usize) -> LaunchConfig {
+/// One block of `threads` per row (the per-row kernels; `ce_rows` is built for <= 256).
+fn row_cfg(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
-        block_dim: (512, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -133,25 +134,29 @@ impl LossOps for CudaBackend {
         let mut ce_dev = self.alloc(op, 2 * na, DType::F32)?; // na f64
         let mut correct_dev = self.alloc(op, na, DType::F32)?; // na i32
 
-        // With bf16 GEMMs the dlogits are written as bf16 into the first half of each logits
-        // row (row stride 2V elements) and the dX GEMM reads them there, unconverted.
+        // With bf16 GEMMs the dlogits are a bf16 matrix of their own, which the dX GEMM reads
+        // unconverted; else they overwrite the f32 logits.
         let dl_dtype = match self.opts.gemm {
             GemmPrecision::Bf16 => DType::Bf16,
             GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
         };
-        let (dl_bf16, dl_stride) = match dl_dtype {
-            DType::Bf16 => (1i32, 2 * v),
-            DType::F32 => (0i32, v),
-        };
+        let dl_bf16 = (dl_dtype == DType::Bf16) as i32;
         let chunk = chunk_rows(v);
         let (xc_len, logits_len) = (chunk * h, chunk * v);
-        let ws_bytes = (2 * xc_len + logits_len) * 4 + 256 * 3;
+        let dl_bytes = if dl_bf16 != 0 { logits_len * 2 } else { 0 };
+        let ws_bytes = (2 * xc_len + logits_len) * 4 + dl_bytes + 256 * 4;
         let (h64, v32) = (h as i64, v as i32);
         self.with_loss_ws(op, ws_bytes, |wsb| {
-            // Workspace regions (256-byte aligned): xc (chunk, H), dxc (chunk, H), logits (chunk, V).
+            // Workspace regions (256-byte aligned): xc (chunk, H), dxc (chunk, H), logits
+            // (chunk, V) f32, and with bf16 GEMMs dlogits (chunk, V) bf16.
             let al = |b: usize| b.div_ceil(256) * 256;
             let off_dxc = al(xc_len * 4);
             let off_logits = off_dxc + al(xc_len * 4);
+            let off_dl = if dl_bf16 != 0 {
+                off_logits + al(logits_len * 4)
+            } else {
+                off_logits
+            };
             for c0 in (0..na).step_by(chunk) {
                 let n = chunk.min(na - c0);
                 let n64 = n as i64;
@@ -190,23 +195,25 @@ impl LossOps for CudaBackend {
                         },
                     )?;
                 }
-                // per-row statistics; logits -> dlogits in place
+                // per-row statistics and the dlogits
                 {
-                    let mut lg = wsb.slice_mut(off_logits..off_logits + n * v * 4);
+                    let (base, _g) = wsb.device_ptr_mut(&self.stream);
+                    let (lg, dl) = (base + off_logits as u64, base + off_dl as u64);
                     let lv = labels_dev.slice(c0 * 4..(c0 + n) * 4);
                     let wv = weights_dev.slice(c0 * 4..(c0 + n) * 4);
                     let mut cv = ce_dev.slice_mut(c0 * 8..(c0 + n) * 8);
                     let mut okv = correct_dev.slice_mut(c0 * 4..(c0 + n) * 4);
                     let mut l = self.stream.launch_builder(&self.k().ce_rows);
-                    l.arg(&mut lg)
+                    l.arg(&lg)
+                        .arg(&dl)
+                        .arg(&dl_bf16)
                         .arg(&lv)
                         .arg(&wv)
                         .arg(&v32)
                         .arg(&grad_scale)
-                        .arg(&dl_bf16)
                         .arg(&mut cv)
                         .arg(&mut okv);
-                    self.launch(op, l, row_cfg(n))?;
+                    self.launch(op, l, row_cfg(n, 256))?;
                 }
                 if grad_scale != 0.0 {
                     // dxc (n, H) = dlogits (n, V) @ W (V, H)
@@ -219,8 +226,8 @@ impl LossOps for CudaBackend {
                                 m: n,
                                 n: h,
                                 k: v,
-                                a: Operand::new(base + off_logits as u64, dl_dtype),
-                                a_cols: dl_stride,
+                                a: Operand::new(base + off_dl as u64, dl_dtype),
+                                a_cols: v,
                                 ta: false,
                                 b: Operand::new(pw, w_dtype),
                                 b_cols: h,
@@ -305,7 +312,7 @@ impl LossOps for CudaBackend {
                 let mut ov = out.slice_mut(r0 * 4..(r0 + n) * 4);
                 let mut l = self.stream.launch_builder(&self.k().argmax_rows);
                 l.arg(&lg).arg(&v32).arg(&mut ov);
-                self.launch(op, l, row_cfg(n))?;
+                self.launch(op, l, row_cfg(n, 512))?;
             }
             Ok(())
         })?;

@@ -39,5 +39,6 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
+inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline float __log2f(float x) { return log2f(x); }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs the backend's memory-bound kernels (elementwise add / add_assign / scale, SwiGLU,
-embedding, RoPE, RMSNorm fwd / bwd dx / dw) on the CPU emulator (ew_rt.h) with the launches the
+embedding, RoPE, RMSNorm fwd / bwd dx / dw, the cross-entropy rows) on the CPU emulator (ew_rt.h) with the launches the
 Rust side uses, and checks them (ew_main.cpp: bit-exact against the same f32 formula on the host
 for the elementwise ops, f64 references with tolerances for RMSNorm; vector path, scalar
 fallback on misaligned pointers, small grids; NaN guard zones around every buffer).
@@ -16,7 +16,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 K = os.path.join(HERE, "..", "..", "..", "backends", "cuda", "kernels")
-FILES = ["elementwise.cu", "activation.cu", "embedding.cu", "rope.cu", "norm.cu", "optimizer.cu"]
+FILES = ["elementwise.cu", "activation.cu", "embedding.cu", "rope.cu", "norm.cu", "optimizer.cu", "loss.cu"]
 
 
 def main():

@@ -387,6 +387,87 @@ static void test_norm_bwd(size_t R, size_t C) {
     }
 }
 
+// ------------------------------------------------------------------------------------------
+// ce_rows: per-row CE, argmax and dlogits against an f64 evaluation of the same f32 logits.
+// Rows: random (scale 3), a tie for the max (lowest index wins), one finite logit among -inf
+// (CE 0 at its label), a NaN logit (CE NaN, the NaN never the argmax). The dlogits go to a
+// separate bf16 matrix or over the f32 logits in place, as loss.rs launches them.
+template <class TD>
+static void test_ce_rows(size_t R, size_t V, size_t mis) {
+    const bool bf = is_bf<TD>();
+    Buf<float> lg(R * V, mis);
+    Buf<TD> dlb(bf ? R * V : 1, 0);
+    fill_rand(lg, 3.f);
+    std::vector<int> lab(R), ok(R, -1);
+    std::vector<float> wt(R);
+    std::vector<double> ce(R, -1.0);
+    for (size_t r = 0; r < R; r++) {
+        lab[r] = (int)(g_rng() % V);
+        wt[r] = 0.5f + (float)(g_rng() % 1000) / 1000.f;
+    }
+    const size_t tie = 0, lone = 1 % R, nanr = 2 % R;
+    lg.set(tie * V + V / 3, 40.f);
+    lg.set(tie * V + V / 2, 40.f);
+    if (V / 3 != V / 2) lab[tie] = (int)(V / 3);  // correct only if the lower index wins the tie
+    lab[3 % R] = (int)(V - 1);
+    lg.set((3 % R) * V + V - 1, 30.f);  // the max in the last vector, at the label
+    for (size_t c = 0; c < V; c++) lg.set(lone * V + c, -INFINITY);
+    lg.set(lone * V + lab[lone], 1.5f);
+    lg.set(nanr * V + V - 1, NAN);
+    const float gs = 1.f / (float)R;
+    std::vector<double> wdl(R * V), wce(R);
+    std::vector<int> wam(R);
+    for (size_t r = 0; r < R; r++) {
+        double m = -INFINITY;
+        int am = 0;
+        for (size_t c = 0; c < V; c++) {
+            double z = lg.get(r * V + c);
+            if (z > m) { m = z; am = (int)c; }
+        }
+        double sum = 0;
+        for (size_t c = 0; c < V; c++) sum += exp((double)lg.get(r * V + c) - m);
+        const double lse = m + log(sum);
+        wce[r] = lse - lg.get(r * V + lab[r]);
+        wam[r] = am;
+        for (size_t c = 0; c < V; c++)
+            wdl[r * V + c] = (double)gs * wt[r] * (exp(lg.get(r * V + c) - lse) - (c == (size_t)lab[r] ? 1.0 : 0.0));
+    }
+    void* dl = bf ? (void*)dlb.p() : (void*)lg.p();
+    const int dl_bf16 = bf ? 1 : 0;
+    ew::launch(d1((unsigned)R), d1(256), 0, [&] {
+        ce_rows(lg.p(), dl, dl_bf16, lab.data(), wt.data(), (int)V, gs, ce.data(), ok.data());
+    });
+    const std::string tag = std::string("ce_rows_") + dn<TD>() + " " + std::to_string(R) + "x" +
+                            std::to_string(V) + (mis ? " mis" : "");
+    g_checks++;
+    for (size_t r = 0; r < R; r++) {
+        const bool want_nan = r == nanr;
+        const bool ce_ok = want_nan ? ce[r] != ce[r] : fabs(ce[r] - wce[r]) <= 1e-6 * (1.0 + fabs(wce[r]));
+        if (!ce_ok || ok[r] != (wam[r] == lab[r] ? 1 : 0)) {
+            char m[256];
+            snprintf(m, sizeof m, "%s: row %zu: ce %.9g (want %.9g), correct %d (argmax %d, label %d)", tag.c_str(), r,
+                     ce[r], want_nan ? NAN : wce[r], ok[r], wam[r], lab[r]);
+            fail(m);
+        }
+    }
+    // the NaN row's dlogits are NaN by construction: compare the others
+    std::vector<double> want;
+    Buf<TD> got(R * V - V, 0);
+    for (size_t r = 0; r < R; r++) {
+        if (r == nanr) continue;
+        for (size_t c = 0; c < V; c++) {
+            const size_t i = r * V + c;
+            want.push_back(wdl[i]);
+            got.set(want.size() - 1, bf ? dlb.get(i) : lg.get(i));
+        }
+    }
+    if (bf && !dlb.guards_ok()) fail(tag + ": dlogits guard zone written");
+    if (!lg.guards_ok()) fail(tag + ": logits guard zone written");
+    // f32 exps against f64: ~1e-6 relative at |lse| ~ 20 (lse rounded to f32 once); where
+    // p ~ 1 (the label at the max), p - 1 cancels to a few f32 ulps of 1, times gw.
+    check_tol(tag + " dlogits", got, want, 2e-6, 4e-7 * gs * 1.5);
+}
+
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
     for (size_t n : {1, 7, 8, 9, 64, 1073, 4099}) {
@@ -424,6 +505,14 @@ int main(int argc, char** argv) {
         DF_INST8(T_NB)
     }
     fprintf(stderr, "+ rms_norm: %d checks, %d failures (%lld vector accesses so far)\n", g_checks, g_fail, ew::g_vec);
+    for (size_t v : {1000, 1003, 4, 7, 4096}) {
+        for (size_t mis : {0, 1}) {
+            test_ce_rows<float>(5, v, mis);
+            test_ce_rows<df_bf16>(5, v, mis);
+        }
+    }
+    if (!quick) test_ce_rows<df_bf16>(3, 151936, 0);
+    fprintf(stderr, "+ ce_rows: %d checks, %d failures (%lld vector accesses so far)\n", g_checks, g_fail, ew::g_vec);
     printf("%d checks, %d failures\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }
