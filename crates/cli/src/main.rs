@@ -446,7 +446,10 @@ fn run(cli: Cli) -> Result<()> {
                     })?;
                 }
             }
-            let out = dflash_pipeline::train(&config, resume.as_deref())?;
+            // A launcher's RANK / WORLD_SIZE / ... make this process one rank of a group.
+            let timeout = std::time::Duration::from_secs(config.pipeline.timeout_secs.max(1));
+            let procs = dflash_pipeline::Processes::from_env(timeout)?;
+            let out = dflash_pipeline::train_in(&config, resume.as_deref(), procs.as_ref())?;
             println!(
                 "run_dir={} steps={} loss_first={:.4} loss_last={:.4} acc_last={:.3} tau_before={} tau_after={}",
                 out.run_dir.display(),

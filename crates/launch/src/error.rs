@@ -132,6 +132,12 @@ pub enum LaunchError {
 
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
+
+    /// A collective of a [`ProcessGroup`](crate::ProcessGroup) failed. `detail` names the
+    /// ranks involved and what happened; rank 0 sends its detail to every other rank, so all
+    /// ranks report the same line, each under the name of the call it was in.
+    #[error("{op}: {detail}")]
+    Collective { op: &'static str, detail: String },
 }
 
 /// Seconds as a person writes them: `20`, `0.5`, `1.25`.

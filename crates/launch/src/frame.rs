@@ -20,6 +20,10 @@ pub(crate) const TAG_HELLO: u8 = 1;
 pub(crate) const TAG_PAYLOAD: u8 = 2;
 pub(crate) const TAG_ACK: u8 = 3;
 pub(crate) const TAG_ERROR: u8 = 4;
+/// The persistent group's frames ([`crate::ProcessGroup`]; see the crate docs).
+pub(crate) const TAG_OP: u8 = 5;
+pub(crate) const TAG_DATA: u8 = 6;
+pub(crate) const TAG_READY: u8 = 7;
 pub(crate) const HELLO_LEN: usize = 20;
 pub(crate) const MAX_ERROR_LEN: usize = 64 * 1024;
 
@@ -106,12 +110,26 @@ pub(crate) fn read_frame(
     max_body: usize,
     deadline: Instant,
 ) -> Result<(u8, Vec<u8>), FrameError> {
+    let mut body = Vec::new();
+    let tag = read_frame_into(stream, |_| max_body, deadline, &mut body)?;
+    Ok((tag, body))
+}
+
+/// Reads one frame into `body` (reusing its allocation) and gives its tag; `max_body(tag)`
+/// caps the body by what that tag may carry here.
+pub(crate) fn read_frame_into(
+    stream: &mut TcpStream,
+    max_body: impl Fn(u8) -> usize,
+    deadline: Instant,
+    body: &mut Vec<u8>,
+) -> Result<u8, FrameError> {
     let mut header = [0u8; HEADER_LEN];
     read_exact_by(stream, &mut header, deadline)?;
-    let (tag, len) = parse_header(&header, max_body).map_err(FrameError::Bad)?;
-    let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, deadline)?;
-    Ok((tag, body))
+    let (tag, len) = parse_header(&header, max_body(header[8])).map_err(FrameError::Bad)?;
+    body.clear();
+    body.resize(len, 0);
+    read_exact_by(stream, body, deadline)?;
+    Ok(tag)
 }
 
 pub(crate) fn write_frame(
@@ -121,6 +139,14 @@ pub(crate) fn write_frame(
     deadline: Instant,
 ) -> Result<(), FrameError> {
     write_all_by(stream, &encode(tag, body), deadline)
+}
+
+/// `timeout` from now; a timeout past what Instant can hold is as good as none.
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
 }
 
 /// What is left before `deadline`, never zero (a zero socket timeout is an error in std).
@@ -153,7 +179,11 @@ fn read_exact_by(
     Ok(())
 }
 
-fn write_all_by(stream: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(), FrameError> {
+pub(crate) fn write_all_by(
+    stream: &mut TcpStream,
+    buf: &[u8],
+    deadline: Instant,
+) -> Result<(), FrameError> {
     let mut done = 0;
     while done < buf.len() {
         let left = remaining(deadline).ok_or(FrameError::Timeout)?;
@@ -170,7 +200,7 @@ fn write_all_by(stream: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result
     Ok(())
 }
 
-fn is_retry(e: &io::Error) -> bool {
+pub(crate) fn is_retry(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted

@@ -4,8 +4,10 @@
 //! who it is through five variables: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and
 //! `MASTER_PORT` ([`LaunchEnv::from_env`]). Before NCCL can build a communicator, every process
 //! must hold the same unique id, an opaque 128-byte blob that rank 0 creates. [`rendezvous`]
-//! carries it from rank 0 to every rank over TCP at `MASTER_ADDR:MASTER_PORT`. This crate
-//! never links CUDA: it moves opaque bytes, so it is testable on any machine.
+//! carries it from rank 0 to every rank over TCP at `MASTER_ADDR:MASTER_PORT`. Where gradients
+//! pass through host memory (the CPU reference backend), a [`ProcessGroup`] keeps the
+//! processes connected and sums them every step. This crate never links CUDA: it moves opaque
+//! bytes and f32s, so it is testable on any machine.
 //!
 //! # Protocol
 //!
@@ -22,7 +24,10 @@
 //! | 1 hello | rank r -> 0 | version u32 LE, rank u64 LE, world size u64 LE |
 //! | 2 payload | 0 -> rank r | the payload, at most [`MAX_PAYLOAD`] bytes |
 //! | 3 ack | rank r -> 0 | empty |
-//! | 4 error | 0 -> rank r | a UTF-8 message, at most 64 KiB |
+//! | 4 error | 0 -> rank r (group: both ways) | a UTF-8 message, at most 64 KiB |
+//! | 5 op | rank r -> 0 (group) | collective u8 (1 all_reduce_sum, 2 broadcast, 3 barrier), sequence number u64 LE, value count u64 LE (0 but for all_reduce_sum), chunk size u64 LE |
+//! | 6 data | both ways (group) | a chunk: f32 LE values, or broadcast bytes; at most 64 MiB |
+//! | 7 ready | 0 -> rank r (group) | connect: empty; a collective: u64 LE (a broadcast's length, else 0) |
 //!
 //! The order: each rank connects and sends its hello; rank 0 checks it (magic, version, the
 //! same world size, rank in `1..world_size`, no rank twice) and, on a mismatch, sends the error
@@ -36,14 +41,43 @@
 //! ranks that did); another rank says that rank 0 could not be reached, or did not answer. The
 //! header is read before any body, and a body is never allocated past the cap of the frame
 //! expected next, so a peer that sends garbage gets an error, never a panic or a huge buffer.
+//!
+//! # The persistent group
+//!
+//! [`ProcessGroup::connect`] joins as the rendezvous does (same hello, same checks, same
+//! error to every connected rank), but rank 0 answers with a ready frame instead of a
+//! payload, and the connections stay open: a star through rank 0. Each collective then runs:
+//!
+//! 1. Every rank other than 0 sends an op frame; rank 0 reads them in rank order and checks
+//!    that all called the same collective, at the same sequence number, with the same number
+//!    of values and chunk size. Then it sends each a ready frame. So no data moves before
+//!    every rank arrived, and every collective is also a barrier.
+//! 2. `all_reduce_sum`: chunk by chunk (at most 16 Mi values each), every rank sends a data
+//!    frame; rank 0 sums per element from +0.0 in rank order (rank 0 first) and sends the sums
+//!    back as a data frame. `broadcast`: rank 0 sends its bytes in data frames of at most
+//!    4 x 16 Mi bytes, the count announced in the ready frame. `barrier`: nothing more.
+//!
+//! Any failure, anywhere, breaks the group. A rank that fails or aborts sends an error frame
+//! (a rank other than 0 to rank 0, which forwards "rank r failed: why" to every rank) and
+//! shuts its sockets. Rank 0 looks at every link while it waits on one (and, between
+//! collectives, a watcher thread does), and a rank whose write is stuck looks at its peer's
+//! side, so an error frame or a closed connection ends every wait within about 50 ms rather
+//! than at the timeout. Rank 0 waits at most the op timeout for all ranks to arrive (and for
+//! each chunk); the others wait for rank 0 half as long again, so rank 0 times out first and
+//! names the late ranks to all.
 
 mod env;
 mod error;
 mod frame;
+mod group;
+mod group_io;
+mod group_link;
+mod group_wire;
 mod rendezvous;
 mod serve;
 
 pub use env::LaunchEnv;
 pub use error::LaunchError;
 pub use frame::MAX_PAYLOAD;
+pub use group::ProcessGroup;
 pub use rendezvous::rendezvous;

@@ -5,8 +5,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::frame::{
-    FrameError, Hello, MAX_PAYLOAD, TAG_ACK, TAG_ERROR, TAG_HELLO, TAG_PAYLOAD, VERSION,
-    read_frame, remaining, write_frame,
+    FrameError, Hello, MAX_ERROR_LEN, MAX_PAYLOAD, TAG_ACK, TAG_ERROR, TAG_HELLO, TAG_PAYLOAD,
+    VERSION, deadline_after, read_frame_into, remaining, write_frame,
 };
 use crate::serve::serve;
 use crate::{LaunchEnv, LaunchError};
@@ -25,12 +25,7 @@ pub fn rendezvous(
     timeout: Duration,
 ) -> Result<Vec<u8>, LaunchError> {
     env.validate()?;
-    let now = Instant::now();
-    // A timeout past what Instant can hold is as good as none.
-    let deadline = now
-        .checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(now);
+    let deadline = deadline_after(timeout);
     match (env.rank, payload) {
         (0, None) => Err(LaunchError::MissingPayload),
         (0, Some(p)) if p.len() > MAX_PAYLOAD => Err(LaunchError::PayloadTooLarge {
@@ -47,12 +42,71 @@ pub fn rendezvous(
 /// A rank other than 0: connect, hello, payload (or rank 0's error), ack.
 fn join(env: &LaunchEnv, timeout: Duration, deadline: Instant) -> Result<Vec<u8>, LaunchError> {
     let endpoint = env.master_endpoint();
-    let mut stream = connect(env, &endpoint, timeout, deadline)?;
+    let (mut stream, body) = join_frame(
+        env,
+        &endpoint,
+        timeout,
+        deadline,
+        (TAG_PAYLOAD, MAX_PAYLOAD),
+        ("the payload", "the payload"),
+    )?;
+    write_frame(&mut stream, TAG_ACK, &[], deadline)
+        .map_err(|e| join_error(env, &endpoint, timeout, e, "its ack to be taken"))?;
+    Ok(body)
+}
+
+/// Connects to rank 0, says hello and reads rank 0's answer: a frame of tag `want.0` (body at
+/// most `want.1` bytes), or rank 0's error. `names` are what that frame is called and what
+/// the rank waits for, as error messages say them.
+pub(crate) fn join_frame(
+    env: &LaunchEnv,
+    endpoint: &str,
+    timeout: Duration,
+    deadline: Instant,
+    want: (u8, usize),
+    names: (&'static str, &'static str),
+) -> Result<(TcpStream, Vec<u8>), LaunchError> {
+    let (what, waiting) = names;
+    let mut stream = connect(env, endpoint, timeout, deadline)?;
     let _ = stream.set_nodelay(true);
-    let fail = |e: FrameError, waiting: &'static str| match e {
+    let fail = |e, waiting| join_error(env, endpoint, timeout, e, waiting);
+    let hello = Hello {
+        version: VERSION,
+        rank: env.rank as u64,
+        world_size: env.world_size as u64,
+    };
+    write_frame(&mut stream, TAG_HELLO, &hello.encode(), deadline)
+        .map_err(|e| fail(e, "its hello to be taken"))?;
+    let mut body = Vec::new();
+    // Any other frame is read (small) so the error can say which tag came instead.
+    let caps = |tag| if tag == want.0 { want.1 } else { MAX_ERROR_LEN };
+    let tag =
+        read_frame_into(&mut stream, caps, deadline, &mut body).map_err(|e| fail(e, waiting))?;
+    match tag {
+        TAG_ERROR => Err(LaunchError::Aborted {
+            endpoint: endpoint.to_owned(),
+            message: String::from_utf8_lossy(&body).into_owned(),
+        }),
+        t if t == want.0 => Ok((stream, body)),
+        other => Err(fail(
+            FrameError::Bad(format!("a frame of tag {other} where {what} belongs")),
+            waiting,
+        )),
+    }
+}
+
+/// A joining rank's failure on its socket to rank 0, saying what it waited for.
+pub(crate) fn join_error(
+    env: &LaunchEnv,
+    endpoint: &str,
+    timeout: Duration,
+    e: FrameError,
+    waiting: &'static str,
+) -> LaunchError {
+    match e {
         FrameError::Timeout => LaunchError::NoAnswer {
             rank: env.rank,
-            endpoint: endpoint.clone(),
+            endpoint: endpoint.to_owned(),
             timeout,
             waiting,
         },
@@ -74,33 +128,7 @@ fn join(env: &LaunchEnv, timeout: Duration, deadline: Instant) -> Result<Vec<u8>
             peer: format!("rank 0 at {endpoint}"),
             detail,
         },
-    };
-    let hello = Hello {
-        version: VERSION,
-        rank: env.rank as u64,
-        world_size: env.world_size as u64,
-    };
-    write_frame(&mut stream, TAG_HELLO, &hello.encode(), deadline)
-        .map_err(|e| fail(e, "its hello to be taken"))?;
-    let (tag, body) =
-        read_frame(&mut stream, MAX_PAYLOAD, deadline).map_err(|e| fail(e, "the payload"))?;
-    match tag {
-        TAG_PAYLOAD => {}
-        TAG_ERROR => {
-            return Err(LaunchError::Aborted {
-                endpoint: endpoint.clone(),
-                message: String::from_utf8_lossy(&body).into_owned(),
-            });
-        }
-        other => {
-            return Err(fail(
-                FrameError::Bad(format!("a frame of tag {other} where the payload belongs")),
-                "the payload",
-            ));
-        }
     }
-    write_frame(&mut stream, TAG_ACK, &[], deadline).map_err(|e| fail(e, "its ack to be taken"))?;
-    Ok(body)
 }
 
 /// Connects to rank 0, retrying refused or failed attempts (rank 0 may not listen yet, its

@@ -17,13 +17,16 @@ const ACCEPT_POLL: Duration = Duration::from_millis(5);
 /// Time granted to tell a peer why the rendezvous failed; it is one small frame.
 const ERROR_SEND: Duration = Duration::from_secs(1);
 
-/// Rank 0: listen, admit `world_size - 1` hellos, send the payload to each, collect the acks.
-pub(crate) fn serve(
+/// Rank 0's connections by rank; slot 0 (rank 0 itself) stays empty.
+pub(crate) type Peers = Vec<Option<(TcpStream, SocketAddr)>>;
+
+/// Rank 0: listens and admits `world_size - 1` hellos, checked; gives the connections by
+/// rank (slot 0 empty). On a failure every connected rank is told why.
+pub(crate) fn accept_ranks(
     env: &LaunchEnv,
-    payload: &[u8],
     timeout: Duration,
     deadline: Instant,
-) -> Result<Vec<u8>, LaunchError> {
+) -> Result<Peers, LaunchError> {
     let endpoint = env.master_endpoint();
     let listener = bind(env, &endpoint)?;
     listener
@@ -32,8 +35,7 @@ pub(crate) fn serve(
             context: format!("rank 0 setting up its listener on {endpoint}"),
             source,
         })?;
-    let mut peers: Vec<Option<(TcpStream, SocketAddr)>> =
-        (0..env.world_size).map(|_| None).collect();
+    let mut peers: Peers = (0..env.world_size).map(|_| None).collect();
     let mut arrived = 1;
     while arrived < env.world_size {
         let (mut stream, from) = match listener.accept() {
@@ -84,7 +86,17 @@ pub(crate) fn serve(
             }
         }
     }
-    drop(listener);
+    Ok(peers)
+}
+
+/// Rank 0: listen, admit `world_size - 1` hellos, send the payload to each, collect the acks.
+pub(crate) fn serve(
+    env: &LaunchEnv,
+    payload: &[u8],
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<Vec<u8>, LaunchError> {
+    let mut peers = accept_ranks(env, timeout, deadline)?;
 
     let mut failure = None;
     for (rank, slot) in peers.iter_mut().enumerate() {
@@ -217,7 +229,7 @@ fn admit(
     Ok(hello.rank as usize)
 }
 
-fn peer_error(
+pub(crate) fn peer_error(
     e: FrameError,
     rank: usize,
     from: SocketAddr,
@@ -247,7 +259,7 @@ fn peer_error(
 
 /// Tells every connected peer why rank 0 gives up, so they fail now with rank 0's message
 /// rather than at their own timeout with a vaguer one; gives `e` back.
-fn abort(peers: &mut [Option<(TcpStream, SocketAddr)>], e: LaunchError) -> LaunchError {
+pub(crate) fn abort(peers: &mut [Option<(TcpStream, SocketAddr)>], e: LaunchError) -> LaunchError {
     for (stream, _) in peers.iter_mut().flatten() {
         send_error(stream, &e);
     }

@@ -1,6 +1,8 @@
 //! The rendezvous over real sockets on 127.0.0.1: ranks as threads, as two processes (this test
 //! binary run again with `DFLASH_LAUNCH_CHILD` set), and fake peers that break the protocol.
 
+mod group_support;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -8,25 +10,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dflash_launch::{LaunchEnv, LaunchError, MAX_PAYLOAD, rendezvous};
+use group_support::{env, free_port};
 
 /// Generous for success paths (they take milliseconds); failure paths pass short timeouts.
 const LONG: Duration = Duration::from_secs(10);
-
-/// A port that was free a moment ago: the OS picks it, so parallel tests never share one.
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().expect("local addr").port()
-}
-
-fn env(rank: usize, world_size: usize, port: u16) -> LaunchEnv {
-    LaunchEnv {
-        rank,
-        world_size,
-        local_rank: rank,
-        master_addr: "127.0.0.1".to_owned(),
-        master_port: port,
-    }
-}
 
 /// `len` bytes of splitmix64 from `seed`: distinct per seed, never all zeros.
 fn payload(seed: u64, len: usize) -> Vec<u8> {

@@ -8,9 +8,11 @@
 //! order: the result depends on the data, seed and replica count only, never on thread timing,
 //! so a run resumes bit-for-bit and 2+2 workers match 1+1 within float tolerance.
 //! Any worker's error aborts the others cleanly, is written to `RUN_DIR/error.txt` with its
-//! cause chain, and leaves the last good checkpoint in place.
+//! cause chain, and leaves the last good checkpoint in place. Several such processes (one
+//! replica each, started by a launcher) train as one job: [`distributed`].
 
 pub mod comm;
+pub mod distributed;
 pub mod error;
 pub mod job;
 pub mod phases;
@@ -20,5 +22,6 @@ pub mod schedule;
 pub mod workers;
 
 pub use comm::HostComm;
+pub use distributed::Processes;
 pub use error::PipelineError;
-pub use job::{EvalOutcome, TrainOutcome, evaluate, train};
+pub use job::{EvalOutcome, TrainOutcome, evaluate, train, train_in};

@@ -34,8 +34,8 @@ pub struct Shared {
     pub features: Vec<BoundedQueue<HiddenBatch>>,
     pub skips: Mutex<StepSkips>,
     pub stall_timeout: Duration,
-    /// Called once on the first failure (aborts the all-reduce group).
-    pub on_abort: Box<dyn Fn() + Send + Sync>,
+    /// Called once on the first failure with its cause chain (aborts the all-reduce group).
+    pub on_abort: Box<dyn Fn(&str) + Send + Sync>,
     /// Where each target worker's time goes.
     pub target_clocks: Vec<PhaseClock>,
     /// Where each drafter replica's time goes.
@@ -85,6 +85,7 @@ impl Shared {
 
     /// Records the first error and stops everyone.
     pub fn fail(&self, e: PipelineError) {
+        let why = crate::error::cause_chain(&e);
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
         if first.is_none() {
             *first = Some(e);
@@ -95,7 +96,7 @@ impl Shared {
             for q in &self.features {
                 q.close();
             }
-            (self.on_abort)();
+            (self.on_abort)(&why);
         }
     }
 

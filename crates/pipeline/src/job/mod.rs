@@ -1,5 +1,6 @@
 //! Setting up and running a training job from a [`TrainConfig`], and evaluating a drafter.
 
+mod build;
 mod checkpoint;
 pub mod memory;
 mod plan;
@@ -23,6 +24,7 @@ use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, Qwen3Target};
 use dflash_training::{TauReport, evaluate_tau};
 
+use crate::distributed::Processes;
 use crate::error::{PipelineError, Result, cause_chain};
 use run::run_plan;
 use setup::{EvalData, backend_for, eval_features, new_run_dir, stop_tokens};
@@ -95,6 +97,16 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
 /// Runs a whole training job. With `resume`, continues the run in that directory exactly
 /// where its latest checkpoint left off.
 pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
+    train_in(cfg, resume, None)
+}
+
+/// [`train`] as one rank of a multi-process job (`procs`, see [`crate::distributed`]): rank
+/// 0 chooses the run directory and tells the others.
+pub fn train_in(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    procs: Option<&Processes>,
+) -> Result<TrainOutcome> {
     if let Some(dir) = resume
         && !dir.join("config.toml").exists()
         && latest_checkpoint(dir).is_none()
@@ -115,15 +127,19 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>) -> Result<TrainOutcome> {
     let run_dir = resume
         .map(Path::to_path_buf)
         .unwrap_or_else(|| new_run_dir(cfg));
+    let run_dir = match procs {
+        Some(p) => p.run_dirs(&run_dir)?.1,
+        None => run_dir,
+    };
     in_run_dir(&run_dir, || {
-        run_plan(&JobPlan::new(cfg)?, &run_dir, resume.is_some())
+        run_plan(&JobPlan::new(cfg)?, &run_dir, resume.is_some(), procs)
     })
 }
 
 /// Runs a planned job in a new run directory `run_dir` (the bench runs the job this way,
 /// with a random target).
 pub fn train_plan(plan: &JobPlan, run_dir: &Path) -> Result<TrainOutcome> {
-    in_run_dir(run_dir, || run_plan(plan, run_dir, false))
+    in_run_dir(run_dir, || run_plan(plan, run_dir, false, None))
 }
 
 /// Creates `run_dir`, runs `job`, and writes its error's whole cause chain to

@@ -10,9 +10,9 @@ use dflash_core::{Backend, Communicator};
 use dflash_training::PreparedBatch;
 use serde::Serialize;
 
+use super::build::{build_replicas, load_targets};
 use super::memory::{MemoryPlan, human};
 use super::plan::JobPlan;
-use super::run::{build_replicas, load_targets};
 use super::setup::backend_for;
 use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};

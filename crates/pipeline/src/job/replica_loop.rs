@@ -10,26 +10,29 @@ use dflash_training::{DrafterReplica, PreparedBatch};
 use super::checkpoint::{CheckpointWriter, Written};
 use super::plan::JobPlan;
 use super::run::RunResult;
-use crate::comm::HostComm;
 use crate::error::{PipelineError, Result};
 use crate::phases::Phase;
 use crate::report::Reporter;
 use crate::workers::{Reorder, Shared, SharedRouter};
 
-/// Replica 0's extra duties: reporting and checkpoints.
+/// Replica 0's extra duties: reporting and checkpoints (`None` on a process other than
+/// rank 0 of a multi-process run, which reports its own steps and saves nothing).
 pub(super) struct Lead<'a> {
     pub(super) reporter: &'a mut Reporter,
     pub(super) result: &'a mut RunResult,
-    pub(super) checkpoints: CheckpointWriter,
+    pub(super) checkpoints: Option<CheckpointWriter>,
 }
 
 /// One drafter replica's loop over the steps.
 pub(super) struct DrafterLoop<'a> {
     pub(super) plan: &'a JobPlan,
     pub(super) shared: &'a Shared,
+    /// This replica's index among the process's replicas (its queue and clock).
     pub(super) rank: usize,
     pub(super) who: &'a str,
-    pub(super) comm: &'a HostComm,
+    /// The group its gradients are summed in: `comm.rank()` of `comm.world_size()` says
+    /// which micro-batches of a step are its own.
+    pub(super) comm: &'a dyn Communicator,
     /// Least-loaded routing's shared hand-out; `None`: fixed routing.
     pub(super) router: Option<&'a SharedRouter>,
 }
@@ -44,14 +47,14 @@ impl DrafterLoop<'_> {
     ) -> Result<()> {
         let (plan, shared) = (self.plan, self.shared);
         let clock = &shared.drafter_clocks[self.rank];
-        let world = self.comm.world_size();
+        let (share, world) = (self.comm.rank(), self.comm.world_size());
         let mut reorder = Reorder::new();
         let mut mark = Instant::now();
         for step in start_step..end_step {
             let work = &plan.schedule.steps[step as usize];
             dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
                 .map_err(PipelineError::Job)?;
-            let mut mine = (0..work.micro.len()).filter(|m| m % world == self.rank);
+            let mut mine = (0..work.micro.len()).filter(|m| m % world == share);
             loop {
                 let batch = match self.router {
                     Some(r) => r.next(
@@ -98,10 +101,10 @@ impl DrafterLoop<'_> {
             clock.lap(Phase::Report, &mut mark);
             let n = step + 1;
             let save_every = plan.cfg.train.save_every;
-            if (save_every > 0 && n.is_multiple_of(save_every))
+            let due = (save_every > 0 && n.is_multiple_of(save_every))
                 || n == plan.total_steps()
-                || n == end_step
-            {
+                || n == end_step;
+            if let Some(checkpoints) = lead.checkpoints.as_mut().filter(|_| due) {
                 // Only the steps this checkpoint holds: the target workers may be ahead.
                 let mine = shared
                     .skips
@@ -114,7 +117,7 @@ impl DrafterLoop<'_> {
                     "figures": lead.result.figures.to_json(),
                     "skips": lead.result.with_carried(&mine),
                 });
-                for w in lead.checkpoints.start(replica, extra)? {
+                for w in checkpoints.start(replica, extra)? {
                     log_checkpoint(lead.reporter, &w);
                 }
                 clock.lap(Phase::Checkpoint, &mut mark);
@@ -122,7 +125,13 @@ impl DrafterLoop<'_> {
         }
         if let Some(lead) = lead.as_mut() {
             // The run's last checkpoint is on disk before the run reports its end.
-            if let Some(w) = lead.checkpoints.wait()? {
+            if let Some(w) = lead
+                .checkpoints
+                .as_mut()
+                .map(|c| c.wait())
+                .transpose()?
+                .flatten()
+            {
                 log_checkpoint(lead.reporter, &w);
             }
             clock.lap(Phase::Checkpoint, &mut mark);

@@ -68,12 +68,17 @@ fn read_summary(text: &str, run_dir: &Path, step: u64) -> Option<TrainOutcome> {
 }
 
 /// Loads the latest checkpoint of `run_dir` into every replica; returns the run's figures
-/// and skip counts it carries (`None`: a checkpoint that did not record them).
+/// and skip counts it carries (`None`: a checkpoint that did not record them). `owner`: this
+/// process writes the run's checkpoints (rank 0), so it also removes what an interrupted
+/// write left there; other ranks only read.
 pub(super) fn resume(
     run_dir: &Path,
     replicas: &mut [DrafterReplica],
+    owner: bool,
 ) -> Result<(Figures, Option<SkipCounts>)> {
-    tidy(run_dir);
+    if owner {
+        tidy(run_dir);
+    }
     let Some(ckpt) = latest_checkpoint(run_dir) else {
         // Killed before its first checkpoint: the run starts over, in its own directory.
         eprintln!(

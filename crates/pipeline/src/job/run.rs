@@ -7,39 +7,56 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dflash_config::{Collective, Routing};
-use dflash_core::Backend;
+use dflash_config::Routing;
+use dflash_core::Communicator;
 use dflash_core::pipeline::HiddenSeq;
 use dflash_data::SkipCounts;
-use dflash_models::checkpoint::load_drafter;
-use dflash_models::drafter::FrozenTarget;
 use dflash_models::safetensors_io::write_atomic;
-use dflash_models::{Drafter, DrafterParams, Qwen3Target};
+use dflash_models::{Drafter, Qwen3Target};
 use dflash_queue::BoundedQueue;
 use dflash_queue::Queue;
-use dflash_training::{AdamW, DrafterReplica, evaluate_tau};
+use dflash_training::{DrafterReplica, evaluate_tau};
 
 use super::TrainOutcome;
+use super::build::{
+    attach_device_collective, build_replicas, check_process_plan, load_targets, place_workers,
+};
 use super::checkpoint::{CheckpointWriter, Figures};
 use super::memory::MemoryPlan;
-use super::plan::{JobPlan, TargetSource};
+use super::plan::JobPlan;
 use super::replica_loop::{DrafterLoop, Lead};
 use super::resume::{finished_run, report_data, resume};
-use super::setup::{EvalData, backend_for, eval_features, stop_tokens};
+use super::setup::{EvalData, eval_features, stop_tokens};
 use crate::comm::HostComm;
+use crate::distributed::Processes;
 use crate::error::{PipelineError, Result};
 use crate::phases::PhaseClock;
 use crate::report::Reporter;
 use crate::workers::{Shared, SharedRouter, StepSkips, WorkItem, target_worker};
 
-/// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint).
-pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result<TrainOutcome> {
+/// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint); as
+/// one rank of `procs` when given, `run_dir` then being this rank's own directory.
+pub(super) fn run_plan(
+    plan: &JobPlan,
+    run_dir: &Path,
+    resuming: bool,
+    procs: Option<&Processes>,
+) -> Result<TrainOutcome> {
     let job_start = Instant::now();
-    if resuming && let Some(done) = finished_run(plan, run_dir)? {
+    let lead = procs.is_none_or(Processes::is_lead);
+    // Rank 0's directory: the run's checkpoints, which every rank resumes from.
+    let home = match lead {
+        true => run_dir,
+        false => run_dir.parent().unwrap_or(run_dir),
+    };
+    if let Some(p) = procs {
+        check_process_plan(plan, p)?;
+    }
+    if resuming && let Some(done) = finished_run(plan, home)? {
         return Ok(done);
     }
     write_resolved_config(plan, run_dir)?;
-    let (target_backends, drafter_backends) = place_workers(plan)?;
+    let (target_backends, drafter_backends) = place_workers(plan, procs)?;
     let b0 = &drafter_backends[0];
     eprintln!(
         "backend {} on {} | attention kernel {} | {} target worker(s), {} drafter replica(s)",
@@ -66,7 +83,7 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
     attach_device_collective(plan, &drafter_backends, &mut replicas)?;
     let (carried, carried_skips) = match resuming {
-        true => resume(run_dir, &mut replicas)?,
+        true => resume(home, &mut replicas, lead)?,
         false => (Figures::default(), Some(SkipCounts::default())),
     };
     let start_step = replicas[0].step;
@@ -78,7 +95,11 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         plan.drafter.target_layer_ids,
         plan.total_steps()
     );
-    let eval = Eval::featurise(plan, targets[0].as_ref())?;
+    // Tau is measured once, by rank 0.
+    let eval = match lead {
+        true => Eval::featurise(plan, targets[0].as_ref())?,
+        false => Eval::none(plan),
+    };
     // A run resumed before its first checkpoint starts over, so it measures tau too.
     let tau_before = match start_step {
         0 => eval.tau(&replicas[0].drafter, "before")?,
@@ -88,15 +109,13 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         tau_before,
         ..carried
     };
-    let (replica, run) = run_workers(
-        plan,
+    let at = RunPlace {
         run_dir,
-        targets,
-        replicas,
-        (carried, carried_skips),
-        memory.background_checkpoints,
+        background_checkpoints: memory.background_checkpoints,
         job_start,
-    )?;
+        procs,
+    };
+    let (replica, run) = run_workers(plan, &at, targets, replicas, (carried, carried_skips))?;
     let all: Vec<_> = target_backends
         .iter()
         .chain(&drafter_backends)
@@ -143,7 +162,10 @@ pub(super) fn run_plan(plan: &JobPlan, run_dir: &Path, resuming: bool) -> Result
         dtype: plan.cfg.drafter.save_dtype,
         ..replica.drafter.config().clone()
     };
-    dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, &replica.drafter.params)?;
+    if lead {
+        let params = &replica.drafter.params;
+        dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, params)?;
+    }
     let outcome = TrainOutcome {
         run_dir: run_dir.to_path_buf(),
         steps: plan.end_step(),
@@ -184,6 +206,14 @@ struct Eval {
 }
 
 impl Eval {
+    /// No evaluation set: tau is not measured.
+    fn none(plan: &JobPlan) -> Self {
+        Eval {
+            seqs: None,
+            stops: stop_tokens(&plan.target_config),
+        }
+    }
+
     fn featurise(plan: &JobPlan, target: &Qwen3Target) -> Result<Self> {
         let cfg = &plan.cfg;
         let seqs = match &cfg.data.eval {
@@ -217,130 +247,6 @@ impl Eval {
     }
 }
 
-/// The backends of the target workers and of the drafter replicas.
-type Placed = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
-
-/// Backends on the devices of [`JobPlan::placement`]. CPU backends have one device.
-fn place_workers(plan: &JobPlan) -> Result<Placed> {
-    let cfg = &plan.cfg;
-    let placement = plan.placement()?;
-    let on = |devs: &[usize]| {
-        devs.iter()
-            .map(|&d| backend_for(cfg, d))
-            .collect::<Result<Vec<_>>>()
-    };
-    Ok((on(&placement.targets)?, on(&placement.drafters)?))
-}
-
-/// One frozen target per target worker, and how long loading them took.
-pub(super) fn load_targets(
-    plan: &JobPlan,
-    backends: &[Arc<dyn Backend>],
-) -> Result<Vec<Arc<Qwen3Target>>> {
-    let t0 = Instant::now();
-    let ids = &plan.drafter.target_layer_ids;
-    let targets = backends
-        .iter()
-        .map(|b| {
-            let t = match &plan.target {
-                TargetSource::Dir(dir) => Qwen3Target::load(b.clone(), dir, ids)?,
-                TargetSource::Random { config, seed } => {
-                    Qwen3Target::random(b.clone(), config.clone(), ids, *seed)?
-                }
-            };
-            Ok(Arc::new(t))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    for b in backends {
-        b.synchronize()?;
-    }
-    let what = match &plan.target {
-        TargetSource::Dir(dir) => dir.display().to_string(),
-        TargetSource::Random { .. } => "random weights".into(),
-    };
-    eprintln!(
-        "target loaded ({what}, layers 0..={}) on {} worker(s) in {:.1} s",
-        ids.iter().max().copied().unwrap_or(0),
-        targets.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(targets)
-}
-
-/// Replicas with identical initial weights. Each takes the target's frozen embedding and LM
-/// head from target worker 0 (shared on the same device, imported otherwise) instead of
-/// reading them from disk again.
-pub(super) fn build_replicas(
-    plan: &JobPlan,
-    backends: &[Arc<dyn Backend>],
-    target: &Qwen3Target,
-) -> Result<Vec<DrafterReplica>> {
-    let cfg = &plan.cfg;
-    let mut replicas = Vec::with_capacity(backends.len());
-    for b in backends {
-        let params = match &cfg.drafter.init_from {
-            Some(dir) => load_drafter(b.as_ref(), dir)?.1,
-            None => DrafterParams::init_random(b.as_ref(), &plan.drafter, 0.02, cfg.train.seed)?,
-        };
-        // Read-only tensors: a drafter on the target's device shares them as they are.
-        let frozen = if b.is_local(target.embedding()) && b.is_local(target.lm_head()) {
-            target.frozen().clone()
-        } else {
-            Arc::new(FrozenTarget {
-                embed: b.import(target.embedding())?,
-                lm_head: b.import(target.lm_head())?,
-            })
-        };
-        let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, frozen)?;
-        let opt = AdamW::new(b.as_ref(), &plan.drafter, plan.hyper)?;
-        replicas.push(DrafterReplica::new(
-            drafter,
-            opt,
-            cfg.train.recompute,
-            cfg.train.grad_clip,
-            cfg.train.max_nonfinite_steps,
-        )?);
-    }
-    Ok(replicas)
-}
-
-/// With `pipeline.collective = "device"` and more than one replica: one device collective
-/// group over the replicas' backends (NCCL on CUDA), each replica its rank.
-fn attach_device_collective(
-    plan: &JobPlan,
-    backends: &[Arc<dyn Backend>],
-    replicas: &mut [DrafterReplica],
-) -> Result<()> {
-    if plan.cfg.pipeline.collective != Collective::Device || replicas.len() < 2 {
-        return Ok(());
-    }
-    let why = |e: dflash_core::Error| {
-        PipelineError::Job(format!(
-            "pipeline.collective = \"device\" with {} drafter replicas on backend {}: {e}",
-            backends.len(),
-            plan.cfg.backend.name
-        ))
-    };
-    let endpoints = backends
-        .iter()
-        .map(|b| b.collective_endpoint())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(why)?;
-    let members = backends[0].device_collectives(endpoints).map_err(why)?;
-    eprintln!(
-        "gradients summed on the devices: {}",
-        members
-            .iter()
-            .map(|m| m.describe())
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    for (r, m) in replicas.iter_mut().zip(members) {
-        r.set_device_collective(m);
-    }
-    Ok(())
-}
-
 /// What the run loop leaves behind besides replica 0.
 pub(super) struct RunResult {
     /// The run's figures: those carried from its checkpoint, updated by each step.
@@ -367,21 +273,53 @@ impl RunResult {
     }
 }
 
+/// Where a run's workers write and report: this process's run directory, whether
+/// checkpoints are written in the background, when the job started, and the group of
+/// processes it is one rank of.
+#[derive(Clone, Copy)]
+struct RunPlace<'a> {
+    run_dir: &'a Path,
+    background_checkpoints: bool,
+    job_start: Instant,
+    procs: Option<&'a Processes>,
+}
+
 /// Spawns the loader, the target workers and the drafter replicas, runs steps from the
 /// replicas' step to `end_step`, and returns replica 0 with the run's figures (`carried`
 /// updated).
 fn run_workers(
     plan: &JobPlan,
-    run_dir: &Path,
+    at: &RunPlace,
     targets: Vec<Arc<Qwen3Target>>,
     replicas: Vec<DrafterReplica>,
     (carried, carried_skips): (Figures, Option<SkipCounts>),
-    background_checkpoints: bool,
-    job_start: Instant,
 ) -> Result<(DrafterReplica, RunResult)> {
+    let RunPlace {
+        run_dir,
+        background_checkpoints,
+        job_start,
+        procs,
+    } = *at;
     let start_step = replicas[0].step;
-    let comms = HostComm::group(plan.drafter_workers);
-    let shared = shared_state(plan, comms[0].clone());
+    // In-process replicas sum through host threads; a process's one replica through the
+    // group of processes.
+    let host = HostComm::group(plan.drafter_workers);
+    let comms: Vec<Box<dyn Communicator>> = match procs {
+        Some(p) => vec![Box::new(p.comm())],
+        None => host
+            .iter()
+            .map(|c| Box::new(c.clone()) as Box<dyn Communicator>)
+            .collect(),
+    };
+    let on_abort: Box<dyn Fn(&str) + Send + Sync> = match procs {
+        Some(p) => p.abort_handle(),
+        None => {
+            let c = host[0].clone();
+            Box::new(move |_| c.abort())
+        }
+    };
+    let shared = shared_state(plan, on_abort);
+    let process = procs.map(|p| (p.rank(), p.world_size()));
     let router = SharedRouter::default();
     let mut reporter = Reporter::new(
         run_dir,
@@ -399,7 +337,7 @@ fn run_workers(
     let end_step = plan.end_step();
     let finished: Vec<Option<DrafterReplica>> = std::thread::scope(|scope| {
         let shared = &shared;
-        scope.spawn(move || load_work(plan, shared, start_step, end_step));
+        scope.spawn(move || load_work(plan, shared, (start_step, end_step), process));
         for (i, target) in targets.iter().enumerate() {
             let data = plan.train_data.clone();
             let target = target.clone();
@@ -422,20 +360,28 @@ fn run_workers(
             .map(|(rank, (mut replica, comm))| {
                 let lead = if rank == 0 { rank0.take() } else { None };
                 scope.spawn(move || {
-                    let who = format!("drafter replica {rank}");
+                    let who = match process {
+                        Some((r, _)) => format!("rank {r} drafter replica {rank}"),
+                        None => format!("drafter replica {rank}"),
+                    };
+                    // Checkpoints are rank 0's alone.
+                    let saves = process.is_none_or(|(r, _)| r == 0);
                     let lead = lead.map(|(reporter, result)| Lead {
                         reporter,
                         result,
-                        checkpoints: CheckpointWriter::new(run_dir, background_checkpoints),
+                        checkpoints: saves
+                            .then(|| CheckpointWriter::new(run_dir, background_checkpoints)),
                     });
                     let run = DrafterLoop {
                         plan,
                         shared,
                         rank,
                         who: &who,
-                        comm: &comm,
-                        router: (plan.cfg.pipeline.routing == Routing::LeastLoaded)
-                            .then_some(router),
+                        comm: comm.as_ref(),
+                        // Across processes each rank has its own share, fixed.
+                        router: (plan.cfg.pipeline.routing == Routing::LeastLoaded
+                            && process.is_none())
+                        .then_some(router),
                     };
                     match run.steps(&mut replica, lead, start_step, end_step) {
                         Ok(()) => Some(replica),
@@ -478,7 +424,8 @@ fn run_workers(
 }
 
 /// The state all workers of a run share: queues, the first error, skip counts, phase clocks.
-fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
+/// `on_abort` releases the replicas' all-reduce group on the first failure.
+fn shared_state(plan: &JobPlan, on_abort: Box<dyn Fn(&str) + Send + Sync>) -> Shared {
     let p = &plan.cfg.pipeline;
     Shared {
         abort: AtomicBool::new(false),
@@ -496,7 +443,7 @@ fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
         },
         skips: Mutex::new(StepSkips::default()),
         stall_timeout: Duration::from_secs(p.timeout_secs.max(1)),
-        on_abort: Box::new(move || abort_comm.abort()),
+        on_abort,
         target_clocks: (0..plan.target_workers)
             .map(|_| PhaseClock::target())
             .collect(),
@@ -507,11 +454,23 @@ fn shared_state(plan: &JobPlan, abort_comm: HostComm) -> Shared {
     }
 }
 
-/// The loader: work items in schedule order from the resume point.
-fn load_work(plan: &JobPlan, shared: &Shared, start_step: u64, end_step: u64) {
+/// The loader: work items in schedule order from the resume point; as rank `r` of `n`
+/// processes (`process`), only the micro-batches `m` with `m % n == r`.
+fn load_work(
+    plan: &JobPlan,
+    shared: &Shared,
+    (start_step, end_step): (u64, u64),
+    process: Option<(usize, usize)>,
+) {
+    let (rank, world) = process.unwrap_or((0, 1));
     let steps = plan.schedule.steps.iter().enumerate();
     for (step, work) in steps.take(end_step as usize).skip(start_step as usize) {
-        for (m, samples) in work.micro.iter().enumerate() {
+        let mine = work
+            .micro
+            .iter()
+            .enumerate()
+            .filter(|(m, _)| m % world == rank);
+        for (m, samples) in mine {
             let item = WorkItem {
                 epoch: work.epoch,
                 step: step as u64,

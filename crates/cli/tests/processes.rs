@@ -1,0 +1,133 @@
+//! Several processes as one job: two `dflash train` processes started as a launcher would
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), one drafter replica
+//! each, must train exactly what one process with two replicas trains (the same micro-batch
+//! shares, gradients summed in rank order): the same step records, drafter and optimizer
+//! state, bit for bit. A failure on one rank must stop the other with the failing rank's
+//! error, and the pair must then resume from rank 0's last checkpoint to the same end.
+
+mod common;
+
+use std::process::{Child, Command, Output, Stdio};
+
+use common::{FAULT_ENV, Job, Outcome};
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// `cmd` as rank `rank` of `world` processes meeting at `port`.
+fn as_rank(mut cmd: Command, rank: usize, world: usize, port: u16) -> Command {
+    cmd.env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs run `name` of `job` as two processes (`fault` set on rank 1 only) and returns each
+/// rank's output.
+fn run_pair(job: &Job, name: &str, resume: bool, fault: Option<&str>) -> Vec<Output> {
+    let port = free_port();
+    let children: Vec<Child> = (0..2)
+        .map(|rank| {
+            let mut cmd = as_rank(job.command(name, resume), rank, 2, port);
+            if let (1, Some(f)) = (rank, fault) {
+                cmd.env(FAULT_ENV, f);
+            }
+            cmd.spawn().expect("the dflash binary starts")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// What two runs must share: every step's record, the drafter and the optimizer state.
+fn assert_same_training(a: &Outcome, b: &Outcome, what: &str) {
+    assert_eq!(a.records, b.records, "{what}: step records differ");
+    assert!(a.model == b.model, "{what}: drafter weights differ");
+    assert!(
+        a.optimizer == b.optimizer,
+        "{what}: optimizer state differs"
+    );
+    assert_eq!(a.latest, b.latest, "{what}: latest checkpoint differs");
+}
+
+#[test]
+fn two_processes_train_what_one_process_with_two_replicas_trains() {
+    let job = Job::new();
+    let one = Job::new().with_sets(&["pipeline.drafter_workers=2"]);
+    one.finish("one", false);
+    let want = Outcome::read(&one.run_dir("one"));
+
+    let outs = run_pair(&job, "two", false, None);
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank} failed:\n{}", stderr(o));
+        assert!(
+            stderr(o).contains(&format!("rank {rank} of 2")),
+            "rank {rank} does not say who it is:\n{}",
+            stderr(o)
+        );
+    }
+    let dir = job.run_dir("two");
+    assert_same_training(&want, &Outcome::read(&dir), "2 processes x 1 replica");
+    // Rank 1 keeps its own log beside rank 0's run, and saves nothing.
+    let r1 = dir.join("rank-1");
+    assert!(
+        r1.join("metrics.jsonl").exists(),
+        "rank 1 has no metrics.jsonl"
+    );
+    assert!(!r1.join("checkpoints").exists(), "rank 1 wrote checkpoints");
+    assert!(
+        !r1.join("model.safetensors").exists(),
+        "rank 1 saved a drafter"
+    );
+}
+
+#[test]
+fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint() {
+    let job = Job::new();
+    let one = Job::new().with_sets(&["pipeline.drafter_workers=2"]);
+    one.finish("one", false);
+    let want = Outcome::read(&one.run_dir("one"));
+
+    let fault = "fail:drafter-step:0@5";
+    let outs = run_pair(&job, "two", false, Some(fault));
+    let injected = format!(
+        "rank 1 drafter replica 0 failed: fault injected by {}",
+        fault.replace("fail:", "DFLASH_FAULT=fail:")
+    );
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(!o.status.success(), "rank {rank} succeeded despite {fault}");
+        assert!(
+            stderr(o).contains(&injected),
+            "rank {rank}: expected {injected:?} in\n{}",
+            stderr(o)
+        );
+    }
+    let dir = job.run_dir("two");
+    let error = std::fs::read_to_string(dir.join("error.txt")).expect("rank 0 wrote error.txt");
+    assert!(error.contains(&injected), "rank 0's error.txt: {error}");
+    let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-3", "the last good checkpoint is kept");
+
+    let outs = run_pair(&job, "two", true, None);
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "resumed rank {rank} failed:\n{}",
+            stderr(o)
+        );
+    }
+    assert_same_training(&want, &Outcome::read(&dir), "failed at step 5, resumed");
+}

@@ -1,0 +1,178 @@
+//! Data-parallel training across processes: a launcher (torchrun, SLURM, Kubernetes) starts
+//! one `dflash train` per GPU or host with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`
+//! and `MASTER_PORT` set (`dflash_launch::LaunchEnv`), and the processes form one group
+//! (`dflash_launch::ProcessGroup`, TCP through rank 0).
+//!
+//! Each process runs the whole pipeline of one replica: its loader, its target worker(s)
+//! and one drafter replica. Micro-batch `m` of a step belongs to process `m % WORLD_SIZE`
+//! (as it belongs to replica `m % D` in one process), and every optimizer step sums the
+//! gradients and the loss statistics across the processes in rank order, so `N` processes
+//! of one replica each compute what one process with `N` replicas does, bit for bit.
+//!
+//! Rank 0 owns the run directory: the checkpoints, the served drafter, `summary.json` and the
+//! evaluation of tau. Rank `r > 0` keeps its own log (`metrics.jsonl`, `memory.json`,
+//! `error.txt`) in `RUN_DIR/rank-r`, and `--resume RUN_DIR` reads rank 0's checkpoints, so
+//! every process needs the run directory on a shared file system to resume. The first
+//! failure on any rank reaches every other rank through the group, which stops them all.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dflash_config::{PipelineSection, PlacementMode};
+use dflash_core::Communicator;
+use dflash_launch::{LaunchEnv, ProcessGroup};
+
+use crate::error::{PipelineError, Result};
+use crate::placement::Placement;
+
+/// This process's group of training processes.
+pub struct Processes {
+    group: Arc<ProcessGroup>,
+    env: LaunchEnv,
+}
+
+impl Processes {
+    /// The group the launcher's environment describes, connected; `None` for a plain run
+    /// (no launcher variables, or `WORLD_SIZE=1`). `timeout` bounds the connection and then
+    /// each all-reduce (a step's wait for the slowest rank).
+    pub fn from_env(timeout: Duration) -> Result<Option<Processes>> {
+        let launch = |e: dflash_launch::LaunchError| PipelineError::Job(format!("launch: {e}"));
+        let Some(env) = LaunchEnv::from_env().map_err(launch)? else {
+            return Ok(None);
+        };
+        if env.world_size < 2 {
+            return Ok(None);
+        }
+        eprintln!(
+            "rank {} of {} (local rank {}): joining the group at {}:{}",
+            env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port
+        );
+        let group = ProcessGroup::connect(&env, timeout).map_err(launch)?;
+        group.set_op_timeout(timeout);
+        Ok(Some(Processes {
+            group: Arc::new(group),
+            env,
+        }))
+    }
+
+    pub fn rank(&self) -> usize {
+        self.env.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.env.world_size
+    }
+
+    pub fn is_lead(&self) -> bool {
+        self.env.rank == 0
+    }
+
+    /// The communicator of this process's drafter replica.
+    pub(crate) fn comm(&self) -> ProcessComm {
+        ProcessComm(self.group.clone())
+    }
+
+    /// What the run calls on its first failure: tells every other rank that this one
+    /// failed, and why, which releases their waits.
+    pub(crate) fn abort_handle(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+        let group = self.group.clone();
+        Box::new(move |why| group.abort(why))
+    }
+
+    /// The run directory every rank shares (rank 0's choice, `proposed` there) and this
+    /// rank's own directory in it: the run directory itself on rank 0, `RUN_DIR/rank-r`
+    /// elsewhere.
+    pub(crate) fn run_dirs(&self, proposed: &Path) -> Result<(PathBuf, PathBuf)> {
+        let bytes = proposed.to_string_lossy().into_owned().into_bytes();
+        let shared = self
+            .group
+            .broadcast(&bytes)
+            .map_err(|e| PipelineError::Job(format!("agreeing on the run directory: {e}")))?;
+        let shared = PathBuf::from(String::from_utf8_lossy(&shared).into_owned());
+        let own = match self.env.rank {
+            0 => shared.clone(),
+            r => shared.join(format!("rank-{r}")),
+        };
+        Ok((shared, own))
+    }
+}
+
+impl Processes {
+    /// Where this process's workers run: a launcher starts one process per GPU and says
+    /// which by `LOCAL_RANK`, so, unless the config names devices (or lets `placement =
+    /// "auto"` choose), every worker goes on device `LOCAL_RANK` (modulo the `devices` this
+    /// process sees: 1 under a per-process `CUDA_VISIBLE_DEVICES`, so device 0).
+    pub(crate) fn local_placement(
+        &self,
+        cfg: &PipelineSection,
+        planned: Placement,
+        devices: usize,
+    ) -> Placement {
+        local_placement(self.env.local_rank, cfg, planned, devices)
+    }
+}
+
+fn local_placement(
+    local_rank: usize,
+    cfg: &PipelineSection,
+    planned: Placement,
+    devices: usize,
+) -> Placement {
+    let named = cfg.target_devices.is_some() || cfg.drafter_devices.is_some();
+    if named || cfg.placement == PlacementMode::Auto || devices < 2 {
+        return planned;
+    }
+    let d = local_rank % devices;
+    Placement {
+        targets: vec![d; planned.targets.len()],
+        drafters: vec![d; planned.drafters.len()],
+    }
+}
+
+/// The all-reduce of a replica across the processes.
+pub(crate) struct ProcessComm(Arc<ProcessGroup>);
+
+impl Communicator for ProcessComm {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn all_reduce_sum(&self, data: &mut [f32]) -> std::result::Result<(), String> {
+        self.0.all_reduce_sum(data).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned() -> Placement {
+        Placement {
+            targets: vec![0, 1],
+            drafters: vec![2],
+        }
+    }
+
+    #[test]
+    fn a_rank_runs_on_its_local_gpu_unless_the_config_places_it() {
+        let cfg = PipelineSection::default();
+        // Four GPUs on the host, local rank 5: device 1 for every worker.
+        let p = local_placement(5, &cfg, planned(), 4);
+        assert_eq!((p.targets, p.drafters), (vec![1, 1], vec![1]));
+        // One visible device (CUDA_VISIBLE_DEVICES per process) or a CPU: as planned.
+        assert_eq!(local_placement(5, &cfg, planned(), 1), planned());
+        let named = PipelineSection {
+            drafter_devices: Some(vec![3]),
+            ..PipelineSection::default()
+        };
+        assert_eq!(local_placement(2, &named, planned(), 4), planned());
+        let auto = PipelineSection {
+            placement: PlacementMode::Auto,
+            ..PipelineSection::default()
+        };
+        assert_eq!(local_placement(2, &auto, planned(), 4), planned());
+    }
+}

@@ -1,0 +1,168 @@
+//! Building a run's workers: backends on the planned devices, the frozen targets, the
+//! drafter replicas with identical initial weights and their device collective group, and
+//! what a multi-process run asks of its plan.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dflash_config::Collective;
+use dflash_core::Backend;
+use dflash_models::checkpoint::load_drafter;
+use dflash_models::drafter::FrozenTarget;
+use dflash_models::{Drafter, DrafterParams, Qwen3Target};
+use dflash_training::{AdamW, DrafterReplica};
+
+use super::plan::{JobPlan, TargetSource};
+use super::setup::backend_for;
+use crate::distributed::Processes;
+use crate::error::{PipelineError, Result};
+
+/// The backends of the target workers and of the drafter replicas.
+pub(super) type Placed = (Vec<Arc<dyn Backend>>, Vec<Arc<dyn Backend>>);
+
+/// Backends on the devices of [`JobPlan::placement`]. CPU backends have one device.
+/// As one rank of `procs`, on the GPU of its `LOCAL_RANK` unless the config names devices.
+pub(super) fn place_workers(plan: &JobPlan, procs: Option<&Processes>) -> Result<Placed> {
+    let cfg = &plan.cfg;
+    let mut placement = plan.placement()?;
+    if let Some(p) = procs {
+        let devices = dflash_core::registry::device_count(&cfg.backend.name)?;
+        placement = p.local_placement(&cfg.pipeline, placement, devices);
+    }
+    let on = |devs: &[usize]| {
+        devs.iter()
+            .map(|&d| backend_for(cfg, d))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok((on(&placement.targets)?, on(&placement.drafters)?))
+}
+
+/// One frozen target per target worker, and how long loading them took.
+pub(super) fn load_targets(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+) -> Result<Vec<Arc<Qwen3Target>>> {
+    let t0 = Instant::now();
+    let ids = &plan.drafter.target_layer_ids;
+    let targets = backends
+        .iter()
+        .map(|b| {
+            let t = match &plan.target {
+                TargetSource::Dir(dir) => Qwen3Target::load(b.clone(), dir, ids)?,
+                TargetSource::Random { config, seed } => {
+                    Qwen3Target::random(b.clone(), config.clone(), ids, *seed)?
+                }
+            };
+            Ok(Arc::new(t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for b in backends {
+        b.synchronize()?;
+    }
+    let what = match &plan.target {
+        TargetSource::Dir(dir) => dir.display().to_string(),
+        TargetSource::Random { .. } => "random weights".into(),
+    };
+    eprintln!(
+        "target loaded ({what}, layers 0..={}) on {} worker(s) in {:.1} s",
+        ids.iter().max().copied().unwrap_or(0),
+        targets.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(targets)
+}
+
+/// Replicas with identical initial weights. Each takes the target's frozen embedding and LM
+/// head from target worker 0 (shared on the same device, imported otherwise) instead of
+/// reading them from disk again.
+pub(super) fn build_replicas(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+    target: &Qwen3Target,
+) -> Result<Vec<DrafterReplica>> {
+    let cfg = &plan.cfg;
+    let mut replicas = Vec::with_capacity(backends.len());
+    for b in backends {
+        let params = match &cfg.drafter.init_from {
+            Some(dir) => load_drafter(b.as_ref(), dir)?.1,
+            None => DrafterParams::init_random(b.as_ref(), &plan.drafter, 0.02, cfg.train.seed)?,
+        };
+        // Read-only tensors: a drafter on the target's device shares them as they are.
+        let frozen = if b.is_local(target.embedding()) && b.is_local(target.lm_head()) {
+            target.frozen().clone()
+        } else {
+            Arc::new(FrozenTarget {
+                embed: b.import(target.embedding())?,
+                lm_head: b.import(target.lm_head())?,
+            })
+        };
+        let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, frozen)?;
+        let opt = AdamW::new(b.as_ref(), &plan.drafter, plan.hyper)?;
+        replicas.push(DrafterReplica::new(
+            drafter,
+            opt,
+            cfg.train.recompute,
+            cfg.train.grad_clip,
+            cfg.train.max_nonfinite_steps,
+        )?);
+    }
+    Ok(replicas)
+}
+
+/// With `pipeline.collective = "device"` and more than one replica: one device collective
+/// group over the replicas' backends (NCCL on CUDA), each replica its rank.
+pub(super) fn attach_device_collective(
+    plan: &JobPlan,
+    backends: &[Arc<dyn Backend>],
+    replicas: &mut [DrafterReplica],
+) -> Result<()> {
+    if plan.cfg.pipeline.collective != Collective::Device || replicas.len() < 2 {
+        return Ok(());
+    }
+    let why = |e: dflash_core::Error| {
+        PipelineError::Job(format!(
+            "pipeline.collective = \"device\" with {} drafter replicas on backend {}: {e}",
+            backends.len(),
+            plan.cfg.backend.name
+        ))
+    };
+    let endpoints = backends
+        .iter()
+        .map(|b| b.collective_endpoint())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(why)?;
+    let members = backends[0].device_collectives(endpoints).map_err(why)?;
+    eprintln!(
+        "gradients summed on the devices: {}",
+        members
+            .iter()
+            .map(|m| m.describe())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    for (r, m) in replicas.iter_mut().zip(members) {
+        r.set_device_collective(m);
+    }
+    Ok(())
+}
+
+/// What a multi-process run needs of its plan: one drafter replica a process (the group
+/// sums one gradient per rank), and the fixed micro-batch shares.
+pub(super) fn check_process_plan(plan: &JobPlan, p: &Processes) -> Result<()> {
+    if plan.drafter_workers != 1 {
+        return Err(PipelineError::Job(format!(
+            "pipeline.drafter_workers = {} with WORLD_SIZE = {}: a process of a multi-process \
+             run trains one drafter replica (start one process per replica)",
+            plan.drafter_workers,
+            p.world_size()
+        )));
+    }
+    if plan.cfg.pipeline.collective == Collective::Device {
+        return Err(PipelineError::Job(format!(
+            "pipeline.collective = \"device\" with WORLD_SIZE = {}: gradients are summed \
+             across processes through the host group; NCCL across processes is not built yet",
+            p.world_size()
+        )));
+    }
+    Ok(())
+}
