@@ -21,6 +21,19 @@ impl CollectiveOps for CudaBackend {
         self.nccl_group(endpoints)
     }
 
+    fn device_collective_id(&self) -> Result<Vec<u8>> {
+        self.nccl_id()
+    }
+
+    fn join_device_collective(
+        &self,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+    ) -> Result<Box<dyn DeviceCollective>> {
+        self.nccl_join(id, rank, world)
+    }
+
     fn all_reduce_sum(&self, t: &mut Tensor, comm: &dyn Communicator) -> Result<()> {
         let op = "all_reduce_sum";
         let shape = t.shape().clone();

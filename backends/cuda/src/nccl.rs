@@ -2,15 +2,16 @@
 //! library here): the drafter replicas of one process, one per GPU, sum their gradients on
 //! the GPUs over NVLink / PCIe peer paths, on each backend's own stream, without host memory.
 //!
-//! The group is made at once from the replicas' streams (`ncclCommInitAll`); each replica's
-//! thread then calls its own member, for the same tensors in the same order. NCCL refuses
-//! two ranks on one GPU, and so does [`CudaBackend::device_collectives`], with the devices
-//! named.
+//! In one process the group is made at once from the replicas' streams (`ncclCommInitAll`);
+//! across processes rank 0 makes NCCL's unique id, the processes' own group hands it to every
+//! rank, and each joins (`ncclCommInitRank`). Each replica's thread then calls its own
+//! member, for the same tensors in the same order. NCCL refuses two ranks on one GPU, and so
+//! does [`CudaBackend::device_collectives`], with the devices named.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
-use cudarc::nccl::{Comm, ReduceOp};
+use cudarc::nccl::{Comm, Id, ReduceOp};
 use dflash_core::{CollectiveEndpoint, DeviceCollective, Error, Result, Tensor};
 
 use crate::CudaBackend;
@@ -30,6 +31,13 @@ fn check_library() -> Result<()> {
                 .into(),
         })
     }
+}
+
+/// The loaded NCCL's version, `2.21.5`.
+fn nccl_version() -> String {
+    cudarc::nccl::result::get_nccl_version()
+        .map(|v| format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// What a CUDA backend brings to a group: its device and stream.
@@ -125,6 +133,67 @@ impl CudaBackend {
         })))
     }
 
+    /// A new NCCL unique id (128 bytes) for a group across processes.
+    pub(crate) fn nccl_id(&self) -> Result<Vec<u8>> {
+        check_library()?;
+        let id = Id::new().map_err(|e| {
+            Error::op(
+                "nccl_id",
+                self.tag.clone(),
+                format!("ncclGetUniqueId: {e:?}"),
+            )
+        })?;
+        Ok(id.internal().iter().map(|&c| c as u8).collect())
+    }
+
+    /// This process's rank of the NCCL group `id` (from [`Self::nccl_id`] on rank 0), on this
+    /// backend's device and stream; blocks until every rank has joined.
+    pub(crate) fn nccl_join(
+        &self,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+    ) -> Result<Box<dyn DeviceCollective>> {
+        check_library()?;
+        let op = "nccl_join";
+        let internal: [std::ffi::c_char; 128] = <[u8; 128]>::try_from(id)
+            .map_err(|_| {
+                Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("an NCCL unique id has 128 bytes, this one {}", id.len()),
+                )
+            })?
+            .map(|b| b as std::ffi::c_char);
+        if rank >= world {
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!("rank {rank} of a group of {world}"),
+            ));
+        }
+        // ncclCommInitRank works on the calling thread's current device.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.drv(op, e))?;
+        let comm = Comm::from_rank(self.stream.clone(), rank, world, Id::uninit(internal))
+            .map_err(|e| {
+                Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("ncclCommInitRank as rank {rank} of {world}: {e:?}"),
+                )
+            })?;
+        Ok(Box::new(NcclMember {
+            comm: Mutex::new(SendComm(comm)),
+            ordinal: self.ordinal,
+            rank,
+            world,
+            version: nccl_version(),
+        }))
+    }
+
     pub(crate) fn nccl_group(
         &self,
         endpoints: Vec<CollectiveEndpoint>,
@@ -157,9 +226,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let version = cudarc::nccl::result::get_nccl_version()
-            .map(|v| format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
-            .unwrap_or_else(|_| "?".into());
+        let version = nccl_version();
         let world = eps.len();
         let comms =
             Comm::from_devices(eps.iter().map(|e| e.stream.clone()).collect()).map_err(|e| {

@@ -164,6 +164,79 @@ fn nccl_two_gpus_sum_like_the_host() {
     check_exact("NCCL all-reduce, rank 1", &down(&c1, &t1), &want);
 }
 
+/// The group across processes, joined through NCCL's unique id, on one GPU: a group of one
+/// (rank 0 makes the id and joins it) leaves the tensor as it is; an id of the wrong length
+/// and a rank outside the group are refused by name.
+#[test]
+fn nccl_joined_group_of_one() {
+    let Some(cu) = cuda_on(0) else { return };
+    let id = match cu.device_collective_id() {
+        Ok(id) => id,
+        Err(dflash_core::Error::Unavailable { reason, .. }) => {
+            return skip(&format!("NCCL: {reason}"));
+        }
+        Err(e) => panic!("ncclGetUniqueId failed: {e}"),
+    };
+    assert_eq!(id.len(), 128, "NCCL's unique id");
+    let member = cu.join_device_collective(&id, 0, 1).unwrap();
+    let mut r = rng(23);
+    let x = rand_vec(&mut r, 4099, 1.0);
+    let mut t = up(&cu, &x, &[4099]);
+    member.all_reduce_sum(&mut t).unwrap();
+    check_exact("NCCL joined all-reduce over one rank", &down(&cu, &t), &x);
+    assert!(member.describe().contains("rank 0 of 1 on cuda:0"));
+    let short = cu
+        .join_device_collective(&id[..100], 0, 1)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(short.contains("128 bytes, this one 100"), "{short}");
+    let outside = cu
+        .join_device_collective(&id, 2, 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(outside.contains("rank 2 of a group of 2"), "{outside}");
+}
+
+/// Two GPUs, as two processes would: rank 0's id, each rank joining from its own thread on
+/// its own GPU, then summing like the host.
+#[test]
+fn nccl_joined_group_of_two_gpus_sums_like_the_host() {
+    if !two_gpus() {
+        return;
+    }
+    let (Some(c0), Some(c1)) = (cuda_on(0), cuda_on(1)) else {
+        return;
+    };
+    let id = match c0.device_collective_id() {
+        Ok(id) => id,
+        Err(e) => return skip(&format!("NCCL: {e}")),
+    };
+    let mut r = rng(24);
+    let len = (1 << 16) + 5;
+    let (x0, x1) = (rand_vec(&mut r, len, 1.0), rand_vec(&mut r, len, 1.0));
+    let want: Vec<f32> = x0.iter().zip(&x1).map(|(a, b)| a + b).collect();
+    let (t0, t1) = std::thread::scope(|s| {
+        let (id, c0, c1, x0, x1) = (&id, &c0, &c1, &x0, &x1);
+        let a = s.spawn(move || {
+            let m = c0.join_device_collective(id, 0, 2).unwrap();
+            let mut t = up(c0, x0, &[len]);
+            m.all_reduce_sum(&mut t).unwrap();
+            t
+        });
+        let b = s.spawn(move || {
+            let m = c1.join_device_collective(id, 1, 2).unwrap();
+            let mut t = up(c1, x1, &[len]);
+            m.all_reduce_sum(&mut t).unwrap();
+            t
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    check_exact("NCCL joined all-reduce, rank 0", &down(&c0, &t0), &want);
+    check_exact("NCCL joined all-reduce, rank 1", &down(&c1, &t1), &want);
+}
+
 /// Two GPUs: a tensor of GPU 0 imported by GPU 1's backend is a peer copy that GPU 1 owns,
 /// with exactly the values GPU 0 holds in the compute format.
 #[test]

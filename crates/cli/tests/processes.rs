@@ -131,3 +131,26 @@ fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint()
     }
     assert_same_training(&want, &Outcome::read(&dir), "failed at step 5, resumed");
 }
+
+#[test]
+fn a_device_collective_the_backend_lacks_stops_every_rank_with_rank_0s_reason() {
+    let job = Job::new().with_sets(&["pipeline.collective=\"device\""]);
+    let outs = run_pair(&job, "device", false, None);
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(
+            !o.status.success(),
+            "rank {rank} trained without a device group"
+        );
+    }
+    let e0 = stderr(&outs[0]);
+    assert!(
+        e0.contains("pipeline.collective = \"device\" across 2 processes on backend reference")
+            && e0.contains("host memory only"),
+        "rank 0:\n{e0}"
+    );
+    let e1 = stderr(&outs[1]);
+    assert!(
+        e1.contains("rank 0 could not make the device group's id"),
+        "rank 1:\n{e1}"
+    );
+}

@@ -80,15 +80,19 @@ impl Processes {
         Box::new(move |why| group.abort(why))
     }
 
+    /// Rank 0's `bytes` on every rank (others' are ignored).
+    pub(crate) fn broadcast(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        self.group
+            .broadcast(bytes)
+            .map_err(|e| PipelineError::Job(format!("launch: {e}")))
+    }
+
     /// The run directory every rank shares (rank 0's choice, `proposed` there) and this
     /// rank's own directory in it: the run directory itself on rank 0, `RUN_DIR/rank-r`
     /// elsewhere.
     pub(crate) fn run_dirs(&self, proposed: &Path) -> Result<(PathBuf, PathBuf)> {
         let bytes = proposed.to_string_lossy().into_owned().into_bytes();
-        let shared = self
-            .group
-            .broadcast(&bytes)
-            .map_err(|e| PipelineError::Job(format!("agreeing on the run directory: {e}")))?;
+        let shared = self.broadcast(&bytes)?;
         let shared = PathBuf::from(String::from_utf8_lossy(&shared).into_owned());
         let own = match self.env.rank {
             0 => shared.clone(),

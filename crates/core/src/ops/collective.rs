@@ -44,6 +44,26 @@ pub trait CollectiveOps {
         let _ = endpoints;
         Err(self::no_device_collective())
     }
+
+    /// The id of a new device collective group across processes (NCCL's unique id), made on
+    /// rank 0 and handed to every rank (the processes' own group carries it). Default: the
+    /// backend has none.
+    fn device_collective_id(&self) -> Result<Vec<u8>> {
+        Err(self::no_device_collective())
+    }
+
+    /// This process's member of the device collective group `id`: rank `rank` of `world`,
+    /// one process per device. Every rank must call it (it returns once all have joined).
+    /// Default: the backend has none.
+    fn join_device_collective(
+        &self,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+    ) -> Result<Box<dyn DeviceCollective>> {
+        let _ = (id, rank, world);
+        Err(self::no_device_collective())
+    }
 }
 
 fn no_device_collective() -> Error {

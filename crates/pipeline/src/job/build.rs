@@ -147,7 +147,7 @@ pub(super) fn attach_device_collective(
 }
 
 /// What a multi-process run needs of its plan: one drafter replica a process (the group
-/// sums one gradient per rank), and the fixed micro-batch shares.
+/// sums one gradient per rank).
 pub(super) fn check_process_plan(plan: &JobPlan, p: &Processes) -> Result<()> {
     if plan.drafter_workers != 1 {
         return Err(PipelineError::Job(format!(
@@ -157,12 +157,47 @@ pub(super) fn check_process_plan(plan: &JobPlan, p: &Processes) -> Result<()> {
             p.world_size()
         )));
     }
-    if plan.cfg.pipeline.collective == Collective::Device {
-        return Err(PipelineError::Job(format!(
-            "pipeline.collective = \"device\" with WORLD_SIZE = {}: gradients are summed \
-             across processes through the host group; NCCL across processes is not built yet",
-            p.world_size()
-        )));
+    Ok(())
+}
+
+/// With `pipeline.collective = "device"` across processes: rank 0's backend makes the id of a
+/// device group (NCCL's unique id), the processes' own group hands it to every rank, and each
+/// process's replica joins it as its rank, so gradients are summed on the devices.
+pub(super) fn attach_process_collective(
+    plan: &JobPlan,
+    p: &Processes,
+    backend: &Arc<dyn Backend>,
+    replica: &mut DrafterReplica,
+) -> Result<()> {
+    if plan.cfg.pipeline.collective != Collective::Device {
+        return Ok(());
     }
+    let why = |e: dflash_core::Error| {
+        PipelineError::Job(format!(
+            "pipeline.collective = \"device\" across {} processes on backend {}: {e}",
+            p.world_size(),
+            plan.cfg.backend.name
+        ))
+    };
+    // Every rank reaches the broadcast: rank 0 hands out the id or, failing to make one,
+    // an empty id that every rank refuses with rank 0's error in its own log.
+    let id = match p.is_lead() {
+        true => backend.device_collective_id(),
+        false => Ok(Vec::new()),
+    };
+    let shared = p.broadcast(id.as_deref().unwrap_or_default())?;
+    id.map_err(why)?;
+    if shared.is_empty() {
+        return Err(PipelineError::Job(
+            "pipeline.collective = \"device\": rank 0 could not make the device group's id \
+             (its error is in rank 0's log)"
+                .into(),
+        ));
+    }
+    let member = backend
+        .join_device_collective(&shared, p.rank(), p.world_size())
+        .map_err(why)?;
+    eprintln!("gradients summed on the devices: {}", member.describe());
+    replica.set_device_collective(member);
     Ok(())
 }

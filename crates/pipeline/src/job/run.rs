@@ -19,7 +19,8 @@ use dflash_training::{DrafterReplica, evaluate_tau};
 
 use super::TrainOutcome;
 use super::build::{
-    attach_device_collective, build_replicas, check_process_plan, load_targets, place_workers,
+    attach_device_collective, attach_process_collective, build_replicas, check_process_plan,
+    load_targets, place_workers,
 };
 use super::checkpoint::{CheckpointWriter, Figures};
 use super::memory::MemoryPlan;
@@ -82,6 +83,9 @@ pub(super) fn run_plan(
     }
     let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
     attach_device_collective(plan, &drafter_backends, &mut replicas)?;
+    if let Some(p) = procs {
+        attach_process_collective(plan, p, &drafter_backends[0], &mut replicas[0])?;
+    }
     let (carried, carried_skips) = match resuming {
         true => resume(home, &mut replicas, lead)?,
         false => (Figures::default(), Some(SkipCounts::default())),
