@@ -33,6 +33,39 @@ fn check_library() -> Result<()> {
     }
 }
 
+/// What NCCL says about a failed call: the result code, its text and NCCL's last error
+/// message (which names, e.g., the ranks that share a GPU); cudarc's own `Debug` says only
+/// `NcclError`.
+fn nccl_error(e: &cudarc::nccl::result::NcclError) -> String {
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: NCCL returns NUL-terminated static (or thread-local) strings.
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .trim()
+                .to_owned()
+        }
+    };
+    // ncclGetLastError exists from NCCL 2.13 on (cudarc would panic on a missing symbol).
+    let has_last = cudarc::nccl::result::get_nccl_version().is_ok_and(|v| v >= 21300);
+    // SAFETY: both take no pointer argument but the (null: any) communicator.
+    let (what, last) = unsafe {
+        (
+            text(cudarc::nccl::sys::ncclGetErrorString(e.0)),
+            match has_last {
+                true => text(cudarc::nccl::sys::ncclGetLastError(std::ptr::null_mut())),
+                false => String::new(),
+            },
+        )
+    };
+    match last.is_empty() {
+        true => format!("{:?} ({what})", e.0),
+        false => format!("{:?} ({what}): {last}", e.0),
+    }
+}
+
 /// The loaded NCCL's version, `2.21.5`.
 fn nccl_version() -> String {
     cudarc::nccl::result::get_nccl_version()
@@ -106,8 +139,10 @@ impl DeviceCollective for NcclMember {
             .all_reduce_in_place(&mut view, &ReduceOp::Sum)
             .map_err(|e| {
                 self.err(format!(
-                    "{shape:?} on rank {} of {}: {e:?}",
-                    self.rank, self.world
+                    "{shape:?} on rank {} of {}: {}",
+                    self.rank,
+                    self.world,
+                    nccl_error(&e)
                 ))
             })?;
         Ok(())
@@ -140,7 +175,7 @@ impl CudaBackend {
             Error::op(
                 "nccl_id",
                 self.tag.clone(),
-                format!("ncclGetUniqueId: {e:?}"),
+                format!("ncclGetUniqueId: {}", nccl_error(&e)),
             )
         })?;
         Ok(id.internal().iter().map(|&c| c as u8).collect())
@@ -182,7 +217,11 @@ impl CudaBackend {
                 Error::op(
                     op,
                     self.tag.clone(),
-                    format!("ncclCommInitRank as rank {rank} of {world}: {e:?}"),
+                    format!(
+                        "ncclCommInitRank as rank {rank} of {world}: {} (NCCL needs one GPU \
+                         per rank: give each process its own device)",
+                        nccl_error(&e)
+                    ),
                 )
             })?;
         Ok(Box::new(NcclMember {
@@ -233,7 +272,7 @@ impl CudaBackend {
                 Error::op(
                     op,
                     self.tag.clone(),
-                    format!("ncclCommInitAll over {world} GPUs: {e:?}"),
+                    format!("ncclCommInitAll over {world} GPUs: {}", nccl_error(&e)),
                 )
             })?;
         Ok(comms
