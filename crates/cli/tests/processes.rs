@@ -11,6 +11,9 @@ use std::process::{Child, Command, Output, Stdio};
 
 use common::{FAULT_ENV, Job, Outcome};
 
+/// Two micro-batches a step, so that each rank (each replica) has a share of every step.
+const SHARED: [&str; 1] = ["train.micro_batches_per_step=2"];
+
 /// A port nothing listens on right now.
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -52,7 +55,8 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// What two runs must share: every step's record, the drafter and the optimizer state.
+/// What two runs must share: every step's record, the drafter and the optimizer state, the
+/// trainer state and summary (with the whole run's data counts, gathered from every rank).
 fn assert_same_training(a: &Outcome, b: &Outcome, what: &str) {
     assert_eq!(a.records, b.records, "{what}: step records differ");
     assert!(a.model == b.model, "{what}: drafter weights differ");
@@ -61,12 +65,17 @@ fn assert_same_training(a: &Outcome, b: &Outcome, what: &str) {
         "{what}: optimizer state differs"
     );
     assert_eq!(a.latest, b.latest, "{what}: latest checkpoint differs");
+    assert_eq!(
+        a.trainer_state, b.trainer_state,
+        "{what}: trainer state differs"
+    );
+    assert_eq!(a.summary, b.summary, "{what}: summary differs");
 }
 
 #[test]
 fn two_processes_train_what_one_process_with_two_replicas_trains() {
-    let job = Job::new();
-    let one = Job::new().with_sets(&["pipeline.drafter_workers=2"]);
+    let job = Job::new().with_sets(&SHARED);
+    let one = Job::new().with_sets(&[SHARED[0], "pipeline.drafter_workers=2"]);
     one.finish("one", false);
     let want = Outcome::read(&one.run_dir("one"));
 
@@ -96,8 +105,8 @@ fn two_processes_train_what_one_process_with_two_replicas_trains() {
 
 #[test]
 fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint() {
-    let job = Job::new();
-    let one = Job::new().with_sets(&["pipeline.drafter_workers=2"]);
+    let job = Job::new().with_sets(&SHARED);
+    let one = Job::new().with_sets(&[SHARED[0], "pipeline.drafter_workers=2"]);
     one.finish("one", false);
     let want = Outcome::read(&one.run_dir("one"));
 
@@ -134,7 +143,7 @@ fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint()
 
 #[test]
 fn a_device_collective_the_backend_lacks_stops_every_rank_with_rank_0s_reason() {
-    let job = Job::new().with_sets(&["pipeline.collective=\"device\""]);
+    let job = Job::new().with_sets(&[SHARED[0], "pipeline.collective=\"device\""]);
     let outs = run_pair(&job, "device", false, None);
     for (rank, o) in outs.iter().enumerate() {
         assert!(

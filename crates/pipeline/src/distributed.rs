@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use dflash_config::{PipelineSection, PlacementMode};
 use dflash_core::Communicator;
+use dflash_data::SkipCounts;
 use dflash_launch::{LaunchEnv, ProcessGroup};
 
 use crate::error::{PipelineError, Result};
@@ -134,6 +135,54 @@ fn local_placement(
     }
 }
 
+/// Every rank's `mine`, in rank order, on every rank: an all-gather built on the sum (each
+/// rank writes its bytes, as f32 values 0..=255, into its own slot of a zeroed buffer, so
+/// every sum is exact). For small records (a run's skip counts), not tensors.
+pub(crate) fn all_gather_bytes(comm: &dyn Communicator, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let fail = |e: String| PipelineError::Job(format!("gathering the ranks' data counts: {e}"));
+    // Lengths first (exact in f32 below 2^24 bytes a rank).
+    let mut lens = vec![0.0f32; world];
+    lens[rank] = mine.len() as f32;
+    comm.all_reduce_sum(&mut lens).map_err(fail)?;
+    let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
+    let starts: Vec<usize> = lens
+        .iter()
+        .scan(0, |at, &l| {
+            let s = *at;
+            *at += l;
+            Some(s)
+        })
+        .collect();
+    let mut all = vec![0.0f32; lens.iter().sum()];
+    for (slot, &b) in all[starts[rank]..].iter_mut().zip(mine) {
+        *slot = f32::from(b);
+    }
+    comm.all_reduce_sum(&mut all).map_err(fail)?;
+    Ok((0..world)
+        .map(|r| {
+            all[starts[r]..starts[r] + lens[r]]
+                .iter()
+                .map(|&x| x as u8)
+                .collect()
+        })
+        .collect())
+}
+
+/// The skip counts of every rank's share merged in rank order: the whole run's (each rank
+/// counts only the samples of its own micro-batches).
+pub(crate) fn all_ranks_counts(comm: &dyn Communicator, mine: &SkipCounts) -> Result<SkipCounts> {
+    let bytes = serde_json::to_vec(mine).expect("skip counts serialise");
+    let mut all = SkipCounts::default();
+    for (r, b) in all_gather_bytes(comm, &bytes)?.iter().enumerate() {
+        let c: SkipCounts = serde_json::from_slice(b).map_err(|e| {
+            PipelineError::Job(format!("rank {r}'s data counts arrived garbled: {e}"))
+        })?;
+        all.merge(&c);
+    }
+    Ok(all)
+}
+
 /// The all-reduce of a replica across the processes.
 pub(crate) struct ProcessComm(Arc<ProcessGroup>);
 
@@ -157,6 +206,24 @@ mod tests {
         Placement {
             targets: vec![0, 1],
             drafters: vec![2],
+        }
+    }
+
+    #[test]
+    fn all_gather_bytes_gives_every_rank_each_ranks_bytes_in_order() {
+        let comms = crate::comm::HostComm::group(3);
+        let mine =
+            |r: usize| -> Vec<u8> { (0..(5 * r + 1)).map(|i| (i * 97 + r * 31) as u8).collect() };
+        let got: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| s.spawn(move || all_gather_bytes(c, &mine(c.rank())).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want: Vec<Vec<u8>> = (0..3).map(mine).collect();
+        for (r, g) in got.iter().enumerate() {
+            assert_eq!(g, &want, "rank {r}");
         }
     }
 

@@ -10,6 +10,7 @@ use dflash_training::{DrafterReplica, PreparedBatch};
 use super::checkpoint::{CheckpointWriter, Written};
 use super::plan::JobPlan;
 use super::run::RunResult;
+use crate::distributed::all_ranks_counts;
 use crate::error::{PipelineError, Result};
 use crate::phases::Phase;
 use crate::report::Reporter;
@@ -33,6 +34,8 @@ pub(super) struct DrafterLoop<'a> {
     /// The group its gradients are summed in: `comm.rank()` of `comm.world_size()` says
     /// which micro-batches of a step are its own.
     pub(super) comm: &'a dyn Communicator,
+    /// The group of processes of a multi-process run (its data counts are per rank).
+    pub(super) processes: Option<&'a dyn Communicator>,
     /// Least-loaded routing's shared hand-out; `None`: fixed routing.
     pub(super) router: Option<&'a SharedRouter>,
 }
@@ -104,13 +107,21 @@ impl DrafterLoop<'_> {
             let due = (save_every > 0 && n.is_multiple_of(save_every))
                 || n == plan.total_steps()
                 || n == end_step;
-            if let Some(checkpoints) = lead.checkpoints.as_mut().filter(|_| due) {
+            if due {
                 // Only the steps this checkpoint holds: the target workers may be ahead.
                 let mine = shared
                     .skips
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .before(n);
+                // Every rank of a multi-process run takes part; rank 0 saves.
+                let mine = match self.processes {
+                    Some(comm) => all_ranks_counts(comm, &mine)?,
+                    None => mine,
+                };
+                let Some(checkpoints) = lead.checkpoints.as_mut() else {
+                    continue;
+                };
                 let extra = serde_json::json!({
                     "epoch": work.epoch,
                     "seed": plan.cfg.train.seed,

@@ -29,7 +29,7 @@ use super::replica_loop::{DrafterLoop, Lead};
 use super::resume::{finished_run, report_data, resume};
 use super::setup::{EvalData, eval_features, stop_tokens};
 use crate::comm::HostComm;
-use crate::distributed::Processes;
+use crate::distributed::{Processes, all_ranks_counts};
 use crate::error::{PipelineError, Result};
 use crate::phases::PhaseClock;
 use crate::report::Reporter;
@@ -382,6 +382,7 @@ fn run_workers(
                         rank,
                         who: &who,
                         comm: comm.as_ref(),
+                        processes: process.map(|_| comm.as_ref()),
                         // Across processes each rank has its own share, fixed.
                         router: (plan.cfg.pipeline.routing == Routing::LeastLoaded
                             && process.is_none())
@@ -414,11 +415,15 @@ fn run_workers(
     {
         return Err(e);
     }
-    result.skips = shared
+    let mine = shared
         .skips
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .before(end_step);
+    result.skips = match procs {
+        Some(p) => all_ranks_counts(&p.comm(), &mine)?,
+        None => mine,
+    };
     let replica = finished
         .into_iter()
         .next()
