@@ -10,7 +10,7 @@
 //! of one replica each compute what one process with `N` replicas does, bit for bit.
 //!
 //! Rank 0 owns the run directory: the checkpoints, the served drafter, `summary.json` and the
-//! evaluation of tau. Rank `r > 0` keeps its own log (`metrics.jsonl`, `memory.json`,
+//! evaluation of tau. Rank `r > 0` keeps its own log (`metrics.jsonl`, `memory_plan.json`,
 //! `error.txt`) in `RUN_DIR/rank-r`, and `--resume RUN_DIR` reads rank 0's checkpoints, so
 //! every process needs the run directory on a shared file system to resume. The first
 //! failure on any rank reaches every other rank through the group, which stops them all.
