@@ -32,14 +32,14 @@ fn as_rank(mut cmd: Command, rank: usize, world: usize, port: u16) -> Command {
     cmd
 }
 
-/// Runs run `name` of `job` as two processes (`fault` set on rank 1 only) and returns each
-/// rank's output.
-fn run_pair(job: &Job, name: &str, resume: bool, fault: Option<&str>) -> Vec<Output> {
+/// Runs run `name` of `job` as two processes (`fault`: `(rank, point)` set on that rank only)
+/// and returns each rank's output.
+fn run_pair(job: &Job, name: &str, resume: bool, fault: Option<(usize, &str)>) -> Vec<Output> {
     let port = free_port();
     let children: Vec<Child> = (0..2)
         .map(|rank| {
             let mut cmd = as_rank(job.command(name, resume), rank, 2, port);
-            if let (1, Some(f)) = (rank, fault) {
+            if let Some((_, f)) = fault.filter(|(r, _)| *r == rank) {
                 cmd.env(FAULT_ENV, f);
             }
             cmd.spawn().expect("the dflash binary starts")
@@ -105,40 +105,45 @@ fn two_processes_train_what_one_process_with_two_replicas_trains() {
 
 #[test]
 fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint() {
-    let job = Job::new().with_sets(&SHARED);
     let one = Job::new().with_sets(&[SHARED[0], "pipeline.drafter_workers=2"]);
     one.finish("one", false);
     let want = Outcome::read(&one.run_dir("one"));
 
-    let fault = "fail:drafter-step:0@5";
-    let outs = run_pair(&job, "two", false, Some(fault));
-    let injected = format!(
-        "rank 1 drafter replica 0 failed: fault injected by {}",
-        fault.replace("fail:", "DFLASH_FAULT=fail:")
-    );
-    for (rank, o) in outs.iter().enumerate() {
-        assert!(!o.status.success(), "rank {rank} succeeded despite {fault}");
-        assert!(
-            stderr(o).contains(&injected),
-            "rank {rank}: expected {injected:?} in\n{}",
-            stderr(o)
+    // Either rank failing at step 5 (its 5th step) stops both; rank 0's step-3 checkpoint
+    // stays, and the pair resumes from it to the same end.
+    for failing in [1, 0] {
+        let job = Job::new().with_sets(&SHARED);
+        let fault = "fail:drafter-step:0@5";
+        let outs = run_pair(&job, "two", false, Some((failing, fault)));
+        let injected = format!(
+            "rank {failing} drafter replica 0 failed: fault injected by {}",
+            fault.replace("fail:", "DFLASH_FAULT=fail:")
         );
-    }
-    let dir = job.run_dir("two");
-    let error = std::fs::read_to_string(dir.join("error.txt")).expect("rank 0 wrote error.txt");
-    assert!(error.contains(&injected), "rank 0's error.txt: {error}");
-    let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).unwrap();
-    assert_eq!(latest.trim(), "step-3", "the last good checkpoint is kept");
+        for (rank, o) in outs.iter().enumerate() {
+            assert!(!o.status.success(), "rank {rank} succeeded despite {fault}");
+            assert!(
+                stderr(o).contains(&injected),
+                "rank {failing} failing, rank {rank}: expected {injected:?} in\n{}",
+                stderr(o)
+            );
+        }
+        let dir = job.run_dir("two");
+        let error = std::fs::read_to_string(dir.join("error.txt")).expect("rank 0 wrote error.txt");
+        assert!(error.contains(&injected), "rank 0's error.txt: {error}");
+        let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).unwrap();
+        assert_eq!(latest.trim(), "step-3", "the last good checkpoint is kept");
 
-    let outs = run_pair(&job, "two", true, None);
-    for (rank, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "resumed rank {rank} failed:\n{}",
-            stderr(o)
-        );
+        let outs = run_pair(&job, "two", true, None);
+        for (rank, o) in outs.iter().enumerate() {
+            assert!(
+                o.status.success(),
+                "resumed rank {rank} failed:\n{}",
+                stderr(o)
+            );
+        }
+        let what = format!("rank {failing} failed at step 5, resumed");
+        assert_same_training(&want, &Outcome::read(&dir), &what);
     }
-    assert_same_training(&want, &Outcome::read(&dir), "failed at step 5, resumed");
 }
 
 #[test]
