@@ -92,14 +92,20 @@ impl AttnCfg {
         common + 16 * vec4s + 4 * words
     }
 
-    /// The constants in front of the module.
+    /// The constants in front of the module. `ABLATE` is a measurement switch
+    /// (`DFLASH_WGPU_ATTN_ABLATE`, default 0): the forward skips the phases its bits name
+    /// (1: the score products, 2: the exponentials, 4: the P V accumulation, 8: staging K
+    /// and V), so that timing each variant tells what each phase costs. Its results are
+    /// then wrong: never set it outside a measurement.
     pub(crate) fn header(&self) -> String {
         format!(
-            "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n",
+            "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n\
+             const ABLATE: u32 = {}u;\n",
             self.dp,
             self.bq,
             self.bk,
-            self.threads()
+            self.threads(),
+            ablate()
         )
     }
 
@@ -420,6 +426,17 @@ fn pass_words(per: usize, len: usize) -> Vec<[u32; 3]> {
             [(i * per) as u32, per as u32, flags]
         })
         .collect()
+}
+
+/// `DFLASH_WGPU_ATTN_ABLATE` (see [`AttnCfg::header`]), read once.
+fn ablate() -> u32 {
+    static ABLATE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ABLATE.get_or_init(|| {
+        std::env::var("DFLASH_WGPU_ATTN_ABLATE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
 }
 
 #[cfg(test)]

@@ -111,13 +111,18 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
         }
-        stage_kv(1u, KV, k0, kh, lid, 0u);
+        if ((ABLATE & 8u) == 0u) {
+            stage_kv(1u, KV, k0, kh, lid, 0u);
+        }
         workgroupBarrier();
         // Scores: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let ty = sb / (BK / 2u);
             let tx = sb % (BK / 2u);
-            let s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            var s = S8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if ((ABLATE & 1u) == 0u) {
+                s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+            }
             var x = vec4<f32>(neg_inf_f32());
             var y = vec4<f32>(neg_inf_f32());
             for (var e = 0u; e < 4u; e = e + 1u) {
@@ -134,7 +139,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         workgroupBarrier();
         // K is read no more: stage V now (flagging non-finite values), its loads overlapping
         // the softmax below.
-        stage_kv(2u, KV, k0, kh, lid, 1u);
+        if ((ABLATE & 8u) == 0u) {
+            stage_kv(2u, KV, k0, kh, lid, 1u);
+        }
         var cm = neg_inf_f32();
         for (var j = part; j < BK; j = j + NPART) {
             let s = score_at(rr, j);
@@ -160,7 +167,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             let s = score_at(rr, j);
             var pr = 0.0;
             if (s != neg_inf_f32() && !poisons(s)) {
-                pr = exp(s - m_new);
+                pr = select(exp(s - m_new), s - m_new, (ABLATE & 2u) != 0u);
             }
             buf[SC + j * PSQ + rr / 4u][rr % 4u] = pr;
             sum = sum + pr;
@@ -177,7 +184,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         l = l * alpha + sum;
         o = o8_scale(o, row_a[ry]);
-        o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
+        if ((ABLATE & 4u) == 0u) {
+            o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
+        }
         workgroupBarrier();
     }
     // The row's NaN flag: the OR of its threads' flags (stat_m is free: the loop ended on a
