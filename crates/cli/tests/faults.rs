@@ -38,7 +38,9 @@ fn a_failing_worker_stops_every_worker_and_the_run_resumes_from_its_last_checkpo
     assert_eq!(whole.records.len() as u64, STEPS);
 
     // (run, fault, the worker it names, the checkpoint left: `None` where the step at which
-    // the failure lands depends on which target worker takes which micro-batch).
+    // the failure lands depends on which target worker takes which micro-batch, so there may
+    // be none yet). The target fault is worker 1's third batch: the two workers share the
+    // run's 12 batches, and a later one (its 6th was used) may never come.
     let cases = [
         (
             "drafter",
@@ -46,7 +48,7 @@ fn a_failing_worker_stops_every_worker_and_the_run_resumes_from_its_last_checkpo
             "drafter replica 1",
             Some(3),
         ),
-        ("target", "fail:target-batch:1@6", "target worker 1", None),
+        ("target", "fail:target-batch:1@3", "target worker 1", None),
     ];
     for (name, fault, worker, kept) in cases {
         let stderr = run_failing(&job, name, fault);
@@ -64,9 +66,10 @@ fn a_failing_worker_stops_every_worker_and_the_run_resumes_from_its_last_checkpo
             error_txt.contains(&injected),
             "{name}: error.txt is\n{error_txt}"
         );
-        let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).unwrap();
+        let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).ok();
         if let Some(step) = kept {
-            assert_eq!(latest.trim(), format!("step-{step}"), "{name}");
+            let latest = latest.as_deref().map(str::trim);
+            assert_eq!(latest, Some(format!("step-{step}").as_str()), "{name}");
         }
         assert!(
             !dir.join("summary.json").exists(),
@@ -74,12 +77,16 @@ fn a_failing_worker_stops_every_worker_and_the_run_resumes_from_its_last_checkpo
         );
 
         let (line, stderr) = job.finish(name, true);
-        assert!(
-            stderr.contains(&format!(
+        let resumed = match &latest {
+            Some(l) => format!(
                 "resuming {}",
-                dir.join("checkpoints").join(latest.trim()).display()
-            )),
-            "{name}: not resumed from {latest}:\n{stderr}"
+                dir.join("checkpoints").join(l.trim()).display()
+            ),
+            None => "no checkpoint yet; starting the run from step 0".to_string(),
+        };
+        assert!(
+            stderr.contains(&resumed),
+            "{name}: expected {resumed:?} ({latest:?}):\n{stderr}"
         );
         assert_eq!(figures(&line), figures(&whole_line), "{name}");
         let got = Outcome::read(&dir);
