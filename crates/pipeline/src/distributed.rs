@@ -26,6 +26,7 @@ use dflash_launch::{LaunchEnv, ProcessGroup};
 
 use crate::error::{PipelineError, Result};
 use crate::placement::Placement;
+use crate::workers::OnAbort;
 
 /// This process's group of training processes.
 pub struct Processes {
@@ -76,7 +77,7 @@ impl Processes {
 
     /// What the run calls on its first failure: tells every other rank that this one
     /// failed, and why, which releases their waits.
-    pub(crate) fn abort_handle(&self) -> Box<dyn Fn(&str) + Send + Sync> {
+    pub(crate) fn abort_handle(&self) -> OnAbort {
         let group = self.group.clone();
         Box::new(move |why| group.abort(why))
     }
@@ -101,9 +102,7 @@ impl Processes {
         };
         Ok((shared, own))
     }
-}
 
-impl Processes {
     /// Where this process's workers run: a launcher starts one process per GPU and says
     /// which by `LOCAL_RANK`, so, unless the config names devices (or lets `placement =
     /// "auto"` choose), every worker goes on device `LOCAL_RANK` (modulo the `devices` this

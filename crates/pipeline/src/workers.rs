@@ -25,6 +25,9 @@ pub struct WorkItem {
     pub samples: Vec<usize>,
 }
 
+/// What a run calls once on its first failure, with the failure's cause chain.
+pub type OnAbort = Box<dyn Fn(&str) + Send + Sync>;
+
 /// State shared by all workers of a run.
 pub struct Shared {
     pub abort: AtomicBool,
@@ -35,7 +38,7 @@ pub struct Shared {
     pub skips: Mutex<StepSkips>,
     pub stall_timeout: Duration,
     /// Called once on the first failure with its cause chain (aborts the all-reduce group).
-    pub on_abort: Box<dyn Fn(&str) + Send + Sync>,
+    pub on_abort: OnAbort,
     /// Where each target worker's time goes.
     pub target_clocks: Vec<PhaseClock>,
     /// Where each drafter replica's time goes.

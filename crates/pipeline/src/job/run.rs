@@ -33,7 +33,7 @@ use crate::distributed::{Processes, all_ranks_counts};
 use crate::error::{PipelineError, Result};
 use crate::phases::PhaseClock;
 use crate::report::Reporter;
-use crate::workers::{Shared, SharedRouter, StepSkips, WorkItem, target_worker};
+use crate::workers::{OnAbort, Shared, SharedRouter, StepSkips, WorkItem, target_worker};
 
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint); as
 /// one rank of `procs` when given, `run_dir` then being this rank's own directory.
@@ -307,19 +307,16 @@ fn run_workers(
     let start_step = replicas[0].step;
     // In-process replicas sum through host threads; a process's one replica through the
     // group of processes.
-    let host = HostComm::group(plan.drafter_workers);
-    let comms: Vec<Box<dyn Communicator>> = match procs {
-        Some(p) => vec![Box::new(p.comm())],
-        None => host
-            .iter()
-            .map(|c| Box::new(c.clone()) as Box<dyn Communicator>)
-            .collect(),
-    };
-    let on_abort: Box<dyn Fn(&str) + Send + Sync> = match procs {
-        Some(p) => p.abort_handle(),
+    let (comms, on_abort): (Vec<Box<dyn Communicator>>, OnAbort) = match procs {
+        Some(p) => (vec![Box::new(p.comm())], p.abort_handle()),
         None => {
+            let host = HostComm::group(plan.drafter_workers);
             let c = host[0].clone();
-            Box::new(move |_| c.abort())
+            let comms = host
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Communicator>)
+                .collect();
+            (comms, Box::new(move |_| c.abort()))
         }
     };
     let shared = shared_state(plan, on_abort);
@@ -434,7 +431,7 @@ fn run_workers(
 
 /// The state all workers of a run share: queues, the first error, skip counts, phase clocks.
 /// `on_abort` releases the replicas' all-reduce group on the first failure.
-fn shared_state(plan: &JobPlan, on_abort: Box<dyn Fn(&str) + Send + Sync>) -> Shared {
+fn shared_state(plan: &JobPlan, on_abort: OnAbort) -> Shared {
     let p = &plan.cfg.pipeline;
     Shared {
         abort: AtomicBool::new(false),
