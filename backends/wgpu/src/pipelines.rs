@@ -103,8 +103,9 @@ impl Family {
             Family::Optimizer => include_str!("shaders/optimizer.wgsl"),
             Family::Attention(cfg) => {
                 return format!(
-                    "{}{PRELUDE}\n{}\n{}",
+                    "{}{PRELUDE}\n{}\n{}\n{}",
                     cfg.header(),
+                    cfg.operands(),
                     include_str!("shaders/attention.wgsl"),
                     cfg.body()
                 );

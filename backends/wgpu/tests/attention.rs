@@ -1,9 +1,9 @@
 //! Attention through the shared suite of `dflash-tests` (its masks, inputs and dense f64
 //! oracle, every output NaN-poisoned first): the WGSL kernel `wgpu-tiled` on every suite mask
-//! in layouts covering GQA 1..4 and head dims 32..256 (and an odd 40), the large-score cases,
-//! the large masks (several query and key tiles), the NaN-propagation cases; a host kernel
-//! through the round trip; clean errors for unsupported head dims. `F32_KERNEL` bounds (an
-//! f32 online softmax against f64).
+//! in layouts covering GQA 1..4 and head dims 32..256 (and 40 and 22, padded; 22 read as
+//! scalars, the others as vec4), the large-score cases, the large masks (several query and
+//! key tiles), the NaN-propagation cases; a host kernel through the round trip; clean errors
+//! for unsupported head dims. `F32_KERNEL` bounds (an f32 online softmax against f64).
 //!
 //! Skips cleanly without an adapter.
 
@@ -17,13 +17,15 @@ use dflash_tests::{
     check_backend_attention_nan, large_score_cases, nan_cases_on,
 };
 
-/// (q heads, kv heads, head_dim): GQA 1, 2, 4; head dims 32, 40, 64, 128, 256.
-const LAYOUTS: [Layout; 5] = [
+/// (q heads, kv heads, head_dim): GQA 1, 2, 4; head dims 32, 40, 64, 128, 256 (q, k, v read
+/// as vec4) and 22 (as scalars: rows start inside a vec4).
+const LAYOUTS: [Layout; 6] = [
     Layout::new(4, 2, 64),
     Layout::new(2, 2, 32),
     Layout::new(4, 1, 40),
     Layout::new(4, 2, 128),
     Layout::new(2, 1, 256),
+    Layout::new(2, 2, 22),
 ];
 
 fn run_suite(be: &dyn dflash_core::Backend, label: &str, cases: &[Case], checks: &AttentionChecks) {

@@ -33,7 +33,8 @@ pub(crate) enum AttnKind {
 }
 
 /// One attention module: the kernel, the padded head dim `dp` (a power of two, 32..=256) and
-/// the tile sizes, put in front of the WGSL as constants. The threads: each owns 4 rows (keys
+/// the tile sizes, put in front of the WGSL as constants, and how q, k, v are read (`vec4`:
+/// whole vec4, for head dims that are a multiple of 4). The threads: each owns 4 rows (keys
 /// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`, 128 for every kernel
 /// (the owned side is 4096 / dp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,14 +43,22 @@ pub(crate) struct AttnCfg {
     pub dp: u32,
     pub bq: u32,
     pub bk: u32,
+    pub vec4: bool,
 }
 
 impl AttnCfg {
     /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory:
     /// 128 threads (the rows a thread block owns, BQ for the forward and dq, BK for dk/dv,
-    /// = 4096 / DP), the other tile side the largest of 64, 32, 16, 8 that fits. `Err`: the
-    /// bytes the smallest configuration needs.
-    pub(crate) fn choose(kind: AttnKind, d: usize, limit: u32) -> std::result::Result<Self, u32> {
+    /// = 4096 / DP), the other tile side the largest of 64, 32, 16, 8 that fits; q, k, v read
+    /// as vec4 when `d % 4 == 0` and none is empty (a binding of vec4 needs 16 bytes). `Err`:
+    /// the bytes the smallest configuration needs.
+    pub(crate) fn choose(
+        kind: AttnKind,
+        d: usize,
+        empty: bool,
+        limit: u32,
+    ) -> std::result::Result<Self, u32> {
+        let vec4 = d.is_multiple_of(4) && !empty;
         let dp = (d.max(1).next_power_of_two() as u32).max(32);
         let owned = 4096 / dp;
         let mut need = u32::MAX;
@@ -58,7 +67,13 @@ impl AttnCfg {
                 AttnKind::Fwd | AttnKind::Dq => (owned, other),
                 AttnKind::Dkdv => (other, owned),
             };
-            let cfg = AttnCfg { kind, dp, bq, bk };
+            let cfg = AttnCfg {
+                kind,
+                dp,
+                bq,
+                bk,
+                vec4,
+            };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
                 return Ok(cfg);
@@ -109,6 +124,20 @@ impl AttnCfg {
         )
     }
 
+    /// The bindings of the row-major (rows, D) inputs, put before attention.wgsl: q, k, v at
+    /// 1-3 and the backward's d_out at 5, each with its reader `NAME_row4(at, c4)` (elements
+    /// 4 c4 .. 4 c4 + 3 of the row starting at element `at`, zero past D).
+    pub(crate) fn operands(&self) -> String {
+        let mut s = String::new();
+        for (name, binding) in [("q", 1), ("k", 2), ("v", 3)] {
+            s += &row_operand(name, binding, self.vec4);
+        }
+        if self.kind != AttnKind::Fwd {
+            s += &row_operand("d_out", 5, self.vec4);
+        }
+        s
+    }
+
     /// The kernel's file (the backward kernels' after their shared attention_bwd.wgsl).
     pub(crate) fn body(&self) -> &'static str {
         match self.kind {
@@ -130,7 +159,11 @@ impl AttnCfg {
             AttnKind::Dq => "attention_dq.wgsl",
             AttnKind::Dkdv => "attention_dkdv.wgsl",
         };
-        format!("{file} (DP {}, {} x {} tiles)", self.dp, self.bq, self.bk)
+        let loads = if self.vec4 { "vec4" } else { "f32" };
+        format!(
+            "{file} (DP {}, {} x {} tiles, {loads} q/k/v)",
+            self.dp, self.bq, self.bk
+        )
     }
 
     fn kernel(&self, entry: &'static str) -> Kernel<'static> {
@@ -140,6 +173,30 @@ impl AttnCfg {
     /// `(BQ, BK)` as the host's tile lists take them.
     fn tiles(&self) -> (usize, usize) {
         (self.bq as usize, self.bk as usize)
+    }
+}
+
+/// The binding of a row-major (rows, D) input `name` and its reader `NAME_row4`. With `vec4`
+/// (D % 4 == 0: every row starts on a vec4) the binding is vec4 and a read one 16-byte load;
+/// otherwise f32 and four loads.
+fn row_operand(name: &str, binding: u32, vec4: bool) -> String {
+    if vec4 {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n\
+             fn {name}_row4(at: u32, c4: u32) -> vec4<f32> {{\n\
+             \x20   if (4u * c4 >= p.d) {{ return vec4<f32>(0.0); }}\n\
+             \x20   return {name}[at / 4u + c4];\n}}\n"
+        )
+    } else {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> {name}: array<f32>;\n\
+             fn {name}_row4(at: u32, c4: u32) -> vec4<f32> {{\n\
+             \x20   var x = vec4<f32>(0.0);\n\
+             \x20   for (var e = 0u; e < 4u; e = e + 1u) {{\n\
+             \x20       if (4u * c4 + e < p.d) {{ x[e] = {name}[at + 4u * c4 + e]; }}\n\
+             \x20   }}\n\
+             \x20   return x;\n}}\n"
+        )
     }
 }
 
@@ -262,7 +319,8 @@ impl WgpuBackend {
         let have = self.ctx.limits.max_compute_workgroup_storage_size;
         let mut out = Vec::with_capacity(N);
         for kind in kinds {
-            out.push(AttnCfg::choose(kind, d, have).map_err(|need| {
+            let empty = sizes.contains(&0);
+            out.push(AttnCfg::choose(kind, d, empty, have).map_err(|need| {
                 self.err(
                     op,
                     format!(
@@ -495,8 +553,12 @@ mod tests {
         for limit in [32 * 1024, 48 * 1024, 64 * 1024] {
             for d in 1..=MAX_HEAD_DIM {
                 for kind in [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv] {
-                    let c = AttnCfg::choose(kind, d, limit).unwrap();
+                    let c = AttnCfg::choose(kind, d, false, limit).unwrap();
                     assert!(c.bytes() + MARGIN <= limit, "{c:?}");
+                    // Whole-vec4 reads only where every row starts on a vec4, never from an
+                    // empty operand (a vec4 binding needs 16 bytes).
+                    assert_eq!(c.vec4, d.is_multiple_of(4), "{c:?}");
+                    assert!(!AttnCfg::choose(kind, d, true, limit).unwrap().vec4);
                     assert!(c.dp as usize >= d && c.dp.is_power_of_two() && c.dp >= 32);
                     // 4-row (4-key) groups, 2-key (2-row) score blocks, whole thread groups.
                     assert!(c.bq.is_multiple_of(8) && c.bk.is_multiple_of(8), "{c:?}");
@@ -515,18 +577,18 @@ mod tests {
             }
         }
         // The H200's 48 KiB at head dim 128.
-        let c = |k| AttnCfg::choose(k, 128, 48 * 1024).unwrap().tiles();
+        let c = |k| AttnCfg::choose(k, 128, false, 48 * 1024).unwrap().tiles();
         assert_eq!(
             [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
             [(32, 32), (32, 32), (32, 32)]
         );
         // lavapipe's and llvmpipe's 32 KiB.
-        let c = |k| AttnCfg::choose(k, 128, 32 * 1024).unwrap().tiles();
+        let c = |k| AttnCfg::choose(k, 128, false, 32 * 1024).unwrap().tiles();
         assert_eq!(
             [c(AttnKind::Fwd), c(AttnKind::Dq), c(AttnKind::Dkdv)],
             [(32, 16), (32, 16), (16, 32)]
         );
-        assert!(AttnCfg::choose(AttnKind::Fwd, 128, 16 * 1024).is_err());
+        assert!(AttnCfg::choose(AttnKind::Fwd, 128, false, 16 * 1024).is_err());
     }
 
     /// The lists name exactly the tiles with a visible pair, in both directions.

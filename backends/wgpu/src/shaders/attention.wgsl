@@ -58,10 +58,8 @@ const DP4: u32 = DP / 4u;
 const DP8: u32 = DP / 8u;
 const QS: u32 = DP4 + 1u;
 
-// Every kernel binds these four first.
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+// Every kernel binds q, k, v at 1-3 (the host declares them in front of this file, with
+// their readers q_row4, k_row4, v_row4: as vec4 where D % 4 == 0) and the tile lists.
 @group(0) @binding(4) var<storage, read> tiles: array<u32>;
 
 // The key intervals of the staged query tile's rows, the list bounds, and two flags for
@@ -120,32 +118,15 @@ fn note(seen: bool, which: u32) {
     }
 }
 
-// Elements 4 c4 .. 4 c4 + 3 of the D-wide row starting at `at` of q (0), k (1) or v (2),
-// zero past D. Whole vec4 inside D (every one when D % 4 == 0) take four unconditional loads.
+// Elements 4 c4 .. 4 c4 + 3 of the D-wide row starting at element `at` of q (0), k (1) or
+// v (2), zero past D.
 fn row4(which: u32, at: u32, c4: u32) -> vec4<f32> {
-    let c = 4u * c4;
-    if (c + 4u <= p.d) {
-        let a = at + c;
-        if (which == 0u) {
-            return vec4<f32>(q[a], q[a + 1u], q[a + 2u], q[a + 3u]);
-        } else if (which == 1u) {
-            return vec4<f32>(k[a], k[a + 1u], k[a + 2u], k[a + 3u]);
-        }
-        return vec4<f32>(v[a], v[a + 1u], v[a + 2u], v[a + 3u]);
+    if (which == 0u) {
+        return q_row4(at, c4);
+    } else if (which == 1u) {
+        return k_row4(at, c4);
     }
-    var x = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (c + e < p.d) {
-            if (which == 0u) {
-                x[e] = q[at + c + e];
-            } else if (which == 1u) {
-                x[e] = k[at + c + e];
-            } else {
-                x[e] = v[at + c + e];
-            }
-        }
-    }
-    return x;
+    return v_row4(at, c4);
 }
 
 // Staging loops run a constant number of iterations (ceil(rows DP4 / WG)) with no side effect
@@ -170,24 +151,45 @@ fn stage_q(dst: u32, r0: u32, head: u32, lid: u32, flag: u32) {
     note(seen, flag);
 }
 
-// Keys [k0, k0 + BK) of kv head kh of k (which 1) or v (which 2) into the tile at dst, zero
-// past tk.
-fn stage_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32, flag: u32) {
+// A thread's share of a K or V tile: element e = lid + n WG of the tile's BK x DP4 vec4 is
+// its n-th (a constant count: the loops unroll and the array stays in registers).
+const NKV: u32 = (BK * DP4 + WG - 1u) / WG;
+
+// This thread's share of keys [k0, k0 + BK) of kv head kh of k (which 1) or v (which 2),
+// zero past tk. The loads are only issued here: a kernel that fetches a tile before other
+// work and stores it after (`put_kv`) hides their latency behind that work.
+fn fetch_kv(which: u32, k0: u32, kh: u32, lid: u32) -> array<vec4<f32>, NKV> {
+    var x: array<vec4<f32>, NKV>;
+    for (var n = 0u; n < NKV; n = n + 1u) {
+        let e = lid + n * WG;
+        let j = e / DP4;
+        var y = vec4<f32>(0.0);
+        if (((BK * DP4) % WG == 0u || e < BK * DP4) && k0 + j < p.tk) {
+            y = row4(which, ((k0 + j) * p.hkv + kh) * p.d, e % DP4);
+        }
+        x[n] = y;
+    }
+    return x;
+}
+
+// A fetched share into the tile at dst, flagging non-finite values in bad[flag - 1].
+fn put_kv(dst: u32, share: array<vec4<f32>, NKV>, lid: u32, flag: u32) {
+    var x = share;
     var seen = false;
-    for (var n = 0u; n < (BK * DP4 + WG - 1u) / WG; n = n + 1u) {
+    for (var n = 0u; n < NKV; n = n + 1u) {
         let e = lid + n * WG;
         if ((BK * DP4) % WG == 0u || e < BK * DP4) {
-            let j = e / DP4;
-            let c4 = e % DP4;
-            var x = vec4<f32>(0.0);
-            if (k0 + j < p.tk) {
-                x = row4(which, ((k0 + j) * p.hkv + kh) * p.d, c4);
-            }
-            seen = seen | nonfinite4(x);
-            buf[dst + j * QS + c4] = x;
+            seen = seen | nonfinite4(x[n]);
+            buf[dst + (e / DP4) * QS + e % DP4] = x[n];
         }
     }
     note(seen, flag);
+}
+
+// Keys [k0, k0 + BK) of kv head kh of k (which 1) or v (which 2) into the tile at dst, zero
+// past tk.
+fn stage_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32, flag: u32) {
+    put_kv(dst, fetch_kv(which, k0, kh, lid), lid, flag);
 }
 
 // The intervals of query rows [r0, r0 + BQ) into row_iv (empty past tq).

@@ -1,8 +1,8 @@
 // attention_bwd.wgsl: what the two backward kernels share (after attention.wgsl, before
-// attention_dq.wgsl or attention_dkdv.wgsl): their inputs past q, k, v and the tile lists,
-// the staged rows' lse and dsum, and the staging of d_out.
+// attention_dq.wgsl or attention_dkdv.wgsl): their inputs past q, k, v, the tile lists and
+// d_out (binding 5, declared by the host with q, k, v), the staged rows' lse and dsum, and
+// the staging of d_out.
 
-@group(0) @binding(5) var<storage, read> d_out: array<f32>;
 @group(0) @binding(6) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(7) var<storage, read> dsum_in: array<f32>;
 
@@ -18,19 +18,9 @@ fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
         let e = lid + n * WG;
         if ((BQ * DP4) % WG == 0u || e < BQ * DP4) {
             let i = e / DP4;
-            let c = 4u * (e % DP4);
             var x = vec4<f32>(0.0);
             if (r0 + i < p.tq) {
-                let at = ((r0 + i) * p.hq + h) * p.d + c;
-                if (c + 4u <= p.d) {
-                    x = vec4<f32>(d_out[at], d_out[at + 1u], d_out[at + 2u], d_out[at + 3u]);
-                } else {
-                    for (var u = 0u; u < 4u; u = u + 1u) {
-                        if (c + u < p.d) {
-                            x[u] = d_out[at + u];
-                        }
-                    }
-                }
+                x = d_out_row4(((r0 + i) * p.hq + h) * p.d, e % DP4);
             }
             seen = seen | nonfinite4(x);
             buf[dst + i * QS + e % DP4] = x;

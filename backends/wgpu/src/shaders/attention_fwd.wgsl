@@ -1,9 +1,10 @@
 // attention_fwd.wgsl: the forward (after attention.wgsl), one workgroup of WG threads per
 // (query tile of BQ rows, head), WG = (BQ / 4) * (DP / 8).
 //
-// Per key tile of BK keys, five barriers: stage K; scores S = scale Q K^T (4 x 2 blocks,
-// masked to -inf) into SC; stage V while the row threads take each row's partial max; the
-// online-softmax update (probabilities in place of the scores, each row's alpha); O =
+// Per key tile of BK keys, five barriers: stage K (fetched into registers during the last
+// tile's P V) and fetch V; scores S = scale Q K^T (4 x 2 blocks, masked to -inf) into SC;
+// stage V while the row threads take each row's partial max; the online-softmax update
+// (probabilities in place of the scores, each row's alpha); fetch the next K, and O =
 // alpha O + P V on the 4 x 8 register blocks.
 //
 // SC holds the scores key-major: key j's 4-row group g at buf[SC + j PSQ + g], so the
@@ -104,6 +105,12 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     let lb = list_bounds(0u, qt, lid);
     let span = pass_range(lb.x, lb.y);
+    // Tiles are fetched into registers ahead of their staging: K of the first tile here, of
+    // each next one during the P V products, V of a tile during its scores.
+    var kx: array<vec4<f32>, NKV>;
+    if (span.x < span.y && (ABLATE & 8u) == 0u) {
+        kx = fetch_kv(1u, (tiles[p.qlist_at + span.x] & ~FULL) * BK, kh, lid);
+    }
     for (var it = span.x; it < span.y; it = it + 1u) {
         let w = tiles[p.qlist_at + it];
         tile_full = (w & FULL) != 0u;
@@ -111,8 +118,10 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         if (lid == 0u) {
             atomicStore(&bad[0], 0u);
         }
+        var vx: array<vec4<f32>, NKV>;
         if ((ABLATE & 8u) == 0u) {
-            stage_kv(1u, KV, k0, kh, lid, 0u);
+            put_kv(KV, kx, lid, 0u);
+            vx = fetch_kv(2u, k0, kh, lid);
         }
         workgroupBarrier();
         // Scores: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
@@ -137,10 +146,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             buf[SC + (tx + BK / 2u) * PSQ + ty] = y;
         }
         workgroupBarrier();
-        // K is read no more: stage V now (flagging non-finite values), its loads overlapping
-        // the softmax below.
+        // K is read no more: V in its place (flagging non-finite values).
         if ((ABLATE & 8u) == 0u) {
-            stage_kv(2u, KV, k0, kh, lid, 1u);
+            put_kv(KV, vx, lid, 1u);
         }
         var cm = neg_inf_f32();
         for (var j = part; j < BK; j = j + NPART) {
@@ -183,6 +191,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             sum = sum + stat_s[rr + BQ * u];
         }
         l = l * alpha + sum;
+        if (it + 1u < span.y && (ABLATE & 8u) == 0u) {
+            kx = fetch_kv(1u, (tiles[p.qlist_at + it + 1u] & ~FULL) * BK, kh, lid);
+        }
         o = o8_scale(o, row_a[ry]);
         if ((ABLATE & 4u) == 0u) {
             o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);
