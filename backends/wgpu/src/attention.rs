@@ -6,6 +6,8 @@
 
 mod tiled;
 
+#[cfg(test)]
+pub(crate) use tiled::AttnKind;
 pub(crate) use tiled::{AttnCfg, MetaCache};
 
 use dflash_core::mask::BlockMask;

@@ -178,7 +178,8 @@ impl Ctx {
         format!(
             "{}: {} ({:?} {:?}, driver {} {}); limits in force: storage binding {:.0} MiB, \
              buffer {:.0} MiB, workgroup storage {} KiB, {} invocations per workgroup, \
-             {} workgroups per dimension, offset alignment {} B; features: {}, {}",
+             {} workgroups per dimension, offset alignment {} B; features: {}, {} \
+             (subgroups of {}..={} lanes)",
             self.tag,
             self.info.name,
             self.info.backend,
@@ -193,6 +194,8 @@ impl Ctx {
             l.min_storage_buffer_offset_alignment,
             feature(wgpu::Features::SHADER_F16, "SHADER_F16"),
             feature(wgpu::Features::SUBGROUP, "SUBGROUP"),
+            self.info.subgroup_min_size,
+            self.info.subgroup_max_size,
         )
     }
 }

@@ -595,3 +595,6 @@ impl Ctx {
         self.check(op)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -47,6 +47,26 @@ fn tiled_attention_matches_the_oracle_on_every_mask() {
     run_suite(&be, "wgpu-tiled", &cases, &F32_KERNEL);
 }
 
+/// The suite at head dim 128 with subgroups off: where the adapter's subgroups take the
+/// forward's softmax (attention_fwd_sg.wgsl: 16+ lanes, so the H200 but not lavapipe), this
+/// is the plain forward's check; elsewhere it repeats the plain path.
+#[test]
+fn tiled_attention_without_subgroups_matches_the_oracle() {
+    let Some(be) = wgpu_tiled_without_subgroups() else {
+        return;
+    };
+    let masks = dflash_tests::suite_masks().expect("suite masks");
+    let layout = Layout::new(4, 2, 128);
+    let mut cases = cases_on(&masks, &[layout]);
+    cases.extend(large_score_cases(layout).unwrap());
+    run_suite(&be, "wgpu-tiled (no subgroups)", &cases, &F32_KERNEL);
+    let report = check_backend_attention_nan(&be, "wgpu-tiled", &nan_cases_on(layout).unwrap());
+    println!("{report}");
+    if let Err(e) = report.ensure_passed() {
+        panic!("{e}");
+    }
+}
+
 #[test]
 fn tiled_attention_on_large_masks() {
     let Some(be) = wgpu_with("wgpu-tiled", None) else {

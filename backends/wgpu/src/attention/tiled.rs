@@ -44,6 +44,8 @@ pub(crate) struct AttnCfg {
     pub bq: u32,
     pub bk: u32,
     pub vec4: bool,
+    /// The forward's softmax in registers and subgroup shuffles (attention_fwd_sg.wgsl).
+    pub sg: bool,
 }
 
 impl AttnCfg {
@@ -73,6 +75,7 @@ impl AttnCfg {
                 bq,
                 bk,
                 vec4,
+                sg: false,
             };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
@@ -80,6 +83,26 @@ impl AttnCfg {
             }
         }
         Err(need)
+    }
+
+    /// Whether the forward can take its softmax in registers on subgroups whose size lies in
+    /// `[min, max]`: each thread's score block (4 rows x 2 keys) lies on the rows it
+    /// accumulates (one block a thread, BK / 2 == DP / 8), a row group's BK / 2 lanes fit in
+    /// a subgroup, and full subgroups fill the workgroup.
+    pub(crate) fn fits_subgroup_softmax(&self, min: u32, max: u32) -> bool {
+        let wg = self.threads();
+        self.kind == AttnKind::Fwd
+            && self.bq * self.bk / 8 == wg
+            && self.bk / 2 == self.dp / 8
+            && min >= self.bk / 2
+            && max <= wg
+            && max.is_power_of_two()
+            && min.is_power_of_two()
+    }
+
+    /// The forward's entry point.
+    fn fwd_entry(&self) -> &'static str {
+        if self.sg { "attn_fwd_sg" } else { "attn_fwd" }
     }
 
     pub(crate) fn threads(&self) -> u32 {
@@ -138,9 +161,14 @@ impl AttnCfg {
         s
     }
 
-    /// The kernel's file (the backward kernels' after their shared attention_bwd.wgsl).
+    /// The kernel's file (the backward kernels' after their shared attention_bwd.wgsl, the
+    /// subgroup forward after the plain one, whose helpers it shares).
     pub(crate) fn body(&self) -> &'static str {
         match self.kind {
+            AttnKind::Fwd if self.sg => concat!(
+                include_str!("../shaders/attention_fwd.wgsl"),
+                include_str!("../shaders/attention_fwd_sg.wgsl")
+            ),
             AttnKind::Fwd => include_str!("../shaders/attention_fwd.wgsl"),
             AttnKind::Dq => concat!(
                 include_str!("../shaders/attention_bwd.wgsl"),
@@ -155,6 +183,7 @@ impl AttnCfg {
 
     pub(crate) fn label(&self) -> String {
         let file = match self.kind {
+            AttnKind::Fwd if self.sg => "attention_fwd_sg.wgsl",
             AttnKind::Fwd => "attention_fwd.wgsl",
             AttnKind::Dq => "attention_dq.wgsl",
             AttnKind::Dkdv => "attention_dkdv.wgsl",
@@ -320,7 +349,7 @@ impl WgpuBackend {
         let mut out = Vec::with_capacity(N);
         for kind in kinds {
             let empty = sizes.contains(&0);
-            out.push(AttnCfg::choose(kind, d, empty, have).map_err(|need| {
+            let mut cfg = AttnCfg::choose(kind, d, empty, have).map_err(|need| {
                 self.err(
                     op,
                     format!(
@@ -328,7 +357,11 @@ impl WgpuBackend {
                          the adapter has {have}"
                     ),
                 )
-            })?);
+            })?;
+            let info = &self.ctx.info;
+            cfg.sg = self.subgroups()
+                && cfg.fits_subgroup_softmax(info.subgroup_min_size, info.subgroup_max_size);
+            out.push(cfg);
         }
         Ok(out
             .try_into()
@@ -422,7 +455,7 @@ impl WgpuBackend {
         let reads = [q.bind(), k.bind(), v.bind(), m.buf.bind()];
         let writes = [out.bind(), lse.bind(), state.bind()];
         let g = (dims.q_rows.div_ceil(bq) * dims.q_heads) as u64;
-        let fwd = cfg.kernel("attn_fwd");
+        let fwd = cfg.kernel(cfg.fwd_entry());
         self.passes(op, &fwd, p, per, m.max_q_list, &reads, &writes, g)
     }
 
@@ -589,6 +622,24 @@ mod tests {
             [(32, 16), (32, 16), (16, 32)]
         );
         assert!(AttnCfg::choose(AttnKind::Fwd, 128, false, 16 * 1024).is_err());
+    }
+
+    #[test]
+    fn the_subgroup_softmax_fits_the_head_dim_128_forward_only() {
+        let c = |k, d| AttnCfg::choose(k, d, false, 48 * 1024).unwrap();
+        let fwd = c(AttnKind::Fwd, 128);
+        // NVIDIA's 32 lanes, AMD's 32 or 64, 16 (the row group's lanes) at the least.
+        assert!(fwd.fits_subgroup_softmax(32, 32));
+        assert!(fwd.fits_subgroup_softmax(16, 64));
+        // lavapipe's 8 lanes split a row group; a subgroup wider than the workgroup.
+        assert!(!fwd.fits_subgroup_softmax(8, 8));
+        assert!(!fwd.fits_subgroup_softmax(4, 32));
+        assert!(!fwd.fits_subgroup_softmax(256, 256));
+        // Tiles whose score blocks are not the accumulated rows; the backward kernels.
+        assert!(!c(AttnKind::Fwd, 64).fits_subgroup_softmax(32, 32));
+        assert!(!c(AttnKind::Fwd, 256).fits_subgroup_softmax(32, 32));
+        assert!(!c(AttnKind::Dq, 128).fits_subgroup_softmax(32, 32));
+        assert!(!c(AttnKind::Dkdv, 128).fits_subgroup_softmax(32, 32));
     }
 
     /// The lists name exactly the tiles with a visible pair, in both directions.

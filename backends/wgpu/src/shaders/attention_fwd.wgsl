@@ -63,6 +63,46 @@ fn get_out(r: u32, h: u32, cx: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(a, b);
 }
 
+// The start of list iteration `it`: the tile's full flag, its first key (returned), the
+// non-finite flag of its V tile cleared.
+fn begin_tile(it: u32, lid: u32) -> u32 {
+    let w = tiles[p.qlist_at + it];
+    tile_full = (w & FULL) != 0u;
+    if (lid == 0u) {
+        atomicStore(&bad[0], 0u);
+    }
+    return (w & ~FULL) * BK;
+}
+
+// This thread's share of the K tile of list iteration `it` (zero past the pass's span).
+fn fetch_k_of(it: u32, span: vec2<u32>, kh: u32, lid: u32) -> array<vec4<f32>, NKV> {
+    var x: array<vec4<f32>, NKV>;
+    if (it < span.y && (ABLATE & 8u) == 0u) {
+        x = fetch_kv(1u, (tiles[p.qlist_at + it] & ~FULL) * BK, kh, lid);
+    }
+    return x;
+}
+
+// The scaled scores of rows 4 ty .. 4 ty + 3 (components) against keys k0 + tx (x) and
+// k0 + tx + BK / 2 (y) from the staged Q and K tiles, -inf where a pair is not visible.
+fn score_block(ty: u32, tx: u32, k0: u32) -> S8 {
+    var s = S8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if ((ABLATE & 1u) == 0u) {
+        s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
+    }
+    var x = vec4<f32>(neg_inf_f32());
+    var y = vec4<f32>(neg_inf_f32());
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (visible(4u * ty + e, k0 + tx)) {
+            x[e] = p.scale * s.x[e];
+        }
+        if (visible(4u * ty + e, k0 + tx + BK / 2u)) {
+            y[e] = p.scale * s.y[e];
+        }
+    }
+    return S8(x, y);
+}
+
 @compute @workgroup_size(WG)
 fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -107,17 +147,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let span = pass_range(lb.x, lb.y);
     // Tiles are fetched into registers ahead of their staging: K of the first tile here, of
     // each next one during the P V products, V of a tile during its scores.
-    var kx: array<vec4<f32>, NKV>;
-    if (span.x < span.y && (ABLATE & 8u) == 0u) {
-        kx = fetch_kv(1u, (tiles[p.qlist_at + span.x] & ~FULL) * BK, kh, lid);
-    }
+    var kx = fetch_k_of(span.x, span, kh, lid);
     for (var it = span.x; it < span.y; it = it + 1u) {
-        let w = tiles[p.qlist_at + it];
-        tile_full = (w & FULL) != 0u;
-        let k0 = (w & ~FULL) * BK;
-        if (lid == 0u) {
-            atomicStore(&bad[0], 0u);
-        }
+        let k0 = begin_tile(it, lid);
         var vx: array<vec4<f32>, NKV>;
         if ((ABLATE & 8u) == 0u) {
             put_kv(KV, kx, lid, 0u);
@@ -128,22 +160,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
             let ty = sb / (BK / 2u);
             let tx = sb % (BK / 2u);
-            var s = S8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if ((ABLATE & 1u) == 0u) {
-                s = dots8(QT + 4u * ty * QS, KV + tx * QS, KV + (tx + BK / 2u) * QS);
-            }
-            var x = vec4<f32>(neg_inf_f32());
-            var y = vec4<f32>(neg_inf_f32());
-            for (var e = 0u; e < 4u; e = e + 1u) {
-                if (visible(4u * ty + e, k0 + tx)) {
-                    x[e] = p.scale * s.x[e];
-                }
-                if (visible(4u * ty + e, k0 + tx + BK / 2u)) {
-                    y[e] = p.scale * s.y[e];
-                }
-            }
-            buf[SC + tx * PSQ + ty] = x;
-            buf[SC + (tx + BK / 2u) * PSQ + ty] = y;
+            let s = score_block(ty, tx, k0);
+            buf[SC + tx * PSQ + ty] = s.x;
+            buf[SC + (tx + BK / 2u) * PSQ + ty] = s.y;
         }
         workgroupBarrier();
         // K is read no more: V in its place (flagging non-finite values).
@@ -191,9 +210,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             sum = sum + stat_s[rr + BQ * u];
         }
         l = l * alpha + sum;
-        if (it + 1u < span.y && (ABLATE & 8u) == 0u) {
-            kx = fetch_kv(1u, (tiles[p.qlist_at + it + 1u] & ~FULL) * BK, kh, lid);
-        }
+        kx = fetch_k_of(it + 1u, span, kh, lid);
         o = o8_scale(o, row_a[ry]);
         if ((ABLATE & 4u) == 0u) {
             o = acc_rows(o, SC + ry, PSQ, KV + cx, BK, atomicLoad(&bad[0]) != 0u);

@@ -156,6 +156,14 @@ pub fn wgpu_workgroup_reductions() -> Option<WgpuBackend> {
     Some(be)
 }
 
+/// `wgpu-tiled` without subgroup operations: the plain attention forward (and workgroup-memory
+/// reductions) where the adapter's subgroups would take the forward's softmax.
+pub fn wgpu_tiled_without_subgroups() -> Option<WgpuBackend> {
+    let be = wgpu_opts_full("wgpu-tiled", None, false, false)?;
+    assert!(!be.subgroups());
+    Some(be)
+}
+
 /// The backends the row-reduction tests run on: [`wgpu_both`], plus (where the adapter has
 /// `SUBGROUP`, so that those use subgroup reductions) one with workgroup-memory reductions.
 pub fn wgpu_reduction_variants() -> Vec<(&'static str, WgpuBackend)> {

@@ -1,0 +1,66 @@
+//! Every module the backend can generate parses and validates under naga (the WGSL front end
+//! wgpu runs when it makes a pipeline), without an adapter: variants that the CI's lavapipe
+//! never builds (the subgroup forward needs 16-lane subgroups, lavapipe has 8; tile sizes of
+//! larger workgroup memories) are checked on every commit too.
+
+use super::Family;
+use crate::attention::{AttnCfg, AttnKind};
+
+fn validate(family: Family, subgroups: bool) {
+    let label = family.label(subgroups);
+    let src = family.source(subgroups);
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(&src)));
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(&src)));
+}
+
+fn attention_variants() -> Vec<AttnCfg> {
+    let mut out = Vec::new();
+    // Every head-dim class, with vec4 and scalar reads (22 and 40 are padded).
+    for d in [22, 32, 40, 64, 128, 256] {
+        for kind in [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv] {
+            for limit in [32 * 1024, 48 * 1024, 64 * 1024] {
+                for empty in [false, true] {
+                    let mut c = AttnCfg::choose(kind, d, empty, limit).expect("fits");
+                    out.push(c);
+                    if c.fits_subgroup_softmax(32, 32) {
+                        c.sg = true;
+                        out.push(c);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_variant_validates() {
+    let mut families = vec![
+        Family::Memory,
+        Family::Norm,
+        Family::Rope,
+        Family::Activation,
+        Family::Embedding,
+        Family::Optimizer,
+        Family::Loss,
+        Family::F16,
+    ];
+    for (a16, b16) in [(false, false), (false, true), (true, false), (true, true)] {
+        families.push(Family::Gemm { a16, b16 });
+    }
+    let attention = attention_variants();
+    assert!(attention.iter().any(|c| c.sg) && attention.iter().any(|c| !c.vec4));
+    families.extend(attention.into_iter().map(Family::Attention));
+    for f in families {
+        validate(f, false);
+        if f.reduces() {
+            validate(f, true);
+        }
+    }
+}
