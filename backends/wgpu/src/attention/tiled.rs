@@ -253,8 +253,11 @@ pub(crate) struct MetaCache(Mutex<VecDeque<(MetaKey, Arc<Meta>)>>);
 /// The list entries' full-tile flag (attention.wgsl's `FULL`).
 const FULL: u32 = 1 << 31;
 
-/// `[q_off][q_list][k_off][k_list][ivs]` of `mask` for tiles `(bq, bk)`; list entries carry
-/// [`FULL`] on tiles whose every pair is visible.
+/// `[q_off][q_order][q_list][k_off][k_order][k_list][ivs]` of `mask` for tiles `(bq, bk)`;
+/// list entries carry [`FULL`] on tiles whose every pair is visible. The orders are the tiles
+/// by descending list length (ties by index), the order in which the kernels' workgroups take
+/// them: the longest first, so that short ones fill the end of the dispatch instead of a long
+/// one running alone (causal and DFlash masks list more tiles the later the row).
 fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [usize; 2]) {
     let map = TileMap::new(mask, bq, bk);
     let nkt = mask.kv_len().div_ceil(bk);
@@ -269,6 +272,7 @@ fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [u
         }
         words.push(list.len() as u32);
     }
+    words.extend(longest_first(map.tiles.iter().map(Vec::len)));
     let qlist_at = words.len() as u32;
     words.extend(list);
     let koff_at = words.len() as u32;
@@ -278,6 +282,7 @@ fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [u
         at += qs.len() as u32;
         words.push(at);
     }
+    words.extend(longest_first(by_key.iter().map(Vec::len)));
     let klist_at = words.len() as u32;
     let max_k = by_key.iter().map(Vec::len).max().unwrap_or(0);
     words.extend(by_key.into_iter().flatten());
@@ -290,6 +295,14 @@ fn meta_words(mask: &BlockMask, bq: usize, bk: usize) -> (Vec<u32>, [u32; 4], [u
     }
     let max_q = map.tiles.iter().map(Vec::len).max().unwrap_or(0);
     (words, [qlist_at, koff_at, klist_at, ivs_at], [max_q, max_k])
+}
+
+/// The indices of `lens` by descending length, ties in index order.
+fn longest_first(lens: impl Iterator<Item = usize>) -> Vec<u32> {
+    let lens: Vec<usize> = lens.collect();
+    let mut order: Vec<u32> = (0..lens.len() as u32).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i as usize]));
+    order
 }
 
 impl WgpuBackend {
@@ -663,6 +676,23 @@ mod tests {
             for it in lo..hi {
                 back.push((w[kl as usize + it as usize], kt as u32));
             }
+        }
+        // The orders (after each offset array, where attention.wgsl's q_tile_of / k_tile_of
+        // read them): every tile once, lists never growing, ties in index order.
+        let q_order = &w[nqt + 1..ql as usize];
+        let k_order = &w[ko as usize + nkt + 1..kl as usize];
+        for (order, off, n) in [(q_order, 0, nqt), (k_order, ko as usize, nkt)] {
+            let len = |t: u32| w[off + t as usize + 1] - w[off + t as usize];
+            let mut seen: Vec<u32> = order.to_vec();
+            seen.sort();
+            assert_eq!(seen, (0..n as u32).collect::<Vec<_>>());
+            for p in order.windows(2) {
+                assert!(len(p[0]) > len(p[1]) || (len(p[0]) == len(p[1]) && p[0] < p[1]));
+            }
+            assert!(
+                order.windows(2).any(|p| p[0] > p[1]),
+                "not the identity here"
+            );
         }
         back.sort_by_key(|&(q, k)| (q & !FULL, k));
         let back: Vec<(u32, u32)> = back.iter().map(|&(q, k)| (q & !FULL, k)).collect();

@@ -27,8 +27,10 @@
 // is loaded) the accumulation takes the careful path that skips zero weights. Rows that see
 // no key: out 0, lse -inf.
 //
-// tiles (u32): [q_off: nqt + 1][q_list][k_off: nkt + 1][k_list][ivs: 4 per query row, i32]
-// q_list: the key tiles of each query tile; k_list: the query tiles of each key tile.
+// tiles (u32): [q_off: nqt + 1][q_order: nqt][q_list][k_off: nkt + 1][k_order: nkt][k_list]
+// [ivs: 4 per query row, i32]. q_list: the key tiles of each query tile; k_list: the query
+// tiles of each key tile; the orders: the tiles by descending list length, which workgroups
+// take in turn (the longest first, so short ones fill the end of the dispatch).
 
 struct AttnParams {
     tq: u32, tk: u32, hq: u32, hkv: u32,
@@ -202,6 +204,16 @@ fn load_intervals(r0: u32, lid: u32) {
         }
         row_iv[e] = x;
     }
+}
+
+// The query tile of the i-th workgroup (of each head), and the key tile of the i-th (of each
+// kv head): the i-th of q_order / k_order.
+fn q_tile_of(i: u32) -> u32 {
+    return tiles[(p.tq + BQ - 1u) / BQ + 1u + i];
+}
+
+fn k_tile_of(i: u32) -> u32 {
+    return tiles[p.koff_at + (p.tk + BK - 1u) / BK + 1u + i];
 }
 
 // [start, end) of a tile list, made workgroup-uniform (loop bounds around barriers).

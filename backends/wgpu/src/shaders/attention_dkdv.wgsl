@@ -35,7 +35,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (g >= nkt * p.hkv) {
         return;
     }
-    let kt = g / p.hkv;
+    let kt = k_tile_of(g / p.hkv);
     let kh = g % p.hkv;
     let k0 = kt * BK;
     let ky = lid / DP8;

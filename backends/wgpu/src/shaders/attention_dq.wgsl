@@ -55,7 +55,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (g >= nqt * p.hq) {
         return;
     }
-    let qt = g / p.hq;
+    let qt = q_tile_of(g / p.hq);
     let h = g % p.hq;
     let kh = h / p.group;
     let r0 = qt * BQ;

@@ -62,7 +62,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     if (g >= nqt * p.hq) {
         return;
     }
-    let qt = g / p.hq;
+    let qt = q_tile_of(g / p.hq);
     let h = g % p.hq;
     let kh = h / p.group;
     let r0 = qt * BQ;
