@@ -48,7 +48,7 @@ fn tiled_attention_matches_the_oracle_on_every_mask() {
 }
 
 /// The suite at head dim 128 with subgroups off: where the adapter's subgroups take the
-/// forward's softmax (attention_fwd_sg.wgsl: 16+ lanes, so the H200 but not lavapipe), this
+/// forward's softmax (attention_fwd_sg.wgsl: 32+ lanes, so the H200 but not lavapipe), this
 /// is the plain forward's check; elsewhere it repeats the plain path.
 #[test]
 fn tiled_attention_without_subgroups_matches_the_oracle() {

@@ -44,7 +44,8 @@ pub(crate) struct AttnCfg {
     pub bq: u32,
     pub bk: u32,
     pub vec4: bool,
-    /// The forward's softmax in registers and subgroup shuffles (attention_fwd_sg.wgsl).
+    /// The forward's softmax in registers and subgroup shuffles, on twice the threads
+    /// (attention_fwd_sg.wgsl).
     pub sg: bool,
 }
 
@@ -86,15 +87,15 @@ impl AttnCfg {
     }
 
     /// Whether the forward can take its softmax in registers on subgroups whose size lies in
-    /// `[min, max]`: each thread's score block (4 rows x 2 keys) lies on the rows it
-    /// accumulates (one block a thread, BK / 2 == DP / 8), a row group's BK / 2 lanes fit in
-    /// a subgroup, and full subgroups fill the workgroup.
+    /// `[min, max]` ([`Self::sg`]): a row group's BK lanes hold one key each and their 4-dim
+    /// slices of the accumulators cover DP (BK == DP / 4), and full subgroups of at least BK
+    /// lanes fill the workgroup of (BQ / 4) * BK threads.
     pub(crate) fn fits_subgroup_softmax(&self, min: u32, max: u32) -> bool {
-        let wg = self.threads();
+        let wg = self.bq / 4 * self.bk;
         self.kind == AttnKind::Fwd
-            && self.bq * self.bk / 8 == wg
-            && self.bk / 2 == self.dp / 8
-            && min >= self.bk / 2
+            && self.bk == self.dp / 4
+            && wg <= 256
+            && min >= self.bk
             && max <= wg
             && max.is_power_of_two()
             && min.is_power_of_two()
@@ -106,6 +107,9 @@ impl AttnCfg {
     }
 
     pub(crate) fn threads(&self) -> u32 {
+        if self.sg {
+            return self.bq / 4 * self.bk;
+        }
         match self.kind {
             AttnKind::Fwd | AttnKind::Dq => self.bq * self.dp / 32,
             AttnKind::Dkdv => self.bk * self.dp / 32,
@@ -372,8 +376,8 @@ impl WgpuBackend {
                 )
             })?;
             let info = &self.ctx.info;
-            cfg.sg = self.subgroups()
-                && cfg.fits_subgroup_softmax(info.subgroup_min_size, info.subgroup_max_size);
+            let (min, max) = (info.subgroup_min_size, info.subgroup_max_size);
+            cfg.sg = self.subgroups() && cfg.fits_subgroup_softmax(min, max);
             out.push(cfg);
         }
         Ok(out
@@ -641,16 +645,23 @@ mod tests {
     fn the_subgroup_softmax_fits_the_head_dim_128_forward_only() {
         let c = |k, d| AttnCfg::choose(k, d, false, 48 * 1024).unwrap();
         let fwd = c(AttnKind::Fwd, 128);
-        // NVIDIA's 32 lanes, AMD's 32 or 64, 16 (the row group's lanes) at the least.
+        // NVIDIA's and Apple's 32 lanes, AMD's 32 or 64: a 32-lane row group in one subgroup.
         assert!(fwd.fits_subgroup_softmax(32, 32));
-        assert!(fwd.fits_subgroup_softmax(16, 64));
-        // lavapipe's 8 lanes split a row group; a subgroup wider than the workgroup.
+        assert!(fwd.fits_subgroup_softmax(32, 64));
+        // lavapipe's 8 lanes and 16-lane subgroups split a row group; a subgroup wider than
+        // the workgroup.
         assert!(!fwd.fits_subgroup_softmax(8, 8));
-        assert!(!fwd.fits_subgroup_softmax(4, 32));
-        assert!(!fwd.fits_subgroup_softmax(256, 256));
-        // Tiles whose score blocks are not the accumulated rows; the backward kernels.
+        assert!(!fwd.fits_subgroup_softmax(16, 32));
+        assert!(!fwd.fits_subgroup_softmax(512, 512));
+        assert_eq!(AttnCfg { sg: true, ..fwd }.threads(), 256);
+        // Tiles whose keys do not match the accumulators' dims; the backward kernels.
         assert!(!c(AttnKind::Fwd, 64).fits_subgroup_softmax(32, 32));
         assert!(!c(AttnKind::Fwd, 256).fits_subgroup_softmax(32, 32));
+        assert!(
+            !AttnCfg::choose(AttnKind::Fwd, 128, false, 64 * 1024)
+                .unwrap()
+                .fits_subgroup_softmax(32, 32)
+        );
         assert!(!c(AttnKind::Dq, 128).fits_subgroup_softmax(32, 32));
         assert!(!c(AttnKind::Dkdv, 128).fits_subgroup_softmax(32, 32));
     }

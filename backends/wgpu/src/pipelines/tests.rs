@@ -1,6 +1,6 @@
 //! Every module the backend can generate parses and validates under naga (the WGSL front end
 //! wgpu runs when it makes a pipeline), without an adapter: variants that the CI's lavapipe
-//! never builds (the subgroup forward needs 16-lane subgroups, lavapipe has 8; tile sizes of
+//! never builds (the subgroup forward needs 32-lane subgroups, lavapipe has 8; tile sizes of
 //! larger workgroup memories) are checked on every commit too.
 
 use super::Family;

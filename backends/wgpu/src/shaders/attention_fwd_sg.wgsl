@@ -1,38 +1,44 @@
 // attention_fwd_sg.wgsl: the forward with its online softmax in registers and subgroup
-// shuffles (after attention_fwd.wgsl, whose layout, bindings and helpers it shares). The host
-// chooses it (`AttnCfg::sg`) where each thread's 4 x 2 score block lies on the 4 rows it
-// accumulates (BQ BK / 8 == WG and BK / 2 == DP / 8: DP 128 with 32 x 32 tiles) and the
-// adapter's subgroups have at least BK / 2 lanes and fill the workgroup.
+// shuffles (after attention_fwd.wgsl, whose layout, bindings and helpers it shares), on twice
+// the plain forward's threads. The host chooses it (`AttnCfg::sg`) where BK == DP / 4 (DP 128
+// with 32 x 32 tiles: WG = (BQ / 4) * BK = 256) and the adapter's subgroups have at least BK
+// lanes and fill the workgroup.
 //
 // Thread roles come from the subgroup builtins (role = subgroup_id * subgroup_size + lane, a
-// bijection onto 0..WG with full subgroups): ty = role / (BK / 2) is the 4-row group of both
-// the scores and the accumulators, tx = role % (BK / 2) the score block's keys (tx and
-// tx + BK / 2) and the accumulators' dims. The BK / 2 threads of a row group are then aligned
-// lanes of one subgroup, so a row's max and sum are shuffle-xor butterflies over them (a fixed
-// order: every lane gets the same bits, and the result is deterministic). Per key tile, four
-// barriers: stage K and fetch V; scores, softmax, P into SC; stage V; O = alpha O + P V. The
-// scores never pass through workgroup memory and no partial maxima or sums are exchanged.
+// bijection onto 0..WG with full subgroups): ty = role / BK is the 4-row group of both the
+// scores and the accumulators, tx = role % BK the score block's one key and the accumulators'
+// dims 4 tx .. 4 tx + 3. The BK threads of a row group are then aligned lanes of one
+// subgroup, so a row's max and sum are shuffle-xor butterflies over them (a fixed order:
+// every lane gets the same bits, and the result is deterministic). Per key tile, four
+// barriers: stage K and fetch V; scores (4 rows x 1 key, `dots4`), softmax, P into SC; stage
+// V; O = alpha O + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup
+// memory and no partial maxima or sums are exchanged.
+//
+// Why twice the threads: the NVIDIA Vulkan driver gives a multiprocessor ~48 KiB of workgroup
+// memory in all, so this ~39 KiB workgroup runs alone on its multiprocessor, and 256 threads
+// hide more latency there than 128 (docs/PERF.md).
 
-// The butterfly over the BK / 2 lanes of a row group.
-fn rows_max(x: vec4<f32>) -> vec4<f32> {
+// Butterflies over aligned groups of n lanes (a power of two, at most the subgroup size): a
+// fixed order, so every lane of a group gets the same bits.
+fn lanes_max(x: vec4<f32>, n: u32) -> vec4<f32> {
     var r = x;
-    for (var s = 1u; s < BK / 2u; s = s * 2u) {
+    for (var s = 1u; s < n; s = s * 2u) {
         r = max(r, subgroupShuffleXor(r, s));
     }
     return r;
 }
 
-fn rows_sum(x: vec4<f32>) -> vec4<f32> {
+fn lanes_sum(x: vec4<f32>, n: u32) -> vec4<f32> {
     var r = x;
-    for (var s = 1u; s < BK / 2u; s = s * 2u) {
+    for (var s = 1u; s < n; s = s * 2u) {
         r = r + subgroupShuffleXor(r, s);
     }
     return r;
 }
 
-fn rows_any(x: vec4<bool>) -> vec4<bool> {
+fn lanes_any(x: vec4<bool>, n: u32) -> vec4<bool> {
     var r = select(vec4<u32>(0u), vec4<u32>(1u), x);
-    for (var s = 1u; s < BK / 2u; s = s * 2u) {
+    for (var s = 1u; s < n; s = s * 2u) {
         r = r | subgroupShuffleXor(r, s);
     }
     return r != vec4<u32>(0u);
@@ -50,6 +56,86 @@ fn probs4(x: vec4<f32>, m: vec4<f32>) -> vec4<f32> {
     let ninf = vec4<f32>(neg_inf_f32());
     let e = select(exp(x - m), x - m, (ABLATE & 2u) != 0u);
     return select(e, vec4<f32>(0.0), x == ninf);
+}
+
+// Dot products over DP of the 4 staged rows at a, a + QS, a + 2 QS, a + 3 QS with the row at
+// b: component r is row a + r QS.
+fn dots4(a: u32, b: u32) -> vec4<f32> {
+    var x0 = vec4<f32>(0.0); var x1 = vec4<f32>(0.0);
+    var x2 = vec4<f32>(0.0); var x3 = vec4<f32>(0.0);
+    for (var c = 0u; c < DP4; c = c + 1u) {
+        let u = buf[b + c];
+        x0 = fma(buf[a + c], u, x0);
+        x1 = fma(buf[a + QS + c], u, x1);
+        x2 = fma(buf[a + 2u * QS + c], u, x2);
+        x3 = fma(buf[a + 3u * QS + c], u, x3);
+    }
+    return vec4<f32>(hsum(x0), hsum(x1), hsum(x2), hsum(x3));
+}
+
+// A thread's accumulators: rows 0..3 at its 4 dims.
+struct O4 {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+fn o4_row(o: O4, r: u32) -> vec4<f32> {
+    switch (r) {
+        case 0u: { return o.r0; }
+        case 1u: { return o.r1; }
+        case 2u: { return o.r2; }
+        default: { return o.r3; }
+    }
+}
+
+// o += sum over keys j < BK of w_j (x) V_j, w_j = buf[w + j PSQ] (the 4 rows' weights), V_j =
+// buf[t + j QS]; `careful` as acc_rows.
+fn acc4(o: O4, w: u32, t: u32, careful: bool) -> O4 {
+    var r = o;
+    if (!careful) {
+        for (var j = 0u; j < BK; j = j + 1u) {
+            let x = buf[w + j * PSQ];
+            let u = buf[t + j * QS];
+            r.r0 = fma(vec4<f32>(x.x), u, r.r0);
+            r.r1 = fma(vec4<f32>(x.y), u, r.r1);
+            r.r2 = fma(vec4<f32>(x.z), u, r.r2);
+            r.r3 = fma(vec4<f32>(x.w), u, r.r3);
+        }
+        return r;
+    }
+    let zero = vec4<f32>(0.0);
+    for (var j = 0u; j < BK; j = j + 1u) {
+        let x = buf[w + j * PSQ];
+        let u = buf[t + j * QS];
+        r.r0 = r.r0 + select(zero, x.x * u, nonzero(x.x));
+        r.r1 = r.r1 + select(zero, x.y * u, nonzero(x.y));
+        r.r2 = r.r2 + select(zero, x.z * u, nonzero(x.z));
+        r.r3 = r.r3 + select(zero, x.w * u, nonzero(x.w));
+    }
+    return r;
+}
+
+// Dims 4 tx .. 4 tx + 3 of out row r (< tq) of head h, those inside D.
+fn put_out4(r: u32, h: u32, tx: u32, a: vec4<f32>) {
+    let at = (r * p.hq + h) * p.d;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (4u * tx + e < p.d) {
+            f_out[at + 4u * tx + e] = a[e];
+        }
+    }
+}
+
+fn get_out4(r: u32, h: u32, tx: u32) -> vec4<f32> {
+    var a = vec4<f32>(0.0);
+    let at = (min(r, p.tq - 1u) * p.hq + h) * p.d;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (4u * tx + e < p.d) {
+            a[e] = f_out[at + 4u * tx + e];
+        }
+    }
+    return a;
 }
 
 @compute @workgroup_size(WG)
@@ -72,24 +158,24 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let first = (p.flags & FIRST) != 0u;
     let last = (p.flags & LAST) != 0u;
     let role = sg * sgs + lane;
-    let ty = role / (BK / 2u);
-    let tx = role % (BK / 2u);
+    let ty = role / BK;
+    let tx = role % BK;
     let ninf = vec4<f32>(neg_inf_f32());
     // Rows 4 ty .. 4 ty + 3: the online-softmax state (the same in each lane of the group);
     // `nan` covers this lane's scores (the rows' flags are the OR over the group).
     var m = ninf;
     var l = vec4<f32>(0.0);
     var nan = vec4<bool>(false);
-    var o = o8_zero();
+    var o = O4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     if (!first) {
         for (var r = 0u; r < 4u; r = r + 1u) {
             let at = 3u * (min(r0 + 4u * ty + r, p.tq - 1u) * p.hq + h);
             m[r] = f_state[at];
             l[r] = f_state[at + 1u];
             nan[r] = f_state[at + 2u] != 0.0;
-            let x = get_out(r0 + 4u * ty + r, h, tx);
-            o = o8_set(o, r, x[0], x[1]);
         }
+        o = O4(get_out4(r0 + 4u * ty, h, tx), get_out4(r0 + 4u * ty + 1u, h, tx),
+               get_out4(r0 + 4u * ty + 2u, h, tx), get_out4(r0 + 4u * ty + 3u, h, tx));
     }
     let lb = list_bounds(0u, qt, lid);
     let span = pass_range(lb.x, lb.y);
@@ -102,35 +188,38 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             vx = fetch_kv(2u, k0, kh, lid);
         }
         workgroupBarrier();
-        let s = score_block(ty, tx, k0);
-        var x = s.x;
-        var y = s.y;
+        var s = vec4<f32>(0.0);
+        if ((ABLATE & 1u) == 0u) {
+            s = dots4(QT + 4u * ty * QS, KV + tx * QS);
+        }
+        var x = ninf;
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            if (visible(4u * ty + e, k0 + tx)) {
+                x[e] = p.scale * s[e];
+            }
+        }
         let px = poisons4(x);
-        let py = poisons4(y);
-        nan = nan | px | py;
+        nan = nan | px;
         x = select(x, ninf, px);
-        y = select(y, ninf, py);
-        let m_new = max(m, rows_max(max(x, y)));
+        let m_new = max(m, lanes_max(x, BK));
         let alpha = select(exp(m - m_new), vec4<f32>(0.0), m == ninf);
         let ex = probs4(x, m_new);
-        let ey = probs4(y, m_new);
-        l = l * alpha + rows_sum(ex + ey);
+        l = l * alpha + lanes_sum(ex, BK);
         m = m_new;
         buf[SC + tx * PSQ + ty] = ex;
-        buf[SC + (tx + BK / 2u) * PSQ + ty] = ey;
         workgroupBarrier(); // K is read no more; P is written
         if ((ABLATE & 8u) == 0u) {
             put_kv(KV, vx, lid, 1u);
         }
         workgroupBarrier(); // V and its non-finite flag
         kx = fetch_k_of(it + 1u, span, kh, lid);
-        o = o8_scale(o, alpha);
+        o = O4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
         if ((ABLATE & 4u) == 0u) {
-            o = acc_rows(o, SC + ty, PSQ, KV + tx, BK, atomicLoad(&bad[0]) != 0u);
+            o = acc4(o, SC + ty, KV + tx, atomicLoad(&bad[0]) != 0u);
         }
         workgroupBarrier();
     }
-    let row_bad = rows_any(nan);
+    let row_bad = lanes_any(nan, BK);
     for (var r = 0u; r < 4u; r = r + 1u) {
         let row = r0 + 4u * ty + r;
         if (row >= p.tq) {
@@ -152,20 +241,17 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 f_lse[row * p.hq + h] = lse;
             }
         }
-        let xo = o8_row(o, r);
+        let xo = o4_row(o, r);
         if (!last) {
-            put_out(row, h, tx, xo[0], xo[1]);
+            put_out4(row, h, tx, xo);
         } else {
             var a = vec4<f32>(0.0);
-            var b = vec4<f32>(0.0);
             if (row_bad[r]) {
                 a = vec4<f32>(nan_f32());
-                b = a;
             } else if (l[r] > 0.0) {
-                a = xo[0] / l[r];
-                b = xo[1] / l[r];
+                a = xo / l[r];
             }
-            put_out(row, h, tx, a, b);
+            put_out4(row, h, tx, a);
         }
     }
 }
