@@ -4,6 +4,7 @@
 //! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
 //! into f32 copies on the device first (its kernels read f32, staged in workgroup memory).
 
+mod run;
 mod tiled;
 
 #[cfg(test)]

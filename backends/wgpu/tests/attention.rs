@@ -109,6 +109,48 @@ fn tiled_attention_on_a_long_causal_mask() {
     run_suite(&split, "wgpu-tiled (passes of 3)", &cases, &F32_KERNEL);
 }
 
+/// q, out, lse, d_out and dq larger than one storage binding: the call is split by query
+/// rows (chunks of 256 bound from their first row, the mask sliced to them; dk and dv summed
+/// over the chunks). A 160 KiB binding cap makes 1024 query rows of 4 heads x 32 (512 KiB)
+/// four chunks and the DFlash mask's 640 three, while k and v (at most 155 KiB) fit; an
+/// adapter's real limit would need gigabytes. k and v over the cap are a clean error.
+#[test]
+fn tiled_attention_splits_query_rows_past_one_binding() {
+    let Some(be) = wgpu_with("wgpu-tiled", Some(160 * 1024)) else {
+        return;
+    };
+    let anchors: Vec<i32> = (0..40).map(|i| 13 * i + 5).collect();
+    let masks = [
+        ("causal_1024", BlockMask::causal(1024).unwrap()),
+        (
+            "dflash_600_640",
+            BlockMask::dflash(600, 16, &anchors).unwrap(),
+        ),
+    ];
+    assert_eq!(masks[1].1.q_len(), 640);
+    let cases = cases_on(&masks, &[Layout::new(4, 1, 32)]);
+    run_suite(
+        &be,
+        "wgpu-tiled (query rows in chunks)",
+        &cases,
+        &F32_KERNEL,
+    );
+    // k and v of 2048 keys x 2 heads x 32 (512 KiB) do not fit the cap.
+    let q = up(&be, &vec![0.1; 8 * 2 * 32], &[8, 2, 32]);
+    let kv = up(&be, &vec![0.1; 2048 * 2 * 32], &[2048, 2, 32]);
+    let m = BlockMask::dflash(2040, 8, &[100]).unwrap();
+    let e = be
+        .attention(&q, &kv, &kv, &m, 1.0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("k and v") && e.contains("storage binding"),
+        "{e}"
+    );
+    println!("  {e}");
+}
+
 #[test]
 fn tiled_attention_propagates_nan() {
     let Some(be) = wgpu_with("wgpu-tiled", None) else {

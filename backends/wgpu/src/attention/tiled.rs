@@ -1,9 +1,10 @@
 //! `wgpu-tiled`: the block-sparse WGSL attention kernels (`shaders/attention*.wgsl`). The
 //! host part: one generated module per kernel, head-dim class and tile configuration (chosen
-//! for the adapter's workgroup memory: [`AttnCfg::choose`]), the tile lists of a mask (a [`TileMap`] and its
-//! transpose, uploaded once per distinct mask and reused by every layer), and the dispatches
-//! of the forward and the three backward kernels (`dsum`, `dq`, `dk/dv`; atomics-free and
-//! deterministic).
+//! for the adapter's workgroup memory and subgroups: [`AttnCfg::choose`]), the tile lists of a
+//! mask (a [`TileMap`], its transpose and the order workgroups take them in, uploaded once per
+//! distinct mask and reused by every layer), and the passes of one call. The forward and the
+//! three backward kernels (`dsum`, `dq`, `dk/dv`; atomics-free and deterministic) are
+//! dispatched by `run.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -11,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use dflash_core::mask::{BlockMask, TileKind, TileMap};
 use dflash_core::{AttnDims, Result};
 
+use crate::WgpuBackend;
 use crate::pipelines::{Bind, Family, Kernel};
 use crate::storage::WgpuStorage;
-use crate::{WgpuBackend, groups};
 
 /// The largest head dim.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
@@ -102,7 +103,7 @@ impl AttnCfg {
     }
 
     /// The forward's entry point.
-    fn fwd_entry(&self) -> &'static str {
+    pub(super) fn fwd_entry(&self) -> &'static str {
         if self.sg { "attn_fwd_sg" } else { "attn_fwd" }
     }
 
@@ -199,12 +200,12 @@ impl AttnCfg {
         )
     }
 
-    fn kernel(&self, entry: &'static str) -> Kernel<'static> {
+    pub(super) fn kernel(&self, entry: &'static str) -> Kernel<'static> {
         Kernel::new(Family::Attention(*self), entry)
     }
 
     /// `(BQ, BK)` as the host's tile lists take them.
-    fn tiles(&self) -> (usize, usize) {
+    pub(super) fn tiles(&self) -> (usize, usize) {
         (self.bq as usize, self.bk as usize)
     }
 }
@@ -239,10 +240,10 @@ const CACHED: usize = 8;
 
 /// The tile lists and intervals of one mask, as attention.wgsl's `meta` buffer.
 pub(crate) struct Meta {
-    buf: WgpuStorage,
+    pub(super) buf: WgpuStorage,
     /// The longest key-tile list of a query tile, and query-tile list of a key tile.
-    max_q_list: usize,
-    max_k_list: usize,
+    pub(super) max_q_list: usize,
+    pub(super) max_k_list: usize,
     qlist_at: u32,
     koff_at: u32,
     klist_at: u32,
@@ -310,7 +311,13 @@ fn longest_first(lens: impl Iterator<Item = usize>) -> Vec<u32> {
 }
 
 impl WgpuBackend {
-    fn meta(&self, op: &'static str, mask: &BlockMask, bq: usize, bk: usize) -> Result<Arc<Meta>> {
+    pub(super) fn meta(
+        &self,
+        op: &'static str,
+        mask: &BlockMask,
+        bq: usize,
+        bk: usize,
+    ) -> Result<Arc<Meta>> {
         let key = (mask.clone(), bq, bk);
         let mut cache = self.attn_meta.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
@@ -335,10 +342,9 @@ impl WgpuBackend {
         Ok(m)
     }
 
-    /// Checks what `wgpu-tiled` supports (the head dim, operands that fit one binding each:
-    /// large tensors are not chunked here yet) and picks the configuration of each kernel
-    /// for the adapter's workgroup memory.
-    fn tiled_check<const N: usize>(
+    /// Checks the head dim `wgpu-tiled` supports and picks the configuration of each kernel
+    /// for the adapter's workgroup memory and subgroups (`sizes`: q's and k's elements).
+    pub(super) fn tiled_check<const N: usize>(
         &self,
         op: &'static str,
         dims: &AttnDims,
@@ -350,16 +356,6 @@ impl WgpuBackend {
             return Err(self.err(
                 op,
                 format!("wgpu-tiled supports head_dim 1..={MAX_HEAD_DIM}, got {d}"),
-            ));
-        }
-        let max = self.max_binding_elems();
-        if let Some(&n) = sizes.iter().find(|&&n| n > max) {
-            return Err(self.err(
-                op,
-                format!(
-                    "wgpu-tiled: an operand of {n} elements exceeds one storage binding \
-                     ({max} elements); chunked attention is not yet implemented on wgpu"
-                ),
             ));
         }
         let have = self.ctx.limits.max_compute_workgroup_storage_size;
@@ -385,7 +381,13 @@ impl WgpuBackend {
             .unwrap_or_else(|_| unreachable!("one per kind")))
     }
 
-    fn attn_params(&self, dims: &AttnDims, scale: f32, m: &Meta, cfg: &AttnCfg) -> [u32; 16] {
+    pub(super) fn attn_params(
+        &self,
+        dims: &AttnDims,
+        scale: f32,
+        m: &Meta,
+        cfg: &AttnCfg,
+    ) -> [u32; 16] {
         let (bq, bk) = cfg.tiles();
         [
             dims.q_rows as u32,
@@ -412,7 +414,7 @@ impl WgpuBackend {
     /// invocation's loop iterations under 60000, counted generously (twice: five tile
     /// stages, two score phases of `DP / 4` steps per block, the row phase, two accumulation
     /// phases); at most [`crate::WgpuOptions::attn_pass_tiles`] where that is set.
-    fn per_pass(&self, cfg: &AttnCfg) -> usize {
+    pub(super) fn per_pass(&self, cfg: &AttnCfg) -> usize {
         let cap = self.opts.attn_pass_tiles.unwrap_or(usize::MAX).max(1);
         if self.ctx.info.device_type != wgpu::DeviceType::Cpu {
             return cap;
@@ -426,9 +428,10 @@ impl WgpuBackend {
     }
 
     /// Dispatches `k` once per pass over `len` list iterations (at least one pass), setting
-    /// each pass's range and first/last flags in `p`.
+    /// each pass's range and first/last flags in `p`; flags outside `keep` are dropped (a
+    /// kernel that carries its state across several calls is first and last only once).
     #[allow(clippy::too_many_arguments)]
-    fn passes(
+    pub(super) fn passes(
         &self,
         op: &'static str,
         k: &Kernel<'_>,
@@ -438,89 +441,19 @@ impl WgpuBackend {
         reads: &[Bind<'_>],
         writes: &[Bind<'_>],
         groups: u64,
+        keep: u32,
     ) -> Result<()> {
         for [first, count, flags] in pass_words(per, len) {
-            (p[13], p[14], p[15]) = (first, count, flags);
+            (p[13], p[14], p[15]) = (first, count, flags & keep);
             self.ctx.dispatch(op, k, &p, reads, writes, groups)?;
         }
         Ok(())
     }
-
-    /// The forward into `out (Tq, Hq, D)` and `lse (Tq, Hq)`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn tiled_forward(
-        &self,
-        op: &'static str,
-        dims: &AttnDims,
-        mask: &BlockMask,
-        scale: f32,
-        [q, k, v]: [&WgpuStorage; 3],
-        out: &WgpuStorage,
-        lse: &WgpuStorage,
-    ) -> Result<()> {
-        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Fwd])?;
-        if out.len == 0 {
-            return Ok(());
-        }
-        let (bq, bk) = cfg.tiles();
-        let m = self.meta(op, mask, bq, bk)?;
-        let p = self.attn_params(dims, scale, &m, &cfg);
-        let per = self.per_pass(&cfg);
-        // The row state between passes: (max, sum, NaN seen) per (row, head).
-        let state_len = if m.max_q_list > per { 3 * lse.len } else { 3 };
-        let state = self.ctx.alloc(op, state_len)?;
-        let reads = [q.bind(), k.bind(), v.bind(), m.buf.bind()];
-        let writes = [out.bind(), lse.bind(), state.bind()];
-        let g = (dims.q_rows.div_ceil(bq) * dims.q_heads) as u64;
-        let fwd = cfg.kernel(cfg.fwd_entry());
-        self.passes(op, &fwd, p, per, m.max_q_list, &reads, &writes, g)
-    }
-
-    /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn tiled_backward(
-        &self,
-        op: &'static str,
-        dims: &AttnDims,
-        mask: &BlockMask,
-        scale: f32,
-        [q, k, v, out, lse, d_out]: [&WgpuStorage; 6],
-        [dq, dk, dv]: [&WgpuStorage; 3],
-    ) -> Result<()> {
-        let [cq, ckv] =
-            self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Dq, AttnKind::Dkdv])?;
-        let dsum = self.ctx.alloc(op, lse.len)?;
-        let mq = self.meta(op, mask, cq.tiles().0, cq.tiles().1)?;
-        let p = self.attn_params(dims, scale, &mq, &cq);
-        let rows = dims.q_rows * dims.q_heads;
-        let mut reads = vec![q.bind(), k.bind(), v.bind(), mq.buf.bind()];
-        reads.extend([d_out.bind(), out.bind()]);
-        let dsum_k = cq.kernel("attn_dsum");
-        self.ctx
-            .dispatch(op, &dsum_k, &p, &reads, &[dsum.bind()], groups(rows, 128))?;
-        if dq.len > 0 {
-            let mut reads = vec![q.bind(), k.bind(), v.bind(), mq.buf.bind()];
-            reads.extend([d_out.bind(), lse.bind(), dsum.bind()]);
-            let g = (dims.q_rows.div_ceil(cq.tiles().0) * dims.q_heads) as u64;
-            let per = self.per_pass(&cq);
-            let k = cq.kernel("attn_dq");
-            self.passes(op, &k, p, per, mq.max_q_list, &reads, &[dq.bind()], g)?;
-        }
-        if dk.len > 0 {
-            let mk = self.meta(op, mask, ckv.tiles().0, ckv.tiles().1)?;
-            let p = self.attn_params(dims, scale, &mk, &ckv);
-            let mut reads = vec![q.bind(), k.bind(), v.bind(), mk.buf.bind()];
-            reads.extend([d_out.bind(), lse.bind(), dsum.bind()]);
-            let g = (dims.kv_rows.div_ceil(ckv.tiles().1) * dims.kv_heads) as u64;
-            let len = mk.max_k_list * dims.group();
-            let per = self.per_pass(&ckv);
-            let writes = [dk.bind(), dv.bind()];
-            let k = ckv.kernel("attn_dkdv");
-            self.passes(op, &k, p, per, len, &reads, &writes, g)?;
-        }
-        Ok(())
-    }
 }
+
+/// A pass's flags (attention.wgsl's `FIRST`, `LAST`): it starts a kernel's state, it ends it.
+pub(super) const FIRST: u32 = 1;
+pub(super) const LAST: u32 = 2;
 
 /// `[w_first, w_count, flags]` of each pass over `len` list iterations, `per` at a time (at
 /// least one pass). A count never exceeds `len`: the shader adds it to where a tile's list
@@ -530,7 +463,7 @@ fn pass_words(per: usize, len: usize) -> Vec<[u32; 3]> {
     let n = len.div_ceil(per).max(1);
     (0..n)
         .map(|i| {
-            let flags = (i == 0) as u32 | (((i + 1 == n) as u32) << 1);
+            let flags = if i == 0 { FIRST } else { 0 } | if i + 1 == n { LAST } else { 0 };
             [(i * per) as u32, per as u32, flags]
         })
         .collect()
