@@ -37,7 +37,8 @@ pub(crate) enum AttnKind {
 /// the tile sizes, put in front of the WGSL as constants, and how q, k, v are read (`vec4`:
 /// whole vec4, for head dims that are a multiple of 4). The threads: each owns 4 rows (keys
 /// for dk/dv) of 8 dims of the accumulators, so `(rows / 4) * (dp / 8)`, 128 for every kernel
-/// (the owned side is 4096 / dp).
+/// (the owned side is 4096 / dp); the subgroup forward (`sg`) has twice as many, each owning
+/// 4 rows of 4 dims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct AttnCfg {
     pub kind: AttnKind,

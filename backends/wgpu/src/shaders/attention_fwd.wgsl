@@ -1,5 +1,7 @@
 // attention_fwd.wgsl: the forward (after attention.wgsl), one workgroup of WG threads per
-// (query tile of BQ rows, head), WG = (BQ / 4) * (DP / 8).
+// (query tile of BQ rows, head), WG = (BQ / 4) * (DP / 8). attention_fwd_sg.wgsl follows this
+// file in the subgroup forward's module, sharing its layout and helpers: WG is then that
+// kernel's, and `attn_fwd` here is not dispatched.
 //
 // Per key tile of BK keys, five barriers: stage K (fetched into registers during the last
 // tile's P V) and fetch V; scores S = scale Q K^T (4 x 2 blocks, masked to -inf) into SC;
