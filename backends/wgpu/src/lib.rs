@@ -9,7 +9,7 @@
 //!   adapter is [`dflash_core::Error::Unavailable`] naming what to install, never a panic.
 //! - **Kernels**: WGSL in `src/shaders/*.wgsl`, one file per op family (plus the shared
 //!   prelude `common.wgsl`), compiled once per device into cached pipelines whose bind-group
-//!   layouts are shared ([`pipelines`]).
+//!   layouts are shared (`pipelines.rs`).
 //! - **Execution**: ops record into one pending command encoder per device; it is submitted
 //!   when a value must reach the host (download, statistics) or every few hundred dispatches.
 //! - **Storage** ([`WgpuStorage`], a [`DType`] tag validated in the downcast): f32 for
