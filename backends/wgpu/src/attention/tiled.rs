@@ -360,9 +360,11 @@ impl WgpuBackend {
             ));
         }
         let have = self.ctx.limits.max_compute_workgroup_storage_size;
+        let empty = sizes.contains(&0);
+        let info = &self.ctx.info;
+        let (min, max) = (info.subgroup_min_size, info.subgroup_max_size);
         let mut out = Vec::with_capacity(N);
         for kind in kinds {
-            let empty = sizes.contains(&0);
             let mut cfg = AttnCfg::choose(kind, d, empty, have).map_err(|need| {
                 self.err(
                     op,
@@ -372,8 +374,6 @@ impl WgpuBackend {
                     ),
                 )
             })?;
-            let info = &self.ctx.info;
-            let (min, max) = (info.subgroup_min_size, info.subgroup_max_size);
             cfg.sg = self.subgroups() && cfg.fits_subgroup_softmax(min, max);
             out.push(cfg);
         }

@@ -216,6 +216,20 @@ fn k_tile_of(i: u32) -> u32 {
     return tiles[p.koff_at + (p.tk + BK - 1u) / BK + 1u + i];
 }
 
+// The workgroups of a kernel with one per (query tile, head).
+fn q_tile_groups() -> u32 {
+    return (p.tq + BQ - 1u) / BQ * p.hq;
+}
+
+// (query tile, head) of workgroup g < q_tile_groups() in such a kernel; sets tile_r0 and loads
+// the tile rows' key intervals.
+fn begin_q_tile(g: u32, lid: u32) -> vec2<u32> {
+    let qt = q_tile_of(g / p.hq);
+    tile_r0 = qt * BQ;
+    load_intervals(tile_r0, lid);
+    return vec2<u32>(qt, g % p.hq);
+}
+
 // [start, end) of a tile list, made workgroup-uniform (loop bounds around barriers).
 fn list_bounds(off_at: u32, idx: u32, lid: u32) -> vec2<u32> {
     if (lid == 0u) {

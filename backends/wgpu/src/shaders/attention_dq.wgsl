@@ -50,17 +50,15 @@ fn dq_at(r: u32, h: u32, c: u32) -> u32 {
 @compute @workgroup_size(WG)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
-    let nqt = (p.tq + BQ - 1u) / BQ;
     let g = wg_linear(wid, nwg);
-    if (g >= nqt * p.hq) {
+    if (g >= q_tile_groups()) {
         return;
     }
-    let qt = q_tile_of(g / p.hq);
-    let h = g % p.hq;
+    let tile = begin_q_tile(g, lid);
+    let qt = tile.x;
+    let h = tile.y;
     let kh = h / p.group;
     let r0 = qt * BQ;
-    tile_r0 = r0;
-    load_intervals(r0, lid);
     load_row_stats(r0, h, lid);
     let ry = lid / DP8;
     let cx = lid % DP8;

@@ -85,6 +85,25 @@ fn fetch_k_of(it: u32, span: vec2<u32>, kh: u32, lid: u32) -> array<vec4<f32>, N
     return x;
 }
 
+// Stores this thread's fetched share of the K tile and fetches its share of the V tile at
+// k0, to be stored (`stage_v`) once K is read no more.
+fn stage_k_fetch_v(kx: array<vec4<f32>, NKV>, k0: u32, kh: u32, lid: u32)
+    -> array<vec4<f32>, NKV> {
+    var vx: array<vec4<f32>, NKV>;
+    if ((ABLATE & 8u) == 0u) {
+        put_kv(KV, kx, lid, 0u);
+        vx = fetch_kv(2u, k0, kh, lid);
+    }
+    return vx;
+}
+
+// The V share in K's place, flagging non-finite values (bad[0]).
+fn stage_v(vx: array<vec4<f32>, NKV>, lid: u32) {
+    if ((ABLATE & 8u) == 0u) {
+        put_kv(KV, vx, lid, 1u);
+    }
+}
+
 // The scaled scores of rows 4 ty .. 4 ty + 3 (components) against keys k0 + tx (x) and
 // k0 + tx + BK / 2 (y) from the staged Q and K tiles, -inf where a pair is not visible.
 fn score_block(ty: u32, tx: u32, k0: u32) -> S8 {
@@ -108,18 +127,16 @@ fn score_block(ty: u32, tx: u32, k0: u32) -> S8 {
 @compute @workgroup_size(WG)
 fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
-    let nqt = (p.tq + BQ - 1u) / BQ;
     let g = wg_linear(wid, nwg);
-    if (g >= nqt * p.hq) {
+    if (g >= q_tile_groups()) {
         return;
     }
-    let qt = q_tile_of(g / p.hq);
-    let h = g % p.hq;
+    let tile = begin_q_tile(g, lid);
+    let qt = tile.x;
+    let h = tile.y;
     let kh = h / p.group;
     let r0 = qt * BQ;
-    tile_r0 = r0;
     stage_q(QT, r0, h, lid, 0u);
-    load_intervals(r0, lid);
     let first = (p.flags & FIRST) != 0u;
     let last = (p.flags & LAST) != 0u;
     // The row phase's row and part, the accumulation's 4-row group and dims.
@@ -152,11 +169,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     var kx = fetch_k_of(span.x, span, kh, lid);
     for (var it = span.x; it < span.y; it = it + 1u) {
         let k0 = begin_tile(it, lid);
-        var vx: array<vec4<f32>, NKV>;
-        if ((ABLATE & 8u) == 0u) {
-            put_kv(KV, kx, lid, 0u);
-            vx = fetch_kv(2u, k0, kh, lid);
-        }
+        let vx = stage_k_fetch_v(kx, k0, kh, lid);
         workgroupBarrier();
         // Scores: block sb is rows 4 ty .. 4 ty + 3 against keys tx and tx + BK / 2.
         for (var sb = lid; sb < BQ * BK / 8u; sb = sb + WG) {
@@ -168,9 +181,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         workgroupBarrier();
         // K is read no more: V in its place (flagging non-finite values).
-        if ((ABLATE & 8u) == 0u) {
-            put_kv(KV, vx, lid, 1u);
-        }
+        stage_v(vx, lid);
         var cm = neg_inf_f32();
         for (var j = part; j < BK; j = j + NPART) {
             let s = score_at(rr, j);

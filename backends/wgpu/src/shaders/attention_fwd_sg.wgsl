@@ -143,18 +143,16 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_invocation_id) lane: u32,
                @builtin(subgroup_size) sgs: u32, @builtin(subgroup_id) sg: u32) {
-    let nqt = (p.tq + BQ - 1u) / BQ;
     let g = wg_linear(wid, nwg);
-    if (g >= nqt * p.hq) {
+    if (g >= q_tile_groups()) {
         return;
     }
-    let qt = q_tile_of(g / p.hq);
-    let h = g % p.hq;
+    let tile = begin_q_tile(g, lid);
+    let qt = tile.x;
+    let h = tile.y;
     let kh = h / p.group;
     let r0 = qt * BQ;
-    tile_r0 = r0;
     stage_q(QT, r0, h, lid, 0u);
-    load_intervals(r0, lid);
     let first = (p.flags & FIRST) != 0u;
     let last = (p.flags & LAST) != 0u;
     let role = sg * sgs + lane;
@@ -182,11 +180,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     var kx = fetch_k_of(span.x, span, kh, lid);
     for (var it = span.x; it < span.y; it = it + 1u) {
         let k0 = begin_tile(it, lid);
-        var vx: array<vec4<f32>, NKV>;
-        if ((ABLATE & 8u) == 0u) {
-            put_kv(KV, kx, lid, 0u);
-            vx = fetch_kv(2u, k0, kh, lid);
-        }
+        let vx = stage_k_fetch_v(kx, k0, kh, lid);
         workgroupBarrier();
         var s = vec4<f32>(0.0);
         if ((ABLATE & 1u) == 0u) {
@@ -208,9 +202,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         m = m_new;
         buf[SC + tx * PSQ + ty] = ex;
         workgroupBarrier(); // K is read no more; P is written
-        if ((ABLATE & 8u) == 0u) {
-            put_kv(KV, vx, lid, 1u);
-        }
+        stage_v(vx, lid);
         workgroupBarrier(); // V and its non-finite flag
         kx = fetch_k_of(it + 1u, span, kh, lid);
         o = O4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
