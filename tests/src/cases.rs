@@ -208,11 +208,18 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
 /// `dk`/`dv` of that key NaN; rows that see no key stay exactly 0 (`lse = -inf`); every other
 /// row stays finite. So a kernel can neither hide a NaN (the `l > 0` test of an online
 /// softmax is false for NaN) nor spread it to rows that never read it.
+///
+/// With `in_v` the NaN is `v[key, kv_head, 0]` instead ([`nan_v_cases_on`]): the scores stay
+/// finite, so a row that sees `key` has a finite `lse`, `out[.., 0]` NaN and `dq` NaN (its
+/// `dO . v` is), `dk` of the key is NaN and its `dv` finite; every other row stays finite.
+/// This catches a kernel that multiplies a zero weight (a masked pair inside a partial tile)
+/// by the NaN value.
 #[derive(Debug, Clone)]
 pub struct NanCase {
     pub case: Case,
     pub key: usize,
     pub kv_head: usize,
+    pub in_v: bool,
 }
 
 /// The NaN cases: `dflash_padding` (key 10 is seen by the blocks anchored at 15 and 16, not
@@ -225,6 +232,16 @@ pub fn nan_cases() -> Result<Vec<NanCase>, String> {
 /// [`nan_cases`] on `layout` (a kernel that supports only some head dims picks one of them;
 /// the NaN goes into kv head 1, so `layout` needs at least two kv heads).
 pub fn nan_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
+    nan_cases_in(layout, false)
+}
+
+/// [`nan_cases_on`] with the NaN in `v` ([`NanCase::in_v`]).
+pub fn nan_v_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
+    nan_cases_in(layout, true)
+}
+
+fn nan_cases_in(layout: Layout, in_v: bool) -> Result<Vec<NanCase>, String> {
+    let which = if in_v { "v" } else { "k" };
     Ok(suite_masks()?
         .into_iter()
         .filter_map(|(name, mask)| {
@@ -235,7 +252,7 @@ pub fn nan_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
             };
             Some(NanCase {
                 case: Case {
-                    name: format!("{name}_nan_k{key}/{}", layout_tag(layout)),
+                    name: format!("{name}_nan_{which}{key}/{}", layout_tag(layout)),
                     dims: dims_of(&mask, layout),
                     mask,
                     scale: 1.0 / (layout.head_dim as f32).sqrt(),
@@ -243,6 +260,7 @@ pub fn nan_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
                 },
                 key,
                 kv_head: 1,
+                in_v,
             })
         })
         .collect())

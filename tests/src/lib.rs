@@ -53,7 +53,7 @@ pub use backend::{
 };
 pub use cases::{
     Case, HOST_LAYOUTS, Layout, NanCase, cases_on, large_masks, large_score_cases, nan_cases,
-    nan_cases_on, suite_cases, suite_masks,
+    nan_cases_on, nan_v_cases_on, suite_cases, suite_masks,
 };
 pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
@@ -70,6 +70,8 @@ pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<R
         .collect();
     cases.extend(bad_input_cases(kernel)?);
     cases.extend(check_host_attention_nan(kernel, &nan_cases()?).cases);
+    let nan_v = nan_v_cases_on(Layout::new(4, 2, 16))?;
+    cases.extend(check_host_attention_nan(kernel, &nan_v).cases);
     Ok(Report {
         kernel: kernel.name().to_string(),
         tolerance: tol,

@@ -15,7 +15,12 @@ use crate::tolerance::Tolerance;
 fn inputs(nc: &NanCase) -> CaseInputs {
     let mut x = CaseInputs::draw(&nc.case);
     let d = nc.case.dims;
-    x.k[(nc.key * d.kv_heads + nc.kv_head) * d.head_dim] = f32::NAN;
+    let at = (nc.key * d.kv_heads + nc.kv_head) * d.head_dim;
+    if nc.in_v {
+        x.v[at] = f32::NAN;
+    } else {
+        x.k[at] = f32::NAN;
+    }
     x
 }
 
@@ -40,7 +45,21 @@ fn check(nc: &NanCase, got: &Outputs) -> CaseResult {
                 &got.dq[at..at + d],
             );
             let poisoned = visible[nc.key] && h / group == nc.kv_head;
-            if poisoned {
+            if poisoned && nc.in_v {
+                if !out[0].is_nan() || !lse.is_finite() {
+                    fail(format!(
+                        "row {i}, head {h} reads the NaN value {} but out = {:?}.., lse = {lse} \
+                         (must be NaN at dim 0, lse finite)",
+                        nc.key,
+                        &out[..2]
+                    ));
+                }
+                if !dq.iter().all(|x| x.is_nan()) {
+                    fail(format!(
+                        "row {i}, head {h} reads the NaN value but dq is not all NaN"
+                    ));
+                }
+            } else if poisoned {
                 if !out.iter().all(|x| x.is_nan()) || !lse.is_nan() {
                     fail(format!(
                         "row {i}, head {h} reads the NaN key {} but out = {:?}.., lse = {lse} \
@@ -63,14 +82,23 @@ fn check(nc: &NanCase, got: &Outputs) -> CaseResult {
                 }
             } else if !out.iter().all(|x| x.is_finite()) || !lse.is_finite() {
                 fail(format!(
-                    "row {i}, head {h} never reads the NaN key but out/lse is not finite"
+                    "row {i}, head {h} never reads the NaN input but out/lse is not finite"
+                ));
+            } else if nc.in_v && !dq.iter().all(|x| x.is_finite()) {
+                fail(format!(
+                    "row {i}, head {h} never reads the NaN value but dq is not finite"
                 ));
             }
         }
     }
     let kj = (nc.key * hkv + nc.kv_head) * d;
     for (what, g) in [("dk", &got.dk), ("dv", &got.dv)] {
-        if !g[kj..kj + d].iter().all(|x| x.is_nan()) {
+        let nan = g[kj..kj + d].iter().all(|x| x.is_nan());
+        if nc.in_v && what == "dv" {
+            if !g[kj..kj + d].iter().all(|x| x.is_finite()) {
+                fail(format!("dv of the NaN value {} is not finite", nc.key));
+            }
+        } else if !nan {
             fail(format!("{what} of the NaN key {} is not all NaN", nc.key));
         }
     }

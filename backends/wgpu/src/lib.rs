@@ -80,6 +80,12 @@ pub struct WgpuOptions {
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
     /// pass on a GPU, as many as the adapter's loop cap needs on a CPU adapter.
     pub attn_pass_tiles: Option<usize>,
+    /// Run `wgpu-tiled`'s forward on the subgroup kernel (attention_fwd_sg.wgsl) wherever the
+    /// adapter's subgroups fit its tiles (BK = DP / 4 keys), not only where the tiles chosen
+    /// for workgroup memory are already those: at head dim <= 32 that is 8-key tiles, which
+    /// 8-lane subgroups take (tests: the subgroup forward on a CPU adapter such as lavapipe,
+    /// whose subgroups are too narrow for it at head dim 128).
+    pub attn_subgroup_tiles: bool,
 }
 
 impl WgpuOptions {
@@ -95,6 +101,7 @@ impl WgpuOptions {
             subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
             gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
             attn_pass_tiles: None,
+            attn_subgroup_tiles: false,
         }
     }
 }

@@ -103,6 +103,16 @@ impl AttnCfg {
             && min.is_power_of_two()
     }
 
+    /// The subgroup forward's tiles for this head dim: BK = DP / 4 keys (one a lane of a row
+    /// group), the rows unchanged.
+    fn with_subgroup_tiles(&self) -> Self {
+        AttnCfg {
+            bk: self.dp / 4,
+            sg: true,
+            ..*self
+        }
+    }
+
     /// The forward's entry point.
     pub(super) fn fwd_entry(&self) -> &'static str {
         if self.sg { "attn_fwd_sg" } else { "attn_fwd" }
@@ -343,6 +353,22 @@ impl WgpuBackend {
         Ok(m)
     }
 
+    /// The modules `wgpu-tiled` runs at head dim `head_dim` on this adapter (forward, dq,
+    /// dk/dv), as their labels name them: file, padded head dim, tiles, how q/k/v are read.
+    /// Tests use it to know which kernel a suite covered.
+    pub fn tiled_kernels(&self, head_dim: usize) -> Result<[String; 3]> {
+        let dims = AttnDims {
+            q_rows: 1,
+            kv_rows: 1,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim,
+        };
+        let kinds = [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv];
+        let cfgs = self.tiled_check("tiled_kernels", &dims, &[head_dim, head_dim], kinds)?;
+        Ok(cfgs.map(|c| c.label()))
+    }
+
     /// Checks the head dim `wgpu-tiled` supports and picks the configuration of each kernel
     /// for the adapter's workgroup memory and subgroups (`sizes`: q's and k's elements).
     pub(super) fn tiled_check<const N: usize>(
@@ -375,6 +401,12 @@ impl WgpuBackend {
                 )
             })?;
             cfg.sg = self.subgroups() && cfg.fits_subgroup_softmax(min, max);
+            if self.opts.attn_subgroup_tiles && !cfg.sg && self.subgroups() {
+                let sg = cfg.with_subgroup_tiles();
+                if sg.fits_subgroup_softmax(min, max) && sg.bytes() + MARGIN <= have {
+                    cfg = sg;
+                }
+            }
             out.push(cfg);
         }
         Ok(out

@@ -202,6 +202,7 @@ fn wgpu_opts_full(
         subgroups,
         gemm_small_tiles: false,
         attn_pass_tiles: None,
+        attn_subgroup_tiles: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
