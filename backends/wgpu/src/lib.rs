@@ -86,6 +86,12 @@ pub struct WgpuOptions {
     /// 8-lane subgroups take (tests: the subgroup forward on a CPU adapter such as lavapipe,
     /// whose subgroups are too narrow for it at head dim 128).
     pub attn_subgroup_tiles: bool,
+    /// The subgroup forward's scores from query rows held in registers, the head dim split
+    /// over 8 lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile: ~17 KiB
+    /// less workgroup memory at head dim 128 (so head dim 128 fits a 32 KiB adapter) and one
+    /// workgroup load per 4 vec4 FMAs instead of 5. `DFLASH_WGPU_ATTN_QREG=1`; off by default
+    /// until timed on a GPU.
+    pub attn_qreg: bool,
 }
 
 impl WgpuOptions {
@@ -102,6 +108,7 @@ impl WgpuOptions {
             gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
+            attn_qreg: std::env::var("DFLASH_WGPU_ATTN_QREG").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -172,6 +179,17 @@ impl WgpuBackend {
     /// `SUBGROUP` and [`WgpuOptions::subgroups`] is on.
     pub fn subgroups(&self) -> bool {
         self.opts.subgroups && self.ctx.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// The adapter's subgroup sizes, smallest and largest (0, 0 without `SUBGROUP`).
+    pub fn subgroup_sizes(&self) -> (u32, u32) {
+        if !self.ctx.features.contains(wgpu::Features::SUBGROUP) {
+            return (0, 0);
+        }
+        (
+            self.ctx.info.subgroup_min_size,
+            self.ctx.info.subgroup_max_size,
+        )
     }
 
     /// `k` (of a family that reduces rows) in this instance's reduction variant.

@@ -12,10 +12,7 @@ mod common;
 use common::*;
 use dflash_core::AttentionOps;
 use dflash_core::mask::BlockMask;
-use dflash_tests::{
-    AttentionChecks, Case, F32_KERNEL, Layout, cases_on, check_backend_attention,
-    check_backend_attention_nan, large_score_cases, nan_cases_on, nan_v_cases_on,
-};
+use dflash_tests::{F32_KERNEL, Layout, cases_on, large_score_cases};
 
 /// (q heads, kv heads, head_dim): GQA 1, 2, 4; head dims 32, 40, 64, 128, 256 (q, k, v read
 /// as vec4) and 22 (as scalars: rows start inside a vec4).
@@ -27,29 +24,6 @@ const LAYOUTS: [Layout; 6] = [
     Layout::new(2, 1, 256),
     Layout::new(2, 2, 22),
 ];
-
-fn run_suite(be: &dyn dflash_core::Backend, label: &str, cases: &[Case], checks: &AttentionChecks) {
-    let report = check_backend_attention(be, label, cases, checks);
-    println!("{report}");
-    if let Err(e) = report.ensure_passed() {
-        panic!("{e}");
-    }
-}
-
-/// The NaN cases on `layout`, the NaN in k and in v (a zero weight times a NaN value must not
-/// reach a row that never reads it: the kernels' careful accumulation).
-fn run_nan_cases(be: &dyn dflash_core::Backend, label: &str, layout: Layout) {
-    let cases = [
-        nan_cases_on(layout).unwrap(),
-        nan_v_cases_on(layout).unwrap(),
-    ]
-    .concat();
-    let report = check_backend_attention_nan(be, label, &cases);
-    println!("{report}");
-    if let Err(e) = report.ensure_passed() {
-        panic!("{e}");
-    }
-}
 
 #[test]
 fn tiled_attention_matches_the_oracle_on_every_mask() {
@@ -76,51 +50,6 @@ fn tiled_attention_without_subgroups_matches_the_oracle() {
     cases.extend(large_score_cases(layout).unwrap());
     run_suite(&be, "wgpu-tiled (no subgroups)", &cases, &F32_KERNEL);
     run_nan_cases(&be, "wgpu-tiled (no subgroups)", layout);
-}
-
-/// The subgroup forward (attention_fwd_sg.wgsl) on any adapter with subgroups: at head dims
-/// up to 32 its tiles are 8 keys wide, which 8-lane subgroups take, so a CPU adapter runs the
-/// kernel the H200 runs at head dim 128 (there on 32-key tiles): every suite mask, the large
-/// masks (many key tiles), the NaN cases, and passes of 3 list iterations (the softmax state
-/// carried between dispatches), vec4 (32) and scalar (22) reads.
-#[test]
-fn subgroup_forward_matches_the_oracle_on_narrow_subgroups() {
-    let Some(be) = wgpu_with("wgpu-tiled", None) else {
-        return;
-    };
-    if !be.subgroups() {
-        skip("the adapter has no subgroup operations");
-        return;
-    }
-    let backend = dflash_core::registry::BackendOptions {
-        attention: "wgpu-tiled".into(),
-        ..Default::default()
-    };
-    for passes in [None, Some(3)] {
-        let opts = dflash_backend_wgpu::WgpuOptions {
-            attn_subgroup_tiles: true,
-            attn_pass_tiles: passes,
-            ..be.options()
-        };
-        let sg = dflash_backend_wgpu::WgpuBackend::with_options(&backend, opts).unwrap();
-        let layouts = [Layout::new(4, 2, 32), Layout::new(2, 1, 22)];
-        for l in &layouts {
-            let [fwd, ..] = sg.tiled_kernels(l.head_dim).unwrap();
-            assert!(
-                fwd.starts_with("attention_fwd_sg.wgsl (DP 32, 128 x 8 tiles"),
-                "head dim {}: the forward is {fwd}",
-                l.head_dim
-            );
-        }
-        let label = format!("wgpu-tiled, subgroup forward, passes of {passes:?}");
-        let masks = dflash_tests::suite_masks().expect("suite masks");
-        let mut cases = cases_on(&masks, &layouts);
-        let large = dflash_tests::large_masks().expect("large masks");
-        cases.extend(cases_on(&large, &layouts[..1]));
-        cases.extend(large_score_cases(layouts[0]).unwrap());
-        run_suite(&sg, &label, &cases, &F32_KERNEL);
-        run_nan_cases(&sg, &label, layouts[0]);
-    }
 }
 
 #[test]

@@ -49,6 +49,9 @@ pub(crate) struct AttnCfg {
     /// The forward's softmax in registers and subgroup shuffles, on twice the threads
     /// (attention_fwd_sg.wgsl).
     pub sg: bool,
+    /// With `sg`: the scores from query rows held in registers, the head dim split over 8
+    /// lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile.
+    pub qreg: bool,
 }
 
 impl AttnCfg {
@@ -79,6 +82,7 @@ impl AttnCfg {
                 bk,
                 vec4,
                 sg: false,
+                qreg: false,
             };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
@@ -104,11 +108,12 @@ impl AttnCfg {
     }
 
     /// The subgroup forward's tiles for this head dim: BK = DP / 4 keys (one a lane of a row
-    /// group), the rows unchanged.
-    fn with_subgroup_tiles(&self) -> Self {
+    /// group), the rows unchanged; `qreg` as [`Self::qreg`].
+    fn with_subgroup_tiles(&self, qreg: bool) -> Self {
         AttnCfg {
             bk: self.dp / 4,
             sg: true,
+            qreg,
             ..*self
         }
     }
@@ -135,7 +140,7 @@ impl AttnCfg {
         let qs = self.dp / 4 + 1;
         let common = 16 * bq + 8 + 8;
         let vec4s = match self.kind {
-            AttnKind::Fwd => (bq + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
+            AttnKind::Fwd => (self.staged_q_rows() + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
             AttnKind::Dq => (bq + bk) * qs + bk * (bq / 4 + 1),
             AttnKind::Dkdv => (bk + bq) * qs + 2 * bq * (bk / 4 + 1),
         };
@@ -146,6 +151,12 @@ impl AttnCfg {
         common + 16 * vec4s + 4 * words
     }
 
+    /// The query rows the forward stages in workgroup memory: none where the subgroup
+    /// forward holds them in registers (`qreg`).
+    fn staged_q_rows(&self) -> u32 {
+        if self.qreg { 0 } else { self.bq }
+    }
+
     /// The constants in front of the module. `ABLATE` is a measurement switch
     /// (`DFLASH_WGPU_ATTN_ABLATE`, default 0): the forward skips the phases its bits name
     /// (1: the score products, 2: the exponentials, 4: the P V accumulation, 8: staging K
@@ -154,11 +165,13 @@ impl AttnCfg {
     pub(crate) fn header(&self) -> String {
         format!(
             "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n\
-             const ABLATE: u32 = {}u;\n",
+             const QROWS: u32 = {}u;\nconst QREG: bool = {};\nconst ABLATE: u32 = {}u;\n",
             self.dp,
             self.bq,
             self.bk,
             self.threads(),
+            self.staged_q_rows(),
+            self.qreg,
             ablate()
         )
     }
@@ -205,8 +218,9 @@ impl AttnCfg {
             AttnKind::Dkdv => "attention_dkdv.wgsl",
         };
         let loads = if self.vec4 { "vec4" } else { "f32" };
+        let q = if self.qreg { ", q in registers" } else { "" };
         format!(
-            "{file} (DP {}, {} x {} tiles, {loads} q/k/v)",
+            "{file} (DP {}, {} x {} tiles, {loads} q/k/v{q})",
             self.dp, self.bq, self.bk
         )
     }
@@ -402,11 +416,12 @@ impl WgpuBackend {
             })?;
             cfg.sg = self.subgroups() && cfg.fits_subgroup_softmax(min, max);
             if self.opts.attn_subgroup_tiles && !cfg.sg && self.subgroups() {
-                let sg = cfg.with_subgroup_tiles();
+                let sg = cfg.with_subgroup_tiles(self.opts.attn_qreg);
                 if sg.fits_subgroup_softmax(min, max) && sg.bytes() + MARGIN <= have {
                     cfg = sg;
                 }
             }
+            cfg.qreg = cfg.sg && self.opts.attn_qreg;
             out.push(cfg);
         }
         Ok(out

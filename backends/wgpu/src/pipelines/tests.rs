@@ -26,11 +26,21 @@ fn attention_variants() -> Vec<AttnCfg> {
         for kind in [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv] {
             for limit in [32 * 1024, 48 * 1024, 64 * 1024] {
                 for empty in [false, true] {
-                    let mut c = AttnCfg::choose(kind, d, empty, limit).expect("fits");
+                    let c = AttnCfg::choose(kind, d, empty, limit).expect("fits");
                     out.push(c);
-                    if c.fits_subgroup_softmax(32, 32) {
-                        c.sg = true;
-                        out.push(c);
+                    // The subgroup forward as the memory-chosen tiles give it, and on its
+                    // own tiles, with a staged query tile and with query registers.
+                    let sg = AttnCfg { bk: c.dp / 4, ..c };
+                    for base in [c, sg] {
+                        if base.fits_subgroup_softmax(base.bk, base.bk) {
+                            for qreg in [false, true] {
+                                out.push(AttnCfg {
+                                    sg: true,
+                                    qreg,
+                                    ..base
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -55,7 +65,8 @@ fn every_module_variant_validates() {
         families.push(Family::Gemm { a16, b16 });
     }
     let attention = attention_variants();
-    assert!(attention.iter().any(|c| c.sg) && attention.iter().any(|c| !c.vec4));
+    let qreg_dims = |d| attention.iter().any(|c| c.qreg && c.dp == d);
+    assert!(qreg_dims(32) && qreg_dims(128) && attention.iter().any(|c| !c.vec4));
     families.extend(attention.into_iter().map(Family::Attention));
     for f in families {
         validate(f, false);

@@ -73,6 +73,66 @@ fn dots4(a: u32, b: u32) -> vec4<f32> {
     return vec4<f32>(hsum(x0), hsum(x1), hsum(x2), hsum(x3));
 }
 
+// ---- Scores from query rows in registers (QREG) -------------------------------------------
+//
+// dots4 reads 4 query rows (broadcasts) and one key row from workgroup memory per vec4 of the
+// head dim: 5 loads per 4 vec4 FMAs, and the query tile takes ~17 KiB. With QREG the 4 rows
+// live in registers instead, the head dim split over the 8 aligned lanes of each key group
+// (lane ds of 8 holds vec4 columns 8 i + ds, i < NI): a lane takes 4 rows x 8 keys of partial
+// dot products, 1 load per 4 vec4 FMAs, and a reduce-scatter over its 8 lanes (3 shuffle-xor
+// steps on 4, 2, 1 vec4) leaves it the full scores of its own key, tx = 8 kg + ds, as dots4
+// would. Slot t of lane ds holds key 8 kg + (t ^ ds): then the partner of every step holds
+// the same key in the slot it sends, so no lane selects what to keep. K is staged unpadded
+// (`put_k_dense`): lane ds reads column 8 i + ds of 8 distinct rows, one bank group each.
+
+const NI: u32 = DP4 / 8u;
+
+// The thread's query registers: row e's columns 8 i + ds at [e NI + i] (zero past D).
+fn load_q_regs(r: u32, h: u32, ds: u32) -> array<vec4<f32>, 4u * NI> {
+    var qr: array<vec4<f32>, 4u * NI>;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        let at = q_at(r + e, h);
+        for (var i = 0u; i < NI; i = i + 1u) {
+            qr[e * NI + i] = q_row4(at, 8u * i + ds);
+        }
+    }
+    return qr;
+}
+
+// s + a . b as four FMAs.
+fn dot_acc(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
+}
+
+// The 4 rows' scores against key 8 kg + ds of the staged K tile (component e: row e).
+fn scores_qreg(qr: array<vec4<f32>, 4u * NI>, kg: u32, ds: u32) -> vec4<f32> {
+    var acc: array<vec4<f32>, 8>;
+    for (var i = 0u; i < NI; i = i + 1u) {
+        for (var t = 0u; t < 8u; t = t + 1u) {
+            let u = buf[KV + (8u * kg + (t ^ ds)) * DP4 + 8u * i + ds];
+            var a = acc[t];
+            a.x = dot_acc(a.x, qr[i], u);
+            a.y = dot_acc(a.y, qr[NI + i], u);
+            a.z = dot_acc(a.z, qr[2u * NI + i], u);
+            a.w = dot_acc(a.w, qr[3u * NI + i], u);
+            acc[t] = a;
+        }
+    }
+    let r0 = acc[0] + subgroupShuffleXor(acc[4], 4u);
+    let r1 = acc[1] + subgroupShuffleXor(acc[5], 4u);
+    let r2 = acc[2] + subgroupShuffleXor(acc[6], 4u);
+    let r3 = acc[3] + subgroupShuffleXor(acc[7], 4u);
+    let s0 = r0 + subgroupShuffleXor(r2, 2u);
+    let s1 = r1 + subgroupShuffleXor(r3, 2u);
+    return s0 + subgroupShuffleXor(s1, 1u);
+}
+
+// Where query row r of head h starts in q (rows past tq read the last row: their scores are
+// never visible).
+fn q_at(r: u32, h: u32) -> u32 {
+    return (min(r, p.tq - 1u) * p.hq + h) * p.d;
+}
+
 // A thread's accumulators: rows 0..3 at its 4 dims.
 struct O4 {
     r0: vec4<f32>,
@@ -152,12 +212,18 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let h = tile.y;
     let kh = h / p.group;
     let r0 = qt * BQ;
-    stage_q(QT, r0, h, lid, 0u);
+    if (!QREG) {
+        stage_q(QT, r0, h, lid, 0u);
+    }
     let first = (p.flags & FIRST) != 0u;
     let last = (p.flags & LAST) != 0u;
     let role = sg * sgs + lane;
     let ty = role / BK;
     let tx = role % BK;
+    var qr: array<vec4<f32>, 4u * NI>;
+    if (QREG) {
+        qr = load_q_regs(r0 + 4u * ty, h, tx % 8u);
+    }
     let ninf = vec4<f32>(neg_inf_f32());
     // Rows 4 ty .. 4 ty + 3: the online-softmax state (the same in each lane of the group);
     // `nan` covers this lane's scores (the rows' flags are the OR over the group).
@@ -183,7 +249,11 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let vx = stage_k_fetch_v(kx, k0, kh, lid);
         workgroupBarrier();
         var s = vec4<f32>(0.0);
-        if ((ABLATE & 1u) == 0u) {
+        if (QREG) {
+            if ((ABLATE & 1u) == 0u) {
+                s = scores_qreg(qr, tx / 8u, tx % 8u);
+            }
+        } else if ((ABLATE & 1u) == 0u) {
             s = dots4(QT + 4u * ty * QS, KV + tx * QS);
         }
         var x = ninf;

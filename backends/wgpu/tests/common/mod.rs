@@ -203,6 +203,7 @@ fn wgpu_opts_full(
         gemm_small_tiles: false,
         attn_pass_tiles: None,
         attn_subgroup_tiles: false,
+        attn_qreg: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
@@ -264,4 +265,33 @@ pub fn assert_err<T>(r: dflash_core::Result<T>, parts: &[&str]) -> String {
         assert!(e.contains(p), "error {e:?} lacks {p:?}");
     }
     e
+}
+
+/// The attention suite's `cases` on `be`, its report printed; panics naming every failure.
+pub fn run_suite(
+    be: &dyn dflash_core::Backend,
+    label: &str,
+    cases: &[dflash_tests::Case],
+    checks: &dflash_tests::AttentionChecks,
+) {
+    let report = dflash_tests::check_backend_attention(be, label, cases, checks);
+    println!("{report}");
+    if let Err(e) = report.ensure_passed() {
+        panic!("{e}");
+    }
+}
+
+/// The NaN cases on `layout`, the NaN in k and in v (a zero weight times a NaN value must not
+/// reach a row that never reads it: the kernels' careful accumulation).
+pub fn run_nan_cases(be: &dyn dflash_core::Backend, label: &str, layout: dflash_tests::Layout) {
+    let cases = [
+        dflash_tests::nan_cases_on(layout).unwrap(),
+        dflash_tests::nan_v_cases_on(layout).unwrap(),
+    ]
+    .concat();
+    let report = dflash_tests::check_backend_attention_nan(be, label, &cases);
+    println!("{report}");
+    if let Err(e) = report.ensure_passed() {
+        panic!("{e}");
+    }
 }

@@ -1,0 +1,108 @@
+//! The subgroup forward (attention_fwd_sg.wgsl), which the H200 runs at head dim 128, on any
+//! adapter with subgroups: `WgpuOptions::attn_subgroup_tiles` puts the forward on its tiles
+//! (BK = DP / 4 keys, one a lane) wherever the adapter's subgroups hold BK lanes, with the
+//! query tile staged and with the query rows in registers (`attn_qreg`). On lavapipe the
+//! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide (the
+//! widest gallivm supports; 1024 gives wrong shuffles past lane 15): 16-lane subgroups, so
+//! head dims 32 (8-key tiles, two row groups a subgroup) and 64 (16-key tiles: two key groups
+//! and two register columns a lane with query registers) take the kernel; 128 needs 32 lanes
+//! (the H200 runs it in `attention.rs`). Every suite mask,
+//! the large masks, the k and v NaN cases, one pass and passes of 3 list iterations (the
+//! softmax state carried between dispatches), vec4 and scalar reads, against the f64 oracle.
+//!
+//! One test in this file: it sets the environment before the adapter starts.
+
+mod common;
+
+use common::*;
+use dflash_backend_wgpu::{WgpuBackend, WgpuOptions};
+use dflash_core::registry::BackendOptions;
+use dflash_tests::{F32_KERNEL, Layout, cases_on, large_score_cases};
+
+/// Head dims 32 (BK 8), 22 (padded to 32, scalar reads), 64 (BK 16), 128 (BK 32).
+const LAYOUTS: [Layout; 4] = [
+    Layout::new(4, 2, 32),
+    Layout::new(2, 1, 22),
+    Layout::new(4, 2, 64),
+    Layout::new(4, 2, 128),
+];
+
+fn check(be: &WgpuBackend, label: &str, layout: Layout) {
+    let masks = dflash_tests::suite_masks().expect("suite masks");
+    let mut cases = cases_on(&masks, &[layout]);
+    let large = dflash_tests::large_masks().expect("large masks");
+    cases.extend(cases_on(&large, &[layout]));
+    cases.extend(large_score_cases(layout).unwrap());
+    run_suite(be, label, &cases, &F32_KERNEL);
+    if layout.kv_heads >= 2 {
+        run_nan_cases(be, label, layout);
+    }
+}
+
+#[test]
+fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
+    if std::env::var_os("LP_NATIVE_VECTOR_WIDTH").is_none() {
+        // SAFETY: the only test of this binary, before any adapter (or other thread that
+        // could read the environment) starts.
+        unsafe { std::env::set_var("LP_NATIVE_VECTOR_WIDTH", "512") };
+    }
+    let Some(be) = wgpu_with("wgpu-tiled", None) else {
+        return;
+    };
+    if !be.subgroups() {
+        skip("the adapter has no subgroup operations");
+        return;
+    }
+    let (_, widest) = be.subgroup_sizes();
+    if be.summary().contains("llvmpipe") {
+        assert!(
+            widest >= 16,
+            "lavapipe ignored LP_NATIVE_VECTOR_WIDTH (subgroups of {widest} lanes): head dim 64 \
+             would go untested"
+        );
+    }
+    let backend = BackendOptions {
+        attention: "wgpu-tiled".into(),
+        ..Default::default()
+    };
+    let mut ran = Vec::new();
+    for qreg in [false, true] {
+        for passes in [None, Some(3)] {
+            let opts = WgpuOptions {
+                attn_subgroup_tiles: true,
+                attn_qreg: qreg,
+                attn_pass_tiles: passes,
+                ..be.options()
+            };
+            let sg = WgpuBackend::with_options(&backend, opts).unwrap();
+            for layout in LAYOUTS {
+                let [fwd, ..] = sg.tiled_kernels(layout.head_dim).unwrap();
+                if !fwd.starts_with("attention_fwd_sg.wgsl") {
+                    println!(
+                        "head dim {}: {fwd} (not the subgroup forward)",
+                        layout.head_dim
+                    );
+                    continue;
+                }
+                assert_eq!(fwd.contains("q in registers"), qreg, "{fwd}");
+                let label = format!("{fwd}, passes of {passes:?}");
+                check(&sg, &label, layout);
+                ran.push(label);
+            }
+        }
+    }
+    println!("ran: {ran:#?}");
+    // Every adapter with subgroups of 8+ lanes takes head dim 32 both ways, 16+ lanes head
+    // dim 64, 32-lane ones (NVIDIA) head dim 128.
+    let took = |dp: &str, qreg: bool| {
+        ran.iter()
+            .any(|l| l.contains(dp) && l.contains("q in registers") == qreg)
+    };
+    assert!(took("DP 32,", false) && took("DP 32,", true), "{ran:?}");
+    if widest >= 16 {
+        assert!(took("DP 64,", false) && took("DP 64,", true), "{ran:?}");
+    }
+    if widest >= 32 {
+        assert!(took("DP 128,", true), "{ran:?}");
+    }
+}
