@@ -4,12 +4,14 @@
 //! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
 //! into f32 copies on the device first (its kernels read f32, staged in workgroup memory).
 
+mod lists;
 mod run;
 mod tiled;
 
+pub(crate) use lists::MetaCache;
+pub(crate) use tiled::AttnCfg;
 #[cfg(test)]
 pub(crate) use tiled::AttnKind;
-pub(crate) use tiled::{AttnCfg, MetaCache};
 
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{DeviceAttentionKernelRegistration, create_attention};
