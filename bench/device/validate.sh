@@ -12,6 +12,8 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
+#   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1 -> OUT/wgpu-qreg.log
+#   gemm-twin    the wgpu GEMM's algorithm in CUDA C (lab/wgpu/gemm_twin.py) -> OUT/gemm-twin.log
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
 #   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
@@ -78,6 +80,22 @@ for phase in "$@"; do
                 >> "$out/wgpu-knobs.log" 2>&1 || failed+=("$phase ($knobs)")
         done
         grep -E "^-- knobs|^(gemm|attention)\." "$out/wgpu-knobs.log" | cut -c1-140 ;;
+    wgpu-qreg)
+        # The subgroup forward's query registers against the staged query tile, one binary,
+        # alternated twice (the attention forward and the drafter step that runs it).
+        for round in 1 2; do
+            for q in 0 1; do
+                echo "-- DFLASH_WGPU_ATTN_QREG=$q (round $round)" >> "$out/wgpu-qreg.log"
+                DFLASH_WGPU_ATTN_QREG=$q $D bench --backend wgpu --attention wgpu-tiled \
+                    --only attention.dflash.ctx4096,drafter.step.b1.throughput \
+                    --out "/tmp/qreg-$q-$round.json" >> "$out/wgpu-qreg.log" 2>&1 \
+                    || failed+=("$phase (qreg $q)")
+            done
+        done
+        grep -E "^-- |^(attention|drafter)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+    gemm-twin)
+        python3 lab/wgpu/gemm_twin.py > "$out/gemm-twin.log" 2>&1 || failed+=("$phase")
+        cat "$out/gemm-twin.log" | tail -5 ;;
     wgpu-train)
         $D train --config configs/default.toml --set backend.name='"wgpu"' \
             --set backend.attention='"wgpu-tiled"' --set run.dir="\"/tmp/wgpu-runs\"" \

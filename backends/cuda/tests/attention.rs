@@ -443,24 +443,34 @@ fn attention_cuda_simple_bf16_activations_match_reference() {
     }
 }
 
-/// NaN policy (ARCHITECTURE.md): a NaN key comes out NaN in exactly the rows that read it
-/// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row finite,
-/// on both kernels (head_dim 64: one that both support).
-#[test]
-fn attention_kernels_propagate_nan() {
-    let cases = dflash_tests::nan_cases_on(Layout::new(4, 2, 64)).expect("NaN cases");
+/// `cases` on both kernels (head_dim 64: one that both support), each report printed.
+fn nan_cases_on_both_kernels(cases: &[dflash_tests::NanCase], what: &str) {
     for kernel in ["cuda-simple", "cuda-flash"] {
         let Some(cu) = cuda_attn(kernel, GemmPrecision::Fp32) else {
             return;
         };
-        let report = dflash_tests::check_backend_attention_nan(
-            &cu,
-            &format!("{kernel}, NaN inputs"),
-            &cases,
-        );
+        let report =
+            dflash_tests::check_backend_attention_nan(&cu, &format!("{kernel}, {what}"), cases);
         println!("{report}");
         if let Err(e) = report.ensure_passed() {
             panic!("{e}");
         }
     }
+}
+
+/// NaN policy (ARCHITECTURE.md) for a NaN value: rows that read it have out[.., 0] and dq NaN
+/// with lse finite, every other row stays finite (a masked pair inside a partial tile has a
+/// zero weight, which must not meet the NaN value), the key's dk NaN and dv finite.
+#[test]
+fn attention_kernels_contain_nan_values() {
+    let cases = dflash_tests::nan_v_cases_on(Layout::new(4, 2, 64)).expect("NaN value cases");
+    nan_cases_on_both_kernels(&cases, "NaN values");
+}
+
+/// NaN policy (ARCHITECTURE.md): a NaN key comes out NaN in exactly the rows that read it
+/// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row finite.
+#[test]
+fn attention_kernels_propagate_nan() {
+    let cases = dflash_tests::nan_cases_on(Layout::new(4, 2, 64)).expect("NaN cases");
+    nan_cases_on_both_kernels(&cases, "NaN inputs");
 }
