@@ -87,14 +87,24 @@ fn dots4(a: u32, b: u32) -> vec4<f32> {
 
 const NI: u32 = DP4 / 8u;
 
-// The thread's query registers: row e's columns 8 i + ds at [e NI + i] (zero past D).
-fn load_q_regs(r: u32, h: u32, ds: u32) -> array<vec4<f32>, 4u * NI> {
-    var qr: array<vec4<f32>, 4u * NI>;
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        let at = q_at(r + e, h);
-        for (var i = 0u; i < NI; i = i + 1u) {
-            qr[e * NI + i] = q_row4(at, 8u * i + ds);
-        }
+// Four query rows' vec4 at one column (rows r0..r3).
+struct Q4 {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+// The thread's query registers: [i] holds rows r .. r + 3 at column 8 i + ds (zero past D).
+fn load_q_regs(r: u32, h: u32, ds: u32) -> array<Q4, NI> {
+    var qr: array<Q4, NI>;
+    let at0 = q_at(r, h);
+    let at1 = q_at(r + 1u, h);
+    let at2 = q_at(r + 2u, h);
+    let at3 = q_at(r + 3u, h);
+    for (var i = 0u; i < NI; i = i + 1u) {
+        let c = 8u * i + ds;
+        qr[i] = Q4(q_row4(at0, c), q_row4(at1, c), q_row4(at2, c), q_row4(at3, c));
     }
     return qr;
 }
@@ -104,24 +114,36 @@ fn dot_acc(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
 }
 
-// The 4 rows' scores against key 8 kg + ds of the staged K tile (component e: row e).
-fn scores_qreg(qr: array<vec4<f32>, 4u * NI>, kg: u32, ds: u32) -> vec4<f32> {
-    var acc: array<vec4<f32>, 8>;
+// acc + the 4 query vec4 (one a row) dotted with the key slice u (component e: row e).
+fn rows_acc(acc: vec4<f32>, q: Q4, u: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot_acc(acc.x, q.r0, u), dot_acc(acc.y, q.r1, u),
+                     dot_acc(acc.z, q.r2, u), dot_acc(acc.w, q.r3, u));
+}
+
+// The 4 rows' scores against key 8 kg + ds of the staged K tile (component e: row e). The
+// eight slots are named registers (an array indexed by a loop counter may be put in local
+// memory), slot t reading key 8 kg + (t ^ ds).
+fn scores_qreg(qr: array<Q4, NI>, kg: u32, ds: u32) -> vec4<f32> {
+    var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0); var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0); var a7 = vec4<f32>(0.0);
     for (var i = 0u; i < NI; i = i + 1u) {
-        for (var t = 0u; t < 8u; t = t + 1u) {
-            let u = buf[KV + (8u * kg + (t ^ ds)) * DP4 + 8u * i + ds];
-            var a = acc[t];
-            a.x = dot_acc(a.x, qr[i], u);
-            a.y = dot_acc(a.y, qr[NI + i], u);
-            a.z = dot_acc(a.z, qr[2u * NI + i], u);
-            a.w = dot_acc(a.w, qr[3u * NI + i], u);
-            acc[t] = a;
-        }
+        let q = qr[i];
+        let at = KV + 8u * kg * DP4 + 8u * i + ds;
+        a0 = rows_acc(a0, q, buf[at + ds * DP4]);
+        a1 = rows_acc(a1, q, buf[at + (1u ^ ds) * DP4]);
+        a2 = rows_acc(a2, q, buf[at + (2u ^ ds) * DP4]);
+        a3 = rows_acc(a3, q, buf[at + (3u ^ ds) * DP4]);
+        a4 = rows_acc(a4, q, buf[at + (4u ^ ds) * DP4]);
+        a5 = rows_acc(a5, q, buf[at + (5u ^ ds) * DP4]);
+        a6 = rows_acc(a6, q, buf[at + (6u ^ ds) * DP4]);
+        a7 = rows_acc(a7, q, buf[at + (7u ^ ds) * DP4]);
     }
-    let r0 = acc[0] + subgroupShuffleXor(acc[4], 4u);
-    let r1 = acc[1] + subgroupShuffleXor(acc[5], 4u);
-    let r2 = acc[2] + subgroupShuffleXor(acc[6], 4u);
-    let r3 = acc[3] + subgroupShuffleXor(acc[7], 4u);
+    let r0 = a0 + subgroupShuffleXor(a4, 4u);
+    let r1 = a1 + subgroupShuffleXor(a5, 4u);
+    let r2 = a2 + subgroupShuffleXor(a6, 4u);
+    let r3 = a3 + subgroupShuffleXor(a7, 4u);
     let s0 = r0 + subgroupShuffleXor(r2, 2u);
     let s1 = r1 + subgroupShuffleXor(r3, 2u);
     return s0 + subgroupShuffleXor(s1, 1u);
@@ -220,7 +242,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let role = sg * sgs + lane;
     let ty = role / BK;
     let tx = role % BK;
-    var qr: array<vec4<f32>, 4u * NI>;
+    var qr: array<Q4, NI>;
     if (QREG) {
         qr = load_q_regs(r0 + 4u * ty, h, tx % 8u);
     }
