@@ -10,9 +10,10 @@
 // dims 4 tx .. 4 tx + 3. The BK threads of a row group are then aligned lanes of one
 // subgroup, so a row's max and sum are shuffle-xor butterflies over them (a fixed order:
 // every lane gets the same bits, and the result is deterministic). Per key tile, four
-// barriers: stage K and fetch V; scores (4 rows x 1 key, `dots4`), softmax, P into SC; stage
-// V; O = alpha O + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup
-// memory and no partial maxima or sums are exchanged.
+// barriers: stage K and fetch V; scores (4 rows x 1 key, `dots4` from the staged query tile,
+// or `scores_qreg` from query registers with QREG), softmax, P into SC; stage V; O = alpha O
+// + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup memory and no
+// partial maxima or sums are exchanged.
 //
 // Why twice the threads: the NVIDIA Vulkan driver gives a multiprocessor ~48 KiB of workgroup
 // memory in all, so this ~39 KiB workgroup runs alone on its multiprocessor, and 256 threads
