@@ -18,7 +18,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct ConfigArgs {
     /// Job config (TOML). Layered: defaults <- this file <- DFLASH_* env vars <- --set.
     #[arg(long, short)]
@@ -26,6 +26,38 @@ struct ConfigArgs {
     /// Override a config key, e.g. `--set train.lr=3e-4` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Run on this backend (see `dflash backends`): sets `backend.name`, and
+    /// `backend.attention` to the backend's preferred kernel unless `--attention` names one.
+    /// `--set` still overrides both.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// Attention kernel: sets `backend.attention`.
+    #[arg(long, value_name = "NAME")]
+    attention: Option<String>,
+}
+
+impl ConfigArgs {
+    /// The config keys `--backend` / `--attention` set, as `--set` pairs (before the user's).
+    fn backend_overrides(&self) -> Result<Vec<(String, String)>> {
+        let quote = |v: &str| serde_json::to_string(v).expect("a string serialises");
+        let attention = match (&self.backend, &self.attention) {
+            (_, Some(a)) => Some(a.clone()),
+            (Some(b), None) => Some(
+                dflash_core::registry::preferred_attention(b)
+                    .with_context(|| format!("--backend {b:?}"))?
+                    .to_string(),
+            ),
+            (None, None) => None,
+        };
+        let mut out = Vec::new();
+        if let Some(b) = &self.backend {
+            out.push(("backend.name".to_string(), quote(b)));
+        }
+        if let Some(a) = attention {
+            out.push(("backend.attention".to_string(), quote(&a)));
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Subcommand)]
@@ -353,7 +385,8 @@ fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
-    let overrides = parse_sets(&args.set)?;
+    let mut overrides = args.backend_overrides()?;
+    overrides.extend(parse_sets(&args.set)?);
     Ok(TrainConfig::load(args.config.as_deref(), &overrides)?)
 }
 
@@ -442,7 +475,7 @@ fn run(cli: Cli) -> Result<()> {
                 if cfg.config.is_none() && saved.exists() {
                     config = load_config(&ConfigArgs {
                         config: Some(saved),
-                        set: cfg.set.clone(),
+                        ..cfg.clone()
                     })?;
                 }
             }
