@@ -2,13 +2,12 @@
 //! adapter with subgroups: `WgpuOptions::attn_subgroup_tiles` puts the forward on its tiles
 //! (BK = DP / 4 keys, one a lane) wherever the adapter's subgroups hold BK lanes, with the
 //! query tile staged and with the query rows in registers (`attn_qreg`). On lavapipe the
-//! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide (the
-//! widest that works: at 1024 Mesa 22.3 reports 32 lanes but runs 16, its shuffles across 16
-//! return 0): 16-lane subgroups, so
-//! head dims 32 (8-key tiles, two row groups a subgroup) and 64 (16-key tiles: two key groups
-//! and two register columns a lane with query registers) take the kernel; 128 needs 32 lanes
-//! (the H200 runs it in `attention.rs`). Every suite mask,
-//! the large masks, the k and v NaN cases, one pass and passes of 3 list iterations (the
+//! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide, the widest
+//! that works (at 1024 Mesa 22.3 reports 32 lanes but runs 16: its shuffles across 16 return
+//! 0). With 16-lane subgroups head dims 32 (8-key tiles, two row groups a subgroup) and 64
+//! (16-key tiles: two key groups and two register columns a lane with query registers) take
+//! the kernel; 128 needs 32 lanes (a GPU such as the H200 runs all three here). Every suite
+//! mask, the large masks, the k and v NaN cases, one pass and passes of 3 list iterations (the
 //! softmax state carried between dispatches), vec4 and scalar reads, against the f64 oracle.
 //!
 //! One test in this file: it sets the environment before the adapter starts.
