@@ -12,7 +12,8 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
-#   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1 -> OUT/wgpu-qreg.log
+#   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1;
+#                drafter step with DFLASH_WGPU_F16=0                       -> OUT/wgpu-qreg.log
 #   gemm-twin    the wgpu GEMM's algorithm in CUDA C (lab/wgpu/gemm_twin.py) -> OUT/gemm-twin.log
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
@@ -92,7 +93,13 @@ for phase in "$@"; do
                     || failed+=("$phase (qreg $q)")
             done
         done
-        grep -E "^-- |^(attention|drafter)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+        # And the f32 compute format (frozen weights in f32: the LM head's GEMM on the f32
+        # path, which ran ~25% faster than the f16-operand one).
+        echo "-- DFLASH_WGPU_F16=0" >> "$out/wgpu-qreg.log"
+        DFLASH_WGPU_F16=0 $D bench --backend wgpu --attention wgpu-tiled \
+            --only gemm.compute.8192,drafter.step.b1.throughput --out /tmp/f32.json \
+            >> "$out/wgpu-qreg.log" 2>&1 || failed+=("$phase (f32)")
+        grep -E "^-- |^(attention|drafter|gemm)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
     gemm-twin)
         python3 lab/wgpu/gemm_twin.py > "$out/gemm-twin.log" 2>&1 || failed+=("$phase")
         cat "$out/gemm-twin.log" | tail -5 ;;
