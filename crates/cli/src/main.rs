@@ -271,7 +271,7 @@ struct BenchArgs {
     /// Write the JSON list here (parent directories are created).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Without --out: write DIR/<device slug>.json, the slug taken from the backend's device
+    /// Without --out: write `DIR/<device slug>.json`, the slug taken from the backend's device
     /// name (e.g. `nvidia-h200`).
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     results_dir: Option<PathBuf>,
