@@ -93,12 +93,12 @@ fn check(nc: &NanCase, got: &Outputs) -> CaseResult {
     }
     let kj = (nc.key * hkv + nc.kv_head) * d;
     for (what, g) in [("dk", &got.dk), ("dv", &got.dv)] {
-        let nan = g[kj..kj + d].iter().all(|x| x.is_nan());
+        let g = &g[kj..kj + d];
         if nc.in_v && what == "dv" {
-            if !g[kj..kj + d].iter().all(|x| x.is_finite()) {
+            if !g.iter().all(|x| x.is_finite()) {
                 fail(format!("dv of the NaN value {} is not finite", nc.key));
             }
-        } else if !nan {
+        } else if !g.iter().all(|x| x.is_nan()) {
             fail(format!("{what} of the NaN key {} is not all NaN", nc.key));
         }
     }

@@ -88,9 +88,9 @@ pub struct WgpuOptions {
     pub attn_subgroup_tiles: bool,
     /// The subgroup forward's scores from query rows held in registers, the head dim split
     /// over 8 lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile: ~17 KiB
-    /// less workgroup memory at head dim 128 (so head dim 128 fits a 32 KiB adapter) and one
-    /// workgroup load per 4 vec4 FMAs instead of 5. `DFLASH_WGPU_ATTN_QREG=1`; off by default
-    /// until timed on a GPU.
+    /// less workgroup memory at head dim 128 and one workgroup load per 4 vec4 FMAs instead
+    /// of 5. Applies wherever the subgroup forward runs (the tiles are still chosen for the
+    /// staged tile's memory). `DFLASH_WGPU_ATTN_QREG=1`; off by default until timed on a GPU.
     pub attn_qreg: bool,
 }
 

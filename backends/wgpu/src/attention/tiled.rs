@@ -289,8 +289,7 @@ impl WgpuBackend {
         }
         let have = self.ctx.limits.max_compute_workgroup_storage_size;
         let empty = sizes.contains(&0);
-        let info = &self.ctx.info;
-        let (min, max) = (info.subgroup_min_size, info.subgroup_max_size);
+        let (min, max) = self.subgroup_sizes();
         let mut out = Vec::with_capacity(N);
         for kind in kinds {
             let mut cfg = AttnCfg::choose(kind, d, empty, have).map_err(|need| {

@@ -174,15 +174,16 @@ fn fetch_kv(which: u32, k0: u32, kh: u32, lid: u32) -> array<vec4<f32>, NKV> {
     return x;
 }
 
-// A fetched share into the tile at dst, flagging non-finite values in bad[flag - 1].
-fn put_kv(dst: u32, share: array<vec4<f32>, NKV>, lid: u32, flag: u32) {
+// A fetched share into the tile at dst, rows `stride` vec4 apart (QS: the padded rows every
+// kernel reads by column; DP4: dense), flagging non-finite values in bad[flag - 1].
+fn put_kv(dst: u32, stride: u32, share: array<vec4<f32>, NKV>, lid: u32, flag: u32) {
     var x = share;
     var seen = false;
     for (var n = 0u; n < NKV; n = n + 1u) {
         let e = lid + n * WG;
         if ((BK * DP4) % WG == 0u || e < BK * DP4) {
             seen = seen | nonfinite4(x[n]);
-            buf[dst + (e / DP4) * QS + e % DP4] = x[n];
+            buf[dst + (e / DP4) * stride + e % DP4] = x[n];
         }
     }
     note(seen, flag);
@@ -191,7 +192,7 @@ fn put_kv(dst: u32, share: array<vec4<f32>, NKV>, lid: u32, flag: u32) {
 // Keys [k0, k0 + BK) of kv head kh of k (which 1) or v (which 2) into the tile at dst, zero
 // past tk.
 fn stage_kv(which: u32, dst: u32, k0: u32, kh: u32, lid: u32, flag: u32) {
-    put_kv(dst, fetch_kv(which, k0, kh, lid), lid, flag);
+    put_kv(dst, QS, fetch_kv(which, k0, kh, lid), lid, flag);
 }
 
 // The intervals of query rows [r0, r0 + BQ) into row_iv (empty past tq).

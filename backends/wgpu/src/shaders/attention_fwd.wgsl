@@ -87,28 +87,15 @@ fn fetch_k_of(it: u32, span: vec2<u32>, kh: u32, lid: u32) -> array<vec4<f32>, N
     return x;
 }
 
-// A fetched K share into the tile at KV unpadded, rows DP4 vec4 apart (element e of the tile
-// at KV + e): the subgroup forward's register scores (QREG) read it conflict-free.
-fn put_k_dense(share: array<vec4<f32>, NKV>, lid: u32) {
-    for (var n = 0u; n < NKV; n = n + 1u) {
-        let e = lid + n * WG;
-        if ((BK * DP4) % WG == 0u || e < BK * DP4) {
-            buf[KV + e] = share[n];
-        }
-    }
-}
-
 // Stores this thread's fetched share of the K tile and fetches its share of the V tile at
 // k0, to be stored (`stage_v`) once K is read no more.
 fn stage_k_fetch_v(kx: array<vec4<f32>, NKV>, k0: u32, kh: u32, lid: u32)
     -> array<vec4<f32>, NKV> {
     var vx: array<vec4<f32>, NKV>;
     if ((ABLATE & 8u) == 0u) {
-        if (QREG) {
-            put_k_dense(kx, lid);
-        } else {
-            put_kv(KV, kx, lid, 0u);
-        }
+        // Dense rows for the subgroup forward's register scores (QREG), which read them
+        // conflict-free; padded for the column reads of the others.
+        put_kv(KV, select(QS, DP4, QREG), kx, lid, 0u);
         vx = fetch_kv(2u, k0, kh, lid);
     }
     return vx;
@@ -117,7 +104,7 @@ fn stage_k_fetch_v(kx: array<vec4<f32>, NKV>, k0: u32, kh: u32, lid: u32)
 // The V share in K's place, flagging non-finite values (bad[0]).
 fn stage_v(vx: array<vec4<f32>, NKV>, lid: u32) {
     if ((ABLATE & 8u) == 0u) {
-        put_kv(KV, vx, lid, 1u);
+        put_kv(KV, QS, vx, lid, 1u);
     }
 }
 

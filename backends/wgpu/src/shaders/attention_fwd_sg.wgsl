@@ -84,12 +84,14 @@ fn dots4(a: u32, b: u32) -> vec4<f32> {
 // steps on 4, 2, 1 vec4) leaves it the full scores of its own key, tx = 8 kg + ds, as dots4
 // would. Slot t of lane ds holds key 8 kg + (t ^ ds): then the partner of every step holds
 // the same key in the slot it sends, so no lane selects what to keep. K is staged unpadded
-// (`put_k_dense`): lane ds reads column 8 i + ds of 8 distinct rows, one bank group each.
+// (`put_kv` at stride DP4): lane ds reads column 8 i + ds of 8 distinct rows, one bank group
+// each.
 
 const NI: u32 = DP4 / 8u;
 
-// Four query rows' vec4 at one column (rows r0..r3).
-struct Q4 {
+// Four rows' vec4: a thread's accumulators (rows 0..3 at its 4 dims), or its query
+// registers at one column.
+struct R4 {
     r0: vec4<f32>,
     r1: vec4<f32>,
     r2: vec4<f32>,
@@ -97,15 +99,15 @@ struct Q4 {
 }
 
 // The thread's query registers: [i] holds rows r .. r + 3 at column 8 i + ds (zero past D).
-fn load_q_regs(r: u32, h: u32, ds: u32) -> array<Q4, NI> {
-    var qr: array<Q4, NI>;
-    let at0 = q_at(r, h);
-    let at1 = q_at(r + 1u, h);
-    let at2 = q_at(r + 2u, h);
-    let at3 = q_at(r + 3u, h);
+fn load_q_regs(r: u32, h: u32, ds: u32) -> array<R4, NI> {
+    var qr: array<R4, NI>;
+    let at0 = row_at(r, h);
+    let at1 = row_at(r + 1u, h);
+    let at2 = row_at(r + 2u, h);
+    let at3 = row_at(r + 3u, h);
     for (var i = 0u; i < NI; i = i + 1u) {
         let c = 8u * i + ds;
-        qr[i] = Q4(q_row4(at0, c), q_row4(at1, c), q_row4(at2, c), q_row4(at3, c));
+        qr[i] = R4(q_row4(at0, c), q_row4(at1, c), q_row4(at2, c), q_row4(at3, c));
     }
     return qr;
 }
@@ -116,7 +118,7 @@ fn dot_acc(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
 }
 
 // acc + the 4 query vec4 (one a row) dotted with the key slice u (component e: row e).
-fn rows_acc(acc: vec4<f32>, q: Q4, u: vec4<f32>) -> vec4<f32> {
+fn rows_acc(acc: vec4<f32>, q: R4, u: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(dot_acc(acc.x, q.r0, u), dot_acc(acc.y, q.r1, u),
                      dot_acc(acc.z, q.r2, u), dot_acc(acc.w, q.r3, u));
 }
@@ -124,7 +126,7 @@ fn rows_acc(acc: vec4<f32>, q: Q4, u: vec4<f32>) -> vec4<f32> {
 // The 4 rows' scores against key 8 kg + ds of the staged K tile (component e: row e). The
 // eight slots are named registers (an array indexed by a loop counter may be put in local
 // memory), slot t reading key 8 kg + (t ^ ds).
-fn scores_qreg(qr: array<Q4, NI>, kg: u32, ds: u32) -> vec4<f32> {
+fn scores_qreg(qr: array<R4, NI>, kg: u32, ds: u32) -> vec4<f32> {
     var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
     var a4 = vec4<f32>(0.0); var a5 = vec4<f32>(0.0);
@@ -150,21 +152,13 @@ fn scores_qreg(qr: array<Q4, NI>, kg: u32, ds: u32) -> vec4<f32> {
     return s0 + subgroupShuffleXor(s1, 1u);
 }
 
-// Where query row r of head h starts in q (rows past tq read the last row: their scores are
-// never visible).
-fn q_at(r: u32, h: u32) -> u32 {
+// Where row r of head h starts in a (Tq, Hq, D) tensor (q, out), rows past tq clamped to the
+// last (their scores are never visible, their outputs never written).
+fn row_at(r: u32, h: u32) -> u32 {
     return (min(r, p.tq - 1u) * p.hq + h) * p.d;
 }
 
-// A thread's accumulators: rows 0..3 at its 4 dims.
-struct O4 {
-    r0: vec4<f32>,
-    r1: vec4<f32>,
-    r2: vec4<f32>,
-    r3: vec4<f32>,
-}
-
-fn o4_row(o: O4, r: u32) -> vec4<f32> {
+fn r4_row(o: R4, r: u32) -> vec4<f32> {
     switch (r) {
         case 0u: { return o.r0; }
         case 1u: { return o.r1; }
@@ -175,7 +169,7 @@ fn o4_row(o: O4, r: u32) -> vec4<f32> {
 
 // o += sum over keys j < BK of w_j (x) V_j, w_j = buf[w + j PSQ] (the 4 rows' weights), V_j =
 // buf[t + j QS]; `careful` as acc_rows.
-fn acc4(o: O4, w: u32, t: u32, careful: bool) -> O4 {
+fn acc4(o: R4, w: u32, t: u32, careful: bool) -> R4 {
     var r = o;
     if (!careful) {
         for (var j = 0u; j < BK; j = j + 1u) {
@@ -212,7 +206,7 @@ fn put_out4(r: u32, h: u32, tx: u32, a: vec4<f32>) {
 
 fn get_out4(r: u32, h: u32, tx: u32) -> vec4<f32> {
     var a = vec4<f32>(0.0);
-    let at = (min(r, p.tq - 1u) * p.hq + h) * p.d;
+    let at = row_at(r, h);
     for (var e = 0u; e < 4u; e = e + 1u) {
         if (4u * tx + e < p.d) {
             a[e] = f_out[at + 4u * tx + e];
@@ -243,7 +237,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let role = sg * sgs + lane;
     let ty = role / BK;
     let tx = role % BK;
-    var qr: array<Q4, NI>;
+    var qr: array<R4, NI>;
     if (QREG) {
         qr = load_q_regs(r0 + 4u * ty, h, tx % 8u);
     }
@@ -253,7 +247,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     var m = ninf;
     var l = vec4<f32>(0.0);
     var nan = vec4<bool>(false);
-    var o = O4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    var o = R4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     if (!first) {
         for (var r = 0u; r < 4u; r = r + 1u) {
             let at = 3u * (min(r0 + 4u * ty + r, p.tq - 1u) * p.hq + h);
@@ -261,7 +255,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             l[r] = f_state[at + 1u];
             nan[r] = f_state[at + 2u] != 0.0;
         }
-        o = O4(get_out4(r0 + 4u * ty, h, tx), get_out4(r0 + 4u * ty + 1u, h, tx),
+        o = R4(get_out4(r0 + 4u * ty, h, tx), get_out4(r0 + 4u * ty + 1u, h, tx),
                get_out4(r0 + 4u * ty + 2u, h, tx), get_out4(r0 + 4u * ty + 3u, h, tx));
     }
     let lb = list_bounds(0u, qt, lid);
@@ -298,7 +292,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         stage_v(vx, lid);
         workgroupBarrier(); // V and its non-finite flag
         kx = fetch_k_of(it + 1u, span, kh, lid);
-        o = O4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
+        o = R4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
         if ((ABLATE & 4u) == 0u) {
             o = acc4(o, SC + ty, KV + tx, atomicLoad(&bad[0]) != 0u);
         }
@@ -326,7 +320,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 f_lse[row * p.hq + h] = lse;
             }
         }
-        let xo = o4_row(o, r);
+        let xo = r4_row(o, r);
         if (!last) {
             put_out4(row, h, tx, xo);
         } else {
