@@ -140,21 +140,28 @@ impl Family {
     }
 }
 
-/// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers `read_x(i)` (stored element
-/// `i` as f32) and `read_x2(i)` (elements `i`, `i + 1`, `i` even): an f16 operand is bound as
-/// `vec2<f16>` words, so a pair is one 32-bit load.
+/// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers: `Raw_x` is a pair of stored
+/// elements as they are stored (`vec2<f16>` or `vec2<f32>`), `raw_x(i)` stored element `i`,
+/// `raw_x2(i)` elements `i`, `i + 1` (`i` even) and `widen_x` a pair to f32. An f16 operand is
+/// bound as `vec2<f16>` words, so a pair is one 32-bit load. The kernel keeps what it fetches for
+/// the next k-step raw and widens it only when it stores it to workgroup memory: a conversion
+/// right after the load would wait for the load before the current step's FMAs.
 fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
     if f16 {
         format!(
             "@group(0) @binding({binding}) var<storage, read> g{x}: array<vec2<f16>>;\n\
-             fn read_{x}(i: u32) -> f32 {{ return f32(g{x}[i >> 1u][i & 1u]); }}\n\
-             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i >> 1u]); }}\n"
+             alias Raw_{x} = vec2<f16>;\n\
+             fn raw_{x}(i: u32) -> f16 {{ return g{x}[i >> 1u][i & 1u]; }}\n\
+             fn raw_{x}2(i: u32) -> Raw_{x} {{ return g{x}[i >> 1u]; }}\n\
+             fn widen_{x}(r: Raw_{x}) -> vec2<f32> {{ return vec2<f32>(r); }}\n"
         )
     } else {
         format!(
             "@group(0) @binding({binding}) var<storage, read> g{x}: array<f32>;\n\
-             fn read_{x}(i: u32) -> f32 {{ return g{x}[i]; }}\n\
-             fn read_{x}2(i: u32) -> vec2<f32> {{ return vec2<f32>(g{x}[i], g{x}[i + 1u]); }}\n"
+             alias Raw_{x} = vec2<f32>;\n\
+             fn raw_{x}(i: u32) -> f32 {{ return g{x}[i]; }}\n\
+             fn raw_{x}2(i: u32) -> Raw_{x} {{ return vec2<f32>(g{x}[i], g{x}[i + 1u]); }}\n\
+             fn widen_{x}(r: Raw_{x}) -> vec2<f32> {{ return r; }}\n"
         )
     }
 }

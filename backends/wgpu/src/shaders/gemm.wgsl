@@ -12,8 +12,9 @@
 // poison).
 //
 // The host puts the operand bindings (@binding(1) ga, @binding(2) gb) and their readers in
-// front of this file, one variant per operand dtype: read_a(i) is stored element i as f32,
-// read_a2(i) elements i and i + 1 (i even).
+// front of this file, one variant per operand dtype: Raw_a is a pair of stored elements in the
+// stored dtype, raw_a(i) stored element i, raw_a2(i) elements i and i + 1 (i even), widen_a(r)
+// a pair as f32.
 
 struct GemmParams {
     m: u32, n: u32, k: u32,
@@ -36,25 +37,25 @@ const SB: u32 = 65u;
 var<workgroup> tile_a: array<f32, 1040>; // [BK][SA]
 var<workgroup> tile_b: array<f32, 1040>; // [BK][SB]
 
-// Stored elements base and base + 1 of a, where `lo` / `hi` say whether each is inside the
-// operand (a pair at an even index inside is one load).
-fn pair_a(base: u32, lo: bool, hi: bool) -> vec2<f32> {
+// Stored elements base and base + 1 of a, unconverted, where `lo` / `hi` say whether each is
+// inside the operand (0 outside; a pair at an even index inside is one load).
+fn pair_a(base: u32, lo: bool, hi: bool) -> Raw_a {
     if (hi && (base & 1u) == 0u) {
-        return read_a2(base);
+        return raw_a2(base);
     }
-    var v = vec2<f32>(0.0, 0.0);
-    if (lo) { v.x = read_a(base); }
-    if (hi) { v.y = read_a(base + 1u); }
+    var v = Raw_a();
+    if (lo) { v.x = raw_a(base); }
+    if (hi) { v.y = raw_a(base + 1u); }
     return v;
 }
 
-fn pair_b(base: u32, lo: bool, hi: bool) -> vec2<f32> {
+fn pair_b(base: u32, lo: bool, hi: bool) -> Raw_b {
     if (hi && (base & 1u) == 0u) {
-        return read_b2(base);
+        return raw_b2(base);
     }
-    var v = vec2<f32>(0.0, 0.0);
-    if (lo) { v.x = read_b(base); }
-    if (hi) { v.y = read_b(base + 1u); }
+    var v = Raw_b();
+    if (lo) { v.x = raw_b(base); }
+    if (hi) { v.y = raw_b(base + 1u); }
     return v;
 }
 
@@ -67,7 +68,7 @@ fn load_tile_a(q: u32, m0: u32, k0: u32) {
         let i = m0 + ii;
         let p = k0 + kk;
         let inside = i < gp.m;
-        let v = pair_a(gp.a_off + i * gp.lda + p, inside && p < gp.k, inside && p + 1u < gp.k);
+        let v = widen_a(pair_a(gp.a_off + i * gp.lda + p, inside && p < gp.k, inside && p + 1u < gp.k));
         tile_a[kk * SA + ii] = v.x;
         tile_a[(kk + 1u) * SA + ii] = v.y;
     } else {
@@ -77,7 +78,7 @@ fn load_tile_a(q: u32, m0: u32, k0: u32) {
         let i = m0 + ii;
         let p = k0 + kk;
         let inside = p < gp.k;
-        let v = pair_a(gp.a_off + p * gp.lda + i, inside && i < gp.m, inside && i + 1u < gp.m);
+        let v = widen_a(pair_a(gp.a_off + p * gp.lda + i, inside && i < gp.m, inside && i + 1u < gp.m));
         tile_a[kk * SA + ii] = v.x;
         tile_a[kk * SA + ii + 1u] = v.y;
     }
@@ -92,7 +93,7 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
         let j = n0 + jj;
         let p = k0 + kk;
         let inside = p < gp.k;
-        let v = pair_b(gp.b_off + p * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
+        let v = widen_b(pair_b(gp.b_off + p * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n));
         tile_b[kk * SB + jj] = v.x;
         tile_b[kk * SB + jj + 1u] = v.y;
     } else {
@@ -102,7 +103,7 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
         let j = n0 + jj;
         let p = k0 + kk;
         let inside = j < gp.n;
-        let v = pair_b(gp.b_off + j * gp.ldb + p, inside && p < gp.k, inside && p + 1u < gp.k);
+        let v = widen_b(pair_b(gp.b_off + j * gp.ldb + p, inside && p < gp.k, inside && p + 1u < gp.k));
         tile_b[kk * SB + jj] = v.x;
         tile_b[(kk + 1u) * SB + jj] = v.y;
     }
@@ -182,8 +183,9 @@ fn store(i: u32, j: u32, x: f32) {
 // threads of a half-warp are 16 consecutive vec4 (conflict-free) or one broadcast.
 //
 // Loads are software-pipelined: each thread fetches its 8 elements of the next k-step's tiles
-// into registers (a Frag) before the current step's FMAs, so the global-memory latency hides
-// behind them, and writes them to workgroup memory after the step's barrier. Consecutive
+// into registers (a FragA / FragB, still in the stored dtype) before the current step's FMAs,
+// so the global-memory latency hides behind them, and widens and writes them to workgroup
+// memory after the step's barrier. Consecutive
 // threads fetch consecutive pairs along the stored matrix's contiguous dimension (a warp
 // reads whole 64- or 256-byte row segments), whichever way the operand is transposed.
 
@@ -194,11 +196,15 @@ var<workgroup> wa: array<vec4<f32>, 528>; // [WK][WS]
 var<workgroup> wb: array<vec4<f32>, 528>; // [WK][WS]
 
 // A thread's 8 elements of one operand's tile for one k-step, as four pairs of neighbours
-// along the stored matrix's contiguous dimension: pair p is (lo.xy, lo.zw, hi.xy, hi.zw)[p].
-// Fixed fields, never an array indexed by a counter.
-struct Frag {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
+// along the stored matrix's contiguous dimension (pair p in field p), in the stored dtype:
+// they are widened only when put into workgroup memory after the step's FMAs, so nothing
+// waits for the loads before them. Fixed fields, never an array indexed by a counter.
+struct FragA {
+    p0: Raw_a, p1: Raw_a, p2: Raw_a, p3: Raw_a,
+}
+
+struct FragB {
+    p0: Raw_b, p1: Raw_b, p2: Raw_b, p3: Raw_b,
 }
 
 // Where pair p (0..3) of thread lid starts in a 128 x 16 tile whose stored matrix is
@@ -214,7 +220,7 @@ fn pair_pos(lid: u32, p: u32, along_k: bool) -> vec2<u32> {
 }
 
 // Pair p of a's tile at (m0, k0) for thread lid, 0 outside the product.
-fn fetch_a2(lid: u32, p: u32, m0: u32, k0: u32) -> vec2<f32> {
+fn fetch_a2(lid: u32, p: u32, m0: u32, k0: u32) -> Raw_a {
     let at = pair_pos(lid, p, gp.ta == 0u);
     let i = m0 + at.x;
     let kk = k0 + at.y;
@@ -227,7 +233,7 @@ fn fetch_a2(lid: u32, p: u32, m0: u32, k0: u32) -> vec2<f32> {
 }
 
 // Pair p of b's tile at (k0, n0) (the tile indexed (column of 128, kk)), 0 outside.
-fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> vec2<f32> {
+fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> Raw_b {
     let at = pair_pos(lid, p, gp.tb != 0u);
     let j = n0 + at.x;
     let kk = k0 + at.y;
@@ -239,14 +245,14 @@ fn fetch_b2(lid: u32, p: u32, k0: u32, n0: u32) -> vec2<f32> {
     return pair_b(gp.b_off + kk * gp.ldb + j, inside && j < gp.n, inside && j + 1u < gp.n);
 }
 
-fn fetch_a128(lid: u32, m0: u32, k0: u32) -> Frag {
-    return Frag(vec4<f32>(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0)),
-                vec4<f32>(fetch_a2(lid, 2u, m0, k0), fetch_a2(lid, 3u, m0, k0)));
+fn fetch_a128(lid: u32, m0: u32, k0: u32) -> FragA {
+    return FragA(fetch_a2(lid, 0u, m0, k0), fetch_a2(lid, 1u, m0, k0),
+                 fetch_a2(lid, 2u, m0, k0), fetch_a2(lid, 3u, m0, k0));
 }
 
-fn fetch_b128(lid: u32, k0: u32, n0: u32) -> Frag {
-    return Frag(vec4<f32>(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0)),
-                vec4<f32>(fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0)));
+fn fetch_b128(lid: u32, k0: u32, n0: u32) -> FragB {
+    return FragB(fetch_b2(lid, 0u, k0, n0), fetch_b2(lid, 1u, k0, n0),
+                 fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0));
 }
 
 // A pair at `at` into a k-major tile `t` (0: a's, 1: b's): along k it spans two tile rows,
@@ -265,20 +271,20 @@ fn put_pair(t: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
     }
 }
 
-fn put_a128(lid: u32, f: Frag) {
+fn put_a128(lid: u32, f: FragA) {
     let ak = gp.ta == 0u;
-    put_pair(0u, pair_pos(lid, 0u, ak), ak, f.lo.xy);
-    put_pair(0u, pair_pos(lid, 1u, ak), ak, f.lo.zw);
-    put_pair(0u, pair_pos(lid, 2u, ak), ak, f.hi.xy);
-    put_pair(0u, pair_pos(lid, 3u, ak), ak, f.hi.zw);
+    put_pair(0u, pair_pos(lid, 0u, ak), ak, widen_a(f.p0));
+    put_pair(0u, pair_pos(lid, 1u, ak), ak, widen_a(f.p1));
+    put_pair(0u, pair_pos(lid, 2u, ak), ak, widen_a(f.p2));
+    put_pair(0u, pair_pos(lid, 3u, ak), ak, widen_a(f.p3));
 }
 
-fn put_b128(lid: u32, f: Frag) {
+fn put_b128(lid: u32, f: FragB) {
     let bk = gp.tb != 0u;
-    put_pair(1u, pair_pos(lid, 0u, bk), bk, f.lo.xy);
-    put_pair(1u, pair_pos(lid, 1u, bk), bk, f.lo.zw);
-    put_pair(1u, pair_pos(lid, 2u, bk), bk, f.hi.xy);
-    put_pair(1u, pair_pos(lid, 3u, bk), bk, f.hi.zw);
+    put_pair(1u, pair_pos(lid, 0u, bk), bk, widen_b(f.p0));
+    put_pair(1u, pair_pos(lid, 1u, bk), bk, widen_b(f.p1));
+    put_pair(1u, pair_pos(lid, 2u, bk), bk, widen_b(f.p2));
+    put_pair(1u, pair_pos(lid, 3u, bk), bk, widen_b(f.p3));
 }
 
 @compute @workgroup_size(256)
