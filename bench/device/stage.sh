@@ -12,16 +12,24 @@
 # `bash bench/device/stage.sh --no-cuda-tests` skips the CUDA test executables (a wgpu-only
 # or bench-only call: `validate.sh` phases other than cuda-tests need only `dflash` and the
 # wgpu tests), which saves their release build here.
+#
+# `--ab-base REV` also builds the release `dflash` of revision REV (in a worktree under /tmp)
+# as .ab/dflash-base, packed into .carry/ab.tar.xz, for validate.sh's `ab` phase: the tree's
+# binary against REV's, alternated, in one call.
 set -euo pipefail
 cuda_tests=1
-case "${1:-}" in
-    --no-cuda-tests) cuda_tests=0 ;;
-    "") ;;
-    *) echo "usage: stage.sh [--no-cuda-tests]" >&2; exit 2 ;;
-esac
+ab_base=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-cuda-tests) cuda_tests=0 ;;
+        --ab-base) ab_base=${2:?--ab-base needs a revision}; shift ;;
+        *) echo "usage: stage.sh [--no-cuda-tests] [--ab-base REV]" >&2; exit 2 ;;
+    esac
+    shift
+done
 cd "$(dirname "$0")/../.."
 limit=$((64 << 20))
-for d in .carry .gl; do
+for d in .carry .gl .ab; do
     grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
 done
 cargo build --release -p dflash-cli
@@ -40,6 +48,18 @@ if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
         libopengl0 libgl1 libglx0 libgles2) || echo "warning: no Vulkan loader packages (wgpu phase will find no adapter)"
 fi
 rm -rf .carry && mkdir .carry
+if [ -n "$ab_base" ]; then
+    wt=/tmp/dflash-ab-base
+    git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+    git worktree add --detach "$wt" "$ab_base"
+    # Its own target directory: the worktree's crates live at other paths, so sharing ours
+    # would rebuild them anyway and evict this tree's artefacts.
+    (cd "$wt" && CARGO_TARGET_DIR=/tmp/dflash-ab-target cargo build --release -p dflash-cli)
+    mkdir -p .ab && cp /tmp/dflash-ab-target/release/dflash .ab/dflash-base && strip .ab/dflash-base
+    git -C "$wt" rev-parse --short HEAD > .ab/base-rev
+    git worktree remove --force "$wt"
+    tar -cf - .ab/dflash-base .ab/base-rev | xz -T0 -6 > .carry/ab.tar.xz
+fi
 cp .gl/*.deb .carry/ 2>/dev/null || true
 tar -cf - .cudatest | xz -T0 -6 > .carry/cudatest.tar.xz
 tar -cf - .wgputest | xz -T0 -6 > .carry/wgputest.tar.xz

@@ -14,6 +14,9 @@
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
 #   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1;
 #                drafter step with DFLASH_WGPU_F16=0                       -> OUT/wgpu-qreg.log
+#   ab           the staged binary against .ab/dflash-base (stage.sh --ab-base REV), alternated
+#                twice, on AB_ARGS (default: wgpu gemm, attention ctx4096, drafter step)
+#                                                                          -> OUT/ab.log
 #   gemm-twin    the wgpu GEMM's algorithm in CUDA C (lab/wgpu/gemm_twin.py) -> OUT/gemm-twin.log
 #   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
@@ -100,6 +103,22 @@ for phase in "$@"; do
             --only gemm.compute.8192,drafter.step.b1.throughput --out /tmp/f32.json \
             >> "$out/wgpu-qreg.log" 2>&1 || failed+=("$phase (f32)")
         grep -E "^-- |^(attention|drafter|gemm)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+    ab)
+        if [ ! -x .ab/dflash-base ]; then
+            echo "no base binary staged (stage.sh --ab-base REV)"; failed+=("$phase"); continue
+        fi
+        # Word-split on purpose: AB_ARGS is a list of bench arguments.
+        # shellcheck disable=SC2206
+        args=(${AB_ARGS:---backend wgpu --attention wgpu-tiled --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput})
+        echo "-- base is $(cat .ab/base-rev 2>/dev/null || echo '?'); args: ${args[*]}" >> "$out/ab.log"
+        for round in 1 2; do
+            for bin in .ab/dflash-base "$D"; do
+                echo "-- $bin (round $round)" >> "$out/ab.log"
+                timeout 280 "$bin" bench "${args[@]}" --out "/tmp/ab-$round.json" \
+                    >> "$out/ab.log" 2>&1 || failed+=("$phase ($bin)")
+            done
+        done
+        grep -E "^-- |^[a-z0-9]+\.[a-z0-9.]+ " "$out/ab.log" | cut -c1-140 ;;
     gemm-twin)
         python3 lab/wgpu/gemm_twin.py > "$out/gemm-twin.log" 2>&1 || failed+=("$phase")
         cat "$out/gemm-twin.log" | tail -5 ;;
