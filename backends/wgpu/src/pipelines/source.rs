@@ -1,0 +1,163 @@
+//! What each shader module is compiled from: the families of WGSL files, the text a module
+//! gets (`enable` directives, the shared prelude, generated operand readers or attention
+//! headers, the family's file) and the runtime checks naga adds to it.
+
+/// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
+/// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
+/// (the operand bindings and readers are put in front of `gemm.wgsl`); `F16` holds the
+/// kernels that read or write f16 buffers and is compiled only on a device with
+/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Family {
+    Memory,
+    Gemm {
+        a16: bool,
+        b16: bool,
+    },
+    Norm,
+    Rope,
+    Activation,
+    Embedding,
+    Optimizer,
+    Loss,
+    /// One attention kernel's module, generated per head-dim class and tile configuration.
+    Attention(crate::attention::AttnCfg),
+    F16,
+}
+
+/// The row reductions of the families that reduce (norm, loss, memory), in front of their file:
+/// through workgroup memory, or on subgroup operations ([`super::Kernel::subgroups`]).
+const REDUCE: &str = include_str!("../shaders/reduce.wgsl");
+const REDUCE_SUBGROUPS: &str = include_str!("../shaders/reduce_subgroups.wgsl");
+
+/// The builtins the subgroup variant adds to an entry point that reduces (at `/*rd-args*/`)
+/// and hands to `rd_init` (at `/*rd-init*/`).
+const RD_ARGS: &str = ", @builtin(subgroup_invocation_id) rd_lane_in: u32, \
+     @builtin(subgroup_id) rd_sg_in: u32, @builtin(num_subgroups) rd_sgs_in: u32";
+const RD_INIT: &str = "rd_init(rd_lane_in, rd_sg_in, rd_sgs_in);";
+
+impl Family {
+    /// Whether the family's file reduces rows (and so comes in two variants).
+    pub(super) fn reduces(self) -> bool {
+        matches!(self, Family::Memory | Family::Norm | Family::Loss)
+    }
+
+    /// The module's text: `enable` directives, the prelude, the family's file (behind the
+    /// reductions of the chosen variant where it reduces).
+    pub(super) fn source(self, subgroups: bool) -> String {
+        if self.reduces() {
+            let body = match self {
+                Family::Memory => include_str!("../shaders/memory.wgsl"),
+                Family::Norm => include_str!("../shaders/norm.wgsl"),
+                _ => include_str!("../shaders/loss.wgsl"),
+            };
+            return if subgroups {
+                let body = body
+                    .replace("/*rd-args*/", RD_ARGS)
+                    .replace("/*rd-init*/", RD_INIT);
+                // No `enable subgroups;`: naga rejects the directive (not implemented yet) and
+                // takes the builtins on the device's SUBGROUP feature alone.
+                format!("{PRELUDE}\n{REDUCE_SUBGROUPS}\n{body}")
+            } else {
+                format!("{PRELUDE}\n{REDUCE}\n{body}")
+            };
+        }
+        let body = match self {
+            Family::Gemm { a16, b16 } => {
+                let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
+                return format!(
+                    "{f16}{PRELUDE}\n{}{}{}",
+                    gemm_operand("a", 1, a16),
+                    gemm_operand("b", 2, b16),
+                    include_str!("../shaders/gemm.wgsl")
+                );
+            }
+            Family::Rope => include_str!("../shaders/rope.wgsl"),
+            Family::Activation => include_str!("../shaders/activation.wgsl"),
+            Family::Embedding => include_str!("../shaders/embedding.wgsl"),
+            Family::Optimizer => include_str!("../shaders/optimizer.wgsl"),
+            Family::Attention(cfg) => {
+                return format!(
+                    "{}{PRELUDE}\n{}\n{}\n{}",
+                    cfg.header(),
+                    cfg.operands(),
+                    include_str!("../shaders/attention.wgsl"),
+                    cfg.body()
+                );
+            }
+            Family::F16 => {
+                return format!(
+                    "enable f16;\n{PRELUDE}\n{}",
+                    include_str!("../shaders/f16.wgsl")
+                );
+            }
+            Family::Memory | Family::Norm | Family::Loss => unreachable!("handled above"),
+        };
+        format!("{PRELUDE}\n{body}")
+    }
+    /// The module's name in messages: its file, and the variant where there are several.
+    pub(super) fn label(self, subgroups: bool) -> String {
+        if subgroups {
+            return format!("{} (subgroup reductions)", self.file());
+        }
+        self.file()
+    }
+
+    fn file(self) -> String {
+        match self {
+            Family::Gemm { a16, b16 } => {
+                let d = |h| if h { "f16" } else { "f32" };
+                format!("gemm.wgsl (a {}, b {})", d(a16), d(b16))
+            }
+            Family::Attention(cfg) => cfg.label(),
+            _ => format!("{self:?}").to_lowercase() + ".wgsl",
+        }
+    }
+}
+
+/// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers: `Raw_x` is a pair of stored
+/// elements as they are stored (`vec2<f16>` or `vec2<f32>`), `raw_x(i)` stored element `i`,
+/// `raw_x2(i)` elements `i`, `i + 1` (`i` even) and `widen_x` a pair to f32. An f16 operand is
+/// bound as `vec2<f16>` words, so a pair is one 32-bit load. The kernel keeps what it fetches for
+/// the next k-step raw and widens it only when it stores it to workgroup memory: a conversion
+/// right after the load would wait for the load before the current step's FMAs.
+fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
+    if f16 {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<vec2<f16>>;\n\
+             alias Raw_{x} = vec2<f16>;\n\
+             fn raw_{x}(i: u32) -> f16 {{ return g{x}[i >> 1u][i & 1u]; }}\n\
+             fn raw_{x}2(i: u32) -> Raw_{x} {{ return g{x}[i >> 1u]; }}\n\
+             fn widen_{x}(r: Raw_{x}) -> vec2<f32> {{ return vec2<f32>(r); }}\n"
+        )
+    } else {
+        format!(
+            "@group(0) @binding({binding}) var<storage, read> g{x}: array<f32>;\n\
+             alias Raw_{x} = vec2<f32>;\n\
+             fn raw_{x}(i: u32) -> f32 {{ return g{x}[i]; }}\n\
+             fn raw_{x}2(i: u32) -> Raw_{x} {{ return vec2<f32>(g{x}[i], g{x}[i + 1u]); }}\n\
+             fn widen_{x}(r: Raw_{x}) -> vec2<f32> {{ return r; }}\n"
+        )
+    }
+}
+
+const PRELUDE: &str = include_str!("../shaders/common.wgsl");
+
+/// Which of naga's runtime checks the shader modules carry. By default bounds checks and
+/// integer-division checks, without loop bounding: a counter naga puts on every loop so that a
+/// loop the driver could not prove finite still ends, which made the attention kernels 4.3x
+/// slower on the H200 (docs/PERF.md) while every loop here ends by construction (bounds from
+/// the uniform block or from host-built tile lists). `DFLASH_WGPU_CHECKS=all` adds loop
+/// bounding back, `none` drops every check (a measurement switch, to see what they cost).
+pub(super) fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    static CHECKS: std::sync::OnceLock<wgpu::ShaderRuntimeChecks> = std::sync::OnceLock::new();
+    *CHECKS.get_or_init(|| match std::env::var("DFLASH_WGPU_CHECKS").as_deref() {
+        Ok("all") => wgpu::ShaderRuntimeChecks::checked(),
+        Ok("none") => wgpu::ShaderRuntimeChecks::unchecked(),
+        _ => wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        },
+    })
+}
+
