@@ -160,4 +160,3 @@ pub(super) fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
         },
     })
 }
-
