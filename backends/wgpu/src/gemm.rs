@@ -101,6 +101,14 @@ pub(crate) fn plan(
     }
 }
 
+/// The `(rows, cols)` of the stored matrix of an operand that enters the product as `(r, c)`.
+fn stored_extent(t: Transpose, r: usize, c: usize) -> (usize, usize) {
+    match t {
+        Transpose::No => (r, c),
+        Transpose::Yes => (c, r),
+    }
+}
+
 /// Every block of the plan, in order (`k` innermost, so a block's first `k` chunk comes first).
 pub(crate) fn blocks(
     (m, n, k): (usize, usize, usize),
@@ -154,6 +162,19 @@ impl WgpuBackend {
                 self.scale_range(op, c, c_at, m * n, beta)
             };
         }
+        // The GEMM's module carries no bounds checks (`Family::bounds_proven_on_host`): these
+        // checks are what keeps every read and write of its kernels inside the buffers.
+        let (a_rows, a_cols) = stored_extent(a.t, m, k);
+        let (b_rows, b_cols) = stored_extent(b.t, k, n);
+        self.check_extent(op, "a", a, a_rows, a_cols)?;
+        self.check_extent(op, "b", b, b_rows, b_cols)?;
+        let c_out = Operand {
+            s: c,
+            at: c_at,
+            ld: n,
+            t: Transpose::No,
+        };
+        self.check_extent(op, "c", c_out, m, n)?;
         let limits = (
             self.span_elems_of(a.s.dtype),
             self.span_elems_of(b.s.dtype),
@@ -215,6 +236,33 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// That the `(rows, cols)` matrix `o` names lies inside its buffer: rows at least `cols`
+    /// long, the last of them ending inside.
+    fn check_extent(
+        &self,
+        op: &'static str,
+        which: &str,
+        o: Operand<'_>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let end = rows
+            .checked_mul(o.ld)
+            .and_then(|e| e.checked_add(o.at))
+            .filter(|&e| e <= o.s.len);
+        if cols > o.ld || end.is_none() {
+            return Err(self.err(
+                op,
+                format!(
+                    "{which} ({rows}, {cols}) at element {} with row stride {} does not fit its \
+                     buffer of {} elements",
+                    o.at, o.ld, o.s.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The operands of a `matmul` / `matmul_acc` call, checked (either may be f16).
     fn operands<'a>(
         &self,
@@ -272,6 +320,66 @@ impl GemmOps for WgpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The GEMM's module has no bounds checks, so `gemm` itself must refuse operands whose
+    /// rows are shorter than the columns read or run past the buffer, naming the operand; a
+    /// product that fits still runs.
+    #[test]
+    fn gemm_refuses_operands_outside_their_buffers() {
+        let opts = dflash_core::registry::BackendOptions {
+            attention: "wgpu-tiled".into(),
+            ..Default::default()
+        };
+        let be = match WgpuBackend::new(&opts) {
+            Ok(be) => be,
+            Err(dflash_core::Error::Unavailable { reason, .. }) => {
+                eprintln!("skipped: no wgpu adapter ({reason})");
+                return;
+            }
+            Err(e) => panic!("wgpu backend: {e}"),
+        };
+        let buf = |n| be.out("test", n).expect("alloc");
+        let (a, b, c) = (buf(12), buf(12), buf(4));
+        let op = |s, at, ld, t| Operand { s, at, ld, t };
+        let no = Transpose::No;
+        // (2, 4) @ (4, 2): a and b stored (2, 4) and (4, 2), row strides 4 and 2 (b's 12
+        // elements leave room for an offset of 4).
+        let fits = be.gemm(
+            "t",
+            op(&a, 0, 4, no),
+            op(&b, 4, 2, no),
+            &c,
+            0,
+            (2, 2, 4),
+            0.0,
+        );
+        assert!(fits.is_ok(), "{fits:?}");
+        let cases = [
+            // a's rows of 3 are shorter than the 4 columns read
+            ("a (2, 4)", op(&a, 0, 3, no), op(&b, 0, 2, no), 0),
+            // a's second row would end at element 14 of 12
+            ("a (2, 4)", op(&a, 6, 4, no), op(&b, 0, 2, no), 0),
+            // b transposed: stored (2, 4), its rows start at 10, past the end
+            (
+                "b (2, 4)",
+                op(&a, 0, 4, no),
+                op(&b, 10, 4, Transpose::Yes),
+                0,
+            ),
+            // c's 4 elements from element 1
+            ("c (2, 2)", op(&a, 0, 4, no), op(&b, 0, 2, no), 1),
+        ];
+        for (name, oa, ob, c_at) in cases {
+            let e = be
+                .gemm("t", oa, ob, &c, c_at, (2, 2, 4), 0.0)
+                .expect_err(name)
+                .to_string();
+            assert!(
+                e.contains(name) && e.contains("does not fit"),
+                "{name}: {e}"
+            );
+        }
+    }
 
     /// Every plan keeps each operand's span within the limit and its blocks tile the product.
     #[test]

@@ -174,11 +174,12 @@ impl Ctx {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(family.source(subgroups).into()),
                 };
-                // SAFETY: with the default checks every access stays bounds-checked; the loops
-                // end by construction (see `runtime_checks`), which the conformance suite runs.
+                // SAFETY: every access stays bounds-checked, or (`bounds_proven_on_host`)
+                // the host proves it in bounds before each dispatch; the loops end by
+                // construction (see `runtime_checks`), which the conformance suite runs.
                 Arc::new(unsafe {
                     self.device
-                        .create_shader_module_trusted(desc, runtime_checks())
+                        .create_shader_module_trusted(desc, runtime_checks(family))
                 })
             })
             .clone()

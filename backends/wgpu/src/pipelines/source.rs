@@ -37,6 +37,16 @@ const RD_ARGS: &str = ", @builtin(subgroup_invocation_id) rd_lane_in: u32, \
 const RD_INIT: &str = "rd_init(rd_lane_in, rd_sg_in, rd_sgs_in);";
 
 impl Family {
+    /// Whether the host proves every index of the family's kernels in bounds before it
+    /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
+    /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
+    /// indexed by constants, and `WgpuBackend::gemm` refuses an operand whose rows are
+    /// shorter than the columns it reads or whose rows run past its buffer (the bounds
+    /// checks cost the GEMM ~8% on the H200, docs/PERF.md).
+    pub(super) fn bounds_proven_on_host(self) -> bool {
+        matches!(self, Family::Gemm { .. })
+    }
+
     /// Whether the family's file reduces rows (and so comes in two variants).
     pub(super) fn reduces(self) -> bool {
         matches!(self, Family::Memory | Family::Norm | Family::Loss)
@@ -143,20 +153,25 @@ fn gemm_operand(x: &str, binding: u32, f16: bool) -> String {
 
 const PRELUDE: &str = include_str!("../shaders/common.wgsl");
 
-/// Which of naga's runtime checks the shader modules carry. By default bounds checks and
+/// Which of naga's runtime checks a family's module carries. By default bounds checks and
 /// integer-division checks, without loop bounding: a counter naga puts on every loop so that a
 /// loop the driver could not prove finite still ends, which made the attention kernels 4.3x
 /// slower on the H200 (docs/PERF.md) while every loop here ends by construction (bounds from
-/// the uniform block or from host-built tile lists). `DFLASH_WGPU_CHECKS=all` adds loop
-/// bounding back, `none` drops every check (a measurement switch, to see what they cost).
-pub(super) fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
-    static CHECKS: std::sync::OnceLock<wgpu::ShaderRuntimeChecks> = std::sync::OnceLock::new();
-    *CHECKS.get_or_init(|| match std::env::var("DFLASH_WGPU_CHECKS").as_deref() {
-        Ok("all") => wgpu::ShaderRuntimeChecks::checked(),
-        Ok("none") => wgpu::ShaderRuntimeChecks::unchecked(),
+/// the uniform block or from host-built tile lists). A family whose every index the host
+/// proves in bounds before each dispatch ([`Family::bounds_proven_on_host`]) carries no checks,
+/// as a CUDA kernel carries none. `DFLASH_WGPU_CHECKS=all` puts every check on every family,
+/// loop bounding included (debugging); `none` drops them everywhere (a measurement switch, to
+/// see what they cost).
+pub(super) fn runtime_checks(family: Family) -> wgpu::ShaderRuntimeChecks {
+    static SWITCH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let switch = SWITCH.get_or_init(|| std::env::var("DFLASH_WGPU_CHECKS").ok());
+    match switch.as_deref() {
+        Some("all") => wgpu::ShaderRuntimeChecks::checked(),
+        Some("none") => wgpu::ShaderRuntimeChecks::unchecked(),
+        _ if family.bounds_proven_on_host() => wgpu::ShaderRuntimeChecks::unchecked(),
         _ => wgpu::ShaderRuntimeChecks {
             force_loop_bounding: false,
             ..wgpu::ShaderRuntimeChecks::checked()
         },
-    })
+    }
 }
