@@ -214,12 +214,32 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
 /// `dO . v` is), `dk` of the key is NaN and its `dv` finite; every other row stays finite.
 /// This catches a kernel that multiplies a zero weight (a masked pair inside a partial tile)
 /// by the NaN value.
+///
+/// [`NanCase::within_tiles`] is the weaker contract of kernels whose P V product is a matrix
+/// multiply over whole tiles (tensor cores: 0 x NaN is NaN inside the MMA, and skipping zero
+/// weights there would cost every tile a check): a NaN value may also reach the other rows of
+/// the query tiles that hold its key, so those rows are not checked; it must still never be
+/// hidden (the rows that read it as above), never touch an lse, and never reach a row that
+/// sees no key (exactly 0).
 #[derive(Debug, Clone)]
 pub struct NanCase {
     pub case: Case,
     pub key: usize,
     pub kv_head: usize,
     pub in_v: bool,
+    /// With `in_v`: the rows that do not read the NaN value are not required finite (only
+    /// their lse), see above.
+    pub within_tiles: bool,
+}
+
+impl NanCase {
+    /// This case under the tile-granular contract for NaN values (see [`NanCase`]).
+    pub fn within_tiles(self) -> Self {
+        NanCase {
+            within_tiles: true,
+            ..self
+        }
+    }
 }
 
 /// The NaN cases: `dflash_padding` (key 10 is seen by the blocks anchored at 15 and 16, not
@@ -261,6 +281,7 @@ fn nan_cases_in(layout: Layout, in_v: bool) -> Result<Vec<NanCase>, String> {
                 key,
                 kv_head: 1,
                 in_v,
+                within_tiles: false,
             })
         })
         .collect())

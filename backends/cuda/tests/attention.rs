@@ -458,12 +458,17 @@ fn nan_cases_on_both_kernels(cases: &[dflash_tests::NanCase], what: &str) {
     }
 }
 
-/// NaN policy (ARCHITECTURE.md) for a NaN value: rows that read it have out[.., 0] and dq NaN
-/// with lse finite, every other row stays finite (a masked pair inside a partial tile has a
-/// zero weight, which must not meet the NaN value), the key's dk NaN and dv finite.
+/// NaN policy (ARCHITECTURE.md) for a NaN value, at tile granularity
+/// (`NanCase::within_tiles`: the P V product is an MMA over whole tiles): rows that read it
+/// have out[.., 0] and dq NaN, every lse stays finite, rows that see no key stay exactly 0,
+/// the key's dk is NaN and its dv finite.
 #[test]
 fn attention_kernels_contain_nan_values() {
-    let cases = dflash_tests::nan_v_cases_on(Layout::new(4, 2, 64)).expect("NaN value cases");
+    let cases: Vec<_> = dflash_tests::nan_v_cases_on(Layout::new(4, 2, 64))
+        .expect("NaN value cases")
+        .into_iter()
+        .map(dflash_tests::NanCase::within_tiles)
+        .collect();
     nan_cases_on_both_kernels(&cases, "NaN values");
 }
 

@@ -17,6 +17,13 @@ struct BoolC {
 // all the heads is the global order. Returns the CTA's tile (in [0, ntiles)) and head. Small groups keep the data of a
 // few heads hot in L2 (the backward's dq_accum rows and Q/dO), at the price of the later groups' heavy tiles
 // starting later: worth it only with several waves of CTAs per group (groups of 1 everywhere lose to tail balance).
+// An output element of a row whose softmax sum is `ls`, from its accumulator `o` and
+// inv = 1 / ls: a row that sees no key (ls == 0) is exactly 0, even when its accumulator met a
+// NaN value through a zero weight in the tile's P V product (NaN policy); a NaN ls stays NaN.
+static __device__ __forceinline__ float attn_normalised(float o, float inv, float ls) {
+    return ls != 0.f ? o * inv : 0.f;
+}
+
 static __device__ __forceinline__ void grouped_tile(int bid, int ntiles, int nheads, int group, int& tile, int& head) {
     const int hg = (group <= 0 || group > nheads) ? nheads : group;
     const int grp = bid / (ntiles * hg);

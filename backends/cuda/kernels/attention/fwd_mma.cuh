@@ -298,7 +298,8 @@ __device__ __forceinline__ void attn_fwd_impl(const bf16_t* __restrict__ q, cons
 #pragma unroll
             for (int dt = 0; dt < C::DT; dt++) {
                 *(u32*)(sQ + r * C::LD + dt * 8 + 2 * (lane & 3)) =
-                    pack_bf16(o[mt][dt][2 * i] * inv, o[mt][dt][2 * i + 1] * inv);
+                    pack_bf16(attn_normalised(o[mt][dt][2 * i], inv, ls),
+                              attn_normalised(o[mt][dt][2 * i + 1], inv, ls));
             }
         }
     __syncthreads();

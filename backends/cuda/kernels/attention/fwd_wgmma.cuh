@@ -536,7 +536,8 @@ __device__ __forceinline__ void attn_fwd_ws_impl(const int* __restrict__ fs,  //
 #pragma unroll
                 for (int dt = 0; dt < D / 8; dt++)
                     *(u32*)(sO + r * C::LDO + dt * 8 + 2 * (lane & 3)) =
-                        pack_bf16(o[dt * 4 + 2 * i] * inv, o[dt * 4 + 2 * i + 1] * inv);
+                        pack_bf16(attn_normalised(o[dt * 4 + 2 * i], inv, ls),
+                                  attn_normalised(o[dt * 4 + 2 * i + 1], inv, ls));
             }
             named_sync(4, 256);
             {
