@@ -95,23 +95,220 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     if !s.wants_any(&names) {
         return Ok(());
     }
-    let timing = s.timing(match s.opts.scale {
-        Scale::Full => Timing { warmup: 1, runs: 3 },
-        Scale::Smoke => Timing { warmup: 1, runs: 3 },
-    });
+    let mut bench = StepBench::new(s)?;
+    for (batch, recompute) in RUNS {
+        bench.measure(s, batch, recompute)?;
+    }
+    Ok(())
+}
+
+/// The drafter step's state and inputs, made once and shared by every measured configuration.
+struct StepBench {
+    backend: Arc<dyn dflash_core::Backend>,
+    timing: Timing,
+    cfg: DrafterConfig,
+    /// Tokens per sequence (S).
+    len: usize,
+    /// Anchors (blocks) per sequence.
+    num_anchors: usize,
+    /// Bytes in use after each part of the state was made, before any batch's features.
+    ledger: Ledger,
+    replica: DrafterReplica,
+    comm: HostComm,
+    spec: BlockSpec,
+    /// One sequence per micro-batch, enough for the largest batch.
+    metas: Vec<SeqMeta>,
+    /// Host seconds to prepare one micro-batch (anchors, labels, weights).
+    prepare_s: f64,
+    /// The shapes, for every figure's detail.
+    desc: String,
+}
+
+impl StepBench {
+    /// Makes the drafter replica (frozen target parts, weights, AdamW, gradients), the block
+    /// spec and the sequences, and times the host preparation of a micro-batch.
+    fn new(s: &Suite<'_>) -> Result<Self> {
+        let timing = s.timing(match s.opts.scale {
+            Scale::Full => Timing { warmup: 1, runs: 3 },
+            Scale::Smoke => Timing { warmup: 1, runs: 3 },
+        });
+        let cfg = config(s.opts.scale)?;
+        let (len, num_anchors) = shape(s.opts.scale);
+        // Where the memory goes: the pool's bytes in use after each part is made.
+        let mut ledger = Ledger::start(s.b())?;
+        let replica = make_replica(s, &cfg, &mut ledger)?;
+        let comm = HostComm::group(1).remove(0);
+        let spec = BlockSpec {
+            block_size: cfg.block_size,
+            num_anchors,
+            gamma: default_gamma(cfg.block_size) as f32,
+            mask_token_id: cfg.mask_token_id,
+            seed: SEED,
+        };
+        let mut rng = SplitMix::new(SEED);
+        let metas: Vec<SeqMeta> = (0..BATCHES[1])
+            .map(|i| SeqMeta {
+                sample_id: i as u64,
+                ids: rng.tokens(len, cfg.vocab_size),
+                loss_mask: vec![1; len],
+            })
+            .collect();
+        let prepare_s = time_prepare(&metas, &spec);
+        let desc = describe_shapes(&cfg, len, num_anchors);
+        Ok(StepBench {
+            backend: s.backend.clone(),
+            timing,
+            cfg,
+            len,
+            num_anchors,
+            ledger,
+            replica,
+            comm,
+            spec,
+            metas,
+            prepare_s,
+            desc,
+        })
+    }
+
+    /// `batch` prepared micro-batches with random features.
+    fn make_batches(&self, batch: usize) -> Result<Vec<PreparedBatch>> {
+        // One micro-batch per sequence, as the recipe's token budget makes them, with features
+        // on the device in the compute format (as the trainer's queue hands them over). One
+        // batch's inputs at a time, so a figure's peak memory holds only its own batch's
+        // features.
+        let b = self.backend.as_ref();
+        let (h, k) = (self.cfg.hidden_size, self.cfg.num_target_features());
+        (0..batch)
+            .map(|i| {
+                let feats = b.random_normal(&[self.len, k * h], 1.0, SEED + 10 + i as u64)?;
+                let mb = micro_batch(
+                    &self.metas,
+                    i,
+                    Some(Features::Tensor(b.to_compute_format(feats)?)),
+                );
+                PreparedBatch::packed(mb, &self.spec).ok_or_else(|| BenchError::Invalid {
+                    bench: "drafter.step".into(),
+                    detail: "a micro-batch without features".into(),
+                })
+            })
+            .collect()
+    }
+
+    /// Measures and records the throughput and peak-memory figures of one `(batch, recompute)`
+    /// configuration, skipping figures not selected.
+    fn measure(&mut self, s: &mut Suite<'_>, batch: usize, recompute: bool) -> Result<()> {
+        let (tp, mem) = (
+            throughput_name(batch, recompute),
+            memory_name(batch, recompute),
+        );
+        if !s.wants(&tp) && !s.wants(&mem) {
+            return Ok(());
+        }
+        let backend = self.backend.clone();
+        let b = backend.as_ref();
+        let mut ledger = self.ledger.clone();
+        // Workspaces earlier figures left behind (e.g. the loss's) count as workspace.
+        let kept = ledger.rebase(b)?;
+        let micro = self.make_batches(batch)?;
+        ledger.part(b, "features")?;
+        if micro.iter().map(|p| p.weight_sum()).sum::<f64>() <= 0.0 {
+            return Err(BenchError::Invalid {
+                bench: tp,
+                detail: "the sampled blocks supervise nothing".into(),
+            });
+        }
+        self.replica.recompute = recompute;
+        b.synchronize()?;
+        b.reset_peak_memory();
+        let t = crate::median_seconds(b, self.timing, || {
+            train_step(&mut self.replica, &self.comm, &micro, &mut |_| Ok(())).map(|_| ())
+        })?;
+        let detail = format!(
+            "batch {batch}{}: {}",
+            if recompute { ", recompute" } else { "" },
+            self.desc
+        );
+        if s.wants(&tp) {
+            let phases = self.time_phases(&micro, batch)?;
+            let with_phases = format!(
+                "{detail}; phases (ms, each synchronised; prepare is host work the timed step \
+                 reuses): {phases}"
+            );
+            s.record(&tp, (batch * self.len) as f64 / t / 1e3, t, with_phases)?;
+        }
+        // Omitted when the backend does not track memory.
+        if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
+            let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
+            let parts = ledger.describe(m.peak_bytes, kept);
+            let vs = self.plan_vs_measured(batch, recompute, m.peak_bytes);
+            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}; {vs}"))?;
+        }
+        Ok(())
+    }
+
+    /// Where the step's time goes: the timed steps again, synchronised after the
+    /// forward+backward (finish_step times its own two phases to the device finishing).
+    /// Returns `name ms` of each of [`PHASES`], comma-separated.
+    fn time_phases(&mut self, micro: &[PreparedBatch], batch: usize) -> Result<String> {
+        let b = self.backend.as_ref();
+        let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
+        for _ in 0..self.timing.runs.max(1) {
+            b.synchronize()?;
+            let mut t0 = Instant::now();
+            let (reduce, optimizer) = train_step(&mut self.replica, &self.comm, micro, &mut |i| {
+                b.synchronize()?;
+                laps[i].push(t0.elapsed().as_secs_f64());
+                t0 = Instant::now();
+                Ok(())
+            })?;
+            laps[0].push(self.prepare_s * batch as f64);
+            laps[2].push(reduce);
+            laps[3].push(optimizer);
+        }
+        let phases: Vec<String> = PHASES
+            .iter()
+            .zip(laps.iter_mut())
+            .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
+            .collect();
+        Ok(phases.join(", "))
+    }
+
+    /// The job's memory plan for this step (from the shapes alone), against the measured
+    /// `peak_bytes`.
+    fn plan_vs_measured(&self, batch: usize, recompute: bool, peak_bytes: u64) -> String {
+        let micro = MicroShape {
+            ctx_rows: self.len,
+            blocks: self.num_anchors,
+        };
+        let model = BackendModel::of(self.backend.as_ref());
+        let plan = DrafterPlan::new(&self.cfg, micro, batch, recompute, &model);
+        format!(
+            "memory plan {:.2} GiB, plan / measured {:.3} (plan GiB: state {:.2}, frozen \
+             {:.2}, features {:.2}, activations kept {:.2}, working set {:.2})",
+            memory::gib(plan.peak),
+            plan.peak as f64 / peak_bytes.max(1) as f64,
+            memory::gib(4 * plan.weights),
+            memory::gib(plan.frozen),
+            memory::gib(plan.features),
+            memory::gib(plan.activations_kept),
+            memory::gib(plan.working_set),
+        )
+    }
+}
+
+/// The job's drafter replica over random weights and a random frozen embedding / LM head,
+/// with a ledger part after each piece of its state.
+fn make_replica(s: &Suite<'_>, cfg: &DrafterConfig, ledger: &mut Ledger) -> Result<DrafterReplica> {
     let backend = s.backend.clone();
     let b = backend.as_ref();
-    let cfg = config(s.opts.scale)?;
-    let (len, num_anchors) = shape(s.opts.scale);
-    let (v, h, k) = (cfg.vocab_size, cfg.hidden_size, cfg.num_target_features());
-    // Where the memory goes: the pool's bytes in use after each part is made.
-    let mut ledger = Ledger::start(b)?;
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let frozen = Arc::new(FrozenTarget {
         embed: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 1)?)?,
         lm_head: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 2)?)?,
     });
     ledger.part(b, "frozen embed+LM head")?;
-    let params = random_params(s, &cfg)?;
+    let params = random_params(s, cfg)?;
     let drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;
     ledger.part(b, "params")?;
     let hyper = AdamWHyper {
@@ -120,59 +317,17 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         eps: 1e-8,
         weight_decay: 0.0,
     };
-    let opt = AdamW::new(b, &cfg, hyper)?;
+    let opt = AdamW::new(b, cfg, hyper)?;
     ledger.part(b, "AdamW m+v")?;
-    let mut replica = DrafterReplica::new(drafter, opt, false, GRAD_CLIP, u64::MAX)?;
+    let replica = DrafterReplica::new(drafter, opt, false, GRAD_CLIP, u64::MAX)?;
     ledger.part(b, "grads")?;
-    let comm = HostComm::group(1).remove(0);
+    Ok(replica)
+}
 
-    let spec = BlockSpec {
-        block_size: cfg.block_size,
-        num_anchors,
-        gamma: default_gamma(cfg.block_size) as f32,
-        mask_token_id: cfg.mask_token_id,
-        seed: SEED,
-    };
-    // One micro-batch per sequence, as the recipe's token budget makes them, with features on
-    // the device in the compute format (as the trainer's queue hands them over). One batch's
-    // inputs at a time, so a figure's peak memory holds only its own batch's features.
-    let mut rng = SplitMix::new(SEED);
-    let metas: Vec<SeqMeta> = (0..BATCHES[1])
-        .map(|i| SeqMeta {
-            sample_id: i as u64,
-            ids: rng.tokens(len, v),
-            loss_mask: vec![1; len],
-        })
-        .collect();
-    let micro_batch = |i: usize, features: Option<Features>| HiddenBatch {
-        epoch: 0,
-        step: 0,
-        micro: i as u32,
-        seqs: vec![metas[i].clone()],
-        features,
-    };
-    let make_batches = |batch: usize| -> Result<Vec<PreparedBatch>> {
-        (0..batch)
-            .map(|i| {
-                let feats = b.random_normal(&[len, k * h], 1.0, SEED + 10 + i as u64)?;
-                let mb = micro_batch(i, Some(Features::Tensor(b.to_compute_format(feats)?)));
-                PreparedBatch::packed(mb, &spec).ok_or_else(|| BenchError::Invalid {
-                    bench: "drafter.step".into(),
-                    detail: "a micro-batch without features".into(),
-                })
-            })
-            .collect()
-    };
-    // The host work of preparing one micro-batch (anchors, labels, weights), timed on its own
-    // since the timed steps reuse prepared inputs.
-    let prepare_s = {
-        let t0 = Instant::now();
-        for i in 0..BATCHES[1] {
-            let _ = PreparedBatch::packed(micro_batch(i, Some(Features::Host(Vec::new()))), &spec);
-        }
-        t0.elapsed().as_secs_f64() / BATCHES[1] as f64
-    };
-    let desc = format!(
+/// The drafter's shapes and the block sampling, for the figures' detail.
+fn describe_shapes(cfg: &DrafterConfig, len: usize, num_anchors: usize) -> String {
+    let (v, h, k) = (cfg.vocab_size, cfg.hidden_size, cfg.num_target_features());
+    format!(
         "{} layers, hidden {h}, {}/{} heads, d={}, MLP {}, vocab {v}, k={k}, S={len}, \
          {num_anchors} anchors x {}",
         cfg.num_hidden_layers,
@@ -181,108 +336,56 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         cfg.head_dim,
         cfg.intermediate_size,
         cfg.block_size
-    );
+    )
+}
 
-    for (batch, recompute) in RUNS {
-        let (tp, mem) = (
-            throughput_name(batch, recompute),
-            memory_name(batch, recompute),
-        );
-        if !s.wants(&tp) && !s.wants(&mem) {
-            continue;
-        }
-        let mut ledger = ledger.clone();
-        // Workspaces earlier figures left behind (e.g. the loss's) count as workspace.
-        let kept = ledger.rebase(b)?;
-        let micro = make_batches(batch)?;
-        ledger.part(b, "features")?;
-        if micro.iter().map(|p| p.weight_sum()).sum::<f64>() <= 0.0 {
-            return Err(BenchError::Invalid {
-                bench: tp,
-                detail: "the sampled blocks supervise nothing".into(),
-            });
-        }
-        replica.recompute = recompute;
-        // One training step as the job's drafter replica runs it; `mark(1)` after the
-        // micro-batches' forward+backward. Returns (all-reduce, optimizer) seconds.
-        let mut step = |mark: &mut dyn FnMut(usize) -> Result<()>| -> Result<(f64, f64)> {
-            for p in &micro {
-                replica.accumulate(&p.as_input())?;
-            }
-            mark(1)?;
-            let summary = replica.finish_step(&comm, LR)?;
-            if !summary.applied {
-                return Err(BenchError::Invalid {
-                    bench: "drafter.step".into(),
-                    detail: format!("the update was skipped (loss {})", summary.stats.loss()),
-                });
-            }
-            Ok((
-                replica.last_times.all_reduce_s,
-                replica.last_times.optimizer_s,
-            ))
-        };
-        b.synchronize()?;
-        b.reset_peak_memory();
-        let t = crate::median_seconds(b, timing, || step(&mut |_| Ok(())).map(|_| ()))?;
-        let detail = format!(
-            "batch {batch}{}: {desc}",
-            if recompute { ", recompute" } else { "" }
-        );
-        if s.wants(&tp) {
-            // Where the step's time goes: the same steps again, synchronised after the
-            // forward+backward (finish_step times its own two phases to the device finishing).
-            let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
-            for _ in 0..timing.runs.max(1) {
-                b.synchronize()?;
-                let mut t0 = Instant::now();
-                let (reduce, optimizer) = step(&mut |i| {
-                    b.synchronize()?;
-                    laps[i].push(t0.elapsed().as_secs_f64());
-                    t0 = Instant::now();
-                    Ok(())
-                })?;
-                laps[0].push(prepare_s * batch as f64);
-                laps[2].push(reduce);
-                laps[3].push(optimizer);
-            }
-            let phases: Vec<String> = PHASES
-                .iter()
-                .zip(laps.iter_mut())
-                .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
-                .collect();
-            let with_phases = format!(
-                "{detail}; phases (ms, each synchronised; prepare is host work the timed step \
-                 reuses): {}",
-                phases.join(", ")
-            );
-            s.record(&tp, (batch * len) as f64 / t / 1e3, t, with_phases)?;
-        }
-        // Omitted when the backend does not track memory. The job's memory plan for this
-        // step (from the shapes alone) goes next to the measured peak.
-        if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
-            let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
-            let parts = ledger.describe(m.peak_bytes, kept);
-            let micro = MicroShape {
-                ctx_rows: len,
-                blocks: num_anchors,
-            };
-            let plan = DrafterPlan::new(&cfg, micro, batch, recompute, &BackendModel::of(b));
-            let vs = format!(
-                "memory plan {:.2} GiB, plan / measured {:.3} (plan GiB: state {:.2}, frozen \
-                 {:.2}, features {:.2}, activations kept {:.2}, working set {:.2})",
-                memory::gib(plan.peak),
-                plan.peak as f64 / m.peak_bytes.max(1) as f64,
-                memory::gib(4 * plan.weights),
-                memory::gib(plan.frozen),
-                memory::gib(plan.features),
-                memory::gib(plan.activations_kept),
-                memory::gib(plan.working_set),
-            );
-            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}; {vs}"))?;
-        }
+/// The `i`th of `metas` as a micro-batch of its own.
+fn micro_batch(metas: &[SeqMeta], i: usize, features: Option<Features>) -> HiddenBatch {
+    HiddenBatch {
+        epoch: 0,
+        step: 0,
+        micro: i as u32,
+        seqs: vec![metas[i].clone()],
+        features,
     }
-    Ok(())
+}
+
+/// The host work of preparing one micro-batch (anchors, labels, weights), timed on its own
+/// since the timed steps reuse prepared inputs.
+fn time_prepare(metas: &[SeqMeta], spec: &BlockSpec) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..BATCHES[1] {
+        let _ = PreparedBatch::packed(
+            micro_batch(metas, i, Some(Features::Host(Vec::new()))),
+            spec,
+        );
+    }
+    t0.elapsed().as_secs_f64() / BATCHES[1] as f64
+}
+
+/// One training step as the job's drafter replica runs it; `mark(1)` after the micro-batches'
+/// forward+backward. Returns (all-reduce, optimizer) seconds.
+fn train_step(
+    replica: &mut DrafterReplica,
+    comm: &HostComm,
+    micro: &[PreparedBatch],
+    mark: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<(f64, f64)> {
+    for p in micro {
+        replica.accumulate(&p.as_input())?;
+    }
+    mark(1)?;
+    let summary = replica.finish_step(comm, LR)?;
+    if !summary.applied {
+        return Err(BenchError::Invalid {
+            bench: "drafter.step".into(),
+            detail: format!("the update was skipped (loss {})", summary.stats.loss()),
+        });
+    }
+    Ok((
+        replica.last_times.all_reduce_s,
+        replica.last_times.optimizer_s,
+    ))
 }
 
 /// Bytes in use after each part of the step's state is made (from the backend's memory pool),

@@ -29,30 +29,7 @@ impl DrafterConfig {
         let map = parse_object(text, origin)?;
         let o = Obj::new(origin, &map);
 
-        if let Some(archs) = o.opt_array("architectures")? {
-            if !archs.iter().any(|a| a.as_str() == Some("DFlashDraftModel")) {
-                return Err(o.unsupported(
-                    "architectures",
-                    &Value::Array(archs.clone()),
-                    "not a DFlash drafter config (expected \"DFlashDraftModel\"); is this a target model directory?",
-                ));
-            }
-        }
-        o.expect_str_if_present(
-            "model_type",
-            "qwen3",
-            "DFlash drafter layers are Qwen3 layers (model_type \"qwen3\")",
-        )?;
-        o.expect_str_if_present(
-            "hidden_act",
-            "silu",
-            "only SiLU (SwiGLU MLP) is implemented",
-        )?;
-        o.expect_bool_if_present(
-            "attention_bias",
-            false,
-            "biased attention projections are not implemented",
-        )?;
+        check_supported(&o)?;
 
         let dflash = o
             .opt_obj("dflash_config")?
@@ -78,47 +55,14 @@ impl DrafterConfig {
         let max_window_layers = o
             .opt_usize("max_window_layers")?
             .unwrap_or(num_hidden_layers);
-        let layer_types = match o.opt_array("layer_types")? {
-            Some(types) => types
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let key = format!("layer_types[{i}]");
-                    let s = t.as_str().ok_or_else(|| o.wrong(&key, "a string", t))?;
-                    LayerType::parse(s).ok_or_else(|| {
-                        o.unsupported(
-                            &key,
-                            t,
-                            "expected \"full_attention\" or \"sliding_attention\"",
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
-            // HF's rule when `layer_types` is absent.
-            None => (0..num_hidden_layers)
-                .map(|i| {
-                    if use_sliding_window && sliding_window.is_some() && i >= max_window_layers {
-                        LayerType::SlidingAttention
-                    } else {
-                        LayerType::FullAttention
-                    }
-                })
-                .collect(),
-        };
-        let dtype = match o
-            .opt_str("dtype")?
-            .map(|s| ("dtype", s))
-            .or(o.opt_str("torch_dtype")?.map(|s| ("torch_dtype", s)))
-        {
-            None => DType::BFloat16,
-            Some((key, s)) => DType::parse(s).ok_or_else(|| {
-                o.unsupported(
-                    key,
-                    &Value::from(s),
-                    "expected \"bfloat16\", \"float16\" or \"float32\"",
-                )
-            })?,
-        };
+        let layer_types = read_layer_types(
+            &o,
+            num_hidden_layers,
+            use_sliding_window,
+            sliding_window,
+            max_window_layers,
+        )?;
+        let dtype = read_dtype(&o)?;
 
         let cfg = DrafterConfig {
             hidden_size,
@@ -152,5 +96,89 @@ impl DrafterConfig {
         };
         cfg.check(origin)?;
         Ok(cfg)
+    }
+}
+
+/// Refuses a config of another architecture or model type, or with an activation or attention
+/// bias the drafter layers do not implement.
+fn check_supported(o: &Obj<'_>) -> Result<()> {
+    if let Some(archs) = o.opt_array("architectures")? {
+        if !archs.iter().any(|a| a.as_str() == Some("DFlashDraftModel")) {
+            return Err(o.unsupported(
+                "architectures",
+                &Value::Array(archs.clone()),
+                "not a DFlash drafter config (expected \"DFlashDraftModel\"); is this a target model directory?",
+            ));
+        }
+    }
+    o.expect_str_if_present(
+        "model_type",
+        "qwen3",
+        "DFlash drafter layers are Qwen3 layers (model_type \"qwen3\")",
+    )?;
+    o.expect_str_if_present(
+        "hidden_act",
+        "silu",
+        "only SiLU (SwiGLU MLP) is implemented",
+    )?;
+    o.expect_bool_if_present(
+        "attention_bias",
+        false,
+        "biased attention projections are not implemented",
+    )
+}
+
+/// `layer_types`, or HF's rule for it when the key is absent.
+fn read_layer_types(
+    o: &Obj<'_>,
+    num_hidden_layers: usize,
+    use_sliding_window: bool,
+    sliding_window: Option<usize>,
+    max_window_layers: usize,
+) -> Result<Vec<LayerType>> {
+    match o.opt_array("layer_types")? {
+        Some(types) => types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let key = format!("layer_types[{i}]");
+                let s = t.as_str().ok_or_else(|| o.wrong(&key, "a string", t))?;
+                LayerType::parse(s).ok_or_else(|| {
+                    o.unsupported(
+                        &key,
+                        t,
+                        "expected \"full_attention\" or \"sliding_attention\"",
+                    )
+                })
+            })
+            .collect(),
+        // HF's rule when `layer_types` is absent.
+        None => Ok((0..num_hidden_layers)
+            .map(|i| {
+                if use_sliding_window && sliding_window.is_some() && i >= max_window_layers {
+                    LayerType::SlidingAttention
+                } else {
+                    LayerType::FullAttention
+                }
+            })
+            .collect()),
+    }
+}
+
+/// `dtype`, else the older `torch_dtype`, else bfloat16.
+fn read_dtype(o: &Obj<'_>) -> Result<DType> {
+    match o
+        .opt_str("dtype")?
+        .map(|s| ("dtype", s))
+        .or(o.opt_str("torch_dtype")?.map(|s| ("torch_dtype", s)))
+    {
+        None => Ok(DType::BFloat16),
+        Some((key, s)) => DType::parse(s).ok_or_else(|| {
+            o.unsupported(
+                key,
+                &Value::from(s),
+                "expected \"bfloat16\", \"float16\" or \"float32\"",
+            )
+        }),
     }
 }

@@ -15,11 +15,25 @@ impl DrafterConfig {
     }
 
     pub(super) fn check(&self, origin: &str) -> Result<()> {
-        let inv = |field: &str, message: String| ConfigError::Invalid {
-            origin: origin.to_string(),
-            field: field.to_string(),
-            message,
-        };
+        // The order of the checks decides which error a config with several faults reports.
+        self.check_shapes(origin)?;
+        self.check_block_and_rope(origin)?;
+        self.check_target_layer_ids(origin)?;
+        if self.mask_token_id as usize >= self.vocab_size {
+            return Err(invalid(
+                origin,
+                "dflash_config.mask_token_id",
+                format!(
+                    "{} is not below vocab_size {}",
+                    self.mask_token_id, self.vocab_size
+                ),
+            ));
+        }
+        self.check_layer_types(origin)
+    }
+
+    /// Layer shapes (sizes, head grouping, norm epsilon) and the training state's total size.
+    fn check_shapes(&self, origin: &str) -> Result<()> {
         crate::layer_checks::check_layer_shape(
             &[
                 ("hidden_size", self.hidden_size),
@@ -40,11 +54,16 @@ impl DrafterConfig {
             self.head_dim,
             self.rms_norm_eps,
         )
-        .map_err(|(field, message)| inv(field, message))?;
+        .map_err(|(field, message)| invalid(origin, field, message))?;
         self.check_size()
-            .map_err(|(field, message)| inv(field, message))?;
+            .map_err(|(field, message)| invalid(origin, field, message))
+    }
+
+    /// `block_size` holds an anchor and a predicted token; `rope_theta` is positive.
+    fn check_block_and_rope(&self, origin: &str) -> Result<()> {
         if self.block_size < 2 {
-            return Err(inv(
+            return Err(invalid(
+                origin,
                 "block_size",
                 format!(
                     "must be at least 2 (anchor + one predicted token), got {}",
@@ -53,33 +72,38 @@ impl DrafterConfig {
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(inv(
+            return Err(invalid(
+                origin,
                 "rope_theta",
                 format!("must be a positive number, got {}", self.rope_theta),
             ));
         }
-        if self.target_layer_ids.is_empty() {
-            return Err(inv(
+        Ok(())
+    }
+
+    /// The target layer ids: at least one, each inside the target, none twice.
+    fn check_target_layer_ids(&self, origin: &str) -> Result<()> {
+        let ids = &self.target_layer_ids;
+        if ids.is_empty() {
+            return Err(invalid(
+                origin,
                 "dflash_config.target_layer_ids",
                 "must name at least one target layer".into(),
             ));
         }
-        if let Some(&bad) = self
-            .target_layer_ids
-            .iter()
-            .find(|&&l| l >= self.num_target_layers)
-        {
-            return Err(inv(
+        if let Some(&bad) = ids.iter().find(|&&l| l >= self.num_target_layers) {
+            return Err(invalid(
+                origin,
                 "dflash_config.target_layer_ids",
                 format!(
-                    "layer {bad} is out of range for num_target_layers {} (ids {:?})",
-                    self.num_target_layers, self.target_layer_ids
+                    "layer {bad} is out of range for num_target_layers {} (ids {ids:?})",
+                    self.num_target_layers
                 ),
             ));
         }
-        let ids = &self.target_layer_ids;
         if let Some(dup) = ids.iter().enumerate().find(|(i, l)| ids[..*i].contains(l)) {
-            return Err(inv(
+            return Err(invalid(
+                origin,
                 "dflash_config.target_layer_ids",
                 format!(
                     "layer {} appears twice in {ids:?}: each target layer is one feature",
@@ -87,17 +111,14 @@ impl DrafterConfig {
                 ),
             ));
         }
-        if self.mask_token_id as usize >= self.vocab_size {
-            return Err(inv(
-                "dflash_config.mask_token_id",
-                format!(
-                    "{} is not below vocab_size {}",
-                    self.mask_token_id, self.vocab_size
-                ),
-            ));
-        }
+        Ok(())
+    }
+
+    /// One layer type per layer; sliding-attention layers need a positive window, switched on.
+    fn check_layer_types(&self, origin: &str) -> Result<()> {
         if self.layer_types.len() != self.num_hidden_layers {
-            return Err(inv(
+            return Err(invalid(
+                origin,
                 "layer_types",
                 format!(
                     "{} entries for num_hidden_layers {}",
@@ -106,27 +127,25 @@ impl DrafterConfig {
                 ),
             ));
         }
-        if self.layer_types.contains(&LayerType::SlidingAttention) {
-            match self.sliding_window {
-                None | Some(0) => {
-                    return Err(inv(
-                        "sliding_window",
-                        format!(
-                            "is {:?} but layer_types has sliding_attention layers; set a positive window",
-                            self.sliding_window
-                        ),
-                    ));
-                }
-                Some(_) if !self.use_sliding_window => {
-                    return Err(inv(
-                        "use_sliding_window",
-                        "is false but layer_types has sliding_attention layers".into(),
-                    ));
-                }
-                Some(_) => {}
-            }
+        if !self.layer_types.contains(&LayerType::SlidingAttention) {
+            return Ok(());
         }
-        Ok(())
+        match self.sliding_window {
+            None | Some(0) => Err(invalid(
+                origin,
+                "sliding_window",
+                format!(
+                    "is {:?} but layer_types has sliding_attention layers; set a positive window",
+                    self.sliding_window
+                ),
+            )),
+            Some(_) if !self.use_sliding_window => Err(invalid(
+                origin,
+                "use_sliding_window",
+                "is false but layer_types has sliding_attention layers".into(),
+            )),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Parameters of the trainable drafter, from the shapes (f64: absurd sizes must not
@@ -243,5 +262,14 @@ impl DrafterConfig {
             ));
         }
         self.validate()
+    }
+}
+
+/// The `field` error of the drafter config read from `origin`.
+fn invalid(origin: &str, field: &str, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        origin: origin.to_string(),
+        field: field.to_string(),
+        message,
     }
 }
