@@ -286,10 +286,23 @@ pub fn backward(
     g: &mut LayerWeights,
     d_ctx: Option<&mut Tensor>,
 ) -> Result<Tensor> {
-    let rows = x.dims()[0];
-    let (hd, qh, kvh) = (d.head_dim, d.q_heads, d.kv_heads);
+    let d_h = mlp_backward(b, w, c, dy, g)?;
+    let d_xn = attention_backward(b, w, d, ctx, geo, c, &d_h, g, d_ctx)?;
+    let (dx_norm, d_in) = b.rms_norm_backward(&d_xn, x, &w.input_layernorm, &c.rstd_in)?;
+    b.add_assign(&mut g.input_layernorm, &d_in)?;
+    Ok(b.add(&d_h, &dx_norm)?)
+}
 
-    // MLP: y = h + down(act)
+/// Backward of the MLP half, `y = h + down(swiglu(gate(hn), up(hn)))` with `hn` the
+/// post-attention norm of `h`: weight gradients into `g`; returns `d_h (B, H)`, the residual
+/// path plus the MLP's.
+fn mlp_backward(
+    b: &dyn Backend,
+    w: &LayerWeights,
+    c: &LayerCache,
+    dy: &Tensor,
+    g: &mut LayerWeights,
+) -> Result<Tensor> {
     acc_weight_grad(b, &mut g.down_proj, dy, &c.act)?;
     let d_act = b.matmul(dy, Transpose::No, &w.down_proj, Transpose::No)?; // (B, I)
     let (d_gate, d_up) = b.swiglu_backward(&d_act, &c.gate, &c.up)?;
@@ -307,12 +320,29 @@ pub fn backward(
     let (d_h_mlp, d_post) =
         b.rms_norm_backward(&d_hn, &c.h, &w.post_attention_layernorm, &c.rstd_post)?;
     b.add_assign(&mut g.post_attention_layernorm, &d_post)?;
-    let d_h = b.add(dy, &d_h_mlp)?; // (B, H): residual + MLP path
+    Ok(b.add(dy, &d_h_mlp)?) // (B, H): residual + MLP path
+}
 
-    // Attention output projection: h = x + attn Wo^T
-    acc_weight_grad(b, &mut g.o_proj, &d_h, &c.attn)?;
+/// Backward of the attention half, `h = x + attn(xn) Wo^T` with `xn` the input norm of `x`:
+/// weight gradients into `g`, the context rows' gradient into `d_ctx` when there is context;
+/// returns `d_xn (B, H)` (the gradient at the input norm's output).
+#[allow(clippy::too_many_arguments)]
+fn attention_backward(
+    b: &dyn Backend,
+    w: &LayerWeights,
+    d: &LayerDims,
+    ctx: Option<&Tensor>,
+    geo: &AttnGeometry<'_>,
+    c: &LayerCache,
+    d_h: &Tensor,
+    g: &mut LayerWeights,
+    d_ctx: Option<&mut Tensor>,
+) -> Result<Tensor> {
+    let rows = d_h.dims()[0];
+    let (hd, qh, kvh) = (d.head_dim, d.q_heads, d.kv_heads);
+    acc_weight_grad(b, &mut g.o_proj, d_h, &c.attn)?;
     let d_attn = b
-        .matmul(&d_h, Transpose::No, &w.o_proj, Transpose::No)?
+        .matmul(d_h, Transpose::No, &w.o_proj, Transpose::No)?
         .reshape([rows, qh, hd])?;
     let attn = b.copy(&c.attn)?.reshape([rows, qh, hd])?;
     let (dq_rot, dk_all, dv_all) = b.attention_backward(
@@ -337,26 +367,11 @@ pub fn backward(
     acc_weight_grad(b, &mut g.q_proj, &dq, &c.xn)?;
     let mut d_xn = b.matmul(&dq, Transpose::No, &w.q_proj, Transpose::No)?;
 
-    // Keys and values: split context rows from block rows.
+    // Keys and values: the block rows come after the context rows.
     let s = dk_all.dims()[0] - rows;
     let dk_blk = b.narrow_rows(&dk_all, s, rows)?;
     let dv_blk = b.narrow_rows(&dv_all, s, rows)?.reshape([rows, kvh * hd])?;
-    let key_grad = |dk_rot: &Tensor,
-                    pos: &[i32],
-                    k_pre: &Tensor,
-                    rstd: &Tensor,
-                    g_knorm: &mut Tensor|
-     -> Result<Tensor> {
-        let n = dk_rot.dims()[0];
-        let dk_n = b
-            .rope_backward(dk_rot, pos, d.rope_theta)?
-            .reshape([n * kvh, hd])?;
-        let k_rows = b.copy(k_pre)?.reshape([n * kvh, hd])?;
-        let (dk, dk_norm) = b.rms_norm_backward(&dk_n, &k_rows, &w.k_norm, rstd)?;
-        b.add_assign(g_knorm, &dk_norm)?;
-        Ok(dk.reshape([n, kvh * hd])?)
-    };
-    let dk_b = key_grad(&dk_blk, geo.pos_q, &c.k_blk.0, &c.k_blk.1, &mut g.k_norm)?;
+    let dk_b = key_backward(b, w, d, &dk_blk, geo.pos_q, &c.k_blk, &mut g.k_norm)?;
     acc_weight_grad(b, &mut g.k_proj, &dk_b, &c.xn)?;
     acc_weight_grad(b, &mut g.v_proj, &dv_blk, &c.xn)?;
     b.matmul_acc(
@@ -376,17 +391,37 @@ pub fn backward(
         1.0,
     )?;
 
-    if let (Some(ctx), Some((kc, rstd_kc)), Some(d_ctx)) = (ctx, &c.k_ctx, d_ctx) {
+    if let (Some(ctx), Some(k_ctx), Some(d_ctx)) = (ctx, &c.k_ctx, d_ctx) {
         let dk_ctx = b.narrow_rows(&dk_all, 0, s)?;
         let dv_ctx = b.narrow_rows(&dv_all, 0, s)?.reshape([s, kvh * hd])?;
-        let dk_c = key_grad(&dk_ctx, geo.pos_ctx, kc, rstd_kc, &mut g.k_norm)?;
+        let dk_c = key_backward(b, w, d, &dk_ctx, geo.pos_ctx, k_ctx, &mut g.k_norm)?;
         acc_weight_grad(b, &mut g.k_proj, &dk_c, ctx)?;
         acc_weight_grad(b, &mut g.v_proj, &dv_ctx, ctx)?;
         b.matmul_acc(d_ctx, &dk_c, Transpose::No, &w.k_proj, Transpose::No, 1.0)?;
         b.matmul_acc(d_ctx, &dv_ctx, Transpose::No, &w.v_proj, Transpose::No, 1.0)?;
     }
+    Ok(d_xn)
+}
 
-    let (dx_norm, d_in) = b.rms_norm_backward(&d_xn, x, &w.input_layernorm, &c.rstd_in)?;
-    b.add_assign(&mut g.input_layernorm, &d_in)?;
-    Ok(b.add(&d_h, &dx_norm)?)
+/// Backward of the keys' rope and per-head norm for rows at positions `pos`: `dk_rot (n, Hkv,
+/// D)` to the gradient at the key projection's output `(n, Hkv * D)`, given the pre-norm keys
+/// and their rstd (`k_pre`); the norm's weight gradient into `g_knorm`.
+fn key_backward(
+    b: &dyn Backend,
+    w: &LayerWeights,
+    d: &LayerDims,
+    dk_rot: &Tensor,
+    pos: &[i32],
+    (k_pre, rstd): &(Tensor, Tensor),
+    g_knorm: &mut Tensor,
+) -> Result<Tensor> {
+    let (hd, kvh) = (d.head_dim, d.kv_heads);
+    let n = dk_rot.dims()[0];
+    let dk_n = b
+        .rope_backward(dk_rot, pos, d.rope_theta)?
+        .reshape([n * kvh, hd])?;
+    let k_rows = b.copy(k_pre)?.reshape([n * kvh, hd])?;
+    let (dk, dk_norm) = b.rms_norm_backward(&dk_n, &k_rows, &w.k_norm, rstd)?;
+    b.add_assign(g_knorm, &dk_norm)?;
+    Ok(dk.reshape([n, kvh * hd])?)
 }
