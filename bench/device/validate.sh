@@ -77,6 +77,7 @@ for phase in "$@"; do
         done ;;
     wgpu-knobs)
         for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
+                "DFLASH_WGPU_ROBUSTNESS=off" "DFLASH_WGPU_CHECKS=none DFLASH_WGPU_ROBUSTNESS=off" \
                 "DFLASH_WGPU_GEMM_TILE=64"; do
             echo "-- knobs: ${knobs:-none}" >> "$out/wgpu-knobs.log"
             env $knobs $D bench --backend wgpu --attention wgpu-tiled \

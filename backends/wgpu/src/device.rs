@@ -135,6 +135,9 @@ pub struct Ctx {
     pub limits: wgpu::Limits,
     /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers.
     pub features: wgpu::Features,
+    /// Whether the device was opened without robust buffer access (`DFLASH_WGPU_ROBUSTNESS=off`,
+    /// a measurement switch: nothing checks buffer accesses then).
+    pub unrobust: bool,
     pub(crate) pipelines: Pipelines,
     /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
     errors: Arc<Mutex<Vec<String>>>,
@@ -179,7 +182,7 @@ impl Ctx {
             "{}: {} ({:?} {:?}, driver {} {}); limits in force: storage binding {:.0} MiB, \
              buffer {:.0} MiB, workgroup storage {} KiB, {} invocations per workgroup, \
              {} workgroups per dimension, offset alignment {} B; features: {}, {} \
-             (subgroups of {}..={} lanes)",
+             (subgroups of {}..={} lanes){}",
             self.tag,
             self.info.name,
             self.info.backend,
@@ -196,6 +199,11 @@ impl Ctx {
             feature(wgpu::Features::SUBGROUP, "SUBGROUP"),
             self.info.subgroup_min_size,
             self.info.subgroup_max_size,
+            if self.unrobust {
+                "; robust buffer access off (DFLASH_WGPU_ROBUSTNESS=off)"
+            } else {
+                ""
+            },
         )
     }
 }
@@ -259,7 +267,17 @@ fn open(ordinal: usize) -> Result<Ctx> {
         memory_hints: wgpu::MemoryHints::Performance,
         trace: wgpu::Trace::Off,
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+    let unrobust = crate::robustness::disabled();
+    let opened = if unrobust {
+        eprintln!(
+            "dflash-backend-wgpu: warning: {}",
+            crate::robustness::WARNING
+        );
+        crate::robustness::open_unrobust(adapter, &desc)
+    } else {
+        pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())
+    };
+    let (device, queue) = opened.map_err(|e| {
         Error::op(
             "wgpu_init",
             tag.clone(),
@@ -285,6 +303,7 @@ fn open(ordinal: usize) -> Result<Ctx> {
         queue,
         limits,
         features,
+        unrobust,
         pipelines,
         errors,
         mem: MemCounter::default(),

@@ -42,6 +42,7 @@ mod norm;
 mod optimizer;
 mod pipelines;
 mod profile;
+mod robustness;
 mod rope;
 mod storage;
 

@@ -9,47 +9,6 @@ mod common;
 use common::*;
 use dflash_core::{GemmOps, MemoryOps, Transpose};
 
-/// `op(a) (M, K) @ op(b) (K, N)` in f64, and `sum_k |a||b|` (the natural error scale).
-fn naive(
-    a: &[f32],
-    ta: bool,
-    b: &[f32],
-    tb: bool,
-    (m, k, n): (usize, usize, usize),
-) -> (Vec<f64>, Vec<f64>) {
-    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] } as f64;
-    let bt = |p: usize, j: usize| if tb { b[j * k + p] } else { b[p * n + j] } as f64;
-    let mut c = vec![0.0; m * n];
-    let mut s = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            for p in 0..k {
-                c[i * n + j] += at(i, p) * bt(p, j);
-                s[i * n + j] += (at(i, p) * bt(p, j)).abs();
-            }
-        }
-    }
-    (c, s)
-}
-
-/// f32 products with f32 accumulation (fma) against f64: |err| <= ~K * 2^-24 of the scale.
-const TOL: f64 = 1e-5;
-
-fn check(name: &str, got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "{name}: lengths");
-    let mut worst: f64 = 0.0;
-    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
-        assert!(g.is_finite(), "{name}[{i}]: {g}");
-        let r = (g as f64 - w).abs() / (s + 1e-30);
-        assert!(
-            r <= TOL,
-            "{name}[{i}]: got {g}, want {w}, err/sum|a||b| {r:.3e} > {TOL:.0e}"
-        );
-        worst = worst.max(r);
-    }
-    worst
-}
-
 fn tr(t: bool) -> Transpose {
     if t { Transpose::Yes } else { Transpose::No }
 }
@@ -87,7 +46,7 @@ fn gemm_ops_match_naive() {
                 assert_eq!(c.dims(), &[m, n]);
                 let (want, scale) = naive(&a, ta, &b, tb, (m, k, n));
                 let name = format!("matmul {m}x{k}x{n} ta={ta} tb={tb}");
-                worst = worst.max(check(&name, &down(&be, &c), &want, &scale));
+                worst = worst.max(check_gemm(&name, &down(&be, &c), &want, &scale));
                 for beta in [0.0f32, 1.0, -0.5] {
                     let c0 = rand_vec(&mut r, m * n, 1.0);
                     // beta 0: c holds NaN, which must not leak into the result.
@@ -113,12 +72,12 @@ fn gemm_ops_match_naive() {
                         })
                         .unzip();
                     let name = format!("matmul_acc beta={beta} {m}x{k}x{n} ta={ta} tb={tb}");
-                    worst = worst.max(check(&name, &down(&be, &ct), &w2, &s2));
+                    worst = worst.max(check_gemm(&name, &down(&be, &ct), &w2, &s2));
                 }
             }
         }
         println!(
-            "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {TOL:.0e}: f32 accumulation)"
+            "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {GEMM_TOL:.0e}: f32 accumulation)"
         );
     }
 }
@@ -168,12 +127,12 @@ fn gemm_shape_errors_match_reference() {
 /// f16 offsets (the kernel's scalar path); even ones use its paired loads.
 ///
 /// Two bounds: against the values the f16 tensors hold, products of f16 values are exact in
-/// f32, so the f32 GEMM bound holds (`TOL`, 1e-5 of `sum |a||b|`); against the f32 originals
+/// f32, so the f32 GEMM bound holds (`GEMM_TOL`, 1e-5 of `sum |a||b|`); against the f32 originals
 /// each operand carries its rounding (<= 2^-11 relative), so the error is within
-/// 2 * 2^-11 + TOL ~ 1e-3 of `sum |a||b|` (`TOL_F16`).
+/// 2 * 2^-11 + GEMM_TOL ~ 1e-3 of `sum |a||b|` (`TOL_F16`).
 #[test]
 fn gemm_f16_operands_match_naive() {
-    const TOL_F16: f64 = 2.0 * 4.8828125e-4 + TOL;
+    const TOL_F16: f64 = 2.0 * 4.8828125e-4 + GEMM_TOL;
     let mut r = rng(3);
     for (label, be) in wgpu_f16_both() {
         let (mut worst, mut worst_orig) = (0.0f64, 0.0f64);
@@ -210,7 +169,7 @@ fn gemm_f16_operands_match_naive() {
                     let got = down(&be, &c);
                     let name = format!("f16 a={a16} b={b16} {m}x{k}x{n} ta={ta} tb={tb}");
                     let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
-                    worst = worst.max(check(&name, &got, &want, &scale));
+                    worst = worst.max(check_gemm(&name, &got, &want, &scale));
                     let (want, scale) = naive(&a, ta, &b, tb, (m, k, n));
                     for (i, ((&g, &w), &s)) in got.iter().zip(&want).zip(&scale).enumerate() {
                         let e = (g as f64 - w).abs() / (s + 1e-30);
@@ -229,13 +188,18 @@ fn gemm_f16_operands_match_naive() {
                         .zip(&c0)
                         .map(|((p, s), &c)| (c as f64 + p, s + (c as f64).abs()))
                         .unzip();
-                    worst = worst.max(check(&format!("acc {name}"), &down(&be, &ct), &w2, &s2));
+                    worst = worst.max(check_gemm(
+                        &format!("acc {name}"),
+                        &down(&be, &ct),
+                        &w2,
+                        &s2,
+                    ));
                 }
             }
         }
         println!(
             "  [{label}] every shape, transpose and f16 operand: worst err/sum|a||b| {worst:.2e} \
-             against the f16 values (tol {TOL:.0e}), {worst_orig:.2e} against the f32 \
+             against the f16 values (tol {GEMM_TOL:.0e}), {worst_orig:.2e} against the f32 \
              originals (tol {TOL_F16:.1e}: f16 rounding of the operands)"
         );
     }
