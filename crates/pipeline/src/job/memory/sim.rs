@@ -263,27 +263,50 @@ pub(super) fn layer_forward(
     }
 }
 
-/// [`dflash_models::layer::backward`] with context rows `s`: every temporary lives until it
-/// returns `dx` (the only allocation left live).
+/// [`dflash_models::layer::backward`] with context rows `s`: the MLP half's temporaries live
+/// until it returns `d_h`, the attention half's until it returns `d_xn`; returns `dx` (the only
+/// allocation left live).
 pub(super) fn layer_backward(w: &mut Walk<'_>, l: &LayerShape, rows: u128, s: u128) -> u128 {
+    let d_h = mlp_backward(w, l, rows);
+    let d_xn = attention_backward(w, l, rows, s);
+    let (dx_norm, d_in) = w.rms_norm_backward(rows, l.h);
+    let dx = w.a(rows * l.h);
+    w.free(d_h + d_xn + dx_norm + d_in);
+    dx
+}
+
+/// Weight gradients (`acc_weight_grad`) read two activations: scratch only where the
+/// activations are not in the GEMM type.
+fn weight_grad(w: &mut Walk<'_>, a: u128, b: u128) {
+    let act = w.m.act_dtype();
+    w.gemm(&[(act, a), (act, b)]);
+}
+
+/// The layer backward's `mlp_backward`: returns `d_h`, its temporaries freed.
+fn mlp_backward(w: &mut Walk<'_>, l: &LayerShape, rows: u128) -> u128 {
     let act = w.m.act_dtype();
     let wdt = l.wdt;
     let mut held = 0;
-    // MLP.
-    // Weight gradients (`acc_weight_grad`) read two activations: scratch only where the
-    // activations are not in the GEMM type.
-    let wgrad = |w: &mut Walk<'_>, a: u128, b: u128| w.gemm(&[(act, a), (act, b)]);
-    wgrad(w, rows * l.h, rows * l.i); // down_proj
+    weight_grad(w, rows * l.h, rows * l.i); // down_proj
     held += w.linear((act, rows * l.h), wdt, l.h * l.i, rows * l.i); // d_act
     held += w.a(rows * l.i) + w.a(rows * l.i); // d_gate, d_up
-    wgrad(w, rows * l.i, rows * l.h); // gate_proj, up_proj
+    weight_grad(w, rows * l.i, rows * l.h); // gate_proj, up_proj
     held += w.linear((act, rows * l.i), wdt, l.i * l.h, rows * l.h); // d_hn
     w.gemm(&[(act, rows * l.i), (wdt, l.i * l.h)]); // d_hn += d_up up_proj
     let (d_h_mlp, d_post) = w.rms_norm_backward(rows, l.h);
     held += d_h_mlp + d_post;
-    held += w.a(rows * l.h); // d_h
-    wgrad(w, rows * l.h, rows * l.qd); // o_proj
-    // Attention.
+    let d_h = w.a(rows * l.h);
+    w.free(held);
+    d_h
+}
+
+/// The layer backward's `attention_backward` with context rows `s`: returns `d_xn`, its
+/// temporaries freed.
+fn attention_backward(w: &mut Walk<'_>, l: &LayerShape, rows: u128, s: u128) -> u128 {
+    let act = w.m.act_dtype();
+    let wdt = l.wdt;
+    let mut held = 0;
+    weight_grad(w, rows * l.h, rows * l.qd); // o_proj
     held += w.linear((act, rows * l.h), wdt, l.h * l.qd, rows * l.qd); // d_attn
     held += w.a(rows * l.qd); // copy of attn
     held += w.attention_backward(rows, s + rows, l);
@@ -291,32 +314,29 @@ pub(super) fn layer_backward(w: &mut Walk<'_>, l: &LayerShape, rows: u128, s: u1
     held += w.a(rows * l.qd); // q_rows copy
     let (dq, dq_norm) = w.rms_norm_backward(rows * l.hq, l.dh);
     held += dq + dq_norm;
-    wgrad(w, rows * l.qd, rows * l.h); // q_proj
-    held += w.linear((act, rows * l.qd), wdt, l.qd * l.h, rows * l.h); // d_xn
+    weight_grad(w, rows * l.qd, rows * l.h); // q_proj
+    let d_xn = w.linear((act, rows * l.qd), wdt, l.qd * l.h, rows * l.h);
     held += w.a(rows * l.kd) + w.a(rows * l.kd); // dk_blk, dv_blk
-    held += key_grad(w, l, rows);
-    wgrad(w, rows * l.kd, rows * l.h); // k_proj, v_proj
+    held += key_backward(w, l, rows);
+    weight_grad(w, rows * l.kd, rows * l.h); // k_proj, v_proj
     for _ in 0..2 {
         w.gemm(&[(act, rows * l.kd), (wdt, l.kd * l.h)]); // d_xn += dk/dv W
     }
     if s > 0 {
         // dk_ctx, dv_ctx and dk_c end with the `if let` block.
-        let block = w.a(s * l.kd) + w.a(s * l.kd) + key_grad(w, l, s);
+        let block = w.a(s * l.kd) + w.a(s * l.kd) + key_backward(w, l, s);
         for _ in 0..2 {
             w.gemm(&[(act, s * l.kd), (wdt, l.kd * l.h)]); // d_ctx += dk_c/dv_ctx W
         }
         w.free(block);
     }
-    let (dx_norm, d_in) = w.rms_norm_backward(rows, l.h);
-    held += dx_norm + d_in;
-    let dx = w.a(rows * l.h);
     w.free(held);
-    dx
+    d_xn
 }
 
-/// The key-gradient closure of the layer backward: rope backward and a copy (freed on
+/// The layer backward's `key_backward`: rope backward and a copy (freed on
 /// return), the per-head norm backward's `dk` (returned) and `dk_norm`.
-fn key_grad(w: &mut Walk<'_>, l: &LayerShape, n: u128) -> u128 {
+fn key_backward(w: &mut Walk<'_>, l: &LayerShape, n: u128) -> u128 {
     let dk_n = w.rope(n, l.hkv, l.dh);
     let k_rows = w.a(n * l.kd);
     let (dk, dk_norm) = w.rms_norm_backward(n * l.hkv, l.dh);
