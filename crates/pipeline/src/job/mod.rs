@@ -9,6 +9,7 @@ mod replica_loop;
 mod resume;
 mod run;
 mod setup;
+mod threads;
 
 pub use checkpoint::latest_checkpoint;
 pub use plan::{JobPlan, TargetSource};

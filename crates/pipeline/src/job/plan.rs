@@ -1,12 +1,12 @@
 //! A job's plan: everything `train` derives from its config, built in one place before any
-//! thread starts, so the run loop (`run.rs`) only runs threads and the bench can build the
-//! same plan for the job it measures.
+//! thread starts, so the run (`run.rs`, `threads.rs`) only builds and runs workers and the
+//! bench can build the same plan for the job it measures.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use dflash_config::{DrafterConfig, Qwen3Config, TrainConfig};
-use dflash_data::{Dataset, open_dataset};
+use dflash_data::{BatchPlan, Dataset, open_dataset};
 use dflash_training::optimizer::AdamWHyper;
 use dflash_training::{BlockSpec, LrSchedule};
 
@@ -70,6 +70,7 @@ impl JobPlan {
         Self::with_target(cfg, TargetSource::Dir(cfg.target_dir()?.to_path_buf()))
     }
 
+    /// The plan of `cfg` with the frozen target's weights from `target`.
     pub fn with_target(cfg: &TrainConfig, target: TargetSource) -> Result<Self> {
         let target_config = target.config()?;
         let drafter = drafter_config(cfg, &target_config)?;
@@ -77,62 +78,21 @@ impl JobPlan {
         let lengths: Vec<usize> = (0..train_data.len())
             .map(|i| train_data.seq_len(i).min(cfg.data.max_len))
             .collect();
-        let (schedule, plans) = Schedule::new(
-            &lengths,
-            &cfg.data.bucket_bounds,
-            cfg.data.token_budget,
-            cfg.train.seed,
-            cfg.train.epochs as u64,
-            cfg.train.micro_batches_per_step,
-            cfg.train.max_steps,
-        );
-        if schedule.is_empty() {
-            return Err(PipelineError::Job(format!(
-                "the schedule has no steps: {} holds {} samples (train.epochs {}, \
-                 train.max_steps {:?})",
-                cfg.train_data()?.display(),
-                train_data.len(),
-                cfg.train.epochs,
-                cfg.train.max_steps
-            )));
-        }
-        let eval_tokens = match &cfg.data.eval {
-            Some(p) => {
-                let data = open_dataset(p)?;
-                let n = data.len().min(cfg.eval.max_samples.unwrap_or(usize::MAX));
-                (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum()
-            }
-            None => 0,
-        };
+        let (schedule, plans) = schedule(cfg, &lengths, train_data.len())?;
+        let eval_tokens = eval_tokens(cfg)?;
         let step_tokens = schedule
             .steps
             .iter()
             .map(|s| s.micro.iter().flatten().map(|&i| lengths[i] as u64).sum())
             .collect();
-        let spec = BlockSpec {
-            block_size: drafter.block_size,
-            num_anchors: cfg.data.num_anchors,
-            gamma: cfg.data.gamma.map_or_else(
-                || dflash_data::default_gamma(drafter.block_size),
-                |g| g as f32,
-            ),
-            mask_token_id: drafter.mask_token_id,
-            seed: cfg.train.seed,
-        };
+        let spec = block_spec(cfg, &drafter);
         let hyper = AdamWHyper {
             beta1: cfg.train.beta1 as f32,
             beta2: cfg.train.beta2 as f32,
             eps: cfg.train.eps as f32,
             weight_decay: cfg.train.weight_decay as f32,
         };
-        let rules = SampleRules {
-            vocab_size: target_config.vocab_size,
-            max_len: cfg.data.max_len,
-            min_supervised: cfg.data.min_supervised,
-            too_long: too_long(cfg),
-            max_positions: target_config.max_position_embeddings,
-            mask_token_id: Some(drafter.mask_token_id),
-        };
+        let rules = sample_rules(cfg, &target_config, &drafter);
         let total_steps = schedule.len() as u64;
         let lr = LrSchedule::new(
             cfg.train.lr,
@@ -220,5 +180,75 @@ impl JobPlan {
     pub fn end_step(&self) -> u64 {
         let total = self.total_steps();
         self.cfg.train.stop_at_step.map_or(total, |s| s.min(total))
+    }
+}
+
+/// The schedule of the training data (`lengths`, of its `samples` samples) with each epoch's
+/// batch plan; an error when it has no steps.
+fn schedule(
+    cfg: &TrainConfig,
+    lengths: &[usize],
+    samples: usize,
+) -> Result<(Schedule, Vec<BatchPlan>)> {
+    let (schedule, plans) = Schedule::new(
+        lengths,
+        &cfg.data.bucket_bounds,
+        cfg.data.token_budget,
+        cfg.train.seed,
+        cfg.train.epochs as u64,
+        cfg.train.micro_batches_per_step,
+        cfg.train.max_steps,
+    );
+    if schedule.is_empty() {
+        return Err(PipelineError::Job(format!(
+            "the schedule has no steps: {} holds {} samples (train.epochs {}, \
+             train.max_steps {:?})",
+            cfg.train_data()?.display(),
+            samples,
+            cfg.train.epochs,
+            cfg.train.max_steps
+        )));
+    }
+    Ok((schedule, plans))
+}
+
+/// Tokens of the evaluation set as it is featurised: the first `eval.max_samples` samples
+/// of `data.eval`, each at most `data.max_len`; 0 without an evaluation set.
+fn eval_tokens(cfg: &TrainConfig) -> Result<usize> {
+    Ok(match &cfg.data.eval {
+        Some(p) => {
+            let data = open_dataset(p)?;
+            let n = data.len().min(cfg.eval.max_samples.unwrap_or(usize::MAX));
+            (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum()
+        }
+        None => 0,
+    })
+}
+
+/// How the drafter's training blocks are drawn: its block size and mask token, the
+/// config's anchors, loss decay (`data.gamma`, else the block size's default) and seed.
+fn block_spec(cfg: &TrainConfig, drafter: &DrafterConfig) -> BlockSpec {
+    BlockSpec {
+        block_size: drafter.block_size,
+        num_anchors: cfg.data.num_anchors,
+        gamma: cfg.data.gamma.map_or_else(
+            || dflash_data::default_gamma(drafter.block_size),
+            |g| g as f32,
+        ),
+        mask_token_id: drafter.mask_token_id,
+        seed: cfg.train.seed,
+    }
+}
+
+/// What a training sample must satisfy to be kept, from the data config and the target's
+/// vocabulary and positions.
+fn sample_rules(cfg: &TrainConfig, target: &Qwen3Config, drafter: &DrafterConfig) -> SampleRules {
+    SampleRules {
+        vocab_size: target.vocab_size,
+        max_len: cfg.data.max_len,
+        min_supervised: cfg.data.min_supervised,
+        too_long: too_long(cfg),
+        max_positions: target.max_position_embeddings,
+        mask_token_id: Some(drafter.mask_token_id),
     }
 }

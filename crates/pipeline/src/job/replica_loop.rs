@@ -5,15 +5,16 @@
 use std::time::Instant;
 
 use dflash_core::Communicator;
-use dflash_training::{DrafterReplica, PreparedBatch};
+use dflash_training::{DrafterReplica, PreparedBatch, StepSummary};
 
 use super::checkpoint::{CheckpointWriter, Written};
 use super::plan::JobPlan;
-use super::run::RunResult;
+use super::threads::RunResult;
 use crate::distributed::all_ranks_counts;
 use crate::error::{PipelineError, Result};
 use crate::phases::Phase;
 use crate::report::Reporter;
+use crate::schedule::StepWork;
 use crate::workers::{Reorder, Shared, SharedRouter};
 
 /// Replica 0's extra duties: reporting and checkpoints (`None` on a process other than
@@ -41,6 +42,8 @@ pub(super) struct DrafterLoop<'a> {
 }
 
 impl DrafterLoop<'_> {
+    /// Runs steps `start_step..end_step` on `replica`: each step's micro-batches, its
+    /// all-reduce and update, and with `lead` the report and any checkpoint due.
     pub(super) fn steps(
         &self,
         replica: &mut DrafterReplica,
@@ -48,105 +51,157 @@ impl DrafterLoop<'_> {
         start_step: u64,
         end_step: u64,
     ) -> Result<()> {
-        let (plan, shared) = (self.plan, self.shared);
-        let clock = &shared.drafter_clocks[self.rank];
-        let (share, world) = (self.comm.rank(), self.comm.world_size());
+        let plan = self.plan;
+        let clock = &self.shared.drafter_clocks[self.rank];
+        let share = (self.comm.rank(), self.comm.world_size());
         let mut reorder = Reorder::new();
         let mut mark = Instant::now();
         for step in start_step..end_step {
             let work = &plan.schedule.steps[step as usize];
             dflash_models::fault::fail_point(&format!("drafter-step:{}", self.rank))
                 .map_err(PipelineError::Job)?;
-            let mut mine = (0..work.micro.len()).filter(|m| m % world == share);
-            loop {
-                let batch = match self.router {
-                    Some(r) => r.next(
-                        shared,
-                        &shared.features[0],
-                        (step, work.micro.len()),
-                        self.who,
-                    )?,
-                    None => mine
-                        .next()
-                        .map(|m| {
-                            let q = &shared.features[self.rank];
-                            reorder.next(shared, q, step, m as u32, self.who)
-                        })
-                        .transpose()?,
-                };
-                let Some(batch) = batch else { break };
-                clock.lap(Phase::QueueWait, &mut mark);
-                let prepared = PreparedBatch::packed(batch, &plan.spec);
-                clock.lap(Phase::Prepare, &mut mark);
-                if let Some(p) = prepared {
-                    replica.accumulate(&p.as_input())?;
-                    dflash_models::fault::point("accumulated");
-                }
-                clock.lap(Phase::ForwardBackward, &mut mark);
-            }
+            self.accumulate_micro_batches(replica, (step, work), share, &mut reorder, &mut mark)?;
             let summary = replica.finish_step(self.comm, plan.lr.lr(step))?;
             clock.add_secs(Phase::AllReduce, replica.last_times.all_reduce_s);
             clock.add_secs(Phase::Optimizer, replica.last_times.optimizer_s);
             mark = Instant::now();
             let Some(lead) = lead.as_mut() else { continue };
-            lead.reporter.step(
-                &summary,
-                work.epoch,
-                plan.step_tokens[step as usize],
-                shared.gauges(),
-            )?;
-            let figures = &mut lead.result.figures;
-            if figures.first_loss.is_nan() {
-                figures.first_loss = summary.stats.loss();
-            }
-            figures.last = (summary.stats.loss(), summary.stats.accuracy());
-            lead.result.supervised += summary.stats.weight_sum;
-            clock.lap(Phase::Report, &mut mark);
+            self.report(lead, &summary, (step, work), &mut mark)?;
             let n = step + 1;
             let save_every = plan.cfg.train.save_every;
             let due = (save_every > 0 && n.is_multiple_of(save_every))
                 || n == plan.total_steps()
                 || n == end_step;
             if due {
-                // Only the steps this checkpoint holds: the target workers may be ahead.
-                let mine = shared
-                    .skips
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .before(n);
-                // Every rank of a multi-process run takes part; rank 0 saves.
-                let mine = match self.processes {
-                    Some(comm) => all_ranks_counts(comm, &mine)?,
-                    None => mine,
-                };
-                let Some(checkpoints) = lead.checkpoints.as_mut() else {
-                    continue;
-                };
-                let extra = serde_json::json!({
-                    "epoch": work.epoch,
-                    "seed": plan.cfg.train.seed,
-                    "figures": lead.result.figures.to_json(),
-                    "skips": lead.result.with_carried(&mine),
-                });
-                for w in checkpoints.start(replica, extra)? {
-                    log_checkpoint(lead.reporter, &w);
-                }
-                clock.lap(Phase::Checkpoint, &mut mark);
+                self.checkpoint(lead, replica, (n, work), &mut mark)?;
             }
         }
         if let Some(lead) = lead.as_mut() {
-            // The run's last checkpoint is on disk before the run reports its end.
-            if let Some(w) = lead
-                .checkpoints
-                .as_mut()
-                .map(|c| c.wait())
-                .transpose()?
-                .flatten()
-            {
-                log_checkpoint(lead.reporter, &w);
-            }
-            clock.lap(Phase::Checkpoint, &mut mark);
+            self.last_checkpoint(lead, &mut mark)?;
         }
+        Ok(())
+    }
+
+    /// Accumulates the gradients of this replica's micro-batches of `step` (`work`): those
+    /// the least-loaded router hands it or, with fixed routing, its own share in order (the
+    /// `m` with `m % world == share`, `(share, world)` being its place in `comm`).
+    fn accumulate_micro_batches(
+        &self,
+        replica: &mut DrafterReplica,
+        (step, work): (u64, &StepWork),
+        (share, world): (usize, usize),
+        reorder: &mut Reorder,
+        mark: &mut Instant,
+    ) -> Result<()> {
+        let (plan, shared) = (self.plan, self.shared);
+        let clock = &shared.drafter_clocks[self.rank];
+        let mut mine = (0..work.micro.len()).filter(|m| m % world == share);
+        loop {
+            let batch = match self.router {
+                Some(r) => r.next(
+                    shared,
+                    &shared.features[0],
+                    (step, work.micro.len()),
+                    self.who,
+                )?,
+                None => mine
+                    .next()
+                    .map(|m| {
+                        let q = &shared.features[self.rank];
+                        reorder.next(shared, q, step, m as u32, self.who)
+                    })
+                    .transpose()?,
+            };
+            let Some(batch) = batch else { break };
+            clock.lap(Phase::QueueWait, mark);
+            let prepared = PreparedBatch::packed(batch, &plan.spec);
+            clock.lap(Phase::Prepare, mark);
+            if let Some(p) = prepared {
+                replica.accumulate(&p.as_input())?;
+                dflash_models::fault::point("accumulated");
+            }
+            clock.lap(Phase::ForwardBackward, mark);
+        }
+        Ok(())
+    }
+
+    /// Replica 0's report of `step` (`work`): the step's record, and the run's first and
+    /// last loss and its supervised weight.
+    fn report(
+        &self,
+        lead: &mut Lead<'_>,
+        summary: &StepSummary,
+        (step, work): (u64, &StepWork),
+        mark: &mut Instant,
+    ) -> Result<()> {
+        let (plan, shared) = (self.plan, self.shared);
+        lead.reporter.step(
+            summary,
+            work.epoch,
+            plan.step_tokens[step as usize],
+            shared.gauges(),
+        )?;
+        let figures = &mut lead.result.figures;
+        if figures.first_loss.is_nan() {
+            figures.first_loss = summary.stats.loss();
+        }
+        figures.last = (summary.stats.loss(), summary.stats.accuracy());
+        lead.result.supervised += summary.stats.weight_sum;
+        shared.drafter_clocks[self.rank].lap(Phase::Report, mark);
+        Ok(())
+    }
+
+    /// The checkpoint due after the run's first `n` steps (`work`: the last of them): the
+    /// skip counts of those steps, summed over the ranks of a multi-process run, and where
+    /// this replica writes checkpoints (rank 0) the checkpoint started.
+    fn checkpoint(
+        &self,
+        lead: &mut Lead<'_>,
+        replica: &mut DrafterReplica,
+        (n, work): (u64, &StepWork),
+        mark: &mut Instant,
+    ) -> Result<()> {
+        let shared = self.shared;
+        // Only the steps this checkpoint holds: the target workers may be ahead.
+        let mine = shared
+            .skips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .before(n);
+        // Every rank of a multi-process run takes part; rank 0 saves.
+        let mine = match self.processes {
+            Some(comm) => all_ranks_counts(comm, &mine)?,
+            None => mine,
+        };
+        let Some(checkpoints) = lead.checkpoints.as_mut() else {
+            return Ok(());
+        };
+        let extra = serde_json::json!({
+            "epoch": work.epoch,
+            "seed": self.plan.cfg.train.seed,
+            "figures": lead.result.figures.to_json(),
+            "skips": lead.result.with_carried(&mine),
+        });
+        for w in checkpoints.start(replica, extra)? {
+            log_checkpoint(lead.reporter, &w);
+        }
+        shared.drafter_clocks[self.rank].lap(Phase::Checkpoint, mark);
+        Ok(())
+    }
+
+    /// Waits for the run's last checkpoint, so that it is on disk before the run reports its
+    /// end.
+    fn last_checkpoint(&self, lead: &mut Lead<'_>, mark: &mut Instant) -> Result<()> {
+        if let Some(w) = lead
+            .checkpoints
+            .as_mut()
+            .map(|c| c.wait())
+            .transpose()?
+            .flatten()
+        {
+            log_checkpoint(lead.reporter, &w);
+        }
+        self.shared.drafter_clocks[self.rank].lap(Phase::Checkpoint, mark);
         Ok(())
     }
 }

@@ -1,20 +1,19 @@
-//! The threaded run loop of a training job: target workers feeding the drafter replicas
-//! through bounded queues, with periodic reports, evals and checkpoints. Everything it needs
-//! to know comes resolved in a [`JobPlan`]; this file only builds the workers and runs them.
+//! A training job's run: the workers placed and their memory planned, the targets and the
+//! drafter replicas built (resumed from the run's checkpoint), tau measured before and after
+//! training, the threads run ([`super::threads`]: target workers feeding the replicas through
+//! bounded queues, with periodic reports and checkpoints) and the end reported and saved.
+//! Everything it needs to know comes resolved in a [`JobPlan`]; this file only builds the
+//! workers and runs them.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
-use dflash_config::Routing;
-use dflash_core::Communicator;
+use dflash_core::Backend;
 use dflash_core::pipeline::HiddenSeq;
 use dflash_data::SkipCounts;
 use dflash_models::safetensors_io::write_atomic;
 use dflash_models::{Drafter, Qwen3Target};
-use dflash_queue::BoundedQueue;
-use dflash_queue::Queue;
 use dflash_training::{DrafterReplica, evaluate_tau};
 
 use super::TrainOutcome;
@@ -22,18 +21,14 @@ use super::build::{
     attach_device_collective, attach_process_collective, build_replicas, check_process_plan,
     load_targets, place_workers,
 };
-use super::checkpoint::{CheckpointWriter, Figures};
+use super::checkpoint::Figures;
 use super::memory::MemoryPlan;
 use super::plan::JobPlan;
-use super::replica_loop::{DrafterLoop, Lead};
 use super::resume::{finished_run, report_data, resume};
 use super::setup::{EvalData, eval_features, stop_tokens};
-use crate::comm::HostComm;
-use crate::distributed::{Processes, all_ranks_counts};
+use super::threads::{RunPlace, RunResult, run_workers};
+use crate::distributed::Processes;
 use crate::error::{PipelineError, Result};
-use crate::phases::PhaseClock;
-use crate::report::Reporter;
-use crate::workers::{OnAbort, Shared, SharedRouter, StepSkips, WorkItem, target_worker};
 
 /// Runs `plan` in `run_dir` (a fresh run, or the continuation of its latest checkpoint); as
 /// one rank of `procs` when given, `run_dir` then being this rank's own directory.
@@ -58,7 +53,30 @@ pub(super) fn run_plan(
     }
     write_resolved_config(plan, run_dir)?;
     let (target_backends, drafter_backends) = place_workers(plan, procs)?;
-    let b0 = &drafter_backends[0];
+    log_placement(plan, &drafter_backends[0]);
+    let mut memory = plan_memory(plan, run_dir, &target_backends, &drafter_backends)?;
+    let (targets, mut replicas) = load_workers(plan, procs, &target_backends, &drafter_backends)?;
+    let (eval, carried) = resume_and_measure(plan, home, resuming, lead, &targets, &mut replicas)?;
+    let invocation = Invocation {
+        plan,
+        run_dir,
+        lead,
+        start_step: replicas[0].step,
+    };
+    let at = RunPlace {
+        run_dir,
+        background_checkpoints: memory.background_checkpoints,
+        job_start,
+        procs,
+    };
+    let (replica, run) = run_workers(plan, &at, targets, replicas, carried)?;
+    record_measured_memory(&mut memory, run_dir, &target_backends, &drafter_backends)?;
+    let run_skips = invocation.report_end(&run)?;
+    invocation.save(&eval, &replica, &run, run_skips)
+}
+
+/// Logs the first replica's backend, device and attention kernel with the workers' counts.
+fn log_placement(plan: &JobPlan, b0: &Arc<dyn Backend>) {
     eprintln!(
         "backend {} on {} | attention kernel {} | {} target worker(s), {} drafter replica(s)",
         b0.name(),
@@ -67,12 +85,33 @@ pub(super) fn run_plan(
         plan.target_workers,
         plan.drafter_workers
     );
+}
+
+/// The job's memory plan on the placed backends: printed, written to the run directory, and
+/// an error when it does not fit.
+fn plan_memory(
+    plan: &JobPlan,
+    run_dir: &Path,
+    target_backends: &[Arc<dyn Backend>],
+    drafter_backends: &[Arc<dyn Backend>],
+) -> Result<MemoryPlan> {
     // Planned from the shapes and refused here, before the first tensor is allocated.
-    let mut memory = MemoryPlan::new(plan, &target_backends, &drafter_backends);
+    let memory = MemoryPlan::new(plan, target_backends, drafter_backends);
     eprintln!("{}", memory.table());
     memory.write(run_dir)?;
-    memory.check(plan, &target_backends, &drafter_backends)?;
-    let targets = load_targets(plan, &target_backends)?;
+    memory.check(plan, target_backends, drafter_backends)?;
+    Ok(memory)
+}
+
+/// Loads the frozen targets (logging the training data) and builds the drafter replicas,
+/// joined in their device collective group and, as one rank of `procs`, the process group.
+fn load_workers(
+    plan: &JobPlan,
+    procs: Option<&Processes>,
+    target_backends: &[Arc<dyn Backend>],
+    drafter_backends: &[Arc<dyn Backend>],
+) -> Result<(Vec<Arc<Qwen3Target>>, Vec<DrafterReplica>)> {
+    let targets = load_targets(plan, target_backends)?;
     eprintln!(
         "train data {}: {} samples",
         plan.cfg.train_data()?.display(),
@@ -81,13 +120,28 @@ pub(super) fn run_plan(
     if let Some(s) = &plan.bucket_summary {
         eprintln!("{s}");
     }
-    let mut replicas = build_replicas(plan, &drafter_backends, &targets[0])?;
-    attach_device_collective(plan, &drafter_backends, &mut replicas)?;
+    let mut replicas = build_replicas(plan, drafter_backends, &targets[0])?;
+    attach_device_collective(plan, drafter_backends, &mut replicas)?;
     if let Some(p) = procs {
         attach_process_collective(plan, p, &drafter_backends[0], &mut replicas[0])?;
     }
+    Ok((targets, replicas))
+}
+
+/// Loads the run's latest checkpoint into the replicas when `resuming`, logs the drafter,
+/// featurises the evaluation set (on rank 0, the `lead`) and measures tau before training
+/// when the run starts at step 0. Returns the evaluation set with the run's figures and
+/// skip counts carried from the checkpoint (`home`, rank 0's directory).
+fn resume_and_measure(
+    plan: &JobPlan,
+    home: &Path,
+    resuming: bool,
+    lead: bool,
+    targets: &[Arc<Qwen3Target>],
+    replicas: &mut [DrafterReplica],
+) -> Result<(Eval, (Figures, Option<SkipCounts>))> {
     let (carried, carried_skips) = match resuming {
-        true => resume(home, &mut replicas, lead)?,
+        true => resume(home, replicas, lead)?,
         false => (Figures::default(), Some(SkipCounts::default())),
     };
     let start_step = replicas[0].step;
@@ -113,80 +167,118 @@ pub(super) fn run_plan(
         tau_before,
         ..carried
     };
-    let at = RunPlace {
-        run_dir,
-        background_checkpoints: memory.background_checkpoints,
-        job_start,
-        procs,
-    };
-    let (replica, run) = run_workers(plan, &at, targets, replicas, (carried, carried_skips))?;
+    Ok((eval, (carried, carried_skips)))
+}
+
+/// Records each device's measured peak after the run; where any backend tracks memory, logs
+/// the planned against the measured peaks and rewrites the plan with them.
+fn record_measured_memory(
+    memory: &mut MemoryPlan,
+    run_dir: &Path,
+    target_backends: &[Arc<dyn Backend>],
+    drafter_backends: &[Arc<dyn Backend>],
+) -> Result<()> {
     let all: Vec<_> = target_backends
         .iter()
-        .chain(&drafter_backends)
+        .chain(drafter_backends)
         .cloned()
         .collect();
     if memory.record_measured(&all) {
         eprintln!("{}", memory.measured_summary());
         memory.write(run_dir)?;
     }
-    if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
-        eprintln!(
-            "stopped after step {} of {} (train.stop_at_step); continue with `train --resume {}`",
+    Ok(())
+}
+
+/// This invocation of a run: its plan, this process's run directory, whether this process
+/// leads (rank 0, which saves the drafter and measures tau) and the step it started at.
+#[derive(Clone, Copy)]
+struct Invocation<'a> {
+    plan: &'a JobPlan,
+    run_dir: &'a Path,
+    lead: bool,
+    start_step: u64,
+}
+
+impl Invocation<'_> {
+    /// Logs how the invocation ended (an early stop, the data counts) and returns the run's
+    /// skip counts; an error when its steps trained on nothing.
+    fn report_end(&self, run: &RunResult) -> Result<Option<SkipCounts>> {
+        let (plan, start_step) = (self.plan, self.start_step);
+        if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
+            eprintln!(
+                "stopped after step {} of {} (train.stop_at_step); continue with \
+                 `train --resume {}`",
+                plan.end_step(),
+                plan.total_steps(),
+                self.run_dir.display()
+            );
+        }
+        // Empty rows never reach a worker, so the counts alone would say every sample was kept.
+        let empty = match plan.empty_samples {
+            0 => String::new(),
+            n => format!("; {n} empty or null rows not scheduled"),
+        };
+        let run_skips = run.run_skips();
+        report_data(
+            start_step,
             plan.end_step(),
-            plan.total_steps(),
-            run_dir.display()
+            &run.skips,
+            run_skips.as_ref(),
+            &empty,
         );
+        if start_step < plan.end_step() && run.supervised == 0.0 {
+            // Saving an untrained drafter and exiting 0 would look like success.
+            return Err(PipelineError::Job(format!(
+                "trained on nothing: steps {start_step}..{} saw no supervised block \
+                 (data: {}{empty}); \
+                 a sample trains only if it is kept and has a supervised token after an anchor \
+                 (check the loss masks, data.max_len, data.min_supervised and the token ids)",
+                plan.end_step(),
+                run.skips
+            )));
+        }
+        Ok(run_skips)
     }
-    // Empty rows never reach a worker, so the counts alone would say every sample was kept.
-    let empty = match plan.empty_samples {
-        0 => String::new(),
-        n => format!("; {n} empty or null rows not scheduled"),
-    };
-    let run_skips = run.run_skips();
-    report_data(
-        start_step,
-        plan.end_step(),
-        &run.skips,
-        run_skips.as_ref(),
-        &empty,
-    );
-    if start_step < plan.end_step() && run.supervised == 0.0 {
-        // Saving an untrained drafter and exiting 0 would look like success.
-        return Err(PipelineError::Job(format!(
-            "trained on nothing: steps {start_step}..{} saw no supervised block (data: {}{empty}); \
-             a sample trains only if it is kept and has a supervised token after an anchor \
-             (check the loss masks, data.max_len, data.min_supervised and the token ids)",
-            plan.end_step(),
-            run.skips
-        )));
+
+    /// Saves the trained drafter (rank 0 only), measures tau after training and writes the
+    /// outcome to `summary.json`.
+    fn save(
+        &self,
+        eval: &Eval,
+        replica: &DrafterReplica,
+        run: &RunResult,
+        run_skips: Option<SkipCounts>,
+    ) -> Result<TrainOutcome> {
+        let (plan, run_dir) = (self.plan, self.run_dir);
+        let b = replica.drafter.backend().clone();
+        // The served drafter, in the dtype the job asks for (checkpoints keep f32).
+        let served = dflash_config::DrafterConfig {
+            dtype: plan.cfg.drafter.save_dtype,
+            ..replica.drafter.config().clone()
+        };
+        if self.lead {
+            let params = &replica.drafter.params;
+            dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, params)?;
+        }
+        let outcome = TrainOutcome {
+            run_dir: run_dir.to_path_buf(),
+            steps: plan.end_step(),
+            final_loss: run.figures.last.0,
+            final_accuracy: run.figures.last.1,
+            first_loss: run.figures.first_loss,
+            tau_before: run.figures.tau_before,
+            tau_after: eval.tau(&replica.drafter, "after")?,
+            skipped_samples: run_skips.as_ref().map(SkipCounts::skipped),
+            data: run_skips,
+            invocation_start_step: self.start_step,
+            invocation_skipped_samples: run.skips.skipped(),
+            empty_rows: plan.empty_samples,
+        };
+        let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
+        write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+        Ok(outcome)
     }
-    let b = replica.drafter.backend().clone();
-    // The served drafter, in the dtype the job asks for (checkpoints keep f32).
-    let served = dflash_config::DrafterConfig {
-        dtype: plan.cfg.drafter.save_dtype,
-        ..replica.drafter.config().clone()
-    };
-    if lead {
-        let params = &replica.drafter.params;
-        dflash_models::checkpoint::save_drafter(b.as_ref(), run_dir, &served, params)?;
-    }
-    let outcome = TrainOutcome {
-        run_dir: run_dir.to_path_buf(),
-        steps: plan.end_step(),
-        final_loss: run.figures.last.0,
-        final_accuracy: run.figures.last.1,
-        first_loss: run.figures.first_loss,
-        tau_before: run.figures.tau_before,
-        tau_after: eval.tau(&replica.drafter, "after")?,
-        skipped_samples: run_skips.as_ref().map(SkipCounts::skipped),
-        data: run_skips,
-        invocation_start_step: start_step,
-        invocation_skipped_samples: run.skips.skipped(),
-        empty_rows: plan.empty_samples,
-    };
-    let json = serde_json::to_string_pretty(&outcome).expect("outcome serialises");
-    write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
-    Ok(outcome)
 }
 
 /// Writes the run's fully resolved config. `train.stop_at_step` belongs to this invocation,
@@ -249,245 +341,4 @@ impl Eval {
         eprintln!("tau {when} training: {t:.3}");
         Ok(Some(t))
     }
-}
-
-/// What the run loop leaves behind besides replica 0.
-pub(super) struct RunResult {
-    /// The run's figures: those carried from its checkpoint, updated by each step.
-    pub(super) figures: Figures,
-    /// Supervised weight summed over this invocation's steps: 0 means it trained on nothing.
-    pub(super) supervised: f64,
-    /// This invocation's skip counts (its steps only).
-    pub(super) skips: SkipCounts,
-    /// The run's counts of the steps before this invocation (`None`: not recorded).
-    pub(super) carried_skips: Option<SkipCounts>,
-}
-
-impl RunResult {
-    /// The run's counts: those carried plus `mine` (this invocation's so far).
-    pub(super) fn with_carried(&self, mine: &SkipCounts) -> Option<SkipCounts> {
-        let mut all = self.carried_skips.clone()?;
-        all.merge(mine);
-        Some(all)
-    }
-
-    /// The run's counts at the end of this invocation.
-    fn run_skips(&self) -> Option<SkipCounts> {
-        self.with_carried(&self.skips)
-    }
-}
-
-/// Where a run's workers write and report: this process's run directory, whether
-/// checkpoints are written in the background, when the job started, and the group of
-/// processes it is one rank of.
-#[derive(Clone, Copy)]
-struct RunPlace<'a> {
-    run_dir: &'a Path,
-    background_checkpoints: bool,
-    job_start: Instant,
-    procs: Option<&'a Processes>,
-}
-
-/// Spawns the loader, the target workers and the drafter replicas, runs steps from the
-/// replicas' step to `end_step`, and returns replica 0 with the run's figures (`carried`
-/// updated).
-fn run_workers(
-    plan: &JobPlan,
-    at: &RunPlace,
-    targets: Vec<Arc<Qwen3Target>>,
-    replicas: Vec<DrafterReplica>,
-    (carried, carried_skips): (Figures, Option<SkipCounts>),
-) -> Result<(DrafterReplica, RunResult)> {
-    let RunPlace {
-        run_dir,
-        background_checkpoints,
-        job_start,
-        procs,
-    } = *at;
-    let start_step = replicas[0].step;
-    // In-process replicas sum through host threads; a process's one replica through the
-    // group of processes.
-    let (comms, on_abort): (Vec<Box<dyn Communicator>>, OnAbort) = match procs {
-        Some(p) => (vec![Box::new(p.comm())], p.abort_handle()),
-        None => {
-            let host = HostComm::group(plan.drafter_workers);
-            let c = host[0].clone();
-            let comms = host
-                .into_iter()
-                .map(|c| Box::new(c) as Box<dyn Communicator>)
-                .collect();
-            (comms, Box::new(move |_| c.abort()))
-        }
-    };
-    let shared = shared_state(plan, on_abort);
-    let process = procs.map(|p| (p.rank(), p.world_size()));
-    let router = SharedRouter::default();
-    let mut reporter = Reporter::new(
-        run_dir,
-        job_start,
-        start_step,
-        plan.total_steps(),
-        plan.cfg.train.log_every,
-    )?;
-    let mut result = RunResult {
-        figures: carried,
-        supervised: 0.0,
-        skips: SkipCounts::default(),
-        carried_skips,
-    };
-    let end_step = plan.end_step();
-    let finished: Vec<Option<DrafterReplica>> = std::thread::scope(|scope| {
-        let shared = &shared;
-        scope.spawn(move || load_work(plan, shared, (start_step, end_step), process));
-        for (i, target) in targets.iter().enumerate() {
-            let data = plan.train_data.clone();
-            let target = target.clone();
-            scope.spawn(move || {
-                if let Err(e) = target_worker(i, shared, target.as_ref(), data.as_ref(), plan.rules)
-                {
-                    shared.fail(PipelineError::Worker {
-                        worker: format!("target worker {i}"),
-                        source: Box::new(e),
-                    });
-                }
-            });
-        }
-        let mut rank0 = Some((&mut reporter, &mut result));
-        let router = &router;
-        let handles: Vec<_> = replicas
-            .into_iter()
-            .zip(comms)
-            .enumerate()
-            .map(|(rank, (mut replica, comm))| {
-                let lead = if rank == 0 { rank0.take() } else { None };
-                scope.spawn(move || {
-                    let who = match process {
-                        Some((r, _)) => format!("rank {r} drafter replica {rank}"),
-                        None => format!("drafter replica {rank}"),
-                    };
-                    // Checkpoints are rank 0's alone.
-                    let saves = process.is_none_or(|(r, _)| r == 0);
-                    let lead = lead.map(|(reporter, result)| Lead {
-                        reporter,
-                        result,
-                        checkpoints: saves
-                            .then(|| CheckpointWriter::new(run_dir, background_checkpoints)),
-                    });
-                    let run = DrafterLoop {
-                        plan,
-                        shared,
-                        rank,
-                        who: &who,
-                        comm: comm.as_ref(),
-                        processes: process.map(|_| comm.as_ref()),
-                        // Across processes each rank has its own share, fixed.
-                        router: (plan.cfg.pipeline.routing == Routing::LeastLoaded
-                            && process.is_none())
-                        .then_some(router),
-                    };
-                    match run.steps(&mut replica, lead, start_step, end_step) {
-                        Ok(()) => Some(replica),
-                        Err(e) => {
-                            shared.fail(PipelineError::Worker {
-                                worker: who,
-                                source: Box::new(e),
-                            });
-                            None
-                        }
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or(None))
-            .collect()
-    });
-    reporter.finish();
-    if let Some(e) = shared
-        .first_error
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
-        return Err(e);
-    }
-    let mine = shared
-        .skips
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .before(end_step);
-    result.skips = match procs {
-        Some(p) => all_ranks_counts(&p.comm(), &mine)?,
-        None => mine,
-    };
-    let replica = finished
-        .into_iter()
-        .next()
-        .flatten()
-        .ok_or_else(|| PipelineError::Job("drafter replica 0 ended without a result".into()))?;
-    Ok((replica, result))
-}
-
-/// The state all workers of a run share: queues, the first error, skip counts, phase clocks.
-/// `on_abort` releases the replicas' all-reduce group on the first failure.
-fn shared_state(plan: &JobPlan, on_abort: OnAbort) -> Shared {
-    let p = &plan.cfg.pipeline;
-    Shared {
-        abort: AtomicBool::new(false),
-        first_error: Mutex::new(None),
-        work: BoundedQueue::new("work", (2 * plan.target_workers).max(2)),
-        features: match p.routing {
-            Routing::Fixed => (0..plan.drafter_workers)
-                .map(|r| BoundedQueue::new(format!("features[{r}]"), p.queue_capacity.max(1)))
-                .collect(),
-            // As many batches in flight as with a queue per replica.
-            Routing::LeastLoaded => vec![BoundedQueue::new(
-                "features",
-                p.queue_capacity.max(1) * plan.drafter_workers,
-            )],
-        },
-        skips: Mutex::new(StepSkips::default()),
-        stall_timeout: Duration::from_secs(p.timeout_secs.max(1)),
-        on_abort,
-        target_clocks: (0..plan.target_workers)
-            .map(|_| PhaseClock::target())
-            .collect(),
-        drafter_clocks: (0..plan.drafter_workers)
-            .map(|_| PhaseClock::drafter())
-            .collect(),
-        started: Instant::now(),
-    }
-}
-
-/// The loader: work items in schedule order from the resume point; as rank `r` of `n`
-/// processes (`process`), only the micro-batches `m` with `m % n == r`.
-fn load_work(
-    plan: &JobPlan,
-    shared: &Shared,
-    (start_step, end_step): (u64, u64),
-    process: Option<(usize, usize)>,
-) {
-    let (rank, world) = process.unwrap_or((0, 1));
-    let steps = plan.schedule.steps.iter().enumerate();
-    for (step, work) in steps.take(end_step as usize).skip(start_step as usize) {
-        let mine = work
-            .micro
-            .iter()
-            .enumerate()
-            .filter(|(m, _)| m % world == rank);
-        for (m, samples) in mine {
-            let item = WorkItem {
-                epoch: work.epoch,
-                step: step as u64,
-                micro: m as u32,
-                samples: samples.clone(),
-            };
-            if let Err(e) = shared.push_patiently(&shared.work, item, "loader") {
-                shared.fail(e);
-                return;
-            }
-        }
-    }
-    shared.work.close();
 }

@@ -6,11 +6,11 @@
 //! are inputs) and before anything is allocated on them: a job that does not fit is refused
 //! with the knobs that shrink it, each with the peak it would give.
 
+mod ledger;
 mod model;
 mod sim;
 mod step;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ pub use step::MicroShape;
 use super::plan::JobPlan;
 use crate::error::{PipelineError, Result};
 use crate::schedule::Schedule;
+use ledger::{Ledger, features_in_flight};
 
 /// File name of the plan in the run directory.
 pub const MEMORY_PLAN_FILE: &str = "memory_plan.json";
@@ -177,7 +178,7 @@ struct Knobs {
     micro: MicroShape,
     recompute: bool,
     queue_capacity: usize,
-    /// Checkpoints from a device snapshot, written in the background (see `run.rs`).
+    /// Checkpoints from a device snapshot, written in the background (see `checkpoint.rs`).
     snapshot: bool,
 }
 
@@ -230,147 +231,20 @@ impl MemoryPlan {
             .all(|d| d.free_bytes.is_none_or(|f| d.peak_bytes <= f))
     }
 
+    /// The plan of `plan` with the knobs `k`, its workers placed as `targets` and
+    /// `drafters`; free memory is left unknown.
     fn with_knobs(plan: &JobPlan, targets: &[Placed], drafters: &[Placed], k: Knobs) -> Self {
-        let dcfg = &plan.drafter;
-        let tcfg = &plan.target_config;
-        let ids = &dcfg.target_layer_ids;
-        let depth = ids.iter().max().map_or(0, |d| d + 1);
-        let (nt, nd) = (targets.len().max(1), drafters.len());
-        // Features in flight: each queue full, one batch in each replica's step, one
-        // finished by each target worker waiting to be queued. They stay on the device of
-        // the worker that made them; workers are fed round robin, so each device holds its
-        // workers' share (rounded up).
-        // No more than the invocation's micro-batches, which a short job bounds first.
-        let steps = usize::try_from(plan.end_step()).unwrap_or(usize::MAX);
-        let scheduled: usize = plan
-            .schedule
-            .steps
-            .iter()
-            .take(steps)
-            .map(|s| s.micro.len())
-            .sum();
-        let in_flight = (nd * k.queue_capacity + nd + nt).min(scheduled);
-        let mut devices: BTreeMap<String, DevicePlan> = BTreeMap::new();
-        // Per device, in the order first added (the table reads state, then per-step terms).
-        let mut terms: BTreeMap<String, Vec<(&'static str, u128)>> = BTreeMap::new();
-        let mut add = |dev: &str, m: BackendModel, name: &'static str, x: u128| {
-            devices
-                .entry(dev.to_string())
-                .or_insert_with(|| DevicePlan {
-                    device: dev.to_string(),
-                    model: m,
-                    target_workers: 0,
-                    drafter_replicas: 0,
-                    terms: Vec::new(),
-                    attention_workspace_bytes: 0,
-                    ce_workspace_bytes: 0,
-                    peak_bytes: 0,
-                    free_bytes: None,
-                    total_bytes: None,
-                    measured_peak_bytes: None,
-                });
-            let ts = terms.entry(dev.to_string()).or_default();
-            match ts.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, sum)) => *sum += x,
-                None => ts.push((name, x)),
-            }
-        };
-        for t in targets {
-            let (layers, frozen) = step::target_weights(tcfg, depth, &t.model);
-            let (peak, features) = step::target_forward(tcfg, ids, k.micro.ctx_rows, &t.model);
-            add(&t.device, t.model, "target weights", layers);
-            add(&t.device, t.model, "frozen embedding + LM head", frozen);
-            add(&t.device, t.model, "target forward", peak - features);
-            add(
-                &t.device,
-                t.model,
-                "backend workspaces",
-                t.model.instance_bytes(),
-            );
-            let share = in_flight.div_ceil(nt) as u128;
-            add(&t.device, t.model, "features in flight", share * features);
-        }
-        let target0 = targets.first().map(|t| t.device.as_str());
-        // Per device: replicas, attention and CE workspaces (for the breakdown).
-        let mut replicas: BTreeMap<String, (usize, u128, u128)> = BTreeMap::new();
-        for d in drafters {
-            let m = &d.model;
-            let state = step::drafter_state(dcfg);
-            // Features made on another device are copied here for the step.
-            let import = targets.iter().any(|t| t.device != d.device);
-            let s = step::drafter_step(dcfg, k.micro, k.recompute, import, m);
-            let finish = step::finish_step(dcfg, nd, m);
-            add(&d.device, *m, "drafter weights", state);
-            add(&d.device, *m, "gradients", state);
-            add(&d.device, *m, "AdamW moments", 2 * state);
-            if target0 != Some(d.device.as_str()) {
-                // Shared with target worker 0 on its device, imported anywhere else.
-                let frozen =
-                    2 * tcfg.vocab_size as u128 * tcfg.hidden_size as u128 * m.compute as u128;
-                add(&d.device, *m, "frozen embedding + LM head", frozen);
-            }
-            add(&d.device, *m, "drafter activations kept", s.kept);
-            add(
-                &d.device,
-                *m,
-                "drafter step working set",
-                s.peak.max(finish) - s.kept,
-            );
-            add(&d.device, *m, "backend workspaces", m.instance_bytes());
-            if k.snapshot && std::ptr::eq(d, &drafters[0]) {
-                // Replica 0's weights and moments copied for a background checkpoint, alive
-                // while the write runs (job/checkpoint.rs).
-                add(&d.device, *m, "checkpoint snapshot", 3 * state);
-            }
-            let e = replicas.entry(d.device.clone()).or_default();
-            e.0 += 1;
-            e.1 += s.attention_ws;
-            e.2 += s.ce_ws;
-        }
-        // The featurised evaluation set, f32 in host memory for the whole run: planned on
-        // the first device whose memory is the host's.
-        if let Some(h) = targets
-            .iter()
-            .chain(drafters)
-            .find(|p| p.model.ops == OpsKind::Host)
-        {
-            let kh = ids.len() as u128 * tcfg.hidden_size as u128;
-            let eval = plan.eval_tokens as u128 * kh * 4;
-            add(&h.device, h.model, "evaluation features", eval);
-        }
-        for (dev, (n, attn, ce)) in replicas {
-            if let Some(dp) = devices.get_mut(&dev) {
-                dp.drafter_replicas = n;
-                dp.attention_workspace_bytes = bytes(attn);
-                dp.ce_workspace_bytes = bytes(ce);
-            }
-        }
-        for t in targets {
-            if let Some(dp) = devices.get_mut(&t.device) {
-                dp.target_workers += 1;
-            }
-        }
-        let devices = devices
-            .into_values()
-            .map(|mut dp| {
-                let ts = terms.remove(&dp.device).unwrap_or_default();
-                dp.peak_bytes = bytes(ts.iter().map(|(_, x)| x).sum());
-                dp.terms = ts
-                    .into_iter()
-                    .filter(|(_, x)| *x > 0)
-                    .map(|(n, x)| Term {
-                        name: n.to_string(),
-                        bytes: bytes(x),
-                    })
-                    .collect();
-                dp
-            })
-            .collect();
+        let in_flight = features_in_flight(plan, targets.len().max(1), drafters.len(), k);
+        let mut ledger = Ledger::default();
+        ledger.add_targets(plan, targets, k, in_flight);
+        let replicas = ledger.add_drafters(plan, targets, drafters, k);
+        ledger.add_eval_features(plan, targets, drafters);
+        ledger.count_workers(targets, replicas);
         MemoryPlan {
             micro: k.micro,
             recompute: k.recompute,
             background_checkpoints: k.snapshot,
-            devices,
+            devices: ledger.into_devices(),
         }
     }
 
@@ -477,75 +351,9 @@ impl MemoryPlan {
                 .find(|x| x.device == d.device)
                 .map_or(0, |x| x.peak_bytes)
         };
-        // Each knob that lowers this device's peak, set to the next smaller value, with the
-        // peak it would give.
-        let cfg = &plan.cfg;
-        let mut options: Vec<(String, Knobs)> = Vec::new();
-        if !base.recompute {
-            options.push((
-                "train.recompute = true".into(),
-                Knobs {
-                    recompute: true,
-                    ..base
-                },
-            ));
-        }
-        let budget = (cfg.data.token_budget / 2).max(cfg.data.max_len);
-        if budget < cfg.data.token_budget {
-            let micro = plan.micro_with_budget(budget);
-            options.push((
-                format!("data.token_budget = {budget}"),
-                Knobs { micro, ..base },
-            ));
-        }
-        let anchors = cfg.data.num_anchors / 2;
-        if anchors > 0 {
-            let micro = plan.largest_micro(anchors);
-            options.push((
-                format!("data.num_anchors = {anchors}"),
-                Knobs { micro, ..base },
-            ));
-        }
-        if base.queue_capacity > 1 {
-            options.push((
-                "pipeline.queue_capacity = 1".into(),
-                Knobs {
-                    queue_capacity: 1,
-                    ..base
-                },
-            ));
-        }
-        let advice: Vec<String> = options
-            .into_iter()
-            .map(|(knob, k)| (knob, peak_with(k)))
-            .filter(|&(_, p)| p < d.peak_bytes)
-            .map(|(knob, p)| {
-                let saves = human(d.peak_bytes - p);
-                format!("{knob} ({}, saves {saves})", human(p))
-            })
-            .collect();
-        let mut advice = match advice.is_empty() {
-            true => "none of train.recompute, data.token_budget, data.num_anchors, \
-                     pipeline.queue_capacity"
-                .to_string(),
-            false => advice.join(", "),
-        };
-        // What no knob of the step changes: the drafter's own state.
-        let state: u64 = d
-            .terms
-            .iter()
-            .filter(|t| {
-                ["drafter weights", "gradients", "AdamW moments"].contains(&t.name.as_str())
-            })
-            .map(|t| t.bytes)
-            .sum();
-        if d.free_bytes.is_some_and(|f| state > f) {
-            advice += &format!(
-                "; but the drafter's weights, gradients and AdamW moments alone take {}: it \
-                 needs fewer drafter.num_layers or a smaller drafter.intermediate_size, or a \
-                 larger device",
-                human(state)
-            );
+        let mut advice = knob_advice(d, smaller_knobs(plan, base), peak_with);
+        if let Some(state) = state_advice(d) {
+            advice += &state;
         }
         Err(PipelineError::PlanDoesNotFit {
             device: d.device.clone(),
@@ -555,6 +363,92 @@ impl MemoryPlan {
             advice,
         })
     }
+}
+
+/// Each knob that lowers a device's peak, set to the next smaller value from `base`: its
+/// setting as the config writes it, with the knobs it gives.
+fn smaller_knobs(plan: &JobPlan, base: Knobs) -> Vec<(String, Knobs)> {
+    let cfg = &plan.cfg;
+    let mut options: Vec<(String, Knobs)> = Vec::new();
+    if !base.recompute {
+        options.push((
+            "train.recompute = true".into(),
+            Knobs {
+                recompute: true,
+                ..base
+            },
+        ));
+    }
+    let budget = (cfg.data.token_budget / 2).max(cfg.data.max_len);
+    if budget < cfg.data.token_budget {
+        let micro = plan.micro_with_budget(budget);
+        options.push((
+            format!("data.token_budget = {budget}"),
+            Knobs { micro, ..base },
+        ));
+    }
+    let anchors = cfg.data.num_anchors / 2;
+    if anchors > 0 {
+        let micro = plan.largest_micro(anchors);
+        options.push((
+            format!("data.num_anchors = {anchors}"),
+            Knobs { micro, ..base },
+        ));
+    }
+    if base.queue_capacity > 1 {
+        options.push((
+            "pipeline.queue_capacity = 1".into(),
+            Knobs {
+                queue_capacity: 1,
+                ..base
+            },
+        ));
+    }
+    options
+}
+
+/// The `options` that lower device `d`'s peak (`peak_with` gives its peak with a knob set),
+/// each with the peak it would give and what it saves; or, when none does, the knobs tried.
+fn knob_advice(
+    d: &DevicePlan,
+    options: Vec<(String, Knobs)>,
+    peak_with: impl Fn(Knobs) -> u64,
+) -> String {
+    let advice: Vec<String> = options
+        .into_iter()
+        .map(|(knob, k)| (knob, peak_with(k)))
+        .filter(|&(_, p)| p < d.peak_bytes)
+        .map(|(knob, p)| {
+            let saves = human(d.peak_bytes - p);
+            format!("{knob} ({}, saves {saves})", human(p))
+        })
+        .collect();
+    match advice.is_empty() {
+        true => "none of train.recompute, data.token_budget, data.num_anchors, \
+                 pipeline.queue_capacity"
+            .to_string(),
+        false => advice.join(", "),
+    }
+}
+
+/// What no knob of the step changes: the drafter's own state (weights, gradients, AdamW
+/// moments). The advice to shrink the drafter or move it when that alone exceeds device
+/// `d`'s free memory; `None` otherwise.
+fn state_advice(d: &DevicePlan) -> Option<String> {
+    let state: u64 = d
+        .terms
+        .iter()
+        .filter(|t| ["drafter weights", "gradients", "AdamW moments"].contains(&t.name.as_str()))
+        .map(|t| t.bytes)
+        .sum();
+    d.free_bytes.is_some_and(|f| state > f).then(|| {
+        format!(
+            "; but the drafter's weights, gradients and AdamW moments alone take {}: it \
+             needs fewer drafter.num_layers or a smaller drafter.intermediate_size, or a \
+             larger device",
+            human(state)
+        )
+    })
 }
 
 /// Host memory from `/proc/meminfo`: `MemAvailable` (what can be allocated without
