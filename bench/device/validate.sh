@@ -14,6 +14,8 @@
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
 #   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1;
 #                drafter step with DFLASH_WGPU_F16=0                       -> OUT/wgpu-qreg.log
+#   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines
+#                (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)        -> OUT/wgpu-stats.log, .tar.gz
 #   ab           the staged binary against .ab/dflash-base (stage.sh --ab-base REV), alternated
 #                twice, on AB_ARGS (default: wgpu gemm, attention ctx4096, drafter step)
 #                                                                          -> OUT/ab.log
@@ -104,6 +106,13 @@ for phase in "$@"; do
             --only gemm.compute.8192,drafter.step.b1.throughput --out /tmp/f32.json \
             >> "$out/wgpu-qreg.log" 2>&1 || failed+=("$phase (f32)")
         grep -E "^-- |^(attention|drafter|gemm)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+    wgpu-stats)
+        rm -rf /tmp/pstats
+        DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \
+            --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput --warmup 0 --runs 1 \
+            --out /tmp/pstats.json > "$out/wgpu-stats.log" 2>&1 || failed+=("$phase")
+        tar -czf "$out/wgpu-stats.tar.gz" -C /tmp pstats 2>/dev/null || true
+        grep -E "pipeline stats" "$out/wgpu-stats.log" | cut -c1-200 | sort -u | head -60 ;;
     ab)
         if [ ! -x .ab/dflash-base ]; then
             echo "no base binary staged (stage.sh --ab-base REV)"; failed+=("$phase"); continue

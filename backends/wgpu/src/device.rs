@@ -138,6 +138,9 @@ pub struct Ctx {
     /// Whether the device was opened without robust buffer access (`DFLASH_WGPU_ROBUSTNESS=off`,
     /// a measurement switch: nothing checks buffer accesses then).
     pub unrobust: bool,
+    /// Whether each new pipeline's compiled statistics are reported
+    /// (`DFLASH_WGPU_PIPELINE_STATS`, where the driver offers them).
+    pub(crate) pipeline_stats: bool,
     pub(crate) pipelines: Pipelines,
     /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
     errors: Arc<Mutex<Vec<String>>>,
@@ -267,23 +270,34 @@ fn open(ordinal: usize) -> Result<Ctx> {
         memory_hints: wgpu::MemoryHints::Performance,
         trace: wgpu::Trace::Off,
     };
-    let unrobust = crate::robustness::disabled();
-    let opened = if unrobust {
+    let how = crate::vulkan::HandOpen::from_env();
+    if how.unrobust {
         eprintln!(
             "dflash-backend-wgpu: warning: {}",
-            crate::robustness::WARNING
+            crate::vulkan::open::WARNING
         );
-        crate::robustness::open_unrobust(adapter, &desc)
+    }
+    let opened = if how.needed() {
+        crate::vulkan::open::open_by_hand(adapter, &desc, how)
+            .map(|o| (o.device, o.queue, o.executable_properties))
     } else {
-        pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())
+        pollster::block_on(adapter.request_device(&desc))
+            .map(|(d, q)| (d, q, false))
+            .map_err(|e| e.to_string())
     };
-    let (device, queue) = opened.map_err(|e| {
+    let (device, queue, pipeline_stats) = opened.map_err(|e| {
         Error::op(
             "wgpu_init",
             tag.clone(),
             format!("{}: cannot open the device: {e}", describe(&info)),
         )
     })?;
+    if how.executable_properties && !pipeline_stats {
+        eprintln!(
+            "dflash-backend-wgpu: DFLASH_WGPU_PIPELINE_STATS: the driver does not offer \
+             VK_KHR_pipeline_executable_properties; no statistics"
+        );
+    }
     let errors: Arc<Mutex<Vec<String>>> = Arc::default();
     let sink = errors.clone();
     // wgpu's default handler panics; errors become typed errors of the next op instead.
@@ -303,7 +317,8 @@ fn open(ordinal: usize) -> Result<Ctx> {
         queue,
         limits,
         features,
-        unrobust,
+        unrobust: how.unrobust,
+        pipeline_stats,
         pipelines,
         errors,
         mem: MemCounter::default(),

@@ -42,9 +42,9 @@ mod norm;
 mod optimizer;
 mod pipelines;
 mod profile;
-mod robustness;
 mod rope;
 mod storage;
+mod vulkan;
 
 use std::sync::Arc;
 
@@ -217,9 +217,6 @@ impl WgpuBackend {
         let s = self.ctx.alloc(op, n)?;
         if self.opts.poison && n > 0 {
             self.fill(op, &s, 0, n, f32::NAN)?;
-            if std::env::var("DBG_WAIT").is_ok() {
-                self.ctx.wait(op)?;
-            }
         }
         Ok(s)
     }

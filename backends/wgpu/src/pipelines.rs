@@ -229,6 +229,18 @@ impl Ctx {
                 ),
             ));
         }
+        if self.pipeline_stats {
+            crate::vulkan::stats::report(
+                &self.device,
+                &crate::vulkan::stats::Report {
+                    label: &mk.0.label(mk.1),
+                    source: &mk.0.source(mk.1),
+                    entry: k.entry,
+                    consts: k.consts,
+                    checks: runtime_checks(mk.0),
+                },
+            );
+        }
         let p = Arc::new(pipeline);
         lock(&self.pipelines.pipelines).insert(key, p.clone());
         Ok(p)

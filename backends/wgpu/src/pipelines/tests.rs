@@ -49,8 +49,8 @@ fn attention_variants() -> Vec<AttnCfg> {
     out
 }
 
-#[test]
-fn every_module_variant_validates() {
+/// Every family, every GEMM dtype pair, every attention configuration.
+fn all_families() -> Vec<Family> {
     let mut families = vec![
         Family::Memory,
         Family::Norm,
@@ -68,10 +68,62 @@ fn every_module_variant_validates() {
     let qreg_dims = |d| attention.iter().any(|c| c.qreg && c.dp == d);
     assert!(qreg_dims(32) && qreg_dims(128) && attention.iter().any(|c| !c.vec4));
     families.extend(attention.into_iter().map(Family::Attention));
-    for f in families {
-        validate(f, false);
-        if f.reduces() {
-            validate(f, true);
+    families
+}
+
+/// The module variants of `f`: workgroup-memory reductions, and subgroup ones where it reduces.
+fn variants(f: Family) -> Vec<bool> {
+    if f.reduces() {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
+}
+
+#[test]
+fn every_module_variant_validates() {
+    for f in all_families() {
+        for subgroups in variants(f) {
+            validate(f, subgroups);
         }
     }
+}
+
+/// `DFLASH_WGPU_PIPELINE_STATS` compiles each pipeline a second time, to SPIR-V through naga
+/// (`vulkan::stats`): every entry point of every variant, with and without runtime checks, must
+/// get through that writer, so a GPU run reading the driver's statistics does not stop at the
+/// first module it meets (lavapipe offers no statistics, so CI sees only this half).
+#[test]
+fn every_entry_point_compiles_to_spirv_for_the_statistics() {
+    use crate::vulkan::stats::{Report, spirv};
+    let mut count = 0;
+    for f in all_families() {
+        for subgroups in variants(f) {
+            let (label, source) = (f.label(subgroups), f.source(subgroups));
+            let module = naga::front::wgsl::parse_str(&source).expect("parses");
+            for ep in &module.entry_points {
+                for checks in [
+                    wgpu::ShaderRuntimeChecks::checked(),
+                    wgpu::ShaderRuntimeChecks::unchecked(),
+                ] {
+                    let r = Report {
+                        label: &label,
+                        source: &source,
+                        entry: &ep.name,
+                        consts: &[],
+                        checks,
+                    };
+                    let words = spirv(&r).unwrap_or_else(|e| panic!("{label} {}: {e}", ep.name));
+                    assert_eq!(
+                        words.first(),
+                        Some(&0x0723_0203),
+                        "{label} {}: SPIR-V magic",
+                        ep.name
+                    );
+                    count += 1;
+                }
+            }
+        }
+    }
+    assert!(count > 100, "only {count} entry points");
 }
