@@ -1,6 +1,8 @@
 //! The fault suite: a run with two target workers and two drafter replicas (gradients
 //! all-reduced between them) in which one worker fails, as a device fault would, through
-//! `DFLASH_FAULT=fail:POINT@K` (`dflash_models::fault`). The failure must stop every worker
+//! `DFLASH_FAULT=fail:POINT@K` (`dflash_models::fault`), or panics, as a bug would
+//! (`panic:POINT@K`: the other replica must not be left waiting for it in the all-reduce, nor
+//! a target worker on its queue). The failure must stop every worker
 //! (none left waiting in the all-reduce or on a queue), exit non-zero with the whole cause
 //! chain on stderr and in `RUN_DIR/error.txt`, keep the last good checkpoint intact, and
 //! `train --resume` must then end with the losses, drafter, checkpoint and summary of the same
@@ -49,14 +51,20 @@ fn a_failing_worker_stops_every_worker_and_the_run_resumes_from_its_last_checkpo
             Some(3),
         ),
         ("target", "fail:target-batch:1@3", "target worker 1", None),
+        (
+            "drafter-panic",
+            "panic:drafter-step:1@5",
+            "drafter replica 1",
+            Some(3),
+        ),
     ];
     for (name, fault, worker, kept) in cases {
         let stderr = run_failing(&job, name, fault);
         let dir = job.run_dir(name);
-        let injected = format!(
-            "{worker} failed: fault injected by {}",
-            fault.replace("fail:", "DFLASH_FAULT=fail:")
-        );
+        let injected = match fault.starts_with("panic:") {
+            true => format!("{worker} failed: panicked: fault injected by DFLASH_FAULT={fault}"),
+            false => format!("{worker} failed: fault injected by DFLASH_FAULT={fault}"),
+        };
         assert!(
             stderr.contains(&injected),
             "{name}: expected {injected:?} in\n{stderr}"

@@ -1,7 +1,7 @@
 //! Fault points for the crash and fault suites: named moments at which a test stops the
 //! process (to kill it there with SIGKILL) or makes a worker fail, deterministically.
 //!
-//! Inert unless `DFLASH_FAULT` is set (read once; a point costs one load then). Two modes:
+//! Inert unless `DFLASH_FAULT` is set (read once; a point costs one load then). Three modes:
 //!
 //! - `DFLASH_FAULT=POINT` or `DFLASH_FAULT=POINT@K`: the K-th time (default 1) this process
 //!   reaches `POINT` it prints `DFLASH_FAULT: at POINT@K` on stderr and blocks that thread for
@@ -11,6 +11,9 @@
 //! - `DFLASH_FAULT=fail:POINT[@K]`: the K-th time a worker reaches `POINT` (a point that can
 //!   fail, see [`fail_point`]) it returns an error instead, as a device fault would: the run
 //!   must stop every worker, keep its last checkpoint and resume from it.
+//! - `DFLASH_FAULT=panic:POINT[@K]`: at the same points, the worker panics instead, as a bug
+//!   would: the run must stop every worker all the same (none left waiting for the panicked
+//!   one), naming it.
 //!
 //! Points that block (`crates/cli/tests/crash.rs` kills at each):
 //! - `write:FILE`: an atomic write of a file named FILE (`config.json`, `model.safetensors`,
@@ -36,6 +39,7 @@ pub const ENV: &str = "DFLASH_FAULT";
 enum Mode {
     Block,
     Fail,
+    Panic,
 }
 
 struct Spec {
@@ -49,9 +53,12 @@ fn spec() -> Option<&'static Spec> {
     static SPEC: OnceLock<Option<Spec>> = OnceLock::new();
     SPEC.get_or_init(|| {
         let v = std::env::var(ENV).ok()?;
-        let (mode, v) = match v.strip_prefix("fail:") {
-            Some(rest) => (Mode::Fail, rest),
-            None => (Mode::Block, v.as_str()),
+        let (mode, v) = if let Some(rest) = v.strip_prefix("fail:") {
+            (Mode::Fail, rest)
+        } else if let Some(rest) = v.strip_prefix("panic:") {
+            (Mode::Panic, rest)
+        } else {
+            (Mode::Block, v.as_str())
         };
         let (point, nth) = match v.rsplit_once('@') {
             Some((p, k)) => (p, k.trim().parse().ok()?),
@@ -69,7 +76,7 @@ fn spec() -> Option<&'static Spec> {
 
 /// The fault point `name` (see the module docs).
 pub fn point(name: &str) {
-    if hit(Mode::Block, |p| p == name).is_some() {
+    if hit(|m| m == Mode::Block, |p| p == name).is_some() {
         block_here();
     }
 }
@@ -81,27 +88,33 @@ pub fn file_point(kind: &str, path: &std::path::Path) {
         p.split_once(':')
             .is_some_and(|(k, f)| k == kind && Some(f) == file)
     };
-    if hit(Mode::Block, is_it).is_some() {
+    if hit(|m| m == Mode::Block, is_it).is_some() {
         block_here();
     }
 }
 
 /// A point where a worker can be made to fail: `Err` with a message naming the fault when
-/// `DFLASH_FAULT=fail:NAME@K` and this is the K-th time, `Ok` otherwise.
+/// `DFLASH_FAULT=fail:NAME@K` and this is the K-th time, `Ok` otherwise; a panic naming the
+/// fault with `DFLASH_FAULT=panic:NAME@K`.
 pub fn fail_point(name: &str) -> Result<(), String> {
-    match hit(Mode::Fail, |p| p == name) {
-        Some(nth) => Err(format!("fault injected by {ENV}=fail:{name}@{nth}")),
+    match hit(|m| m != Mode::Block, |p| p == name) {
+        Some((Mode::Panic, nth)) => panic!("fault injected by {ENV}=panic:{name}@{nth}"),
+        Some((_, nth)) => Err(format!("fault injected by {ENV}=fail:{name}@{nth}")),
         None => Ok(()),
     }
 }
 
-/// `Some(K)` when this reach of a point of `mode` is the configured K-th.
-fn hit(mode: Mode, is_it: impl FnOnce(&str) -> bool) -> Option<u64> {
+/// `Some((mode, K))` when this reach of a point of a mode `mode_ok` accepts is the configured
+/// K-th.
+fn hit(
+    mode_ok: impl FnOnce(Mode) -> bool,
+    is_it: impl FnOnce(&str) -> bool,
+) -> Option<(Mode, u64)> {
     let s = spec()?;
-    if s.mode != mode || !is_it(&s.point) || s.hits.fetch_add(1, Ordering::SeqCst) + 1 != s.nth {
+    if !mode_ok(s.mode) || !is_it(&s.point) || s.hits.fetch_add(1, Ordering::SeqCst) + 1 != s.nth {
         return None;
     }
-    Some(s.nth)
+    Some((s.mode, s.nth))
 }
 
 fn block_here() -> ! {

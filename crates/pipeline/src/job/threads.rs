@@ -198,18 +198,25 @@ impl<'a> Workers<'a> {
         'a: 'scope,
     {
         let (plan, shared, process) = (self.plan, self.shared, self.process);
-        scope.spawn(move || load_work(plan, shared, self.steps, process));
+        scope.spawn(move || {
+            guarded(shared, "the loader", || {
+                load_work(plan, shared, self.steps, process)
+            })
+        });
         for (i, target) in targets.iter().enumerate() {
             let data = plan.train_data.clone();
             let target = target.clone();
+            let who = format!("target worker {i}");
             scope.spawn(move || {
-                if let Err(e) = target_worker(i, shared, target.as_ref(), data.as_ref(), plan.rules)
-                {
-                    shared.fail(PipelineError::Worker {
-                        worker: format!("target worker {i}"),
-                        source: Box::new(e),
-                    });
-                }
+                guarded(shared, &who, || {
+                    let run = target_worker(i, shared, target.as_ref(), data.as_ref(), plan.rules);
+                    if let Err(e) = run {
+                        shared.fail(PipelineError::Worker {
+                            worker: who.clone(),
+                            source: Box::new(e),
+                        });
+                    }
+                })
             });
         }
     }
@@ -233,7 +240,13 @@ impl<'a> Workers<'a> {
             .enumerate()
             .map(|(rank, (replica, comm))| {
                 let lead = if rank == 0 { rank0.take() } else { None };
-                scope.spawn(move || self.replica(rank, replica, comm, lead))
+                let who = replica_name(rank, self.process);
+                scope.spawn(move || {
+                    guarded(self.shared, &who, || {
+                        self.replica(rank, replica, comm, lead)
+                    })
+                    .flatten()
+                })
             })
             .collect()
     }
@@ -248,10 +261,7 @@ impl<'a> Workers<'a> {
         lead: Option<(&mut Reporter, &mut RunResult)>,
     ) -> Option<DrafterReplica> {
         let (plan, shared, process) = (self.plan, self.shared, self.process);
-        let who = match process {
-            Some((r, _)) => format!("rank {r} drafter replica {rank}"),
-            None => format!("drafter replica {rank}"),
-        };
+        let who = replica_name(rank, process);
         // Checkpoints are rank 0's alone.
         let saves = process.is_none_or(|(r, _)| r == 0);
         let lead = lead.map(|(reporter, result)| Lead {
@@ -281,6 +291,36 @@ impl<'a> Workers<'a> {
                 });
                 None
             }
+        }
+    }
+}
+
+/// Drafter replica `rank`'s name in messages (with its process rank where there are several).
+fn replica_name(rank: usize, process: Option<(usize, usize)>) -> String {
+    match process {
+        Some((r, _)) => format!("rank {r} drafter replica {rank}"),
+        None => format!("drafter replica {rank}"),
+    }
+}
+
+/// Runs worker `who`'s body. A panic in it (a bug, or `DFLASH_FAULT=panic:...`) fails the run
+/// as an error would, naming the worker and the panic's message, so that no other worker is
+/// left waiting for it on a queue or in the all-reduce; `None` then. Nothing of the panicked
+/// worker's own state is used afterwards, and what it shares is behind poison-tolerant locks.
+fn guarded<T>(shared: &Shared, who: &str, body: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(v) => Some(v),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            shared.fail(PipelineError::Worker {
+                worker: who.to_string(),
+                source: Box::new(PipelineError::Job(format!("panicked: {message}"))),
+            });
+            None
         }
     }
 }
