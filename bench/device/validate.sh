@@ -12,8 +12,8 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
-#   wgpu-qreg    attention ctx4096 + drafter step, DFLASH_WGPU_ATTN_QREG=0/1;
-#                drafter step with DFLASH_WGPU_F16=0                       -> OUT/wgpu-qreg.log
+#   wgpu-qreg    attention ctx4096 + drafter step: staged queries, DFLASH_WGPU_ATTN_QREG=1,
+#                DFLASH_WGPU_ATTN_WIDE=1; drafter step with DFLASH_WGPU_F16=0 -> OUT/wgpu-qreg.log
 #   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines
 #                (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)        -> OUT/wgpu-stats.log, .tar.gz
 #   ab           the staged binary against .ab/dflash-base (stage.sh --ab-base REV), alternated
@@ -88,15 +88,16 @@ for phase in "$@"; do
         done
         grep -E "^-- knobs|^(gemm|attention)\." "$out/wgpu-knobs.log" | cut -c1-140 ;;
     wgpu-qreg)
-        # The subgroup forward's query registers against the staged query tile, one binary,
-        # alternated twice (the attention forward and the drafter step that runs it).
+        # The subgroup forward's query registers, and its two-keys-a-lane tiles, against the
+        # staged query tile, one binary, alternated twice (the attention forward and the
+        # drafter step that runs it).
         for round in 1 2; do
-            for q in 0 1; do
-                echo "-- DFLASH_WGPU_ATTN_QREG=$q (round $round)" >> "$out/wgpu-qreg.log"
-                DFLASH_WGPU_ATTN_QREG=$q $D bench --backend wgpu --attention wgpu-tiled \
+            for knob in DFLASH_WGPU_ATTN_QREG=0 DFLASH_WGPU_ATTN_QREG=1 DFLASH_WGPU_ATTN_WIDE=1; do
+                echo "-- $knob (round $round)" >> "$out/wgpu-qreg.log"
+                env "$knob" $D bench --backend wgpu --attention wgpu-tiled \
                     --only attention.dflash.ctx4096,drafter.step.b1.throughput \
-                    --out "/tmp/qreg-$q-$round.json" >> "$out/wgpu-qreg.log" 2>&1 \
-                    || failed+=("$phase (qreg $q)")
+                    --out "/tmp/qreg-$round.json" >> "$out/wgpu-qreg.log" 2>&1 \
+                    || failed+=("$phase ($knob)")
             done
         done
         # And the f32 compute format (frozen weights in f32: the LM head's GEMM on the f32

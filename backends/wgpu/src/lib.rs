@@ -93,6 +93,11 @@ pub struct WgpuOptions {
     /// of 5. Applies wherever the subgroup forward runs (the tiles are still chosen for the
     /// staged tile's memory). `DFLASH_WGPU_ATTN_QREG=1`; off by default until timed on a GPU.
     pub attn_qreg: bool,
+    /// The subgroup forward on key tiles twice as wide, two keys a lane (BK = DP / 2: 32 x 64
+    /// tiles at head dim 128, ~45 KiB with the query rows in registers, which it implies): half
+    /// the tiles per key, so half the barriers and staging rounds, where the adapter's
+    /// workgroup memory holds them. `DFLASH_WGPU_ATTN_WIDE=1`; off by default until timed.
+    pub attn_wide_tiles: bool,
 }
 
 impl WgpuOptions {
@@ -110,6 +115,7 @@ impl WgpuOptions {
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
             attn_qreg: std::env::var("DFLASH_WGPU_ATTN_QREG").is_ok_and(|v| v == "1"),
+            attn_wide_tiles: std::env::var("DFLASH_WGPU_ATTN_WIDE").is_ok_and(|v| v == "1"),
         }
     }
 }

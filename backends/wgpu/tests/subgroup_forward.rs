@@ -1,7 +1,8 @@
 //! The subgroup forward (attention_fwd_sg.wgsl), which the H200 runs at head dim 128, on any
 //! adapter with subgroups: `WgpuOptions::attn_subgroup_tiles` puts the forward on its tiles
 //! (BK = DP / 4 keys, one a lane) wherever the adapter's subgroups hold BK lanes, with the
-//! query tile staged and with the query rows in registers (`attn_qreg`). On lavapipe the
+//! query tile staged, with the query rows in registers (`attn_qreg`), and on key tiles twice
+//! as wide, two keys a lane (`attn_wide_tiles`, query rows in registers). On lavapipe the
 //! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide where the
 //! CPU has AVX-512, the widest that works (at 1024 Mesa 22.3 reports 32 lanes but runs 16: its
 //! shuffles across 16 return 0). With 16-lane subgroups head dims 32 (8-key tiles, two row groups a subgroup) and 64
@@ -70,11 +71,12 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
         ..Default::default()
     };
     let mut ran = Vec::new();
-    for qreg in [false, true] {
+    for (qreg, wide) in [(false, false), (true, false), (true, true)] {
         for passes in [None, Some(3)] {
             let opts = WgpuOptions {
                 attn_subgroup_tiles: true,
                 attn_qreg: qreg,
+                attn_wide_tiles: wide,
                 attn_pass_tiles: passes,
                 ..be.options()
             };
@@ -89,6 +91,7 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
                     continue;
                 }
                 assert_eq!(fwd.contains("q in registers"), qreg, "{fwd}");
+                assert_eq!(fwd.contains("2 keys a lane"), wide, "{fwd}");
                 let label = format!("{fwd}, passes of {passes:?}");
                 check(&sg, &label, layout);
                 ran.push(label);
@@ -98,15 +101,20 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
     println!("ran: {ran:#?}");
     // Every adapter with subgroups of 8+ lanes takes head dim 32 both ways, 16+ lanes head
     // dim 64, 32-lane ones (NVIDIA) head dim 128.
-    let took = |dp: &str, qreg: bool| {
-        ran.iter()
-            .any(|l| l.contains(dp) && l.contains("q in registers") == qreg)
+    let took = |dp: &str, qreg: bool, wide: bool| {
+        ran.iter().any(|l| {
+            l.contains(dp)
+                && l.contains("q in registers") == qreg
+                && l.contains("2 keys a lane") == wide
+        })
     };
-    assert!(took("DP 32,", false) && took("DP 32,", true), "{ran:?}");
-    if widest >= 16 {
-        assert!(took("DP 64,", false) && took("DP 64,", true), "{ran:?}");
-    }
-    if widest >= 32 {
-        assert!(took("DP 128,", true), "{ran:?}");
+    for (qreg, wide) in [(false, false), (true, false), (true, true)] {
+        assert!(took("DP 32,", qreg, wide), "{ran:?}");
+        if widest >= 16 {
+            assert!(took("DP 64,", qreg, wide), "{ran:?}");
+        }
+        if widest >= 32 && qreg {
+            assert!(took("DP 128,", qreg, wide), "{ran:?}");
+        }
     }
 }

@@ -47,6 +47,8 @@ pub(crate) struct AttnCfg {
     /// With `sg`: the scores from query rows held in registers, the head dim split over 8
     /// lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile.
     pub qreg: bool,
+    /// With `sg`: keys per lane of a row group (`KPL`, 1 or 2): BK = KPL * DP / 4.
+    pub kpl: u32,
 }
 
 impl AttnCfg {
@@ -78,6 +80,7 @@ impl AttnCfg {
                 vec4,
                 sg: false,
                 qreg: false,
+                kpl: 1,
             };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
@@ -88,15 +91,18 @@ impl AttnCfg {
     }
 
     /// Whether the forward can take its softmax in registers on subgroups whose size lies in
-    /// `[min, max]` ([`Self::sg`]): a row group's BK lanes hold one key each and their 4-dim
-    /// slices of the accumulators cover DP (BK == DP / 4), and full subgroups of at least BK
-    /// lanes fill the workgroup of (BQ / 4) * BK threads.
+    /// `[min, max]` ([`Self::sg`]): a row group's DP / 4 lanes hold KPL keys each and their
+    /// 4-dim slices of the accumulators cover DP (BK == KPL * DP / 4), and full subgroups of
+    /// at least DP / 4 lanes fill the workgroup of (BQ / 4) * DP / 4 threads.
     pub(crate) fn fits_subgroup_softmax(&self, min: u32, max: u32) -> bool {
-        let wg = self.bq / 4 * self.bk;
+        let lanes = self.dp / 4;
+        let wg = self.bq / 4 * lanes;
         self.kind == AttnKind::Fwd
-            && self.bk == self.dp / 4
+            && matches!(self.kpl, 1 | 2)
+            && self.bk == self.kpl * lanes
+            && (self.kpl == 1 || self.qreg)
             && wg <= 256
-            && min >= self.bk
+            && min >= lanes
             && max <= wg
             && max.is_power_of_two()
             && min.is_power_of_two()
@@ -109,6 +115,20 @@ impl AttnCfg {
             bk: self.dp / 4,
             sg: true,
             qreg,
+            kpl: 1,
+            ..*self
+        }
+    }
+
+    /// The subgroup forward on key tiles twice as wide (two keys a lane, BK = DP / 2): half
+    /// the tiles, hence the barriers and staging rounds, per key. Its K and V tiles leave room
+    /// for no query tile, so the query rows are in registers.
+    fn with_wide_tiles(&self) -> Self {
+        AttnCfg {
+            bk: self.dp / 2,
+            sg: true,
+            qreg: true,
+            kpl: 2,
             ..*self
         }
     }
@@ -120,7 +140,7 @@ impl AttnCfg {
 
     pub(crate) fn threads(&self) -> u32 {
         if self.sg {
-            return self.bq / 4 * self.bk;
+            return self.bq / 4 * (self.bk / self.kpl);
         }
         match self.kind {
             AttnKind::Fwd | AttnKind::Dq => self.bq * self.dp / 32,
@@ -160,13 +180,15 @@ impl AttnCfg {
     pub(crate) fn header(&self) -> String {
         format!(
             "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n\
-             const QROWS: u32 = {}u;\nconst QREG: bool = {};\nconst ABLATE: u32 = {}u;\n",
+             const QROWS: u32 = {}u;\nconst QREG: bool = {};\nconst KPL: u32 = {}u;\n\
+             const ABLATE: u32 = {}u;\n",
             self.dp,
             self.bq,
             self.bk,
             self.threads(),
             self.staged_q_rows(),
             self.qreg,
+            self.kpl,
             ablate()
         )
     }
@@ -214,6 +236,11 @@ impl AttnCfg {
         };
         let loads = if self.vec4 { "vec4" } else { "f32" };
         let q = if self.qreg { ", q in registers" } else { "" };
+        let q = if self.kpl > 1 {
+            format!("{q}, {} keys a lane", self.kpl)
+        } else {
+            q.into()
+        };
         format!(
             "{file} (DP {}, {} x {} tiles, {loads} q/k/v{q})",
             self.dp, self.bq, self.bk
@@ -309,6 +336,12 @@ impl WgpuBackend {
                 }
             }
             cfg.qreg = cfg.sg && self.opts.attn_qreg;
+            if self.opts.attn_wide_tiles && cfg.sg {
+                let wide = cfg.with_wide_tiles();
+                if wide.fits_subgroup_softmax(min, max) && wide.bytes() + MARGIN <= have {
+                    cfg = wide;
+                }
+            }
             out.push(cfg);
         }
         Ok(out
@@ -464,6 +497,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The wide-tile forward at head dim 128 (what `attn_wide_tiles` is for): 32 x 64 tiles,
+    /// 256 threads, within the 48 KiB the H200's Vulkan driver gives a workgroup, and taken
+    /// by 32-lane subgroups; without query registers its tiles would not fit.
+    #[test]
+    fn wide_tiles_fit_head_dim_128_in_48_kib() {
+        let c = AttnCfg::choose(AttnKind::Fwd, 128, false, 48 * 1024).unwrap();
+        assert!(c.fits_subgroup_softmax(32, 32), "{c:?}");
+        let wide = c.with_wide_tiles();
+        assert_eq!((wide.bq, wide.bk, wide.threads()), (32, 64, 256));
+        assert!(wide.fits_subgroup_softmax(32, 32), "{wide:?}");
+        assert!(wide.bytes() + MARGIN <= 48 * 1024, "{} bytes", wide.bytes());
+        let staged = AttnCfg {
+            qreg: false,
+            ..wide
+        };
+        assert!(!staged.fits_subgroup_softmax(32, 32));
+        assert!(AttnCfg { kpl: 1, ..staged }.bytes() + MARGIN > 48 * 1024);
     }
 
     #[test]

@@ -42,6 +42,18 @@ fn attention_variants() -> Vec<AttnCfg> {
                             }
                         }
                     }
+                    // Two keys a lane, query rows in registers.
+                    let wide = AttnCfg {
+                        bk: c.dp / 2,
+                        sg: true,
+                        qreg: true,
+                        kpl: 2,
+                        ..c
+                    };
+                    if wide.kind == AttnKind::Fwd && wide.fits_subgroup_softmax(c.dp / 4, c.dp / 4)
+                    {
+                        out.push(wide);
+                    }
                 }
             }
         }
@@ -67,6 +79,10 @@ fn all_families() -> Vec<Family> {
     let attention = attention_variants();
     let qreg_dims = |d| attention.iter().any(|c| c.qreg && c.dp == d);
     assert!(qreg_dims(32) && qreg_dims(128) && attention.iter().any(|c| !c.vec4));
+    assert!(
+        attention.iter().any(|c| c.kpl == 2 && c.dp == 128),
+        "no wide-tile variant"
+    );
     families.extend(attention.into_iter().map(Family::Attention));
     families
 }

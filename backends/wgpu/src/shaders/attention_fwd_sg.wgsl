@@ -1,19 +1,23 @@
 // attention_fwd_sg.wgsl: the forward with its online softmax in registers and subgroup
 // shuffles (after attention_fwd.wgsl, whose layout, bindings and helpers it shares), on twice
-// the plain forward's threads. The host chooses it (`AttnCfg::sg`) where BK == DP / 4 (DP 128
-// with 32 x 32 tiles: WG = (BQ / 4) * BK = 256) and the adapter's subgroups have at least BK
-// lanes and fill the workgroup.
+// the plain forward's threads. The host chooses it (`AttnCfg::sg`) where a row group's LANES =
+// DP / 4 lanes cover the head dim 4 dims each and hold KPL keys each (BK = KPL LANES: DP 128
+// with 32 x 32 tiles, or 32 x 64 with KPL 2; WG = (BQ / 4) * LANES = 256), and the adapter's
+// subgroups have at least LANES lanes and fill the workgroup.
 //
 // Thread roles come from the subgroup builtins (role = subgroup_id * subgroup_size + lane, a
-// bijection onto 0..WG with full subgroups): ty = role / BK is the 4-row group of both the
-// scores and the accumulators, tx = role % BK the score block's one key and the accumulators'
-// dims 4 tx .. 4 tx + 3. The BK threads of a row group are then aligned lanes of one
-// subgroup, so a row's max and sum are shuffle-xor butterflies over them (a fixed order:
-// every lane gets the same bits, and the result is deterministic). Per key tile, four
-// barriers: stage K and fetch V; scores (4 rows x 1 key, `dots4` from the staged query tile,
-// or `scores_qreg` from query registers with QREG), softmax, P into SC; stage V; O = alpha O
-// + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup memory and no
-// partial maxima or sums are exchanged.
+// bijection onto 0..WG with full subgroups): ty = role / LANES is the 4-row group of both the
+// scores and the accumulators, tx = role % LANES the score blocks' keys (tx + c LANES, c <
+// KPL) and the accumulators' dims 4 tx .. 4 tx + 3. The LANES threads of a row group are then
+// aligned lanes of one subgroup, so a row's max and sum are shuffle-xor butterflies over them
+// (a fixed order: every lane gets the same bits, and the result is deterministic). Per key
+// tile, four barriers: stage K and fetch V; scores (4 rows x KPL keys, `dots4` from the staged
+// query tile, or `scores_qreg` from query registers with QREG), softmax, P into SC; stage V;
+// O = alpha O + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup memory
+// and no partial maxima or sums are exchanged. KPL 2 halves the tiles, hence the barriers and
+// the staging rounds, per key; its K and V tiles fit 48 KiB only without the query tile.
+
+const LANES: u32 = BK / KPL;
 //
 // Why twice the threads: the NVIDIA Vulkan driver gives a multiprocessor ~48 KiB of workgroup
 // memory in all, so this ~39 KiB workgroup runs alone on its multiprocessor, and 256 threads
@@ -152,6 +156,27 @@ fn scores_qreg(qr: array<R4, NI>, kg: u32, ds: u32) -> vec4<f32> {
     return s0 + subgroupShuffleXor(s1, 1u);
 }
 
+// Rows 4 ty .. 4 ty + 3 against key j of the K tile at k0 (component e: row e): the scaled
+// scores where visible, -inf elsewhere (QREG: from the query registers, the key group j / 8
+// and this lane's slice j % 8 of it; else from the staged query tile).
+fn key_scores(qr: array<R4, NI>, ty: u32, j: u32, k0: u32) -> vec4<f32> {
+    var s = vec4<f32>(0.0);
+    if ((ABLATE & 1u) == 0u) {
+        if (QREG) {
+            s = scores_qreg(qr, j / 8u, j % 8u);
+        } else {
+            s = dots4(QT + 4u * ty * QS, KV + j * QS);
+        }
+    }
+    var x = vec4<f32>(neg_inf_f32());
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (visible(4u * ty + e, k0 + j)) {
+            x[e] = p.scale * s[e];
+        }
+    }
+    return x;
+}
+
 // Where row r of head h starts in a (Tq, Hq, D) tensor (q, out), rows past tq clamped to the
 // last (their scores are never visible, their outputs never written).
 fn row_at(r: u32, h: u32) -> u32 {
@@ -235,8 +260,8 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let first = (p.flags & FIRST) != 0u;
     let last = (p.flags & LAST) != 0u;
     let role = sg * sgs + lane;
-    let ty = role / BK;
-    let tx = role % BK;
+    let ty = role / LANES;
+    let tx = role % LANES;
     var qr: array<R4, NI>;
     if (QREG) {
         qr = load_q_regs(r0 + 4u * ty, h, tx % 8u);
@@ -265,29 +290,29 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let k0 = begin_tile(it, lid);
         let vx = stage_k_fetch_v(kx, k0, kh, lid);
         workgroupBarrier();
-        var s = vec4<f32>(0.0);
-        if (QREG) {
-            if ((ABLATE & 1u) == 0u) {
-                s = scores_qreg(qr, tx / 8u, tx % 8u);
-            }
-        } else if ((ABLATE & 1u) == 0u) {
-            s = dots4(QT + 4u * ty * QS, KV + tx * QS);
+        // The lane's keys tx and, with KPL 2, tx + LANES: their scores, masked to -inf.
+        let x0 = key_scores(qr, ty, tx, k0);
+        var x1 = ninf;
+        if (KPL == 2u) {
+            x1 = key_scores(qr, ty, tx + LANES, k0);
         }
-        var x = ninf;
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            if (visible(4u * ty + e, k0 + tx)) {
-                x[e] = p.scale * s[e];
-            }
-        }
-        let px = poisons4(x);
-        nan = nan | px;
-        x = select(x, ninf, px);
-        let m_new = max(m, lanes_max(x, BK));
+        let p0 = poisons4(x0);
+        let p1 = poisons4(x1);
+        nan = nan | p0 | p1;
+        let y0 = select(x0, ninf, p0);
+        let y1 = select(x1, ninf, p1);
+        let m_new = max(m, lanes_max(max(y0, y1), LANES));
         let alpha = select(exp(m - m_new), vec4<f32>(0.0), m == ninf);
-        let ex = probs4(x, m_new);
-        l = l * alpha + lanes_sum(ex, BK);
+        let e0 = probs4(y0, m_new);
+        var esum = e0;
+        buf[SC + tx * PSQ + ty] = e0;
+        if (KPL == 2u) {
+            let e1 = probs4(y1, m_new);
+            esum = esum + e1;
+            buf[SC + (tx + LANES) * PSQ + ty] = e1;
+        }
+        l = l * alpha + lanes_sum(esum, LANES);
         m = m_new;
-        buf[SC + tx * PSQ + ty] = ex;
         workgroupBarrier(); // K is read no more; P is written
         stage_v(vx, lid);
         workgroupBarrier(); // V and its non-finite flag
@@ -298,7 +323,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         workgroupBarrier();
     }
-    let row_bad = lanes_any(nan, BK);
+    let row_bad = lanes_any(nan, LANES);
     for (var r = 0u; r < 4u; r = r + 1u) {
         let row = r0 + 4u * ty + r;
         if (row >= p.tq) {

@@ -204,6 +204,7 @@ fn wgpu_opts_full(
         attn_pass_tiles: None,
         attn_subgroup_tiles: false,
         attn_qreg: false,
+        attn_wide_tiles: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
