@@ -1,0 +1,174 @@
+//! Exact resume: a stopped run resumed matches the uninterrupted run bit for bit, resuming a
+//! finished run changes nothing, bad trainer state is refused, and `--resume` on a directory
+//! that is no run (or a run without a checkpoint) does the right thing.
+
+use std::path::{Path, PathBuf};
+
+use dflash_config::TrainConfig;
+use dflash_pipeline::job::latest_checkpoint;
+use dflash_pipeline::train;
+use serde_json::Value;
+
+use crate::support::{
+    Fixture, assert_bit_identical, assert_same_records, config_text, link, metrics, tiny_samples,
+};
+
+/// A run stopped after step 7 of 12 (`train.stop_at_step`: the schedule and LR still span 12
+/// steps, and step 7 is in the second epoch) and then resumed gives the same per-step metrics,
+/// final weights and optimizer state, bit for bit, as the same run done in one go.
+#[test]
+fn stopped_then_resumed_run_matches_uninterrupted_run_bit_for_bit() {
+    link();
+    let fx = Fixture::new(&tiny_samples(24));
+    let common = [
+        ("train.epochs", "3"),
+        ("train.max_steps", "12"),
+        ("train.micro_batches_per_step", "2"),
+        ("train.save_every", "3"),
+    ];
+    let a = train(
+        &fx.config(&[&common[..], &[("run.name", "whole")]].concat()),
+        None,
+    )
+    .unwrap();
+    assert_eq!(a.steps, 12);
+    let ma = metrics(&a.run_dir);
+    assert_eq!(ma.len(), 12);
+    assert_eq!(ma[11]["epoch"], 1, "the run crosses an epoch boundary");
+    assert!(ma.iter().all(|r| r["applied"] == true));
+
+    let stop = [
+        &common[..],
+        &[("run.name", "parts"), ("train.stop_at_step", "7")],
+    ]
+    .concat();
+    let b = train(&fx.config(&stop), None).unwrap();
+    assert_eq!(b.steps, 7);
+    let ckpt = latest_checkpoint(&b.run_dir).unwrap();
+    assert_eq!(
+        ckpt.file_name().unwrap(),
+        "step-7",
+        "a checkpoint at the stop, off the save cadence"
+    );
+    assert_eq!(metrics(&b.run_dir).len(), 7);
+    assert_same_records(&ma[..7], &metrics(&b.run_dir));
+    let saved = std::fs::read_to_string(b.run_dir.join("config.toml")).unwrap();
+    assert!(
+        !saved.contains("stop_at_step"),
+        "stop_at_step is not kept in the run directory:\n{saved}"
+    );
+
+    let zero = TrainConfig::load_toml_str(
+        &config_text(&fx.data(), &fx.runs(), ""),
+        "test",
+        Path::new("/"),
+        &[("train.stop_at_step".into(), "0".into())],
+    );
+    assert!(zero.unwrap_err().to_string().contains("train.stop_at_step"));
+
+    // Resume with the config the run was started with (as `train --resume` does).
+    let resumed = TrainConfig::load(Some(&b.run_dir.join("config.toml")), &[]).unwrap();
+    let c = train(&resumed, Some(&b.run_dir)).unwrap();
+    assert_eq!(c.steps, 12);
+    assert_eq!(c.final_loss, a.final_loss);
+    assert_same_records(&ma, &metrics(&b.run_dir));
+    assert_bit_identical(
+        &a.run_dir.join("model.safetensors"),
+        &b.run_dir.join("model.safetensors"),
+    );
+    let (ca, cb) = (
+        latest_checkpoint(&a.run_dir).unwrap(),
+        latest_checkpoint(&b.run_dir).unwrap(),
+    );
+    assert_eq!(ca.file_name().unwrap(), "step-12");
+    assert_eq!(cb.file_name().unwrap(), "step-12");
+    assert_bit_identical(
+        &ca.join("optimizer.safetensors"),
+        &cb.join("optimizer.safetensors"),
+    );
+    let state = |d: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("trainer_state.json")).unwrap())
+            .unwrap()
+    };
+    assert_eq!(state(&ca), state(&cb));
+    assert_eq!(state(&ca)["adam_step"], 12);
+
+    // Resuming the finished run says so and changes nothing: the same outcome, every file
+    // of the run directory byte-identical (summary.json keeps its figures).
+    let snapshot = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![d.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                match e.file_type().unwrap().is_dir() {
+                    true => dirs.push(e.path()),
+                    false => files.push((e.path(), std::fs::read(e.path()).unwrap())),
+                }
+            }
+        }
+        files.sort();
+        files
+    };
+    let before = snapshot(&b.run_dir);
+    let again = train(&resumed, Some(&b.run_dir)).unwrap();
+    assert_eq!((again.steps, again.final_loss), (12, a.final_loss));
+    assert_eq!(again.first_loss, c.first_loss);
+    assert!(
+        snapshot(&b.run_dir) == before,
+        "resuming a finished run changed files"
+    );
+
+    // trainer_state.json cross-checks: counters that add up to more steps than were run,
+    // and a step beyond the schedule, are errors naming the file.
+    let ts = cb.join("trainer_state.json");
+    let good = std::fs::read_to_string(&ts).unwrap();
+    for (edit, says) in [
+        (
+            ("adam_step", 13),
+            "adam_step 13 + nonfinite_run 0 exceed step 12",
+        ),
+        (
+            ("step", 40),
+            "step 40 but the checkpoint directory is step-12",
+        ),
+    ] {
+        let mut v: Value = serde_json::from_str(&good).unwrap();
+        v[edit.0] = edit.1.into();
+        std::fs::write(&ts, v.to_string()).unwrap();
+        let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("trainer_state.json"), "{e}");
+    }
+    // A consistent checkpoint at step 40 of a 12-step schedule.
+    let ckpts = b.run_dir.join("checkpoints");
+    std::fs::rename(&cb, ckpts.join("step-40")).unwrap();
+    std::fs::write(ckpts.join("latest"), "step-40").unwrap();
+    let e = train(&resumed, Some(&b.run_dir)).unwrap_err().to_string();
+    assert!(
+        e.contains("step 40 is beyond this run's schedule of 12 steps"),
+        "{e}"
+    );
+}
+
+/// `--resume` on a directory that no run created says so (not what the config then lacks)
+/// and writes nothing there; a run killed before its first checkpoint resumes from step 0 in
+/// its own directory, with the records and losses of an uninterrupted run.
+#[test]
+fn resume_of_a_non_run_dir_says_so_and_a_run_without_checkpoint_starts_over() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let cfg = fx.config(&[("train.max_steps", "3"), ("train.save_every", "0")]);
+    let empty = fx.path().join("not-a-run");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = train(&cfg, Some(&empty)).unwrap_err().to_string();
+    assert!(e.contains("not a run directory"), "{e}");
+    assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+
+    let a = train(&cfg, None).unwrap();
+    let ma = metrics(&a.run_dir);
+    std::fs::remove_dir_all(a.run_dir.join("checkpoints")).unwrap();
+    std::fs::remove_file(a.run_dir.join("summary.json")).unwrap();
+    let again = train(&cfg, Some(&a.run_dir)).unwrap();
+    assert_eq!(again.run_dir, a.run_dir);
+    assert_eq!((again.steps, again.final_loss), (3, a.final_loss));
+    assert_same_records(&ma, &metrics(&a.run_dir));
+}

@@ -1,0 +1,255 @@
+//! The drafter replica: non-finite steps skipped without trace (and a run of them stopping
+//! with the source named), and the resumable state saved, snapshotted and loaded bit for bit.
+
+use std::sync::Arc;
+
+use dflash_config::DrafterConfig;
+use dflash_core::pipeline::Features;
+use dflash_core::{Backend, Communicator};
+use dflash_training::{
+    AdamW, BlockSpec, DrafterReplica, NonFiniteSource, PreparedSeq, TrainError, state,
+};
+
+use crate::support::{
+    HYPER, MASK, backend, data_sample, drafter, drafter_config, host, seq, target,
+};
+
+struct Solo;
+
+impl Communicator for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _: &mut [f32]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn replica(
+    b: &Arc<dyn Backend>,
+    cfg: &DrafterConfig,
+    seed: u64,
+    max_nonfinite: u64,
+) -> DrafterReplica {
+    let d = drafter(b, cfg, 0.02, seed);
+    let opt = AdamW::new(b.as_ref(), cfg, HYPER).unwrap();
+    DrafterReplica::new(d, opt, false, 1.0, max_nonfinite).unwrap()
+}
+
+fn params_of(r: &DrafterReplica) -> Vec<Vec<u32>> {
+    let b = r.drafter.backend();
+    r.drafter
+        .params
+        .tensors()
+        .iter()
+        .map(|t| b.download(t).unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// Three prepared training sequences, and a copy of the first with a NaN feature row.
+fn training_batches(b: &Arc<dyn Backend>, cfg: &DrafterConfig) -> (Vec<PreparedSeq>, PreparedSeq) {
+    let t = target(b, cfg);
+    let spec = BlockSpec {
+        block_size: cfg.block_size,
+        num_anchors: 8,
+        gamma: 4.0,
+        mask_token_id: MASK,
+        seed: 3,
+    };
+    let mut good = Vec::new();
+    for i in 0..3 {
+        let (ids, mask) = data_sample(20 + i);
+        let p0 = mask.iter().position(|&m| m == 1).unwrap();
+        let r = p0 - 16..p0 + 32;
+        let s = seq(&t, i as u64, ids[r.clone()].to_vec(), mask[r].to_vec());
+        good.push(PreparedSeq::new(s, 0, &spec));
+    }
+    let g = &good[0];
+    let kh = cfg.hidden_size * cfg.target_layer_ids.len();
+    let mut features = host(&g.features).to_vec();
+    features[..kh].fill(f32::NAN); // position 0: context of every anchor
+    let bad = PreparedSeq {
+        features: Features::Host(features),
+        anchors: g.anchors.clone(),
+        block_ids: g.block_ids.clone(),
+        positions: g.positions.clone(),
+        labels: g.labels.clone(),
+        weights: g.weights.clone(),
+        doc_starts: Vec::new(),
+        ctx_positions: Vec::new(),
+    };
+    (good, bad)
+}
+
+fn step(
+    r: &mut DrafterReplica,
+    s: &PreparedSeq,
+) -> Result<dflash_training::StepSummary, TrainError> {
+    r.accumulate(&s.as_input())?;
+    r.finish_step(&Solo, 1e-3)
+}
+
+/// A non-finite step is skipped (weights, moments and AdamW's count untouched) and leaves no
+/// trace: the next finite step gives exactly the weights of a replica that never saw it.
+/// `max_nonfinite_steps` consecutive ones are an error.
+#[test]
+fn non_finite_step_is_skipped_without_trace_and_a_run_of_them_stops() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, bad) = training_batches(&b, &cfg);
+
+    let mut r = replica(&b, &cfg, 1, 2);
+    let mut clean = replica(&b, &cfg, 1, 2);
+    assert!(step(&mut r, &good[0]).unwrap().applied);
+    assert!(step(&mut clean, &good[0]).unwrap().applied);
+
+    let before = params_of(&r);
+    let s = step(&mut r, &bad).unwrap();
+    assert!(!s.applied);
+    assert!(!s.stats.loss().is_finite() || !s.grad_norm.is_finite());
+    assert_eq!(
+        params_of(&r),
+        before,
+        "a skipped step does not touch the weights"
+    );
+    assert_eq!((r.nonfinite_run, r.optimizer.step, r.step), (1, 1, 2));
+
+    let s = step(&mut r, &good[1]).unwrap();
+    assert!(s.applied && s.grad_norm.is_finite());
+    assert_eq!((r.nonfinite_run, r.optimizer.step), (0, 2));
+    step(&mut clean, &good[1]).unwrap();
+    assert_eq!(
+        params_of(&r),
+        params_of(&clean),
+        "no gradient left over from the skipped step"
+    );
+
+    assert!(!step(&mut r, &bad).unwrap().applied);
+    match step(&mut r, &bad) {
+        // The features were NaN (the target's side), and the error says so.
+        Err(
+            e @ TrainError::NonFinite {
+                count: 2,
+                limit: 2,
+                step: 4,
+                origin: NonFiniteSource::TargetFeatures,
+            },
+        ) => assert!(
+            e.to_string()
+                .contains("target's features were already non-finite")
+        ),
+        other => panic!("expected NonFinite after 2 consecutive steps, got {other:?}"),
+    }
+}
+
+/// With finite features, a non-finite loss is the drafter's own (here a NaN in its `fc`
+/// weight, set on the device past every load check): the error names the drafter, not the
+/// target.
+#[test]
+fn a_non_finite_loss_from_finite_features_names_the_drafter() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut r = replica(&b, &cfg, 1, 1);
+    let fc = &mut r.drafter.params.fc;
+    let mut w = b.download(fc).unwrap();
+    w[7] = f32::NAN;
+    let dims = fc.dims().to_vec();
+    *fc = b.upload(&w, &dims).unwrap();
+    match step(&mut r, &good[0]) {
+        Err(
+            e @ TrainError::NonFinite {
+                count: 1,
+                limit: 1,
+                step: 0,
+                origin: NonFiniteSource::Drafter,
+            },
+        ) => assert!(
+            e.to_string()
+                .contains("features were finite, so the drafter's forward produced it"),
+            "{e}"
+        ),
+        other => panic!("expected NonFinite from the drafter, got {other:?}"),
+    }
+}
+
+/// Saving after a step and loading into a fresh replica (other initial weights) continues
+/// bit for bit.
+#[test]
+fn state_round_trip_continues_bit_for_bit() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    step(&mut a, &good[1]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = serde_json::json!({ "epoch": 0, "cursor": 17 });
+    state::save(dir.path(), &a, extra.clone()).unwrap();
+
+    let mut c = replica(&b, &cfg, 99, 10);
+    let st = state::load_into(dir.path(), &mut c).unwrap();
+    assert_eq!(st.extra, extra);
+    assert_eq!((c.step, c.optimizer.step, c.nonfinite_run), (2, 2, 0));
+    assert_eq!(params_of(&c), params_of(&a));
+    let (sa, sc) = (
+        step(&mut a, &good[2]).unwrap(),
+        step(&mut c, &good[2]).unwrap(),
+    );
+    assert_eq!(sa, sc);
+    assert_eq!(params_of(&c), params_of(&a));
+
+    // A checkpoint of another drafter shape is refused, naming the directory.
+    let mut other = replica(&b, &drafter_config(8), 1, 10);
+    let e = state::load_into(dir.path(), &mut other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&dir.path().display().to_string()), "{e}");
+}
+
+/// A snapshot writes the files `save` would have written at its step, byte for byte, even
+/// after the replica has trained on (the background checkpoint's contract).
+#[test]
+fn snapshot_saves_the_state_of_its_step_after_training_goes_on() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    let extra = serde_json::json!({ "epoch": 0 });
+    let now = tempfile::tempdir().unwrap();
+    state::save(now.path(), &a, extra.clone()).unwrap();
+    let snap = state::Snapshot::take(&a).unwrap();
+    assert_eq!(snap.step(), a.step);
+    step(&mut a, &good[1]).unwrap();
+    let later = tempfile::tempdir().unwrap();
+    // Written from another thread, as the pipeline's checkpoint thread does.
+    let (dir, ex) = (later.path().to_path_buf(), extra.clone());
+    std::thread::spawn(move || snap.save(&dir, ex).unwrap())
+        .join()
+        .unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(now.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    for f in &files {
+        let (x, y) = (
+            std::fs::read(now.path().join(f)).unwrap(),
+            std::fs::read(later.path().join(f)).unwrap(),
+        );
+        assert!(x == y, "{f:?} differs between save and the snapshot's save");
+    }
+    // And the replica did move on: its own state is not the snapshot's.
+    let moved = tempfile::tempdir().unwrap();
+    state::save(moved.path(), &a, extra).unwrap();
+    let w = "model.safetensors";
+    assert_ne!(
+        std::fs::read(now.path().join(w)).unwrap(),
+        std::fs::read(moved.path().join(w)).unwrap()
+    );
+}
