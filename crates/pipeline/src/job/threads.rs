@@ -81,6 +81,14 @@ pub(super) fn run_workers(
     } = *at;
     let start_step = replicas[0].step;
     let (comms, on_abort) = communicators(plan, procs);
+    if comms.len() != replicas.len() {
+        // One all-reduce member a replica: a replica without one would never be spawned.
+        return Err(PipelineError::Job(format!(
+            "{} drafter replica(s) but {} all-reduce member(s)",
+            replicas.len(),
+            comms.len()
+        )));
+    }
     let shared = shared_state(plan, on_abort);
     let process = procs.map(|p| (p.rank(), p.world_size()));
     let router = SharedRouter::default();
