@@ -206,8 +206,8 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
 /// `k[key, kv_head, 0]` set to NaN. Every (row, head) whose mask sees `key` through `kv_head`
 /// has NaN scores and must come out NaN (`out` and `lse`, and `dq` in the backward) with
 /// `dk`/`dv` of that key NaN; rows that see no key stay exactly 0 (`lse = -inf`); every other
-/// row stays finite. So a kernel can neither hide a NaN (the `l > 0` test of an online
-/// softmax is false for NaN) nor spread it to rows that never read it.
+/// row stays finite, its `dq` included. So a kernel can neither hide a NaN (the `l > 0` test
+/// of an online softmax is false for NaN) nor spread it to rows that never read it.
 ///
 /// With `in_v` the NaN is `v[key, kv_head, 0]` instead ([`nan_v_cases_on`]): the scores stay
 /// finite, so a row that sees `key` has a finite `lse`, `out[.., 0]` NaN and `dq` NaN (its
@@ -215,25 +215,25 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
 /// This catches a kernel that multiplies a zero weight (a masked pair inside a partial tile)
 /// by the NaN value.
 ///
-/// [`NanCase::within_tiles`] is the weaker contract of kernels whose P V product is a matrix
-/// multiply over whole tiles (tensor cores: 0 x NaN is NaN inside the MMA, and skipping zero
-/// weights there would cost every tile a check): a NaN value may also reach the other rows of
-/// the query tiles that hold its key, so those rows are not checked; it must still never be
-/// hidden (the rows that read it as above), never touch an lse, and never reach a row that
-/// sees no key (exactly 0).
+/// [`NanCase::within_tiles`] is the weaker contract of kernels whose products with P and dS
+/// are matrix multiplies over whole tiles (tensor cores: 0 x NaN is NaN inside the MMA, and
+/// skipping zero weights there would cost every tile a check): a NaN key may also reach the
+/// `dq` of the other rows of the query tiles that hold it (dS K), and a NaN value their `out`
+/// and `dq` (P V), so those are not checked; it must still never be hidden (the rows that
+/// read it as above), never touch an lse, never reach the `out` of a row that sees no key
+/// (exactly 0), and a NaN key never any other row's `out`.
 #[derive(Debug, Clone)]
 pub struct NanCase {
     pub case: Case,
     pub key: usize,
     pub kv_head: usize,
     pub in_v: bool,
-    /// With `in_v`: the rows that do not read the NaN value are not required finite (only
-    /// their lse), see above.
+    /// Rows that do not read the NaN input are checked at tile granularity (see above).
     pub within_tiles: bool,
 }
 
 impl NanCase {
-    /// This case under the tile-granular contract for NaN values (see [`NanCase`]).
+    /// This case under the tile-granular contract (see [`NanCase`]).
     pub fn within_tiles(self) -> Self {
         NanCase {
             within_tiles: true,

@@ -91,9 +91,9 @@ fn check(nc: &NanCase, got: &Outputs) -> CaseResult {
                 fail(format!(
                     "row {i}, head {h} never reads the NaN input but out/lse is not finite"
                 ));
-            } else if nc.in_v && !dq.iter().all(|x| x.is_finite()) {
+            } else if !nc.within_tiles && !dq.iter().all(|x| x.is_finite()) {
                 fail(format!(
-                    "row {i}, head {h} never reads the NaN value but dq is not finite"
+                    "row {i}, head {h} never reads the NaN input but dq is not finite"
                 ));
             }
         }
@@ -213,69 +213,104 @@ mod tests {
     use super::*;
     use crate::{Layout, nan_v_cases_on, reference_with};
 
-    /// The NaN-value check itself, strict and at tile granularity, on the reference backend's
-    /// outputs with one fault planted at a time: a row that sees keys but not the NaN value
-    /// (a bystander) may turn NaN only under `within_tiles`; a NaN in a row that sees no key,
-    /// in a bystander's lse, or a hidden NaN in a row that reads it fails both.
+    /// One fault planted in the reference backend's outputs: the row (`Reader`, a
+    /// `Bystander` that sees keys but not the NaN input, a row that sees none) and what is
+    /// set there.
+    #[derive(Debug, Clone, Copy)]
+    enum Row {
+        Reader,
+        Bystander,
+        Empty,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Fault {
+        None,
+        OutNan,
+        OutZero,
+        LseNan,
+        DqNan,
+    }
+
+    /// The NaN check itself, strict and at tile granularity, for a NaN key and a NaN value:
+    /// the reference backend's outputs with one fault planted at a time, and whether each
+    /// contract must fail them. A bystander's dq (key or value) and out (value) may turn NaN
+    /// only under `within_tiles`; a NaN in a row that sees no key, in a bystander's lse or
+    /// (for a key) its out, or a hidden NaN in a row that reads it fails both.
     #[test]
-    fn nan_value_contracts_catch_what_they_promise() {
-        let be = reference_with("reference");
-        let nc = nan_v_cases_on(Layout::new(4, 2, 16))
-            .expect("cases")
-            .into_iter()
-            .find(|c| c.case.name.starts_with("dflash_padding"))
-            .expect("the padded DFlash case");
-        let clean = run_on_backend(be.as_ref(), &nc.case, &inputs(&nc)).expect("reference run");
-        let dims = nc.case.dims;
-        let (hq, d) = (dims.q_heads, dims.head_dim);
-        let h = nc.kv_head * dims.group();
-        let dense = nc.case.mask.to_dense_oracle();
-        let row =
-            |pick: &dyn Fn(&Vec<bool>) -> bool| dense.iter().position(pick).expect("such a row");
-        let reader = row(&|v| v[nc.key]);
-        let bystander = row(&|v| !v[nc.key] && v.iter().any(|&b| b));
-        let empty = row(&|v| !v.iter().any(|&b| b));
-        type Fault = fn(&mut Outputs, usize, usize);
-        let out_nan: Fault = |o, at, _| o.out[at] = f32::NAN;
-        let out_zero: Fault = |o, at, _| o.out[at] = 0.0;
-        let lse_nan: Fault = |o, _, at| o.lse[at] = f32::NAN;
-        // (what, row, fault, fails strict, fails within_tiles)
-        let faults: [(&str, usize, Option<Fault>, bool, bool); 5] = [
-            ("none", reader, None, false, false),
-            (
-                "a bystander's out NaN",
-                bystander,
-                Some(out_nan),
-                true,
-                false,
-            ),
-            ("an empty row's out NaN", empty, Some(out_nan), true, true),
-            (
-                "a bystander's lse NaN",
-                bystander,
-                Some(lse_nan),
-                true,
-                true,
-            ),
-            ("a reader's NaN hidden", reader, Some(out_zero), true, true),
+    fn nan_contracts_catch_what_they_promise() {
+        use Fault::*;
+        use Row::*;
+        // (NaN in v, row, fault, fails strict, fails within_tiles)
+        let table = [
+            (false, Reader, None, false, false),
+            (false, Bystander, DqNan, true, false),
+            (false, Bystander, OutNan, true, true),
+            (false, Empty, OutNan, true, true),
+            (false, Bystander, LseNan, true, true),
+            (false, Reader, OutZero, true, true),
+            (true, Reader, None, false, false),
+            (true, Bystander, OutNan, true, false),
+            (true, Bystander, DqNan, true, false),
+            (true, Empty, OutNan, true, true),
+            (true, Bystander, LseNan, true, true),
+            (true, Reader, OutZero, true, true),
         ];
-        for (what, i, fault, strict_fails, tiles_fails) in faults {
-            let mut got = Outputs {
-                out: clean.out.clone(),
-                lse: clean.lse.clone(),
-                dq: clean.dq.clone(),
-                dk: clean.dk.clone(),
-                dv: clean.dv.clone(),
+        let be = reference_with("reference");
+        for in_v in [false, true] {
+            let cases = match in_v {
+                true => nan_v_cases_on(Layout::new(4, 2, 16)),
+                false => crate::nan_cases_on(Layout::new(4, 2, 16)),
             };
-            if let Some(f) = fault {
-                f(&mut got, (i * hq + h) * d, i * hq + h);
-            }
-            for (contract, nc, fails) in [
-                ("strict", nc.clone(), strict_fails),
-                ("within_tiles", nc.clone().within_tiles(), tiles_fails),
-            ] {
-                let failure = check(&nc, &got).failure;
-                assert_eq!(failure.is_some(), fails, "{what}, {contract}: {failure:?}");
+            let nc = cases
+                .expect("cases")
+                .into_iter()
+                .find(|c| c.case.name.starts_with("dflash_padding"))
+                .expect("the padded DFlash case");
+            let clean = run_on_backend(be.as_ref(), &nc.case, &inputs(&nc)).expect("reference run");
+            let dims = nc.case.dims;
+            let (hq, d) = (dims.q_heads, dims.head_dim);
+            let h = nc.kv_head * dims.group();
+            let dense = nc.case.mask.to_dense_oracle();
+            let row_of = |r: Row| {
+                let pick = |v: &Vec<bool>| match r {
+                    Reader => v[nc.key],
+                    Bystander => !v[nc.key] && v.iter().any(|&b| b),
+                    Empty => !v.iter().any(|&b| b),
+                };
+                dense.iter().position(pick).expect("such a row")
+            };
+            for &(v, row, fault, strict_fails, tiles_fails) in &table {
+                if v != in_v {
+                    continue;
+                }
+                let i = row_of(row);
+                let (at, at_lse) = ((i * hq + h) * d, i * hq + h);
+                let mut got = Outputs {
+                    out: clean.out.clone(),
+                    lse: clean.lse.clone(),
+                    dq: clean.dq.clone(),
+                    dk: clean.dk.clone(),
+                    dv: clean.dv.clone(),
+                };
+                match fault {
+                    None => {}
+                    OutNan => got.out[at] = f32::NAN,
+                    OutZero => got.out[at] = 0.0,
+                    LseNan => got.lse[at_lse] = f32::NAN,
+                    DqNan => got.dq[at] = f32::NAN,
+                }
+                for (contract, nc, fails) in [
+                    ("strict", nc.clone(), strict_fails),
+                    ("within_tiles", nc.clone().within_tiles(), tiles_fails),
+                ] {
+                    let failure = check(&nc, &got).failure;
+                    assert_eq!(
+                        failure.is_some(),
+                        fails,
+                        "NaN in v {in_v}, {row:?} {fault:?}, {contract}: {failure:?}"
+                    );
+                }
             }
         }
     }

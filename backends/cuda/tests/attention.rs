@@ -473,9 +473,15 @@ fn attention_kernels_contain_nan_values() {
 }
 
 /// NaN policy (ARCHITECTURE.md): a NaN key comes out NaN in exactly the rows that read it
-/// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row finite.
+/// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row's out
+/// and lse finite; its dq at tile granularity (`NanCase::within_tiles`: dq = dS K is an MMA
+/// over whole tiles).
 #[test]
 fn attention_kernels_propagate_nan() {
-    let cases = dflash_tests::nan_cases_on(Layout::new(4, 2, 64)).expect("NaN cases");
+    let cases: Vec<_> = dflash_tests::nan_cases_on(Layout::new(4, 2, 64))
+        .expect("NaN cases")
+        .into_iter()
+        .map(dflash_tests::NanCase::within_tiles)
+        .collect();
     nan_cases_on_both_kernels(&cases, "NaN inputs");
 }

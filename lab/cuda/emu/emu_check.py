@@ -102,7 +102,9 @@ def emulate(exe, q, k, v, do, m, Tk, scale, env_extra):
 def run_nan_case(exe, name, D, Hq, Hkv, m, Tk, key, kv_head, seed, in_v=False):
     """The NaN policy (ARCHITECTURE.md): one NaN in key `key` of `kv_head` must come out NaN
     in exactly the rows that read it (out, lse, dq; dk and dv of that key), rows that see no
-    key stay 0 / -inf, every other row finite. With `in_v` the NaN is in v instead (the
+    key stay 0 / -inf, every other row's out and lse finite (its dq at tile granularity, as the
+    Rust suite's `NanCase::within_tiles`: dq = dS K is an MMA over whole tiles, so other rows of
+    a tile holding the key may meet it through a zero weight). With `in_v` the NaN is in v instead (the
     Rust suite's `NanCase::in_v` with `within_tiles`, the contract of kernels whose P V is a
     matrix product over whole tiles): rows that read it have out[.., 0] and dq NaN, every
     row's lse is untouched (finite, or -inf where it sees no key), rows that see no key are

@@ -85,11 +85,14 @@ pub fn check_device_plugin(path: &Path) -> Result<Table, String> {
         };
         undeclared(&caps, &dims).is_none()
     }) {
-        // NaN keys exactly; NaN values at tile granularity (`NanCase::within_tiles`: what a
-        // kernel whose P V is an MMA over whole tiles can keep, as the CUDA backend's own).
+        // NaN keys and values at tile granularity (`NanCase::within_tiles`: what a kernel whose
+        // products with P and dS are MMAs over whole tiles can keep, as the CUDA backend's).
         let mut nan = dflash_tests::nan_cases_on(layout)?;
-        let nan_v = dflash_tests::nan_v_cases_on(layout)?;
-        nan.extend(nan_v.into_iter().map(dflash_tests::NanCase::within_tiles));
+        nan.extend(dflash_tests::nan_v_cases_on(layout)?);
+        let nan: Vec<_> = nan
+            .into_iter()
+            .map(dflash_tests::NanCase::within_tiles)
+            .collect();
         let nan_report = dflash_tests::check_backend_attention_nan(&backend, &label, &nan);
         rows.extend(rows_of(&nan_report, &[], caps.flags));
     }
