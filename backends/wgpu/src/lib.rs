@@ -98,6 +98,11 @@ pub struct WgpuOptions {
     /// the tiles per key, so half the barriers and staging rounds, where the adapter's
     /// workgroup memory holds them. `DFLASH_WGPU_ATTN_WIDE=1`; off by default until timed.
     pub attn_wide_tiles: bool,
+    /// The backward's dq kernel on subgroups (attention_dq_sg.wgsl): q and d_out rows held in
+    /// registers for the whole key list, K and V the only tiles staged (two stagings and three
+    /// barriers a key tile instead of four and five), where the adapter's subgroups take DP / 4
+    /// lanes. `DFLASH_WGPU_ATTN_DQ_SG=1`; off by default until timed on a GPU.
+    pub attn_dq_subgroups: bool,
 }
 
 impl WgpuOptions {
@@ -116,6 +121,7 @@ impl WgpuOptions {
             attn_subgroup_tiles: false,
             attn_qreg: std::env::var("DFLASH_WGPU_ATTN_QREG").is_ok_and(|v| v == "1"),
             attn_wide_tiles: std::env::var("DFLASH_WGPU_ATTN_WIDE").is_ok_and(|v| v == "1"),
+            attn_dq_subgroups: std::env::var("DFLASH_WGPU_ATTN_DQ_SG").is_ok_and(|v| v == "1"),
         }
     }
 }

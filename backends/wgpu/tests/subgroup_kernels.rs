@@ -1,8 +1,11 @@
-//! The subgroup forward (attention_fwd_sg.wgsl), which the H200 runs at head dim 128, on any
-//! adapter with subgroups: `WgpuOptions::attn_subgroup_tiles` puts the forward on its tiles
-//! (BK = DP / 4 keys, one a lane) wherever the adapter's subgroups hold BK lanes, with the
-//! query tile staged, with the query rows in registers (`attn_qreg`), and on key tiles twice
-//! as wide, two keys a lane (`attn_wide_tiles`, query rows in registers). On lavapipe the
+//! The subgroup kernels: the forward (attention_fwd_sg.wgsl), which the H200 runs at head dim
+//! 128, and dq (attention_dq_sg.wgsl), on any adapter with subgroups:
+//! `WgpuOptions::attn_subgroup_tiles` puts them on their tiles (BK = DP / 4 keys, one a lane)
+//! wherever the adapter's subgroups hold BK lanes; the forward with the query tile staged,
+//! with the query rows in registers (`attn_qreg`), and on key tiles twice as wide, two keys a
+//! lane (`attn_wide_tiles`, query rows in registers); dq with q and d_out rows in registers
+//! (`attn_dq_subgroups`). The suite runs forward and backward, so each variant's dq and
+//! dk/dv are checked too. On lavapipe the
 //! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide where the
 //! CPU has AVX-512, the widest that works (at 1024 Mesa 22.3 reports 32 lanes but runs 16: its
 //! shuffles across 16 return 0). With 16-lane subgroups head dims 32 (8-key tiles, two row groups a subgroup) and 64
@@ -41,7 +44,7 @@ fn check(be: &WgpuBackend, label: &str, layout: Layout) {
 }
 
 #[test]
-fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
+fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
     // 512-bit vectors only where the CPU has them (AVX-512): measured correct there; on a
     // narrower CPU lavapipe keeps its 8-lane subgroups and head dim 64 goes untested.
     let wide = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" avx512f"));
@@ -71,18 +74,26 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
         ..Default::default()
     };
     let mut ran = Vec::new();
-    for (qreg, wide) in [(false, false), (true, false), (true, true)] {
+    // (query registers, two keys a lane, dq on subgroups)
+    let variants = [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (false, false, true),
+    ];
+    for (qreg, wide, dq_sg) in variants {
         for passes in [None, Some(3)] {
             let opts = WgpuOptions {
                 attn_subgroup_tiles: true,
                 attn_qreg: qreg,
                 attn_wide_tiles: wide,
+                attn_dq_subgroups: dq_sg,
                 attn_pass_tiles: passes,
                 ..be.options()
             };
             let sg = WgpuBackend::with_options(&backend, opts).unwrap();
             for layout in LAYOUTS {
-                let [fwd, ..] = sg.tiled_kernels(layout.head_dim).unwrap();
+                let [fwd, dq, _] = sg.tiled_kernels(layout.head_dim).unwrap();
                 if !fwd.starts_with("attention_fwd_sg.wgsl") {
                     println!(
                         "head dim {}: {fwd} (not the subgroup forward)",
@@ -92,7 +103,11 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
                 }
                 assert_eq!(fwd.contains("q in registers"), qreg, "{fwd}");
                 assert_eq!(fwd.contains("2 keys a lane"), wide, "{fwd}");
-                let label = format!("{fwd}, passes of {passes:?}");
+                assert_eq!(dq.starts_with("attention_dq_sg.wgsl"), dq_sg, "{dq}");
+                let label = match dq_sg {
+                    true => format!("{fwd} with {dq}, passes of {passes:?}"),
+                    false => format!("{fwd}, passes of {passes:?}"),
+                };
                 check(&sg, &label, layout);
                 ran.push(label);
             }
@@ -101,20 +116,21 @@ fn subgroup_forward_matches_the_oracle_on_every_head_dim_it_takes() {
     println!("ran: {ran:#?}");
     // Every adapter with subgroups of 8+ lanes takes head dim 32 both ways, 16+ lanes head
     // dim 64, 32-lane ones (NVIDIA) head dim 128.
-    let took = |dp: &str, qreg: bool, wide: bool| {
+    let took = |dp: &str, (qreg, wide, dq_sg): (bool, bool, bool)| {
         ran.iter().any(|l| {
-            l.contains(dp)
-                && l.contains("q in registers") == qreg
+            l.starts_with(&format!("attention_fwd_sg.wgsl ({dp}"))
+                && l.contains(", q in registers") == qreg
                 && l.contains("2 keys a lane") == wide
+                && l.contains("attention_dq_sg.wgsl") == dq_sg
         })
     };
-    for (qreg, wide) in [(false, false), (true, false), (true, true)] {
-        assert!(took("DP 32,", qreg, wide), "{ran:?}");
+    for v in variants {
+        assert!(took("DP 32,", v), "{v:?}: {ran:?}");
         if widest >= 16 {
-            assert!(took("DP 64,", qreg, wide), "{ran:?}");
+            assert!(took("DP 64,", v), "{v:?}: {ran:?}");
         }
-        if widest >= 32 && qreg {
-            assert!(took("DP 128,", qreg, wide), "{ran:?}");
+        if widest >= 32 && v.0 {
+            assert!(took("DP 128,", v), "{v:?}: {ran:?}");
         }
     }
 }

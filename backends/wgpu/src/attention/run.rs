@@ -180,7 +180,7 @@ impl WgpuBackend {
             if dq.len > 0 {
                 let g = (c.rows().div_ceil(cq.tiles().0) * hq) as u64;
                 let per = self.per_pass(&cq);
-                let kernel = cq.kernel("attn_dq");
+                let kernel = cq.kernel(cq.dq_entry());
                 let writes = [c.bind(dq, hq * d)];
                 let all = FIRST | LAST;
                 self.passes(

@@ -90,17 +90,22 @@ impl AttnCfg {
         Err(need)
     }
 
-    /// Whether the forward can take its softmax in registers on subgroups whose size lies in
-    /// `[min, max]` ([`Self::sg`]): a row group's DP / 4 lanes hold KPL keys each and their
-    /// 4-dim slices of the accumulators cover DP (BK == KPL * DP / 4), and full subgroups of
-    /// at least DP / 4 lanes fill the workgroup of (BQ / 4) * DP / 4 threads.
-    pub(crate) fn fits_subgroup_softmax(&self, min: u32, max: u32) -> bool {
+    /// Whether the kernel can run on subgroups whose size lies in `[min, max]` ([`Self::sg`]):
+    /// a row group's DP / 4 lanes hold KPL keys each and their 4-dim slices of the
+    /// accumulators cover DP (BK == KPL * DP / 4), and full subgroups of at least DP / 4 lanes
+    /// fill the workgroup of (BQ / 4) * DP / 4 threads. The forward: its softmax in registers
+    /// (two keys a lane only with the query rows in registers); dq: q and d_out rows in
+    /// registers, one key a lane; dk/dv has no subgroup kernel.
+    pub(crate) fn fits_subgroups(&self, min: u32, max: u32) -> bool {
         let lanes = self.dp / 4;
         let wg = self.bq / 4 * lanes;
-        self.kind == AttnKind::Fwd
-            && matches!(self.kpl, 1 | 2)
+        let shape = match self.kind {
+            AttnKind::Fwd => matches!(self.kpl, 1 | 2) && (self.kpl == 1 || self.qreg),
+            AttnKind::Dq => self.kpl == 1 && self.qreg,
+            AttnKind::Dkdv => false,
+        };
+        shape
             && self.bk == self.kpl * lanes
-            && (self.kpl == 1 || self.qreg)
             && wg <= 256
             && min >= lanes
             && max <= wg
@@ -136,6 +141,11 @@ impl AttnCfg {
     /// The forward's entry point.
     pub(super) fn fwd_entry(&self) -> &'static str {
         if self.sg { "attn_fwd_sg" } else { "attn_fwd" }
+    }
+
+    /// The dq kernel's entry point.
+    pub(super) fn dq_entry(&self) -> &'static str {
+        if self.sg { "attn_dq_sg" } else { "attn_dq" }
     }
 
     pub(crate) fn threads(&self) -> u32 {
@@ -213,9 +223,16 @@ impl AttnCfg {
         match self.kind {
             AttnKind::Fwd if self.sg => concat!(
                 include_str!("../shaders/attention_fwd.wgsl"),
+                include_str!("../shaders/attention_regs.wgsl"),
                 include_str!("../shaders/attention_fwd_sg.wgsl")
             ),
             AttnKind::Fwd => include_str!("../shaders/attention_fwd.wgsl"),
+            AttnKind::Dq if self.sg => concat!(
+                include_str!("../shaders/attention_bwd.wgsl"),
+                include_str!("../shaders/attention_dq.wgsl"),
+                include_str!("../shaders/attention_regs.wgsl"),
+                include_str!("../shaders/attention_dq_sg.wgsl")
+            ),
             AttnKind::Dq => concat!(
                 include_str!("../shaders/attention_bwd.wgsl"),
                 include_str!("../shaders/attention_dq.wgsl")
@@ -231,11 +248,16 @@ impl AttnCfg {
         let file = match self.kind {
             AttnKind::Fwd if self.sg => "attention_fwd_sg.wgsl",
             AttnKind::Fwd => "attention_fwd.wgsl",
+            AttnKind::Dq if self.sg => "attention_dq_sg.wgsl",
             AttnKind::Dq => "attention_dq.wgsl",
             AttnKind::Dkdv => "attention_dkdv.wgsl",
         };
         let loads = if self.vec4 { "vec4" } else { "f32" };
-        let q = if self.qreg { ", q in registers" } else { "" };
+        let q = match (self.qreg, self.kind) {
+            (true, AttnKind::Dq) => ", q and d_out in registers",
+            (true, _) => ", q in registers",
+            (false, _) => "",
+        };
         let q = if self.kpl > 1 {
             format!("{q}, {} keys a lane", self.kpl)
         } else {
@@ -319,7 +341,7 @@ impl WgpuBackend {
         let (min, max) = self.subgroup_sizes();
         let mut out = Vec::with_capacity(N);
         for kind in kinds {
-            let mut cfg = AttnCfg::choose(kind, d, empty, have).map_err(|need| {
+            let cfg = AttnCfg::choose(kind, d, empty, have).map_err(|need| {
                 self.err(
                     op,
                     format!(
@@ -328,25 +350,46 @@ impl WgpuBackend {
                     ),
                 )
             })?;
-            cfg.sg = self.subgroups() && cfg.fits_subgroup_softmax(min, max);
-            if self.opts.attn_subgroup_tiles && !cfg.sg && self.subgroups() {
-                let sg = cfg.with_subgroup_tiles(self.opts.attn_qreg);
-                if sg.fits_subgroup_softmax(min, max) && sg.bytes() + MARGIN <= have {
-                    cfg = sg;
-                }
-            }
-            cfg.qreg = cfg.sg && self.opts.attn_qreg;
-            if self.opts.attn_wide_tiles && cfg.sg {
-                let wide = cfg.with_wide_tiles();
-                if wide.fits_subgroup_softmax(min, max) && wide.bytes() + MARGIN <= have {
-                    cfg = wide;
-                }
-            }
-            out.push(cfg);
+            out.push(self.on_subgroups(cfg, have, (min, max)));
         }
         Ok(out
             .try_into()
             .unwrap_or_else(|_| unreachable!("one per kind")))
+    }
+
+    /// `cfg` moved to its subgroup kernel where the adapter and the options allow: the forward
+    /// wherever its tiles fit the subgroups (on its own tiles with `attn_subgroup_tiles`), with
+    /// query registers (`attn_qreg`) and two keys a lane (`attn_wide_tiles`); dq with
+    /// `attn_dq_subgroups`. Each only where `have` bytes of workgroup memory hold it.
+    fn on_subgroups(&self, cfg: AttnCfg, have: u32, (min, max): (u32, u32)) -> AttnCfg {
+        if !self.subgroups() {
+            return cfg;
+        }
+        let o = &self.opts;
+        let fits = |c: &AttnCfg| c.fits_subgroups(min, max) && c.bytes() + MARGIN <= have;
+        let qreg = match cfg.kind {
+            AttnKind::Fwd => o.attn_qreg,
+            AttnKind::Dq if o.attn_dq_subgroups => true,
+            _ => return cfg,
+        };
+        let natural = AttnCfg {
+            sg: true,
+            qreg,
+            ..cfg
+        };
+        let tiled = cfg.with_subgroup_tiles(qreg);
+        let sg = if fits(&natural) {
+            natural
+        } else if o.attn_subgroup_tiles && fits(&tiled) {
+            tiled
+        } else {
+            return cfg;
+        };
+        let wide = sg.with_wide_tiles();
+        if sg.kind == AttnKind::Fwd && o.attn_wide_tiles && fits(&wide) {
+            return wide;
+        }
+        sg
     }
 
     pub(super) fn attn_params(
@@ -505,16 +548,16 @@ mod tests {
     #[test]
     fn wide_tiles_fit_head_dim_128_in_48_kib() {
         let c = AttnCfg::choose(AttnKind::Fwd, 128, false, 48 * 1024).unwrap();
-        assert!(c.fits_subgroup_softmax(32, 32), "{c:?}");
+        assert!(c.fits_subgroups(32, 32), "{c:?}");
         let wide = c.with_wide_tiles();
         assert_eq!((wide.bq, wide.bk, wide.threads()), (32, 64, 256));
-        assert!(wide.fits_subgroup_softmax(32, 32), "{wide:?}");
+        assert!(wide.fits_subgroups(32, 32), "{wide:?}");
         assert!(wide.bytes() + MARGIN <= 48 * 1024, "{} bytes", wide.bytes());
         let staged = AttnCfg {
             qreg: false,
             ..wide
         };
-        assert!(!staged.fits_subgroup_softmax(32, 32));
+        assert!(!staged.fits_subgroups(32, 32));
         assert!(AttnCfg { kpl: 1, ..staged }.bytes() + MARGIN > 48 * 1024);
     }
 
@@ -566,23 +609,30 @@ mod tests {
         let c = |k, d| AttnCfg::choose(k, d, false, 48 * 1024).unwrap();
         let fwd = c(AttnKind::Fwd, 128);
         // NVIDIA's and Apple's 32 lanes, AMD's 32 or 64: a 32-lane row group in one subgroup.
-        assert!(fwd.fits_subgroup_softmax(32, 32));
-        assert!(fwd.fits_subgroup_softmax(32, 64));
+        assert!(fwd.fits_subgroups(32, 32));
+        assert!(fwd.fits_subgroups(32, 64));
         // lavapipe's 8 lanes and 16-lane subgroups split a row group; a subgroup wider than
         // the workgroup.
-        assert!(!fwd.fits_subgroup_softmax(8, 8));
-        assert!(!fwd.fits_subgroup_softmax(16, 32));
-        assert!(!fwd.fits_subgroup_softmax(512, 512));
+        assert!(!fwd.fits_subgroups(8, 8));
+        assert!(!fwd.fits_subgroups(16, 32));
+        assert!(!fwd.fits_subgroups(512, 512));
         assert_eq!(AttnCfg { sg: true, ..fwd }.threads(), 256);
         // Tiles whose keys do not match the accumulators' dims; the backward kernels.
-        assert!(!c(AttnKind::Fwd, 64).fits_subgroup_softmax(32, 32));
-        assert!(!c(AttnKind::Fwd, 256).fits_subgroup_softmax(32, 32));
+        assert!(!c(AttnKind::Fwd, 64).fits_subgroups(32, 32));
+        assert!(!c(AttnKind::Fwd, 256).fits_subgroups(32, 32));
         assert!(
             !AttnCfg::choose(AttnKind::Fwd, 128, false, 64 * 1024)
                 .unwrap()
-                .fits_subgroup_softmax(32, 32)
+                .fits_subgroups(32, 32)
         );
-        assert!(!c(AttnKind::Dq, 128).fits_subgroup_softmax(32, 32));
-        assert!(!c(AttnKind::Dkdv, 128).fits_subgroup_softmax(32, 32));
+        assert!(!c(AttnKind::Dq, 128).fits_subgroups(32, 32));
+        // dq on subgroups holds q and d_out in registers: only so.
+        let dq = AttnCfg {
+            qreg: true,
+            ..c(AttnKind::Dq, 128)
+        };
+        assert!(dq.fits_subgroups(32, 32), "{dq:?}");
+        assert_eq!(AttnCfg { sg: true, ..dq }.threads(), 256);
+        assert!(!c(AttnKind::Dkdv, 128).fits_subgroups(32, 32));
     }
 }

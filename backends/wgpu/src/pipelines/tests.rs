@@ -32,7 +32,7 @@ fn attention_variants() -> Vec<AttnCfg> {
                     // own tiles, with a staged query tile and with query registers.
                     let sg = AttnCfg { bk: c.dp / 4, ..c };
                     for base in [c, sg] {
-                        if base.fits_subgroup_softmax(base.bk, base.bk) {
+                        if base.fits_subgroups(base.bk, base.bk) {
                             for qreg in [false, true] {
                                 out.push(AttnCfg {
                                     sg: true,
@@ -42,6 +42,16 @@ fn attention_variants() -> Vec<AttnCfg> {
                             }
                         }
                     }
+                    // dq on subgroups: q and d_out rows in registers.
+                    let dq = AttnCfg {
+                        bk: c.dp / 4,
+                        sg: true,
+                        qreg: true,
+                        ..c
+                    };
+                    if dq.kind == AttnKind::Dq && dq.fits_subgroups(c.dp / 4, c.dp / 4) {
+                        out.push(dq);
+                    }
                     // Two keys a lane, query rows in registers.
                     let wide = AttnCfg {
                         bk: c.dp / 2,
@@ -50,8 +60,7 @@ fn attention_variants() -> Vec<AttnCfg> {
                         kpl: 2,
                         ..c
                     };
-                    if wide.kind == AttnKind::Fwd && wide.fits_subgroup_softmax(c.dp / 4, c.dp / 4)
-                    {
+                    if wide.kind == AttnKind::Fwd && wide.fits_subgroups(c.dp / 4, c.dp / 4) {
                         out.push(wide);
                     }
                 }
@@ -83,6 +92,12 @@ fn all_families() -> Vec<Family> {
         attention.iter().any(|c| c.kpl == 2 && c.dp == 128),
         "no wide-tile variant"
     );
+    let dq_sg = |d| {
+        attention
+            .iter()
+            .any(|c| c.sg && c.kind == AttnKind::Dq && c.dp == d)
+    };
+    assert!(dq_sg(32) && dq_sg(128), "no subgroup dq variant");
     families.extend(attention.into_iter().map(Family::Attention));
     families
 }

@@ -12,12 +12,17 @@
 // aligned lanes of one subgroup, so a row's max and sum are shuffle-xor butterflies over them
 // (a fixed order: every lane gets the same bits, and the result is deterministic). Per key
 // tile, four barriers: stage K and fetch V; scores (4 rows x KPL keys, `dots4` from the staged
-// query tile, or `scores_qreg` from query registers with QREG), softmax, P into SC; stage V;
+// query tile, or `scores_regs` (attention_regs.wgsl) from query registers with QREG), softmax, P into SC; stage V;
 // O = alpha O + P V (4 rows x 4 dims, `acc4`). The scores never pass through workgroup memory
 // and no partial maxima or sums are exchanged. KPL 2 halves the tiles, hence the barriers and
 // the staging rounds, per key; its K and V tiles fit 48 KiB only without the query tile.
 
 const LANES: u32 = BK / KPL;
+
+// A q row's elements 4 c4 .. 4 c4 + 3, for `load_regs` (the forward holds no d_out).
+fn reg_row4(at: u32, c4: u32, dout: bool) -> vec4<f32> {
+    return q_row4(at, c4);
+}
 //
 // Why twice the threads: the NVIDIA Vulkan driver gives a multiprocessor ~48 KiB of workgroup
 // memory in all, so this ~39 KiB workgroup runs alone on its multiprocessor, and 256 threads
@@ -78,84 +83,6 @@ fn dots4(a: u32, b: u32) -> vec4<f32> {
     return vec4<f32>(hsum(x0), hsum(x1), hsum(x2), hsum(x3));
 }
 
-// ---- Scores from query rows in registers (QREG) -------------------------------------------
-//
-// dots4 reads 4 query rows (broadcasts) and one key row from workgroup memory per vec4 of the
-// head dim: 5 loads per 4 vec4 FMAs, and the query tile takes ~17 KiB. With QREG the 4 rows
-// live in registers instead, the head dim split over the 8 aligned lanes of each key group
-// (lane ds of 8 holds vec4 columns 8 i + ds, i < NI): a lane takes 4 rows x 8 keys of partial
-// dot products, 1 load per 4 vec4 FMAs, and a reduce-scatter over its 8 lanes (3 shuffle-xor
-// steps on 4, 2, 1 vec4) leaves it the full scores of its own key, tx = 8 kg + ds, as dots4
-// would. Slot t of lane ds holds key 8 kg + (t ^ ds): then the partner of every step holds
-// the same key in the slot it sends, so no lane selects what to keep. K is staged unpadded
-// (`put_kv` at stride DP4): lane ds reads column 8 i + ds of 8 distinct rows, one bank group
-// each.
-
-const NI: u32 = DP4 / 8u;
-
-// Four rows' vec4: a thread's accumulators (rows 0..3 at its 4 dims), or its query
-// registers at one column.
-struct R4 {
-    r0: vec4<f32>,
-    r1: vec4<f32>,
-    r2: vec4<f32>,
-    r3: vec4<f32>,
-}
-
-// The thread's query registers: [i] holds rows r .. r + 3 at column 8 i + ds (zero past D).
-fn load_q_regs(r: u32, h: u32, ds: u32) -> array<R4, NI> {
-    var qr: array<R4, NI>;
-    let at0 = row_at(r, h);
-    let at1 = row_at(r + 1u, h);
-    let at2 = row_at(r + 2u, h);
-    let at3 = row_at(r + 3u, h);
-    for (var i = 0u; i < NI; i = i + 1u) {
-        let c = 8u * i + ds;
-        qr[i] = R4(q_row4(at0, c), q_row4(at1, c), q_row4(at2, c), q_row4(at3, c));
-    }
-    return qr;
-}
-
-// s + a . b as four FMAs.
-fn dot_acc(s: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
-}
-
-// acc + the 4 query vec4 (one a row) dotted with the key slice u (component e: row e).
-fn rows_acc(acc: vec4<f32>, q: R4, u: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(dot_acc(acc.x, q.r0, u), dot_acc(acc.y, q.r1, u),
-                     dot_acc(acc.z, q.r2, u), dot_acc(acc.w, q.r3, u));
-}
-
-// The 4 rows' scores against key 8 kg + ds of the staged K tile (component e: row e). The
-// eight slots are named registers (an array indexed by a loop counter may be put in local
-// memory), slot t reading key 8 kg + (t ^ ds).
-fn scores_qreg(qr: array<R4, NI>, kg: u32, ds: u32) -> vec4<f32> {
-    var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
-    var a4 = vec4<f32>(0.0); var a5 = vec4<f32>(0.0);
-    var a6 = vec4<f32>(0.0); var a7 = vec4<f32>(0.0);
-    for (var i = 0u; i < NI; i = i + 1u) {
-        let q = qr[i];
-        let at = KV + 8u * kg * DP4 + 8u * i + ds;
-        a0 = rows_acc(a0, q, buf[at + ds * DP4]);
-        a1 = rows_acc(a1, q, buf[at + (1u ^ ds) * DP4]);
-        a2 = rows_acc(a2, q, buf[at + (2u ^ ds) * DP4]);
-        a3 = rows_acc(a3, q, buf[at + (3u ^ ds) * DP4]);
-        a4 = rows_acc(a4, q, buf[at + (4u ^ ds) * DP4]);
-        a5 = rows_acc(a5, q, buf[at + (5u ^ ds) * DP4]);
-        a6 = rows_acc(a6, q, buf[at + (6u ^ ds) * DP4]);
-        a7 = rows_acc(a7, q, buf[at + (7u ^ ds) * DP4]);
-    }
-    let r0 = a0 + subgroupShuffleXor(a4, 4u);
-    let r1 = a1 + subgroupShuffleXor(a5, 4u);
-    let r2 = a2 + subgroupShuffleXor(a6, 4u);
-    let r3 = a3 + subgroupShuffleXor(a7, 4u);
-    let s0 = r0 + subgroupShuffleXor(r2, 2u);
-    let s1 = r1 + subgroupShuffleXor(r3, 2u);
-    return s0 + subgroupShuffleXor(s1, 1u);
-}
-
 // Rows 4 ty .. 4 ty + 3 against key j of the K tile at k0 (component e: row e): the scaled
 // scores where visible, -inf elsewhere (QREG: from the query registers, the key group j / 8
 // and this lane's slice j % 8 of it; else from the staged query tile).
@@ -163,7 +90,7 @@ fn key_scores(qr: array<R4, NI>, ty: u32, j: u32, k0: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
     if ((ABLATE & 1u) == 0u) {
         if (QREG) {
-            s = scores_qreg(qr, j / 8u, j % 8u);
+            s = scores_regs(qr, KV, j / 8u, j % 8u);
         } else {
             s = dots4(QT + 4u * ty * QS, KV + j * QS);
         }
@@ -175,48 +102,6 @@ fn key_scores(qr: array<R4, NI>, ty: u32, j: u32, k0: u32) -> vec4<f32> {
         }
     }
     return x;
-}
-
-// Where row r of head h starts in a (Tq, Hq, D) tensor (q, out), rows past tq clamped to the
-// last (their scores are never visible, their outputs never written).
-fn row_at(r: u32, h: u32) -> u32 {
-    return (min(r, p.tq - 1u) * p.hq + h) * p.d;
-}
-
-fn r4_row(o: R4, r: u32) -> vec4<f32> {
-    switch (r) {
-        case 0u: { return o.r0; }
-        case 1u: { return o.r1; }
-        case 2u: { return o.r2; }
-        default: { return o.r3; }
-    }
-}
-
-// o += sum over keys j < BK of w_j (x) V_j, w_j = buf[w + j PSQ] (the 4 rows' weights), V_j =
-// buf[t + j QS]; `careful` as acc_rows.
-fn acc4(o: R4, w: u32, t: u32, careful: bool) -> R4 {
-    var r = o;
-    if (!careful) {
-        for (var j = 0u; j < BK; j = j + 1u) {
-            let x = buf[w + j * PSQ];
-            let u = buf[t + j * QS];
-            r.r0 = fma(vec4<f32>(x.x), u, r.r0);
-            r.r1 = fma(vec4<f32>(x.y), u, r.r1);
-            r.r2 = fma(vec4<f32>(x.z), u, r.r2);
-            r.r3 = fma(vec4<f32>(x.w), u, r.r3);
-        }
-        return r;
-    }
-    let zero = vec4<f32>(0.0);
-    for (var j = 0u; j < BK; j = j + 1u) {
-        let x = buf[w + j * PSQ];
-        let u = buf[t + j * QS];
-        r.r0 = r.r0 + select(zero, x.x * u, nonzero(x.x));
-        r.r1 = r.r1 + select(zero, x.y * u, nonzero(x.y));
-        r.r2 = r.r2 + select(zero, x.z * u, nonzero(x.z));
-        r.r3 = r.r3 + select(zero, x.w * u, nonzero(x.w));
-    }
-    return r;
 }
 
 // Dims 4 tx .. 4 tx + 3 of out row r (< tq) of head h, those inside D.
@@ -264,7 +149,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let tx = role % LANES;
     var qr: array<R4, NI>;
     if (QREG) {
-        qr = load_q_regs(r0 + 4u * ty, h, tx % 8u);
+        qr = load_regs(r0 + 4u * ty, h, tx % 8u, false);
     }
     let ninf = vec4<f32>(neg_inf_f32());
     // Rows 4 ty .. 4 ty + 3: the online-softmax state (the same in each lane of the group);
@@ -319,7 +204,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         kx = fetch_k_of(it + 1u, span, kh, lid);
         o = R4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
         if ((ABLATE & 4u) == 0u) {
-            o = acc4(o, SC + ty, KV + tx, atomicLoad(&bad[0]) != 0u);
+            o = acc4(o, SC + ty, KV + tx, QS, atomicLoad(&bad[0]) != 0u);
         }
         workgroupBarrier();
     }

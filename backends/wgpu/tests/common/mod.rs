@@ -205,6 +205,7 @@ fn wgpu_opts_full(
         attn_subgroup_tiles: false,
         attn_qreg: false,
         attn_wide_tiles: false,
+        attn_dq_subgroups: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
