@@ -13,7 +13,7 @@
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
 #   wgpu-qreg    attention ctx4096 + drafter step: staged queries, DFLASH_WGPU_ATTN_QREG=1,
-#                DFLASH_WGPU_ATTN_WIDE=1, DFLASH_WGPU_ATTN_DQ_SG=1 (dq on subgroups); drafter
+#                DFLASH_WGPU_ATTN_WIDE=1, DQ_SG=1 + DKDV_SG=1 (backward on subgroups); drafter
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
 #   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines
 #                (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)        -> OUT/wgpu-stats.log, .tar.gz
@@ -90,13 +90,15 @@ for phase in "$@"; do
         grep -E "^-- knobs|^(gemm|attention)\." "$out/wgpu-knobs.log" | cut -c1-140 ;;
     wgpu-qreg)
         # The subgroup forward's query registers, and its two-keys-a-lane tiles, against the
-        # staged query tile, and the subgroup dq kernel, one binary, alternated twice (the
+        # staged query tile, and the subgroup backward kernels, one binary, alternated twice (the
         # attention forward, forward + backward, and the drafter step that runs them).
         for round in 1 2; do
             for knob in DFLASH_WGPU_ATTN_QREG=0 DFLASH_WGPU_ATTN_QREG=1 DFLASH_WGPU_ATTN_WIDE=1 \
-                    DFLASH_WGPU_ATTN_DQ_SG=1; do
+                    "DFLASH_WGPU_ATTN_DQ_SG=1 DFLASH_WGPU_ATTN_DKDV_SG=1"; do
                 echo "-- $knob (round $round)" >> "$out/wgpu-qreg.log"
-                env "$knob" $D bench --backend wgpu --attention wgpu-tiled \
+                # Word-split on purpose: a knob may set two variables.
+                # shellcheck disable=SC2086
+                env $knob $D bench --backend wgpu --attention wgpu-tiled \
                     --only attention.dflash.ctx4096,drafter.step.b1.throughput \
                     --out "/tmp/qreg-$round.json" >> "$out/wgpu-qreg.log" 2>&1 \
                     || failed+=("$phase ($knob)")

@@ -103,6 +103,11 @@ pub struct WgpuOptions {
     /// barriers a key tile instead of four and five), where the adapter's subgroups take DP / 4
     /// lanes. `DFLASH_WGPU_ATTN_DQ_SG=1`; off by default until timed on a GPU.
     pub attn_dq_subgroups: bool,
+    /// The backward's dk/dv kernel on subgroups (attention_dkdv_sg.wgsl): k and v rows held in
+    /// registers for the whole list, Q and d_out the only tiles staged (two stagings and three
+    /// barriers a query tile instead of five and six). `DFLASH_WGPU_ATTN_DKDV_SG=1`; off by
+    /// default until timed on a GPU.
+    pub attn_dkdv_subgroups: bool,
 }
 
 impl WgpuOptions {
@@ -122,6 +127,7 @@ impl WgpuOptions {
             attn_qreg: std::env::var("DFLASH_WGPU_ATTN_QREG").is_ok_and(|v| v == "1"),
             attn_wide_tiles: std::env::var("DFLASH_WGPU_ATTN_WIDE").is_ok_and(|v| v == "1"),
             attn_dq_subgroups: std::env::var("DFLASH_WGPU_ATTN_DQ_SG").is_ok_and(|v| v == "1"),
+            attn_dkdv_subgroups: std::env::var("DFLASH_WGPU_ATTN_DKDV_SG").is_ok_and(|v| v == "1"),
         }
     }
 }

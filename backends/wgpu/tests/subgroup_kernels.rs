@@ -4,8 +4,9 @@
 //! wherever the adapter's subgroups hold BK lanes; the forward with the query tile staged,
 //! with the query rows in registers (`attn_qreg`), and on key tiles twice as wide, two keys a
 //! lane (`attn_wide_tiles`, query rows in registers); dq with q and d_out rows in registers
-//! (`attn_dq_subgroups`). The suite runs forward and backward, so each variant's dq and
-//! dk/dv are checked too. On lavapipe the
+//! (`attn_dq_subgroups`), dk/dv with k and v rows in registers (`attn_dkdv_subgroups`). The
+//! suite runs forward and backward, so each variant's dq and dk/dv are checked too. On
+//! lavapipe the
 //! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide where the
 //! CPU has AVX-512, the widest that works (at 1024 Mesa 22.3 reports 32 lanes but runs 16: its
 //! shuffles across 16 return 0). With 16-lane subgroups head dims 32 (8-key tiles, two row groups a subgroup) and 64
@@ -74,26 +75,27 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
         ..Default::default()
     };
     let mut ran = Vec::new();
-    // (query registers, two keys a lane, dq on subgroups)
+    // (query registers, two keys a lane, the backward's dq and dk/dv on subgroups)
     let variants = [
         (false, false, false),
         (true, false, false),
         (true, true, false),
         (false, false, true),
     ];
-    for (qreg, wide, dq_sg) in variants {
+    for (qreg, wide, bwd_sg) in variants {
         for passes in [None, Some(3)] {
             let opts = WgpuOptions {
                 attn_subgroup_tiles: true,
                 attn_qreg: qreg,
                 attn_wide_tiles: wide,
-                attn_dq_subgroups: dq_sg,
+                attn_dq_subgroups: bwd_sg,
+                attn_dkdv_subgroups: bwd_sg,
                 attn_pass_tiles: passes,
                 ..be.options()
             };
             let sg = WgpuBackend::with_options(&backend, opts).unwrap();
             for layout in LAYOUTS {
-                let [fwd, dq, _] = sg.tiled_kernels(layout.head_dim).unwrap();
+                let [fwd, dq, dkdv] = sg.tiled_kernels(layout.head_dim).unwrap();
                 if !fwd.starts_with("attention_fwd_sg.wgsl") {
                     println!(
                         "head dim {}: {fwd} (not the subgroup forward)",
@@ -103,9 +105,10 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
                 }
                 assert_eq!(fwd.contains("q in registers"), qreg, "{fwd}");
                 assert_eq!(fwd.contains("2 keys a lane"), wide, "{fwd}");
-                assert_eq!(dq.starts_with("attention_dq_sg.wgsl"), dq_sg, "{dq}");
-                let label = match dq_sg {
-                    true => format!("{fwd} with {dq}, passes of {passes:?}"),
+                assert_eq!(dq.starts_with("attention_dq_sg.wgsl"), bwd_sg, "{dq}");
+                assert_eq!(dkdv.starts_with("attention_dkdv_sg.wgsl"), bwd_sg, "{dkdv}");
+                let label = match bwd_sg {
+                    true => format!("{fwd} with {dq} and {dkdv}, passes of {passes:?}"),
                     false => format!("{fwd}, passes of {passes:?}"),
                 };
                 check(&sg, &label, layout);
@@ -116,12 +119,13 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
     println!("ran: {ran:#?}");
     // Every adapter with subgroups of 8+ lanes takes head dim 32 both ways, 16+ lanes head
     // dim 64, 32-lane ones (NVIDIA) head dim 128.
-    let took = |dp: &str, (qreg, wide, dq_sg): (bool, bool, bool)| {
+    let took = |dp: &str, (qreg, wide, bwd_sg): (bool, bool, bool)| {
         ran.iter().any(|l| {
             l.starts_with(&format!("attention_fwd_sg.wgsl ({dp}"))
                 && l.contains(", q in registers") == qreg
                 && l.contains("2 keys a lane") == wide
-                && l.contains("attention_dq_sg.wgsl") == dq_sg
+                && l.contains("attention_dq_sg.wgsl") == bwd_sg
+                && l.contains("attention_dkdv_sg.wgsl") == bwd_sg
         })
     };
     for v in variants {

@@ -204,7 +204,7 @@ impl WgpuBackend {
                 let len = mk.max_k_list * dims.group();
                 let per = self.per_pass(&ckv);
                 let writes = [dk.bind(), dv.bind()];
-                let kernel = ckv.kernel("attn_dkdv");
+                let kernel = ckv.kernel(ckv.dkdv_entry());
                 // dk and dv sum over every chunk's rows: started by the first, scaled by the
                 // last.
                 let keep = if i == 0 { FIRST } else { 0 } | if i + 1 == n { LAST } else { 0 };

@@ -95,17 +95,21 @@ impl AttnCfg {
     /// accumulators cover DP (BK == KPL * DP / 4), and full subgroups of at least DP / 4 lanes
     /// fill the workgroup of (BQ / 4) * DP / 4 threads. The forward: its softmax in registers
     /// (two keys a lane only with the query rows in registers); dq: q and d_out rows in
-    /// registers, one key a lane; dk/dv has no subgroup kernel.
+    /// registers, one key a lane; dk/dv, the other way round: k and v rows in registers,
+    /// one query row a lane (BQ == DP / 4), (BK / 4) * DP / 4 threads.
     pub(crate) fn fits_subgroups(&self, min: u32, max: u32) -> bool {
         let lanes = self.dp / 4;
-        let wg = self.bq / 4 * lanes;
+        let wg = self.owned() / 4 * lanes;
         let shape = match self.kind {
-            AttnKind::Fwd => matches!(self.kpl, 1 | 2) && (self.kpl == 1 || self.qreg),
-            AttnKind::Dq => self.kpl == 1 && self.qreg,
-            AttnKind::Dkdv => false,
+            AttnKind::Fwd => {
+                matches!(self.kpl, 1 | 2)
+                    && (self.kpl == 1 || self.qreg)
+                    && self.bk == self.kpl * lanes
+            }
+            AttnKind::Dq => self.kpl == 1 && self.qreg && self.bk == lanes,
+            AttnKind::Dkdv => self.kpl == 1 && self.qreg && self.bq == lanes,
         };
         shape
-            && self.bk == self.kpl * lanes
             && wg <= 256
             && min >= lanes
             && max <= wg
@@ -113,15 +117,28 @@ impl AttnCfg {
             && min.is_power_of_two()
     }
 
-    /// The subgroup forward's tiles for this head dim: BK = DP / 4 keys (one a lane of a row
-    /// group), the rows unchanged; `qreg` as [`Self::qreg`].
+    /// The subgroup kernels' tiles for this head dim: DP / 4 keys (query rows for dk/dv), one
+    /// a lane of a row group, the owned side unchanged; `qreg` as [`Self::qreg`].
     fn with_subgroup_tiles(&self, qreg: bool) -> Self {
+        let (bq, bk) = match self.kind {
+            AttnKind::Dkdv => (self.dp / 4, self.bk),
+            _ => (self.bq, self.dp / 4),
+        };
         AttnCfg {
-            bk: self.dp / 4,
+            bq,
+            bk,
             sg: true,
             qreg,
             kpl: 1,
             ..*self
+        }
+    }
+
+    /// The tile side a thread block owns rows (keys for dk/dv) of.
+    fn owned(&self) -> u32 {
+        match self.kind {
+            AttnKind::Dkdv => self.bk,
+            _ => self.bq,
         }
     }
 
@@ -148,9 +165,14 @@ impl AttnCfg {
         if self.sg { "attn_dq_sg" } else { "attn_dq" }
     }
 
+    /// The dk/dv kernel's entry point.
+    pub(super) fn dkdv_entry(&self) -> &'static str {
+        if self.sg { "attn_dkdv_sg" } else { "attn_dkdv" }
+    }
+
     pub(crate) fn threads(&self) -> u32 {
         if self.sg {
-            return self.bq / 4 * (self.bk / self.kpl);
+            return self.owned() / 4 * (self.dp / 4);
         }
         match self.kind {
             AttnKind::Fwd | AttnKind::Dq => self.bq * self.dp / 32,
@@ -237,6 +259,12 @@ impl AttnCfg {
                 include_str!("../shaders/attention_bwd.wgsl"),
                 include_str!("../shaders/attention_dq.wgsl")
             ),
+            AttnKind::Dkdv if self.sg => concat!(
+                include_str!("../shaders/attention_bwd.wgsl"),
+                include_str!("../shaders/attention_dkdv.wgsl"),
+                include_str!("../shaders/attention_regs.wgsl"),
+                include_str!("../shaders/attention_dkdv_sg.wgsl")
+            ),
             AttnKind::Dkdv => concat!(
                 include_str!("../shaders/attention_bwd.wgsl"),
                 include_str!("../shaders/attention_dkdv.wgsl")
@@ -250,11 +278,13 @@ impl AttnCfg {
             AttnKind::Fwd => "attention_fwd.wgsl",
             AttnKind::Dq if self.sg => "attention_dq_sg.wgsl",
             AttnKind::Dq => "attention_dq.wgsl",
+            AttnKind::Dkdv if self.sg => "attention_dkdv_sg.wgsl",
             AttnKind::Dkdv => "attention_dkdv.wgsl",
         };
         let loads = if self.vec4 { "vec4" } else { "f32" };
         let q = match (self.qreg, self.kind) {
             (true, AttnKind::Dq) => ", q and d_out in registers",
+            (true, AttnKind::Dkdv) => ", k and v in registers",
             (true, _) => ", q in registers",
             (false, _) => "",
         };
@@ -360,7 +390,8 @@ impl WgpuBackend {
     /// `cfg` moved to its subgroup kernel where the adapter and the options allow: the forward
     /// wherever its tiles fit the subgroups (on its own tiles with `attn_subgroup_tiles`), with
     /// query registers (`attn_qreg`) and two keys a lane (`attn_wide_tiles`); dq with
-    /// `attn_dq_subgroups`. Each only where `have` bytes of workgroup memory hold it.
+    /// `attn_dq_subgroups`, dk/dv with `attn_dkdv_subgroups`. Each only where `have` bytes of
+    /// workgroup memory hold it.
     fn on_subgroups(&self, cfg: AttnCfg, have: u32, (min, max): (u32, u32)) -> AttnCfg {
         if !self.subgroups() {
             return cfg;
@@ -370,6 +401,7 @@ impl WgpuBackend {
         let qreg = match cfg.kind {
             AttnKind::Fwd => o.attn_qreg,
             AttnKind::Dq if o.attn_dq_subgroups => true,
+            AttnKind::Dkdv if o.attn_dkdv_subgroups => true,
             _ => return cfg,
         };
         let natural = AttnCfg {

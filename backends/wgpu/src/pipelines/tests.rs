@@ -52,6 +52,16 @@ fn attention_variants() -> Vec<AttnCfg> {
                     if dq.kind == AttnKind::Dq && dq.fits_subgroups(c.dp / 4, c.dp / 4) {
                         out.push(dq);
                     }
+                    // dk/dv on subgroups: k and v rows in registers, one query row a lane.
+                    let dkdv = AttnCfg {
+                        bq: c.dp / 4,
+                        sg: true,
+                        qreg: true,
+                        ..c
+                    };
+                    if dkdv.kind == AttnKind::Dkdv && dkdv.fits_subgroups(c.dp / 4, c.dp / 4) {
+                        out.push(dkdv);
+                    }
                     // Two keys a lane, query rows in registers.
                     let wide = AttnCfg {
                         bk: c.dp / 2,
@@ -98,6 +108,12 @@ fn all_families() -> Vec<Family> {
             .any(|c| c.sg && c.kind == AttnKind::Dq && c.dp == d)
     };
     assert!(dq_sg(32) && dq_sg(128), "no subgroup dq variant");
+    let dkdv_sg = |d| {
+        attention
+            .iter()
+            .any(|c| c.sg && c.kind == AttnKind::Dkdv && c.dp == d)
+    };
+    assert!(dkdv_sg(32) && dkdv_sg(128), "no subgroup dk/dv variant");
     families.extend(attention.into_iter().map(Family::Attention));
     families
 }

@@ -136,6 +136,11 @@ fn row4(which: u32, at: u32, c4: u32) -> vec4<f32> {
 
 // Query rows [r0, r0 + BQ) of head `head` into the tile at dst, zero past tq.
 fn stage_q(dst: u32, r0: u32, head: u32, lid: u32, flag: u32) {
+    stage_q_rows(dst, QS, r0, head, lid, flag);
+}
+
+// As `stage_q`, rows `stride` vec4 apart (QS: padded; DP4: dense, for register scores).
+fn stage_q_rows(dst: u32, stride: u32, r0: u32, head: u32, lid: u32, flag: u32) {
     var seen = false;
     for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
         let e = lid + n * WG;
@@ -147,7 +152,7 @@ fn stage_q(dst: u32, r0: u32, head: u32, lid: u32, flag: u32) {
                 x = row4(0u, ((r0 + i) * p.hq + head) * p.d, c4);
             }
             seen = seen | nonfinite4(x);
-            buf[dst + i * QS + c4] = x;
+            buf[dst + i * stride + c4] = x;
         }
     }
     note(seen, flag);

@@ -13,6 +13,11 @@ var<workgroup> row_d: array<f32, BQ>;
 // d_out rows [r0, r0 + BQ) of head h into the tile at dst (zero past tq), flagging
 // non-finite values in bad[flag - 1] (0: no check), as stage_q.
 fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
+    stage_dout_rows(dst, QS, r0, h, lid, flag);
+}
+
+// As `stage_dout`, rows `stride` vec4 apart (DP4: dense, for register scores).
+fn stage_dout_rows(dst: u32, stride: u32, r0: u32, h: u32, lid: u32, flag: u32) {
     var seen = false;
     for (var n = 0u; n < (BQ * DP4 + WG - 1u) / WG; n = n + 1u) {
         let e = lid + n * WG;
@@ -23,7 +28,7 @@ fn stage_dout(dst: u32, r0: u32, h: u32, lid: u32, flag: u32) {
                 x = d_out_row4(((r0 + i) * p.hq + h) * p.d, e % DP4);
             }
             seen = seen | nonfinite4(x);
-            buf[dst + i * QS + e % DP4] = x;
+            buf[dst + i * stride + e % DP4] = x;
         }
     }
     note(seen, flag);

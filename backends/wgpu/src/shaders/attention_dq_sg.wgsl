@@ -78,7 +78,7 @@ fn attn_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         }
         buf[SG_S + tx * PSQ + ty] = x;
         workgroupBarrier();
-        o = acc4(o, SG_S + ty, SG_K + tx, DP4, atomicLoad(&bad[0]) != 0u);
+        o = acc4(o, SG_S + ty, PSQ, SG_K + tx, DP4, BK, atomicLoad(&bad[0]) != 0u);
         workgroupBarrier();
     }
     // Scaled once, on the last pass.

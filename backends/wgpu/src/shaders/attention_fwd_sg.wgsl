@@ -204,7 +204,7 @@ fn attn_fwd_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         kx = fetch_k_of(it + 1u, span, kh, lid);
         o = R4(o.r0 * alpha.x, o.r1 * alpha.y, o.r2 * alpha.z, o.r3 * alpha.w);
         if ((ABLATE & 4u) == 0u) {
-            o = acc4(o, SC + ty, KV + tx, QS, atomicLoad(&bad[0]) != 0u);
+            o = acc4(o, SC + ty, PSQ, KV + tx, QS, BK, atomicLoad(&bad[0]) != 0u);
         }
         workgroupBarrier();
     }

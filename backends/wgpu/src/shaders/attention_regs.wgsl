@@ -30,15 +30,18 @@ struct R4 {
 // The thread's registers of q (`dout` false) or d_out rows: [i] holds rows r .. r + 3 at
 // column 8 i + ds (zero past D). The kernel's file says how a row is read (`reg_row4`).
 fn load_regs(r: u32, h: u32, ds: u32, dout: bool) -> array<R4, NI> {
+    let at = vec4<u32>(row_at(r, h), row_at(r + 1u, h), row_at(r + 2u, h), row_at(r + 3u, h));
+    return regs_at(at, ds, dout);
+}
+
+// The registers of the four rows starting at elements `at` (as `load_regs`; `which` picks the
+// tensor for `reg_row4`).
+fn regs_at(at: vec4<u32>, ds: u32, which: bool) -> array<R4, NI> {
     var qr: array<R4, NI>;
-    let at0 = row_at(r, h);
-    let at1 = row_at(r + 1u, h);
-    let at2 = row_at(r + 2u, h);
-    let at3 = row_at(r + 3u, h);
     for (var i = 0u; i < NI; i = i + 1u) {
         let c = 8u * i + ds;
-        qr[i] = R4(reg_row4(at0, c, dout), reg_row4(at1, c, dout), reg_row4(at2, c, dout),
-                   reg_row4(at3, c, dout));
+        qr[i] = R4(reg_row4(at.x, c, which), reg_row4(at.y, c, which),
+                   reg_row4(at.z, c, which), reg_row4(at.w, c, which));
     }
     return qr;
 }
@@ -98,14 +101,14 @@ fn r4_row(o: R4, r: u32) -> vec4<f32> {
     }
 }
 
-// o += sum over keys j < BK of w_j (x) V_j, w_j = buf[w + j PSQ] (the 4 rows' weights), V_j =
-// buf[t + j stride] (a tile's rows `stride` vec4 apart); `careful` as acc_rows.
-fn acc4(o: R4, w: u32, t: u32, stride: u32, careful: bool) -> R4 {
+// o += sum over j < n of w_j (x) V_j, w_j = buf[w + j ws] (the 4 rows' weights), V_j =
+// buf[t + j ts] (a tile's rows `ts` vec4 apart); `careful` as acc_rows.
+fn acc4(o: R4, w: u32, ws: u32, t: u32, ts: u32, n: u32, careful: bool) -> R4 {
     var r = o;
     if (!careful) {
-        for (var j = 0u; j < BK; j = j + 1u) {
-            let x = buf[w + j * PSQ];
-            let u = buf[t + j * stride];
+        for (var j = 0u; j < n; j = j + 1u) {
+            let x = buf[w + j * ws];
+            let u = buf[t + j * ts];
             r.r0 = fma(vec4<f32>(x.x), u, r.r0);
             r.r1 = fma(vec4<f32>(x.y), u, r.r1);
             r.r2 = fma(vec4<f32>(x.z), u, r.r2);
@@ -114,9 +117,9 @@ fn acc4(o: R4, w: u32, t: u32, stride: u32, careful: bool) -> R4 {
         return r;
     }
     let zero = vec4<f32>(0.0);
-    for (var j = 0u; j < BK; j = j + 1u) {
-        let x = buf[w + j * PSQ];
-        let u = buf[t + j * stride];
+    for (var j = 0u; j < n; j = j + 1u) {
+        let x = buf[w + j * ws];
+        let u = buf[t + j * ts];
         r.r0 = r.r0 + select(zero, x.x * u, nonzero(x.x));
         r.r1 = r.r1 + select(zero, x.y * u, nonzero(x.y));
         r.r2 = r.r2 + select(zero, x.z * u, nonzero(x.z));

@@ -206,6 +206,7 @@ fn wgpu_opts_full(
         attn_qreg: false,
         attn_wide_tiles: false,
         attn_dq_subgroups: false,
+        attn_dkdv_subgroups: false,
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
