@@ -42,36 +42,35 @@ fn attention_variants() -> Vec<AttnCfg> {
                             }
                         }
                     }
-                    // dq on subgroups: q and d_out rows in registers.
-                    let dq = AttnCfg {
-                        bk: c.dp / 4,
-                        sg: true,
-                        qreg: true,
-                        ..c
-                    };
-                    if dq.kind == AttnKind::Dq && dq.fits_subgroups(c.dp / 4, c.dp / 4) {
-                        out.push(dq);
-                    }
-                    // dk/dv on subgroups: k and v rows in registers, one query row a lane.
-                    let dkdv = AttnCfg {
-                        bq: c.dp / 4,
-                        sg: true,
-                        qreg: true,
-                        ..c
-                    };
-                    if dkdv.kind == AttnKind::Dkdv && dkdv.fits_subgroups(c.dp / 4, c.dp / 4) {
-                        out.push(dkdv);
-                    }
-                    // Two keys a lane, query rows in registers.
-                    let wide = AttnCfg {
-                        bk: c.dp / 2,
-                        sg: true,
-                        qreg: true,
-                        kpl: 2,
-                        ..c
-                    };
-                    if wide.kind == AttnKind::Fwd && wide.fits_subgroups(c.dp / 4, c.dp / 4) {
-                        out.push(wide);
+                    // The backward kernels on subgroups (the rows each owns in registers, one
+                    // key or query row a lane: dq's keys, dk/dv's query rows) and the forward
+                    // on two keys a lane; `fits_subgroups` keeps each for its own kind.
+                    let lanes = c.dp / 4;
+                    let (sg, qreg) = (true, true);
+                    for cand in [
+                        AttnCfg {
+                            bk: lanes,
+                            sg,
+                            qreg,
+                            ..c
+                        },
+                        AttnCfg {
+                            bq: lanes,
+                            sg,
+                            qreg,
+                            ..c
+                        },
+                        AttnCfg {
+                            bk: 2 * lanes,
+                            sg,
+                            qreg,
+                            kpl: 2,
+                            ..c
+                        },
+                    ] {
+                        if cand.fits_subgroups(lanes, lanes) && !out.contains(&cand) {
+                            out.push(cand);
+                        }
                     }
                 }
             }

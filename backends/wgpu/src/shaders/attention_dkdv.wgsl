@@ -27,6 +27,25 @@ fn kv_at(key: u32, kh: u32, c: u32) -> u32 {
     return (key * p.hkv + kh) * p.d + c;
 }
 
+// Step w of a key tile's flat list of (query tile, query head of kv head kh) pairs: the
+// query tile's first row and the head `(r0, h)`, with its intervals, row statistics, tile
+// flags and cleared non-finite flags in place. row_iv, row_l, row_d and the flags were last
+// read before the previous step's final barrier.
+fn begin_kv_step(w: u32, kh: u32, lid: u32) -> vec2<u32> {
+    let entry = tiles[p.klist_at + w / p.group];
+    tile_full = (entry & FULL) != 0u;
+    let r0 = (entry & ~FULL) * BQ;
+    tile_r0 = r0;
+    let h = kh * p.group + w % p.group;
+    load_intervals(r0, lid);
+    load_row_stats(r0, h, lid);
+    if (lid == 0u) {
+        atomicStore(&bad[0], 0u);
+        atomicStore(&bad[1], 0u);
+    }
+    return vec2<u32>(r0, h);
+}
+
 @compute @workgroup_size(WG)
 fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -68,19 +87,9 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     // One flat loop over (query tile, query head of this kv head) pairs.
     let span = pass_range(lb.x * p.group, lb.y * p.group);
     for (var w = span.x; w < span.y; w = w + 1u) {
-        let entry = tiles[p.klist_at + w / p.group];
-        tile_full = (entry & FULL) != 0u;
-        let r0 = (entry & ~FULL) * BQ;
-        tile_r0 = r0;
-        let h = kh * p.group + w % p.group;
-        // row_iv, row_l, row_d and the flags were last read before the previous step's
-        // final barriers.
-        load_intervals(r0, lid);
-        load_row_stats(r0, h, lid);
-        if (lid == 0u) {
-            atomicStore(&bad[0], 0u);
-            atomicStore(&bad[1], 0u);
-        }
+        let step = begin_kv_step(w, kh, lid);
+        let r0 = step.x;
+        let h = step.y;
         stage_kv(1u, KT, k0, kh, lid, 0u);
         stage_q(RT, r0, h, lid, 0u);
         workgroupBarrier();

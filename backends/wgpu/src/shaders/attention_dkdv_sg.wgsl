@@ -90,19 +90,9 @@ fn attn_dkdv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     // One flat loop over (query tile, query head of this kv head) pairs.
     let span = pass_range(lb.x * p.group, lb.y * p.group);
     for (var w = span.x; w < span.y; w = w + 1u) {
-        let entry = tiles[p.klist_at + w / p.group];
-        tile_full = (entry & FULL) != 0u;
-        let r0 = (entry & ~FULL) * BQ;
-        tile_r0 = r0;
-        let h = kh * p.group + w % p.group;
-        // row_iv, row_l, row_d and the flags were last read before the previous step's
-        // final barrier.
-        load_intervals(r0, lid);
-        load_row_stats(r0, h, lid);
-        if (lid == 0u) {
-            atomicStore(&bad[0], 0u);
-            atomicStore(&bad[1], 0u);
-        }
+        let step = begin_kv_step(w, kh, lid);
+        let r0 = step.x;
+        let h = step.y;
         // Q flags bad[1] (dk accumulates dS^T Q), d_out bad[0] (dv accumulates P^T d_out).
         stage_q_rows(SG_Q, DP4, r0, h, lid, 2u);
         stage_dout_rows(SG_O, DP4, r0, h, lid, 1u);
