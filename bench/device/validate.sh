@@ -12,9 +12,12 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
-#   wgpu-qreg    attention ctx4096 + drafter step: staged queries, DFLASH_WGPU_ATTN_QREG=1,
-#                DFLASH_WGPU_ATTN_WIDE=1, DQ_SG=1 + DKDV_SG=1 (backward on subgroups); drafter
+#   wgpu-qreg    attention ctx4096 + drafter step: the shipped subgroup variants against each
+#                turned off (DFLASH_WGPU_ATTN_WIDE=0, DQ_SG=0 + DKDV_SG=0, all four =0); drafter
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
+#   wgpu-order   attention ctx4096 alone, then after the GEMM bench in the same process,
+#                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
+#                                                                          -> OUT/wgpu-order.log
 #   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines
 #                (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)        -> OUT/wgpu-stats.log, .tar.gz
 #   ab           the staged binary against .ab/dflash-base (stage.sh --ab-base REV), alternated
@@ -89,12 +92,13 @@ for phase in "$@"; do
         done
         grep -E "^-- knobs|^(gemm|attention)\." "$out/wgpu-knobs.log" | cut -c1-140 ;;
     wgpu-qreg)
-        # The subgroup forward's query registers, and its two-keys-a-lane tiles, against the
-        # staged query tile, and the subgroup backward kernels, one binary, alternated twice (the
+        # The shipped subgroup variants (query registers and two keys a lane in the forward,
+        # dq and dk/dv on subgroups) against each turned off, one binary, alternated twice (the
         # attention forward, forward + backward, and the drafter step that runs them).
+        off="DFLASH_WGPU_ATTN_QREG=0 DFLASH_WGPU_ATTN_WIDE=0 DFLASH_WGPU_ATTN_DQ_SG=0 DFLASH_WGPU_ATTN_DKDV_SG=0"
         for round in 1 2; do
-            for knob in DFLASH_WGPU_ATTN_QREG=0 DFLASH_WGPU_ATTN_QREG=1 DFLASH_WGPU_ATTN_WIDE=1 \
-                    "DFLASH_WGPU_ATTN_DQ_SG=1 DFLASH_WGPU_ATTN_DKDV_SG=1"; do
+            for knob in SHIPPED=1 DFLASH_WGPU_ATTN_WIDE=0 \
+                    "DFLASH_WGPU_ATTN_DQ_SG=0 DFLASH_WGPU_ATTN_DKDV_SG=0" "$off"; do
                 echo "-- $knob (round $round)" >> "$out/wgpu-qreg.log"
                 # Word-split on purpose: a knob may set two variables.
                 # shellcheck disable=SC2086
@@ -111,6 +115,15 @@ for phase in "$@"; do
             --only gemm.compute.8192,drafter.step.b1.throughput --out /tmp/f32.json \
             >> "$out/wgpu-qreg.log" 2>&1 || failed+=("$phase (f32)")
         grep -E "^-- |^(attention|drafter|gemm)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+    wgpu-order)
+        for round in 1 2; do
+            for only in attention.dflash.ctx4096 gemm.f32.8192,attention.dflash.ctx4096; do
+                echo "-- $only (round $round)" >> "$out/wgpu-order.log"
+                $D bench --backend wgpu --attention wgpu-tiled --only "$only" \
+                    --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
+            done
+        done
+        grep -E "^-- |^(attention|gemm)\." "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-stats)
         rm -rf /tmp/pstats
         DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \

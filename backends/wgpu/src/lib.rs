@@ -91,43 +91,72 @@ pub struct WgpuOptions {
     /// over 8 lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile: ~17 KiB
     /// less workgroup memory at head dim 128 and one workgroup load per 4 vec4 FMAs instead
     /// of 5. Applies wherever the subgroup forward runs (the tiles are still chosen for the
-    /// staged tile's memory). `DFLASH_WGPU_ATTN_QREG=1`; off by default until timed on a GPU.
+    /// staged tile's memory). On by default (H200: forward 16.9 against 14.8 TFLOP/s, docs/PERF.md);
+    /// `DFLASH_WGPU_ATTN_QREG=0` turns it off.
     pub attn_qreg: bool,
     /// The subgroup forward on key tiles twice as wide, two keys a lane (BK = DP / 2: 32 x 64
     /// tiles at head dim 128, ~45 KiB with the query rows in registers, which it implies): half
     /// the tiles per key, so half the barriers and staging rounds, where the adapter's
-    /// workgroup memory holds them. `DFLASH_WGPU_ATTN_WIDE=1`; off by default until timed.
+    /// workgroup memory holds them. On by default (H200: forward 18.0 TFLOP/s);
+    /// `DFLASH_WGPU_ATTN_WIDE=0` turns it off.
     pub attn_wide_tiles: bool,
     /// The backward's dq kernel on subgroups (attention_dq_sg.wgsl): q and d_out rows held in
     /// registers for the whole key list, K and V the only tiles staged (two stagings and three
     /// barriers a key tile instead of four and five), where the adapter's subgroups take DP / 4
-    /// lanes. `DFLASH_WGPU_ATTN_DQ_SG=1`; off by default until timed on a GPU.
+    /// lanes. On by default (H200: with dk/dv's, forward + backward 11.3 against 7.6 TFLOP/s);
+    /// `DFLASH_WGPU_ATTN_DQ_SG=0` turns it off.
     pub attn_dq_subgroups: bool,
     /// The backward's dk/dv kernel on subgroups (attention_dkdv_sg.wgsl): k and v rows held in
     /// registers for the whole list, Q and d_out the only tiles staged (two stagings and three
-    /// barriers a query tile instead of five and six). `DFLASH_WGPU_ATTN_DKDV_SG=1`; off by
-    /// default until timed on a GPU.
+    /// barriers a query tile instead of five and six). On by default;
+    /// `DFLASH_WGPU_ATTN_DKDV_SG=0` turns it off.
     pub attn_dkdv_subgroups: bool,
 }
 
 impl WgpuOptions {
-    /// `DFLASH_WGPU_POISON=1` turns poison on; f16 is on unless `DFLASH_WGPU_F16=0` (which
-    /// forces f32 on an adapter with `SHADER_F16`, so both paths run on one machine), and
-    /// subgroup reductions unless `DFLASH_WGPU_SUBGROUPS=0`; `DFLASH_WGPU_GEMM_TILE=64` picks
-    /// the small GEMM tile.
-    pub fn from_env() -> Self {
+    /// What the backend runs with when nothing is set: f16 storage and subgroup reductions
+    /// where the device has them, the 128 x 128 GEMM tile, and `wgpu-tiled` on its subgroup
+    /// kernels (query registers, two keys a lane, dq and dk/dv on subgroups) wherever the
+    /// adapter's subgroups and workgroup memory take them. Tests start from it so they cover
+    /// what ships.
+    pub fn shipped() -> Self {
         WgpuOptions {
-            poison: std::env::var("DFLASH_WGPU_POISON").is_ok_and(|v| v == "1"),
+            poison: false,
             max_binding_bytes: None,
-            f16: std::env::var("DFLASH_WGPU_F16").map_or(true, |v| v != "0"),
-            subgroups: std::env::var("DFLASH_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
-            gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
+            f16: true,
+            subgroups: true,
+            gemm_small_tiles: false,
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
-            attn_qreg: std::env::var("DFLASH_WGPU_ATTN_QREG").is_ok_and(|v| v == "1"),
-            attn_wide_tiles: std::env::var("DFLASH_WGPU_ATTN_WIDE").is_ok_and(|v| v == "1"),
-            attn_dq_subgroups: std::env::var("DFLASH_WGPU_ATTN_DQ_SG").is_ok_and(|v| v == "1"),
-            attn_dkdv_subgroups: std::env::var("DFLASH_WGPU_ATTN_DKDV_SG").is_ok_and(|v| v == "1"),
+            attn_qreg: true,
+            attn_wide_tiles: true,
+            attn_dq_subgroups: true,
+            attn_dkdv_subgroups: true,
+        }
+    }
+
+    /// [`Self::shipped`] with the environment's switches: `DFLASH_WGPU_POISON=1` turns poison
+    /// on; `DFLASH_WGPU_F16=0` forces f32 on an adapter with `SHADER_F16` (so both paths run
+    /// on one machine), `DFLASH_WGPU_SUBGROUPS=0` the workgroup-memory reductions,
+    /// `DFLASH_WGPU_GEMM_TILE=64` the small GEMM tile, and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`,
+    /// `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off (`=1` on).
+    pub fn from_env() -> Self {
+        let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => default,
+        };
+        let s = Self::shipped();
+        WgpuOptions {
+            poison: flag("DFLASH_WGPU_POISON", s.poison),
+            f16: flag("DFLASH_WGPU_F16", s.f16),
+            subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups),
+            gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
+            attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg),
+            attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
+            attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),
+            attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups),
+            ..s
         }
     }
 }

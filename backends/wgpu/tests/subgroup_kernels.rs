@@ -1,19 +1,20 @@
-//! The subgroup kernels: the forward (attention_fwd_sg.wgsl), which the H200 runs at head dim
-//! 128, and dq (attention_dq_sg.wgsl), on any adapter with subgroups:
-//! `WgpuOptions::attn_subgroup_tiles` puts them on their tiles (BK = DP / 4 keys, one a lane)
-//! wherever the adapter's subgroups hold BK lanes; the forward with the query tile staged,
-//! with the query rows in registers (`attn_qreg`), and on key tiles twice as wide, two keys a
-//! lane (`attn_wide_tiles`, query rows in registers); dq with q and d_out rows in registers
-//! (`attn_dq_subgroups`), dk/dv with k and v rows in registers (`attn_dkdv_subgroups`). The
-//! suite runs forward and backward, so each variant's dq and dk/dv are checked too. On
-//! lavapipe the
-//! subgroup width follows the LLVM vector width, so this file runs it 512 bits wide where the
-//! CPU has AVX-512, the widest that works (at 1024 Mesa 22.3 reports 32 lanes but runs 16: its
-//! shuffles across 16 return 0). With 16-lane subgroups head dims 32 (8-key tiles, two row groups a subgroup) and 64
-//! (16-key tiles: two key groups and two register columns a lane with query registers) take
-//! the kernel; 128 needs 32 lanes (a GPU such as the H200 runs all three here). Every suite
-//! mask, the large masks, the k and v NaN cases, one pass and passes of 3 list iterations (the
-//! softmax state carried between dispatches), vec4 and scalar reads, against the f64 oracle.
+//! The subgroup kernels of `wgpu-tiled` on any adapter with subgroups: the forward
+//! (attention_fwd_sg.wgsl) with the query tile staged, with the query rows in registers
+//! (`attn_qreg`), and on key tiles twice as wide, two keys a lane (`attn_wide_tiles`); dq with
+//! q and d_out rows in registers (`attn_dq_subgroups`, attention_dq_sg.wgsl), dk/dv with k
+//! and v rows in registers (`attn_dkdv_subgroups`, attention_dkdv_sg.wgsl); and what ships,
+//! all of them together. `WgpuOptions::attn_subgroup_tiles` puts them on their tiles (BK =
+//! DP / 4 keys, one a lane) wherever the adapter's subgroups hold BK lanes. The suite runs
+//! forward and backward, so each variant's dq and dk/dv are checked too.
+//!
+//! On lavapipe the subgroup width follows the LLVM vector width, so this file runs it 512
+//! bits wide where the CPU has AVX-512, the widest that works (at 1024 Mesa 22.3 reports 32
+//! lanes but runs 16: its shuffles across 16 return 0). With 16-lane subgroups head dims 32
+//! (8-key tiles, two row groups a subgroup) and 64 (16-key tiles: two key groups and two
+//! register columns a lane with query registers) take the kernels; 128 needs 32 lanes (a GPU
+//! such as the H200 runs all three here). Every suite mask, the large masks, the k and v NaN
+//! cases, one pass and passes of 3 list iterations (the softmax state carried between
+//! dispatches), vec4 and scalar reads, against the f64 oracle.
 //!
 //! One test in this file: it sets the environment before the adapter starts.
 
@@ -81,6 +82,7 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
         (true, false, false),
         (true, true, false),
         (false, false, true),
+        (true, true, true),
     ];
     for (qreg, wide, bwd_sg) in variants {
         for passes in [None, Some(3)] {

@@ -195,18 +195,13 @@ fn wgpu_opts_full(
         threads: 0,
         device: 0,
     };
+    // The shipped kernels (the attention variants where the adapter takes them), poisoned.
     let wopts = WgpuOptions {
         poison: true,
         max_binding_bytes,
         f16,
         subgroups,
-        gemm_small_tiles: false,
-        attn_pass_tiles: None,
-        attn_subgroup_tiles: false,
-        attn_qreg: false,
-        attn_wide_tiles: false,
-        attn_dq_subgroups: false,
-        attn_dkdv_subgroups: false,
+        ..WgpuOptions::shipped()
     };
     match WgpuBackend::with_options(&opts, wopts) {
         Ok(b) => Some(b),
