@@ -1,7 +1,9 @@
-//! Matrix products (`shaders/gemm.wgsl`): 64 x 64 workgroup tiles, f32 accumulation and f32
-//! output, every transpose combination read in place (no transposed copies), each operand f32
-//! or f16 (the compute format of frozen weights and features, widened on load: one pipeline
-//! per dtype pair).
+//! Matrix products (`shaders/gemm.wgsl`): 128 x 128 workgroup tiles (64 x 64 behind
+//! [`crate::WgpuOptions::gemm_small_tiles`], double-buffered behind
+//! [`crate::WgpuOptions::gemm_double_buffer`], `shaders/gemm_db.wgsl`), f32 accumulation and
+//! f32 output, every transpose combination read in place (no transposed copies), each operand
+//! f32 or f16 (the compute format of frozen weights and features, widened on load: one
+//! pipeline per dtype pair).
 //!
 //! A product whose operands exceed one storage binding is split ([`plan`]): each operand is
 //! bound as the span of its *stored* rows that a sub-product needs, so splitting `M` shrinks
@@ -19,17 +21,31 @@ use crate::storage::{DType, WgpuStorage, storage_any, storage_mut};
 /// The chunk granularity of [`plan`]: a multiple of both kernels' tiles.
 const TILE: usize = 128;
 
-/// The GEMM pipeline for operands of dtypes `a` and `b` and its square tile: `matmul`
-/// (64 x 64) or `matmul128` (128 x 128).
-fn matmul_kernel(a: DType, b: DType, small: bool) -> (Kernel<'static>, usize) {
+/// Workgroup memory of `matmul128_db`: two buffers of a's and b's 16 x 128 tiles, f32
+/// (`gemm_db.wgsl`'s `wa2` and `wb2`, 2 x 512 vec4 each).
+pub(crate) const DB_WORKGROUP_BYTES: u32 = 2 * 2 * 512 * 16;
+
+/// Which GEMM kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// `matmul`: 64 x 64 tiles.
+    Small,
+    /// `matmul128`: 128 x 128 tiles.
+    Large,
+    /// `matmul128_db`: 128 x 128 tiles, double-buffered.
+    DoubleBuffered,
+}
+
+/// The GEMM pipeline of `variant` for operands of dtypes `a` and `b`, and its square tile.
+fn matmul_kernel(a: DType, b: DType, variant: Variant) -> (Kernel<'static>, usize) {
     let family = Family::Gemm {
         a16: a == DType::F16,
         b16: b == DType::F16,
     };
-    if small {
-        (Kernel::new(family, "matmul"), 64)
-    } else {
-        (Kernel::new(family, "matmul128"), 128)
+    match variant {
+        Variant::Small => (Kernel::new(family, "matmul"), 64),
+        Variant::Large => (Kernel::new(family, "matmul128"), 128),
+        Variant::DoubleBuffered => (Kernel::new(family, "matmul128_db"), 128),
     }
 }
 
@@ -180,7 +196,7 @@ impl WgpuBackend {
             self.span_elems_of(b.s.dtype),
             self.span_elems(),
         );
-        let (kernel, tile) = matmul_kernel(a.s.dtype, b.s.dtype, self.opts.gemm_small_tiles);
+        let (kernel, tile) = matmul_kernel(a.s.dtype, b.s.dtype, self.gemm_variant());
         let chunks = plan((m, n, k), (a.t, b.t), limits).ok_or_else(|| {
             self.err(
                 op,
@@ -234,6 +250,25 @@ impl WgpuBackend {
             self.ctx.dispatch(op, &kernel, &p, &[ab, bb], &[cb], g)?;
         }
         Ok(())
+    }
+
+    /// Whether this instance's GEMM runs the double-buffered kernel (`matmul128_db`):
+    /// [`crate::WgpuOptions::gemm_double_buffer`] is on, the small tiles are not, and the
+    /// adapter's workgroup storage holds its buffers ([`DB_WORKGROUP_BYTES`]); otherwise the
+    /// shipped `matmul128` runs.
+    pub fn gemm_double_buffered(&self) -> bool {
+        self.gemm_variant() == Variant::DoubleBuffered
+    }
+
+    fn gemm_variant(&self) -> Variant {
+        let fits = self.ctx.limits.max_compute_workgroup_storage_size >= DB_WORKGROUP_BYTES;
+        if self.opts.gemm_small_tiles {
+            Variant::Small
+        } else if self.opts.gemm_double_buffer && fits {
+            Variant::DoubleBuffered
+        } else {
+            Variant::Large
+        }
     }
 
     /// That the `(rows, cols)` matrix `o` names lies inside its buffer: rows at least `cols`

@@ -77,6 +77,13 @@ pub struct WgpuOptions {
     /// (`matmul128`): both ship so each is tested; the small tile wastes less on products
     /// with few rows or columns.
     pub gemm_small_tiles: bool,
+    /// The 128 x 128 GEMM on its double-buffered kernel (`matmul128_db`, gemm_db.wgsl): two
+    /// buffers of workgroup tiles, so one barrier a k-step instead of two, and each row of k's
+    /// workgroup loads issued before the previous row's FMAs. Off by default, until timed
+    /// against `matmul128` (`DFLASH_WGPU_GEMM_DB=1` turns it on); where the adapter's workgroup
+    /// storage cannot hold its 32 KiB, or with [`Self::gemm_small_tiles`], it is ignored
+    /// ([`WgpuBackend::gemm_double_buffered`]).
+    pub gemm_double_buffer: bool,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
     /// pass on a GPU, as many as the adapter's loop cap needs on a CPU adapter.
@@ -126,6 +133,7 @@ impl WgpuOptions {
             f16: true,
             subgroups: true,
             gemm_small_tiles: false,
+            gemm_double_buffer: false,
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
             attn_qreg: true,
@@ -138,8 +146,9 @@ impl WgpuOptions {
     /// [`Self::shipped`] with the environment's switches: `DFLASH_WGPU_POISON=1` turns poison
     /// on; `DFLASH_WGPU_F16=0` forces f32 on an adapter with `SHADER_F16` (so both paths run
     /// on one machine), `DFLASH_WGPU_SUBGROUPS=0` the workgroup-memory reductions,
-    /// `DFLASH_WGPU_GEMM_TILE=64` the small GEMM tile, and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`,
-    /// `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off (`=1` on).
+    /// `DFLASH_WGPU_GEMM_TILE=64` the small GEMM tile, `DFLASH_WGPU_GEMM_DB=1` the
+    /// double-buffered GEMM, and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0`
+    /// each attention variant off (`=1` on).
     pub fn from_env() -> Self {
         let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
             Ok("0") => false,
@@ -152,6 +161,7 @@ impl WgpuOptions {
             f16: flag("DFLASH_WGPU_F16", s.f16),
             subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups),
             gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
+            gemm_double_buffer: flag("DFLASH_WGPU_GEMM_DB", s.gemm_double_buffer),
             attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg),
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),

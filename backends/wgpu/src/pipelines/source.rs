@@ -4,9 +4,10 @@
 
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
 /// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
-/// (the operand bindings and readers are put in front of `gemm.wgsl`); `F16` holds the
-/// kernels that read or write f16 buffers and is compiled only on a device with
-/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
+/// (the operand bindings and readers are put in front of `gemm.wgsl`, and `gemm_db.wgsl`, its
+/// double-buffered variant, after it); `F16` holds the kernels that read or write f16 buffers
+/// and is compiled only on a device with `SHADER_F16` (its `enable f16;` is a compile error
+/// elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
@@ -40,9 +41,10 @@ impl Family {
     /// Whether the host proves every index of the family's kernels in bounds before it
     /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
     /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
-    /// indexed by constants, and `WgpuBackend::gemm` refuses an operand whose rows are
-    /// shorter than the columns it reads or whose rows run past its buffer (the bounds
-    /// checks cost the GEMM ~8% on the H200, docs/PERF.md).
+    /// indexed by expressions that constants bound (`gemm_db.wgsl`'s `swz`, its buffer
+    /// offsets), and `WgpuBackend::gemm` refuses an operand whose rows are shorter than the
+    /// columns it reads or whose rows run past its buffer (the bounds checks cost the GEMM
+    /// ~8% on the H200, docs/PERF.md).
     pub(super) fn bounds_proven_on_host(self) -> bool {
         matches!(self, Family::Gemm { .. })
     }
@@ -76,10 +78,11 @@ impl Family {
             Family::Gemm { a16, b16 } => {
                 let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
                 return format!(
-                    "{f16}{PRELUDE}\n{}{}{}",
+                    "{f16}{PRELUDE}\n{}{}{}\n{}",
                     gemm_operand("a", 1, a16),
                     gemm_operand("b", 2, b16),
-                    include_str!("../shaders/gemm.wgsl")
+                    include_str!("../shaders/gemm.wgsl"),
+                    include_str!("../shaders/gemm_db.wgsl")
                 );
             }
             Family::Rope => include_str!("../shaders/rope.wgsl"),

@@ -135,6 +135,48 @@ fn every_module_variant_validates() {
     }
 }
 
+/// Every GEMM module holds the three kernels `gemm.rs` dispatches, and the double-buffered
+/// one declares the workgroup memory the host checks against the adapter's limit before it
+/// chooses it (`DB_WORKGROUP_BYTES`), no more than 32 KiB (so lavapipe runs it in the
+/// conformance suite).
+#[test]
+fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
+    use crate::gemm::DB_WORKGROUP_BYTES;
+    for (a16, b16) in [(false, false), (false, true), (true, false), (true, true)] {
+        let f = Family::Gemm { a16, b16 };
+        let src = f.source(false);
+        let module = naga::front::wgsl::parse_str(&src).expect("parses");
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .expect("validates");
+        for entry in ["matmul", "matmul128", "matmul128_db"] {
+            let i = module
+                .entry_points
+                .iter()
+                .position(|ep| ep.name == entry)
+                .unwrap_or_else(|| panic!("{}: no entry point {entry}", f.label(false)));
+            // The workgroup variables the entry point uses, as the driver allocates them.
+            let ep = info.get_entry_point(i);
+            let bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !ep[*h].is_empty())
+                .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+                .sum();
+            if entry == "matmul128_db" {
+                assert_eq!(bytes, DB_WORKGROUP_BYTES, "{entry}");
+            }
+            assert!(
+                bytes <= 32 * 1024,
+                "{entry}: {bytes} bytes of workgroup memory"
+            );
+        }
+    }
+}
+
 /// `DFLASH_WGPU_PIPELINE_STATS` compiles each pipeline a second time, to SPIR-V through naga
 /// (`vulkan::stats`): every entry point of every variant, with and without runtime checks, must
 /// get through that writer, so a GPU run reading the driver's statistics does not stop at the

@@ -66,8 +66,8 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
     v
 }
 
-/// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus the 64 x 64-tile kernel on the
-/// adapter's limits.
+/// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus, on the adapter's limits, the
+/// 64 x 64-tile kernel and the double-buffered 128 x 128 one ([`wgpu_gemm_double_buffered`]).
 pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_both();
     if !v.is_empty() {
@@ -79,8 +79,40 @@ pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
         let small = WgpuBackend::with_options(&BackendOptions::default(), opts)
             .expect("the wgpu backend with small GEMM tiles");
         v.push(("full bindings, 64-tile GEMM", small));
+        if let Some(db) = wgpu_gemm_double_buffered(&b) {
+            v.push(("full bindings, double-buffered GEMM", db));
+        }
     }
     v
+}
+
+/// [`wgpu_f16_both`] plus the double-buffered GEMM with f16 storage on the adapter's limits.
+pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = wgpu_f16_both();
+    if let Some(db) = wgpu_f16().and_then(|b| wgpu_gemm_double_buffered(&b)) {
+        v.push(("f16, full bindings, double-buffered GEMM", db));
+    }
+    v
+}
+
+/// `b`'s options with the double-buffered GEMM on, or `None` after printing the skip line
+/// where the adapter's workgroup storage cannot hold its tiles (the backend then runs the
+/// shipped kernel, which the other variants test).
+pub fn wgpu_gemm_double_buffered(b: &WgpuBackend) -> Option<WgpuBackend> {
+    let opts = WgpuOptions {
+        gemm_double_buffer: true,
+        ..b.options()
+    };
+    let db = WgpuBackend::with_options(&BackendOptions::default(), opts)
+        .expect("the wgpu backend with the double-buffered GEMM");
+    if !db.gemm_double_buffered() {
+        skip(&format!(
+            "the adapter's workgroup storage is too small for the double-buffered GEMM: {}",
+            db.summary()
+        ));
+        return None;
+    }
+    Some(db)
 }
 
 /// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
