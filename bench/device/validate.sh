@@ -123,7 +123,14 @@ for phase in "$@"; do
                     --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
             done
         done
-        grep -E "^-- |^(attention|gemm)\." "$out/wgpu-order.log" | cut -c1-140 ;;
+        # Device time per kernel in each order (DFLASH_WGPU_PROFILE): the same kernel times
+        # with a slower wall time put the loss on the host side, slower kernels on the device.
+        for only in attention.dflash.ctx4096 gemm.f32.8192,attention.dflash.ctx4096; do
+            echo "-- profiled: $only" >> "$out/wgpu-order.log"
+            DFLASH_WGPU_PROFILE=1 $D bench --backend wgpu --attention wgpu-tiled --only "$only" \
+                --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
+        done
+        grep -E "^-- |^(attention|gemm)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-stats)
         rm -rf /tmp/pstats
         DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \
