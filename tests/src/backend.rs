@@ -166,6 +166,7 @@ pub fn check_backend_attention(
 }
 
 /// The five outputs of one run, on the host.
+#[derive(Debug, Clone)]
 pub(crate) struct Outputs {
     pub(crate) out: Vec<f32>,
     pub(crate) lse: Vec<f32>,

@@ -202,32 +202,92 @@ pub fn suite_cases() -> Result<Vec<Case>, String> {
     Ok(cases)
 }
 
+/// Which input of a [`NanCase`] holds the NaN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanInput {
+    /// `k[row, head, 0]`: `row` is a key, `head` a kv head.
+    K,
+    /// `v[row, head, 0]`: `row` is a key, `head` a kv head.
+    V,
+    /// `q[row, head, 0]`: `row` is a query row, `head` a q head.
+    Q,
+    /// `d_out[row, head, 0]`: `row` is a query row, `head` a q head.
+    DOut,
+}
+
+impl NanInput {
+    /// The input's name, as in case names: `k`, `v`, `q`, `d_out`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NanInput::K => "k",
+            NanInput::V => "v",
+            NanInput::Q => "q",
+            NanInput::DOut => "d_out",
+        }
+    }
+
+    /// Whether the NaN is in a key-side input (`k`, `v`), so the case's `row` is a key and its
+    /// `head` a kv head; otherwise `row` is a query row and `head` a q head.
+    pub fn is_key_side(self) -> bool {
+        matches!(self, NanInput::K | NanInput::V)
+    }
+}
+
 /// A NaN-propagation case (the NaN policy in ARCHITECTURE.md): `case`'s usual inputs with
-/// `k[key, kv_head, 0]` set to NaN. Every (row, head) whose mask sees `key` through `kv_head`
-/// has NaN scores and must come out NaN (`out` and `lse`, and `dq` in the backward) with
-/// `dk`/`dv` of that key NaN; rows that see no key stay exactly 0 (`lse = -inf`); every other
-/// row stays finite, its `dq` included. So a kernel can neither hide a NaN (the `l > 0` test
-/// of an online softmax is false for NaN) nor spread it to rows that never read it.
+/// element 0 of one (row, head) of one input ([`NanCase::input`]) set to NaN. In every case a
+/// row that sees no key stays exactly 0 with `lse = -inf`, and nothing is hidden or spread
+/// beyond what follows. The backward is the usual one: `D = rowsum(dO * O)`, `dP = dO V^T`,
+/// `dS = P * (dP - D)`, `dq = scale * dS K`, `dk = scale * dS^T Q`, `dv = P^T dO`.
 ///
-/// With `in_v` the NaN is `v[key, kv_head, 0]` instead ([`nan_v_cases_on`]): the scores stay
-/// finite, so a row that sees `key` has a finite `lse`, `out[.., 0]` NaN and `dq` NaN (its
-/// `dO . v` is), `dk` of the key is NaN and its `dv` finite; every other row stays finite.
-/// This catches a kernel that multiplies a zero weight (a masked pair inside a partial tile)
-/// by the NaN value.
+/// - **NaN in `k[key, kv_head, 0]`** ([`nan_cases_on`]): every (row, head) whose mask sees
+///   `key` through `kv_head` has NaN scores and must come out NaN (`out` and `lse`, and `dq`
+///   in the backward) with `dk`/`dv` of that key NaN; every other row stays finite, its `dq`
+///   included. So a kernel can neither hide a NaN (the `l > 0` test of an online softmax is
+///   false for NaN) nor spread it to rows that never read it.
+/// - **NaN in `v[key, kv_head, 0]`** ([`nan_v_cases_on`]): the scores stay finite, so a row
+///   that sees `key` has a finite `lse`, `out[.., 0]` NaN and `dq` NaN (its `dO . v` is),
+///   `dk` of the key is NaN and its `dv` finite; every other row stays finite. This catches a
+///   kernel that multiplies a zero weight (a masked pair inside a partial tile) by the NaN
+///   value.
+/// - **NaN in `q[r, h, 0]`** ([`nan_q_cases_on`]; `r` sees keys): every score of (r, h) is
+///   NaN, so (r, h) has `out`, `lse` and `dq` all NaN (its P row is NaN, so is `D_r`, so is
+///   its dS row). `dk` and `dv` of every key (r, h) sees, in kv head `h / group`, are all NaN
+///   (`dk_j` holds `dS[r, j] q_r`, `dv_j` holds `P[r, j] dO_r`, each NaN in every dim). Every
+///   other (row, head), the other heads of row r included, keeps a finite `out`, `lse` and
+///   `dq` (the forward and `dq = dS K` are row-wise); `dk`/`dv` of the keys r does not see in
+///   kv head `h / group` are finite, and so is every key's in the other kv heads.
+/// - **NaN in `d_out[r, h, 0]`** ([`nan_dout_cases_on`]; `r` sees keys): the forward never
+///   reads `d_out`, so every `out` and `lse` is finite (or 0 and -inf for a row that sees no
+///   key). `D_r` and the whole `dP` row of (r, h) are NaN, so its dS row is NaN at every key
+///   it sees: `dq` of (r, h) all NaN, `dk` of every key (r, h) sees (kv head `h / group`) all
+///   NaN. `dv = P^T dO` reads
+///   only `dO`'s NaN column, with a finite P: `dv` of those keys is NaN at dim 0 and finite in
+///   every other dim, and dims 1.. of every key's `dv` are finite. Every other (row, head) has
+///   a finite `dq`; `dk` and `dv[.., 0]` of the keys r does not see are finite, and so is
+///   every key's in the other kv heads.
 ///
 /// [`NanCase::within_tiles`] is the weaker contract of kernels whose products with P and dS
 /// are matrix multiplies over whole tiles (tensor cores: 0 x NaN is NaN inside the MMA, and
-/// skipping zero weights there would cost every tile a check): a NaN key may also reach the
+/// skipping zero weights there would cost every tile a check). A NaN key may also reach the
 /// `dq` of the other rows of the query tiles that hold it (dS K), and a NaN value their `out`
 /// and `dq` (P V), so those are not checked; it must still never be hidden (the rows that
 /// read it as above), never touch an lse, never reach the `out` of a row that sees no key
-/// (exactly 0), and a NaN key never any other row's `out`.
+/// (exactly 0), and a NaN key never any other row's `out`. A NaN in `q` or `d_out` makes the
+/// dS row of (r, h) NaN at keys r does not see as well (`0 x (dP - D_r)` with `D_r` NaN, and
+/// for `q` possibly P itself), so `dk` (and, for `q`, `dv`) of the keys of kv head `h / group`
+/// that r does not see are not checked, nor `dv[.., 0]` of those keys for `d_out` (0 times
+/// the NaN `dO[r, 0]`); everything else is as strict: the forward and `dq` of every other
+/// (row, head) are row-wise, so they stay finite, and dims 1.. of `dv` stay finite for
+/// `d_out` (P is finite).
 #[derive(Debug, Clone)]
 pub struct NanCase {
     pub case: Case,
-    pub key: usize,
-    pub kv_head: usize,
-    pub in_v: bool,
+    /// The input that holds the NaN.
+    pub input: NanInput,
+    /// A key row for `k`/`v`, a query row for `q`/`d_out`.
+    pub row: usize,
+    /// A kv head for `k`/`v`, a q head for `q`/`d_out`.
+    pub head: usize,
     /// Rows that do not read the NaN input are checked at tile granularity (see above).
     pub within_tiles: bool,
 }
@@ -252,35 +312,72 @@ pub fn nan_cases() -> Result<Vec<NanCase>, String> {
 /// [`nan_cases`] on `layout` (a kernel that supports only some head dims picks one of them;
 /// the NaN goes into kv head 1, so `layout` needs at least two kv heads).
 pub fn nan_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
-    nan_cases_in(layout, false)
+    nan_cases_in(layout, NanInput::K)
 }
 
-/// [`nan_cases_on`] with the NaN in `v` ([`NanCase::in_v`]).
+/// [`nan_cases_on`] with the NaN in `v` ([`NanInput::V`]).
 pub fn nan_v_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
-    nan_cases_in(layout, true)
+    nan_cases_in(layout, NanInput::V)
 }
 
-fn nan_cases_in(layout: Layout, in_v: bool) -> Result<Vec<NanCase>, String> {
-    let which = if in_v { "v" } else { "k" };
+/// The NaN in `q` ([`NanInput::Q`]) on the masks of [`nan_cases`]: query row 7 of
+/// `dflash_padding` (block 1, anchor 2: it sees keys 0, 1 and its block's 42..47, while the
+/// other rows of its 16-, 32- and 64-row query tiles see block 0's keys, context up to 16 and
+/// blocks 2 and 3, or nothing) and row 20 of `causal_45` (rows 21.. of its tiles see keys
+/// 21..), in the last q head of kv head 1 (`2 * group - 1`, so with GQA a sibling head of the
+/// same kv head stays clean; `layout` needs at least two kv heads).
+pub fn nan_q_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
+    nan_cases_in(layout, NanInput::Q)
+}
+
+/// [`nan_q_cases_on`] with the NaN in `d_out` ([`NanInput::DOut`]).
+pub fn nan_dout_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
+    nan_cases_in(layout, NanInput::DOut)
+}
+
+/// All four kinds on `layout`: [`nan_cases_on`] (k), [`nan_v_cases_on`],
+/// [`nan_q_cases_on`] and [`nan_dout_cases_on`], in that order.
+pub fn nan_input_cases_on(layout: Layout) -> Result<Vec<NanCase>, String> {
+    let mut cases = Vec::new();
+    for input in [NanInput::K, NanInput::V, NanInput::Q, NanInput::DOut] {
+        cases.extend(nan_cases_in(layout, input)?);
+    }
+    Ok(cases)
+}
+
+fn nan_cases_in(layout: Layout, input: NanInput) -> Result<Vec<NanCase>, String> {
+    let group = layout.q_heads / layout.kv_heads.max(1);
+    // (poisoned key, poisoned query row) of each mask.
+    let (head, pick): (usize, fn(&str) -> Option<usize>) = if input.is_key_side() {
+        let key = |name: &str| match name {
+            "dflash_padding" => Some(10),
+            "causal_45" => Some(30),
+            _ => None,
+        };
+        (1, key)
+    } else {
+        let row = |name: &str| match name {
+            "dflash_padding" => Some(7),
+            "causal_45" => Some(20),
+            _ => None,
+        };
+        (2 * group - 1, row)
+    };
     Ok(suite_masks()?
         .into_iter()
         .filter_map(|(name, mask)| {
-            let key = match name {
-                "dflash_padding" => 10,
-                "causal_45" => 30,
-                _ => return None,
-            };
+            let row = pick(name)?;
             Some(NanCase {
                 case: Case {
-                    name: format!("{name}_nan_{which}{key}/{}", layout_tag(layout)),
+                    name: format!("{name}_nan_{}{row}/{}", input.name(), layout_tag(layout)),
                     dims: dims_of(&mask, layout),
                     mask,
                     scale: 1.0 / (layout.head_dim as f32).sqrt(),
                     q_amp: 2.0,
                 },
-                key,
-                kv_head: 1,
-                in_v,
+                input,
+                row,
+                head,
                 within_tiles: false,
             })
         })

@@ -20,8 +20,9 @@
 //!   exactly only if kernels are deterministic);
 //! - malformed calls (wrong slice lengths, heads not divisible, mask of the wrong size) must
 //!   return `Err`, never panic;
-//! - a NaN input ([`nan_cases`]) comes out NaN in exactly the rows that read it (the NaN
-//!   policy); device kernels run the same cases through [`check_backend_attention_nan`].
+//! - a NaN input ([`nan_input_cases_on`]: in k, v, q or d_out) comes out NaN in exactly the
+//!   rows and keys that read it (the NaN policy, [`NanCase`]); device kernels run the same
+//!   cases through [`check_backend_attention_nan`].
 //!
 //! Tolerance: kernels store f32 and the oracle computes in f64 from the same f32 inputs, so the
 //! only error is the kernel's own f32 rounding: with f32 products and f64 (or careful f32)
@@ -52,8 +53,9 @@ pub use backend::{
     check_backend_attention,
 };
 pub use cases::{
-    Case, HOST_LAYOUTS, Layout, NanCase, cases_on, large_masks, large_score_cases, nan_cases,
-    nan_cases_on, nan_v_cases_on, suite_cases, suite_masks,
+    Case, HOST_LAYOUTS, Layout, NanCase, NanInput, cases_on, large_masks, large_score_cases,
+    nan_cases, nan_cases_on, nan_dout_cases_on, nan_input_cases_on, nan_q_cases_on, nan_v_cases_on,
+    suite_cases, suite_masks,
 };
 pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
@@ -69,9 +71,8 @@ pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<R
         .map(|c| run_case(kernel, c, &tol))
         .collect();
     cases.extend(bad_input_cases(kernel)?);
-    cases.extend(check_host_attention_nan(kernel, &nan_cases()?).cases);
-    let nan_v = nan_v_cases_on(Layout::new(4, 2, 16))?;
-    cases.extend(check_host_attention_nan(kernel, &nan_v).cases);
+    let nan = nan_input_cases_on(Layout::new(4, 2, 16))?;
+    cases.extend(check_host_attention_nan(kernel, &nan).cases);
     Ok(Report {
         kernel: kernel.name().to_string(),
         tolerance: tol,

@@ -475,13 +475,22 @@ fn attention_kernels_contain_nan_values() {
 /// NaN policy (ARCHITECTURE.md): a NaN key comes out NaN in exactly the rows that read it
 /// (out, lse, dq; dk and dv of that key), fully masked rows stay 0 and every other row's out
 /// and lse finite; its dq at tile granularity (`NanCase::within_tiles`: dq = dS K is an MMA
-/// over whole tiles).
+/// over whole tiles). A NaN in q makes out, lse and dq of its (row, head) NaN, one in d_out
+/// only its dq; either makes dk of the keys that (row, head) sees NaN, and their dv (all of
+/// it for q, dim 0 for d_out); every other row's out, lse and dq stay finite (row-wise even
+/// on tensor cores), and dk/dv of the keys it does not see in its kv head are checked at
+/// tile granularity (0 x NaN inside the dS^T Q and P^T dO MMAs).
 #[test]
 fn attention_kernels_propagate_nan() {
-    let cases: Vec<_> = dflash_tests::nan_cases_on(Layout::new(4, 2, 64))
-        .expect("NaN cases")
-        .into_iter()
-        .map(dflash_tests::NanCase::within_tiles)
-        .collect();
+    let layout = Layout::new(4, 2, 64);
+    let cases: Vec<_> = [
+        dflash_tests::nan_cases_on(layout).expect("NaN key cases"),
+        dflash_tests::nan_q_cases_on(layout).expect("NaN query cases"),
+        dflash_tests::nan_dout_cases_on(layout).expect("NaN d_out cases"),
+    ]
+    .concat()
+    .into_iter()
+    .map(dflash_tests::NanCase::within_tiles)
+    .collect();
     nan_cases_on_both_kernels(&cases, "NaN inputs");
 }

@@ -311,14 +311,11 @@ pub fn run_suite(
     }
 }
 
-/// The NaN cases on `layout`, the NaN in k and in v (a zero weight times a NaN value must not
-/// reach a row that never reads it: the kernels' careful accumulation).
+/// The NaN cases on `layout`, the NaN in k, v, q and d_out (a zero weight times a NaN must not
+/// reach a row or key that never reads it: the kernels' careful accumulation, in the forward,
+/// dq and dk/dv).
 pub fn run_nan_cases(be: &dyn dflash_core::Backend, label: &str, layout: dflash_tests::Layout) {
-    let cases = [
-        dflash_tests::nan_cases_on(layout).unwrap(),
-        dflash_tests::nan_v_cases_on(layout).unwrap(),
-    ]
-    .concat();
+    let cases = dflash_tests::nan_input_cases_on(layout).unwrap();
     let report = dflash_tests::check_backend_attention_nan(be, label, &cases);
     println!("{report}");
     if let Err(e) = report.ensure_passed() {
