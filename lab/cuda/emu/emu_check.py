@@ -99,29 +99,9 @@ def emulate(exe, q, k, v, do, m, Tk, scale, env_extra):
     return out, lse, dq, dk, dv, dt
 
 
-def run_nan_case(exe, name, D, Hq, Hkv, m, Tk, key, kv_head, seed, in_v=False):
-    """The NaN policy (ARCHITECTURE.md): one NaN in key `key` of `kv_head` must come out NaN
-    in exactly the rows that read it (out, lse, dq; dk and dv of that key), rows that see no
-    key stay 0 / -inf, every other row's out and lse finite (its dq at tile granularity, as the
-    Rust suite's `NanCase::within_tiles`: dq = dS K is an MMA over whole tiles, so other rows of
-    a tile holding the key may meet it through a zero weight). With `in_v` the NaN is in v instead (the
-    Rust suite's `NanCase::in_v` with `within_tiles`, the contract of kernels whose P V is a
-    matrix product over whole tiles): rows that read it have out[.., 0] and dq NaN, every
-    row's lse is untouched (finite, or -inf where it sees no key), rows that see no key are
-    exactly 0, the key's dk is NaN and its dv finite; other rows of a tile that holds the key
-    may meet it through a zero weight (0 x NaN in the MMA) and are not checked."""
-    Tq = len(m[0])
-    q, k, v, do = inputs(Tq, Tk, Hq, Hkv, D, seed)
-    (v if in_v else k)[key, kv_head, 0] = np.nan
-    got = emulate(exe, q, k, v, do, m, Tk, D ** -0.5, {})
-    head = f"{name + (' NaN value ' if in_v else ' NaN key ') + str(key):40s} D={D:3d} H={Hq}/{Hkv}: "
-    if isinstance(got, str):
-        return head + got, False
-    out, lse, dq, dk, dv, dt = got
-    fs, fe, ss, se = [x.astype(np.int64) for x in m]
-    kid = np.arange(Tk)[None, :]
-    vis = ((kid >= fs[:, None]) & (kid < fe[:, None])) | ((kid >= ss[:, None]) & (kid < se[:, None]))
-    G = Hq // Hkv
+def kv_nan_violations(out, lse, dq, dk, dv, vis, G, key, kv_head, in_v):
+    """The NaN-key / NaN-value contract (see run_nan_case); one message per violation."""
+    Tq, Hq = lse.shape
     bad = []
     for i in range(Tq):
         for h in range(Hq):
@@ -145,8 +125,80 @@ def run_nan_case(exe, name, D, Hq, Hkv, m, Tk, key, kv_head, seed, in_v=False):
                 bad.append("dv of the NaN value is not finite")
         elif not np.isnan(g[key, kv_head]).all():
             bad.append(f"{nm} of the NaN key is not all NaN")
+    return bad
+
+
+def row_nan_violations(out, lse, dq, dk, dv, vis, G, row, head, in_do):
+    """The NaN-query / NaN-d_out contract at tile granularity (the Rust suite's `NanInput::Q`
+    and `NanInput::DOut` under `within_tiles`): for q, out, lse and dq of (row, head) all NaN;
+    for d_out, its out and lse untouched and its dq all NaN; either way every other (row,
+    head) keeps a finite out, lse (-inf and out 0 where it sees no key) and dq (the forward
+    and dq = dS K are row-wise even as MMAs); the keys (row, head) sees have dk all NaN and dv
+    all NaN (q) or NaN at dim 0 and finite past it (d_out); keys it does not see in its kv
+    head are left to tile granularity (0 x NaN in the dS^T Q and P^T dO MMAs), except dv past
+    dim 0 for d_out, finite; keys of other kv heads finite."""
+    Tq, Hq = lse.shape
+    bad = []
+    for i in range(Tq):
+        for h in range(Hq):
+            reader = i == row and h == head
+            if reader and not in_do:
+                if not (np.isnan(out[i, h]).all() and np.isnan(lse[i, h]) and np.isnan(dq[i, h]).all()):
+                    bad.append(f"row {i} h {h} holds the NaN q but out/lse/dq are not all NaN")
+                continue
+            if not vis[i].any():
+                if not ((out[i, h] == 0).all() and lse[i, h] == -np.inf):
+                    bad.append(f"row {i} sees no key but out/lse are not 0/-inf")
+            elif not (np.isfinite(out[i, h]).all() and np.isfinite(lse[i, h])):
+                bad.append(f"row {i} h {h}: out/lse are not finite")
+            if reader:
+                if not np.isnan(dq[i, h]).all():
+                    bad.append(f"row {i} h {h} holds the NaN d_out but its dq is not all NaN")
+            elif not np.isfinite(dq[i, h]).all():
+                bad.append(f"row {i} h {h} holds no NaN but its dq is not finite")
+    kv_head = head // G
+    for j in range(dk.shape[0]):
+        for g in range(dk.shape[1]):
+            if g != kv_head:
+                if not (np.isfinite(dk[j, g]).all() and np.isfinite(dv[j, g]).all()):
+                    bad.append(f"key {j} kv head {g}: another kv head's dk/dv is not finite")
+            elif vis[row, j]:
+                dv_ok = np.isnan(dv[j, g, 0]) and (np.isnan(dv[j, g]).all() if not in_do else np.isfinite(dv[j, g, 1:]).all())
+                if not (np.isnan(dk[j, g]).all() and dv_ok):
+                    bad.append(f"key {j} is seen by the NaN row but dk/dv are not NaN as they must be")
+            elif in_do and not np.isfinite(dv[j, g, 1:]).all():
+                bad.append(f"key {j} is not seen by the NaN row but dv past dim 0 is not finite")
+    return bad
+
+
+def run_nan_case(exe, name, D, Hq, Hkv, m, Tk, at, head, seed, where):
+    """The NaN policy (ARCHITECTURE.md), at the tile granularity of the tensor-core kernels
+    (the Rust suite's `NanCase::within_tiles`). `where` is "k" or "v" (`at` a key, `head` its
+    kv head: kv_nan_violations) or "q" or "do" (`at` a query row, `head` its q head:
+    row_nan_violations); the NaN goes in element 0. For a key: the rows that read it are NaN
+    in out, lse and dq, dk and dv of the key NaN, rows that see no key 0 / -inf, every other
+    row's out and lse finite (its dq unchecked: dq = dS K is an MMA over whole tiles). For a
+    value: the rows that read it have out[.., 0] and dq NaN, every lse untouched, the key's dk
+    NaN and its dv finite; other rows of a tile holding it may meet it through a zero weight."""
+    Tq = len(m[0])
+    q, k, v, do = inputs(Tq, Tk, Hq, Hkv, D, seed)
+    {"k": k, "v": v, "q": q, "do": do}[where][at, head, 0] = np.nan
+    got = emulate(exe, q, k, v, do, m, Tk, D ** -0.5, {})
+    head_line = f"{name} NaN {where}[{at}, {head}]"
+    head_line = f"{head_line:44s} D={D:3d} H={Hq}/{Hkv}: "
+    if isinstance(got, str):
+        return head_line + got, False
+    out, lse, dq, dk, dv, dt = got
+    fs, fe, ss, se = [x.astype(np.int64) for x in m]
+    kid = np.arange(Tk)[None, :]
+    vis = ((kid >= fs[:, None]) & (kid < fe[:, None])) | ((kid >= ss[:, None]) & (kid < se[:, None]))
+    G = Hq // Hkv
+    if where in ("k", "v"):
+        bad = kv_nan_violations(out, lse, dq, dk, dv, vis, G, at, head, where == "v")
+    else:
+        bad = row_nan_violations(out, lse, dq, dk, dv, vis, G, at, head, where == "do")
     ok = not bad
-    return head + ("PASS" if ok else f"FAIL ({len(bad)}) " + "; ".join(bad[:3])) + f" ({dt:.1f}s)", ok
+    return head_line + ("PASS" if ok else f"FAIL ({len(bad)}) " + "; ".join(bad[:3])) + f" ({dt:.1f}s)", ok
 
 
 def run_case(exe, name, D, Hq, Hkv, m, Tk, seed, env_extra):
@@ -221,11 +273,18 @@ def main():
         cases = [c for c in cases if args.only in c[0]]
     if "ATTN_ONLY_D128" in args.cflags:
         cases = [c for c in cases if c[1] == 128]
+    # (name, D, Hq, Hkv, mask..., Tk, at, head, where): keys and values at `at` in kv head 1;
+    # q and d_out at query row `at` in q head 3 (kv head 1; its sibling head 2 stays clean).
+    dfl_row = 16 * 2 + 3  # slot 3 of the third block: the other rows of its tile see other keys
     nan_cases = [
-        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), 60, 1, False),
-        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), 60, 1, True),
-        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 30, 1, False),
-        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 30, 1, True),
+        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), 60, 1, "k"),
+        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), 60, 1, "v"),
+        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 30, 1, "k"),
+        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 30, 1, "v"),
+        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), dfl_row, 3, "q"),
+        ("dflash S150 N11 (2 padding)", 128, 4, 2, *lab.mask_dflash(150, an), dfl_row, 3, "do"),
+        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 40, 3, "q"),
+        ("causal 150", 64, 4, 2, *lab.mask_causal(150), 40, 3, "do"),
     ]
     if args.quick:
         nan_cases = nan_cases[:2]
@@ -233,8 +292,8 @@ def main():
         nan_cases = [c for c in nan_cases if args.only in c[0]]
     with ThreadPoolExecutor(max_workers=args.j) as ex:
         futs = [ex.submit(run_case, exe, nm, D, Hq, Hkv, m, Tk, 100 + i, env) for i, (nm, D, Hq, Hkv, m, Tk, env) in enumerate(cases)]
-        futs += [ex.submit(run_nan_case, exe, nm, D, Hq, Hkv, m, Tk, key, kvh, 200 + i, in_v)
-                 for i, (nm, D, Hq, Hkv, m, Tk, key, kvh, in_v) in enumerate(nan_cases)]
+        futs += [ex.submit(run_nan_case, exe, nm, D, Hq, Hkv, m, Tk, at, hd, 200 + i, where)
+                 for i, (nm, D, Hq, Hkv, m, Tk, at, hd, where) in enumerate(nan_cases)]
         oks = []
         for f in futs:
             msg, ok = f.result()
