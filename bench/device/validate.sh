@@ -84,7 +84,7 @@ for phase in "$@"; do
     wgpu-knobs)
         for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
                 "DFLASH_WGPU_ROBUSTNESS=off" "DFLASH_WGPU_CHECKS=none DFLASH_WGPU_ROBUSTNESS=off" \
-                "DFLASH_WGPU_GEMM_TILE=64" "DFLASH_WGPU_GEMM_DB=1"; do
+                "DFLASH_WGPU_GEMM_TILE=64" "DFLASH_WGPU_GEMM_DB=1" "DFLASH_WGPU_GEMM_WIDE=1"; do
             echo "-- knobs: ${knobs:-none}" >> "$out/wgpu-knobs.log"
             env $knobs $D bench --backend wgpu --attention wgpu-tiled \
                 --only gemm,attention.dflash.ctx4096 --out /tmp/knobs.json \

@@ -1,6 +1,8 @@
 //! Matrix products (`shaders/gemm.wgsl`): 128 x 128 workgroup tiles (64 x 64 behind
 //! [`crate::WgpuOptions::gemm_small_tiles`], double-buffered behind
-//! [`crate::WgpuOptions::gemm_double_buffer`], `shaders/gemm_db.wgsl`), f32 accumulation and
+//! [`crate::WgpuOptions::gemm_double_buffer`], `shaders/gemm_db.wgsl`, on 128 threads of 8 x 16
+//! outputs behind [`crate::WgpuOptions::gemm_wide_threads`], `shaders/gemm_wide.wgsl`), f32
+//! accumulation and
 //! f32 output, every transpose combination read in place (no transposed copies), each operand
 //! f32 or f16 (the compute format of frozen weights and features, widened on load: one
 //! pipeline per dtype pair).
@@ -34,6 +36,8 @@ enum Variant {
     Large,
     /// `matmul128_db`: 128 x 128 tiles, double-buffered.
     DoubleBuffered,
+    /// `matmul128_w`: 128 x 128 tiles on 128 threads, 8 x 16 outputs each.
+    Wide,
 }
 
 /// The GEMM pipeline of `variant` for operands of dtypes `a` and `b`, and its square tile.
@@ -46,6 +50,7 @@ fn matmul_kernel(a: DType, b: DType, variant: Variant) -> (Kernel<'static>, usiz
         Variant::Small => (Kernel::new(family, "matmul"), 64),
         Variant::Large => (Kernel::new(family, "matmul128"), 128),
         Variant::DoubleBuffered => (Kernel::new(family, "matmul128_db"), 128),
+        Variant::Wide => (Kernel::new(family, "matmul128_w"), 128),
     }
 }
 
@@ -260,12 +265,26 @@ impl WgpuBackend {
         self.gemm_variant() == Variant::DoubleBuffered
     }
 
+    /// Whether this instance's GEMM runs the 128-thread kernel (`matmul128_w`):
+    /// [`crate::WgpuOptions::gemm_wide_threads`] is on and neither the small tiles nor the
+    /// double-buffered kernel are chosen before it (see `gemm_variant`).
+    pub fn gemm_wide_threads(&self) -> bool {
+        self.gemm_variant() == Variant::Wide
+    }
+
+    /// The kernel the options choose, the first that applies of: the small tiles
+    /// (`gemm_small_tiles`), the double-buffered kernel (`gemm_double_buffer`, where the
+    /// adapter's workgroup storage holds [`DB_WORKGROUP_BYTES`]), the 128-thread kernel
+    /// (`gemm_wide_threads`: the same workgroup tiles as `matmul128`, so it fits wherever that
+    /// does), and else the shipped `matmul128`.
     fn gemm_variant(&self) -> Variant {
         let fits = self.ctx.limits.max_compute_workgroup_storage_size >= DB_WORKGROUP_BYTES;
         if self.opts.gemm_small_tiles {
             Variant::Small
         } else if self.opts.gemm_double_buffer && fits {
             Variant::DoubleBuffered
+        } else if self.opts.gemm_wide_threads {
+            Variant::Wide
         } else {
             Variant::Large
         }

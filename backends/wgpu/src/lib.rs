@@ -84,6 +84,14 @@ pub struct WgpuOptions {
     /// storage cannot hold its 32 KiB, or with [`Self::gemm_small_tiles`], it is ignored
     /// ([`WgpuBackend::gemm_double_buffered`]).
     pub gemm_double_buffer: bool,
+    /// The 128 x 128 GEMM on its 128-thread kernel (`matmul128_w`, gemm_wide.wgsl): each
+    /// thread 8 x 16 outputs in 32 vec4 registers, 6 workgroup loads per 128 FMAs instead of
+    /// `matmul128`'s 8, and fewer threads for a driver's register allocator to fit (NVIDIA's
+    /// Vulkan compiler caps `matmul128` at 127 registers, two workgroups a multiprocessor).
+    /// The same workgroup tiles and grid as `matmul128`. Off by default, until timed
+    /// (`DFLASH_WGPU_GEMM_WIDE=1` turns it on); [`Self::gemm_small_tiles`] and a
+    /// double-buffered GEMM that runs take precedence ([`WgpuBackend::gemm_wide_threads`]).
+    pub gemm_wide_threads: bool,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
     /// pass on a GPU, as many as the adapter's loop cap needs on a CPU adapter.
@@ -134,6 +142,7 @@ impl WgpuOptions {
             subgroups: true,
             gemm_small_tiles: false,
             gemm_double_buffer: false,
+            gemm_wide_threads: false,
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
             attn_qreg: true,
@@ -147,7 +156,8 @@ impl WgpuOptions {
     /// on; `DFLASH_WGPU_F16=0` forces f32 on an adapter with `SHADER_F16` (so both paths run
     /// on one machine), `DFLASH_WGPU_SUBGROUPS=0` the workgroup-memory reductions,
     /// `DFLASH_WGPU_GEMM_TILE=64` the small GEMM tile, `DFLASH_WGPU_GEMM_DB=1` the
-    /// double-buffered GEMM, and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0`
+    /// double-buffered GEMM, `DFLASH_WGPU_GEMM_WIDE=1` the 128-thread GEMM, and
+    /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0`
     /// each attention variant off (`=1` on).
     pub fn from_env() -> Self {
         let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
@@ -162,6 +172,7 @@ impl WgpuOptions {
             subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups),
             gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
             gemm_double_buffer: flag("DFLASH_WGPU_GEMM_DB", s.gemm_double_buffer),
+            gemm_wide_threads: flag("DFLASH_WGPU_GEMM_WIDE", s.gemm_wide_threads),
             attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg),
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),

@@ -123,8 +123,8 @@ fn gemm_shape_errors_match_reference() {
 }
 
 /// f16 operands (the compute format), every transpose, `a`, `b` or both f16, on the adapter's
-/// bindings (the shipped and the double-buffered kernel) and on 4 KiB bindings (split M, N,
-/// K). Odd `K` / `M` / `N` put stored rows at odd f16 offsets (the kernels' scalar path); even
+/// bindings (the shipped, the double-buffered and the 128-thread kernel) and on 4 KiB bindings
+/// (split M, N, K). Odd `K` / `M` / `N` put stored rows at odd f16 offsets (the kernels' scalar path); even
 /// ones use their paired loads.
 ///
 /// Two bounds: against the values the f16 tensors hold, products of f16 values are exact in
@@ -144,6 +144,8 @@ fn gemm_f16_operands_match_naive() {
                 (64, 128, 192),
                 (130, 257, 67),
                 (1, 9, 1),
+                // a whole 128 x 128 tile of c and a partial one in both dimensions
+                (130, 40, 131),
             ]
         } else {
             &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]

@@ -5,7 +5,7 @@
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
 /// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
 /// (the operand bindings and readers are put in front of `gemm.wgsl`, and `gemm_db.wgsl`, its
-/// double-buffered variant, after it); `F16` holds the kernels that read or write f16 buffers
+/// double-buffered variant, and `gemm_wide.wgsl`, its 128-thread variant, after it); `F16` holds the kernels that read or write f16 buffers
 /// and is compiled only on a device with `SHADER_F16` (its `enable f16;` is a compile error
 /// elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +42,7 @@ impl Family {
     /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
     /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
     /// indexed by expressions that constants bound (`gemm_db.wgsl`'s `swz`, its buffer
-    /// offsets), and `WgpuBackend::gemm` refuses an operand whose rows are shorter than the
+    /// offsets, `gemm_wide.wgsl`'s thread coordinates), and `WgpuBackend::gemm` refuses an operand whose rows are shorter than the
     /// columns it reads or whose rows run past its buffer (the bounds checks cost the GEMM
     /// ~8% on the H200, docs/PERF.md).
     pub(super) fn bounds_proven_on_host(self) -> bool {
@@ -78,11 +78,12 @@ impl Family {
             Family::Gemm { a16, b16 } => {
                 let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
                 return format!(
-                    "{f16}{PRELUDE}\n{}{}{}\n{}",
+                    "{f16}{PRELUDE}\n{}{}{}\n{}\n{}",
                     gemm_operand("a", 1, a16),
                     gemm_operand("b", 2, b16),
                     include_str!("../shaders/gemm.wgsl"),
-                    include_str!("../shaders/gemm_db.wgsl")
+                    include_str!("../shaders/gemm_db.wgsl"),
+                    include_str!("../shaders/gemm_wide.wgsl")
                 );
             }
             Family::Rope => include_str!("../shaders/rope.wgsl"),

@@ -135,7 +135,8 @@ fn every_module_variant_validates() {
     }
 }
 
-/// Every GEMM module holds the three kernels `gemm.rs` dispatches, and the double-buffered
+/// Every GEMM module holds the four kernels `gemm.rs` dispatches, the 128-thread one
+/// (`matmul128_w`) declares the same workgroup tiles as `matmul128`, and the double-buffered
 /// one declares the workgroup memory the host checks against the adapter's limit before it
 /// chooses it (`DB_WORKGROUP_BYTES`), no more than 32 KiB (so lavapipe runs it in the
 /// conformance suite).
@@ -152,7 +153,8 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
         )
         .validate(&module)
         .expect("validates");
-        for entry in ["matmul", "matmul128", "matmul128_db"] {
+        let mut bytes_of = std::collections::HashMap::new();
+        for entry in ["matmul", "matmul128", "matmul128_db", "matmul128_w"] {
             let i = module
                 .entry_points
                 .iter()
@@ -169,11 +171,23 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
             if entry == "matmul128_db" {
                 assert_eq!(bytes, DB_WORKGROUP_BYTES, "{entry}");
             }
+            let threads = if entry == "matmul128_w" { 128 } else { 256 };
+            assert_eq!(
+                module.entry_points[i].workgroup_size,
+                [threads, 1, 1],
+                "{entry}"
+            );
             assert!(
                 bytes <= 32 * 1024,
                 "{entry}: {bytes} bytes of workgroup memory"
             );
+            bytes_of.insert(entry, bytes);
         }
+        assert_eq!(
+            bytes_of["matmul128_w"], bytes_of["matmul128"],
+            "matmul128_w"
+        );
+        assert_eq!(bytes_of["matmul128"], 2 * 528 * 16, "matmul128's wa and wb");
     }
 }
 

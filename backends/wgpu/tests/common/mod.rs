@@ -67,7 +67,8 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
 }
 
 /// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus, on the adapter's limits, the
-/// 64 x 64-tile kernel and the double-buffered 128 x 128 one ([`wgpu_gemm_double_buffered`]).
+/// 64 x 64-tile kernel, the double-buffered 128 x 128 one ([`wgpu_gemm_double_buffered`]) and
+/// the 128-thread one ([`wgpu_gemm_wide_threads`]).
 pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_both();
     if !v.is_empty() {
@@ -82,17 +83,40 @@ pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
         if let Some(db) = wgpu_gemm_double_buffered(&b) {
             v.push(("full bindings, double-buffered GEMM", db));
         }
+        v.push(("full bindings, 128-thread GEMM", wgpu_gemm_wide_threads(&b)));
     }
     v
 }
 
-/// [`wgpu_f16_both`] plus the double-buffered GEMM with f16 storage on the adapter's limits.
+/// [`wgpu_f16_both`] plus the double-buffered and the 128-thread GEMM with f16 storage on the
+/// adapter's limits.
 pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_f16_both();
-    if let Some(db) = wgpu_f16().and_then(|b| wgpu_gemm_double_buffered(&b)) {
-        v.push(("f16, full bindings, double-buffered GEMM", db));
+    if let Some(b) = wgpu_f16() {
+        if let Some(db) = wgpu_gemm_double_buffered(&b) {
+            v.push(("f16, full bindings, double-buffered GEMM", db));
+        }
+        v.push((
+            "f16, full bindings, 128-thread GEMM",
+            wgpu_gemm_wide_threads(&b),
+        ));
     }
     v
+}
+
+/// `b`'s options with the 128-thread GEMM on (and the variants that take precedence over it
+/// off), asserted to run it: it needs no more than the shipped kernel does.
+pub fn wgpu_gemm_wide_threads(b: &WgpuBackend) -> WgpuBackend {
+    let opts = WgpuOptions {
+        gemm_small_tiles: false,
+        gemm_double_buffer: false,
+        gemm_wide_threads: true,
+        ..b.options()
+    };
+    let w = WgpuBackend::with_options(&BackendOptions::default(), opts)
+        .expect("the wgpu backend with the 128-thread GEMM");
+    assert!(w.gemm_wide_threads(), "the 128-thread GEMM is not chosen");
+    w
 }
 
 /// `b`'s options with the double-buffered GEMM on, or `None` after printing the skip line
