@@ -106,8 +106,8 @@ pub struct WgpuOptions {
     /// over 8 lanes (attention_fwd_sg.wgsl, `QREG`), instead of a staged query tile: ~17 KiB
     /// less workgroup memory at head dim 128 and one workgroup load per 4 vec4 FMAs instead
     /// of 5. Applies wherever the subgroup forward runs (the tiles are still chosen for the
-    /// staged tile's memory). On by default (H200: forward 16.9 against 14.8 TFLOP/s, docs/PERF.md);
-    /// `DFLASH_WGPU_ATTN_QREG=0` turns it off.
+    /// staged tile's memory). On by default (H200: forward 16.9 against 14.8 TFLOP/s,
+    /// docs/PERF.md); `DFLASH_WGPU_ATTN_QREG=0` turns it off.
     pub attn_qreg: bool,
     /// The subgroup forward on key tiles twice as wide, two keys a lane (BK = DP / 2: 32 x 64
     /// tiles at head dim 128, ~45 KiB with the query rows in registers, which it implies): half

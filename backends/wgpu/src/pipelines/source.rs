@@ -5,9 +5,9 @@
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
 /// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
 /// (the operand bindings and readers are put in front of `gemm.wgsl`, and `gemm_db.wgsl`, its
-/// double-buffered variant, and `gemm_wide.wgsl`, its 128-thread variant, after it); `F16` holds the kernels that read or write f16 buffers
-/// and is compiled only on a device with `SHADER_F16` (its `enable f16;` is a compile error
-/// elsewhere).
+/// double-buffered variant, and `gemm_wide.wgsl`, its 128-thread variant, after it); `F16`
+/// holds the kernels that read or write f16 buffers and is compiled only on a device with
+/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
@@ -42,9 +42,9 @@ impl Family {
     /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
     /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
     /// indexed by expressions that constants bound (`gemm_db.wgsl`'s `swz`, its buffer
-    /// offsets, `gemm_wide.wgsl`'s thread coordinates), and `WgpuBackend::gemm` refuses an operand whose rows are shorter than the
-    /// columns it reads or whose rows run past its buffer (the bounds checks cost the GEMM
-    /// ~8% on the H200, docs/PERF.md).
+    /// offsets, `gemm_wide.wgsl`'s thread coordinates), and `WgpuBackend::gemm` refuses an
+    /// operand whose rows are shorter than the columns it reads or whose rows run past its
+    /// buffer (the bounds checks cost the GEMM ~8% on the H200, docs/PERF.md).
     pub(super) fn bounds_proven_on_host(self) -> bool {
         matches!(self, Family::Gemm { .. })
     }
