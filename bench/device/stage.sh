@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stages everything a GPU check needs into .carry/ (ignored by git), here, where Rust is:
-# the release `dflash`, every CUDA and wgpu test executable, and the Debian Vulkan loader with
+# the release `dflash`, every CUDA and wgpu test executable (the CUDA plugin's with its library
+# in .cudatest/plugin/), and the Debian Vulkan loader with
 # the glvnd libraries (a GPU image with the NVIDIA driver but no loader needs them for wgpu).
 # Then, on the GPU machine, from the repository root (carry `.carry`):
 #
@@ -35,6 +36,10 @@ done
 cargo build --release -p dflash-cli
 if [ "$cuda_tests" = 1 ]; then
     bash backends/cuda/scripts/stage-device-tests.sh dflash-backend-cuda .cudatest
+    # The CUDA plugin's device conformance (its tests find the cdylib next to themselves).
+    bash backends/cuda/scripts/stage-device-tests.sh dflash-plugin-cuda-attention .cudatest/plugin
+    cp "$(ls target/release/deps/libdflash_plugin_cuda_attention.so target/release/libdflash_plugin_cuda_attention.so 2>/dev/null | head -1)" \
+        .cudatest/plugin/ && strip .cudatest/plugin/libdflash_plugin_cuda_attention.so
 else
     rm -rf .cudatest && mkdir .cudatest
 fi

@@ -5,7 +5,7 @@
 #   bash bench/device/validate.sh OUT PHASE...
 #
 # Phases (each fits one device call of <= 10 minutes; name several to run them in order):
-#   cuda-tests   every CUDA conformance executable                         -> OUT/cuda-tests.log
+#   cuda-tests   every CUDA conformance executable, the CUDA plugin's too    -> OUT/cuda-tests.log
 #   wgpu-tests   every wgpu executable on the GPU through Vulkan           -> OUT/wgpu-tests.log
 #   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
@@ -55,6 +55,9 @@ for phase in "$@"; do
             echo "no CUDA tests staged (stage.sh --no-cuda-tests)"; failed+=("$phase"); continue
         fi
         .cudatest/run_all.sh > "$out/cuda-tests.log" 2>&1 || failed+=("$phase")
+        if [ -x .cudatest/plugin/run_all.sh ]; then
+            .cudatest/plugin/run_all.sh >> "$out/cuda-tests.log" 2>&1 || failed+=("$phase (plugin)")
+        fi
         grep -E "^test result|FAILED|panicked" "$out/cuda-tests.log" | sort | uniq -c ;;
     wgpu-tests)
         .wgputest/run_all.sh > "$out/wgpu-tests.log" 2>&1 || failed+=("$phase")
