@@ -25,6 +25,15 @@ struct GemmParams {
 @group(0) @binding(0) var<uniform> gp: GemmParams;
 @group(0) @binding(3) var<storage, read_write> gc: array<f32>;
 
+// The first row and column of the square tile of c (side `tile`) that workgroup `wid` of the
+// grid computes, and whether it computes one (z = 0: the tail of a 2-D grid, which returns).
+fn tile_origin(wid: vec3<u32>, nwg: vec3<u32>, tile: u32) -> vec3<u32> {
+    let tiles_n = (gp.n + tile - 1u) / tile;
+    let g = wg_linear(wid, nwg);
+    let inside = g < tiles_n * ((gp.m + tile - 1u) / tile);
+    return vec3<u32>((g / tiles_n) * tile, (g % tiles_n) * tile, select(0u, 1u, inside));
+}
+
 const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 16u;
@@ -112,13 +121,12 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
 @compute @workgroup_size(256)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let tiles_n = (gp.n + BN - 1u) / BN;
-    let g = wg_linear(wid, nwg);
-    if (g >= tiles_n * ((gp.m + BM - 1u) / BM)) {
+    let origin = tile_origin(wid, nwg, BM); // BM == BN
+    if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }
-    let m0 = (g / tiles_n) * BM;
-    let n0 = (g % tiles_n) * BN;
+    let m0 = origin.x;
+    let n0 = origin.y;
     let tx = lid % 16u;
     let ty = lid / 16u;
     // The 4 x 4 outputs in four vec4 registers (row r, columns c = 0..3): no array indexed
@@ -290,13 +298,12 @@ fn put_b128(lid: u32, f: FragB) {
 @compute @workgroup_size(256)
 fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    let tiles_n = (gp.n + WM - 1u) / WM;
-    let g = wg_linear(wid, nwg);
-    if (g >= tiles_n * ((gp.m + WM - 1u) / WM)) {
+    let origin = tile_origin(wid, nwg, WM);
+    if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }
-    let m0 = (g / tiles_n) * WM;
-    let n0 = (g % tiles_n) * WM;
+    let m0 = origin.x;
+    let n0 = origin.y;
     let tx = lid % 16u;
     let ty = lid / 16u;
     // cR0 / cR1: c row 4 ty + R at columns 4 tx and 64 + 4 tx; dR0 / dR1 the same at row

@@ -70,13 +70,12 @@ fn store16(i: u32, j: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4
 @compute @workgroup_size(128)
 fn matmul128_w(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let tiles_n = (gp.n + WM - 1u) / WM;
-    let g = wg_linear(wid, nwg);
-    if (g >= tiles_n * ((gp.m + WM - 1u) / WM)) {
+    let origin = tile_origin(wid, nwg, WM);
+    if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }
-    let m0 = (g / tiles_n) * WM;
-    let n0 = (g % tiles_n) * WM;
+    let m0 = origin.x;
+    let n0 = origin.y;
     let tx = lid % 8u;
     let ty = lid / 8u;
     let z = vec4<f32>(0.0);
