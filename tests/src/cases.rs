@@ -260,9 +260,9 @@ impl NanInput {
 ///   reads `d_out`, so every `out` and `lse` is finite (or 0 and -inf for a row that sees no
 ///   key). `D_r` and the whole `dP` row of (r, h) are NaN, so its dS row is NaN at every key
 ///   it sees: `dq` of (r, h) all NaN, `dk` of every key (r, h) sees (kv head `h / group`) all
-///   NaN. `dv = P^T dO` reads
-///   only `dO`'s NaN column, with a finite P: `dv` of those keys is NaN at dim 0 and finite in
-///   every other dim, and dims 1.. of every key's `dv` are finite. Every other (row, head) has
+///   NaN. `dv = P^T dO` reads only `dO`'s NaN column, with a finite P: `dv` of those keys is
+///   NaN at dim 0 and finite in every other dim, and dims 1.. of every key's `dv` are finite.
+///   Every other (row, head) has
 ///   a finite `dq`; `dk` and `dv[.., 0]` of the keys r does not see are finite, and so is
 ///   every key's in the other kv heads.
 ///
