@@ -87,9 +87,10 @@ pub struct WgpuOptions {
     /// The 128 x 128 GEMM on its 128-thread kernel (`matmul128_w`, gemm_wide.wgsl): each
     /// thread 8 x 16 outputs in 32 vec4 registers, 6 workgroup loads per 128 FMAs instead of
     /// `matmul128`'s 8, and fewer threads for a driver's register allocator to fit (NVIDIA's
-    /// Vulkan compiler caps `matmul128` at 127 registers, two workgroups a multiprocessor).
-    /// The same workgroup tiles and grid as `matmul128`. Off by default, until timed
-    /// (`DFLASH_WGPU_GEMM_WIDE=1` turns it on); [`Self::gemm_small_tiles`] and a
+    /// Vulkan compiler gives `matmul128` 127 registers, two workgroups a multiprocessor; NVRTC
+    /// gives this algorithm's CUDA twin 255 and spills 56 bytes, lab/wgpu/gemm_twin.py, so
+    /// expect it to lose). The same workgroup tiles and grid as `matmul128`. Off by default,
+    /// until timed (`DFLASH_WGPU_GEMM_WIDE=1` turns it on); [`Self::gemm_small_tiles`] and a
     /// double-buffered GEMM that runs take precedence ([`WgpuBackend::gemm_wide_threads`]).
     pub gemm_wide_threads: bool,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations

@@ -15,6 +15,11 @@
 // - single-buffered like matmul128 (two barriers a k-step), in the same padded [16][33] vec4
 //   tiles (16.5 KiB), the next k-step's fragments prefetched into registers.
 //
+// Its live state (128 accumulators, 32 prefetched and 24 operand floats) is past what a thread
+// holds without spilling: NVRTC compiles its CUDA twin (lab/wgpu/gemm_twin.py) to 255 registers
+// and 56 bytes of spills. Kept behind its switch to measure what Vulkan makes of it; if it
+// loses, fetching the second half of the fragments after the FMAs is the first thing to try.
+//
 // The thread -> output mapping: tx = lid % 8, ty = lid / 8 (0..15). Thread (tx, ty) owns rows
 // 4 ty + R and 64 + 4 ty + R (R = 0..3: vec4 ty and ty + 16 of a tile row of a) and columns
 // 4 tx + C, 32 + 4 tx + C, 64 + 4 tx + C, 96 + 4 tx + C (vec4 tx, tx + 8, tx + 16, tx + 24 of
