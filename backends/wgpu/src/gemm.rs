@@ -40,18 +40,26 @@ enum Variant {
     Wide,
 }
 
+impl Variant {
+    /// The kernel's entry point and the side of its square tile of c.
+    fn entry(self) -> (&'static str, usize) {
+        match self {
+            Variant::Small => ("matmul", 64),
+            Variant::Large => ("matmul128", 128),
+            Variant::DoubleBuffered => ("matmul128_db", 128),
+            Variant::Wide => ("matmul128_w", 128),
+        }
+    }
+}
+
 /// The GEMM pipeline of `variant` for operands of dtypes `a` and `b`, and its square tile.
 fn matmul_kernel(a: DType, b: DType, variant: Variant) -> (Kernel<'static>, usize) {
     let family = Family::Gemm {
         a16: a == DType::F16,
         b16: b == DType::F16,
     };
-    match variant {
-        Variant::Small => (Kernel::new(family, "matmul"), 64),
-        Variant::Large => (Kernel::new(family, "matmul128"), 128),
-        Variant::DoubleBuffered => (Kernel::new(family, "matmul128_db"), 128),
-        Variant::Wide => (Kernel::new(family, "matmul128_w"), 128),
-    }
+    let (entry, tile) = variant.entry();
+    (Kernel::new(family, entry), tile)
 }
 
 /// One operand: its stored matrix is `(rows, cols)` row-major.
@@ -257,19 +265,11 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Whether this instance's GEMM runs the double-buffered kernel (`matmul128_db`):
-    /// [`crate::WgpuOptions::gemm_double_buffer`] is on, the small tiles are not, and the
-    /// adapter's workgroup storage holds its buffers ([`DB_WORKGROUP_BYTES`]); otherwise the
-    /// shipped `matmul128` runs.
-    pub fn gemm_double_buffered(&self) -> bool {
-        self.gemm_variant() == Variant::DoubleBuffered
-    }
-
-    /// Whether this instance's GEMM runs the 128-thread kernel (`matmul128_w`):
-    /// [`crate::WgpuOptions::gemm_wide_threads`] is on and neither the small tiles nor the
-    /// double-buffered kernel are chosen before it (see `gemm_variant`).
-    pub fn gemm_wide_threads(&self) -> bool {
-        self.gemm_variant() == Variant::Wide
+    /// The entry point of the GEMM kernel this instance runs (`matmul`, `matmul128`,
+    /// `matmul128_db` or `matmul128_w`): what the options choose where the adapter holds it
+    /// (see `gemm_variant`), so a test knows which kernel it covered.
+    pub fn gemm_kernel(&self) -> &'static str {
+        self.gemm_variant().entry().0
     }
 
     /// The kernel the options choose, the first that applies of: the small tiles

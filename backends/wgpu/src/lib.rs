@@ -82,7 +82,7 @@ pub struct WgpuOptions {
     /// workgroup loads issued before the previous row's FMAs. Off by default, until timed
     /// against `matmul128` (`DFLASH_WGPU_GEMM_DB=1` turns it on); where the adapter's workgroup
     /// storage cannot hold its 32 KiB, or with [`Self::gemm_small_tiles`], it is ignored
-    /// ([`WgpuBackend::gemm_double_buffered`]).
+    /// ([`WgpuBackend::gemm_kernel`]).
     pub gemm_double_buffer: bool,
     /// The 128 x 128 GEMM on its 128-thread kernel (`matmul128_w`, gemm_wide.wgsl): each
     /// thread 8 x 16 outputs in 32 vec4 registers, 6 workgroup loads per 128 FMAs instead of
@@ -91,7 +91,7 @@ pub struct WgpuOptions {
     /// gives this algorithm's CUDA twin 255 and spills 56 bytes, lab/wgpu/gemm_twin.py, so
     /// expect it to lose). The same workgroup tiles and grid as `matmul128`. Off by default,
     /// until timed (`DFLASH_WGPU_GEMM_WIDE=1` turns it on); [`Self::gemm_small_tiles`] and a
-    /// double-buffered GEMM that runs take precedence ([`WgpuBackend::gemm_wide_threads`]).
+    /// double-buffered GEMM that runs take precedence ([`WgpuBackend::gemm_kernel`]).
     pub gemm_wide_threads: bool,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one

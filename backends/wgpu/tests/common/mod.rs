@@ -67,8 +67,7 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
 }
 
 /// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus, on the adapter's limits, the
-/// 64 x 64-tile kernel, the double-buffered 128 x 128 one ([`wgpu_gemm_double_buffered`]) and
-/// the 128-thread one ([`wgpu_gemm_wide_threads`]).
+/// 64 x 64-tile kernel and the kernels behind switches ([`gemm_switch_variants`]).
 pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_both();
     if !v.is_empty() {
@@ -80,63 +79,75 @@ pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
         let small = WgpuBackend::with_options(&BackendOptions::default(), opts)
             .expect("the wgpu backend with small GEMM tiles");
         v.push(("full bindings, 64-tile GEMM", small));
-        if let Some(db) = wgpu_gemm_double_buffered(&b) {
-            v.push(("full bindings, double-buffered GEMM", db));
-        }
-        v.push(("full bindings, 128-thread GEMM", wgpu_gemm_wide_threads(&b)));
-    }
-    v
-}
-
-/// [`wgpu_f16_both`] plus the double-buffered and the 128-thread GEMM with f16 storage on the
-/// adapter's limits.
-pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
-    let mut v = wgpu_f16_both();
-    if let Some(b) = wgpu_f16() {
-        if let Some(db) = wgpu_gemm_double_buffered(&b) {
-            v.push(("f16, full bindings, double-buffered GEMM", db));
-        }
-        v.push((
-            "f16, full bindings, 128-thread GEMM",
-            wgpu_gemm_wide_threads(&b),
+        v.extend(gemm_switch_variants(
+            &b,
+            [
+                "full bindings, double-buffered GEMM",
+                "full bindings, 128-thread GEMM",
+            ],
         ));
     }
     v
 }
 
-/// `b`'s options with the 128-thread GEMM on (and the variants that take precedence over it
-/// off), asserted to run it: it needs no more than the shipped kernel does.
-pub fn wgpu_gemm_wide_threads(b: &WgpuBackend) -> WgpuBackend {
-    let opts = WgpuOptions {
-        gemm_small_tiles: false,
-        gemm_double_buffer: false,
-        gemm_wide_threads: true,
-        ..b.options()
-    };
-    let w = WgpuBackend::with_options(&BackendOptions::default(), opts)
-        .expect("the wgpu backend with the 128-thread GEMM");
-    assert!(w.gemm_wide_threads(), "the 128-thread GEMM is not chosen");
-    w
+/// [`wgpu_f16_both`] plus the kernels behind switches with f16 storage on the adapter's limits.
+pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
+    let mut v = wgpu_f16_both();
+    if let Some(b) = wgpu_f16() {
+        v.extend(gemm_switch_variants(
+            &b,
+            [
+                "f16, full bindings, double-buffered GEMM",
+                "f16, full bindings, 128-thread GEMM",
+            ],
+        ));
+    }
+    v
 }
 
-/// `b`'s options with the double-buffered GEMM on, or `None` after printing the skip line
-/// where the adapter's workgroup storage cannot hold its tiles (the backend then runs the
-/// shipped kernel, which the other variants test).
-pub fn wgpu_gemm_double_buffered(b: &WgpuBackend) -> Option<WgpuBackend> {
-    let opts = WgpuOptions {
-        gemm_double_buffer: true,
+/// `b` with the double-buffered GEMM (`matmul128_db`) and with the 128-thread one
+/// (`matmul128_w`), each alone and checked to run (`WgpuBackend::gemm_kernel`), under
+/// `labels`. The double-buffered one is left out, after a skip line, where the adapter's
+/// workgroup storage cannot hold its tiles (the backend then runs the shipped kernel, which
+/// the other variants test); the 128-thread one needs no more than the shipped kernel does.
+fn gemm_switch_variants(
+    b: &WgpuBackend,
+    [db_label, wide_label]: [&'static str; 2],
+) -> Vec<(&'static str, WgpuBackend)> {
+    let base = WgpuOptions {
+        gemm_small_tiles: false,
+        gemm_double_buffer: false,
+        gemm_wide_threads: false,
         ..b.options()
     };
-    let db = WgpuBackend::with_options(&BackendOptions::default(), opts)
-        .expect("the wgpu backend with the double-buffered GEMM");
-    if !db.gemm_double_buffered() {
+    let with = |opts| {
+        WgpuBackend::with_options(&BackendOptions::default(), opts)
+            .expect("the wgpu backend with a GEMM behind a switch")
+    };
+    let mut v = Vec::new();
+    let db = with(WgpuOptions {
+        gemm_double_buffer: true,
+        ..base
+    });
+    if db.gemm_kernel() == "matmul128_db" {
+        v.push((db_label, db));
+    } else {
         skip(&format!(
             "the adapter's workgroup storage is too small for the double-buffered GEMM: {}",
             db.summary()
         ));
-        return None;
     }
-    Some(db)
+    let wide = with(WgpuOptions {
+        gemm_wide_threads: true,
+        ..base
+    });
+    assert_eq!(
+        wide.gemm_kernel(),
+        "matmul128_w",
+        "the 128-thread GEMM is not chosen"
+    );
+    v.push((wide_label, wide));
+    v
 }
 
 /// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
