@@ -97,6 +97,15 @@ fn two_processes_train_what_one_process_with_two_replicas_trains() {
         "rank 1 has no metrics.jsonl"
     );
     assert!(!r1.join("checkpoints").exists(), "rank 1 wrote checkpoints");
+    // ... but it takes part in each checkpoint's exchange of skip counts, and its clock says
+    // so: that time is the checkpoint's, not waiting for features.
+    let log = std::fs::read_to_string(r1.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    let spent = last["drafter_phases_s"][0]["checkpoint"].as_f64();
+    assert!(
+        spent.is_some_and(|s| s > 0.0),
+        "rank 1's checkpoint phase after step-3: {spent:?} in {last}"
+    );
     assert!(
         !r1.join("model.safetensors").exists(),
         "rank 1 saved a drafter"

@@ -174,6 +174,8 @@ impl DrafterLoop<'_> {
             None => mine,
         };
         let Some(checkpoints) = lead.checkpoints.as_mut() else {
+            // A rank that saves nothing still spent the exchange above on the checkpoint.
+            shared.drafter_clocks[self.rank].lap(Phase::Checkpoint, mark);
             return Ok(());
         };
         let extra = serde_json::json!({
