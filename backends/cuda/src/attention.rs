@@ -14,12 +14,15 @@ use std::collections::BTreeMap;
 
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::DeviceAttentionKernelRegistration;
-use dflash_core::{AttentionOps, AttnBackward, AttnDims, AttnForward, Error, Result, Tensor};
+use dflash_core::{
+    AttentionOps, AttnBackward, AttnDims, AttnForward, Error, HostAttentionKernel, Result, Tensor,
+};
 
+use crate::flash::Tagged;
 use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes};
 use crate::{AttnImpl, CudaBackend, warp_items};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 /// The plain f32 device kernel's name.
 pub(crate) const SIMPLE: &str = "cuda-simple";
@@ -251,7 +254,6 @@ impl AttentionOps for CudaBackend {
         mask: &BlockMask,
         scale: f32,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        use dflash_core::MemoryOps;
         let op = "attention_backward";
         let dims = AttnDims::of_backward(q, k, v, out, lse, d_out, mask)
             .map_err(|e| self.shape_err(op, e))?;
@@ -265,154 +267,31 @@ impl AttentionOps for CudaBackend {
             self.f32s(op, lse)?,
             self.attn_in(op, d_out)?,
         );
-        match &self.attention {
+        let (dq, dk, dv) = match &self.attention {
             AttnImpl::Host(kernel) => {
-                let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
-                let (oh, lh, doh) = (
-                    self.download(out)?,
-                    self.download(lse)?,
-                    self.download(d_out)?,
-                );
-                let mut dq = vec![f32::NAN; qh.len()];
-                let mut dk = vec![f32::NAN; kh.len()];
-                let mut dv = vec![f32::NAN; vh.len()];
-                AttnBackward::new(
-                    &dims,
-                    mask,
-                    scale,
-                    [&qh, &kh, &vh, &oh, &lh, &doh],
-                    [&mut dq, &mut dk, &mut dv],
-                )
-                .and_then(|call| kernel.backward(call))
-                .map_err(|e| self.kernel_err(op, e))?;
-                Ok((
-                    self.upload_f32(op, &dq, q.dims())?,
-                    self.upload_f32(op, &dk, k.dims())?,
-                    self.upload_f32(op, &dv, v.dims())?,
-                ))
+                let ins = [q, k, v, out, lse, d_out];
+                return self.host_backward(op, kernel.as_ref(), &dims, ins, mask, scale);
             }
-            AttnImpl::Device(kernel) => {
-                let (dq, dk, dv) = self.plugin_backward(
-                    op,
-                    kernel.as_ref(),
-                    &dims,
-                    mask,
-                    scale,
-                    [qs, ks, vs, os, ls, dos],
-                )?;
-                Ok((
-                    self.tensor(dq.0, dq.1, q.shape().clone()),
-                    self.tensor(dk.0, dk.1, k.shape().clone()),
-                    self.tensor(dv.0, dv.1, v.shape().clone()),
-                ))
-            }
+            AttnImpl::Device(kernel) => self.plugin_backward(
+                op,
+                kernel.as_ref(),
+                &dims,
+                mask,
+                scale,
+                [qs, ks, vs, os, ls, dos],
+            )?,
             AttnImpl::Flash => {
-                let (dq, dk, dv) =
-                    self.flash_backward(op, &dims, qs, ks, vs, os, &ls.buf, dos, mask, scale)?;
-                Ok((
-                    self.tensor(dq.0, dq.1, q.shape().clone()),
-                    self.tensor(dk.0, dk.1, k.shape().clone()),
-                    self.tensor(dv.0, dv.1, v.shape().clone()),
-                ))
+                self.flash_backward(op, &dims, qs, ks, vs, os, &ls.buf, dos, mask, scale)?
             }
             AttnImpl::Simple => {
-                self.simple_supports(op, &dims)?;
-                let nl = dims.q_rows * dims.q_heads;
-                let nk = dims.kv_rows * dims.kv_heads;
-                let od = self.opts.activations;
-                let mut dq = self.alloc(op, qs.len, od)?;
-                let mut dk = self.alloc(op, ks.len, od)?;
-                let mut dv = self.alloc(op, vs.len, od)?;
-                let (id, [qb, kb, vb, ob, dob]) = self.uniform(op, [qs, ks, vs, os, dos])?;
-                let kn = self.k();
-                let (tq, tk, hq, hkv, d) = (
-                    dims.q_rows as i32,
-                    dims.kv_rows as i32,
-                    dims.q_heads as i32,
-                    dims.kv_heads as i32,
-                    dims.head_dim as i32,
-                );
-                let mut dsum = self.alloc_f32(op, nl)?;
-                if nl > 0 {
-                    let (rows64, d32) = (nl as i64, d);
-                    let f = pick(&[&kn.attn_bwd_dsum_f, &kn.attn_bwd_dsum_b], &[id]);
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(ob.get())
-                        .arg(dob.get())
-                        .arg(&mut dsum)
-                        .arg(&rows64)
-                        .arg(&d32);
-                    self.launch(op, l, warp_items(nl))?;
-
-                    let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
-                    let f = pick(
-                        &[
-                            &kn.attn_bwd_dq_ff,
-                            &kn.attn_bwd_dq_fb,
-                            &kn.attn_bwd_dq_bf,
-                            &kn.attn_bwd_dq_bb,
-                        ],
-                        &[od, id],
-                    );
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(qb.get())
-                        .arg(kb.get())
-                        .arg(vb.get())
-                        .arg(dob.get())
-                        .arg(&ls.buf)
-                        .arg(&dsum)
-                        .arg(&*f0)
-                        .arg(&*f1)
-                        .arg(&*s0)
-                        .arg(&*s1)
-                        .arg(&mut dq)
-                        .arg(&tq)
-                        .arg(&hq)
-                        .arg(&hkv)
-                        .arg(&d)
-                        .arg(&scale);
-                    self.launch(op, l, warp_items(nl))?;
-                }
-                if nk > 0 {
-                    let (off, rs, re) = key_query_runs(mask);
-                    let off = self.upload_i32(op, &off)?;
-                    let rs = self.upload_i32(op, &rs)?;
-                    let re = self.upload_i32(op, &re)?;
-                    let f = pick(
-                        &[
-                            &kn.attn_bwd_dkdv_ff,
-                            &kn.attn_bwd_dkdv_fb,
-                            &kn.attn_bwd_dkdv_bf,
-                            &kn.attn_bwd_dkdv_bb,
-                        ],
-                        &[od, id],
-                    );
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(qb.get())
-                        .arg(kb.get())
-                        .arg(vb.get())
-                        .arg(dob.get())
-                        .arg(&ls.buf)
-                        .arg(&dsum)
-                        .arg(&off)
-                        .arg(&rs)
-                        .arg(&re)
-                        .arg(&mut dk)
-                        .arg(&mut dv)
-                        .arg(&tk)
-                        .arg(&hq)
-                        .arg(&hkv)
-                        .arg(&d)
-                        .arg(&scale);
-                    self.launch(op, l, warp_items(nk))?;
-                }
-                Ok((
-                    self.tensor(dq, od, q.shape().clone()),
-                    self.tensor(dk, od, k.shape().clone()),
-                    self.tensor(dv, od, v.shape().clone()),
-                ))
+                self.simple_backward(op, &dims, [qs, ks, vs, os, ls, dos], mask, scale)?
             }
-        }
+        };
+        Ok((
+            self.tensor(dq.0, dq.1, q.shape().clone()),
+            self.tensor(dk.0, dk.1, k.shape().clone()),
+            self.tensor(dv.0, dv.1, v.shape().clone()),
+        ))
     }
 }
 
@@ -472,4 +351,205 @@ impl CudaBackend {
             self.tensor(lse, DType::F32, [dims.q_rows, dims.q_heads]),
         ))
     }
+
+    /// A registered host kernel's backward through a host round trip: `(dq, dk, dv)` f32
+    /// tensors shaped as `q`, `k`, `v`.
+    fn host_backward(
+        &self,
+        op: &'static str,
+        kernel: &dyn HostAttentionKernel,
+        dims: &AttnDims,
+        [q, k, v, out, lse, d_out]: [&Tensor; 6],
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        use dflash_core::MemoryOps;
+        let (qh, kh, vh) = (self.download(q)?, self.download(k)?, self.download(v)?);
+        let (oh, lh, doh) = (
+            self.download(out)?,
+            self.download(lse)?,
+            self.download(d_out)?,
+        );
+        let mut dq = vec![f32::NAN; qh.len()];
+        let mut dk = vec![f32::NAN; kh.len()];
+        let mut dv = vec![f32::NAN; vh.len()];
+        AttnBackward::new(
+            dims,
+            mask,
+            scale,
+            [&qh, &kh, &vh, &oh, &lh, &doh],
+            [&mut dq, &mut dk, &mut dv],
+        )
+        .and_then(|call| kernel.backward(call))
+        .map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            self.upload_f32(op, &dq, q.dims())?,
+            self.upload_f32(op, &dk, k.dims())?,
+            self.upload_f32(op, &dv, v.dims())?,
+        ))
+    }
+
+    /// The `cuda-simple` backward: `(dq, dk, dv)` buffers in the activation dtype.
+    fn simple_backward(
+        &self,
+        op: &'static str,
+        dims: &AttnDims,
+        [qs, ks, vs, os, ls, dos]: [&crate::storage::CudaStorage; 6],
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tagged, Tagged, Tagged)> {
+        self.simple_supports(op, dims)?;
+        let nl = dims.q_rows * dims.q_heads;
+        let nk = dims.kv_rows * dims.kv_heads;
+        let od = self.opts.activations;
+        let mut dq = self.alloc(op, qs.len, od)?;
+        let mut dk = self.alloc(op, ks.len, od)?;
+        let mut dv = self.alloc(op, vs.len, od)?;
+        let (id, [qb, kb, vb, ob, dob]) = self.uniform(op, [qs, ks, vs, os, dos])?;
+        let ins = SimpleBackwardIns {
+            id,
+            od,
+            q: qb.get(),
+            k: kb.get(),
+            v: vb.get(),
+            out: ob.get(),
+            d_out: dob.get(),
+            lse: &ls.buf,
+            tq: dims.q_rows as i32,
+            tk: dims.kv_rows as i32,
+            hq: dims.q_heads as i32,
+            hkv: dims.kv_heads as i32,
+            d: dims.head_dim as i32,
+            scale,
+        };
+        let mut dsum = self.alloc_f32(op, nl)?;
+        if nl > 0 {
+            self.simple_backward_dq(op, &ins, nl, mask, &mut dsum, &mut dq)?;
+        }
+        if nk > 0 {
+            self.simple_backward_dkdv(op, &ins, nk, mask, &dsum, [&mut dk, &mut dv])?;
+        }
+        Ok(((dq, od), (dk, od), (dv, od)))
+    }
+
+    /// The `cuda-simple` backward's query pass: `dsum (Tq, Hq) = d_out . out` (the key pass
+    /// reads it too), then `dq`, one warp per (query row, head).
+    fn simple_backward_dq(
+        &self,
+        op: &'static str,
+        ins: &SimpleBackwardIns<'_>,
+        nl: usize,
+        mask: &BlockMask,
+        dsum: &mut CudaSlice<u8>,
+        dq: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let kn = self.k();
+        let (id, od) = (ins.id, ins.od);
+        let (rows64, d32) = (nl as i64, ins.d);
+        let f = pick(&[&kn.attn_bwd_dsum_f, &kn.attn_bwd_dsum_b], &[id]);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(ins.out)
+            .arg(ins.d_out)
+            .arg(&mut *dsum)
+            .arg(&rows64)
+            .arg(&d32);
+        self.launch(op, l, warp_items(nl))?;
+
+        let [f0, f1, s0, s1] = self.upload_mask(op, mask)?;
+        let f = pick(
+            &[
+                &kn.attn_bwd_dq_ff,
+                &kn.attn_bwd_dq_fb,
+                &kn.attn_bwd_dq_bf,
+                &kn.attn_bwd_dq_bb,
+            ],
+            &[od, id],
+        );
+        let mut l = self.stream.launch_builder(f);
+        l.arg(ins.q)
+            .arg(ins.k)
+            .arg(ins.v)
+            .arg(ins.d_out)
+            .arg(ins.lse)
+            .arg(&*dsum)
+            .arg(&*f0)
+            .arg(&*f1)
+            .arg(&*s0)
+            .arg(&*s1)
+            .arg(dq)
+            .arg(&ins.tq)
+            .arg(&ins.hq)
+            .arg(&ins.hkv)
+            .arg(&ins.d)
+            .arg(&ins.scale);
+        self.launch(op, l, warp_items(nl))
+    }
+
+    /// The `cuda-simple` backward's key pass: `dk` and `dv`, one warp per (key row, kv head)
+    /// walking the runs of query rows that see the key ([`key_query_runs`]).
+    fn simple_backward_dkdv(
+        &self,
+        op: &'static str,
+        ins: &SimpleBackwardIns<'_>,
+        nk: usize,
+        mask: &BlockMask,
+        dsum: &CudaSlice<u8>,
+        [dk, dv]: [&mut CudaSlice<u8>; 2],
+    ) -> Result<()> {
+        let kn = self.k();
+        let (off, rs, re) = key_query_runs(mask);
+        let off = self.upload_i32(op, &off)?;
+        let rs = self.upload_i32(op, &rs)?;
+        let re = self.upload_i32(op, &re)?;
+        let f = pick(
+            &[
+                &kn.attn_bwd_dkdv_ff,
+                &kn.attn_bwd_dkdv_fb,
+                &kn.attn_bwd_dkdv_bf,
+                &kn.attn_bwd_dkdv_bb,
+            ],
+            &[ins.od, ins.id],
+        );
+        let mut l = self.stream.launch_builder(f);
+        l.arg(ins.q)
+            .arg(ins.k)
+            .arg(ins.v)
+            .arg(ins.d_out)
+            .arg(ins.lse)
+            .arg(dsum)
+            .arg(&off)
+            .arg(&rs)
+            .arg(&re)
+            .arg(dk)
+            .arg(dv)
+            .arg(&ins.tk)
+            .arg(&ins.hq)
+            .arg(&ins.hkv)
+            .arg(&ins.d)
+            .arg(&ins.scale);
+        self.launch(op, l, warp_items(nk))
+    }
+}
+
+/// What both passes of the `cuda-simple` backward read: the kernels' dtype instantiation, the
+/// inputs (in one dtype, after [`CudaBackend::uniform`]), the forward's lse and the kernels'
+/// `int` sizes.
+struct SimpleBackwardIns<'a> {
+    /// The inputs' dtype.
+    id: DType,
+    /// The outputs' dtype (the activations).
+    od: DType,
+    q: &'a CudaSlice<u8>,
+    k: &'a CudaSlice<u8>,
+    v: &'a CudaSlice<u8>,
+    out: &'a CudaSlice<u8>,
+    d_out: &'a CudaSlice<u8>,
+    /// f32 (Tq, Hq).
+    lse: &'a CudaSlice<u8>,
+    tq: i32,
+    tk: i32,
+    hq: i32,
+    hkv: i32,
+    d: i32,
+    scale: f32,
 }

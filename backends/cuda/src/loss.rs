@@ -87,6 +87,268 @@ impl CudaBackend {
         }
         f(guard.as_mut().expect("workspace just ensured"))
     }
+
+    /// The device part of `linear_cross_entropy` for `na > 0` active rows and `H > 0`: runs
+    /// every chunk (adding the scattered dx rows into `dx` unless `grad_scale == 0`) and
+    /// returns the per-row CE and correctness flags, in active-row order (one sync).
+    fn ce_active_rows(
+        &self,
+        op: &'static str,
+        (xs, ws): (&CudaStorage, &CudaStorage),
+        (rows, act_labels, act_weights): (&[i32], &[i32], &[f32]),
+        (h, v): (usize, usize),
+        grad_scale: f32,
+        dx: &mut CudaSlice<u8>,
+    ) -> Result<(Vec<f64>, Vec<i32>)> {
+        let na = rows.len();
+        // The head in the GEMMs' operand type: in place if it already is (a bf16 head with
+        // bf16 GEMMs), else converted once for every chunk's two GEMMs.
+        let (w_conv, w_dtype) = self.head_operand(op, ws)?;
+        let w_buf = w_conv.as_ref().unwrap_or(&ws.buf);
+        let rows_dev = self.upload_i32(op, rows)?;
+        let labels_dev = self.upload_i32(op, act_labels)?;
+        let mut weights_dev = self.alloc_f32(op, na)?;
+        self.stream
+            .memcpy_htod(f32_bytes(act_weights), &mut weights_dev)
+            .map_err(|e| self.drv(op, e))?;
+        let mut ce_dev = self.alloc(op, 2 * na, DType::F32)?; // na f64
+        let mut correct_dev = self.alloc(op, na, DType::F32)?; // na i32
+
+        // With bf16 GEMMs the dlogits are a bf16 matrix of their own, which the dX GEMM reads
+        // unconverted; else they overwrite the f32 logits.
+        let dl_dtype = match self.opts.gemm {
+            GemmPrecision::Bf16 => DType::Bf16,
+            GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
+        };
+        let call = CeChunkInputs {
+            x: xs,
+            w: w_buf,
+            w_dtype,
+            rows: &rows_dev,
+            labels: &labels_dev,
+            weights: &weights_dev,
+            h,
+            v,
+            grad_scale,
+            layout: CeWorkspace::plan(h, v, dl_dtype),
+        };
+        let chunk = call.layout.chunk;
+        self.with_loss_ws(op, call.layout.bytes, |wsb| {
+            for c0 in (0..na).step_by(chunk) {
+                let n = chunk.min(na - c0);
+                self.ce_chunk_logits(op, &call, wsb, c0, n)?;
+                self.ce_chunk_rows(op, &call, wsb, c0, n, [&mut ce_dev, &mut correct_dev])?;
+                if grad_scale != 0.0 {
+                    self.ce_chunk_dx(op, &call, wsb, c0, n, dx)?;
+                }
+            }
+            Ok(())
+        })?;
+        let ce: Vec<f64> = self.download_pod(op, &ce_dev, na)?;
+        let ok: Vec<i32> = self.download_pod(op, &correct_dev, na)?;
+        Ok((ce, ok))
+    }
+
+    /// Gathers the chunk's `n` active rows (from `c0`) of `x` into the workspace's `xc` and
+    /// computes their logits `(n, V) = xc @ W^T` into its f32 logits region.
+    fn ce_chunk_logits(
+        &self,
+        op: &'static str,
+        call: &CeChunkInputs<'_>,
+        wsb: &mut CudaSlice<u8>,
+        c0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (xs, h, v) = (call.x, call.h, call.v);
+        let (h64, n64) = (h as i64, n as i64);
+        // xc = x[rows[c0..c0+n]], in x's dtype (a copy)
+        {
+            let mut xc = wsb.slice_mut(0..n * h * xs.dtype.size());
+            let rv = call.rows.slice(c0 * 4..(c0 + n) * 4);
+            let f = match xs.dtype {
+                DType::F32 => &self.k().gather_rows_f32,
+                DType::Bf16 => &self.k().gather_rows_u16,
+            };
+            let mut l = self.stream.launch_builder(f);
+            l.arg(&mut xc).arg(&xs.buf).arg(&rv).arg(&n64).arg(&h64);
+            self.launch(op, l, grid1d(n * h))?;
+        }
+        // logits (n, V) = xc (n, H) @ W (V, H)^T
+        {
+            let (base, _g) = wsb.device_ptr_mut(&self.stream);
+            let (pw, _gw) = call.w.device_ptr(&self.stream);
+            self.gemm_raw(
+                op,
+                &RowMajorGemm {
+                    m: n,
+                    n: v,
+                    k: h,
+                    a: Operand::new(base, xs.dtype),
+                    a_cols: h,
+                    ta: false,
+                    b: Operand::new(pw, call.w_dtype),
+                    b_cols: h,
+                    tb: true,
+                    c: base + call.layout.off_logits as u64,
+                    c_dtype: DType::F32,
+                    alpha: 1.0,
+                    beta: 0.0,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The per-row statistics of the chunk's `n` active rows (from `c0`: CE as f64 into `ce`,
+    /// argmax correctness as i32 into `correct`) and their dlogits, one block per row.
+    fn ce_chunk_rows(
+        &self,
+        op: &'static str,
+        call: &CeChunkInputs<'_>,
+        wsb: &mut CudaSlice<u8>,
+        c0: usize,
+        n: usize,
+        [ce, correct]: [&mut CudaSlice<u8>; 2],
+    ) -> Result<()> {
+        let v32 = call.v as i32;
+        let (base, _g) = wsb.device_ptr_mut(&self.stream);
+        let (off_logits, off_dl) = (call.layout.off_logits, call.layout.off_dl);
+        let (lg, dl) = (base + off_logits as u64, base + off_dl as u64);
+        let lv = call.labels.slice(c0 * 4..(c0 + n) * 4);
+        let wv = call.weights.slice(c0 * 4..(c0 + n) * 4);
+        let mut cv = ce.slice_mut(c0 * 8..(c0 + n) * 8);
+        let mut okv = correct.slice_mut(c0 * 4..(c0 + n) * 4);
+        let mut l = self.stream.launch_builder(&self.k().ce_rows);
+        l.arg(&lg)
+            .arg(&dl)
+            .arg(&call.layout.dl_bf16)
+            .arg(&lv)
+            .arg(&wv)
+            .arg(&v32)
+            .arg(&call.grad_scale)
+            .arg(&mut cv)
+            .arg(&mut okv);
+        self.launch(op, l, row_cfg(n, 256))?;
+        Ok(())
+    }
+
+    /// `dxc (n, H) = dlogits (n, V) @ W` for the chunk's `n` active rows (from `c0`),
+    /// scattered into their rows of `dx` (in the activation dtype).
+    fn ce_chunk_dx(
+        &self,
+        op: &'static str,
+        call: &CeChunkInputs<'_>,
+        wsb: &mut CudaSlice<u8>,
+        c0: usize,
+        n: usize,
+        dx: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let (h, v) = (call.h, call.v);
+        let (h64, n64) = (h as i64, n as i64);
+        let od = self.opts.activations;
+        let CeWorkspace {
+            dl_dtype,
+            off_dxc,
+            off_dl,
+            ..
+        } = call.layout;
+        // dxc (n, H) = dlogits (n, V) @ W (V, H)
+        {
+            let (base, _g) = wsb.device_ptr_mut(&self.stream);
+            let (pw, _gw) = call.w.device_ptr(&self.stream);
+            self.gemm_raw(
+                op,
+                &RowMajorGemm {
+                    m: n,
+                    n: h,
+                    k: v,
+                    a: Operand::new(base + off_dl as u64, dl_dtype),
+                    a_cols: v,
+                    ta: false,
+                    b: Operand::new(pw, call.w_dtype),
+                    b_cols: h,
+                    tb: false,
+                    c: base + off_dxc as u64,
+                    c_dtype: DType::F32,
+                    alpha: 1.0,
+                    beta: 0.0,
+                },
+            )?;
+        }
+        let dxc = wsb.slice(off_dxc..off_dxc + n * h * 4);
+        let rv = call.rows.slice(c0 * 4..(c0 + n) * 4);
+        let k = self.k();
+        let f = crate::kernels::pick(&[&k.scatter_rows_f, &k.scatter_rows_b], &[od]);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut *dx).arg(&dxc).arg(&rv).arg(&n64).arg(&h64);
+        self.launch(op, l, grid1d(n * h))?;
+        Ok(())
+    }
+}
+
+/// What every chunk of one `linear_cross_entropy` call reads: `x`, the head as the GEMMs see
+/// it, the active rows' indices, labels and weights (uploaded once), the sizes and the
+/// workspace layout.
+struct CeChunkInputs<'a> {
+    x: &'a CudaStorage,
+    /// The head as the GEMMs read it (in place or converted: [`CudaBackend::head_operand`]).
+    w: &'a CudaSlice<u8>,
+    w_dtype: DType,
+    /// i32 row indices into `x`.
+    rows: &'a CudaSlice<u8>,
+    /// i32 labels.
+    labels: &'a CudaSlice<u8>,
+    /// f32 weights.
+    weights: &'a CudaSlice<u8>,
+    h: usize,
+    v: usize,
+    grad_scale: f32,
+    layout: CeWorkspace,
+}
+
+/// The chunking and loss-workspace layout of one `linear_cross_entropy` call.
+struct CeWorkspace {
+    /// Most active rows per chunk.
+    chunk: usize,
+    /// The dlogits' dtype (the dX GEMM's operand), and as the `ce_rows` flag (1: bf16).
+    dl_dtype: DType,
+    dl_bf16: i32,
+    /// Byte offsets of the regions `dxc`, `logits` and `dlogits` (`xc` is at 0).
+    off_dxc: usize,
+    off_logits: usize,
+    off_dl: usize,
+    /// Workspace bytes the call needs.
+    bytes: usize,
+}
+
+impl CeWorkspace {
+    /// The layout for `H = h`, `V = v` and dlogits of `dl_dtype`.
+    fn plan(h: usize, v: usize, dl_dtype: DType) -> Self {
+        let dl_bf16 = (dl_dtype == DType::Bf16) as i32;
+        let chunk = chunk_rows(v);
+        let (xc_len, logits_len) = (chunk * h, chunk * v);
+        let dl_bytes = if dl_bf16 != 0 { logits_len * 2 } else { 0 };
+        let bytes = (2 * xc_len + logits_len) * 4 + dl_bytes + 256 * 4;
+        // Workspace regions (256-byte aligned): xc (chunk, H), dxc (chunk, H), logits
+        // (chunk, V) f32, and with bf16 GEMMs dlogits (chunk, V) bf16.
+        let al = |b: usize| b.div_ceil(256) * 256;
+        let off_dxc = al(xc_len * 4);
+        let off_logits = off_dxc + al(xc_len * 4);
+        let off_dl = if dl_bf16 != 0 {
+            off_logits + al(logits_len * 4)
+        } else {
+            off_logits
+        };
+        CeWorkspace {
+            chunk,
+            dl_dtype,
+            dl_bf16,
+            off_dxc,
+            off_logits,
+            off_dl,
+            bytes,
+        }
+    }
 }
 
 impl LossOps for CudaBackend {
@@ -121,137 +383,14 @@ impl LossOps for CudaBackend {
             }
             return Ok((stats, self.tensor(dx, od, x.shape().clone())));
         }
-        // The head in the GEMMs' operand type: in place if it already is (a bf16 head with
-        // bf16 GEMMs), else converted once for every chunk's two GEMMs.
-        let (w_conv, w_dtype) = self.head_operand(op, ws)?;
-        let w_buf = w_conv.as_ref().unwrap_or(&ws.buf);
-        let rows_dev = self.upload_i32(op, &rows)?;
-        let labels_dev = self.upload_i32(op, &act_labels)?;
-        let mut weights_dev = self.alloc_f32(op, na)?;
-        self.stream
-            .memcpy_htod(f32_bytes(&act_weights), &mut weights_dev)
-            .map_err(|e| self.drv(op, e))?;
-        let mut ce_dev = self.alloc(op, 2 * na, DType::F32)?; // na f64
-        let mut correct_dev = self.alloc(op, na, DType::F32)?; // na i32
-
-        // With bf16 GEMMs the dlogits are a bf16 matrix of their own, which the dX GEMM reads
-        // unconverted; else they overwrite the f32 logits.
-        let dl_dtype = match self.opts.gemm {
-            GemmPrecision::Bf16 => DType::Bf16,
-            GemmPrecision::Tf32 | GemmPrecision::Fp32 => DType::F32,
-        };
-        let dl_bf16 = (dl_dtype == DType::Bf16) as i32;
-        let chunk = chunk_rows(v);
-        let (xc_len, logits_len) = (chunk * h, chunk * v);
-        let dl_bytes = if dl_bf16 != 0 { logits_len * 2 } else { 0 };
-        let ws_bytes = (2 * xc_len + logits_len) * 4 + dl_bytes + 256 * 4;
-        let (h64, v32) = (h as i64, v as i32);
-        self.with_loss_ws(op, ws_bytes, |wsb| {
-            // Workspace regions (256-byte aligned): xc (chunk, H), dxc (chunk, H), logits
-            // (chunk, V) f32, and with bf16 GEMMs dlogits (chunk, V) bf16.
-            let al = |b: usize| b.div_ceil(256) * 256;
-            let off_dxc = al(xc_len * 4);
-            let off_logits = off_dxc + al(xc_len * 4);
-            let off_dl = if dl_bf16 != 0 {
-                off_logits + al(logits_len * 4)
-            } else {
-                off_logits
-            };
-            for c0 in (0..na).step_by(chunk) {
-                let n = chunk.min(na - c0);
-                let n64 = n as i64;
-                // xc = x[rows[c0..c0+n]], in x's dtype (a copy)
-                {
-                    let mut xc = wsb.slice_mut(0..n * h * xs.dtype.size());
-                    let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let f = match xs.dtype {
-                        DType::F32 => &self.k().gather_rows_f32,
-                        DType::Bf16 => &self.k().gather_rows_u16,
-                    };
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(&mut xc).arg(&xs.buf).arg(&rv).arg(&n64).arg(&h64);
-                    self.launch(op, l, grid1d(n * h))?;
-                }
-                // logits (n, V) = xc (n, H) @ W (V, H)^T
-                {
-                    let (base, _g) = wsb.device_ptr_mut(&self.stream);
-                    let (pw, _gw) = w_buf.device_ptr(&self.stream);
-                    self.gemm_raw(
-                        op,
-                        &RowMajorGemm {
-                            m: n,
-                            n: v,
-                            k: h,
-                            a: Operand::new(base, xs.dtype),
-                            a_cols: h,
-                            ta: false,
-                            b: Operand::new(pw, w_dtype),
-                            b_cols: h,
-                            tb: true,
-                            c: base + off_logits as u64,
-                            c_dtype: DType::F32,
-                            alpha: 1.0,
-                            beta: 0.0,
-                        },
-                    )?;
-                }
-                // per-row statistics and the dlogits
-                {
-                    let (base, _g) = wsb.device_ptr_mut(&self.stream);
-                    let (lg, dl) = (base + off_logits as u64, base + off_dl as u64);
-                    let lv = labels_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let wv = weights_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let mut cv = ce_dev.slice_mut(c0 * 8..(c0 + n) * 8);
-                    let mut okv = correct_dev.slice_mut(c0 * 4..(c0 + n) * 4);
-                    let mut l = self.stream.launch_builder(&self.k().ce_rows);
-                    l.arg(&lg)
-                        .arg(&dl)
-                        .arg(&dl_bf16)
-                        .arg(&lv)
-                        .arg(&wv)
-                        .arg(&v32)
-                        .arg(&grad_scale)
-                        .arg(&mut cv)
-                        .arg(&mut okv);
-                    self.launch(op, l, row_cfg(n, 256))?;
-                }
-                if grad_scale != 0.0 {
-                    // dxc (n, H) = dlogits (n, V) @ W (V, H)
-                    {
-                        let (base, _g) = wsb.device_ptr_mut(&self.stream);
-                        let (pw, _gw) = w_buf.device_ptr(&self.stream);
-                        self.gemm_raw(
-                            op,
-                            &RowMajorGemm {
-                                m: n,
-                                n: h,
-                                k: v,
-                                a: Operand::new(base + off_dl as u64, dl_dtype),
-                                a_cols: v,
-                                ta: false,
-                                b: Operand::new(pw, w_dtype),
-                                b_cols: h,
-                                tb: false,
-                                c: base + off_dxc as u64,
-                                c_dtype: DType::F32,
-                                alpha: 1.0,
-                                beta: 0.0,
-                            },
-                        )?;
-                    }
-                    let dxc = wsb.slice(off_dxc..off_dxc + n * h * 4);
-                    let rv = rows_dev.slice(c0 * 4..(c0 + n) * 4);
-                    let k = self.k();
-                    let f = crate::kernels::pick(&[&k.scatter_rows_f, &k.scatter_rows_b], &[od]);
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(&mut dx).arg(&dxc).arg(&rv).arg(&n64).arg(&h64);
-                    self.launch(op, l, grid1d(n * h))?;
-                }
-            }
-            Ok(())
-        })?;
-        let ce: Vec<f64> = self.download_pod(op, &ce_dev, na)?;
-        let ok: Vec<i32> = self.download_pod(op, &correct_dev, na)?;
+        let (ce, ok) = self.ce_active_rows(
+            op,
+            (xs, ws),
+            (&rows, &act_labels, &act_weights),
+            (h, v),
+            grad_scale,
+            &mut dx,
+        )?;
         for ((&wt, &c), &k) in act_weights.iter().zip(&ce).zip(&ok) {
             let wt = wt as f64;
             stats.weighted_loss += wt * c;

@@ -3,12 +3,12 @@
 //! the weight gradient `dw` are always f32. A bf16 weight (not expected: norm weights are
 //! parameters) is widened exactly first.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use dflash_core::{NormDims, NormOps, Result, Tensor};
 
 use crate::CudaBackend;
 use crate::kernels::pick;
-use crate::storage::DType;
+use crate::storage::{CudaStorage, DType};
 
 /// Rows per split of the dw column reduction (each thread then sums rps / 8 rows).
 const DW_ROWS_PER_SPLIT: usize = 256;
@@ -123,6 +123,27 @@ impl NormOps for CudaBackend {
                 self.tensor(dw, DType::F32, w.shape().clone()),
             ));
         }
+        self.rms_norm_backward_dx(op, [dys, xs, rs], ws.get(), (r, c), &mut dx)?;
+        self.rms_norm_backward_dw(op, [dys, xs, rs], (r, c), &mut dw)?;
+        Ok((
+            self.tensor(dx, od, x.shape().clone()),
+            self.tensor(dw, DType::F32, w.shape().clone()),
+        ))
+    }
+}
+
+impl CudaBackend {
+    /// `dx (r, c)` of the RMSNorm backward, in the activation dtype: one lane group per row
+    /// ([`norm_launch`]); `w` is the (f32) weight.
+    fn rms_norm_backward_dx(
+        &self,
+        op: &'static str,
+        [dys, xs, rs]: [&CudaStorage; 3],
+        w: &CudaSlice<u8>,
+        (r, c): (usize, usize),
+        dx: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let od = self.opts.activations;
         let (c32, r64) = (c as i32, r as i64);
         let (cfg, g) = norm_launch(r, c);
         let k = self.k();
@@ -140,16 +161,28 @@ impl NormOps for CudaBackend {
             &[od, dys.dtype, xs.dtype],
         );
         let mut l = self.stream.launch_builder(f);
-        l.arg(&mut dx)
+        l.arg(dx)
             .arg(&dys.buf)
             .arg(&xs.buf)
-            .arg(ws.get())
+            .arg(w)
             .arg(&rs.buf)
             .arg(&r64)
             .arg(&c32)
             .arg(&g);
-        self.launch(op, l, cfg)?;
+        self.launch(op, l, cfg)
+    }
 
+    /// The f32 weight gradient `dw (c)` of the RMSNorm backward: column sums over splits of
+    /// `DW_ROWS_PER_SPLIT` rows into partials, then the partials summed in split order.
+    fn rms_norm_backward_dw(
+        &self,
+        op: &'static str,
+        [dys, xs, rs]: [&CudaStorage; 3],
+        (r, c): (usize, usize),
+        dw: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let (c32, r64) = (c as i32, r as i64);
+        let k = self.k();
         let splits = r.div_ceil(DW_ROWS_PER_SPLIT).min(4096);
         let rps = r.div_ceil(splits);
         let mut partial = self.alloc_f32(op, splits * c)?;
@@ -182,7 +215,7 @@ impl NormOps for CudaBackend {
         )?;
         let s32 = splits as i32;
         let mut l = self.stream.launch_builder(&self.k().rms_norm_bwd_dw_final);
-        l.arg(&mut dw).arg(&partial).arg(&s32).arg(&c32);
+        l.arg(dw).arg(&partial).arg(&s32).arg(&c32);
         self.launch(
             op,
             l,
@@ -191,10 +224,6 @@ impl NormOps for CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             },
-        )?;
-        Ok((
-            self.tensor(dx, od, x.shape().clone()),
-            self.tensor(dw, DType::F32, w.shape().clone()),
-        ))
+        )
     }
 }
