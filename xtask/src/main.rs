@@ -16,6 +16,7 @@
 mod emu;
 mod wgmma;
 
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 fn cargo() -> Command {
@@ -42,65 +43,14 @@ fn main() -> ExitCode {
     let task = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();
     match task.as_str() {
-        "train" | "eval" | "status" | "backends" => {
-            let mut c = cargo();
-            c.current_dir(&root).args([
-                "run",
-                "--release",
-                "--quiet",
-                "-p",
-                "dflash-cli",
-                "--",
-                &task,
-            ]);
-            if task == "train"
-                && !rest
-                    .iter()
-                    .any(|a| a == "--config" || a == "-c" || a == "--resume")
-            {
-                c.args(["--config", "configs/default.toml"]);
-            }
-            c.args(&rest);
-            status(c)
-        }
-        "bench" => {
-            // `--flag value` or `--flag=value`.
-            let value = |flag: &str| -> Option<String> {
-                let eq = format!("{flag}=");
-                rest.iter().enumerate().find_map(|(i, a)| {
-                    if a == flag {
-                        rest.get(i + 1).cloned()
-                    } else {
-                        a.strip_prefix(&eq).map(str::to_string)
-                    }
-                })
-            };
-            let has = |flag: &str| {
-                let eq = format!("{flag}=");
-                rest.iter().any(|a| a == flag || a.starts_with(&eq))
-            };
-            let cuda = value("--backend").as_deref() == Some("cuda");
-            let mut c = cargo();
-            c.current_dir(&root)
-                .args(["run", "--release", "--quiet", "-p", "dflash-cli"]);
-            c.args(["--", "bench"]).args(&rest);
-            if cuda && !has("--out") && !has("--results-dir") {
-                c.args(["--results-dir", "bench/results"]);
-            }
-            status(c)
-        }
+        "train" | "eval" | "status" | "backends" => status(cli_command(&root, &task, &rest)),
+        "bench" => status(bench_command(&root, &rest)),
         "conformance" if rest.first().is_some_and(|a| a == "--plugin") => {
             let Some(path) = rest.get(1) else {
                 eprintln!("usage: cargo xtask conformance --plugin PATH/TO/libplugin.so");
                 return ExitCode::FAILURE;
             };
-            // Cargo runs from the workspace root; the path is the caller's.
-            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
-            let mut c = cargo();
-            c.current_dir(&root)
-                .args(["run", "--quiet", "-p", "dflash-plugin-conformance", "--"])
-                .arg(path);
-            status(c)
+            status(plugin_conformance_command(&root, path))
         }
         "conformance" => {
             let mut c = cargo();
@@ -116,21 +66,88 @@ fn main() -> ExitCode {
                 .args(&rest);
             status(c)
         }
-        "gen-wgmma" => {
-            let path = root.join(wgmma::PATH);
-            match std::fs::write(&path, wgmma::generate()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("xtask: write {}: {e}", path.display());
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        "gen-wgmma" => write_wgmma(&root),
         "emu" => emu::run(&root, rest.iter().any(|a| a == "--quick")),
         _ => {
             eprintln!(
                 "usage: cargo xtask <train|eval|status|backends|bench|conformance|test|gen-wgmma|emu> [ARGS]"
             );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `dflash TASK REST` in release; `train` gets the embedded default config unless `REST`
+/// names a config or a run to resume.
+fn cli_command(root: &Path, task: &str, rest: &[String]) -> Command {
+    let mut c = cargo();
+    c.current_dir(root).args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "dflash-cli",
+        "--",
+        task,
+    ]);
+    if task == "train"
+        && !rest
+            .iter()
+            .any(|a| a == "--config" || a == "-c" || a == "--resume")
+    {
+        c.args(["--config", "configs/default.toml"]);
+    }
+    c.args(rest);
+    c
+}
+
+/// `dflash bench REST` in release; with `--backend cuda` and neither `--out` nor
+/// `--results-dir`, the results go to `bench/results`.
+fn bench_command(root: &Path, rest: &[String]) -> Command {
+    // `--flag value` or `--flag=value`.
+    let value = |flag: &str| -> Option<String> {
+        let eq = format!("{flag}=");
+        rest.iter().enumerate().find_map(|(i, a)| {
+            if a == flag {
+                rest.get(i + 1).cloned()
+            } else {
+                a.strip_prefix(&eq).map(str::to_string)
+            }
+        })
+    };
+    let has = |flag: &str| {
+        let eq = format!("{flag}=");
+        rest.iter().any(|a| a == flag || a.starts_with(&eq))
+    };
+    let cuda = value("--backend").as_deref() == Some("cuda");
+    let mut c = cargo();
+    c.current_dir(root)
+        .args(["run", "--release", "--quiet", "-p", "dflash-cli"]);
+    c.args(["--", "bench"]).args(rest);
+    if cuda && !has("--out") && !has("--results-dir") {
+        c.args(["--results-dir", "bench/results"]);
+    }
+    c
+}
+
+/// The foreign-plugin conformance table of the shared library at `path` (the caller's path,
+/// made absolute when it exists: cargo runs from the workspace root).
+fn plugin_conformance_command(root: &Path, path: &str) -> Command {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
+    let mut c = cargo();
+    c.current_dir(root)
+        .args(["run", "--quiet", "-p", "dflash-plugin-conformance", "--"])
+        .arg(path);
+    c
+}
+
+/// Rewrites the generated wgmma wrappers under `root`.
+fn write_wgmma(root: &Path) -> ExitCode {
+    let path = root.join(wgmma::PATH);
+    match std::fs::write(&path, wgmma::generate()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: write {}: {e}", path.display());
             ExitCode::FAILURE
         }
     }

@@ -6,9 +6,12 @@
 //! key intervals, so work is proportional to the visible pairs and no dense score matrix
 //! exists. Scores, softmax sums and every dot product are f64.
 
+use std::ops::Range;
+
 use dflash_core::mask::BlockMask;
 use dflash_core::{
-    AttentionOps, AttnBackward, AttnDims, AttnForward, Error, HostAttentionKernel, Result, Tensor,
+    AttentionOps, AttnBackward, AttnDims, AttnForward, AttnInputs, Error, HostAttentionKernel,
+    Result, Tensor,
 };
 use rayon::prelude::*;
 
@@ -90,30 +93,73 @@ impl HostAttentionKernel for ReferenceAttention {
     /// dq is parallel over query rows; dk/dv over (kv head, key block), each task owning
     /// its keys and visiting query rows in order, so the result is bit-deterministic.
     fn backward(&self, call: AttnBackward<'_>) -> std::result::Result<(), String> {
-        let (x, out, lse, d_out) = (call.input, call.out, call.lse, call.d_out);
-        let (dq, dk, dv) = (call.dq, call.dk, call.dv);
-        let dims = x.dims;
-        let (tq, tk) = (dims.q_rows, dims.kv_rows);
-        let (hq, hkv, d, group) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.group());
-        let scale = x.scale as f64;
-        let q_at = |i: usize, h: usize| (i * hq + h) * d..(i * hq + h + 1) * d;
-        let kv_at = |j: usize, kh: usize| (j * hkv + kh) * d..(j * hkv + kh + 1) * d;
+        let pairs = BackwardPairs::new(call.input, call.out, call.lse, call.d_out);
+        pairs.write_dq(call.dq);
+        pairs.write_dk_dv(call.dk, call.dv);
+        Ok(())
+    }
+}
 
+/// What the backward reads for every visible pair `(i, h, j)`: the forward's inputs, its
+/// `lse`, the cotangent `dO`, and `D (Tq, Hq) = rowwise dO . O`, computed once up front.
+struct BackwardPairs<'a> {
+    x: AttnInputs<'a>,
+    /// `(Tq, Hq)`.
+    lse: &'a [f32],
+    /// `(Tq, Hq, D)`.
+    d_out: &'a [f32],
+    /// `D (Tq, Hq)`, in f64.
+    d_sum: Vec<f64>,
+    /// `x.scale` in f64.
+    scale: f64,
+}
+
+impl<'a> BackwardPairs<'a> {
+    /// Computes `D (Tq, Hq) = rowwise dO . O` (parallel over rows) and keeps the rest.
+    fn new(x: AttnInputs<'a>, out: &'a [f32], lse: &'a [f32], d_out: &'a [f32]) -> Self {
+        let dims = x.dims;
+        let (tq, hq, d) = (dims.q_rows, dims.q_heads, dims.head_dim);
         // D (Tq, Hq) = rowwise dO . O
         let d_sum: Vec<f64> = (0..tq * hq)
             .into_par_iter()
             .map(|r| dot(&d_out[r * d..][..d], &out[r * d..][..d]))
             .collect();
-        // P and dS of one visible pair (i, h, j).
-        let p_ds = |i: usize, h: usize, j: usize| -> (f64, f64) {
-            let kh = h / group;
-            let s = scale * dot(&x.q[q_at(i, h)], &x.k[kv_at(j, kh)]);
-            let p = (s - lse[i * hq + h] as f64).exp();
-            let dp = dot(&d_out[q_at(i, h)], &x.v[kv_at(j, kh)]);
-            (p, p * (dp - d_sum[i * hq + h]))
-        };
+        BackwardPairs {
+            x,
+            lse,
+            d_out,
+            d_sum,
+            scale: x.scale as f64,
+        }
+    }
 
-        // dq: one query row per task.
+    /// The `(D)` range of query row `i`, head `h` in `q`, `dO` and `dq (Tq, Hq, D)`.
+    fn q_at(&self, i: usize, h: usize) -> Range<usize> {
+        let (hq, d) = (self.x.dims.q_heads, self.x.dims.head_dim);
+        (i * hq + h) * d..(i * hq + h + 1) * d
+    }
+
+    /// The `(D)` range of key `j`, kv head `kh` in `k`, `v`, `dk` and `dv (Tk, Hkv, D)`.
+    fn kv_at(&self, j: usize, kh: usize) -> Range<usize> {
+        let (hkv, d) = (self.x.dims.kv_heads, self.x.dims.head_dim);
+        (j * hkv + kh) * d..(j * hkv + kh + 1) * d
+    }
+
+    /// `(P, dS)` of one visible pair `(i, h, j)`: `P = exp(scale * q.k - lse)`,
+    /// `dS = P * (dO.v - D_i)`.
+    fn p_ds(&self, i: usize, h: usize, j: usize) -> (f64, f64) {
+        let (x, hq) = (&self.x, self.x.dims.q_heads);
+        let kh = h / x.dims.group();
+        let s = self.scale * dot(&x.q[self.q_at(i, h)], &x.k[self.kv_at(j, kh)]);
+        let p = (s - self.lse[i * hq + h] as f64).exp();
+        let dp = dot(&self.d_out[self.q_at(i, h)], &x.v[self.kv_at(j, kh)]);
+        (p, p * (dp - self.d_sum[i * hq + h]))
+    }
+
+    /// Writes `dq (Tq, Hq, D)`: `dq_i = sum_j scale * dS * k_j`, one query row per task.
+    fn write_dq(&self, dq: &mut [f32]) {
+        let (x, dims, scale) = (&self.x, self.x.dims, self.scale);
+        let (hq, d, group) = (dims.q_heads, dims.head_dim, dims.group());
         dq.par_chunks_mut(hq * d)
             .enumerate()
             .for_each(|(i, dq_row)| {
@@ -122,8 +168,8 @@ impl HostAttentionKernel for ReferenceAttention {
                     acc.fill(0.0);
                     for iv in x.mask.row(i) {
                         for j in iv.start as usize..iv.end as usize {
-                            let (_, ds) = p_ds(i, h, j);
-                            for (a, &kv) in acc.iter_mut().zip(&x.k[kv_at(j, h / group)]) {
+                            let (_, ds) = self.p_ds(i, h, j);
+                            for (a, &kv) in acc.iter_mut().zip(&x.k[self.kv_at(j, h / group)]) {
                                 *a += scale * ds * kv as f64;
                             }
                         }
@@ -133,42 +179,25 @@ impl HostAttentionKernel for ReferenceAttention {
                     }
                 }
             });
+    }
 
-        // dk, dv: one (kv head, key block) per task.
+    /// Writes `dk`, `dv (Tk, Hkv, D)`: one (kv head, key block) per task, accumulated in
+    /// parallel by [`Self::key_block`], then rounded to f32 into place.
+    fn write_dk_dv(&self, dk: &mut [f32], dv: &mut [f32]) {
+        let dims = self.x.dims;
+        let (tk, hkv, d) = (dims.kv_rows, dims.kv_heads, dims.head_dim);
         let blocks = tk.div_ceil(KEY_BLOCK);
         let tasks: Vec<(usize, usize)> = (0..hkv)
             .flat_map(|kh| (0..blocks).map(move |b| (kh, b)))
             .collect();
         let parts: Vec<(Vec<f64>, Vec<f64>)> = tasks
             .par_iter()
-            .map(|&(kh, b)| {
-                let (k0, k1) = (b * KEY_BLOCK, ((b + 1) * KEY_BLOCK).min(tk));
-                let mut dk_acc = vec![0.0f64; (k1 - k0) * d]; // (keys, D)
-                let mut dv_acc = vec![0.0f64; (k1 - k0) * d];
-                for i in 0..tq {
-                    for iv in x.mask.row(i) {
-                        let lo = (iv.start as usize).max(k0);
-                        let hi = (iv.end as usize).min(k1);
-                        for h in kh * group..(kh + 1) * group {
-                            let (qi, doi) = (&x.q[q_at(i, h)], &d_out[q_at(i, h)]);
-                            for j in lo..hi {
-                                let (p, ds) = p_ds(i, h, j);
-                                let off = (j - k0) * d;
-                                for c in 0..d {
-                                    dk_acc[off + c] += scale * ds * qi[c] as f64;
-                                    dv_acc[off + c] += p * doi[c] as f64;
-                                }
-                            }
-                        }
-                    }
-                }
-                (dk_acc, dv_acc)
-            })
+            .map(|&(kh, b)| self.key_block(kh, b))
             .collect();
         for (&(kh, b), (dk_acc, dv_acc)) in tasks.iter().zip(&parts) {
             let k0 = b * KEY_BLOCK;
             for (n, (dk_j, dv_j)) in dk_acc.chunks(d).zip(dv_acc.chunks(d)).enumerate() {
-                let r = kv_at(k0 + n, kh);
+                let r = self.kv_at(k0 + n, kh);
                 for ((o, &a), (o2, &a2)) in dk[r.clone()]
                     .iter_mut()
                     .zip(dk_j)
@@ -179,7 +208,34 @@ impl HostAttentionKernel for ReferenceAttention {
                 }
             }
         }
-        Ok(())
+    }
+
+    /// The f64 `(dk, dv)` of kv head `kh`'s keys `[k0, k1)` of block `b`, each `(keys, D)`:
+    /// `dk_j = sum_i scale * dS * q_i`, `dv_j = sum_i P * dO_i` over the query rows in order.
+    fn key_block(&self, kh: usize, b: usize) -> (Vec<f64>, Vec<f64>) {
+        let (x, dims, scale) = (&self.x, self.x.dims, self.scale);
+        let (tq, tk, d, group) = (dims.q_rows, dims.kv_rows, dims.head_dim, dims.group());
+        let (k0, k1) = (b * KEY_BLOCK, ((b + 1) * KEY_BLOCK).min(tk));
+        let mut dk_acc = vec![0.0f64; (k1 - k0) * d]; // (keys, D)
+        let mut dv_acc = vec![0.0f64; (k1 - k0) * d];
+        for i in 0..tq {
+            for iv in x.mask.row(i) {
+                let lo = (iv.start as usize).max(k0);
+                let hi = (iv.end as usize).min(k1);
+                for h in kh * group..(kh + 1) * group {
+                    let (qi, doi) = (&x.q[self.q_at(i, h)], &self.d_out[self.q_at(i, h)]);
+                    for j in lo..hi {
+                        let (p, ds) = self.p_ds(i, h, j);
+                        let off = (j - k0) * d;
+                        for c in 0..d {
+                            dk_acc[off + c] += scale * ds * qi[c] as f64;
+                            dv_acc[off + c] += p * doi[c] as f64;
+                        }
+                    }
+                }
+            }
+        }
+        (dk_acc, dv_acc)
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dflash_config::{Qwen3Config, TrainConfig};
-use dflash_pipeline::job::{JobPlan, TargetSource, train_plan};
+use dflash_pipeline::job::{JobPlan, TargetSource, TrainOutcome, train_plan};
 
 use crate::util::SplitMix;
 use crate::{BenchError, Result, Scale, Suite};
@@ -302,12 +302,42 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     if !s.wants(case.name) {
         return Ok(());
     }
+    let job = plan_job(s, &case)?;
+    let ran = run_job(&case, &job)?;
+    report_case(s, &case, &job, &ran)
+}
+
+/// A case's job, planned on its synthetic data and checked to reach all of its steps.
+/// Fields drop in order, the scratch directory (data and run) last.
+struct PlannedJob {
+    plan: JobPlan,
+    cfg: TrainConfig,
+    /// Mean length of the synthetic sequences.
+    mean_len: f64,
+    /// Holds the data and the run; removed on drop.
+    scratch: tempfile::TempDir,
+}
+
+/// What a finished job left to report.
+struct FinishedJob {
+    out: TrainOutcome,
+    /// Seconds of the whole job.
+    wall: f64,
+    /// Peak `RssAnon` while it ran, in GB.
+    peak_rss: f64,
+    /// Its `metrics.jsonl`, one record per logged step.
+    recs: Vec<Record>,
+}
+
+/// Writes `case`'s data to a scratch directory and plans its job; an error when the data
+/// makes fewer than its warm-up plus measured steps.
+fn plan_job(s: &Suite<'_>, case: &Case) -> Result<PlannedJob> {
     let scratch = scratch(case.name)?;
     let data = scratch.path().join("train.jsonl");
     let data_tokens = write_jsonl(&data, case.seqs, case.lens, case.target.vocab_size)?;
     let mean_len = data_tokens as f64 / case.seqs as f64;
     let steps = case.warmup_steps + case.measured_steps;
-    let cfg = job_config(s, &case, &data, scratch.path(), steps)?;
+    let cfg = job_config(s, case, &data, scratch.path(), steps)?;
     let plan = JobPlan::with_target(
         &cfg,
         TargetSource::Random {
@@ -324,15 +354,40 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
             ),
         });
     }
+    Ok(PlannedJob {
+        plan,
+        cfg,
+        mean_len,
+        scratch,
+    })
+}
+
+/// Runs the planned job, timing it and sampling the peak RSS, and reads back its metrics.
+fn run_job(case: &Case, job: &PlannedJob) -> Result<FinishedJob> {
     let rss = RssSampler::start();
     let t0 = std::time::Instant::now();
-    let out = train_plan(&plan, &scratch.path().join("run")).map_err(|e| BenchError::Invalid {
-        bench: case.name.into(),
-        detail: dflash_pipeline::error::cause_chain(&e),
+    let out = train_plan(&job.plan, &job.scratch.path().join("run")).map_err(|e| {
+        BenchError::Invalid {
+            bench: case.name.into(),
+            detail: dflash_pipeline::error::cause_chain(&e),
+        }
     })?;
     let wall = t0.elapsed().as_secs_f64();
     let peak_rss = rss.peak_gb();
     let recs = read_records(&out.run_dir)?;
+    Ok(FinishedJob {
+        out,
+        wall,
+        peak_rss,
+        recs,
+    })
+}
+
+/// Records the throughput of the steps after the warm-up, with the detail line: shapes,
+/// per-step phases of each worker, checkpoint, start-up, memory, loss and any recipe override.
+fn report_case(s: &mut Suite<'_>, case: &Case, job: &PlannedJob, ran: &FinishedJob) -> Result<()> {
+    let (plan, cfg, recs) = (&job.plan, &job.cfg, &ran.recs);
+    let (out, wall, peak_rss) = (&ran.out, ran.wall, ran.peak_rss);
     let w = case.warmup_steps as usize;
     let (first, last) = (&recs[w - 1], &recs[recs.len() - 1]);
     let tokens: u64 = recs[w..].iter().map(|r| r.tokens).sum();
@@ -347,18 +402,9 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
     };
     let d = &plan.drafter;
     let per_step = tokens as f64 / n;
-    let variant = match s.opts.job_overrides.as_slice() {
-        [] => String::new(),
-        o => format!(
-            "; recipe overridden: {}",
-            o.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-    };
+    let variant = recipe_variant(s);
     let bound = match case.name {
-        E2E_8B => component_bound(s, per_step, per_step / mean_len).map(|b| format!("; {b}")),
+        E2E_8B => component_bound(s, per_step, per_step / job.mean_len).map(|b| format!("; {b}")),
         _ => None,
     };
     let detail = format!(
@@ -378,13 +424,27 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
         cfg.data.token_budget,
         phases(&first.target_phases_s, &last.target_phases_s),
         phases(&first.drafter_phases_s, &last.drafter_phases_s),
-        mid_checkpoint(&case),
+        mid_checkpoint(case),
         recs[0].job_s,
         out.first_loss,
         out.final_loss,
         bound.unwrap_or_default(),
     );
     s.record(case.name, tokens as f64 / secs / 1e3, secs / n, detail)
+}
+
+/// `"; recipe overridden: k=v ..."` when the bench overrides the recipe, else empty.
+fn recipe_variant(s: &Suite<'_>) -> String {
+    match s.opts.job_overrides.as_slice() {
+        [] => String::new(),
+        o => format!(
+            "; recipe overridden: {}",
+            o.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    }
 }
 
 /// The 8B case placed on two devices (`placement`: device lists and collective).

@@ -104,40 +104,8 @@ impl Qwen3Config {
         let map = parse_object(text, origin)?;
         let o = Obj::new(origin, &map);
 
-        let model_type = o.opt_str("model_type")?.unwrap_or("qwen3").to_string();
-        if model_type != "qwen3" {
-            return Err(o.unsupported(
-                "model_type",
-                &Value::from(model_type.as_str()),
-                "only Qwen3 dense targets (\"qwen3\") are implemented",
-            ));
-        }
-        o.expect_str_if_present(
-            "hidden_act",
-            "silu",
-            "only SiLU (SwiGLU MLP) is implemented",
-        )?;
-        o.expect_bool_if_present(
-            "attention_bias",
-            false,
-            "Qwen3 attention has no biases; biased projections are not implemented",
-        )?;
-        o.expect_bool_if_present(
-            "use_sliding_window",
-            false,
-            "sliding-window attention in the target is not implemented",
-        )?;
-        if let Some(types) = o.opt_array("layer_types")? {
-            for (i, t) in types.iter().enumerate() {
-                if t.as_str() != Some("full_attention") {
-                    return Err(o.unsupported(
-                        &format!("layer_types[{i}]"),
-                        t,
-                        "only full-attention target layers are implemented",
-                    ));
-                }
-            }
-        }
+        let model_type = read_model_type(&o)?;
+        reject_unimplemented(&o)?;
 
         let hidden_size = o.req_usize("hidden_size")?;
         let num_attention_heads = o.req_usize("num_attention_heads")?;
@@ -147,20 +115,7 @@ impl Qwen3Config {
         let num_key_value_heads = o
             .opt_usize("num_key_value_heads")?
             .unwrap_or(num_attention_heads);
-        let head_dim = match o.opt_usize("head_dim")? {
-            Some(d) => d,
-            None => {
-                if hidden_size % num_attention_heads != 0 {
-                    return Err(o.invalid(
-                        "head_dim",
-                        format!(
-                            "absent, and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"
-                        ),
-                    ));
-                }
-                hidden_size / num_attention_heads
-            }
-        };
+        let head_dim = read_head_dim(&o, hidden_size, num_attention_heads)?;
         let cfg = Qwen3Config {
             model_type,
             vocab_size: o.req_usize("vocab_size")?,
@@ -212,5 +167,69 @@ impl Qwen3Config {
         )
         .map_err(|(field, message)| inv(field, message))?;
         Ok(())
+    }
+}
+
+/// `model_type`, `"qwen3"` when absent; any other model type is an error.
+fn read_model_type(o: &Obj<'_>) -> Result<String> {
+    let model_type = o.opt_str("model_type")?.unwrap_or("qwen3").to_string();
+    if model_type != "qwen3" {
+        return Err(o.unsupported(
+            "model_type",
+            &Value::from(model_type.as_str()),
+            "only Qwen3 dense targets (\"qwen3\") are implemented",
+        ));
+    }
+    Ok(model_type)
+}
+
+/// Errors on the first setting whose math this project does not implement: an activation
+/// other than SiLU, attention biases, sliding-window attention, a non-full-attention layer.
+fn reject_unimplemented(o: &Obj<'_>) -> Result<()> {
+    o.expect_str_if_present(
+        "hidden_act",
+        "silu",
+        "only SiLU (SwiGLU MLP) is implemented",
+    )?;
+    o.expect_bool_if_present(
+        "attention_bias",
+        false,
+        "Qwen3 attention has no biases; biased projections are not implemented",
+    )?;
+    o.expect_bool_if_present(
+        "use_sliding_window",
+        false,
+        "sliding-window attention in the target is not implemented",
+    )?;
+    if let Some(types) = o.opt_array("layer_types")? {
+        for (i, t) in types.iter().enumerate() {
+            if t.as_str() != Some("full_attention") {
+                return Err(o.unsupported(
+                    &format!("layer_types[{i}]"),
+                    t,
+                    "only full-attention target layers are implemented",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `head_dim`, or when absent `hidden_size / num_attention_heads` (HF's rule; the caller
+/// has checked the heads are at least 1), an error if that division is not exact.
+fn read_head_dim(o: &Obj<'_>, hidden_size: usize, num_attention_heads: usize) -> Result<usize> {
+    match o.opt_usize("head_dim")? {
+        Some(d) => Ok(d),
+        None => {
+            if hidden_size % num_attention_heads != 0 {
+                return Err(o.invalid(
+                    "head_dim",
+                    format!(
+                        "absent, and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"
+                    ),
+                ));
+            }
+            Ok(hidden_size / num_attention_heads)
+        }
     }
 }

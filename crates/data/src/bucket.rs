@@ -119,21 +119,8 @@ impl BatchPlan {
         seed: u64,
         epoch: u64,
     ) -> Self {
-        let mut bounds: Vec<usize> = bucket_bounds.iter().copied().filter(|&b| b > 0).collect();
-        bounds.sort_unstable();
-        bounds.dedup();
-
-        // bucket index per sample; last index = overflow
-        let mut members: Vec<Vec<usize>> = vec![Vec::new(); bounds.len() + 1];
-        let mut excluded = 0;
-        for (i, &len) in lengths.iter().enumerate() {
-            if len == 0 {
-                excluded += 1;
-                continue;
-            }
-            let b = bounds.partition_point(|&x| x < len);
-            members[b].push(i);
-        }
+        let bounds = sorted_bounds(bucket_bounds);
+        let (members, excluded) = bucket_members(lengths, &bounds);
 
         let base = combine(combine(seed, epoch), DOMAIN_BUCKET);
         let mut batches = Vec::new();
@@ -145,38 +132,9 @@ impl BatchPlan {
                 continue;
             }
             shuffle(&mut idx, &mut rng(combine(base, b as u64)));
-            let mut st = BucketStats {
-                bound,
-                sequences: idx.len(),
-                tokens: 0,
-                batches: 0,
-                padded_tokens: 0,
-            };
-            let mut cur: Vec<usize> = Vec::new();
-            let mut cur_max = 0usize;
-            for i in idx {
-                let len = lengths[i];
-                st.tokens += len;
-                if len > token_budget {
-                    over_budget += 1;
-                }
-                let new_max = cur_max.max(len);
-                if !cur.is_empty() && new_max.saturating_mul(cur.len() + 1) > token_budget {
-                    st.padded_tokens += cur_max * cur.len();
-                    st.batches += 1;
-                    batches.push(std::mem::take(&mut cur));
-                    cur_max = len;
-                } else {
-                    cur_max = new_max;
-                }
-                cur.push(i);
-            }
-            if !cur.is_empty() {
-                st.padded_tokens += cur_max * cur.len();
-                st.batches += 1;
-                batches.push(cur);
-            }
-            stats.push(st);
+            let packed = pack_bucket(lengths, bound, idx, token_budget, &mut batches);
+            over_budget += packed.over_budget;
+            stats.push(packed.stats);
         }
         shuffle(
             &mut batches,
@@ -223,5 +181,85 @@ impl BatchPlan {
     /// Per-bucket statistics (print it at start-up: `println!("{}", plan.bucket_summary())`).
     pub fn bucket_summary(&self) -> &BucketSummary {
         &self.summary
+    }
+}
+
+/// The bucket bounds in increasing order, without duplicates or 0.
+fn sorted_bounds(bucket_bounds: &[usize]) -> Vec<usize> {
+    let mut bounds: Vec<usize> = bucket_bounds.iter().copied().filter(|&b| b > 0).collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    bounds
+}
+
+/// The sample indices of each bucket in index order (one list per bound, then the overflow
+/// bucket's), and the number of zero-length samples left out.
+fn bucket_members(lengths: &[usize], bounds: &[usize]) -> (Vec<Vec<usize>>, usize) {
+    // bucket index per sample; last index = overflow
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); bounds.len() + 1];
+    let mut excluded = 0;
+    for (i, &len) in lengths.iter().enumerate() {
+        if len == 0 {
+            excluded += 1;
+            continue;
+        }
+        let b = bounds.partition_point(|&x| x < len);
+        members[b].push(i);
+    }
+    (members, excluded)
+}
+
+/// What packing one bucket gave besides its batches.
+struct PackedBucket {
+    stats: BucketStats,
+    /// Sequences of the bucket longer than the token budget.
+    over_budget: usize,
+}
+
+/// Packs the (shuffled) samples `idx` of the bucket with bound `bound` greedily, in order, into
+/// batches with `max_len_in_batch * num_seqs <= token_budget` (a sequence over the budget
+/// alone), appending them to `batches`; returns the bucket's statistics.
+fn pack_bucket(
+    lengths: &[usize],
+    bound: Option<usize>,
+    idx: Vec<usize>,
+    token_budget: usize,
+    batches: &mut Vec<Vec<usize>>,
+) -> PackedBucket {
+    let mut st = BucketStats {
+        bound,
+        sequences: idx.len(),
+        tokens: 0,
+        batches: 0,
+        padded_tokens: 0,
+    };
+    let mut over_budget = 0;
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_max = 0usize;
+    for i in idx {
+        let len = lengths[i];
+        st.tokens += len;
+        if len > token_budget {
+            over_budget += 1;
+        }
+        let new_max = cur_max.max(len);
+        if !cur.is_empty() && new_max.saturating_mul(cur.len() + 1) > token_budget {
+            st.padded_tokens += cur_max * cur.len();
+            st.batches += 1;
+            batches.push(std::mem::take(&mut cur));
+            cur_max = len;
+        } else {
+            cur_max = new_max;
+        }
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        st.padded_tokens += cur_max * cur.len();
+        st.batches += 1;
+        batches.push(cur);
+    }
+    PackedBucket {
+        stats: st,
+        over_budget,
     }
 }

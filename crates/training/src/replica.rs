@@ -125,33 +125,7 @@ impl DrafterReplica {
         let step = self.step;
         let t0 = Instant::now();
         let local = std::mem::take(&mut self.local);
-        let stats = if comm.world_size() > 1 {
-            // Statistics travel with the gradients: one global normalisation for all ranks.
-            let mut s = [
-                local.weighted_loss as f32,
-                local.weight_sum as f32,
-                local.correct as f32,
-                local.counted as f32,
-            ];
-            comm.all_reduce_sum(&mut s)
-                .map_err(TrainError::Collective)?;
-            let device = &self.device_collective;
-            for g in self.grads.tensors_mut() {
-                match device {
-                    Some(d) => d.all_reduce_sum(g)?,
-                    None => b.all_reduce_sum(g, comm)?,
-                }
-            }
-            LossStats {
-                weighted_loss: s[0] as f64,
-                weight_sum: s[1] as f64,
-                correct: s[2] as u64,
-                counted: s[3] as u64,
-            }
-        } else {
-            // One replica: the sums are already global, and nothing leaves the device.
-            local
-        };
+        let stats = self.global_stats(b, comm, local)?;
         let all_reduce_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut summary = StepSummary {
@@ -162,39 +136,7 @@ impl DrafterReplica {
             applied: false,
         };
         if stats.weight_sum > 0.0 {
-            // Gradients hold sums over the step's supervised slots: the mean (1 / weight sum)
-            // and the clipping factor scale them inside the optimizer's pass.
-            let inv = 1.0 / stats.weight_sum;
-            let norm = grad_norm(b, &self.grads)? * inv;
-            summary.grad_norm = norm;
-            if norm.is_finite() && stats.loss().is_finite() {
-                let scale = (inv * clip_factor(norm, self.grad_clip)) as f32;
-                self.optimizer.update(
-                    b,
-                    &mut self.drafter.params,
-                    &self.grads,
-                    lr as f32,
-                    scale,
-                )?;
-                summary.applied = true;
-                self.nonfinite_run = 0;
-                self.features_nonfinite = None;
-            } else {
-                self.nonfinite_run += 1;
-                if self.nonfinite_run >= self.max_nonfinite {
-                    let source = match self.features_nonfinite {
-                        Some(true) => NonFiniteSource::TargetFeatures,
-                        Some(false) => NonFiniteSource::Drafter,
-                        None => NonFiniteSource::Gradient,
-                    };
-                    return Err(TrainError::NonFinite {
-                        count: self.nonfinite_run,
-                        limit: self.max_nonfinite,
-                        step,
-                        origin: source,
-                    });
-                }
-            }
+            self.normalise_and_update(b, &mut summary)?;
         }
         // A skipped update still consumes its step (data and schedule move on); AdamW's own
         // count, used for bias correction, counts applied updates only.
@@ -206,5 +148,90 @@ impl DrafterReplica {
             optimizer_s: t1.elapsed().as_secs_f64(),
         };
         Ok(summary)
+    }
+
+    /// The step's loss statistics summed over all replicas (`local`: this replica's). With
+    /// more than one replica this also sums the gradients in place, through the device
+    /// collective when one is set, else through the backend's host all-reduce over `comm`.
+    fn global_stats(
+        &mut self,
+        b: &dyn Backend,
+        comm: &dyn Communicator,
+        local: LossStats,
+    ) -> Result<LossStats> {
+        if comm.world_size() <= 1 {
+            // One replica: the sums are already global, and nothing leaves the device.
+            return Ok(local);
+        }
+        // Statistics travel with the gradients: one global normalisation for all ranks.
+        let mut s = [
+            local.weighted_loss as f32,
+            local.weight_sum as f32,
+            local.correct as f32,
+            local.counted as f32,
+        ];
+        comm.all_reduce_sum(&mut s)
+            .map_err(TrainError::Collective)?;
+        let device = &self.device_collective;
+        for g in self.grads.tensors_mut() {
+            match device {
+                Some(d) => d.all_reduce_sum(g)?,
+                None => b.all_reduce_sum(g, comm)?,
+            }
+        }
+        Ok(LossStats {
+            weighted_loss: s[0] as f64,
+            weight_sum: s[1] as f64,
+            correct: s[2] as u64,
+            counted: s[3] as u64,
+        })
+    }
+
+    /// Normalises the summed gradients by `summary.stats.weight_sum` (> 0), clips and applies
+    /// AdamW, filling in `summary.grad_norm` (of the mean gradient) and `summary.applied`.
+    /// A NaN/Inf loss or norm skips the update instead; see [`Self::skip_nonfinite`].
+    fn normalise_and_update(&mut self, b: &dyn Backend, summary: &mut StepSummary) -> Result<()> {
+        let stats = summary.stats;
+        // Gradients hold sums over the step's supervised slots: the mean (1 / weight sum)
+        // and the clipping factor scale them inside the optimizer's pass.
+        let inv = 1.0 / stats.weight_sum;
+        let norm = grad_norm(b, &self.grads)? * inv;
+        summary.grad_norm = norm;
+        if norm.is_finite() && stats.loss().is_finite() {
+            let scale = (inv * clip_factor(norm, self.grad_clip)) as f32;
+            self.optimizer.update(
+                b,
+                &mut self.drafter.params,
+                &self.grads,
+                summary.lr as f32,
+                scale,
+            )?;
+            summary.applied = true;
+            self.nonfinite_run = 0;
+            self.features_nonfinite = None;
+            Ok(())
+        } else {
+            self.skip_nonfinite(summary.step)
+        }
+    }
+
+    /// Counts one more consecutive non-finite step (`step`); the error, naming where the
+    /// NaN/Inf most likely came from, once `max_nonfinite` of them have run in a row.
+    fn skip_nonfinite(&mut self, step: u64) -> Result<()> {
+        self.nonfinite_run += 1;
+        if self.nonfinite_run >= self.max_nonfinite {
+            let source = match self.features_nonfinite {
+                Some(true) => NonFiniteSource::TargetFeatures,
+                Some(false) => NonFiniteSource::Drafter,
+                None => NonFiniteSource::Gradient,
+            };
+            return Err(TrainError::NonFinite {
+                count: self.nonfinite_run,
+                limit: self.max_nonfinite,
+                step,
+                origin: source,
+            });
+        }
+        Ok(())
     }
 }

@@ -268,84 +268,25 @@ impl CudaBackend {
     /// Layouts, descriptor and the heuristic's best algorithm for `key`.
     fn build_plan(&self, op: &'static str, g: &RowMajorGemm, key: &PlanKey) -> Result<Plan> {
         let err = |what: &str, e: lt::CublasError| self.blas_err(op, g, key.prec, what, e);
-        let f32t = lts::cudaDataType_t::CUDA_R_32F;
-        let ab_t = match key.prec {
-            GemmPrecision::Bf16 => lts::cudaDataType_t::CUDA_R_16BF,
-            GemmPrecision::Tf32 | GemmPrecision::Fp32 => f32t,
-        };
-        let compute = match key.prec {
-            GemmPrecision::Tf32 => lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-            GemmPrecision::Fp32 | GemmPrecision::Bf16 => {
-                lts::cublasComputeType_t::CUBLAS_COMPUTE_32F
-            }
-        };
+        let types = PlanTypes::of(key);
         let (m, n, k) = (key.m, key.n, key.k);
         let (ar, ac) = if key.transa { (k, m) } else { (m, k) };
         let (br, bc) = if key.transb { (n, k) } else { (k, n) };
-        // SAFETY: descriptors are created here and destroyed by their RAII wrappers; attribute
-        // values are the types cuBLASLt documents (i32 for TRANSA/B, usize for the workspace,
-        // u32 alignments).
+        // SAFETY: descriptors are created here and destroyed by their RAII wrappers.
         unsafe {
             let a_l = Layout(
-                lt::create_matrix_layout(ab_t, ar, ac, key.lda).map_err(|e| err("layout A", e))?,
+                lt::create_matrix_layout(types.ab, ar, ac, key.lda)
+                    .map_err(|e| err("layout A", e))?,
             );
             let b_l = Layout(
-                lt::create_matrix_layout(ab_t, br, bc, key.ldb).map_err(|e| err("layout B", e))?,
+                lt::create_matrix_layout(types.ab, br, bc, key.ldb)
+                    .map_err(|e| err("layout B", e))?,
             );
-            // C = D: f32, or bf16 (bf16 A/B only: the caller routes f32-operand modes with a
-            // bf16 C through f32 scratch).
-            let c_t = match key.c_dtype {
-                DType::F32 => f32t,
-                DType::Bf16 => lts::cudaDataType_t::CUDA_R_16BF,
-            };
             let c_l = Layout(
-                lt::create_matrix_layout(c_t, m, n, key.ldc).map_err(|e| err("layout C", e))?,
+                lt::create_matrix_layout(types.c, m, n, key.ldc).map_err(|e| err("layout C", e))?,
             );
-            // Scale type f32 in every mode (alpha/beta are f32, whatever C/D's type).
-            let desc = Desc(lt::create_matmul_desc(compute, f32t).map_err(|e| err("desc", e))?);
-            for (attr, t) in [
-                (
-                    lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    key.transa,
-                ),
-                (
-                    lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                    key.transb,
-                ),
-            ] {
-                let v: i32 = t as i32;
-                lt::set_matmul_desc_attribute(
-                    desc.0,
-                    attr,
-                    &v as *const i32 as *const c_void,
-                    std::mem::size_of::<i32>(),
-                )
-                .map_err(|e| err("transpose attribute", e))?;
-            }
-            let pref = Pref(lt::create_matmul_pref().map_err(|e| err("preference", e))?);
-            let ws = WORKSPACE_BYTES;
-            lt::set_matmul_pref_attribute(
-                pref.0,
-                lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const usize as *const c_void,
-                std::mem::size_of::<usize>(),
-            )
-            .map_err(|e| err("workspace preference", e))?;
-            let [al_a, al_b, al_c] = key.align;
-            for (attr, al) in [
-                (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a),
-                (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b),
-                (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c),
-                (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c),
-            ] {
-                lt::set_matmul_pref_attribute(
-                    pref.0,
-                    attr,
-                    &al as *const u32 as *const c_void,
-                    std::mem::size_of::<u32>(),
-                )
-                .map_err(|e| err("alignment preference", e))?;
-            }
+            let desc = matmul_desc(types.compute, key, &err)?;
+            let pref = matmul_pref(key, &err)?;
             let heur = lt::get_matmul_algo_heuristic(
                 self.blas.handle,
                 desc.0,
@@ -364,5 +305,111 @@ impl CudaBackend {
                 algo: heur.algo,
             })
         }
+    }
+}
+
+/// The cuBLASLt types of a plan: A/B elements, C (= D) elements and compute; the scale type
+/// is f32 in every mode.
+struct PlanTypes {
+    ab: lts::cudaDataType_t,
+    c: lts::cudaDataType_t,
+    compute: lts::cublasComputeType_t,
+}
+
+impl PlanTypes {
+    /// The types of `key`'s precision and C dtype.
+    fn of(key: &PlanKey) -> PlanTypes {
+        let f32t = lts::cudaDataType_t::CUDA_R_32F;
+        let ab = match key.prec {
+            GemmPrecision::Bf16 => lts::cudaDataType_t::CUDA_R_16BF,
+            GemmPrecision::Tf32 | GemmPrecision::Fp32 => f32t,
+        };
+        // C = D: f32, or bf16 (bf16 A/B only: the caller routes f32-operand modes with a
+        // bf16 C through f32 scratch).
+        let c = match key.c_dtype {
+            DType::F32 => f32t,
+            DType::Bf16 => lts::cudaDataType_t::CUDA_R_16BF,
+        };
+        let compute = match key.prec {
+            GemmPrecision::Tf32 => lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            GemmPrecision::Fp32 | GemmPrecision::Bf16 => {
+                lts::cublasComputeType_t::CUBLAS_COMPUTE_32F
+            }
+        };
+        PlanTypes { ab, c, compute }
+    }
+}
+
+/// The matmul descriptor of `key`: `compute`, f32 scale type (alpha/beta are f32, whatever
+/// C/D's type), and `key`'s transposes. `err` names the failing call.
+fn matmul_desc(
+    compute: lts::cublasComputeType_t,
+    key: &PlanKey,
+    err: &impl Fn(&str, lt::CublasError) -> dflash_core::Error,
+) -> Result<Desc> {
+    // SAFETY: the descriptor is destroyed by its RAII wrapper; TRANSA/B take an i32, passed
+    // by pointer with its size.
+    unsafe {
+        let desc = Desc(
+            lt::create_matmul_desc(compute, lts::cudaDataType_t::CUDA_R_32F)
+                .map_err(|e| err("desc", e))?,
+        );
+        for (attr, t) in [
+            (
+                lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                key.transa,
+            ),
+            (
+                lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                key.transb,
+            ),
+        ] {
+            let v: i32 = t as i32;
+            lt::set_matmul_desc_attribute(
+                desc.0,
+                attr,
+                &v as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(|e| err("transpose attribute", e))?;
+        }
+        Ok(desc)
+    }
+}
+
+/// The heuristic's preference for `key`: at most [`WORKSPACE_BYTES`] of workspace, and the
+/// A, B, C and D pointer alignments of `key`. `err` names the failing call.
+fn matmul_pref(
+    key: &PlanKey,
+    err: &impl Fn(&str, lt::CublasError) -> dflash_core::Error,
+) -> Result<Pref> {
+    // SAFETY: the preference is destroyed by its RAII wrapper; the workspace size is a
+    // usize and the alignments are u32, each passed by pointer with its size.
+    unsafe {
+        let pref = Pref(lt::create_matmul_pref().map_err(|e| err("preference", e))?);
+        let ws = WORKSPACE_BYTES;
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const usize as *const c_void,
+            std::mem::size_of::<usize>(),
+        )
+        .map_err(|e| err("workspace preference", e))?;
+        let [al_a, al_b, al_c] = key.align;
+        for (attr, al) in [
+            (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a),
+            (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b),
+            (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c),
+            (lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c),
+        ] {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                attr,
+                &al as *const u32 as *const c_void,
+                std::mem::size_of::<u32>(),
+            )
+            .map_err(|e| err("alignment preference", e))?;
+        }
+        Ok(pref)
     }
 }
