@@ -11,15 +11,17 @@
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
-#   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch  -> OUT/wgpu-knobs.log
+#   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
+#                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n) -> OUT/wgpu-knobs.log
 #   wgpu-qreg    attention ctx4096 + drafter step: the shipped subgroup variants against each
 #                turned off (DFLASH_WGPU_ATTN_WIDE=0, DQ_SG=0 + DKDV_SG=0, all four =0); drafter
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
 #   wgpu-order   attention ctx4096 alone, then after the GEMM bench in the same process,
 #                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
 #                                                                          -> OUT/wgpu-order.log
-#   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines
-#                (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)        -> OUT/wgpu-stats.log, .tar.gz
+#   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines, and of
+#                each GEMM variant (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)
+#                                                                          -> OUT/wgpu-stats.log, .tar.gz
 #   ab           the staged binary against .ab/dflash-base (stage.sh --ab-base REV), alternated
 #                twice, on AB_ARGS (default: wgpu gemm, attention ctx4096, drafter step)
 #                                                                          -> OUT/ab.log
@@ -87,7 +89,8 @@ for phase in "$@"; do
     wgpu-knobs)
         for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
                 "DFLASH_WGPU_ROBUSTNESS=off" "DFLASH_WGPU_CHECKS=none DFLASH_WGPU_ROBUSTNESS=off" \
-                "DFLASH_WGPU_GEMM_TILE=64" "DFLASH_WGPU_GEMM_DB=1" "DFLASH_WGPU_GEMM_WIDE=1"; do
+                "DFLASH_WGPU_GEMM=matmul" "DFLASH_WGPU_GEMM=matmul128_db" \
+                "DFLASH_WGPU_GEMM=matmul128_w" "DFLASH_WGPU_GEMM=matmul128_n"; do
             echo "-- knobs: ${knobs:-none}" >> "$out/wgpu-knobs.log"
             env $knobs $D bench --backend wgpu --attention wgpu-tiled \
                 --only gemm,attention.dflash.ctx4096 --out /tmp/knobs.json \
@@ -139,6 +142,13 @@ for phase in "$@"; do
         DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \
             --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput --warmup 0 --runs 1 \
             --out /tmp/pstats.json > "$out/wgpu-stats.log" 2>&1 || failed+=("$phase")
+        # Each GEMM kernel compiles only when it runs: one short GEMM run per variant, so
+        # the driver's register counts of all of them are read in one call.
+        for g in matmul128_db matmul128_w matmul128_n; do
+            DFLASH_WGPU_GEMM=$g DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats/$g $D bench --backend wgpu \
+                --attention wgpu-tiled --only gemm.f32.8192 --warmup 0 --runs 1 \
+                --out /tmp/pstats-$g.json >> "$out/wgpu-stats.log" 2>&1 || failed+=("$phase ($g)")
+        done
         tar -czf "$out/wgpu-stats.tar.gz" -C /tmp pstats 2>/dev/null || true
         grep -E "pipeline stats" "$out/wgpu-stats.log" | cut -c1-200 | sort -u | head -60 ;;
     ab)

@@ -11,21 +11,31 @@ stored k-contiguous) before the step's FMAs, and the same bounds tests on every 
 41.7 TFLOP/s with 171 registers (CHECKED) and 32.8 with 151 (UNCHECKED): the algorithm is not
 the limit; the Vulkan compile loses about a third of it.
 
-Two more twins, of the variants written after that run (f32 operands, a @ b^T only, like the
-first; the same fetches, bounds tests and stores, the grid of 128 x 128 tiles):
+Three more twins, of the variants written after that run (f32 operands, a @ b^T only, like
+the first; the same fetches, bounds tests and stores; a grid of 128 x 128 tiles, 128 x 64 for
+`matmul128_n`), each picked in the wgpu backend by `DFLASH_WGPU_GEMM=<entry point>`:
 
-- `matmul128_db` (shaders/gemm_db.wgsl, `WgpuOptions::gemm_double_buffer`), lines `DB ...`:
+- `matmul128_db` (shaders/gemm_db.wgsl, `GemmKernel::DoubleBuffered`), lines `DB ...`:
   256 threads, 8 x 8 outputs each, two buffers of each operand's tile (unpadded [16][32]
   float4, columns of row kk XOR-swizzled by kk / 2: 2 x 2 x 512 float4 = 32 KiB static), one
   barrier a k-step (the put of the next step's fragments into the other buffer comes after
   the step's FMAs, and its barrier is the one that publishes them), and the next kk row's four
   workgroup float4 loaded before the current row's 64 FMAs.
-- `matmul128_w` (shaders/gemm_wide.wgsl, `WgpuOptions::gemm_wide_threads`), lines `WIDE ...`:
+- `matmul128_w` (shaders/gemm_wide.wgsl, `GemmKernel::Wide`), lines `WIDE ...`:
   128 threads, 8 rows x 16 columns of c each in 32 float4 (tx = lid % 8, ty = lid / 8; column
   blocks interleaved at a stride of 8 float4: 4 tx, 32 + 4 tx, 64 + 4 tx, 96 + 4 tx), 6
   workgroup loads per 128 FMAs; each thread fetches and puts the fragments of matmul128's
   threads lid and lid + 128; single-buffered in matmul128's padded tiles (16.5 KiB, two
   barriers a k-step).
+- `matmul128_n` (shaders/gemm_narrow.wgsl, `GemmKernel::Narrow`), lines `NARROW ...`:
+  matmul128's per-thread work (8 x 8 outputs in sixteen float4, 4 workgroup float4 loads per
+  64 FMAs, the next k-step prefetched) on 128 threads, so a 128 x 64 tile of c (tx = lid % 8,
+  ty = lid / 8; columns 4 tx and 32 + 4 tx); a's tile is matmul128's, fetched and put as
+  matmul128's threads lid and lid + 128; b's is 16 x 64 ([16][17] float4; 12.5 KiB in all).
+  Its question is Vulkan's, not NVRTC's: whether NVIDIA's Vulkan compiler, which gives
+  matmul128 (256 threads) 127 registers, gives a 128-thread kernel of the same per-thread
+  work the registers NVRTC gives matmul128 (compare this line's registers with matmul128's,
+  and the pipeline statistics' with both).
 
 Reading one run's lines: the twins hold the translation fixed (NVRTC), so a variant whose twin
 runs much faster than matmul128's has the better algorithm; one that is not faster can still
@@ -36,11 +46,12 @@ against the pipeline statistics' (validate.sh's wgpu-stats) say whether the driv
 variant the budget NVRTC did.
 
 Defines: CHECKED (the WGSL loads' bounds tests, the default) and UNCHECKED (no tests: sizes
-are multiples of the tile). By default the run prints four lines, one a kernel and define:
-`CHECKED:` and `UNCHECKED:` (matmul128, as before), `DB CHECKED:`, `WIDE CHECKED:` (what the
-WGSL runs); `--all` adds `DB UNCHECKED:` and `WIDE UNCHECKED:`. Each line: TFLOP/s (best and
-median of 10, CUDA events), the compiler's registers, local-memory (spill) bytes and static
-shared bytes, and the max error of a 256-row slice of c relative to cuBLAS. A kernel that fails
+are multiples of the tile). By default the run prints five lines, one a kernel and define:
+`CHECKED:` and `UNCHECKED:` (matmul128, as before), `DB CHECKED:`, `WIDE CHECKED:`, `NARROW
+CHECKED:` (what the WGSL runs); `--all` adds the three variants' `UNCHECKED:` lines. Each
+line: TFLOP/s (best and median of 10, CUDA events), the compiler's registers, local-memory
+(spill) bytes and static shared bytes, and the max error of a 256-row slice of c relative to
+cuBLAS. A kernel that fails
 to compile or launch prints `... FAILED: ...` and the others still run (exit status 1).
 
 Usage (repo root, on the GPU machine; CuPy is in its image):
@@ -336,16 +347,99 @@ extern "C" __global__ void __launch_bounds__(128) matmul128_w(const float* __res
     store16(c, n, m, n, i1 + 2, j, acc.d20, acc.d21, acc.d22, acc.d23);
     store16(c, n, m, n, i1 + 3, j, acc.d30, acc.d31, acc.d32, acc.d33);
 }
+
+// ---- matmul128_n (gemm_narrow.wgsl): 128 threads, a 128 x 64 tile, 8 x 8 outputs each -----
+
+#define WN 64
+#define WSN 17
+
+// Pair p of thread lid (0..127) of b's 64 x 16 tile stored k-contiguous at rows r0.., columns
+// k0.. (pair_pos_n along k: rows lid / 8 + 16 p).
+__device__ __forceinline__ float2 fetch2n(const float* g, int ld, int rows, int k, int lid,
+                                          int p, int r0, int k0) {
+    int x = lid / 8 + 16 * p, kk = 2 * (lid % 8);
+    int i = r0 + x, c = k0 + kk;
+    bool in = i < rows;
+    return pair(g, (long)i * ld + c, in && c < k, in && c + 1 < k);
+}
+
+__device__ __forceinline__ Frag fetchn(const float* g, int ld, int rows, int k, int lid,
+                                       int r0, int k0) {
+    float2 a = fetch2n(g, ld, rows, k, lid, 0, r0, k0), b = fetch2n(g, ld, rows, k, lid, 1, r0, k0);
+    float2 c = fetch2n(g, ld, rows, k, lid, 2, r0, k0), d = fetch2n(g, ld, rows, k, lid, 3, r0, k0);
+    return Frag{make_float4(a.x, a.y, b.x, b.y), make_float4(c.x, c.y, d.x, d.y)};
+}
+
+__device__ __forceinline__ void put1n(float4* t, int lid, int p, float2 v) {
+    int x = lid / 8 + 16 * p, kk = 2 * (lid % 8);
+    float* w0 = (float*)&t[kk * WSN + x / 4] + x % 4;
+    float* w1 = (float*)&t[(kk + 1) * WSN + x / 4] + x % 4;
+    *w0 = v.x;
+    *w1 = v.y;
+}
+
+__device__ __forceinline__ void putn(float4* t, int lid, Frag f) {
+    put1n(t, lid, 0, make_float2(f.lo.x, f.lo.y));
+    put1n(t, lid, 1, make_float2(f.lo.z, f.lo.w));
+    put1n(t, lid, 2, make_float2(f.hi.x, f.hi.y));
+    put1n(t, lid, 3, make_float2(f.hi.z, f.hi.w));
+}
+
+extern "C" __global__ void __launch_bounds__(128) matmul128_n(const float* __restrict__ a,
+        const float* __restrict__ b, float* __restrict__ c, int m, int n, int k) {
+    __shared__ float4 wa[WK * WS], wb_n[WK * WSN];
+    int tiles_n = (n + WN - 1) / WN;
+    int g = blockIdx.x;
+    int m0 = (g / tiles_n) * WM, n0 = (g % tiles_n) * WN;
+    int lid = threadIdx.x, tx = lid % 8, ty = lid / 8;
+    float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z;
+    float4 d00 = z, d01 = z, d10 = z, d11 = z, d20 = z, d21 = z, d30 = z, d31 = z;
+    FragW fa = fetchw(a, k, m, k, lid, m0, 0);
+    Frag fb = fetchn(b, k, n, k, lid, n0, 0);
+    for (int k0 = 0; k0 < k; k0 += WK) {
+        put(wa, lid, fa.lo);
+        put(wa, lid + 128, fa.hi);
+        putn(wb_n, lid, fb);
+        __syncthreads();
+        if (k0 + WK < k) {
+            fa = fetchw(a, k, m, k, lid, m0, k0 + WK);
+            fb = fetchn(b, k, n, k, lid, n0, k0 + WK);
+        }
+#pragma unroll
+        for (int kk = 0; kk < WK; kk++) {
+            float4 a0 = wa[kk * WS + ty], a1 = wa[kk * WS + ty + 16];
+            float4 b0 = wb_n[kk * WSN + tx], b1 = wb_n[kk * WSN + tx + 8];
+            FMA4(c00, a0.x, b0) FMA4(c01, a0.x, b1) FMA4(c10, a0.y, b0) FMA4(c11, a0.y, b1)
+            FMA4(c20, a0.z, b0) FMA4(c21, a0.z, b1) FMA4(c30, a0.w, b0) FMA4(c31, a0.w, b1)
+            FMA4(d00, a1.x, b0) FMA4(d01, a1.x, b1) FMA4(d10, a1.y, b0) FMA4(d11, a1.y, b1)
+            FMA4(d20, a1.z, b0) FMA4(d21, a1.z, b1) FMA4(d30, a1.w, b0) FMA4(d31, a1.w, b1)
+        }
+        __syncthreads();
+    }
+    int i0 = m0 + 4 * ty, i1 = m0 + 64 + 4 * ty, j0 = n0 + 4 * tx, j1 = n0 + 32 + 4 * tx;
+    store4(c, n, m, n, i0, j0, c00); store4(c, n, m, n, i0, j1, c01);
+    store4(c, n, m, n, i0 + 1, j0, c10); store4(c, n, m, n, i0 + 1, j1, c11);
+    store4(c, n, m, n, i0 + 2, j0, c20); store4(c, n, m, n, i0 + 2, j1, c21);
+    store4(c, n, m, n, i0 + 3, j0, c30); store4(c, n, m, n, i0 + 3, j1, c31);
+    store4(c, n, m, n, i1, j0, d00); store4(c, n, m, n, i1, j1, d01);
+    store4(c, n, m, n, i1 + 1, j0, d10); store4(c, n, m, n, i1 + 1, j1, d11);
+    store4(c, n, m, n, i1 + 2, j0, d20); store4(c, n, m, n, i1 + 2, j1, d21);
+    store4(c, n, m, n, i1 + 3, j0, d30); store4(c, n, m, n, i1 + 3, j1, d31);
+}
 """
 
-# (label, entry point, threads a block): one 128 x 128 tile of c a block, the same grid.
-KERNELS = [("", "matmul128", 256), ("DB ", "matmul128_db", 256), ("WIDE ", "matmul128_w", 128)]
-# Static shared bytes each kernel must report: 2 x [16][33] float4; 2 x 2 x 512 float4.
+# (label, entry point, threads a block, columns of its tile of c): 128 rows a tile, the grid
+# ceil(m / 128) * ceil(n / columns) blocks.
+KERNELS = [("", "matmul128", 256, 128), ("DB ", "matmul128_db", 256, 128),
+           ("WIDE ", "matmul128_w", 128, 128), ("NARROW ", "matmul128_n", 128, 64)]
+# Static shared bytes each kernel must report: 2 x [16][33] float4; 2 x 2 x 512 float4;
+# [16][33] + [16][17] float4.
 SHARED = {"matmul128": 2 * 16 * 33 * 16, "matmul128_db": 2 * 2 * 512 * 16,
-          "matmul128_w": 2 * 16 * 33 * 16}
+          "matmul128_w": 2 * 16 * 33 * 16, "matmul128_n": (16 * 33 + 16 * 17) * 16}
 
 
-def run(label, entry, threads, define, a, b, ref, runs):
+def run(label, entry, threads, tile_n, define, a, b, ref, runs):
     import cupy as cp
 
     opts = ("-arch=sm_90", "-lineinfo") + ((f"-D{define}",) if define else ())
@@ -353,7 +447,7 @@ def run(label, entry, threads, define, a, b, ref, runs):
     m, k = a.shape
     n = b.shape[0]
     c = cp.full((m, n), cp.nan, dtype=cp.float32)
-    grid = (((m + 127) // 128) * ((n + 127) // 128),)
+    grid = (((m + 127) // 128) * ((n + tile_n - 1) // tile_n),)
     args = (a, b, c, cp.int32(m), cp.int32(n), cp.int32(k))
     kern(grid, (threads,), args)  # warm-up and correctness
     cp.cuda.Device().synchronize()
@@ -392,12 +486,12 @@ def main():
     b = rng.standard_normal((n, k), dtype=cp.float32)
     ref = a[:256] @ b.T  # a 256-row slice against cuBLAS (f32, or TF32 if enabled)
     failed = False
-    for label, entry, threads in KERNELS:
+    for label, entry, threads, tile_n in KERNELS:
         for define in ["", "UNCHECKED"]:
             if define and label and not every:
                 continue
             try:
-                run(label, entry, threads, define, a, b, ref, 10)
+                run(label, entry, threads, tile_n, define, a, b, ref, 10)
             except Exception as e:  # a compile or launch error: report it, run the rest
                 failed = True
                 print(f"{label}{define or 'CHECKED'}: FAILED: {type(e).__name__}: {e}", flush=True)

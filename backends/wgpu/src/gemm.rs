@@ -1,11 +1,10 @@
-//! Matrix products (`shaders/gemm.wgsl`): 128 x 128 workgroup tiles (64 x 64 behind
-//! [`crate::WgpuOptions::gemm_small_tiles`], double-buffered behind
-//! [`crate::WgpuOptions::gemm_double_buffer`], `shaders/gemm_db.wgsl`, on 128 threads of 8 x 16
-//! outputs behind [`crate::WgpuOptions::gemm_wide_threads`], `shaders/gemm_wide.wgsl`), f32
-//! accumulation and
-//! f32 output, every transpose combination read in place (no transposed copies), each operand
-//! f32 or f16 (the compute format of frozen weights and features, widened on load: one
-//! pipeline per dtype pair).
+//! Matrix products (`shaders/gemm.wgsl`): 128 x 128 workgroup tiles, or another kernel chosen
+//! by [`crate::WgpuOptions::gemm`] ([`GemmKernel`]: 64 x 64 tiles, double-buffered in
+//! `shaders/gemm_db.wgsl`, 128 threads of 8 x 16 outputs in `shaders/gemm_wide.wgsl`, 128 x 64
+//! tiles on 128 threads in `shaders/gemm_narrow.wgsl`), f32 accumulation and f32 output, every
+//! transpose combination read in place (no transposed copies), each operand f32 or f16 (the
+//! compute format of frozen weights and features, widened on load: one pipeline per dtype
+//! pair).
 //!
 //! A product whose operands exceed one storage binding is split ([`plan`]): each operand is
 //! bound as the span of its *stored* rows that a sub-product needs, so splitting `M` shrinks
@@ -20,46 +19,88 @@ use crate::WgpuBackend;
 use crate::pipelines::{Family, Kernel};
 use crate::storage::{DType, WgpuStorage, storage_any, storage_mut};
 
-/// The chunk granularity of [`plan`]: a multiple of both kernels' tiles.
+/// The chunk granularity of [`plan`]: a multiple of every kernel's tile rows and columns (a
+/// chunk boundary is a tile boundary).
 const TILE: usize = 128;
 
 /// Workgroup memory of `matmul128_db`: two buffers of a's and b's 16 x 128 tiles, f32
 /// (`gemm_db.wgsl`'s `wa2` and `wb2`, 2 x 512 vec4 each).
 pub(crate) const DB_WORKGROUP_BYTES: u32 = 2 * 2 * 512 * 16;
 
-/// Which GEMM kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    /// `matmul`: 64 x 64 tiles.
+/// Which GEMM kernel runs ([`crate::WgpuOptions::gemm`]; `DFLASH_WGPU_GEMM=<entry point>`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// `matmul`: 64 x 64 tiles, 256 threads of 4 x 4 outputs. Ships next to `matmul128` so
+    /// each is tested; the small tile wastes less on products with few rows or columns.
     Small,
-    /// `matmul128`: 128 x 128 tiles.
+    /// `matmul128`: 128 x 128 tiles, 256 threads of 8 x 8 outputs, the next k-step's elements
+    /// prefetched into registers. The shipped kernel.
+    #[default]
     Large,
-    /// `matmul128_db`: 128 x 128 tiles, double-buffered.
+    /// `matmul128_db` (gemm_db.wgsl): `matmul128` with two buffers of workgroup tiles, so one
+    /// barrier a k-step instead of two, and each row of k's workgroup loads issued before the
+    /// previous row's FMAs. Off by default, until timed against `matmul128`; where the
+    /// adapter's workgroup storage cannot hold its 32 KiB, `matmul128` runs instead
+    /// ([`WgpuBackend::gemm_kernel`]).
     DoubleBuffered,
-    /// `matmul128_w`: 128 x 128 tiles on 128 threads, 8 x 16 outputs each.
+    /// `matmul128_w` (gemm_wide.wgsl): the 128 x 128 tile on 128 threads, each 8 x 16 outputs
+    /// in 32 vec4 registers, 6 workgroup loads per 128 FMAs instead of `matmul128`'s 8, and
+    /// fewer threads for a driver's register allocator to fit (NVIDIA's Vulkan compiler gives
+    /// `matmul128` 127 registers, two workgroups a multiprocessor; NVRTC gives this algorithm's
+    /// CUDA twin 255 and spills 56 bytes, lab/wgpu/gemm_twin.py, so expect it to lose). The
+    /// same workgroup tiles and grid as `matmul128`. Off by default, until timed.
     Wide,
+    /// `matmul128_n` (gemm_narrow.wgsl): `matmul128`'s per-thread work (8 x 8 outputs, 4
+    /// workgroup loads per 64 FMAs, the next k-step prefetched) on 128 threads, so a 128 x 64
+    /// tile of c: a test of whether NVIDIA's Vulkan compiler, which seems to cap registers by
+    /// workgroup size, gives it the ~171 registers NVRTC gives `matmul128`'s CUDA twin (its
+    /// 128-thread attention kernels get 156-254). a is read from global memory twice as often
+    /// per output as in `matmul128`. Untimed, off by default.
+    Narrow,
 }
 
-impl Variant {
-    /// The kernel's entry point and the side of its square tile of c.
-    fn entry(self) -> (&'static str, usize) {
+impl GemmKernel {
+    /// Every kernel.
+    pub const ALL: [GemmKernel; 5] = [
+        GemmKernel::Small,
+        GemmKernel::Large,
+        GemmKernel::DoubleBuffered,
+        GemmKernel::Wide,
+        GemmKernel::Narrow,
+    ];
+
+    /// The kernel's entry point in the GEMM module (and `DFLASH_WGPU_GEMM`'s value for it).
+    pub fn entry(self) -> &'static str {
+        self.entry_and_tile().0
+    }
+
+    /// The kernel whose entry point is `name`.
+    pub fn from_entry(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.entry() == name)
+    }
+
+    /// The entry point and the rows and columns of the tile of c each workgroup computes (the
+    /// `tm`, `tn` its shader passes to `tile_origin`).
+    fn entry_and_tile(self) -> (&'static str, usize, usize) {
         match self {
-            Variant::Small => ("matmul", 64),
-            Variant::Large => ("matmul128", 128),
-            Variant::DoubleBuffered => ("matmul128_db", 128),
-            Variant::Wide => ("matmul128_w", 128),
+            GemmKernel::Small => ("matmul", 64, 64),
+            GemmKernel::Large => ("matmul128", 128, 128),
+            GemmKernel::DoubleBuffered => ("matmul128_db", 128, 128),
+            GemmKernel::Wide => ("matmul128_w", 128, 128),
+            GemmKernel::Narrow => ("matmul128_n", 128, 64),
         }
     }
 }
 
-/// The GEMM pipeline of `variant` for operands of dtypes `a` and `b`, and its square tile.
-fn matmul_kernel(a: DType, b: DType, variant: Variant) -> (Kernel<'static>, usize) {
+/// The GEMM pipeline of `kernel` for operands of dtypes `a` and `b`, and its tile's rows and
+/// columns.
+fn matmul_kernel(a: DType, b: DType, kernel: GemmKernel) -> (Kernel<'static>, usize, usize) {
     let family = Family::Gemm {
         a16: a == DType::F16,
         b16: b == DType::F16,
     };
-    let (entry, tile) = variant.entry();
-    (Kernel::new(family, entry), tile)
+    let (entry, tm, tn) = kernel.entry_and_tile();
+    (Kernel::new(family, entry), tm, tn)
 }
 
 /// One operand: its stored matrix is `(rows, cols)` row-major.
@@ -209,7 +250,7 @@ impl WgpuBackend {
             self.span_elems_of(b.s.dtype),
             self.span_elems(),
         );
-        let (kernel, tile) = matmul_kernel(a.s.dtype, b.s.dtype, self.gemm_variant());
+        let (kernel, tm, tn) = matmul_kernel(a.s.dtype, b.s.dtype, self.gemm_variant());
         let chunks = plan((m, n, k), (a.t, b.t), limits).ok_or_else(|| {
             self.err(
                 op,
@@ -245,7 +286,7 @@ impl WgpuBackend {
                 n as u32,
                 if first_k { beta } else { 1.0 }.to_bits(),
             ];
-            let g = (blk.m.div_ceil(tile) * blk.n.div_ceil(tile)) as u64;
+            let g = (blk.m.div_ceil(tm) * blk.n.div_ceil(tn)) as u64;
             self.ctx.profile_label(|| {
                 let d = |s: &WgpuStorage| if s.dtype == DType::F16 { "16" } else { "32" };
                 format!(
@@ -265,28 +306,23 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// The entry point of the GEMM kernel this instance runs (`matmul`, `matmul128`,
-    /// `matmul128_db` or `matmul128_w`): what the options choose where the adapter holds it
-    /// (see `gemm_variant`), so a test knows which kernel it covered.
+    /// The entry point of the GEMM kernel this instance runs ([`GemmKernel::entry`]): what
+    /// the options choose where the adapter holds it (see `gemm_variant`), so a test knows
+    /// which kernel it covered.
     pub fn gemm_kernel(&self) -> &'static str {
-        self.gemm_variant().entry().0
+        self.gemm_variant().entry()
     }
 
-    /// The kernel the options choose, the first that applies of: the small tiles
-    /// (`gemm_small_tiles`), the double-buffered kernel (`gemm_double_buffer`, where the
-    /// adapter's workgroup storage holds [`DB_WORKGROUP_BYTES`]), the 128-thread kernel
-    /// (`gemm_wide_threads`: the same workgroup tiles as `matmul128`, so it fits wherever that
-    /// does), and else the shipped `matmul128`.
-    fn gemm_variant(&self) -> Variant {
+    /// The kernel the options choose ([`crate::WgpuOptions::gemm`]), except the
+    /// double-buffered one where the adapter's workgroup storage cannot hold
+    /// [`DB_WORKGROUP_BYTES`]: the shipped `matmul128` then. Every other kernel needs no more
+    /// workgroup memory than `matmul128` (`pipelines/tests.rs` checks each), so it runs
+    /// wherever the shipped kernel does.
+    fn gemm_variant(&self) -> GemmKernel {
         let fits = self.ctx.limits.max_compute_workgroup_storage_size >= DB_WORKGROUP_BYTES;
-        if self.opts.gemm_small_tiles {
-            Variant::Small
-        } else if self.opts.gemm_double_buffer && fits {
-            Variant::DoubleBuffered
-        } else if self.opts.gemm_wide_threads {
-            Variant::Wide
-        } else {
-            Variant::Large
+        match self.opts.gemm {
+            GemmKernel::DoubleBuffered if !fits => GemmKernel::Large,
+            kernel => kernel,
         }
     }
 
@@ -374,6 +410,7 @@ impl GemmOps for WgpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::WgpuOptions;
 
     /// The GEMM's module has no bounds checks, so `gemm` itself must refuse operands whose
     /// rows are shorter than the columns read or run past the buffer, naming the operand; a
@@ -433,6 +470,19 @@ mod tests {
                 "{name}: {e}"
             );
         }
+    }
+
+    /// Every kernel's entry point names it back (how `DFLASH_WGPU_GEMM` is read), and its tile's
+    /// rows and columns divide the chunk granularity of `plan`, so a chunk starts on a tile.
+    #[test]
+    fn kernels_round_trip_and_their_tiles_divide_the_chunks() {
+        for k in GemmKernel::ALL {
+            assert_eq!(GemmKernel::from_entry(k.entry()), Some(k));
+            let (_, tm, tn) = k.entry_and_tile();
+            assert!(TILE.is_multiple_of(tm) && TILE.is_multiple_of(tn), "{k:?}");
+        }
+        assert_eq!(GemmKernel::from_entry("matmul128_x"), None);
+        assert_eq!(GemmKernel::default(), WgpuOptions::shipped().gemm);
     }
 
     /// Every plan keeps each operand's span within the limit and its blocks tile the product.

@@ -53,6 +53,7 @@ use dflash_core::{Backend, BackendInfo, Error, Result, Shape, Tensor};
 
 pub use attention::{TILED, WGPU_ATTENTION_KERNELS};
 pub use device::NO_ADAPTER_HINT;
+pub use gemm::GemmKernel;
 pub use storage::{DType, WgpuStorage};
 
 use device::Ctx;
@@ -73,26 +74,10 @@ pub struct WgpuOptions {
     /// operations where the device has `SUBGROUP`; off, or without it, through workgroup
     /// memory ([`WgpuBackend::subgroups`]).
     pub subgroups: bool,
-    /// The GEMM on the 64 x 64-tile kernel (`matmul`) instead of the 128 x 128 one
-    /// (`matmul128`): both ship so each is tested; the small tile wastes less on products
-    /// with few rows or columns.
-    pub gemm_small_tiles: bool,
-    /// The 128 x 128 GEMM on its double-buffered kernel (`matmul128_db`, gemm_db.wgsl): two
-    /// buffers of workgroup tiles, so one barrier a k-step instead of two, and each row of k's
-    /// workgroup loads issued before the previous row's FMAs. Off by default, until timed
-    /// against `matmul128` (`DFLASH_WGPU_GEMM_DB=1` turns it on); where the adapter's workgroup
-    /// storage cannot hold its 32 KiB, or with [`Self::gemm_small_tiles`], it is ignored
-    /// ([`WgpuBackend::gemm_kernel`]).
-    pub gemm_double_buffer: bool,
-    /// The 128 x 128 GEMM on its 128-thread kernel (`matmul128_w`, gemm_wide.wgsl): each
-    /// thread 8 x 16 outputs in 32 vec4 registers, 6 workgroup loads per 128 FMAs instead of
-    /// `matmul128`'s 8, and fewer threads for a driver's register allocator to fit (NVIDIA's
-    /// Vulkan compiler gives `matmul128` 127 registers, two workgroups a multiprocessor; NVRTC
-    /// gives this algorithm's CUDA twin 255 and spills 56 bytes, lab/wgpu/gemm_twin.py, so
-    /// expect it to lose). The same workgroup tiles and grid as `matmul128`. Off by default,
-    /// until timed (`DFLASH_WGPU_GEMM_WIDE=1` turns it on); [`Self::gemm_small_tiles`] and a
-    /// double-buffered GEMM that runs take precedence ([`WgpuBackend::gemm_kernel`]).
-    pub gemm_wide_threads: bool,
+    /// The GEMM kernel: [`GemmKernel::Large`] (`matmul128`) ships; each of the others is
+    /// there to be tested or timed against it (`DFLASH_WGPU_GEMM=<entry point>` picks one,
+    /// [`GemmKernel::entry`]). [`WgpuBackend::gemm_kernel`] says which one runs.
+    pub gemm: GemmKernel,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
     /// pass on a GPU, as many as the adapter's loop cap needs on a CPU adapter.
@@ -131,19 +116,17 @@ pub struct WgpuOptions {
 
 impl WgpuOptions {
     /// What the backend runs with when nothing is set: f16 storage and subgroup reductions
-    /// where the device has them, the 128 x 128 GEMM tile, and `wgpu-tiled` on its subgroup
-    /// kernels (query registers, two keys a lane, dq and dk/dv on subgroups) wherever the
-    /// adapter's subgroups and workgroup memory take them. Tests start from it so they cover
-    /// what ships.
+    /// where the device has them, the 128 x 128 GEMM tile ([`GemmKernel::Large`]), and
+    /// `wgpu-tiled` on its subgroup kernels (query registers, two keys a lane, dq and dk/dv on
+    /// subgroups) wherever the adapter's subgroups and workgroup memory take them. Tests start
+    /// from it so they cover what ships.
     pub fn shipped() -> Self {
         WgpuOptions {
             poison: false,
             max_binding_bytes: None,
             f16: true,
             subgroups: true,
-            gemm_small_tiles: false,
-            gemm_double_buffer: false,
-            gemm_wide_threads: false,
+            gemm: GemmKernel::Large,
             attn_pass_tiles: None,
             attn_subgroup_tiles: false,
             attn_qreg: true,
@@ -156,30 +139,52 @@ impl WgpuOptions {
     /// [`Self::shipped`] with the environment's switches: `DFLASH_WGPU_POISON=1` turns poison
     /// on; `DFLASH_WGPU_F16=0` forces f32 on an adapter with `SHADER_F16` (so both paths run
     /// on one machine), `DFLASH_WGPU_SUBGROUPS=0` the workgroup-memory reductions,
-    /// `DFLASH_WGPU_GEMM_TILE=64` the small GEMM tile, `DFLASH_WGPU_GEMM_DB=1` the
-    /// double-buffered GEMM, `DFLASH_WGPU_GEMM_WIDE=1` the 128-thread GEMM, and
-    /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0`
-    /// each attention variant off (`=1` on).
-    pub fn from_env() -> Self {
+    /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
+    /// `matmul128_w` or `matmul128_n`: [`GemmKernel`]), and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`,
+    /// `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off (`=1` on). An unknown
+    /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
+    /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
+    /// each would otherwise time the shipped kernel under another's name.
+    pub fn from_env() -> Result<Self> {
+        let err = |detail: String| Error::op("wgpu_init", "wgpu", detail);
+        for (old, entry) in [
+            ("DFLASH_WGPU_GEMM_TILE", "matmul"),
+            ("DFLASH_WGPU_GEMM_DB", "matmul128_db"),
+            ("DFLASH_WGPU_GEMM_WIDE", "matmul128_w"),
+        ] {
+            if std::env::var_os(old).is_some() {
+                return Err(err(format!(
+                    "{old} is no longer read: DFLASH_WGPU_GEMM={entry} picks that kernel"
+                )));
+            }
+        }
         let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
             Ok("0") => false,
             Ok("1") => true,
             _ => default,
         };
         let s = Self::shipped();
-        WgpuOptions {
+        let gemm = match std::env::var("DFLASH_WGPU_GEMM") {
+            Ok(v) => GemmKernel::from_entry(&v).ok_or_else(|| {
+                let names: Vec<&str> = GemmKernel::ALL.iter().map(|k| k.entry()).collect();
+                err(format!(
+                    "DFLASH_WGPU_GEMM={v:?}: expected one of {}",
+                    names.join(", ")
+                ))
+            })?,
+            Err(_) => s.gemm,
+        };
+        Ok(WgpuOptions {
             poison: flag("DFLASH_WGPU_POISON", s.poison),
             f16: flag("DFLASH_WGPU_F16", s.f16),
             subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups),
-            gemm_small_tiles: std::env::var("DFLASH_WGPU_GEMM_TILE").is_ok_and(|v| v == "64"),
-            gemm_double_buffer: flag("DFLASH_WGPU_GEMM_DB", s.gemm_double_buffer),
-            gemm_wide_threads: flag("DFLASH_WGPU_GEMM_WIDE", s.gemm_wide_threads),
+            gemm,
             attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg),
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),
             attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups),
             ..s
-        }
+        })
     }
 }
 
@@ -217,10 +222,11 @@ impl Drop for WgpuBackend {
 }
 
 impl WgpuBackend {
-    /// The backend on adapter `opts.device` with [`WgpuOptions::from_env`].
-    /// [`Error::Unavailable`] (never a panic) where this machine has no adapter.
+    /// The backend on adapter `opts.device` with [`WgpuOptions::from_env`] (whose error, an
+    /// unknown switch value, it returns). [`Error::Unavailable`] (never a panic) where this
+    /// machine has no adapter.
     pub fn new(opts: &BackendOptions) -> Result<Self> {
-        Self::with_options(opts, WgpuOptions::from_env())
+        Self::with_options(opts, WgpuOptions::from_env()?)
     }
 
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {

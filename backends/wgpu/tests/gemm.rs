@@ -18,8 +18,10 @@ fn gemm_ops_match_naive() {
     let mut r = rng(2);
     for (label, be) in wgpu_gemm_variants() {
         let mut worst = 0.0f64;
-        // Edge tiles, a single element, tall/wide, one past 64-tiles in every dimension, and
-        // more than 8 tile rows of 128 (matmul128 takes its tiles in groups of 8 rows).
+        // Edge tiles, a single element, tall/wide, one past 64-tiles in every dimension, more
+        // than 8 tile rows of 128, and (200, 33, 100): a last tile of c partial in the second
+        // half of its rows (64.. of a 128-row tile) and of its columns (32.. of matmul128_n's
+        // 64-column tile, 64.. of a 128-column one), k one past two steps of 16.
         // On 4 KiB bindings every operand here is split (hundreds of small dispatches, each
         // a fixed cost on lavapipe): fewer shapes, still splitting M, N and K.
         let shapes: &[(usize, usize, usize)] = if label.starts_with("full bindings") {
@@ -31,6 +33,7 @@ fn gemm_ops_match_naive() {
                 (64, 128, 192),
                 (3, 700, 2),
                 (1100, 5, 130),
+                (200, 33, 100),
             ]
         } else {
             &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
@@ -123,9 +126,9 @@ fn gemm_shape_errors_match_reference() {
 }
 
 /// f16 operands (the compute format), every transpose, `a`, `b` or both f16, on the adapter's
-/// bindings (the shipped, the double-buffered and the 128-thread kernel) and on 4 KiB bindings
-/// (split M, N, K). Odd `K` / `M` / `N` put stored rows at odd f16 offsets (the kernels' scalar path); even
-/// ones use their paired loads.
+/// bindings (the shipped kernel and those behind switches, `common::GEMM_SWITCHES`) and on 4 KiB
+/// bindings (split M, N, K). Odd `K` / `M` / `N` put stored rows at odd f16 offsets (the
+/// kernels' scalar path); even ones use their paired loads.
 ///
 /// Two bounds: against the values the f16 tensors hold, products of f16 values are exact in
 /// f32, so the f32 GEMM bound holds (`GEMM_TOL`, 1e-5 of `sum |a||b|`); against the f32 originals
@@ -146,6 +149,7 @@ fn gemm_f16_operands_match_naive() {
                 (1, 9, 1),
                 // a whole 128 x 128 tile of c and a partial one in both dimensions
                 (130, 40, 131),
+                (200, 33, 100),
             ]
         } else {
             &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]

@@ -23,7 +23,7 @@ fn the_default_job_with_the_f16_compute_format_tracks_the_reference() {
     if common::wgpu_f16().is_none() {
         return;
     }
-    if !WgpuOptions::from_env().f16 {
+    if !WgpuOptions::from_env().expect("DFLASH_WGPU_* switches").f16 {
         common::skip("DFLASH_WGPU_F16=0 is set, so the job's wgpu backend keeps f32");
         return;
     }

@@ -4,10 +4,14 @@
 
 /// The shader families, one WGSL file each (`src/shaders/*.wgsl`), each compiled with the
 /// shared prelude (`common.wgsl`) in front. The GEMM is one family per operand dtype pair
-/// (the operand bindings and readers are put in front of `gemm.wgsl`, and `gemm_db.wgsl`, its
-/// double-buffered variant, and `gemm_wide.wgsl`, its 128-thread variant, after it); `F16`
-/// holds the kernels that read or write f16 buffers and is compiled only on a device with
-/// `SHADER_F16` (its `enable f16;` is a compile error elsewhere).
+/// (the operand bindings and readers are put in front of `gemm.wgsl`, and after it, in this
+/// order, `gemm_db.wgsl`, its double-buffered variant, `gemm_wide.wgsl`, its 128-thread variant
+/// of 8 x 16 outputs a thread, and `gemm_narrow.wgsl`, its 128-thread variant of 128 x 64 tiles,
+/// which uses the files before it); `F16` holds the kernels that read or write f16 buffers
+/// and is compiled only on a device with `SHADER_F16` (its `enable f16;` is a compile error
+/// elsewhere). wgpu compiles one entry point at a time from a module compacted to what that
+/// entry point reaches (naga's `process_overrides`), so a GEMM kernel's workgroup memory is its
+/// own tiles, not every kernel's of the module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Memory,
@@ -42,9 +46,10 @@ impl Family {
     /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
     /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
     /// indexed by expressions that constants bound (`gemm_db.wgsl`'s `swz`, its buffer
-    /// offsets, `gemm_wide.wgsl`'s thread coordinates), and `WgpuBackend::gemm` refuses an
-    /// operand whose rows are shorter than the columns it reads or whose rows run past its
-    /// buffer (the bounds checks cost the GEMM ~8% on the H200, docs/PERF.md).
+    /// offsets, `gemm_wide.wgsl`'s and `gemm_narrow.wgsl`'s thread coordinates, each file's
+    /// proof in its header), and `WgpuBackend::gemm` refuses an operand whose rows are shorter
+    /// than the columns it reads or whose rows run past its buffer (the bounds checks cost the
+    /// GEMM ~8% on the H200, docs/PERF.md).
     pub(super) fn bounds_proven_on_host(self) -> bool {
         matches!(self, Family::Gemm { .. })
     }
@@ -78,12 +83,13 @@ impl Family {
             Family::Gemm { a16, b16 } => {
                 let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
                 return format!(
-                    "{f16}{PRELUDE}\n{}{}{}\n{}\n{}",
+                    "{f16}{PRELUDE}\n{}{}{}\n{}\n{}\n{}",
                     gemm_operand("a", 1, a16),
                     gemm_operand("b", 2, b16),
                     include_str!("../shaders/gemm.wgsl"),
                     include_str!("../shaders/gemm_db.wgsl"),
-                    include_str!("../shaders/gemm_wide.wgsl")
+                    include_str!("../shaders/gemm_wide.wgsl"),
+                    include_str!("../shaders/gemm_narrow.wgsl")
                 );
             }
             Family::Rope => include_str!("../shaders/rope.wgsl"),

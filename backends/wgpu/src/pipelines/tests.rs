@@ -135,14 +135,16 @@ fn every_module_variant_validates() {
     }
 }
 
-/// Every GEMM module holds the four kernels `gemm.rs` dispatches, the 128-thread one
-/// (`matmul128_w`) declares the same workgroup tiles as `matmul128`, and the double-buffered
-/// one declares the workgroup memory the host checks against the adapter's limit before it
-/// chooses it (`DB_WORKGROUP_BYTES`), no more than 32 KiB (so lavapipe runs it in the
-/// conformance suite).
+/// Every GEMM module holds every kernel `gemm.rs` dispatches (`GemmKernel::ALL`) at its
+/// workgroup size; the 128-thread ones (`matmul128_w`, `matmul128_n`) need no more workgroup
+/// memory than `matmul128`, so they run wherever it does (`matmul128_n`: its own a and b tiles,
+/// the module's other tiles not counted, as wgpu compiles each entry point from the module
+/// compacted to what it reaches); the double-buffered one declares the workgroup memory the
+/// host checks against the adapter's limit before it chooses it (`DB_WORKGROUP_BYTES`), no
+/// more than 32 KiB (so lavapipe runs it in the conformance suite).
 #[test]
 fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
-    use crate::gemm::DB_WORKGROUP_BYTES;
+    use crate::gemm::{DB_WORKGROUP_BYTES, GemmKernel};
     for (a16, b16) in [(false, false), (false, true), (true, false), (true, true)] {
         let f = Family::Gemm { a16, b16 };
         let src = f.source(false);
@@ -154,7 +156,7 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
         .validate(&module)
         .expect("validates");
         let mut bytes_of = std::collections::HashMap::new();
-        for entry in ["matmul", "matmul128", "matmul128_db", "matmul128_w"] {
+        for entry in GemmKernel::ALL.map(GemmKernel::entry) {
             let i = module
                 .entry_points
                 .iter()
@@ -168,10 +170,31 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
                 .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !ep[*h].is_empty())
                 .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
                 .sum();
+            // What wgpu hands the driver: the module compacted to the entry point (every
+            // backend of wgpu-hal 30 calls `process_overrides` with it), whose workgroup
+            // variables are then exactly those counted above.
+            let (compact, _) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, entry)),
+                &Default::default(),
+            )
+            .expect("compacts");
+            let kept: u32 = compact
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| compact.types[g.ty].inner.size(compact.to_ctx()))
+                .sum();
+            assert_eq!(
+                kept, bytes,
+                "{entry}: workgroup bytes after wgpu's compaction"
+            );
             if entry == "matmul128_db" {
                 assert_eq!(bytes, DB_WORKGROUP_BYTES, "{entry}");
             }
-            let threads = if entry == "matmul128_w" { 128 } else { 256 };
+            let threads128 = ["matmul128_w", "matmul128_n"].contains(&entry);
+            let threads = if threads128 { 128 } else { 256 };
             assert_eq!(
                 module.entry_points[i].workgroup_size,
                 [threads, 1, 1],
@@ -186,6 +209,11 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
         assert_eq!(
             bytes_of["matmul128_w"], bytes_of["matmul128"],
             "matmul128_w"
+        );
+        assert_eq!(
+            bytes_of["matmul128_n"],
+            528 * 16 + 272 * 16,
+            "matmul128_n's wa and wb_n"
         );
         assert_eq!(bytes_of["matmul128"], 2 * 528 * 16, "matmul128's wa and wb");
     }

@@ -25,13 +25,14 @@ struct GemmParams {
 @group(0) @binding(0) var<uniform> gp: GemmParams;
 @group(0) @binding(3) var<storage, read_write> gc: array<f32>;
 
-// The first row and column of the square tile of c (side `tile`) that workgroup `wid` of the
-// grid computes, and whether it computes one (z = 0: the tail of a 2-D grid, which returns).
-fn tile_origin(wid: vec3<u32>, nwg: vec3<u32>, tile: u32) -> vec3<u32> {
-    let tiles_n = (gp.n + tile - 1u) / tile;
+// The first row and column of the tile of c (`tm` rows, `tn` columns) that workgroup `wid` of
+// the grid computes, and whether it computes one (z = 0: the tail of a 2-D grid, which
+// returns). The host's grid is ceil(m / tm) * ceil(n / tn) workgroups (gemm.rs).
+fn tile_origin(wid: vec3<u32>, nwg: vec3<u32>, tm: u32, tn: u32) -> vec3<u32> {
+    let tiles_n = (gp.n + tn - 1u) / tn;
     let g = wg_linear(wid, nwg);
-    let inside = g < tiles_n * ((gp.m + tile - 1u) / tile);
-    return vec3<u32>((g / tiles_n) * tile, (g % tiles_n) * tile, select(0u, 1u, inside));
+    let inside = g < tiles_n * ((gp.m + tm - 1u) / tm);
+    return vec3<u32>((g / tiles_n) * tm, (g % tiles_n) * tn, select(0u, 1u, inside));
 }
 
 const BM: u32 = 64u;
@@ -121,7 +122,7 @@ fn load_tile_b(q: u32, k0: u32, n0: u32) {
 @compute @workgroup_size(256)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let origin = tile_origin(wid, nwg, BM); // BM == BN
+    let origin = tile_origin(wid, nwg, BM, BN);
     if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }
@@ -263,42 +264,50 @@ fn fetch_b128(lid: u32, k0: u32, n0: u32) -> FragB {
                  fetch_b2(lid, 2u, k0, n0), fetch_b2(lid, 3u, k0, n0));
 }
 
-// A pair at `at` into a k-major tile `t` (0: a's, 1: b's): along k it spans two tile rows,
-// across it is two lanes of one vec4 (x is even).
-fn put_pair(t: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
-    let w0 = at.y * WS + at.x / 4u;
+// Where a pair at `at` goes in a k-major tile of `stride` vec4 a row: the vec4 and lane of its
+// first element (x, y) and of its second (z, w). Along k it spans two tile rows, across it is
+// two lanes of one vec4 (x is even).
+fn pair_slots(at: vec2<u32>, along_k: bool, stride: u32) -> vec4<u32> {
+    let w0 = at.y * stride + at.x / 4u;
     let l0 = at.x % 4u;
-    let w1 = select(w0, w0 + WS, along_k);
-    let l1 = select(l0 + 1u, l0, along_k);
-    if (t == 0u) {
-        wa[w0][l0] = v.x;
-        wa[w1][l1] = v.y;
-    } else {
-        wb[w0][l0] = v.x;
-        wb[w1][l1] = v.y;
-    }
+    return vec4<u32>(w0, l0, select(w0, w0 + stride, along_k), select(l0 + 1u, l0, along_k));
+}
+
+// A pair into a's tile (`wa`) or b's (`wb`): a function per tile, so that a kernel putting only
+// a's tile reaches only `wa` (wgpu compiles each entry point from the module compacted to what
+// it reaches, and a reached tile is workgroup memory the driver may allocate: matmul128_n).
+fn put_pair_a(at: vec2<u32>, along_k: bool, v: vec2<f32>) {
+    let s = pair_slots(at, along_k, WS);
+    wa[s.x][s.y] = v.x;
+    wa[s.z][s.w] = v.y;
+}
+
+fn put_pair_b(at: vec2<u32>, along_k: bool, v: vec2<f32>) {
+    let s = pair_slots(at, along_k, WS);
+    wb[s.x][s.y] = v.x;
+    wb[s.z][s.w] = v.y;
 }
 
 fn put_a128(lid: u32, f: FragA) {
     let ak = gp.ta == 0u;
-    put_pair(0u, pair_pos(lid, 0u, ak), ak, widen_a(f.p0));
-    put_pair(0u, pair_pos(lid, 1u, ak), ak, widen_a(f.p1));
-    put_pair(0u, pair_pos(lid, 2u, ak), ak, widen_a(f.p2));
-    put_pair(0u, pair_pos(lid, 3u, ak), ak, widen_a(f.p3));
+    put_pair_a(pair_pos(lid, 0u, ak), ak, widen_a(f.p0));
+    put_pair_a(pair_pos(lid, 1u, ak), ak, widen_a(f.p1));
+    put_pair_a(pair_pos(lid, 2u, ak), ak, widen_a(f.p2));
+    put_pair_a(pair_pos(lid, 3u, ak), ak, widen_a(f.p3));
 }
 
 fn put_b128(lid: u32, f: FragB) {
     let bk = gp.tb != 0u;
-    put_pair(1u, pair_pos(lid, 0u, bk), bk, widen_b(f.p0));
-    put_pair(1u, pair_pos(lid, 1u, bk), bk, widen_b(f.p1));
-    put_pair(1u, pair_pos(lid, 2u, bk), bk, widen_b(f.p2));
-    put_pair(1u, pair_pos(lid, 3u, bk), bk, widen_b(f.p3));
+    put_pair_b(pair_pos(lid, 0u, bk), bk, widen_b(f.p0));
+    put_pair_b(pair_pos(lid, 1u, bk), bk, widen_b(f.p1));
+    put_pair_b(pair_pos(lid, 2u, bk), bk, widen_b(f.p2));
+    put_pair_b(pair_pos(lid, 3u, bk), bk, widen_b(f.p3));
 }
 
 @compute @workgroup_size(256)
 fn matmul128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    let origin = tile_origin(wid, nwg, WM);
+    let origin = tile_origin(wid, nwg, WM, WM);
     if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }

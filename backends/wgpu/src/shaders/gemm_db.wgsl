@@ -2,7 +2,7 @@
 // uses: the host puts this file after it in one module) with the overlap of loads and FMAs
 // written out, for a driver that does not schedule it from matmul128 by itself (NVIDIA's Vulkan
 // compiler keeps fewer loads in flight than NVRTC does with the same algorithm in CUDA C,
-// lab/wgpu/gemm_twin.py). On behind `WgpuOptions::gemm_double_buffer`:
+// lab/wgpu/gemm_twin.py). Behind `WgpuOptions::gemm = GemmKernel::DoubleBuffered`:
 //
 // - the workgroup tiles are double-buffered: a k-step computes from one buffer while the
 //   fragments fetched for the next step go into the other, so one barrier a k-step instead
@@ -29,9 +29,10 @@ fn swz(kk: u32, col: u32) -> u32 {
     return kk * 32u + (col ^ (kk >> 1u));
 }
 
-// put_pair's pair into buffer `buf` (0 or DT) of a tile `t` (0: a's, 1: b's). Along k, at.y is
-// even (<= 14), so the second row's index is the first's + 32, still inside the buffer (swz of
-// row at.y + 1 <= 15); across, x is even, so the second lane is l0 + 1 <= 3.
+// A pair at `at` (as put_pair_a places it) into buffer `buf` (0 or DT) of a tile `t` (0: a's,
+// 1: b's). Along k, at.y is even (<= 14), so the second row's index is the first's + 32, still
+// inside the buffer (swz of row at.y + 1 <= 15); across, x is even, so the second lane is
+// l0 + 1 <= 3.
 fn put_pair_db(t: u32, buf: u32, at: vec2<u32>, along_k: bool, v: vec2<f32>) {
     let w0 = buf + swz(at.y, at.x / 4u);
     let l0 = at.x % 4u;
@@ -89,7 +90,7 @@ fn mac128(acc: Acc128, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b1: vec4<f32
 @compute @workgroup_size(256)
 fn matmul128_db(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let origin = tile_origin(wid, nwg, WM);
+    let origin = tile_origin(wid, nwg, WM, WM);
     if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }

@@ -2,8 +2,8 @@
 // pair positions, puts and stores it uses: the host puts this file after it in one module) on
 // half the threads, each with twice the outputs, for a driver that gives matmul128 too few
 // registers to keep enough loads in flight (NVIDIA's Vulkan compiler: 127 registers, against
-// NVRTC's 171 for the same algorithm in CUDA C, lab/wgpu/gemm_twin.py). On behind
-// `WgpuOptions::gemm_wide_threads`:
+// NVRTC's 171 for the same algorithm in CUDA C, lab/wgpu/gemm_twin.py). Behind
+// `WgpuOptions::gemm = GemmKernel::Wide`:
 //
 // - 128 threads, one 128 x 128 tile of c a workgroup (the same grid as matmul128), each thread
 //   8 rows x 16 columns of c in 32 vec4 registers;
@@ -75,7 +75,7 @@ fn store16(i: u32, j: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4
 @compute @workgroup_size(128)
 fn matmul128_w(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let origin = tile_origin(wid, nwg, WM);
+    let origin = tile_origin(wid, nwg, WM, WM);
     if (origin.z == 0u) {
         return; // the tail of a 2-D grid
     }

@@ -28,7 +28,7 @@
 #![allow(dead_code)]
 
 use dflash_backend_reference::ReferenceBackend;
-use dflash_backend_wgpu::{DType, WgpuBackend, WgpuOptions};
+use dflash_backend_wgpu::{DType, GemmKernel, WgpuBackend, WgpuOptions};
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Error, MemoryOps, Tensor};
 #[allow(unused_imports)]
@@ -66,26 +66,25 @@ pub fn wgpu_both() -> Vec<(&'static str, WgpuBackend)> {
     v
 }
 
-/// The GEMM's backends: [`wgpu_both`] (the 128 x 128 tile) plus, on the adapter's limits, the
-/// 64 x 64-tile kernel and the kernels behind switches ([`gemm_switch_variants`]).
+/// The GEMM's backends: [`wgpu_both`] (the shipped `matmul128`) plus, on the adapter's limits,
+/// the 64 x 64-tile kernel and the kernels behind switches ([`gemm_switch_variants`]).
 pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_both();
     if !v.is_empty() {
         let b = wgpu().expect("an adapter was found above");
         let opts = WgpuOptions {
-            gemm_small_tiles: true,
+            gemm: GemmKernel::Small,
             ..b.options()
         };
         let small = WgpuBackend::with_options(&BackendOptions::default(), opts)
             .expect("the wgpu backend with small GEMM tiles");
+        assert_eq!(
+            small.gemm_kernel(),
+            "matmul",
+            "the small-tile GEMM is not chosen"
+        );
         v.push(("full bindings, 64-tile GEMM", small));
-        v.extend(gemm_switch_variants(
-            &b,
-            [
-                "full bindings, double-buffered GEMM",
-                "full bindings, 128-thread GEMM",
-            ],
-        ));
+        v.extend(gemm_switch_variants(&b, false));
     }
     v
 }
@@ -94,59 +93,61 @@ pub fn wgpu_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
 pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     let mut v = wgpu_f16_both();
     if let Some(b) = wgpu_f16() {
-        v.extend(gemm_switch_variants(
-            &b,
-            [
-                "f16, full bindings, double-buffered GEMM",
-                "f16, full bindings, 128-thread GEMM",
-            ],
-        ));
+        v.extend(gemm_switch_variants(&b, true));
     }
     v
 }
 
-/// `b` with the double-buffered GEMM (`matmul128_db`) and with the 128-thread one
-/// (`matmul128_w`), each alone and checked to run (`WgpuBackend::gemm_kernel`), under
-/// `labels`. The double-buffered one is left out, after a skip line, where the adapter's
-/// workgroup storage cannot hold its tiles (the backend then runs the shipped kernel, which
-/// the other variants test); the 128-thread one needs no more than the shipped kernel does.
-fn gemm_switch_variants(
-    b: &WgpuBackend,
-    [db_label, wide_label]: [&'static str; 2],
-) -> Vec<(&'static str, WgpuBackend)> {
-    let base = WgpuOptions {
-        gemm_small_tiles: false,
-        gemm_double_buffer: false,
-        gemm_wide_threads: false,
-        ..b.options()
-    };
-    let with = |opts| {
-        WgpuBackend::with_options(&BackendOptions::default(), opts)
-            .expect("the wgpu backend with a GEMM behind a switch")
-    };
+/// The GEMM kernels behind `WgpuOptions::gemm` that the conformance tests run besides the
+/// shipped one on f32 and f16 storage, with their labels on each (the small-tile kernel runs on
+/// f32 only, [`wgpu_gemm_variants`]).
+const GEMM_SWITCHES: [(GemmKernel, &str, &str); 3] = [
+    (
+        GemmKernel::DoubleBuffered,
+        "full bindings, double-buffered GEMM",
+        "f16, full bindings, double-buffered GEMM",
+    ),
+    (
+        GemmKernel::Wide,
+        "full bindings, 128-thread GEMM",
+        "f16, full bindings, 128-thread GEMM",
+    ),
+    (
+        GemmKernel::Narrow,
+        "full bindings, 128 x 64-tile GEMM",
+        "f16, full bindings, 128 x 64-tile GEMM",
+    ),
+];
+
+/// `b` with each kernel of [`GEMM_SWITCHES`] alone, checked to run (`WgpuBackend::gemm_kernel`),
+/// under its f32 or (`f16`) f16 label. The double-buffered one is left out, after a skip line,
+/// where the adapter's workgroup storage cannot hold its tiles (the backend then runs the
+/// shipped kernel, which the other variants test); the others need no more than the shipped
+/// kernel does.
+fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBackend)> {
     let mut v = Vec::new();
-    let db = with(WgpuOptions {
-        gemm_double_buffer: true,
-        ..base
-    });
-    if db.gemm_kernel() == "matmul128_db" {
-        v.push((db_label, db));
-    } else {
-        skip(&format!(
-            "the adapter's workgroup storage is too small for the double-buffered GEMM: {}",
-            db.summary()
-        ));
+    for (kernel, label32, label16) in GEMM_SWITCHES {
+        let opts = WgpuOptions {
+            gemm: kernel,
+            ..b.options()
+        };
+        let be = WgpuBackend::with_options(&BackendOptions::default(), opts)
+            .expect("the wgpu backend with a GEMM behind a switch");
+        if be.gemm_kernel() == kernel.entry() {
+            v.push((if f16 { label16 } else { label32 }, be));
+        } else {
+            assert_eq!(
+                kernel,
+                GemmKernel::DoubleBuffered,
+                "{} is not chosen",
+                kernel.entry()
+            );
+            skip(&format!(
+                "the adapter's workgroup storage is too small for the double-buffered GEMM: {}",
+                be.summary()
+            ));
+        }
     }
-    let wide = with(WgpuOptions {
-        gemm_wide_threads: true,
-        ..base
-    });
-    assert_eq!(
-        wide.gemm_kernel(),
-        "matmul128_w",
-        "the 128-thread GEMM is not chosen"
-    );
-    v.push((wide_label, wide));
     v
 }
 
