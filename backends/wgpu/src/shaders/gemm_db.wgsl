@@ -87,6 +87,19 @@ fn mac128(acc: Acc128, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b1: vec4<f32
     return r;
 }
 
+// A thread's 8 x 8 block into c (those inside the product): rows at.x + R and at.y + R
+// (R = 0..3), columns at.z + 0..3 and at.w + 0..3.
+fn store_acc128(acc: Acc128, at: vec4<u32>) {
+    store4(at.x, at.z, acc.c00); store4(at.x, at.w, acc.c01);
+    store4(at.x + 1u, at.z, acc.c10); store4(at.x + 1u, at.w, acc.c11);
+    store4(at.x + 2u, at.z, acc.c20); store4(at.x + 2u, at.w, acc.c21);
+    store4(at.x + 3u, at.z, acc.c30); store4(at.x + 3u, at.w, acc.c31);
+    store4(at.y, at.z, acc.d00); store4(at.y, at.w, acc.d01);
+    store4(at.y + 1u, at.z, acc.d10); store4(at.y + 1u, at.w, acc.d11);
+    store4(at.y + 2u, at.z, acc.d20); store4(at.y + 2u, at.w, acc.d21);
+    store4(at.y + 3u, at.z, acc.d30); store4(at.y + 3u, at.w, acc.d31);
+}
+
 @compute @workgroup_size(256)
 fn matmul128_db(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -143,12 +156,5 @@ fn matmul128_db(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let i1 = m0 + 64u + 4u * ty;
     let j0 = n0 + 4u * tx;
     let j1 = n0 + 64u + 4u * tx;
-    store4(i0, j0, acc.c00); store4(i0, j1, acc.c01);
-    store4(i0 + 1u, j0, acc.c10); store4(i0 + 1u, j1, acc.c11);
-    store4(i0 + 2u, j0, acc.c20); store4(i0 + 2u, j1, acc.c21);
-    store4(i0 + 3u, j0, acc.c30); store4(i0 + 3u, j1, acc.c31);
-    store4(i1, j0, acc.d00); store4(i1, j1, acc.d01);
-    store4(i1 + 1u, j0, acc.d10); store4(i1 + 1u, j1, acc.d11);
-    store4(i1 + 2u, j0, acc.d20); store4(i1 + 2u, j1, acc.d21);
-    store4(i1 + 3u, j0, acc.d30); store4(i1 + 3u, j1, acc.d31);
+    store_acc128(acc, vec4<u32>(i0, i1, j0, j1));
 }

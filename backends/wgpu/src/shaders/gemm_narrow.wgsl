@@ -103,16 +103,9 @@ fn matmul128_n(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let n0 = origin.y;
     let tx = lid % 8u;
     let ty = lid / 8u;
-    // cR0 / cR1: c row 4 ty + R at columns 4 tx and 32 + 4 tx; dR0 / dR1 the same at row
-    // 64 + 4 ty + R. Fixed names, never an array indexed by a counter.
-    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
-    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
-    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
-    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
-    var d00 = vec4<f32>(0.0); var d01 = vec4<f32>(0.0);
-    var d10 = vec4<f32>(0.0); var d11 = vec4<f32>(0.0);
-    var d20 = vec4<f32>(0.0); var d21 = vec4<f32>(0.0);
-    var d30 = vec4<f32>(0.0); var d31 = vec4<f32>(0.0);
+    // gemm_db.wgsl's Acc128, its columns here 4 tx and 32 + 4 tx.
+    let z = vec4<f32>(0.0);
+    var acc = Acc128(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z);
     var fa = fetch_aw(lid, m0, 0u);
     var fb = fetch_bn(lid, 0u, n0);
     for (var k0 = 0u; k0 < gp.k; k0 = k0 + WK) {
@@ -130,14 +123,7 @@ fn matmul128_n(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             let a1 = wa[kk * WS + ty + 16u];
             let b0 = wb_n[kk * WSN + tx];
             let b1 = wb_n[kk * WSN + tx + 8u];
-            c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
-            c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
-            c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
-            c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
-            d00 = fma(vec4<f32>(a1.x), b0, d00); d01 = fma(vec4<f32>(a1.x), b1, d01);
-            d10 = fma(vec4<f32>(a1.y), b0, d10); d11 = fma(vec4<f32>(a1.y), b1, d11);
-            d20 = fma(vec4<f32>(a1.z), b0, d20); d21 = fma(vec4<f32>(a1.z), b1, d21);
-            d30 = fma(vec4<f32>(a1.w), b0, d30); d31 = fma(vec4<f32>(a1.w), b1, d31);
+            acc = mac128(acc, a0, a1, b0, b1);
         }
         workgroupBarrier();
     }
@@ -145,12 +131,5 @@ fn matmul128_n(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let i1 = m0 + 64u + 4u * ty;
     let j0 = n0 + 4u * tx;
     let j1 = n0 + 32u + 4u * tx;
-    store4(i0, j0, c00); store4(i0, j1, c01);
-    store4(i0 + 1u, j0, c10); store4(i0 + 1u, j1, c11);
-    store4(i0 + 2u, j0, c20); store4(i0 + 2u, j1, c21);
-    store4(i0 + 3u, j0, c30); store4(i0 + 3u, j1, c31);
-    store4(i1, j0, d00); store4(i1, j1, d01);
-    store4(i1 + 1u, j0, d10); store4(i1 + 1u, j1, d11);
-    store4(i1 + 2u, j0, d20); store4(i1 + 2u, j1, d21);
-    store4(i1 + 3u, j0, d30); store4(i1 + 3u, j1, d31);
+    store_acc128(acc, vec4<u32>(i0, i1, j0, j1));
 }
