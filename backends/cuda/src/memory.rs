@@ -6,18 +6,19 @@
 //! `upload`, `zeros` and `random_normal` always make f32 (parameters, master weights,
 //! gradient accumulators, optimizer moments); `upload_frozen` makes the compute format.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use dflash_core::{Error, HostSlice, MemoryOps, Result, Tensor};
 
 use crate::kernels::pick;
 use crate::storage::{DType, f32_bytes, f32_bytes_mut};
 use crate::{CudaBackend, GemmPrecision, grid_vec8, grid1d};
 
-/// Blocks of the first pass of the two-pass reductions (a function of nothing but the
-/// element count, so the summation order, hence the result, is the same on every run).
-fn reduce_blocks(n: usize) -> usize {
-    n.div_ceil(256 * 8).clamp(1, 1024)
-}
+mod frozen;
+mod reduce;
+mod transfers;
+
+use reduce::{cfg_blocks, reduce_blocks};
+pub(crate) use transfers::SideTransfers;
 
 /// Part `i` of a concatenation, which must have part 0's dtype (parts are copied as bytes).
 fn part_of_dtype<'a>(
@@ -454,186 +455,5 @@ impl MemoryOps for CudaBackend {
         l.arg(&partial).arg(&g32).arg(&mut out);
         self.launch(op, l, cfg_blocks(1))?;
         Ok(self.download_pod::<u64>(op, &out, 1)?[0] == 0)
-    }
-}
-
-impl CudaBackend {
-    /// Elements per host-to-device transfer of [`MemoryOps::upload_frozen`]: 64 MB of f32 at
-    /// most, which bounds its host (f16 widening) and device (conversion scratch) buffers.
-    pub const FROZEN_CHUNK: usize = 16 << 20;
-
-    /// The dtype of [`MemoryOps::to_compute_format`]: bf16 with bf16 GEMMs, else f32.
-    pub fn compute_format(&self) -> DType {
-        if self.opts.gemm == GemmPrecision::Bf16 {
-            DType::Bf16
-        } else {
-            DType::F32
-        }
-    }
-
-    /// [`MemoryOps::upload_frozen`] through transfers of at most `chunk` elements (public so
-    /// that tests can cross chunk boundaries on small tensors). The bytes cross PCIe in the
-    /// file's dtype (f16, which has no device kernel, widened to f32 on the host one chunk at
-    /// a time); when that is the compute format (bf16 files with bf16 GEMMs, f32 files with
-    /// f32 GEMMs) they are copied straight into the tensor, else into a chunk of device
-    /// scratch and converted from there (f32 -> bf16 rounds to nearest even, bf16 -> f32 is
-    /// exact). The host copies are pageable: the driver returns once it has staged the source,
-    /// so the caller's memory (a memory map) can be dropped right after.
-    pub fn upload_frozen_chunked(
-        &self,
-        data: HostSlice<'_>,
-        shape: &[usize],
-        chunk: usize,
-    ) -> Result<Tensor> {
-        let op = "upload_frozen";
-        let n = data.check(op, &self.tag, shape)?;
-        let chunk = chunk.max(1);
-        let to = self.compute_format();
-        let wire = match data {
-            HostSlice::Bf16(_) => DType::Bf16,
-            HostSlice::F32(_) | HostSlice::F16(_) => DType::F32,
-        };
-        let mut out = self.alloc(op, n, to)?;
-        let mut scratch = if wire != to && n > 0 {
-            Some(self.alloc(op, n.min(chunk), wire)?)
-        } else {
-            None
-        };
-        let mut widened = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let len = (n - start).min(chunk);
-            let part = data.range(start, len);
-            let bytes = match part {
-                HostSlice::F16(_) => {
-                    widened.resize(len, 0.0f32);
-                    part.widen_into(&mut widened);
-                    f32_bytes(&widened)
-                }
-                HostSlice::F32(b) | HostSlice::Bf16(b) => b,
-            };
-            let at = start * to.size();
-            match scratch.as_mut() {
-                None => self
-                    .stream
-                    .memcpy_htod(bytes, &mut out.slice_mut(at..at + bytes.len()))
-                    .map_err(|e| self.drv(op, e))?,
-                Some(s) => {
-                    self.stream
-                        .memcpy_htod(bytes, &mut s.slice_mut(0..bytes.len()))
-                        .map_err(|e| self.drv(op, e))?;
-                    let (src, _src_guard) = s.device_ptr(&self.stream);
-                    let (dst, _dst_guard) = out.device_ptr_mut(&self.stream);
-                    self.convert_ptr(op, dst + at as u64, src, len, to)?;
-                }
-            }
-            start += len;
-        }
-        Ok(self.tensor(out, to, shape))
-    }
-
-    /// `sum(t^2)` in f64 of each tensor (any dtype): two passes per tensor (block partials,
-    /// then one block sums them in a fixed order), every tensor's partials in one buffer, the
-    /// sums read back at once.
-    fn sum_squares_of(&self, op: &'static str, ts: &[&Tensor]) -> Result<Vec<f64>> {
-        let xs = ts
-            .iter()
-            .map(|t| self.any(op, t))
-            .collect::<Result<Vec<_>>>()?;
-        let blocks: Vec<usize> = xs.iter().map(|x| reduce_blocks(x.len)).collect();
-        let total: usize = blocks.iter().sum();
-        let mut partial = self.alloc(op, 2 * total.max(1), DType::F32)?; // total f64
-        let mut out = self.zeros_f32(op, 2 * ts.len().max(1))?; // ts.len() f64, 0 for empty tensors
-        let k = self.k();
-        let mut off = 0usize;
-        for (i, (x, &g)) in xs.iter().zip(&blocks).enumerate() {
-            if x.len > 0 {
-                let n64 = x.len as i64;
-                let g32 = g as i32;
-                let f = pick(
-                    &[&k.sum_squares_partial_f, &k.sum_squares_partial_b],
-                    &[x.dtype],
-                );
-                let mut part = partial.slice_mut(8 * off..8 * (off + g));
-                let mut l = self.stream.launch_builder(f);
-                l.arg(&x.buf).arg(&n64).arg(&mut part);
-                self.launch(op, l, cfg_blocks(g))?;
-                let part = partial.slice(8 * off..8 * (off + g));
-                let mut dst = out.slice_mut(8 * i..8 * (i + 1));
-                let mut l = self.stream.launch_builder(&k.sum_final_f64);
-                l.arg(&part).arg(&g32).arg(&mut dst);
-                self.launch(op, l, cfg_blocks(1))?;
-            }
-            off += g;
-        }
-        self.download_pod::<f64>(op, &out, ts.len())
-    }
-}
-
-fn cfg_blocks(blocks: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// A side stream with two pinned staging buffers: [`MemoryOps::download_detached`] copies
-/// a snapshot through them in chunks. A pageable device-to-host copy of gigabytes (a
-/// checkpoint) holds the driver for its whole length and slows the kernels that other threads
-/// launch meanwhile; a pinned chunk is a true asynchronous DMA, and while the host drains one
-/// buffer the next chunk lands in the other.
-pub(crate) struct SideTransfers {
-    stream: std::sync::Arc<cudarc::driver::CudaStream>,
-    stage: [cudarc::driver::PinnedHostSlice<u8>; 2],
-}
-
-impl SideTransfers {
-    /// Bytes of one staging buffer.
-    const STAGE_BYTES: usize = 32 << 20;
-
-    fn new(
-        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
-    ) -> std::result::Result<Self, cudarc::driver::DriverError> {
-        // Not `alloc_pinned`: its write-combined memory is slow for the host to read, and
-        // reading is all the host does with it.
-        let pinned = || unsafe { ctx.alloc_pinned_with_flags::<u8>(Self::STAGE_BYTES, 0) };
-        Ok(SideTransfers {
-            stream: ctx.new_stream()?,
-            stage: [pinned()?, pinned()?],
-        })
-    }
-
-    /// `src` into `dst` (the same length), waiting for `src`'s last write only. Whole chunks
-    /// go through the pinned buffers; the tail (under one chunk) is a plain copy, because
-    /// cudarc copies a destination's whole length.
-    fn copy(
-        &mut self,
-        src: &cudarc::driver::CudaView<'_, u8>,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), cudarc::driver::DriverError> {
-        let SideTransfers { stream, stage } = self;
-        let chunk = Self::STAGE_BYTES;
-        let whole = dst.len() / chunk;
-        // Chunk `i` is staged in buffer `i % 2`; a buffer is refilled only after the host
-        // has read it (its `as_slice` waited for the copy, and the host copy is synchronous).
-        let fill = |stage: &mut cudarc::driver::PinnedHostSlice<u8>, i: usize| {
-            stream.memcpy_dtoh(&src.slice(i * chunk..(i + 1) * chunk), stage)
-        };
-        for (i, buf) in stage.iter_mut().enumerate().take(whole) {
-            fill(buf, i)?;
-        }
-        for i in 0..whole {
-            let buf = &mut stage[i % 2];
-            dst[i * chunk..(i + 1) * chunk].copy_from_slice(buf.as_slice()?);
-            if i + 2 < whole {
-                fill(buf, i + 2)?;
-            }
-        }
-        let tail = whole * chunk;
-        if tail < dst.len() {
-            stream.memcpy_dtoh(&src.slice(tail..), &mut dst[tail..])?;
-        }
-        stream.synchronize()
     }
 }
