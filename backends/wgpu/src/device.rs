@@ -228,84 +228,20 @@ pub fn get(ordinal: usize) -> Result<Arc<Ctx>> {
     Ok(ctx)
 }
 
+/// The device of adapter `ordinal`: opened with the adapter's limits and the optional features
+/// it offers, its uncaptured errors collected for [`Ctx::check`], its caches empty.
 fn open(ordinal: usize) -> Result<Ctx> {
     let tag = format!("wgpu:{ordinal}");
-    let list = &adapters().list;
-    if list.is_empty() {
-        return Err(Error::Unavailable {
-            name: "wgpu".into(),
-            reason: NO_ADAPTER_HINT.into(),
-        });
-    }
-    let Some(adapter) = list.get(ordinal) else {
-        return Err(Error::op(
-            "wgpu_init",
-            tag,
-            format!(
-                "backend.device = {ordinal}, but this machine has {} adapter(s): {}",
-                list.len(),
-                adapter_names()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| format!("{i}: {n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    };
+    let adapter = choose_adapter(ordinal, &tag)?;
     let info = adapter.get_info();
-    // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
-    // workgroup memory): large tensors and attention tiles need them.
-    let limits = adapter.limits();
-    let mut wanted = OPTIONAL_FEATURES;
-    if crate::profile::wanted() {
-        wanted |= wgpu::Features::TIMESTAMP_QUERY;
-    }
-    let features = adapter.features() & wanted;
-    let desc = wgpu::DeviceDescriptor {
-        label: Some("dflash"),
-        required_features: features,
-        required_limits: limits.clone(),
-        experimental_features: wgpu::ExperimentalFeatures::disabled(),
-        memory_hints: wgpu::MemoryHints::Performance,
-        trace: wgpu::Trace::Off,
-    };
-    let how = crate::vulkan::HandOpen::from_env();
-    if how.unrobust {
-        eprintln!(
-            "dflash-backend-wgpu: warning: {}",
-            crate::vulkan::open::WARNING
-        );
-    }
-    let opened = if how.needed() {
-        crate::vulkan::open::open_by_hand(adapter, &desc, how)
-            .map(|o| (o.device, o.queue, o.executable_properties))
-    } else {
-        pollster::block_on(adapter.request_device(&desc))
-            .map(|(d, q)| (d, q, false))
-            .map_err(|e| e.to_string())
-    };
-    let (device, queue, pipeline_stats) = opened.map_err(|e| {
-        Error::op(
-            "wgpu_init",
-            tag.clone(),
-            format!("{}: cannot open the device: {e}", describe(&info)),
-        )
-    })?;
-    if how.executable_properties && !pipeline_stats {
-        eprintln!(
-            "dflash-backend-wgpu: DFLASH_WGPU_PIPELINE_STATS: the driver does not offer \
-             VK_KHR_pipeline_executable_properties; no statistics"
-        );
-    }
-    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-    let sink = errors.clone();
-    // wgpu's default handler panics; errors become typed errors of the next op instead.
-    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-        sink.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(e.to_string());
-    }));
+    let desc = device_descriptor(adapter);
+    let OpenedDevice {
+        device,
+        queue,
+        unrobust,
+        pipeline_stats,
+    } = request_device(adapter, &desc, &info, &tag)?;
+    let errors = error_sink(&device);
     let limits = device.limits();
     let features = device.features() & OPTIONAL_FEATURES;
     let pipelines = Pipelines::new(&device);
@@ -317,11 +253,129 @@ fn open(ordinal: usize) -> Result<Ctx> {
         queue,
         limits,
         features,
-        unrobust: how.unrobust,
+        unrobust,
         pipeline_stats,
         pipelines,
         errors,
         mem: MemCounter::default(),
         pending: Mutex::new(Default::default()),
     })
+}
+
+/// Adapter `ordinal` of [`adapters`]; `Unavailable` where there is none at all, and an error
+/// of `tag` listing the adapters where `ordinal` is past their end.
+fn choose_adapter(ordinal: usize, tag: &str) -> Result<&'static wgpu::Adapter> {
+    let list = &adapters().list;
+    if list.is_empty() {
+        return Err(Error::Unavailable {
+            name: "wgpu".into(),
+            reason: NO_ADAPTER_HINT.into(),
+        });
+    }
+    list.get(ordinal).ok_or_else(|| {
+        Error::op(
+            "wgpu_init",
+            tag.to_string(),
+            format!(
+                "backend.device = {ordinal}, but this machine has {} adapter(s): {}",
+                list.len(),
+                adapter_names()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("{i}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })
+}
+
+/// What `adapter`'s device is requested with: the adapter's own limits in full, and those of
+/// [`OPTIONAL_FEATURES`] it offers (with `TIMESTAMP_QUERY` under `DFLASH_WGPU_PROFILE`).
+fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
+    // workgroup memory): large tensors and attention tiles need them.
+    let limits = adapter.limits();
+    let mut wanted = OPTIONAL_FEATURES;
+    if crate::profile::wanted() {
+        wanted |= wgpu::Features::TIMESTAMP_QUERY;
+    }
+    let features = adapter.features() & wanted;
+    wgpu::DeviceDescriptor {
+        label: Some("dflash"),
+        required_features: features,
+        required_limits: limits.clone(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }
+}
+
+/// A device and queue as [`request_device`] opened them, and the switches in force on them.
+struct OpenedDevice {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    /// Opened without robust buffer access ([`Ctx::unrobust`]).
+    unrobust: bool,
+    /// Each new pipeline's statistics are reported ([`Ctx::pipeline_stats`]).
+    pipeline_stats: bool,
+}
+
+/// Opens `adapter` (described by `info`) for `desc`: through wgpu's `request_device`, or by
+/// hand where the process's switches ([`crate::vulkan::HandOpen`]) ask for what wgpu does
+/// not do, warning of each switch that is on or cannot be honoured. A failure is an error of
+/// `tag` naming the adapter.
+fn request_device(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+    info: &wgpu::AdapterInfo,
+    tag: &str,
+) -> Result<OpenedDevice> {
+    let how = crate::vulkan::HandOpen::from_env();
+    if how.unrobust {
+        eprintln!(
+            "dflash-backend-wgpu: warning: {}",
+            crate::vulkan::open::WARNING
+        );
+    }
+    let opened = if how.needed() {
+        crate::vulkan::open::open_by_hand(adapter, desc, how)
+            .map(|o| (o.device, o.queue, o.executable_properties))
+    } else {
+        pollster::block_on(adapter.request_device(desc))
+            .map(|(d, q)| (d, q, false))
+            .map_err(|e| e.to_string())
+    };
+    let (device, queue, pipeline_stats) = opened.map_err(|e| {
+        Error::op(
+            "wgpu_init",
+            tag.to_string(),
+            format!("{}: cannot open the device: {e}", describe(info)),
+        )
+    })?;
+    if how.executable_properties && !pipeline_stats {
+        eprintln!(
+            "dflash-backend-wgpu: DFLASH_WGPU_PIPELINE_STATS: the driver does not offer \
+             VK_KHR_pipeline_executable_properties; no statistics"
+        );
+    }
+    Ok(OpenedDevice {
+        device,
+        queue,
+        unrobust: how.unrobust,
+        pipeline_stats,
+    })
+}
+
+/// The list `device`'s uncaptured errors go to, oldest first, in place of wgpu's default
+/// handler, which panics: each becomes a typed error of the next op ([`Ctx::check`]).
+fn error_sink(device: &wgpu::Device) -> Arc<Mutex<Vec<String>>> {
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.to_string());
+    }));
+    errors
 }

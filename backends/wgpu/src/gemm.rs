@@ -207,9 +207,25 @@ pub(crate) fn blocks(
     out
 }
 
+/// One checked product as its blocks dispatch it: the operands, the output, and the kernel.
+struct Product<'a> {
+    a: Operand<'a>,
+    b: Operand<'a>,
+    /// The output: the row-major `(M, N)` matrix, so its row stride `ld` is `N`.
+    c: Operand<'a>,
+    /// The weight of `c`'s old values in each block's first chunk of `K` (later chunks add
+    /// to it: `beta = 1`).
+    beta: f32,
+    kernel: Kernel<'static>,
+    /// The rows and columns of the tile of c each of the kernel's workgroups computes.
+    tile: (usize, usize),
+}
+
 impl WgpuBackend {
     /// `c (M, N) = beta * c + op(a) @ op(b)` for operands at any offset; `c` is the
-    /// row-major `(M, N)` matrix at element `c_at` of `c`.
+    /// row-major `(M, N)` matrix at element `c_at` of `c`. Checks that every operand lies
+    /// inside its buffer, splits the product into blocks whose spans fit one binding
+    /// ([`plan`]), and records one dispatch a block ([`Self::dispatch_block`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
@@ -257,53 +273,72 @@ impl WgpuBackend {
                 format!("a ({m}, {k}, {n}) product has a row longer than one storage binding"),
             )
         })?;
+        let product = Product {
+            a,
+            b,
+            c: c_out,
+            beta,
+            kernel,
+            tile: (tm, tn),
+        };
         for blk in blocks((m, n, k), chunks) {
-            let first_k = blk.k0 == 0;
-            // a: stored rows m (not transposed) or k (transposed); the block's origin inside.
-            let (ar0, arows, acol) = match a.t {
-                Transpose::No => (blk.m0, blk.m, blk.k0),
-                Transpose::Yes => (blk.k0, blk.k, blk.m0),
-            };
-            let (br0, brows, bcol) = match b.t {
-                Transpose::No => (blk.k0, blk.k, blk.n0),
-                Transpose::Yes => (blk.n0, blk.n, blk.k0),
-            };
-            let (ab, ash) = self.span(a.s, a.at + ar0 * a.ld, arows.max(1) * a.ld);
-            let (bb, bsh) = self.span(b.s, b.at + br0 * b.ld, brows.max(1) * b.ld);
-            let (cb, csh) = self.span(c, c_at + blk.m0 * n, blk.m * n);
-            let t = |t: Transpose| (t == Transpose::Yes) as u32;
-            let p = [
-                blk.m as u32,
-                blk.n as u32,
-                blk.k as u32,
-                ash + acol as u32,
-                a.ld as u32,
-                t(a.t),
-                bsh + bcol as u32,
-                b.ld as u32,
-                t(b.t),
-                csh + blk.n0 as u32,
-                n as u32,
-                if first_k { beta } else { 1.0 }.to_bits(),
-            ];
-            let g = (blk.m.div_ceil(tm) * blk.n.div_ceil(tn)) as u64;
-            self.ctx.profile_label(|| {
-                let d = |s: &WgpuStorage| if s.dtype == DType::F16 { "16" } else { "32" };
-                format!(
-                    "{} {}x{}x{} t{}{} f{}/{}",
-                    kernel.entry,
-                    blk.m,
-                    blk.n,
-                    blk.k,
-                    t(a.t),
-                    t(b.t),
-                    d(a.s),
-                    d(b.s)
-                )
-            });
-            self.ctx.dispatch(op, &kernel, &p, &[ab, bb], &[cb], g)?;
+            self.dispatch_block(op, &product, blk)?;
         }
         Ok(())
+    }
+
+    /// Records the dispatch of one block of `p`: each operand bound as the span of its stored
+    /// rows the block reads or writes, the block's origin inside each span and its `beta` (1
+    /// after the block's first chunk of `K`) as the parameter words, and under
+    /// `DFLASH_WGPU_PROFILE` a label naming its shape, transposes and dtypes.
+    fn dispatch_block(&self, op: &'static str, p: &Product<'_>, blk: Block) -> Result<()> {
+        let (a, b, c) = (p.a, p.b, p.c);
+        let first_k = blk.k0 == 0;
+        // a: stored rows m (not transposed) or k (transposed); the block's origin inside.
+        let (ar0, arows, acol) = match a.t {
+            Transpose::No => (blk.m0, blk.m, blk.k0),
+            Transpose::Yes => (blk.k0, blk.k, blk.m0),
+        };
+        let (br0, brows, bcol) = match b.t {
+            Transpose::No => (blk.k0, blk.k, blk.n0),
+            Transpose::Yes => (blk.n0, blk.n, blk.k0),
+        };
+        let (ab, ash) = self.span(a.s, a.at + ar0 * a.ld, arows.max(1) * a.ld);
+        let (bb, bsh) = self.span(b.s, b.at + br0 * b.ld, brows.max(1) * b.ld);
+        let (cb, csh) = self.span(c.s, c.at + blk.m0 * c.ld, blk.m * c.ld);
+        let t = |t: Transpose| (t == Transpose::Yes) as u32;
+        let params = [
+            blk.m as u32,
+            blk.n as u32,
+            blk.k as u32,
+            ash + acol as u32,
+            a.ld as u32,
+            t(a.t),
+            bsh + bcol as u32,
+            b.ld as u32,
+            t(b.t),
+            csh + blk.n0 as u32,
+            c.ld as u32,
+            if first_k { p.beta } else { 1.0 }.to_bits(),
+        ];
+        let (tm, tn) = p.tile;
+        let groups = (blk.m.div_ceil(tm) * blk.n.div_ceil(tn)) as u64;
+        self.ctx.profile_label(|| {
+            let d = |s: &WgpuStorage| if s.dtype == DType::F16 { "16" } else { "32" };
+            format!(
+                "{} {}x{}x{} t{}{} f{}/{}",
+                p.kernel.entry,
+                blk.m,
+                blk.n,
+                blk.k,
+                t(a.t),
+                t(b.t),
+                d(a.s),
+                d(b.s)
+            )
+        });
+        self.ctx
+            .dispatch(op, &p.kernel, &params, &[ab, bb], &[cb], groups)
     }
 
     /// The entry point of the GEMM kernel this instance runs ([`GemmKernel::entry`]): what

@@ -263,7 +263,8 @@ impl Ctx {
     }
 
     /// Records one dispatch of `k` over `groups` workgroups (a 2-D grid past the
-    /// per-dimension limit), with `params` as its uniform block.
+    /// per-dimension limit), with `params` as its uniform block; an error of `op` where the
+    /// grid, the pipeline or the parameters do not fit, or wgpu raised one ([`Self::check`]).
     pub(crate) fn dispatch(
         &self,
         op: &'static str,
@@ -280,49 +281,12 @@ impl Ctx {
         let (nr, nw) = (reads.len() as u32, writes.len() as u32);
         let pipeline = self.pipeline(op, k, nr, nw)?;
         let (bgl, _) = self.layouts(nr, nw);
-        // The uniform block: params zero-padded to UNIFORM_WORDS, the size of every kernel's
-        // parameter struct at most (a kernel may declare fields a call leaves at 0).
-        if params.len() > UNIFORM_WORDS {
-            return Err(Error::op(
-                op,
-                self.tag.clone(),
-                format!(
-                    "{} parameter words for {}, more than the uniform block's {UNIFORM_WORDS}",
-                    params.len(),
-                    k.entry
-                ),
-            ));
-        }
-        let mut words = params.to_vec();
-        words.resize(UNIFORM_WORDS, 0);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let bytes = self.uniform_block(op, k, params)?;
         let mut p = lock(&self.pending);
         let (ring, stride) = self.uniform_ring(&mut p);
         let offset = p.recorded as u64 * stride;
         self.queue.write_buffer(&ring, offset, &bytes);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &ring,
-                offset: 0,
-                size: wgpu::BufferSize::new(UNIFORM_BYTES),
-            }),
-        }];
-        for (i, b) in reads.iter().chain(writes).enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 1 + i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: b.buf,
-                    offset: b.offset,
-                    size: wgpu::BufferSize::new(b.size),
-                }),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(k.entry),
-            layout: &bgl,
-            entries: &entries,
-        });
+        let bind_group = self.bind_group(k, &bgl, &ring, reads, writes);
         // Dynamic offsets are u32; the ring is FLUSH_EVERY slots of at most a few KiB.
         let dynamic = [offset as u32];
         let label = p.next_label.take();
@@ -346,6 +310,62 @@ impl Ctx {
         });
         drop(p);
         self.check(op)
+    }
+
+    /// The bytes of `k`'s uniform block: `params` zero-padded to [`UNIFORM_WORDS`], the size
+    /// of every kernel's parameter struct at most (a kernel may declare fields a call leaves at
+    /// 0); more words than that are an error of `op`.
+    fn uniform_block(&self, op: &'static str, k: &Kernel<'_>, params: &[u32]) -> Result<Vec<u8>> {
+        if params.len() > UNIFORM_WORDS {
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!(
+                    "{} parameter words for {}, more than the uniform block's {UNIFORM_WORDS}",
+                    params.len(),
+                    k.entry
+                ),
+            ));
+        }
+        let mut words = params.to_vec();
+        words.resize(UNIFORM_WORDS, 0);
+        Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+
+    /// The bind group of one dispatch of `k` under `layout`: binding 0 one uniform block of
+    /// `ring` (at the dynamic offset the dispatch passes), then `reads` and `writes` in order
+    /// (the binding convention in the module docs).
+    fn bind_group(
+        &self,
+        k: &Kernel<'_>,
+        layout: &wgpu::BindGroupLayout,
+        ring: &wgpu::Buffer,
+        reads: &[Bind<'_>],
+        writes: &[Bind<'_>],
+    ) -> wgpu::BindGroup {
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: ring,
+                offset: 0,
+                size: wgpu::BufferSize::new(UNIFORM_BYTES),
+            }),
+        }];
+        for (i, b) in reads.iter().chain(writes).enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 1 + i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buf,
+                    offset: b.offset,
+                    size: wgpu::BufferSize::new(b.size),
+                }),
+            });
+        }
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout,
+            entries: &entries,
+        })
     }
 
     /// The uniform ring (made on first use) and its slot stride: a block rounded up to the
