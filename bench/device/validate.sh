@@ -12,7 +12,8 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
-#                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n) -> OUT/wgpu-knobs.log
+#                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n, matmul_coop)
+#                                                                          -> OUT/wgpu-knobs.log
 #   wgpu-qreg    attention ctx4096 + drafter step: the shipped subgroup variants against each
 #                turned off (DFLASH_WGPU_ATTN_WIDE=0, DQ_SG=0 + DKDV_SG=0, all four =0); drafter
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
@@ -90,7 +91,8 @@ for phase in "$@"; do
         for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
                 "DFLASH_WGPU_ROBUSTNESS=off" "DFLASH_WGPU_CHECKS=none DFLASH_WGPU_ROBUSTNESS=off" \
                 "DFLASH_WGPU_GEMM=matmul" "DFLASH_WGPU_GEMM=matmul128_db" \
-                "DFLASH_WGPU_GEMM=matmul128_w" "DFLASH_WGPU_GEMM=matmul128_n"; do
+                "DFLASH_WGPU_GEMM=matmul128_w" "DFLASH_WGPU_GEMM=matmul128_n" \
+                "DFLASH_WGPU_GEMM=matmul_coop"; do
             echo "-- knobs: ${knobs:-none}" >> "$out/wgpu-knobs.log"
             env $knobs $D bench --backend wgpu --attention wgpu-tiled \
                 --only gemm,attention.dflash.ctx4096 --out /tmp/knobs.json \
@@ -144,7 +146,7 @@ for phase in "$@"; do
             --out /tmp/pstats.json > "$out/wgpu-stats.log" 2>&1 || failed+=("$phase")
         # Each GEMM kernel compiles only when it runs: one short GEMM run per variant, so
         # the driver's register counts of all of them are read in one call.
-        for g in matmul128_db matmul128_w matmul128_n; do
+        for g in matmul128_db matmul128_w matmul128_n matmul_coop; do
             DFLASH_WGPU_GEMM=$g DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats/$g $D bench --backend wgpu \
                 --attention wgpu-tiled --only gemm.f32.8192 --warmup 0 --runs 1 \
                 --out /tmp/pstats-$g.json >> "$out/wgpu-stats.log" 2>&1 || failed+=("$phase ($g)")

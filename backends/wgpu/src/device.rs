@@ -10,6 +10,12 @@
 //! are one. `backend.device = N` picks the N-th; the default, 0, is the first
 //! high-performance adapter. wgpu's `WGPU_BACKEND` variable (e.g. `vulkan`, `gl`) restricts
 //! which APIs are searched (`gl` to use GL where a native API exists).
+//!
+//! An instance whose GEMM is the cooperative-matrix kernel (`GemmKernel::Coop`) gets a second
+//! device on its adapter, opened with `EXPERIMENTAL_COOPERATIVE_MATRIX` (wgpu's experimental
+//! features enabled) and tagged `wgpu:N/coop`, shared by every such instance; every other
+//! instance's device never has the experimental feature. Where the adapter cannot run the
+//! kernel ([`cooperative_matrix_support`]) the instance does not start.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,17 +129,23 @@ impl MemCounter {
 pub const OPTIONAL_FEATURES: wgpu::Features =
     wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
+/// The feature of the cooperative-matrix GEMM's device (tensor cores: VK_KHR_cooperative_matrix
+/// on Vulkan, simdgroup matrices on Metal), requested only for it ([`get`]).
+pub const COOP_FEATURE: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+
 /// One adapter's device, queue and everything built on them once.
 pub struct Ctx {
     pub ordinal: usize,
-    /// `"wgpu:N"`, the device in every error message.
+    /// `"wgpu:N"` (`"wgpu:N/coop"` for the cooperative-matrix device), the device in every
+    /// error message.
     pub tag: String,
     pub info: wgpu::AdapterInfo,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     /// The limits in force: the adapter's own, requested in full.
     pub limits: wgpu::Limits,
-    /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers.
+    /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers, and
+    /// [`COOP_FEATURE`] on the cooperative-matrix device.
     pub features: wgpu::Features,
     /// Whether the device was opened without robust buffer access (`DFLASH_WGPU_ROBUSTNESS=off`,
     /// a measurement switch: nothing checks buffer accesses then).
@@ -185,7 +197,7 @@ impl Ctx {
             "{}: {} ({:?} {:?}, driver {} {}); limits in force: storage binding {:.0} MiB, \
              buffer {:.0} MiB, workgroup storage {} KiB, {} invocations per workgroup, \
              {} workgroups per dimension, offset alignment {} B; features: {}, {} \
-             (subgroups of {}..={} lanes){}",
+             (subgroups of {}..={} lanes){}{}",
             self.tag,
             self.info.name,
             self.info.backend,
@@ -202,6 +214,11 @@ impl Ctx {
             feature(wgpu::Features::SUBGROUP, "SUBGROUP"),
             self.info.subgroup_min_size,
             self.info.subgroup_max_size,
+            if self.features.contains(COOP_FEATURE) {
+                ", EXPERIMENTAL_COOPERATIVE_MATRIX (for matmul_coop)"
+            } else {
+                ""
+            },
             if self.unrobust {
                 "; robust buffer access off (DFLASH_WGPU_ROBUSTNESS=off)"
             } else {
@@ -211,30 +228,114 @@ impl Ctx {
     }
 }
 
-/// The device of adapter `ordinal`, made on first use and shared process-wide. Prints the
-/// adapter, its API and the limits in force when the device is made.
-pub fn get(ordinal: usize) -> Result<Arc<Ctx>> {
-    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Ctx>>>> = OnceLock::new();
+/// The device of adapter `ordinal` (with `coop`, the one opened for the cooperative-matrix
+/// GEMM), made on first use and shared process-wide. Prints the adapter, its API and the
+/// limits in force when the device is made.
+pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
+    type Devices = HashMap<(usize, bool), Arc<Ctx>>;
+    static DEVICES: OnceLock<Mutex<Devices>> = OnceLock::new();
     let mut devices = DEVICES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(ctx) = devices.get(&ordinal) {
+    if let Some(ctx) = devices.get(&(ordinal, coop)) {
         return Ok(ctx.clone());
     }
-    let ctx = Arc::new(open(ordinal)?);
+    let ctx = Arc::new(open(ordinal, coop)?);
     eprintln!("dflash-backend-wgpu: {}", ctx.summary());
-    devices.insert(ordinal, ctx.clone());
+    devices.insert((ordinal, coop), ctx.clone());
     Ok(ctx)
 }
 
-/// The device of adapter `ordinal`: opened with the adapter's limits and the optional features
-/// it offers, its uncaptured errors collected for [`Ctx::check`], its caches empty.
-fn open(ordinal: usize) -> Result<Ctx> {
+/// What adapter `ordinal` lacks for the cooperative-matrix GEMM (`GemmKernel::Coop`,
+/// `DFLASH_WGPU_GEMM=matmul_coop`), naming the adapter: `EXPERIMENTAL_COOPERATIVE_MATRIX` with a
+/// 16 x 16 x 16 f16 x f16 -> f32 subgroup configuration among
+/// `Adapter::cooperative_matrix_properties`, subgroups of exactly 32 lanes (the kernel splits its
+/// 256 threads into 8 subgroups), `SHADER_F16`, `SUBGROUP` (its subgroup builtins) and the
+/// kernel's 20 KiB of workgroup memory. `Ok` where it has everything; an `Unavailable` error
+/// where this machine has no adapter at all.
+pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
     let tag = format!("wgpu:{ordinal}");
     let adapter = choose_adapter(ordinal, &tag)?;
+    let lacks = coop_lacks(adapter);
+    if lacks.is_empty() {
+        return Ok(());
+    }
+    Err(Error::op(
+        "wgpu_init",
+        tag,
+        format!(
+            "the cooperative-matrix GEMM (DFLASH_WGPU_GEMM=matmul_coop) cannot run on {}: it \
+             lacks {}",
+            describe(&adapter.get_info()),
+            lacks.join("; ")
+        ),
+    ))
+}
+
+/// What [`cooperative_matrix_support`] finds missing on `adapter` (empty: nothing).
+fn coop_lacks(adapter: &wgpu::Adapter) -> Vec<String> {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    let (features, info) = (adapter.features(), adapter.get_info());
+    let mut lacks = Vec::new();
+    let has = |f| features.contains(f);
+    if !has(COOP_FEATURE) {
+        lacks.push("the feature EXPERIMENTAL_COOPERATIVE_MATRIX".to_string());
+    }
+    let configs = adapter.cooperative_matrix_properties();
+    let fits = |p: &wgpu::CooperativeMatrixProperties| {
+        (p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type) == (16, 16, 16, F16, F32)
+    };
+    if !configs.iter().any(fits) {
+        let list: Vec<String> = configs
+            .iter()
+            .map(|p| {
+                let (m, n, k) = (p.m_size, p.n_size, p.k_size);
+                format!("{m}x{n}x{k} {:?} -> {:?}", p.ab_type, p.cr_type)
+            })
+            .collect();
+        lacks.push(format!(
+            "a 16x16x16 F16 -> F32 subgroup cooperative matrix configuration (it lists [{}])",
+            list.join(", ")
+        ));
+    }
+    let (lo, hi) = (info.subgroup_min_size, info.subgroup_max_size);
+    if (lo, hi) != (32, 32) {
+        lacks.push(format!(
+            "subgroups of exactly 32 lanes (it has {lo}..={hi})"
+        ));
+    }
+    for (f, name) in [
+        (wgpu::Features::SHADER_F16, "SHADER_F16"),
+        (wgpu::Features::SUBGROUP, "SUBGROUP"),
+    ] {
+        if !has(f) {
+            lacks.push(format!("the feature {name}"));
+        }
+    }
+    let wg = adapter.limits().max_compute_workgroup_storage_size;
+    let need = crate::gemm::COOP_WORKGROUP_BYTES;
+    if wg < need {
+        lacks.push(format!("{need} bytes of workgroup memory (it has {wg})"));
+    }
+    lacks
+}
+
+/// The device of adapter `ordinal`: opened with the adapter's limits and the optional features
+/// it offers (with `coop`, [`COOP_FEATURE`] too, where [`cooperative_matrix_support`] finds
+/// everything the kernel needs, else an error), its uncaptured errors collected for
+/// [`Ctx::check`], its caches empty.
+fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
+    if coop {
+        cooperative_matrix_support(ordinal)?;
+    }
+    let tag = match coop {
+        true => format!("wgpu:{ordinal}/coop"),
+        false => format!("wgpu:{ordinal}"),
+    };
+    let adapter = choose_adapter(ordinal, &tag)?;
     let info = adapter.get_info();
-    let desc = device_descriptor(adapter);
+    let desc = device_descriptor(adapter, coop);
     let OpenedDevice {
         device,
         queue,
@@ -243,7 +344,7 @@ fn open(ordinal: usize) -> Result<Ctx> {
     } = request_device(adapter, &desc, &info, &tag)?;
     let errors = error_sink(&device);
     let limits = device.limits();
-    let features = device.features() & OPTIONAL_FEATURES;
+    let features = device.features() & (OPTIONAL_FEATURES | COOP_FEATURE);
     let pipelines = Pipelines::new(&device);
     Ok(Ctx {
         ordinal,
@@ -291,8 +392,13 @@ fn choose_adapter(ordinal: usize, tag: &str) -> Result<&'static wgpu::Adapter> {
 }
 
 /// What `adapter`'s device is requested with: the adapter's own limits in full, and those of
-/// [`OPTIONAL_FEATURES`] it offers (with `TIMESTAMP_QUERY` under `DFLASH_WGPU_PROFILE`).
-fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+/// [`OPTIONAL_FEATURES`] it offers (with `TIMESTAMP_QUERY` under `DFLASH_WGPU_PROFILE`), and
+/// with `coop` [`COOP_FEATURE`] with wgpu's experimental features enabled. The hand-opened
+/// Vulkan device (`vulkan::open`) is made from the same descriptor through the same wgpu-hal
+/// calls (`required_device_extensions` adds VK_KHR_cooperative_matrix for the feature,
+/// `physical_device_features` enables it and the Vulkan memory model, `device_from_raw` lets
+/// naga's SPIR-V declare it), so the measurement switches keep the kernel.
+fn device_descriptor(adapter: &wgpu::Adapter, coop: bool) -> wgpu::DeviceDescriptor<'static> {
     // The adapter's real limits, not WebGPU's small defaults (128 MiB bindings, 16 KiB of
     // workgroup memory): large tensors and attention tiles need them.
     let limits = adapter.limits();
@@ -300,12 +406,21 @@ fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static>
     if crate::profile::wanted() {
         wanted |= wgpu::Features::TIMESTAMP_QUERY;
     }
-    let features = adapter.features() & wanted;
+    let mut features = adapter.features() & wanted;
+    let mut experimental = wgpu::ExperimentalFeatures::disabled();
+    if coop {
+        features |= COOP_FEATURE;
+        // SAFETY: wgpu's contract for its experimental features is to accept that their
+        // implementation may still have bugs; the only one requested is the cooperative-matrix
+        // feature, whose kernel's every index is proven in bounds (gemm_coop.wgsl's header)
+        // and which the conformance suite checks where an adapter has it.
+        experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
+    }
     wgpu::DeviceDescriptor {
         label: Some("dflash"),
         required_features: features,
         required_limits: limits.clone(),
-        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        experimental_features: experimental,
         memory_hints: wgpu::MemoryHints::Performance,
         trace: wgpu::Trace::Off,
     }

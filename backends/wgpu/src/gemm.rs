@@ -1,7 +1,8 @@
 //! Matrix products (`shaders/gemm.wgsl`): 128 x 128 workgroup tiles, or another kernel chosen
 //! by [`crate::WgpuOptions::gemm`] ([`GemmKernel`]: 64 x 64 tiles, double-buffered in
 //! `shaders/gemm_db.wgsl`, 128 threads of 8 x 16 outputs in `shaders/gemm_wide.wgsl`, 128 x 64
-//! tiles on 128 threads in `shaders/gemm_narrow.wgsl`), f32 accumulation and f32 output, every
+//! tiles on 128 threads in `shaders/gemm_narrow.wgsl`, tensor cores through cooperative
+//! matrices in `shaders/gemm_coop.wgsl`), f32 accumulation and f32 output, every
 //! transpose combination read in place (no transposed copies), each operand f32 or f16 (the
 //! compute format of frozen weights and features, widened on load: one pipeline per dtype
 //! pair).
@@ -26,6 +27,11 @@ const TILE: usize = 128;
 /// Workgroup memory of `matmul128_db`: two buffers of a's and b's 16 x 128 tiles, f32
 /// (`gemm_db.wgsl`'s `wa2` and `wb2`, 2 x 512 vec4 each).
 pub(crate) const DB_WORKGROUP_BYTES: u32 = 2 * 2 * 512 * 16;
+
+/// Workgroup memory of `matmul_coop`: a's and b's f16 tiles of 3072 halves each and the 8
+/// subgroups' 16 x 16 f32 scratch (`gemm_coop.wgsl`'s `ha`, `hb`, `hc`), 20 KiB; the device
+/// checks the adapter's limit against it before it opens for the kernel.
+pub(crate) const COOP_WORKGROUP_BYTES: u32 = 2 * 3072 * 2 + 2048 * 4;
 
 /// Which GEMM kernel runs ([`crate::WgpuOptions::gemm`]; `DFLASH_WGPU_GEMM=<entry point>`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -57,16 +63,32 @@ pub enum GemmKernel {
     /// 128-thread attention kernels get 156-254). a is read from global memory twice as often
     /// per output as in `matmul128`. Untimed, off by default.
     Narrow,
+    /// `matmul_coop` (gemm_coop.wgsl): tensor cores through cooperative matrices
+    /// (`EXPERIMENTAL_COOPERATIVE_MATRIX`, 16 x 16 x 16 f16 products with f32 accumulation): a
+    /// 128 x 128 tile of c a workgroup, 8 subgroups of 32 lanes each 32 x 64 of it. **Operands
+    /// are rounded to f16** on their way into workgroup memory: f16 operands are exact, f32
+    /// ones lose 13 mantissa bits (relative error up to 2^-11) and do not survive past f16's
+    /// range (|x| >= 65520 becomes infinite on round-to-nearest hardware; WGSL leaves it
+    /// undefined), so this is a precision mode like the CUDA backend's bf16 GEMMs, not a
+    /// faster `matmul128`. Off by default, untimed. Only where the adapter offers a 16 x 16 x 16
+    /// f16 x f16 -> f32 subgroup configuration, subgroups of exactly 32 lanes, `SHADER_F16`,
+    /// `SUBGROUP` and 20 KiB of workgroup memory: the backend opens its device with the
+    /// experimental feature for it (a device of its own on the adapter, so its tensors are not
+    /// those of instances running other kernels) and refuses to start elsewhere
+    /// ([`crate::device::cooperative_matrix_support`]), never running another kernel under this
+    /// name.
+    Coop,
 }
 
 impl GemmKernel {
     /// Every kernel.
-    pub const ALL: [GemmKernel; 5] = [
+    pub const ALL: [GemmKernel; 6] = [
         GemmKernel::Small,
         GemmKernel::Large,
         GemmKernel::DoubleBuffered,
         GemmKernel::Wide,
         GemmKernel::Narrow,
+        GemmKernel::Coop,
     ];
 
     /// The kernel's entry point in the GEMM module (and `DFLASH_WGPU_GEMM`'s value for it).
@@ -88,6 +110,7 @@ impl GemmKernel {
             GemmKernel::DoubleBuffered => ("matmul128_db", 128, 128),
             GemmKernel::Wide => ("matmul128_w", 128, 128),
             GemmKernel::Narrow => ("matmul128_n", 128, 64),
+            GemmKernel::Coop => ("matmul_coop", 128, 128),
         }
     }
 }
@@ -98,6 +121,7 @@ fn matmul_kernel(a: DType, b: DType, kernel: GemmKernel) -> (Kernel<'static>, us
     let family = Family::Gemm {
         a16: a == DType::F16,
         b16: b == DType::F16,
+        coop: kernel == GemmKernel::Coop,
     };
     let (entry, tm, tn) = kernel.entry_and_tile();
     (Kernel::new(family, entry), tm, tn)
@@ -350,9 +374,11 @@ impl WgpuBackend {
 
     /// The kernel the options choose ([`crate::WgpuOptions::gemm`]), except the
     /// double-buffered one where the adapter's workgroup storage cannot hold
-    /// [`DB_WORKGROUP_BYTES`]: the shipped `matmul128` then. Every other kernel needs no more
-    /// workgroup memory than `matmul128` (`pipelines/tests.rs` checks each), so it runs
-    /// wherever the shipped kernel does.
+    /// [`DB_WORKGROUP_BYTES`]: the shipped `matmul128` then. Every other kernel of the shared
+    /// module needs no more workgroup memory than `matmul128` (`pipelines/tests.rs` checks
+    /// each), so it runs wherever the shipped kernel does; the cooperative-matrix one runs only
+    /// on a device opened for it, which `with_options` gives an instance that chooses it or
+    /// refuses to start.
     fn gemm_variant(&self) -> GemmKernel {
         let fits = self.ctx.limits.max_compute_workgroup_storage_size >= DB_WORKGROUP_BYTES;
         match self.opts.gemm {
@@ -517,6 +543,10 @@ mod tests {
             assert!(TILE.is_multiple_of(tm) && TILE.is_multiple_of(tn), "{k:?}");
         }
         assert_eq!(GemmKernel::from_entry("matmul128_x"), None);
+        assert_eq!(
+            GemmKernel::from_entry("matmul_coop"),
+            Some(GemmKernel::Coop)
+        );
         assert_eq!(GemmKernel::default(), WgpuOptions::shipped().gemm);
     }
 

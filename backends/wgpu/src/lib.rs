@@ -77,6 +77,9 @@ pub struct WgpuOptions {
     /// The GEMM kernel: [`GemmKernel::Large`] (`matmul128`) ships; each of the others is
     /// there to be tested or timed against it (`DFLASH_WGPU_GEMM=<entry point>` picks one,
     /// [`GemmKernel::entry`]). [`WgpuBackend::gemm_kernel`] says which one runs.
+    /// [`GemmKernel::Coop`] (tensor cores, operands rounded to f16) also decides the device:
+    /// the instance gets its adapter's cooperative-matrix device, or does not start where the
+    /// adapter cannot run it.
     pub gemm: GemmKernel,
     /// Split `wgpu-tiled`'s tile loops into dispatches of at most this many list iterations
     /// (tests: the multi-pass path, which CPU adapters need, on any adapter). `None`: one
@@ -140,8 +143,9 @@ impl WgpuOptions {
     /// on; `DFLASH_WGPU_F16=0` forces f32 on an adapter with `SHADER_F16` (so both paths run
     /// on one machine), `DFLASH_WGPU_SUBGROUPS=0` the workgroup-memory reductions,
     /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
-    /// `matmul128_w` or `matmul128_n`: [`GemmKernel`]), and `DFLASH_WGPU_ATTN_QREG`, `_WIDE`,
-    /// `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off (`=1` on). An unknown
+    /// `matmul128_w`, `matmul128_n` or `matmul_coop`: [`GemmKernel`]), and
+    /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off
+    /// (`=1` on). An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
     /// each would otherwise time the shipped kernel under another's name.
@@ -229,8 +233,12 @@ impl WgpuBackend {
         Self::with_options(opts, WgpuOptions::from_env()?)
     }
 
+    /// The backend on adapter `opts.device` with `wopts`. [`GemmKernel::Coop`] runs on the
+    /// adapter's cooperative-matrix device ([`device::get`]), and where the adapter lacks what
+    /// it needs the error names the adapter and each thing it lacks
+    /// ([`device::cooperative_matrix_support`]): never the shipped kernel under its name.
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
-        let ctx = device::get(opts.device)?;
+        let ctx = device::get(opts.device, wopts.gemm == GemmKernel::Coop)?;
         let attention = attention::resolve(&opts.attention)?;
         Ok(WgpuBackend {
             ctx,

@@ -7,7 +7,10 @@
 /// (the operand bindings and readers are put in front of `gemm.wgsl`, and after it, in this
 /// order, `gemm_db.wgsl`, its double-buffered variant, `gemm_wide.wgsl`, its 128-thread variant
 /// of 8 x 16 outputs a thread, and `gemm_narrow.wgsl`, its 128-thread variant of 128 x 64 tiles,
-/// which uses the files before it); `F16` holds the kernels that read or write f16 buffers
+/// which uses the files before it), and with `coop` its own module of `gemm.wgsl` and
+/// `gemm_coop.wgsl` (the tensor-core kernel, behind `enable wgpu_cooperative_matrix;`, which
+/// only a device opened with `EXPERIMENTAL_COOPERATIVE_MATRIX` builds, so it stays out of the
+/// module every adapter builds); `F16` holds the kernels that read or write f16 buffers
 /// and is compiled only on a device with `SHADER_F16` (its `enable f16;` is a compile error
 /// elsewhere). wgpu compiles one entry point at a time from a module compacted to what that
 /// entry point reaches (naga's `process_overrides`), so a GEMM kernel's workgroup memory is its
@@ -18,6 +21,8 @@ pub(crate) enum Family {
     Gemm {
         a16: bool,
         b16: bool,
+        /// The cooperative-matrix module (`gemm_coop.wgsl`) instead of the shared one.
+        coop: bool,
     },
     Norm,
     Rope,
@@ -46,10 +51,10 @@ impl Family {
     /// dispatches one, so that its module needs no runtime bounds checks. The GEMM: every
     /// operand read is guarded by `m`, `n` and `k` in the kernel, its workgroup tiles are
     /// indexed by expressions that constants bound (`gemm_db.wgsl`'s `swz`, its buffer
-    /// offsets, `gemm_wide.wgsl`'s and `gemm_narrow.wgsl`'s thread coordinates, each file's
-    /// proof in its header), and `WgpuBackend::gemm` refuses an operand whose rows are shorter
-    /// than the columns it reads or whose rows run past its buffer (the bounds checks cost the
-    /// GEMM ~8% on the H200, docs/PERF.md).
+    /// offsets, `gemm_wide.wgsl`'s, `gemm_narrow.wgsl`'s and `gemm_coop.wgsl`'s thread and
+    /// subgroup coordinates, each file's proof in its header), and `WgpuBackend::gemm` refuses
+    /// an operand whose rows are shorter than the columns it reads or whose rows run past its
+    /// buffer (the bounds checks cost the GEMM ~8% on the H200, docs/PERF.md).
     pub(super) fn bounds_proven_on_host(self) -> bool {
         matches!(self, Family::Gemm { .. })
     }
@@ -80,18 +85,7 @@ impl Family {
             };
         }
         let body = match self {
-            Family::Gemm { a16, b16 } => {
-                let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
-                return format!(
-                    "{f16}{PRELUDE}\n{}{}{}\n{}\n{}\n{}",
-                    gemm_operand("a", 1, a16),
-                    gemm_operand("b", 2, b16),
-                    include_str!("../shaders/gemm.wgsl"),
-                    include_str!("../shaders/gemm_db.wgsl"),
-                    include_str!("../shaders/gemm_wide.wgsl"),
-                    include_str!("../shaders/gemm_narrow.wgsl")
-                );
-            }
+            Family::Gemm { a16, b16, coop } => return gemm_source(a16, b16, coop),
             Family::Rope => include_str!("../shaders/rope.wgsl"),
             Family::Activation => include_str!("../shaders/activation.wgsl"),
             Family::Embedding => include_str!("../shaders/embedding.wgsl"),
@@ -125,14 +119,42 @@ impl Family {
 
     fn file(self) -> String {
         match self {
-            Family::Gemm { a16, b16 } => {
+            Family::Gemm { a16, b16, coop } => {
                 let d = |h| if h { "f16" } else { "f32" };
-                format!("gemm.wgsl (a {}, b {})", d(a16), d(b16))
+                let file = if coop { "gemm_coop.wgsl" } else { "gemm.wgsl" };
+                format!("{file} (a {}, b {})", d(a16), d(b16))
             }
             Family::Attention(cfg) => cfg.label(),
             _ => format!("{self:?}").to_lowercase() + ".wgsl",
         }
     }
+}
+
+/// The text of a GEMM module: `enable` directives, the prelude, the operand bindings and
+/// `gemm.wgsl`, then either the kernels every adapter builds (`gemm_db.wgsl`, `gemm_wide.wgsl`,
+/// `gemm_narrow.wgsl`) or (`coop`) the cooperative-matrix kernel, whose f16 tiles and
+/// `wgpu_cooperative_matrix` directive are its own module's alone (its subgroup builtins need
+/// no directive: naga takes them on the device's `SUBGROUP` feature).
+fn gemm_source(a16: bool, b16: bool, coop: bool) -> String {
+    let operands = format!(
+        "{PRELUDE}\n{}{}{}",
+        gemm_operand("a", 1, a16),
+        gemm_operand("b", 2, b16),
+        include_str!("../shaders/gemm.wgsl")
+    );
+    if coop {
+        return format!(
+            "enable f16;\nenable wgpu_cooperative_matrix;\n{operands}\n{}",
+            include_str!("../shaders/gemm_coop.wgsl")
+        );
+    }
+    let f16 = if a16 || b16 { "enable f16;\n" } else { "" };
+    format!(
+        "{f16}{operands}\n{}\n{}\n{}",
+        include_str!("../shaders/gemm_db.wgsl"),
+        include_str!("../shaders/gemm_wide.wgsl"),
+        include_str!("../shaders/gemm_narrow.wgsl")
+    )
 }
 
 /// The GEMM's binding of operand `x` (`ga` / `gb`) and its readers: `Raw_x` is a pair of stored

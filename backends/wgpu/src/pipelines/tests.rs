@@ -79,7 +79,11 @@ fn attention_variants() -> Vec<AttnCfg> {
     out
 }
 
-/// Every family, every GEMM dtype pair, every attention configuration.
+/// Every GEMM dtype pair, `(a16, b16)`.
+const GEMM_DTYPES: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+/// Every family, every GEMM dtype pair (the shared module and the cooperative-matrix one),
+/// every attention configuration.
 fn all_families() -> Vec<Family> {
     let mut families = vec![
         Family::Memory,
@@ -91,8 +95,10 @@ fn all_families() -> Vec<Family> {
         Family::Loss,
         Family::F16,
     ];
-    for (a16, b16) in [(false, false), (false, true), (true, false), (true, true)] {
-        families.push(Family::Gemm { a16, b16 });
+    for (a16, b16) in GEMM_DTYPES {
+        for coop in [false, true] {
+            families.push(Family::Gemm { a16, b16, coop });
+        }
     }
     let attention = attention_variants();
     let qreg_dims = |d| attention.iter().any(|c| c.qreg && c.dp == d);
@@ -135,61 +141,80 @@ fn every_module_variant_validates() {
     }
 }
 
-/// Every GEMM module holds every kernel `gemm.rs` dispatches (`GemmKernel::ALL`) at its
-/// workgroup size; the 128-thread ones (`matmul128_w`, `matmul128_n`) need no more workgroup
-/// memory than `matmul128`, so they run wherever it does (`matmul128_n`: its own a and b tiles,
-/// the module's other tiles not counted, as wgpu compiles each entry point from the module
-/// compacted to what it reaches); the double-buffered one declares the workgroup memory the
-/// host checks against the adapter's limit before it chooses it (`DB_WORKGROUP_BYTES`), no
-/// more than 32 KiB (so lavapipe runs it in the conformance suite).
+/// `f`'s module, parsed and validated.
+fn parsed(f: Family) -> (naga::Module, naga::valid::ModuleInfo) {
+    let src = f.source(false);
+    let module = naga::front::wgsl::parse_str(&src).expect("parses");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .expect("validates");
+    (module, info)
+}
+
+/// The index of entry point `entry` of `module` and the bytes of the workgroup variables it
+/// uses, as the driver allocates them: what wgpu hands the driver is the module compacted to
+/// the entry point (every backend of wgpu-hal 30 calls `process_overrides` with it), whose
+/// workgroup variables are checked to be exactly those.
+fn workgroup_bytes(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    entry: &str,
+) -> (usize, u32) {
+    let i = module
+        .entry_points
+        .iter()
+        .position(|ep| ep.name == entry)
+        .unwrap_or_else(|| panic!("no entry point {entry}"));
+    let ep = info.get_entry_point(i);
+    let bytes: u32 = module
+        .global_variables
+        .iter()
+        .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !ep[*h].is_empty())
+        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+        .sum();
+    let (compact, _) = naga::back::pipeline_constants::process_overrides(
+        module,
+        info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &Default::default(),
+    )
+    .expect("compacts");
+    let kept: u32 = compact
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| compact.types[g.ty].inner.size(compact.to_ctx()))
+        .sum();
+    assert_eq!(
+        kept, bytes,
+        "{entry}: workgroup bytes after wgpu's compaction"
+    );
+    (i, bytes)
+}
+
+/// Every shared GEMM module holds every kernel `gemm.rs` dispatches from it (`GemmKernel::ALL`
+/// but the cooperative-matrix one, which has its own module) at its workgroup size; the
+/// 128-thread ones (`matmul128_w`, `matmul128_n`) need no more workgroup memory than
+/// `matmul128`, so they run wherever it does (`matmul128_n`: its own a and b tiles, the module's
+/// other tiles not counted, as wgpu compiles each entry point from the module compacted to
+/// what it reaches); the double-buffered one declares the workgroup memory the host checks
+/// against the adapter's limit before it chooses it (`DB_WORKGROUP_BYTES`), no more than 32 KiB
+/// (so lavapipe runs it in the conformance suite).
 #[test]
 fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
     use crate::gemm::{DB_WORKGROUP_BYTES, GemmKernel};
-    for (a16, b16) in [(false, false), (false, true), (true, false), (true, true)] {
-        let f = Family::Gemm { a16, b16 };
-        let src = f.source(false);
-        let module = naga::front::wgsl::parse_str(&src).expect("parses");
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        )
-        .validate(&module)
-        .expect("validates");
+    for (a16, b16) in GEMM_DTYPES {
+        let coop = false;
+        let (module, info) = parsed(Family::Gemm { a16, b16, coop });
         let mut bytes_of = std::collections::HashMap::new();
-        for entry in GemmKernel::ALL.map(GemmKernel::entry) {
-            let i = module
-                .entry_points
-                .iter()
-                .position(|ep| ep.name == entry)
-                .unwrap_or_else(|| panic!("{}: no entry point {entry}", f.label(false)));
-            // The workgroup variables the entry point uses, as the driver allocates them.
-            let ep = info.get_entry_point(i);
-            let bytes: u32 = module
-                .global_variables
-                .iter()
-                .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !ep[*h].is_empty())
-                .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
-                .sum();
-            // What wgpu hands the driver: the module compacted to the entry point (every
-            // backend of wgpu-hal 30 calls `process_overrides` with it), whose workgroup
-            // variables are then exactly those counted above.
-            let (compact, _) = naga::back::pipeline_constants::process_overrides(
-                &module,
-                &info,
-                Some((naga::ShaderStage::Compute, entry)),
-                &Default::default(),
-            )
-            .expect("compacts");
-            let kept: u32 = compact
-                .global_variables
-                .iter()
-                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                .map(|(_, g)| compact.types[g.ty].inner.size(compact.to_ctx()))
-                .sum();
-            assert_eq!(
-                kept, bytes,
-                "{entry}: workgroup bytes after wgpu's compaction"
-            );
+        let shared = GemmKernel::ALL
+            .into_iter()
+            .filter(|&k| k != GemmKernel::Coop);
+        for entry in shared.map(GemmKernel::entry) {
+            let (i, bytes) = workgroup_bytes(&module, &info, entry);
             if entry == "matmul128_db" {
                 assert_eq!(bytes, DB_WORKGROUP_BYTES, "{entry}");
             }
@@ -217,6 +242,135 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
         );
         assert_eq!(bytes_of["matmul128"], 2 * 528 * 16, "matmul128's wa and wb");
     }
+}
+
+/// The statements of `block` and of every block nested in it.
+fn statements(block: &naga::Block) -> Vec<&naga::Statement> {
+    let mut out = Vec::new();
+    for s in block.iter() {
+        out.push(s);
+        match s {
+            naga::Statement::Block(b) => out.extend(statements(b)),
+            naga::Statement::If { accept, reject, .. } => {
+                out.extend(statements(accept));
+                out.extend(statements(reject));
+            }
+            naga::Statement::Loop {
+                body, continuing, ..
+            } => {
+                out.extend(statements(body));
+                out.extend(statements(continuing));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The cooperative-matrix module of every dtype pair holds `matmul_coop` (besides gemm.wgsl's
+/// own kernels, which come with its helpers) on 256 threads with `COOP_WORKGROUP_BYTES` of
+/// workgroup memory, and no shared GEMM module mentions it (they
+/// build on every adapter). Its cooperative loads are those gemm_coop.wgsl's header states:
+/// A and B each row-major (`coopLoadT`) and column-major (`coopLoad`), the accumulators stored
+/// row-major (`coopStoreT`): in naga's IR, and in the SPIR-V naga writes from it
+/// (`OpCooperativeMatrixLoadKHR` / `StoreKHR` with the layout constants `RowMajorKHR` = 0 and
+/// `ColumnMajorKHR` = 1, and 8 `OpCooperativeMatrixMulAddKHR` a k-step).
+#[test]
+fn gemm_coop_modules_hold_the_tensor_core_kernel() {
+    use crate::gemm::{COOP_WORKGROUP_BYTES, GemmKernel};
+    use naga::{CooperativeRole as Role, Expression, Statement};
+    let entry = GemmKernel::Coop.entry();
+    for (a16, b16) in GEMM_DTYPES {
+        let shared = Family::Gemm {
+            a16,
+            b16,
+            coop: false,
+        };
+        let src = shared.source(false);
+        assert!(
+            !src.contains("cooperative") && !src.contains(entry),
+            "{src}"
+        );
+        let f = Family::Gemm {
+            a16,
+            b16,
+            coop: true,
+        };
+        let (module, info) = parsed(f);
+        let (i, bytes) = workgroup_bytes(&module, &info, entry);
+        assert_eq!(bytes, COOP_WORKGROUP_BYTES, "{}", f.label(false));
+        assert_eq!(module.entry_points[i].workgroup_size, [256, 1, 1]);
+        let mut loads = std::collections::BTreeSet::new();
+        let mut stores = Vec::new();
+        let bodies = module.functions.iter().map(|(_, f)| f);
+        for func in bodies.chain(module.entry_points.iter().map(|e| &e.function)) {
+            for (_, e) in func.expressions.iter() {
+                if let Expression::CooperativeLoad { role, data, .. } = e {
+                    loads.insert((*role == Role::A, data.row_major));
+                }
+            }
+            for s in statements(&func.body) {
+                if let Statement::CooperativeStore { data, .. } = s {
+                    stores.push(data.row_major);
+                }
+            }
+        }
+        let all = [(false, false), (false, true), (true, false), (true, true)];
+        assert_eq!(loads, all.into_iter().collect(), "A / B, row-major");
+        assert_eq!(stores, [true], "the accumulators' store");
+        let (layouts, store_layouts, mul_adds) = spirv_coop_ops(f);
+        assert_eq!(layouts, [0, 1].into_iter().collect(), "SPIR-V load layouts");
+        assert_eq!(
+            store_layouts,
+            [0].into_iter().collect(),
+            "SPIR-V store layout"
+        );
+        assert_eq!(mul_adds, 8, "SPIR-V multiply-adds");
+    }
+}
+
+/// The layouts (constants' values) of the cooperative loads and stores, and the number of
+/// multiply-adds, in the SPIR-V of `f`'s `matmul_coop` as the statistics switch writes it.
+fn spirv_coop_ops(
+    f: Family,
+) -> (
+    std::collections::BTreeSet<u32>,
+    std::collections::BTreeSet<u32>,
+    usize,
+) {
+    use crate::vulkan::stats::{Report, spirv};
+    const CONSTANT: u32 = 43;
+    const LOAD: u32 = 4457;
+    const STORE: u32 = 4458;
+    const MUL_ADD: u32 = 4459;
+    let (label, source) = (f.label(false), f.source(false));
+    let words = spirv(&Report {
+        label: &label,
+        source: &source,
+        entry: "matmul_coop",
+        consts: &[],
+        checks: wgpu::ShaderRuntimeChecks::unchecked(),
+    })
+    .expect("SPIR-V");
+    // Instructions after the 5-word header: (opcode, operands).
+    let mut ops = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let n = (words[at] >> 16) as usize;
+        ops.push((words[at] & 0xffff, &words[at + 1..at + n]));
+        at += n.max(1);
+    }
+    let constant = |id: u32| {
+        let c = ops.iter().find(|(op, w)| *op == CONSTANT && w[1] == id);
+        c.map(|(_, w)| w[2]).expect("a constant layout")
+    };
+    let of = |opcode: u32, operand: usize| -> std::collections::BTreeSet<u32> {
+        let uses = ops.iter().filter(|(op, _)| *op == opcode);
+        uses.map(|(_, w)| constant(w[operand])).collect()
+    };
+    // Load: result type, result, pointer, layout, stride; store: pointer, object, layout, stride.
+    let mul_adds = ops.iter().filter(|(op, _)| *op == MUL_ADD).count();
+    (of(LOAD, 3), of(STORE, 2), mul_adds)
 }
 
 /// `DFLASH_WGPU_PIPELINE_STATS` compiles each pipeline a second time, to SPIR-V through naga

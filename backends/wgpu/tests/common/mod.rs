@@ -100,7 +100,8 @@ pub fn wgpu_f16_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
 
 /// The GEMM kernels behind `WgpuOptions::gemm` that the conformance tests run besides the
 /// shipped one on f32 and f16 storage, with their labels on each (the small-tile kernel runs on
-/// f32 only, [`wgpu_gemm_variants`]).
+/// f32 only, [`wgpu_gemm_variants`]; the cooperative-matrix one rounds its operands to f16, so
+/// it has its own reference, [`wgpu_coop_gemm_variants`]).
 const GEMM_SWITCHES: [(GemmKernel, &str, &str); 3] = [
     (
         GemmKernel::DoubleBuffered,
@@ -149,6 +150,63 @@ fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBa
         }
     }
     v
+}
+
+/// The cooperative-matrix GEMM's backends (`GemmKernel::Coop`, poisoned, f16 compute format):
+/// on the adapter's limits and on 4 KiB bindings; or none, after a skip line naming the adapter
+/// and what it lacks (`device::cooperative_matrix_support`: lavapipe has no cooperative
+/// matrices), once such an adapter is checked to refuse the kernel with that very reason at
+/// backend creation (never running another kernel under its name).
+pub fn wgpu_coop_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
+    if wgpu().is_none() {
+        return Vec::new();
+    }
+    let opts = |max_binding_bytes| WgpuOptions {
+        poison: true,
+        max_binding_bytes,
+        f16: true,
+        gemm: GemmKernel::Coop,
+        ..WgpuOptions::shipped()
+    };
+    let backend = BackendOptions {
+        attention: "reference".into(),
+        threads: 0,
+        device: 0,
+    };
+    if let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) {
+        let refused = WgpuBackend::with_options(&backend, opts(None))
+            .err()
+            .expect("matmul_coop started on an adapter that lacks what it needs");
+        assert_eq!(refused.to_string(), why.to_string());
+        assert!(why.to_string().contains(" lacks "), "{why}");
+        skip(&format!(
+            "the cooperative-matrix GEMM does not run here: {why}"
+        ));
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    for (label, max) in [
+        ("coop, full bindings", None),
+        ("coop, 4 KiB bindings", Some(SMALL_BINDING_BYTES)),
+    ] {
+        let be = WgpuBackend::with_options(&backend, opts(max))
+            .expect("the wgpu backend with the cooperative-matrix GEMM");
+        assert_eq!(be.gemm_kernel(), "matmul_coop");
+        assert_eq!(be.compute_format(), DType::F16, "{}", be.summary());
+        v.push((label, be));
+    }
+    v
+}
+
+/// `x` rounded to the nearest f16 value, ties to even, as an f32 (what an f16 operand of the
+/// cooperative-matrix GEMM holds): the significand rounded to 11 bits in f16's normal range
+/// (|x| >= 2^-14), to a multiple of 2^-24 below it. For |x| < 65520 (no overflow), which the
+/// tests' inputs are; exact (scaling by powers of two, then `round_ties_even`).
+pub fn round_f16(x: f32) -> f32 {
+    assert!(x.abs() < 65520.0, "{x} overflows f16");
+    let e = ((x.to_bits() >> 23) & 0xff) as i32 - 127;
+    let q = 2f32.powi(e.max(-14) - 10);
+    (x / q).round_ties_even() * q
 }
 
 /// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
