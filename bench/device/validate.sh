@@ -17,6 +17,8 @@
 #   wgpu-qreg    attention ctx4096 + drafter step: the shipped subgroup variants against each
 #                turned off (DFLASH_WGPU_ATTN_WIDE=0, DQ_SG=0 + DKDV_SG=0, all four =0); drafter
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
+#   wgpu-coop    gemm + drafter step b1 with the tensor-core GEMM (DFLASH_WGPU_GEMM=matmul_coop)
+#                against the shipped one, alternated twice                  -> OUT/wgpu-coop.log
 #   wgpu-order   attention ctx4096 alone, then after the GEMM bench in the same process,
 #                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
 #                                                                          -> OUT/wgpu-order.log
@@ -123,6 +125,19 @@ for phase in "$@"; do
             --only gemm.compute.8192,drafter.step.b1.throughput --out /tmp/f32.json \
             >> "$out/wgpu-qreg.log" 2>&1 || failed+=("$phase (f32)")
         grep -E "^-- |^(attention|drafter|gemm)\." "$out/wgpu-qreg.log" | cut -c1-140 ;;
+    wgpu-coop)
+        # The tensor-core GEMM (opt-in: operands rounded to f16) against the shipped one, on
+        # the GEMM bench and the drafter step it would speed up, alternated twice; an adapter
+        # that cannot run it says what it lacks in the log.
+        for round in 1 2; do
+            for g in matmul128 matmul_coop; do
+                echo "-- DFLASH_WGPU_GEMM=$g (round $round)" >> "$out/wgpu-coop.log"
+                DFLASH_WGPU_GEMM=$g $D bench --backend wgpu --attention wgpu-tiled \
+                    --only gemm,drafter.step.b1.throughput --out "/tmp/coop-$round.json" \
+                    >> "$out/wgpu-coop.log" 2>&1 || failed+=("$phase ($g)")
+            done
+        done
+        grep -E "^-- |^(gemm|drafter)\.|cooperative|lacks" "$out/wgpu-coop.log" | cut -c1-200 ;;
     wgpu-order)
         for round in 1 2; do
             for only in attention.dflash.ctx4096 gemm.f32.8192,attention.dflash.ctx4096; do
