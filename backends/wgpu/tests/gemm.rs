@@ -9,6 +9,27 @@ mod common;
 use common::*;
 use dflash_core::{GemmOps, MemoryOps, Transpose};
 
+/// `(m, k, n)` of the products on full bindings: edge tiles, a single element, tall/wide, one
+/// past 64-tiles in every dimension, more than 8 tile rows of 128, (200, 33, 100) (a last tile
+/// of c partial in the second half of its rows, 64.. of a 128-row tile, and of its columns,
+/// 32.. of matmul128_n's 64-column tile, 64.. of a 128-column one; k one past two steps of 16)
+/// and (130, 40, 131) (tails in every dimension of a 128 x 128 tile).
+const FULL_BINDING_SHAPES: &[(usize, usize, usize)] = &[
+    (7, 5, 3),
+    (33, 65, 17),
+    (1, 9, 1),
+    (130, 257, 67),
+    (64, 128, 192),
+    (3, 700, 2),
+    (1100, 5, 130),
+    (200, 33, 100),
+    (130, 40, 131),
+];
+
+/// On 4 KiB bindings every operand here is split (hundreds of small dispatches, each a fixed
+/// cost on lavapipe): fewer shapes, still splitting M, N and K.
+const SPLIT_BINDING_SHAPES: &[(usize, usize, usize)] = &[(7, 5, 3), (70, 40, 90), (3, 700, 2)];
+
 fn tr(t: bool) -> Transpose {
     if t { Transpose::Yes } else { Transpose::No }
 }
@@ -18,25 +39,10 @@ fn gemm_ops_match_naive() {
     let mut r = rng(2);
     for (label, be) in wgpu_gemm_variants() {
         let mut worst = 0.0f64;
-        // Edge tiles, a single element, tall/wide, one past 64-tiles in every dimension, more
-        // than 8 tile rows of 128, and (200, 33, 100): a last tile of c partial in the second
-        // half of its rows (64.. of a 128-row tile) and of its columns (32.. of matmul128_n's
-        // 64-column tile, 64.. of a 128-column one), k one past two steps of 16.
-        // On 4 KiB bindings every operand here is split (hundreds of small dispatches, each
-        // a fixed cost on lavapipe): fewer shapes, still splitting M, N and K.
-        let shapes: &[(usize, usize, usize)] = if label.starts_with("full bindings") {
-            &[
-                (7, 5, 3),
-                (33, 65, 17),
-                (1, 9, 1),
-                (130, 257, 67),
-                (64, 128, 192),
-                (3, 700, 2),
-                (1100, 5, 130),
-                (200, 33, 100),
-            ]
+        let shapes = if label.starts_with("full bindings") {
+            FULL_BINDING_SHAPES
         } else {
-            &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
+            SPLIT_BINDING_SHAPES
         };
         for &(m, k, n) in shapes {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
@@ -297,20 +303,10 @@ fn coop_gemm_matches_naive_of_f16_rounded_operands() {
     let dtypes = [(false, false), (true, false), (false, true), (true, true)];
     let transposes = [(false, false), (false, true), (true, false), (true, true)];
     for (label, be) in wgpu_coop_gemm_variants() {
-        let shapes: &[(usize, usize, usize)] = if label.contains("full bindings") {
-            &[
-                (7, 5, 3),
-                (33, 65, 17),
-                (1, 9, 1),
-                (130, 257, 67),
-                (64, 128, 192),
-                (3, 700, 2),
-                (1100, 5, 130),
-                (200, 33, 100),
-                (130, 40, 131),
-            ]
+        let shapes = if label.contains("full bindings") {
+            FULL_BINDING_SHAPES
         } else {
-            &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
+            SPLIT_BINDING_SHAPES
         };
         let mut worst = 0.0f64;
         for &shape in shapes {
