@@ -116,26 +116,42 @@ impl Ctx<'_> {
                     }
                 }
             }
-            for ri in 0..rows {
-                for gi in 0..g {
-                    let st = ri * g + gi;
-                    let h = kvh * g + gi;
-                    let o = &mut out[(ri * hq + h) * d..][..d];
-                    if l[st] > 0.0 {
-                        let inv = 1.0 / l[st];
-                        for (oi, &a) in o.iter_mut().zip(&acc[st * d..][..d]) {
-                            *oi = (a * inv) as f32;
-                        }
-                        lse[ri * hq + h] = (m[st] as f64 + l[st].ln()) as f32;
-                    } else if l[st].is_nan() {
-                        // NaN scores, or an overflow to inf - inf: propagate, never hide.
-                        o.fill(f32::NAN);
-                        lse[ri * hq + h] = f32::NAN;
-                    } else {
-                        // No visible key (padding block): defined as out 0, lse -inf.
-                        o.fill(0.0);
-                        lse[ri * hq + h] = f32::NEG_INFINITY;
+            self.finish_rows(kvh, (&m, &l, &acc), out, lse);
+        }
+    }
+
+    /// The rows of kv head `kvh`'s heads from their final state (max `m`, sum `l`, numerator
+    /// `acc (rows * g, D)`): `out = acc / l` and `lse = m + ln l`; NaN where the state is NaN,
+    /// out 0 and lse -inf where no key is visible.
+    #[inline(always)]
+    fn finish_rows(
+        &self,
+        kvh: usize,
+        (m, l, acc): (&[f32], &[f64], &[f64]),
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        let Geom { hq, g, d, .. } = self.geo;
+        let rows = lse.len() / hq;
+        for ri in 0..rows {
+            for gi in 0..g {
+                let st = ri * g + gi;
+                let h = kvh * g + gi;
+                let o = &mut out[(ri * hq + h) * d..][..d];
+                if l[st] > 0.0 {
+                    let inv = 1.0 / l[st];
+                    for (oi, &a) in o.iter_mut().zip(&acc[st * d..][..d]) {
+                        *oi = (a * inv) as f32;
                     }
+                    lse[ri * hq + h] = (m[st] as f64 + l[st].ln()) as f32;
+                } else if l[st].is_nan() {
+                    // NaN scores, or an overflow to inf - inf: propagate, never hide.
+                    o.fill(f32::NAN);
+                    lse[ri * hq + h] = f32::NAN;
+                } else {
+                    // No visible key (padding block): defined as out 0, lse -inf.
+                    o.fill(0.0);
+                    lse[ri * hq + h] = f32::NEG_INFINITY;
                 }
             }
         }
