@@ -770,7 +770,9 @@ def check(quiet=False, stop_at_first=False, first_failure=None):
 def main():
     global MUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check", action="store_true", help="every case (the default)")
+    ap.add_argument("--quick", action="store_true",
+                    help="every case, printing failures and the summary only (CI, xtask emu)")
     ap.add_argument("--mutate", choices=sorted(MUTATIONS))
     ap.add_argument("--mutations", action="store_true", help="run every planted bug")
     args = ap.parse_args()
@@ -790,11 +792,8 @@ def main():
             exp = ("yes" if expected else "NO") + (" (benign)" if name in BENIGN else "")
             print(f"{name:<22} {res:<11} {exp:<13} {t:5.1f}s {what}\n{'':>8}{first}")
         return 0 if all(r[2] for r in rows) else 1
-    if args.check:
-        MUT = args.mutate
-        return 1 if check() else 0
-    ap.print_help()
-    return 2
+    MUT = args.mutate
+    return 1 if check(quiet=args.quick) else 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
-//! `cargo xtask emu [--quick]`: the kernel lab's CPU emulators of the CUDA kernels
+//! `cargo xtask emu [--quick]`: the kernel lab's CPU emulators. Of the CUDA kernels
 //! (`lab/cuda/emu`): the attention kernels (`emu_check.py`, against a float64 numpy reference)
-//! and the memory-bound kernels (`ew_check.py`). They compile the CUDA C as host C++ (g++), so
-//! they catch indexing, fragment-layout, masking and barrier bugs without a GPU; they say
-//! nothing about speed or the real PTX.
+//! and the memory-bound kernels (`ew_check.py`), which compile the CUDA C as host C++ (g++), so
+//! they catch indexing, fragment-layout, masking and barrier bugs without a GPU. Of the wgpu
+//! tensor-core GEMM (`lab/wgpu/coop_emu.py`): the WGSL transcribed into numpy, every index,
+//! race and result checked. They say nothing about speed, the real PTX or a driver's SPIR-V.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
 /// The emulator scripts, relative to the workspace root.
-pub const SCRIPTS: [&str; 2] = ["lab/cuda/emu/emu_check.py", "lab/cuda/emu/ew_check.py"];
+pub const SCRIPTS: [&str; 3] = [
+    "lab/cuda/emu/emu_check.py",
+    "lab/cuda/emu/ew_check.py",
+    "lab/wgpu/coop_emu.py",
+];
 
 /// What the emulators need and is missing here (empty: all present).
 pub fn missing_tools() -> Vec<&'static str> {
