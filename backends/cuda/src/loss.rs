@@ -174,29 +174,46 @@ impl CudaBackend {
             self.launch(op, l, grid1d(n * h))?;
         }
         // logits (n, V) = xc (n, H) @ W (V, H)^T
-        {
-            let (base, _g) = wsb.device_ptr_mut(&self.stream);
-            let (pw, _gw) = call.w.device_ptr(&self.stream);
-            self.gemm_raw(
-                op,
-                &RowMajorGemm {
-                    m: n,
-                    n: v,
-                    k: h,
-                    a: Operand::new(base, xs.dtype),
-                    a_cols: h,
-                    ta: false,
-                    b: Operand::new(pw, call.w_dtype),
-                    b_cols: h,
-                    tb: true,
-                    c: base + call.layout.off_logits as u64,
-                    c_dtype: DType::F32,
-                    alpha: 1.0,
-                    beta: 0.0,
-                },
-            )?;
-        }
-        Ok(())
+        let logits = HeadGemm {
+            a: (0, xs.dtype, h),
+            tb: true,
+            mnk: (n, v, h),
+            c: call.layout.off_logits,
+        };
+        self.ce_head_gemm(op, call, wsb, &logits)
+    }
+
+    /// One of the loss's two products with the head: `c (m, n) = a (m, k) @ op(W)`, `a` and the
+    /// f32 `c` in the workspace `wsb` at their byte offsets, `W` as the GEMMs read it.
+    fn ce_head_gemm(
+        &self,
+        op: &'static str,
+        call: &CeChunkInputs<'_>,
+        wsb: &mut CudaSlice<u8>,
+        g: &HeadGemm,
+    ) -> Result<()> {
+        let (a_off, a_dtype, a_cols) = g.a;
+        let (m, n, k) = g.mnk;
+        let (base, _g) = wsb.device_ptr_mut(&self.stream);
+        let (pw, _gw) = call.w.device_ptr(&self.stream);
+        self.gemm_raw(
+            op,
+            &RowMajorGemm {
+                m,
+                n,
+                k,
+                a: Operand::new(base + a_off as u64, a_dtype),
+                a_cols,
+                ta: false,
+                b: Operand::new(pw, call.w_dtype),
+                b_cols: call.h,
+                tb: g.tb,
+                c: base + g.c as u64,
+                c_dtype: DType::F32,
+                alpha: 1.0,
+                beta: 0.0,
+            },
+        )
     }
 
     /// The per-row statistics of the chunk's `n` active rows (from `c0`: CE as f64 into `ce`,
@@ -253,28 +270,13 @@ impl CudaBackend {
             ..
         } = call.layout;
         // dxc (n, H) = dlogits (n, V) @ W (V, H)
-        {
-            let (base, _g) = wsb.device_ptr_mut(&self.stream);
-            let (pw, _gw) = call.w.device_ptr(&self.stream);
-            self.gemm_raw(
-                op,
-                &RowMajorGemm {
-                    m: n,
-                    n: h,
-                    k: v,
-                    a: Operand::new(base + off_dl as u64, dl_dtype),
-                    a_cols: v,
-                    ta: false,
-                    b: Operand::new(pw, call.w_dtype),
-                    b_cols: h,
-                    tb: false,
-                    c: base + off_dxc as u64,
-                    c_dtype: DType::F32,
-                    alpha: 1.0,
-                    beta: 0.0,
-                },
-            )?;
-        }
+        let dxc_gemm = HeadGemm {
+            a: (off_dl, dl_dtype, v),
+            tb: false,
+            mnk: (n, h, v),
+            c: off_dxc,
+        };
+        self.ce_head_gemm(op, call, wsb, &dxc_gemm)?;
         let dxc = wsb.slice(off_dxc..off_dxc + n * h * 4);
         let rv = call.rows.slice(c0 * 4..(c0 + n) * 4);
         let k = self.k();
@@ -304,6 +306,16 @@ struct CeChunkInputs<'a> {
     v: usize,
     grad_scale: f32,
     layout: CeWorkspace,
+}
+
+/// One product of the loss with the head (`ce_head_gemm`): `a` as (byte offset in the
+/// workspace, dtype, columns), whether `W (V, H)` enters transposed, `(m, n, k)`, and the byte
+/// offset of the f32 `c` in the workspace.
+struct HeadGemm {
+    a: (usize, DType, usize),
+    tb: bool,
+    mnk: (usize, usize, usize),
+    c: usize,
 }
 
 /// The chunking and loss-workspace layout of one `linear_cross_entropy` call.

@@ -146,19 +146,10 @@ fn gemm_f16_operands_match_naive() {
     let mut r = rng(3);
     for (label, be) in wgpu_f16_gemm_variants() {
         let (mut worst, mut worst_orig) = (0.0f64, 0.0f64);
-        let shapes: &[(usize, usize, usize)] = if label.starts_with("f16, full bindings") {
-            &[
-                (7, 5, 3),
-                (33, 65, 17),
-                (64, 128, 192),
-                (130, 257, 67),
-                (1, 9, 1),
-                // a whole 128 x 128 tile of c and a partial one in both dimensions
-                (130, 40, 131),
-                (200, 33, 100),
-            ]
+        let shapes = if label.starts_with("f16, full bindings") {
+            FULL_BINDING_SHAPES
         } else {
-            &[(7, 5, 3), (70, 40, 90), (3, 700, 2)]
+            SPLIT_BINDING_SHAPES
         };
         for &(m, k, n) in shapes {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
