@@ -6,7 +6,9 @@
 //! forward `out`/`lse` and the backward `dq`/`dk`/`dv` with the dense f64 [`oracle`].
 //! [`check_backend_attention`] runs the same cases through a backend's own attention ops
 //! (device kernels), and [`drafter_step`] compares a whole drafter step on any backend with
-//! the reference backend's.
+//! the reference backend's. [`ops`] runs one body per op family (norms, RoPE, SwiGLU, the
+//! embedding, AdamW, compute-format tensors, the host all-reduce) through every path of a
+//! device backend against the reference backend.
 //!
 //! What every case does:
 //! - inputs are fresh uniform random values from a ChaCha8 stream seeded by the case name
@@ -33,6 +35,7 @@
 //! (rows with no visible key) must be exactly `-inf`, and non-finite values anywhere else fail.
 
 pub mod drafter_step;
+pub mod ops;
 pub mod oracle;
 pub mod tolerance;
 

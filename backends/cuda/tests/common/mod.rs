@@ -39,16 +39,14 @@
 #![allow(dead_code)]
 
 use dflash_backend_cuda::{CudaBackend, CudaOptions, DType, GemmPrecision};
-use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
-use dflash_core::{Error, MemoryOps, Tensor};
+use dflash_core::{Backend, Error, Tensor};
+pub use dflash_tests::ops::{Arithmetic, Format, OpPath};
 // Not every test file uses every one of these.
 #[allow(unused_imports)]
 pub use dflash_tests::tolerance::{
     AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2,
 };
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 /// The CUDA backend on device 0 with debug poison on (every output allocation NaN-filled
 /// first, so an unwritten element fails the comparison), or `None` after printing the skip
@@ -126,34 +124,87 @@ pub fn cuda() -> Option<CudaBackend> {
     cuda_with(GemmPrecision::Tf32)
 }
 
-pub fn reference() -> ReferenceBackend {
-    ReferenceBackend::new(&BackendOptions::default()).expect("reference backend")
+// The helpers every backend's tests share (seeded inputs, transfers, exact checks); not
+// every test file uses every one.
+#[allow(unused_imports)]
+pub use dflash_tests::ops::{check_exact, down, rand_vec, reference, rng, up};
+
+// ---------------------------------------------------------------------------------------
+// The op suite's paths
+
+/// A CUDA backend as a path of the shared op suite (`dflash_tests::ops`): its activation dtype
+/// decides the formats activation inputs come in and outputs are stored in.
+pub struct CudaPath {
+    label: String,
+    pub cu: CudaBackend,
+    act: DType,
 }
 
-pub fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// `n` values uniform in `[-s, s)` (never all zeros).
-pub fn rand_vec(r: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-s..s)).collect()
-}
-
-pub fn up(be: &dyn MemoryOps, data: &[f32], shape: &[usize]) -> Tensor {
-    be.upload(data, shape).expect("upload")
-}
-
-pub fn down(be: &dyn MemoryOps, t: &Tensor) -> Vec<f32> {
-    be.download(t).expect("download")
-}
-
-/// Bit-exact comparison (copies, gathers, plain f32 adds).
-pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}");
+impl CudaPath {
+    pub fn new(label: &str, cu: CudaBackend, act: DType) -> Self {
+        CudaPath {
+            label: format!("cuda, {label}"),
+            cu,
+            act,
+        }
     }
-    println!("  {name:<44} bit-exact ({} elements)", got.len());
+
+    /// Both activation dtypes (f32, then bf16: every input in f32 and in bf16, mixed
+    /// included), TF32 GEMMs (these ops have none); empty without CUDA.
+    pub fn activation_modes() -> Vec<CudaPath> {
+        [DType::F32, DType::Bf16]
+            .into_iter()
+            .filter_map(|act| {
+                let cu = cuda_act(GemmPrecision::Tf32, act)?;
+                Some(CudaPath::new(
+                    &format!("{} activations", act.name()),
+                    cu,
+                    act,
+                ))
+            })
+            .collect()
+    }
+}
+
+impl OpPath for CudaPath {
+    fn label(&self) -> &str {
+        &self.label
+    }
+    fn backend(&self) -> &dyn Backend {
+        &self.cu
+    }
+    fn device(&self) -> &str {
+        "cuda:0"
+    }
+    fn format_of(&self, t: &Tensor) -> Format {
+        match dtype_of(t) {
+            DType::F32 => Format::F32,
+            DType::Bf16 => Format::Bf16,
+        }
+    }
+    fn upload_as(&self, data: &[f32], shape: &[usize], format: Format) -> Tensor {
+        match format {
+            Format::F32 => up(&self.cu, data, shape),
+            Format::Bf16 => up_bf16(&self.cu, data, shape),
+            Format::F16 => panic!("[{}] the CUDA backend stores no f16", self.label),
+        }
+    }
+    fn activation_inputs(&self) -> Vec<Format> {
+        match self.act {
+            DType::F32 => vec![Format::F32],
+            DType::Bf16 => vec![Format::F32, Format::Bf16],
+        }
+    }
+    fn activation_output(&self) -> Format {
+        match self.act {
+            DType::F32 => Format::F32,
+            DType::Bf16 => Format::Bf16,
+        }
+    }
+    /// The AdamW kernel evaluates the reference's formula in f64 and rounds each state once.
+    fn adamw_arithmetic(&self) -> Arithmetic {
+        Arithmetic::F64
+    }
 }
 
 // ---------------------------------------------------------------------------------------

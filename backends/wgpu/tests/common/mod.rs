@@ -27,16 +27,14 @@
 //! rounding adds ~1e-3 relative, the bound stated by each test.
 #![allow(dead_code)]
 
-use dflash_backend_reference::ReferenceBackend;
 use dflash_backend_wgpu::{DType, GemmKernel, WgpuBackend, WgpuOptions};
 use dflash_core::registry::BackendOptions;
-use dflash_core::{Error, MemoryOps, Tensor};
+use dflash_core::{Backend, Error, MemoryOps, Tensor};
+pub use dflash_tests::ops::{Format, OpPath};
 #[allow(unused_imports)]
 pub use dflash_tests::tolerance::{
     AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2,
 };
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 /// Storage bindings of [`wgpu_small_bindings`]: 4 KiB, 1024 f32 elements.
 pub const SMALL_BINDING_BYTES: u64 = 4096;
@@ -349,46 +347,64 @@ pub fn skip(reason: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{test}: skipped: {reason}");
 }
 
-pub fn reference() -> ReferenceBackend {
-    ReferenceBackend::new(&BackendOptions::default()).expect("reference backend")
+// The helpers every backend's tests share (seeded inputs, transfers, exact and error checks);
+// not every test file uses every one.
+#[allow(unused_imports)]
+pub use dflash_tests::ops::{assert_err, check_exact, down, rand_vec, reference, rng, up};
+
+// ---- The op suite's paths -------------------------------------------------------------------
+
+/// A wgpu backend as a path of the shared op suite (`dflash_tests::ops`), named after its
+/// configuration.
+pub struct WgpuPath {
+    label: String,
+    be: WgpuBackend,
 }
 
-pub fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// `n` values uniform in `[-s, s)` (never all zeros).
-pub fn rand_vec(r: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-s..s)).collect()
-}
-
-pub fn up(be: &dyn MemoryOps, data: &[f32], shape: &[usize]) -> Tensor {
-    be.upload(data, shape).expect("upload")
-}
-
-pub fn down(be: &dyn MemoryOps, t: &Tensor) -> Vec<f32> {
-    be.download(t).expect("download")
-}
-
-/// Bit-exact comparison (copies, gathers, plain f32 adds).
-pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{name}: lengths differ");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}");
+impl WgpuPath {
+    pub fn new(label: &str, be: WgpuBackend) -> Self {
+        WgpuPath {
+            label: format!("wgpu, {label}"),
+            be,
+        }
     }
-    println!("  {name:<44} bit-exact ({} elements)", got.len());
 }
 
-/// Asserts that `r` is an error whose message contains every one of `parts`.
-pub fn assert_err<T>(r: dflash_core::Result<T>, parts: &[&str]) -> String {
-    let e = match r {
-        Ok(_) => panic!("expected an error containing {parts:?}"),
-        Err(e) => e.to_string(),
-    };
-    for p in parts {
-        assert!(e.contains(p), "error {e:?} lacks {p:?}");
+impl OpPath for WgpuPath {
+    fn label(&self) -> &str {
+        &self.label
     }
-    e
+    fn backend(&self) -> &dyn Backend {
+        &self.be
+    }
+    fn device(&self) -> &str {
+        "wgpu:0"
+    }
+    fn format_of(&self, t: &Tensor) -> Format {
+        match dtype(t) {
+            DType::F32 => Format::F32,
+            DType::F16 => Format::F16,
+        }
+    }
+    fn upload_as(&self, data: &[f32], shape: &[usize], format: Format) -> Tensor {
+        match format {
+            Format::F32 => up(&self.be, data, shape),
+            Format::F16 => up_f16(&self.be, data, shape).0,
+            Format::Bf16 => panic!("[{}] wgpu stores no bf16", self.label),
+        }
+    }
+    /// Storage bindings of a few KiB: every tensor in many chunks.
+    fn small(&self) -> bool {
+        self.label.contains("4 KiB")
+    }
+}
+
+/// `backends` (from [`wgpu_both`] and its siblings) as op-suite paths.
+pub fn paths(backends: Vec<(&'static str, WgpuBackend)>) -> Vec<WgpuPath> {
+    backends
+        .into_iter()
+        .map(|(label, be)| WgpuPath::new(label, be))
+        .collect()
 }
 
 /// The attention suite's `cases` on `be`, its report printed; panics naming every failure.
