@@ -1,134 +1,30 @@
-//! GEMMs against a naive f64 matmul: every transpose combination, `matmul_acc` with several
-//! `beta` (0 must not read `c`: it holds NaN poison), edge sizes, and the chunked paths (4 KiB
-//! bindings split `M`, `N` and `K`).
+//! GEMMs against a naive f64 matmul through the shared op suite (`dflash_tests::ops::gemm`:
+//! every transpose, `matmul_acc` with several `beta`, edge sizes, and the chunked paths, 4 KiB
+//! bindings splitting `M`, `N` and `K`), then f16 operands and the cooperative-matrix kernel.
 //!
 //! Skips cleanly without an adapter; inputs, poisoning and tolerances: `common`.
 
 mod common;
 
 use common::*;
-use dflash_core::{GemmOps, MemoryOps, Transpose};
+use dflash_core::GemmOps;
+use dflash_tests::ops::gemm::{self, GemmPrecision, transpose, with_beta};
 
-/// `(m, k, n)` of the products on full bindings: edge tiles, a single element, tall/wide, one
-/// past 64-tiles in every dimension, more than 8 tile rows of 128, (200, 33, 100) (a last tile
-/// of c partial in the second half of its rows, 64.. of a 128-row tile, and of its columns,
-/// 32.. of matmul128_n's 64-column tile, 64.. of a 128-column one; k one past two steps of 16)
-/// and (130, 40, 131) (tails in every dimension of a 128 x 128 tile).
-const FULL_BINDING_SHAPES: &[(usize, usize, usize)] = &[
-    (7, 5, 3),
-    (33, 65, 17),
-    (1, 9, 1),
-    (130, 257, 67),
-    (64, 128, 192),
-    (3, 700, 2),
-    (1100, 5, 130),
-    (200, 33, 100),
-    (130, 40, 131),
-];
-
-/// On 4 KiB bindings every operand here is split (hundreds of small dispatches, each a fixed
-/// cost on lavapipe): fewer shapes, still splitting M, N and K.
-const SPLIT_BINDING_SHAPES: &[(usize, usize, usize)] = &[(7, 5, 3), (70, 40, 90), (3, 700, 2)];
-
-fn tr(t: bool) -> Transpose {
-    if t { Transpose::Yes } else { Transpose::No }
-}
-
+/// The shared body (`dflash_tests::ops::gemm`) through the shipped kernel on full and 4 KiB
+/// bindings, the 64 x 64-tile kernel and those behind switches (`common::GEMM_SWITCHES`).
 #[test]
 fn gemm_ops_match_naive() {
-    let mut r = rng(2);
-    for (label, be) in wgpu_gemm_variants() {
-        let mut worst = 0.0f64;
-        let shapes = if label.starts_with("full bindings") {
-            FULL_BINDING_SHAPES
-        } else {
-            SPLIT_BINDING_SHAPES
-        };
-        for &(m, k, n) in shapes {
-            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                let a = rand_vec(&mut r, m * k, 1.0);
-                let b = rand_vec(&mut r, k * n, 1.0);
-                let ash = if ta { [k, m] } else { [m, k] };
-                let bsh = if tb { [n, k] } else { [k, n] };
-                let (wa, wb) = (up(&be, &a, &ash), up(&be, &b, &bsh));
-                let c = be.matmul(&wa, tr(ta), &wb, tr(tb)).unwrap();
-                assert_eq!(c.dims(), &[m, n]);
-                let (want, scale) = naive(&a, ta, &b, tb, (m, k, n));
-                let name = format!("matmul {m}x{k}x{n} ta={ta} tb={tb}");
-                worst = worst.max(check_gemm(&name, &down(&be, &c), &want, &scale));
-                for beta in [0.0f32, 1.0, -0.5] {
-                    let c0 = rand_vec(&mut r, m * n, 1.0);
-                    // beta 0: c holds NaN, which must not leak into the result.
-                    let c0 = if beta == 0.0 {
-                        vec![f32::NAN; m * n]
-                    } else {
-                        c0
-                    };
-                    let mut ct = up(&be, &c0, &[m, n]);
-                    be.matmul_acc(&mut ct, &wa, tr(ta), &wb, tr(tb), beta)
-                        .unwrap();
-                    let (w2, s2): (Vec<f64>, Vec<f64>) = want
-                        .iter()
-                        .zip(&scale)
-                        .zip(&c0)
-                        .map(|((p, s), &c)| {
-                            let bc = if beta == 0.0 {
-                                0.0
-                            } else {
-                                beta as f64 * c as f64
-                            };
-                            (bc + p, s + bc.abs())
-                        })
-                        .unzip();
-                    let name = format!("matmul_acc beta={beta} {m}x{k}x{n} ta={ta} tb={tb}");
-                    worst = worst.max(check_gemm(&name, &down(&be, &ct), &w2, &s2));
-                }
-            }
-        }
-        println!(
-            "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {GEMM_TOL:.0e}: f32 accumulation)"
-        );
+    for p in paths(wgpu_gemm_variants()) {
+        gemm::products(&p, &GemmPrecision::F32);
     }
 }
 
-/// K = 0: the product is empty, so matmul gives zeros and matmul_acc scales c by beta.
-#[test]
-fn empty_inner_dimension() {
-    let Some(be) = wgpu() else { return };
-    let (a, b) = (be.zeros(&[3, 0]).unwrap(), be.zeros(&[0, 4]).unwrap());
-    let c = be.matmul(&a, Transpose::No, &b, Transpose::No).unwrap();
-    check_exact("matmul K=0", &down(&be, &c), &[0.0; 12]);
-    let mut c = up(&be, &[2.0; 12], &[3, 4]);
-    be.matmul_acc(&mut c, &a, Transpose::No, &b, Transpose::No, 0.5)
-        .unwrap();
-    check_exact("matmul_acc K=0 beta=0.5", &down(&be, &c), &[1.0; 12]);
-}
-
-#[test]
-fn gemm_shape_errors_match_reference() {
-    let rf = reference();
-    let Some(be) = wgpu() else { return };
-    let (a, b) = (up(&be, &[1.0; 6], &[2, 3]), up(&be, &[1.0; 8], &[2, 4]));
-    let (ra, rb) = (up(&rf, &[1.0; 6], &[2, 3]), up(&rf, &[1.0; 8], &[2, 4]));
-    let w = be
-        .matmul(&a, Transpose::No, &b, Transpose::No)
-        .unwrap_err()
-        .to_string();
-    let r = rf
-        .matmul(&ra, Transpose::No, &rb, Transpose::No)
-        .unwrap_err()
-        .to_string();
-    assert_eq!(w.replace("wgpu:0", "cpu"), r);
-    let mut c = be.zeros(&[3, 3]).unwrap();
-    let mut rc = rf.zeros(&[3, 3]).unwrap();
-    let w = be
-        .matmul_acc(&mut c, &a, Transpose::Yes, &b, Transpose::No, 1.0)
-        .unwrap_err();
-    let r = rf
-        .matmul_acc(&mut rc, &ra, Transpose::Yes, &rb, Transpose::No, 1.0)
-        .unwrap_err();
-    assert_eq!(w.to_string().replace("wgpu:0", "cpu"), r.to_string());
-    println!("  {w}");
+fn shapes(full: bool) -> &'static [(usize, usize, usize)] {
+    if full {
+        &gemm::SHAPES
+    } else {
+        &gemm::SHAPES_SMALL
+    }
 }
 
 /// f16 operands (the compute format), every transpose, `a`, `b` or both f16, on the adapter's
@@ -146,12 +42,7 @@ fn gemm_f16_operands_match_naive() {
     let mut r = rng(3);
     for (label, be) in wgpu_f16_gemm_variants() {
         let (mut worst, mut worst_orig) = (0.0f64, 0.0f64);
-        let shapes = if label.starts_with("f16, full bindings") {
-            FULL_BINDING_SHAPES
-        } else {
-            SPLIT_BINDING_SHAPES
-        };
-        for &(m, k, n) in shapes {
+        for &(m, k, n) in shapes(label.starts_with("f16, full bindings")) {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                 for (a16, b16) in [(true, false), (false, true), (true, true)] {
                     let a = rand_vec(&mut r, m * k, 1.0);
@@ -168,7 +59,7 @@ fn gemm_f16_operands_match_naive() {
                     } else {
                         (up(&be, &b, &bsh), b.clone())
                     };
-                    let c = be.matmul(&wa, tr(ta), &wb, tr(tb)).unwrap();
+                    let c = be.matmul(&wa, transpose(ta), &wb, transpose(tb)).unwrap();
                     assert_eq!(dtype(&c), dflash_backend_wgpu::DType::F32);
                     let got = down(&be, &c);
                     let name = format!("f16 a={a16} b={b16} {m}x{k}x{n} ta={ta} tb={tb}");
@@ -183,7 +74,7 @@ fn gemm_f16_operands_match_naive() {
                     // beta 1 accumulates onto c with the same kernel.
                     let c0 = rand_vec(&mut r, m * n, 1.0);
                     let mut ct = up(&be, &c0, &[m, n]);
-                    be.matmul_acc(&mut ct, &wa, tr(ta), &wb, tr(tb), 1.0)
+                    be.matmul_acc(&mut ct, &wa, transpose(ta), &wb, transpose(tb), 1.0)
                         .unwrap();
                     let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
                     let (w2, s2): (Vec<f64>, Vec<f64>) = want
@@ -207,23 +98,6 @@ fn gemm_f16_operands_match_naive() {
              originals (tol {TOL_F16:.1e}: f16 rounding of the operands)"
         );
     }
-}
-
-/// `beta * c0 + want` and its error scale `scale + |beta * c0|` (beta 0 never reads c0, which
-/// may hold NaN).
-fn with_beta(want: &[f64], scale: &[f64], c0: &[f32], beta: f32) -> (Vec<f64>, Vec<f64>) {
-    want.iter()
-        .zip(scale)
-        .zip(c0)
-        .map(|((p, s), &c)| {
-            let bc = if beta == 0.0 {
-                0.0
-            } else {
-                beta as f64 * c as f64
-            };
-            (bc + p, s + bc.abs())
-        })
-        .unzip()
 }
 
 /// One product of the cooperative-matrix GEMM, `(m, k, n)` with transposes `t` and operand
@@ -253,7 +127,7 @@ fn check_coop_product(
     let (wb, hb) = operand(&b, &bsh, b16);
     let name = format!("coop a16={a16} b16={b16} {m}x{k}x{n} ta={ta} tb={tb}");
     let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
-    let c = be.matmul(&wa, tr(ta), &wb, tr(tb)).unwrap();
+    let c = be.matmul(&wa, transpose(ta), &wb, transpose(tb)).unwrap();
     let mut worst = check_gemm(&name, &down(be, &c), &want, &scale);
     for beta in [0.0f32, -0.5] {
         let c0 = if beta == 0.0 {
@@ -262,7 +136,7 @@ fn check_coop_product(
             rand_vec(r, m * n, 1.0)
         };
         let mut ct = up(be, &c0, &[m, n]);
-        be.matmul_acc(&mut ct, &wa, tr(ta), &wb, tr(tb), beta)
+        be.matmul_acc(&mut ct, &wa, transpose(ta), &wb, transpose(tb), beta)
             .unwrap();
         let (w2, s2) = with_beta(&want, &scale, &c0, beta);
         let got = down(be, &ct);
@@ -294,13 +168,8 @@ fn coop_gemm_matches_naive_of_f16_rounded_operands() {
     let dtypes = [(false, false), (true, false), (false, true), (true, true)];
     let transposes = [(false, false), (false, true), (true, false), (true, true)];
     for (label, be) in wgpu_coop_gemm_variants() {
-        let shapes = if label.contains("full bindings") {
-            FULL_BINDING_SHAPES
-        } else {
-            SPLIT_BINDING_SHAPES
-        };
         let mut worst = 0.0f64;
-        for &shape in shapes {
+        for &shape in shapes(label.contains("full bindings")) {
             for t in transposes {
                 for f16 in dtypes {
                     worst = worst.max(check_coop_product(&be, &mut r, shape, t, f16));

@@ -20,6 +20,7 @@
 
 pub mod collective;
 pub mod elementwise;
+pub mod gemm;
 pub mod loss;
 pub mod storage;
 

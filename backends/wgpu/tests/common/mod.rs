@@ -435,43 +435,13 @@ pub fn run_nan_cases(be: &dyn dflash_core::Backend, label: &str, layout: dflash_
 
 // ---- GEMM oracle ----------------------------------------------------------------------------
 
-/// `op(a) (M, K) @ op(b) (K, N)` in f64, and `sum_k |a||b|` (the natural error scale).
-pub fn naive(
-    a: &[f32],
-    ta: bool,
-    b: &[f32],
-    tb: bool,
-    (m, k, n): (usize, usize, usize),
-) -> (Vec<f64>, Vec<f64>) {
-    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] } as f64;
-    let bt = |p: usize, j: usize| if tb { b[j * k + p] } else { b[p * n + j] } as f64;
-    let mut c = vec![0.0; m * n];
-    let mut s = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            for p in 0..k {
-                c[i * n + j] += at(i, p) * bt(p, j);
-                s[i * n + j] += (at(i, p) * bt(p, j)).abs();
-            }
-        }
-    }
-    (c, s)
-}
+#[allow(unused_imports)]
+pub use dflash_tests::ops::gemm::naive;
 
 /// f32 products with f32 accumulation (fma) against f64: |err| <= ~K * 2^-24 of the scale.
-pub const GEMM_TOL: f64 = 1e-5;
+pub const GEMM_TOL: f64 = dflash_tests::ops::gemm::GemmPrecision::F32.tol;
 
+/// [`dflash_tests::ops::gemm::check_scaled`] at [`GEMM_TOL`]; the worst `|err| / scale`.
 pub fn check_gemm(name: &str, got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "{name}: lengths");
-    let mut worst: f64 = 0.0;
-    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
-        assert!(g.is_finite(), "{name}[{i}]: {g}");
-        let r = (g as f64 - w).abs() / (s + 1e-30);
-        assert!(
-            r <= GEMM_TOL,
-            "{name}[{i}]: got {g}, want {w}, err/sum|a||b| {r:.3e} > {GEMM_TOL:.0e}"
-        );
-        worst = worst.max(r);
-    }
-    worst
+    dflash_tests::ops::gemm::check_scaled(name, got, want, scale, GEMM_TOL)
 }
