@@ -8,7 +8,7 @@ use dflash_core::{
     Transpose,
 };
 
-/// `op(a) (M, K) @ op(b) (K, N)` by the triple loop, f64.
+/// `op(a) (M, K) @ op(b) (K, N)` by the triple loop, f64 (the shared op suite's oracle).
 fn naive_matmul(
     a: &[f32],
     ta: bool,
@@ -18,15 +18,7 @@ fn naive_matmul(
     k: usize,
     n: usize,
 ) -> Vec<f64> {
-    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] } as f64;
-    let bt = |p: usize, j: usize| if tb { b[j * k + p] } else { b[p * n + j] } as f64;
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
-        }
-    }
-    c
+    dflash_tests::ops::gemm::naive(a, ta, b, tb, (m, k, n)).0
 }
 
 #[test]

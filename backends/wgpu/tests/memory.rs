@@ -1,223 +1,44 @@
-//! Memory ops against the reference backend: transfers, copies, narrowing, concatenation,
-//! elementwise glue and the reductions, on the adapter's bindings and on 4 KiB bindings (the
-//! chunked paths). Errors on malformed calls carry the reference's message.
+//! Memory ops against the reference backend through the shared op suite
+//! (`dflash_tests::ops::memory`: transfers, copies, narrowing, concatenation, elementwise glue,
+//! the reductions, malformed calls), on the adapter's bindings and on 4 KiB bindings (the
+//! chunked paths); then the 2-D grid, the f16 compute format and `upload_frozen`.
 //!
 //! Skips cleanly without an adapter; inputs, poisoning and tolerances: `common`.
 
 mod common;
 
 use common::*;
+use dflash_tests::ops::memory;
 use dflash_backend_wgpu::DType;
 use dflash_core::{HostSlice, MemoryOps, Tensor};
 use rand::Rng;
 
-/// Sizes around the small-binding chunk (1024 elements), and the empty tensor.
-const SIZES: [usize; 6] = [1, 7, 1023, 1024, 5000, 0];
-
 #[test]
 fn transfers_copies_and_elementwise_match_reference() {
-    let rf = reference();
-    let mut r = rng(1);
-    for (label, be) in wgpu_both() {
-        println!("[{label}]");
-        for &n in &SIZES {
-            let a = rand_vec(&mut r, n, 2.0);
-            let b = rand_vec(&mut r, n, 2.0);
-            let (ta, tb) = (up(&be, &a, &[n]), up(&be, &b, &[n]));
-            check_exact(&format!("upload/download {n}"), &down(&be, &ta), &a);
-            check_exact(&format!("copy {n}"), &down(&be, &be.copy(&ta).unwrap()), &a);
-            let z = be.zeros(&[n, 1]).unwrap();
-            assert_eq!(z.dims(), &[n, 1]);
-            check_exact(&format!("zeros {n}"), &down(&be, &z), &vec![0.0; n]);
-            let want = down(
-                &rf,
-                &rf.add(&up(&rf, &a, &[n]), &up(&rf, &b, &[n])).unwrap(),
-            );
-            check_exact(
-                &format!("add {n}"),
-                &down(&be, &be.add(&ta, &tb).unwrap()),
-                &want,
-            );
-            let mut acc = be.copy(&ta).unwrap();
-            be.add_assign(&mut acc, &tb).unwrap();
-            check_exact(&format!("add_assign {n}"), &down(&be, &acc), &want);
-            let mut sc = be.copy(&ta).unwrap();
-            be.scale_assign(&mut sc, -0.37).unwrap();
-            let mut sr = up(&rf, &a, &[n]);
-            rf.scale_assign(&mut sr, -0.37).unwrap();
-            check_exact(
-                &format!("scale_assign {n}"),
-                &down(&be, &sc),
-                &down(&rf, &sr),
-            );
-        }
+    for p in paths(wgpu_both()) {
+        memory::transfers_and_elementwise(&p);
     }
 }
 
 #[test]
 fn narrow_and_concat_match_reference() {
-    let rf = reference();
-    let mut r = rng(2);
-    for (label, be) in wgpu_both() {
-        println!("[{label}]");
-        for &(rows, cols) in &[(13, 7), (300, 33), (5, 1000), (1, 1)] {
-            let x = rand_vec(&mut r, rows * cols, 1.0);
-            let (tw, tr) = (up(&be, &x, &[rows, cols]), up(&rf, &x, &[rows, cols]));
-            for (start, len) in [
-                (0, rows),
-                (rows / 3, rows - rows / 3),
-                (rows - 1, 1),
-                (0, 0),
-            ] {
-                let nw = be.narrow_rows(&tw, start, len).unwrap();
-                let nr = rf.narrow_rows(&tr, start, len).unwrap();
-                assert_eq!(nw.dims(), nr.dims());
-                check_exact(
-                    &format!("narrow_rows {rows}x{cols} [{start}, +{len})"),
-                    &down(&be, &nw),
-                    &down(&rf, &nr),
-                );
-            }
-            // Parts of different row counts (rows) and column counts (cols).
-            let extra: Vec<usize> = vec![rows + 2, 1, 17];
-            let parts: Vec<Vec<f32>> = extra
-                .iter()
-                .map(|&k| rand_vec(&mut r, k * cols, 1.0))
-                .collect();
-            let pw: Vec<Tensor> = parts
-                .iter()
-                .zip(&extra)
-                .map(|(p, &k)| up(&be, p, &[k, cols]))
-                .collect();
-            let pr: Vec<Tensor> = parts
-                .iter()
-                .zip(&extra)
-                .map(|(p, &k)| up(&rf, p, &[k, cols]))
-                .collect();
-            let cw = be.concat_rows(&pw.iter().collect::<Vec<_>>()).unwrap();
-            let cr = rf.concat_rows(&pr.iter().collect::<Vec<_>>()).unwrap();
-            assert_eq!(cw.dims(), cr.dims());
-            check_exact("concat_rows", &down(&be, &cw), &down(&rf, &cr));
-            let widths = [cols, 3, 2 * cols + 1];
-            let parts: Vec<Vec<f32>> = widths
-                .iter()
-                .map(|&c| rand_vec(&mut r, rows * c, 1.0))
-                .collect();
-            let pw: Vec<Tensor> = parts
-                .iter()
-                .zip(&widths)
-                .map(|(p, &c)| up(&be, p, &[rows, c]))
-                .collect();
-            let pr: Vec<Tensor> = parts
-                .iter()
-                .zip(&widths)
-                .map(|(p, &c)| up(&rf, p, &[rows, c]))
-                .collect();
-            let cw = be.concat_cols(&pw.iter().collect::<Vec<_>>()).unwrap();
-            let cr = rf.concat_cols(&pr.iter().collect::<Vec<_>>()).unwrap();
-            assert_eq!(cw.dims(), cr.dims());
-            check_exact(
-                &format!("concat_cols {rows} rows, widths {widths:?}"),
-                &down(&be, &cw),
-                &down(&rf, &cr),
-            );
-        }
+    for p in paths(wgpu_both()) {
+        memory::narrow_and_concat(&p);
     }
 }
 
 #[test]
 fn reductions_match_reference() {
-    let rf = reference();
-    let mut r = rng(3);
-    // f32 partials of 4096 squares (tree-summed) added in f64 on the host, against f64
-    // throughout: ~1e-7 relative expected.
-    let tol = Tolerance {
-        atol: 0.0,
-        rtol: 1e-5,
-        atol_unit: AtolUnit::Absolute,
-        why: "f32 partial sums of 4096 squares vs f64",
-    };
-    for (label, be) in wgpu_reduction_variants() {
-        println!("[{label}]");
-        let xs: Vec<Vec<f32>> = [1usize, 4095, 4097, 20_000, 3]
-            .iter()
-            .map(|&n| rand_vec(&mut r, n, 3.0))
-            .collect();
-        let tw: Vec<Tensor> = xs.iter().map(|x| up(&be, x, &[x.len()])).collect();
-        let tr: Vec<Tensor> = xs.iter().map(|x| up(&rf, x, &[x.len()])).collect();
-        let many = be.sum_squares_many(&tw.iter().collect::<Vec<_>>()).unwrap();
-        for (i, (t, x)) in tw.iter().zip(&xs).enumerate() {
-            let want = rf.sum_squares(&tr[i]).unwrap();
-            let got = be.sum_squares(t).unwrap();
-            assert_close(&format!("sum_squares {}", x.len()), &[got], &[want], &tol);
-            assert_eq!(many[i].to_bits(), got.to_bits(), "sum_squares_many[{i}]");
-            assert!(be.all_finite(t).unwrap());
-        }
-        assert_eq!(be.sum_squares(&be.zeros(&[0]).unwrap()).unwrap(), 0.0);
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            for at in [0, 4096, 9_999] {
-                let mut x = rand_vec(&mut r, 10_000, 1.0);
-                x[at] = bad;
-                assert!(
-                    !be.all_finite(&up(&be, &x, &[10_000])).unwrap(),
-                    "{bad} at {at}"
-                );
-            }
-        }
-        // Large finite values are finite (a sum of squares would overflow).
-        assert!(
-            be.all_finite(&up(&be, &[f32::MAX, -f32::MAX], &[2]))
-                .unwrap()
-        );
-        println!("  all_finite: NaN / +-inf found at chunk edges, f32::MAX is finite");
+    for p in paths(wgpu_reduction_variants()) {
+        memory::reductions(&p);
     }
 }
 
-/// Malformed calls fail with the reference's message (device name aside), never a panic.
 #[test]
 fn malformed_calls_fail_like_the_reference() {
-    let rf = reference();
-    let Some(be) = wgpu() else { return };
-    let same = |what: &str, w: dflash_core::Result<Tensor>, r: dflash_core::Result<Tensor>| {
-        let (w, r) = (w.unwrap_err().to_string(), r.unwrap_err().to_string());
-        assert_eq!(w.replace("wgpu:0", "cpu"), r, "{what}");
-        println!("  {what:<30} {w}");
-    };
-    let (a3, b4) = (up(&be, &[1.0; 6], &[2, 3]), up(&be, &[1.0; 8], &[2, 4]));
-    let (ra3, rb4) = (up(&rf, &[1.0; 6], &[2, 3]), up(&rf, &[1.0; 8], &[2, 4]));
-    same(
-        "upload",
-        be.upload(&[1.0; 5], &[2, 3]),
-        rf.upload(&[1.0; 5], &[2, 3]),
-    );
-    same("add", be.add(&a3, &b4), rf.add(&ra3, &rb4));
-    same(
-        "narrow_rows",
-        be.narrow_rows(&a3, 1, 2),
-        rf.narrow_rows(&ra3, 1, 2),
-    );
-    same(
-        "concat_rows",
-        be.concat_rows(&[&a3, &b4]),
-        rf.concat_rows(&[&ra3, &rb4]),
-    );
-    let c = up(&be, &[1.0; 3], &[3, 1]);
-    let rc = up(&rf, &[1.0; 3], &[3, 1]);
-    same(
-        "concat_cols",
-        be.concat_cols(&[&a3, &c]),
-        rf.concat_cols(&[&ra3, &rc]),
-    );
-    same("concat_rows []", be.concat_rows(&[]), rf.concat_rows(&[]));
-    let mut acc = be.copy(&a3).unwrap();
-    let e = be.add_assign(&mut acc, &b4).unwrap_err().to_string();
-    assert!(e.contains("add_assign") && e.contains("wgpu:0"), "{e}");
-    // A reference tensor given to wgpu is a typed error naming both backends.
-    let e = be.copy(&ra3).unwrap_err().to_string();
-    assert!(e.contains("\"reference\"") && e.contains("\"wgpu\""), "{e}");
-    assert!(!be.is_local(&ra3) && be.is_local(&a3));
-    // import goes through the host, values intact.
-    check_exact("import", &down(&be, &be.import(&ra3).unwrap()), &[1.0; 6]);
+    if let Some(be) = wgpu() {
+        memory::malformed_calls(&WgpuPath::new("full bindings", be));
+    }
 }
 
 /// More than 65535 workgroups of 256 elements: the elementwise kernels run on a 2-D grid.

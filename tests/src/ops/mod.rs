@@ -22,6 +22,7 @@ pub mod collective;
 pub mod elementwise;
 pub mod gemm;
 pub mod loss;
+pub mod memory;
 pub mod storage;
 
 use dflash_backend_reference::ReferenceBackend;
@@ -73,12 +74,13 @@ impl Format {
     }
 }
 
-/// How a backend's AdamW computes each element (it decides the optimizer's tolerance).
+/// How a backend computes an op whose tolerance depends on it (AdamW per element, the sum of
+/// squares).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arithmetic {
-    /// In f64, each state rounded once to f32: the reference's own formula.
+    /// In f64 throughout, a result stored as f32 rounded once: the reference's own arithmetic.
     F64,
-    /// In f32: a few roundings per state per step.
+    /// In f32: a rounding per operation (per AdamW state and step; per partial sum).
     F32,
 }
 
@@ -109,6 +111,10 @@ pub trait OpPath {
         false
     }
     fn adamw_arithmetic(&self) -> Arithmetic {
+        Arithmetic::F32
+    }
+    /// How `sum_squares` adds (f32 partial sums, or f64 throughout).
+    fn sum_squares_arithmetic(&self) -> Arithmetic {
         Arithmetic::F32
     }
 }

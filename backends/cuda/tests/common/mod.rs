@@ -205,6 +205,10 @@ impl OpPath for CudaPath {
     fn adamw_arithmetic(&self) -> Arithmetic {
         Arithmetic::F64
     }
+    /// The reduction kernels add squares in f64.
+    fn sum_squares_arithmetic(&self) -> Arithmetic {
+        Arithmetic::F64
+    }
 }
 
 // ---------------------------------------------------------------------------------------

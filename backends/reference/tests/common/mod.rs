@@ -4,15 +4,14 @@
 
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
-use dflash_core::{MemoryOps, Tensor};
 // Not every test file uses every one of these.
 #[allow(unused_imports)]
 pub use dflash_tests::tolerance::{AtolUnit, Tolerance, assert_close};
-use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The reference backend with default options (the shared op suite's `reference`).
 pub fn backend() -> ReferenceBackend {
-    ReferenceBackend::new(&BackendOptions::default()).expect("reference backend")
+    dflash_tests::ops::reference()
 }
 
 pub fn backend_threads(threads: usize) -> ReferenceBackend {
@@ -23,21 +22,13 @@ pub fn backend_threads(threads: usize) -> ReferenceBackend {
     ReferenceBackend::new(&opts).expect("reference backend")
 }
 
-pub fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
+// Seeded inputs and transfers, shared with every backend's tests.
+#[allow(unused_imports)]
+pub use dflash_tests::ops::{down, rng, up};
 
 /// `n` values uniform in `[-1, 1)` (never all zeros).
 pub fn rand_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
-
-pub fn up(be: &ReferenceBackend, data: &[f32], shape: &[usize]) -> Tensor {
-    be.upload(data, shape).expect("upload")
-}
-
-pub fn down(be: &ReferenceBackend, t: &Tensor) -> Vec<f32> {
-    be.download(t).expect("download")
+    dflash_tests::ops::rand_vec(rng, n, 1.0)
 }
 
 pub fn to_f64(x: &[f32]) -> Vec<f64> {
