@@ -7,7 +7,9 @@
 //! drafter_step device`), one test per op family, each running the op on both backends on
 //! fresh seeded random inputs (never zeros), CUDA outputs NaN-poisoned before the op writes
 //! them, with a stated tolerance and its reason; attention on every mask family; a whole
-//! drafter step (loss and every gradient).
+//! drafter step (loss and every gradient). The op families' bodies are the shared suite's
+//! (`dflash_tests::ops`, the same bodies the wgpu tests run), each configuration here a
+//! [`CudaPath`].
 //!
 //! On a machine without CUDA every test prints `skipped: no CUDA device (<reason>)` and
 //! passes; `create_backend_cuda_is_clean` then checks the registry returns `Unavailable`.

@@ -5,7 +5,9 @@
 //! per op family group (`memory gemm elementwise loss collective attention drafter_step
 //! device`), each running the op on both backends on fresh seeded random inputs (never
 //! zeros), wgpu outputs NaN-poisoned before the op writes them ([`wgpu`]), with a stated
-//! tolerance and its reason. Every op also runs on a second instance whose storage bindings
+//! tolerance and its reason. The op families' bodies are the shared suite's
+//! (`dflash_tests::ops`, the same bodies the CUDA tests run), each backend configuration here
+//! a [`WgpuPath`]; the attention cases and the drafter step are the suite's too. Every op also runs on a second instance whose storage bindings
 //! are capped at a few KiB ([`wgpu_small_bindings`]), so the chunked paths (what a tensor
 //! larger than the adapter's binding limit takes) are exercised on small inputs.
 //!
