@@ -20,26 +20,33 @@ mod transfers;
 use reduce::{cfg_blocks, reduce_blocks};
 pub(crate) use transfers::SideTransfers;
 
-/// Part `i` of a concatenation, which must have part 0's dtype (parts are copied as bytes).
-fn part_of_dtype<'a>(
+/// The storages of `parts` (at least one, shapes checked by the caller), which must all hold
+/// part 0's dtype: a concatenation copies bytes, so it cannot mix element sizes.
+fn parts_of_one_dtype<'a>(
     be: &CudaBackend,
     op: &'static str,
-    i: usize,
-    p: &'a Tensor,
-    dtype: DType,
-) -> Result<&'a crate::CudaStorage> {
-    let s = be.any(op, p)?;
-    if s.dtype != dtype {
-        return Err(be.shape_err(
-            op,
-            format!(
-                "part {i} is {} but part 0 is {}",
-                s.dtype.name(),
-                dtype.name()
-            ),
-        ));
-    }
-    Ok(s)
+    parts: &[&'a Tensor],
+) -> Result<(DType, Vec<&'a crate::CudaStorage>)> {
+    let dtype = be.any(op, parts[0])?.dtype;
+    let stores = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let s = be.any(op, p)?;
+            if s.dtype != dtype {
+                return Err(be.shape_err(
+                    op,
+                    format!(
+                        "part {i} is {} but part 0 is {}",
+                        s.dtype.name(),
+                        dtype.name()
+                    ),
+                ));
+            }
+            Ok(s)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((dtype, stores))
 }
 
 /// A same-dtype copy of any tensor of this backend.
@@ -220,19 +227,8 @@ impl MemoryOps for CudaBackend {
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
         let op = "narrow_rows";
         let s = self.any(op, t)?;
-        let Some((&rows, rest)) = t.dims().split_first() else {
-            return Err(self.shape_err(op, "cannot narrow a rank-0 tensor"));
-        };
-        if start.checked_add(len).is_none_or(|end| end > rows) {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
-                    t.shape()
-                ),
-            ));
-        }
-        let row: usize = rest.iter().product();
+        let (row, dims) =
+            dflash_core::narrow_rows_dims(t, start, len).map_err(|e| self.shape_err(op, e))?;
         let n = len * row;
         let mut out = self.alloc(op, n, s.dtype)?;
         if n > 0 {
@@ -243,38 +239,13 @@ impl MemoryOps for CudaBackend {
                 )
                 .map_err(|e| self.drv(op, e))?;
         }
-        let mut dims = vec![len];
-        dims.extend_from_slice(rest);
         Ok(self.tensor(out, s.dtype, dims))
     }
 
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let op = "concat_rows";
-        let Some(first) = parts.first() else {
-            return Err(self.shape_err(op, "no tensors to concatenate"));
-        };
-        if first.dims().is_empty() {
-            return Err(self.shape_err(op, "cannot concatenate rank-0 tensors"));
-        }
-        let rest = &first.dims()[1..];
-        let dtype = self.any(op, first)?.dtype;
-        let mut rows = 0;
-        let mut stores = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            if p.dims().is_empty() || &p.dims()[1..] != rest {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {:?} but part 0 is {:?}",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            let s = part_of_dtype(self, op, i, p, dtype)?;
-            rows += p.dims()[0];
-            stores.push(s);
-        }
+        let dims = dflash_core::concat_rows_dims(parts).map_err(|e| self.shape_err(op, e))?;
+        let (dtype, stores) = parts_of_one_dtype(self, op, parts)?;
         let total: usize = stores.iter().map(|s| s.len).sum();
         let mut out = self.alloc(op, total, dtype)?;
         let mut off = 0; // bytes
@@ -286,36 +257,14 @@ impl MemoryOps for CudaBackend {
             }
             off += s.bytes();
         }
-        let mut dims = vec![rows];
-        dims.extend_from_slice(rest);
         Ok(self.tensor(out, dtype, dims))
     }
 
     fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let op = "concat_cols";
-        let Some(first) = parts.first() else {
-            return Err(self.shape_err(op, "no tensors to concatenate"));
-        };
-        let (rows, _) = first.shape().as_matrix();
-        let dtype = self.any(op, first)?.dtype;
-        let mut stores = Vec::with_capacity(parts.len());
-        let mut cols = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            let (r, c) = p.shape().as_matrix();
-            if r != rows {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            let s = part_of_dtype(self, op, i, p, dtype)?;
-            stores.push(s);
-            cols.push(c);
-        }
+        let (rows, cols) =
+            dflash_core::concat_cols_dims(parts).map_err(|e| self.shape_err(op, e))?;
+        let (dtype, stores) = parts_of_one_dtype(self, op, parts)?;
         let total: usize = cols.iter().sum();
         let mut out = self.alloc(op, rows * total, dtype)?;
         // A pure copy: the 4- or 2-byte kernel by element size.

@@ -49,21 +49,8 @@ impl MemoryOps for ReferenceBackend {
 
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
         let x = slice("narrow_rows", t)?;
-        let Some((&rows, rest)) = t.dims().split_first() else {
-            return Err(shape_err("narrow_rows", "cannot narrow a rank-0 tensor"));
-        };
-        if start.checked_add(len).is_none_or(|end| end > rows) {
-            return Err(shape_err(
-                "narrow_rows",
-                format!(
-                    "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
-                    t.shape()
-                ),
-            ));
-        }
-        let row: usize = rest.iter().product(); // elements per row
-        let mut dims = vec![len];
-        dims.extend_from_slice(rest);
+        let (row, dims) = dflash_core::narrow_rows_dims(t, start, len)
+            .map_err(|e| shape_err("narrow_rows", e))?;
         Ok(host_tensor(
             x[start * row..(start + len) * row].to_vec(),
             dims,
@@ -82,59 +69,22 @@ impl MemoryOps for ReferenceBackend {
     }
 
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
-        let Some(first) = parts.first() else {
-            return Err(shape_err("concat_rows", "no tensors to concatenate"));
-        };
-        if first.dims().is_empty() {
-            return Err(shape_err(
-                "concat_rows",
-                "cannot concatenate rank-0 tensors",
-            ));
-        }
-        let rest = &first.dims()[1..];
-        let mut rows = 0;
+        let dims =
+            dflash_core::concat_rows_dims(parts).map_err(|e| shape_err("concat_rows", e))?;
         let mut out = Vec::new();
-        for (i, p) in parts.iter().enumerate() {
-            if p.dims().is_empty() || &p.dims()[1..] != rest {
-                return Err(shape_err(
-                    "concat_rows",
-                    format!(
-                        "part {i} is {:?} but part 0 is {:?}",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            rows += p.dims()[0];
+        for p in parts {
             out.extend_from_slice(slice("concat_rows", p)?);
         }
-        let mut dims = vec![rows];
-        dims.extend_from_slice(rest);
         Ok(host_tensor(out, dims))
     }
 
     fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
-        let Some(first) = parts.first() else {
-            return Err(shape_err("concat_cols", "no tensors to concatenate"));
-        };
-        let (rows, _) = first.shape().as_matrix();
-        let mut datas = Vec::with_capacity(parts.len());
-        let mut cols = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            let (r, c) = p.shape().as_matrix();
-            if r != rows {
-                return Err(shape_err(
-                    "concat_cols",
-                    format!(
-                        "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            datas.push(slice("concat_cols", p)?);
-            cols.push(c);
-        }
+        let (rows, cols) =
+            dflash_core::concat_cols_dims(parts).map_err(|e| shape_err("concat_cols", e))?;
+        let datas = parts
+            .iter()
+            .map(|p| slice("concat_cols", p))
+            .collect::<Result<Vec<_>>>()?;
         let total: usize = cols.iter().sum();
         // out (R, sum C_i): row r is part 0's row r, then part 1's row r, ...
         let mut out = Vec::with_capacity(rows * total);

@@ -264,87 +264,34 @@ impl MemoryOps for WgpuBackend {
     fn narrow_rows(&self, t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
         let op = "narrow_rows";
         let s = storage_any(op, &self.ctx, t)?;
-        let Some((&rows, rest)) = t.dims().split_first() else {
-            return Err(self.shape_err(op, "cannot narrow a rank-0 tensor"));
-        };
-        if start.checked_add(len).is_none_or(|end| end > rows) {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
-                    t.shape()
-                ),
-            ));
-        }
-        let row: usize = rest.iter().product();
+        let (row, dims) =
+            dflash_core::narrow_rows_dims(t, start, len).map_err(|e| self.shape_err(op, e))?;
         let out = self.out_as(op, len * row, s.dtype)?;
         self.copy_elems(op, s, start * row, &out, 0, len * row)?;
-        let mut dims = vec![len];
-        dims.extend_from_slice(rest);
         Ok(self.tensor(out, dims))
     }
 
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let op = "concat_rows";
-        let Some(first) = parts.first() else {
-            return Err(self.shape_err(op, "no tensors to concatenate"));
-        };
-        if first.dims().is_empty() {
-            return Err(self.shape_err(op, "cannot concatenate rank-0 tensors"));
-        }
-        let rest = &first.dims()[1..];
-        let mut rows = 0;
-        for (i, p) in parts.iter().enumerate() {
-            if p.dims().is_empty() || &p.dims()[1..] != rest {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {:?} but part 0 is {:?}",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            rows += p.dims()[0];
-        }
+        let dims = dflash_core::concat_rows_dims(parts).map_err(|e| self.shape_err(op, e))?;
         let ss = parts
             .iter()
             .map(|p| storage_any(op, &self.ctx, p))
             .collect::<Result<Vec<_>>>()?;
         let dtype = self.common_dtype(op, &ss)?;
-        let row: usize = rest.iter().product();
-        let out = self.out_as(op, rows * row, dtype)?;
+        let out = self.out_as(op, dims.iter().product(), dtype)?;
         let mut at = 0;
         for s in ss {
             self.copy_elems(op, s, 0, &out, at, s.len)?;
             at += s.len;
         }
-        let mut dims = vec![rows];
-        dims.extend_from_slice(rest);
         Ok(self.tensor(out, dims))
     }
 
     fn concat_cols(&self, parts: &[&Tensor]) -> Result<Tensor> {
         let op = "concat_cols";
-        let Some(first) = parts.first() else {
-            return Err(self.shape_err(op, "no tensors to concatenate"));
-        };
-        let (rows, _) = first.shape().as_matrix();
-        let mut cols = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            let (r, c) = p.shape().as_matrix();
-            if r != rows {
-                return Err(self.shape_err(
-                    op,
-                    format!(
-                        "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
-                        p.shape(),
-                        first.shape()
-                    ),
-                ));
-            }
-            cols.push(c);
-        }
+        let (rows, cols) =
+            dflash_core::concat_cols_dims(parts).map_err(|e| self.shape_err(op, e))?;
         let ss = parts
             .iter()
             .map(|p| storage_any(op, &self.ctx, p))

@@ -263,6 +263,77 @@ pub fn scatter_rows_cols(
     Ok(cols)
 }
 
+/// The checked shape of [`MemoryOps::narrow_rows`]: `t`'s row length (elements per row of its
+/// `(R, ...)` view) and the result's dims, or what is wrong with the range. Every backend checks
+/// here, so all report the same text (under their own op and device).
+pub fn narrow_rows_dims(
+    t: &Tensor,
+    start: usize,
+    len: usize,
+) -> std::result::Result<(usize, Vec<usize>), String> {
+    let Some((&rows, rest)) = t.dims().split_first() else {
+        return Err("cannot narrow a rank-0 tensor".into());
+    };
+    if start.checked_add(len).is_none_or(|end| end > rows) {
+        return Err(format!(
+            "rows [{start}, {start}+{len}) of {:?} (only {rows} rows)",
+            t.shape()
+        ));
+    }
+    let mut dims = vec![len];
+    dims.extend_from_slice(rest);
+    Ok((rest.iter().product(), dims))
+}
+
+/// The checked shape of [`MemoryOps::concat_rows`]: the result's dims (parts agree on all but
+/// their first dim), or which part disagrees.
+pub fn concat_rows_dims(parts: &[&Tensor]) -> std::result::Result<Vec<usize>, String> {
+    let Some(first) = parts.first() else {
+        return Err("no tensors to concatenate".into());
+    };
+    let Some((_, rest)) = first.dims().split_first() else {
+        return Err("cannot concatenate rank-0 tensors".into());
+    };
+    let mut rows = 0;
+    for (i, p) in parts.iter().enumerate() {
+        match p.dims().split_first() {
+            Some((&r, tail)) if tail == rest => rows += r,
+            _ => {
+                return Err(format!(
+                    "part {i} is {:?} but part 0 is {:?}",
+                    p.shape(),
+                    first.shape()
+                ));
+            }
+        }
+    }
+    let mut dims = vec![rows];
+    dims.extend_from_slice(rest);
+    Ok(dims)
+}
+
+/// The checked shape of [`MemoryOps::concat_cols`]: the row count `R` and each part's column
+/// count (parts viewed as `(R, C_i)`), or which part has another row count.
+pub fn concat_cols_dims(parts: &[&Tensor]) -> std::result::Result<(usize, Vec<usize>), String> {
+    let Some(first) = parts.first() else {
+        return Err("no tensors to concatenate".into());
+    };
+    let (rows, _) = first.shape().as_matrix();
+    let mut cols = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        let (r, c) = p.shape().as_matrix();
+        if r != rows {
+            return Err(format!(
+                "part {i} is {:?} ({r} rows) but part 0 is {:?} ({rows} rows)",
+                p.shape(),
+                first.shape()
+            ));
+        }
+        cols.push(c);
+    }
+    Ok((rows, cols))
+}
+
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The splitmix64 output function (Steele, Lea, Flood 2014).

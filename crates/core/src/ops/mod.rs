@@ -19,7 +19,9 @@ pub use collective::{CollectiveEndpoint, CollectiveOps, Communicator, DeviceColl
 pub use embedding::EmbeddingOps;
 pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossDims, LossOps, LossStats};
-pub use memory::{HostSlice, MemoryOps, scatter_rows_cols};
+pub use memory::{
+    HostSlice, MemoryOps, concat_cols_dims, concat_rows_dims, narrow_rows_dims, scatter_rows_cols,
+};
 pub use norm::{NormDims, NormOps};
 pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
 pub use rope::{RopeDims, RopeOps};
