@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use dflash_tests::ops::memory;
 use dflash_backend_wgpu::DType;
-use dflash_core::{HostSlice, MemoryOps, Tensor};
+use dflash_core::{HostSlice, MemoryOps};
 use rand::Rng;
 
 #[test]
@@ -60,68 +60,8 @@ fn more_than_65535_workgroups_use_a_2d_grid() {
 /// f16 is half a word: the kernel path) and even ones (buffer copies), on both binding sizes.
 #[test]
 fn f16_moves_keep_the_values_bit_exact() {
-    let rf = reference();
-    let mut r = rng(12);
-    for (label, be) in wgpu_f16_both() {
-        println!("[{label}]");
-        for &(rows, cols) in &[(13, 7), (300, 33), (6, 1000), (1, 1), (40, 2)] {
-            let x = rand_vec(&mut r, rows * cols, 3.0);
-            let (tw, held) = up_f16(&be, &x, &[rows, cols]);
-            let tr = up(&rf, &held, &[rows, cols]);
-            let c = be.copy(&tw).unwrap();
-            assert_eq!(dtype(&c), DType::F16);
-            check_exact(&format!("f16 copy {rows}x{cols}"), &down(&be, &c), &held);
-            for (start, len) in [
-                (0, rows),
-                (rows / 3, rows - rows / 3),
-                (rows - 1, 1),
-                (0, 0),
-            ] {
-                let nw = be.narrow_rows(&tw, start, len).unwrap();
-                assert_eq!(dtype(&nw), DType::F16);
-                check_exact(
-                    &format!("f16 narrow_rows {rows}x{cols} [{start}, +{len})"),
-                    &down(&be, &nw),
-                    &down(&rf, &rf.narrow_rows(&tr, start, len).unwrap()),
-                );
-            }
-            let extra = [rows + 2, 1, 17];
-            let parts: Vec<(Tensor, Vec<f32>)> = extra
-                .iter()
-                .map(|&k| up_f16(&be, &rand_vec(&mut r, k * cols, 1.0), &[k, cols]))
-                .collect();
-            let pr: Vec<Tensor> = parts
-                .iter()
-                .zip(&extra)
-                .map(|((_, h), &k)| up(&rf, h, &[k, cols]))
-                .collect();
-            let cw = be
-                .concat_rows(&parts.iter().map(|(t, _)| t).collect::<Vec<_>>())
-                .unwrap();
-            assert_eq!(dtype(&cw), DType::F16);
-            let cr = rf.concat_rows(&pr.iter().collect::<Vec<_>>()).unwrap();
-            check_exact("f16 concat_rows", &down(&be, &cw), &down(&rf, &cr));
-            let widths = [cols, 3, 2 * cols + 1];
-            let parts: Vec<(Tensor, Vec<f32>)> = widths
-                .iter()
-                .map(|&c| up_f16(&be, &rand_vec(&mut r, rows * c, 1.0), &[rows, c]))
-                .collect();
-            let pr: Vec<Tensor> = parts
-                .iter()
-                .zip(&widths)
-                .map(|((_, h), &c)| up(&rf, h, &[rows, c]))
-                .collect();
-            let cw = be
-                .concat_cols(&parts.iter().map(|(t, _)| t).collect::<Vec<_>>())
-                .unwrap();
-            assert_eq!(dtype(&cw), DType::F16);
-            let cr = rf.concat_cols(&pr.iter().collect::<Vec<_>>()).unwrap();
-            check_exact(
-                &format!("f16 concat_cols {rows} rows, widths {widths:?}"),
-                &down(&be, &cw),
-                &down(&rf, &cr),
-            );
-        }
+    for p in paths(wgpu_f16_both()) {
+        dflash_tests::ops::storage::compute_format_moves(&p);
     }
 }
 

@@ -6,7 +6,8 @@
 use dflash_core::{MemoryOps, Tensor};
 
 use super::{
-    Arithmetic, OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up,
+    Arithmetic, Format, OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up,
+    upload_held,
 };
 use crate::tolerance::{AtolUnit, Tolerance, assert_close};
 
@@ -64,24 +65,32 @@ pub fn transfers_and_elementwise(path: &dyn OpPath) {
     }
 }
 
-/// `parts` (row-major values and shapes) on `be` and on the reference.
-fn both(be: &dyn MemoryOps, parts: &[(Vec<f32>, [usize; 2])]) -> (Vec<Tensor>, Vec<Tensor>) {
-    let rf = reference();
-    parts
-        .iter()
-        .map(|(x, s)| (up(be, x, s), up(&rf, x, s)))
-        .unzip()
+/// `data` on the path in `format` (its values as held), and the held values on the reference.
+fn both(path: &dyn OpPath, data: &[f32], shape: &[usize], format: Format) -> (Tensor, Tensor) {
+    let (t, held) = upload_held(path, data, shape, format);
+    (t, up(&reference(), &held, shape))
 }
 
 /// `narrow_rows` at the start, middle, last row and empty; `concat_rows` of parts with
 /// different row counts, `concat_cols` of parts with different widths: bit-exact.
 pub fn narrow_and_concat(path: &dyn OpPath) {
+    narrow_and_concat_in(path, Format::F32);
+}
+
+/// [`narrow_and_concat`] on tensors of `format`, whose results must keep it (the moves are
+/// pure copies, so they take any storage format). Odd widths put rows of 2-byte elements at
+/// every alignment.
+pub fn narrow_and_concat_in(path: &dyn OpPath, format: Format) {
     let (be, rf) = (path.backend(), reference());
     let label = path.label();
+    let fmt = format.name();
     let mut r = rng(2);
+    let kept = |t: &Tensor, what: &str| {
+        assert_eq!(path.format_of(t), format, "[{label}] {what} keeps {fmt}");
+    };
     for (rows, cols) in [(13, 7), (300, 33), (5, 1000), (1, 1), (37, 29)] {
-        let x = rand_vec(&mut r, rows * cols, 1.0);
-        let (tb, tr) = (up(be, &x, &[rows, cols]), up(&rf, &x, &[rows, cols]));
+        let x = rand_vec(&mut r, rows * cols, 3.0);
+        let (tb, tr) = both(path, &x, &[rows, cols], format);
         for (start, len) in [
             (0, rows),
             (rows / 3, rows - rows / 3),
@@ -91,29 +100,30 @@ pub fn narrow_and_concat(path: &dyn OpPath) {
             let nb = be.narrow_rows(&tb, start, len).unwrap();
             let nr = rf.narrow_rows(&tr, start, len).unwrap();
             assert_eq!(nb.dims(), nr.dims());
-            let name = format!("[{label}] narrow_rows {rows}x{cols} [{start}, +{len})");
+            kept(&nb, "narrow_rows");
+            let name = format!("[{label}] {fmt} narrow_rows {rows}x{cols} [{start}, +{len})");
             check_exact(&name, &down(be, &nb), &down(&rf, &nr));
         }
-        let parts: Vec<(Vec<f32>, [usize; 2])> = [rows + 2, 1, 17]
+        let (pb, pr): (Vec<Tensor>, Vec<Tensor>) = [rows + 2, 1, 17]
             .iter()
-            .map(|&k| (rand_vec(&mut r, k * cols, 1.0), [k, cols]))
-            .collect();
-        let (pb, pr) = both(be, &parts);
+            .map(|&k| both(path, &rand_vec(&mut r, k * cols, 1.0), &[k, cols], format))
+            .unzip();
         let cb = be.concat_rows(&pb.iter().collect::<Vec<_>>()).unwrap();
         let cr = rf.concat_rows(&pr.iter().collect::<Vec<_>>()).unwrap();
         assert_eq!(cb.dims(), cr.dims());
-        let name = format!("[{label}] concat_rows of {cols} columns");
+        kept(&cb, "concat_rows");
+        let name = format!("[{label}] {fmt} concat_rows of {cols} columns");
         check_exact(&name, &down(be, &cb), &down(&rf, &cr));
         let widths = [cols, 3, 2 * cols + 1];
-        let parts: Vec<(Vec<f32>, [usize; 2])> = widths
+        let (pb, pr): (Vec<Tensor>, Vec<Tensor>) = widths
             .iter()
-            .map(|&c| (rand_vec(&mut r, rows * c, 1.0), [rows, c]))
-            .collect();
-        let (pb, pr) = both(be, &parts);
+            .map(|&c| both(path, &rand_vec(&mut r, rows * c, 1.0), &[rows, c], format))
+            .unzip();
         let cb = be.concat_cols(&pb.iter().collect::<Vec<_>>()).unwrap();
         let cr = rf.concat_cols(&pr.iter().collect::<Vec<_>>()).unwrap();
         assert_eq!(cb.dims(), cr.dims());
-        let name = format!("[{label}] concat_cols {rows} rows, widths {widths:?}");
+        kept(&cb, "concat_cols");
+        let name = format!("[{label}] {fmt} concat_cols {rows} rows, widths {widths:?}");
         check_exact(&name, &down(be, &cb), &down(&rf, &cr));
     }
 }

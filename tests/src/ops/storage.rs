@@ -1,12 +1,14 @@
-//! Tensors in the backend's compute format ([`MemoryOps::to_compute_format`]: frozen weights,
-//! features): an op that reads them reads exactly the values they hold, and an op that computes
-//! in f32 only refuses them by name instead of reading their bytes as f32.
+//! Tensors in the backend's compute format ([`dflash_core::MemoryOps::to_compute_format`]:
+//! frozen weights, features): an op that reads them reads exactly the values they hold, an op
+//! that computes in f32 only refuses them by name instead of reading their bytes as f32, and
+//! the moves keep them.
 
 use dflash_core::AdamWParams;
 use rand::Rng;
 
 use super::elementwise::check_gather;
-use super::{Format, OpPath, assert_err, down, rand_vec, rng, up};
+use super::memory;
+use super::{Format, OpPath, assert_err, check_exact, down, rand_vec, rng, up};
 
 /// `data` in the compute format, checked to hold `data` rounded to `format`, and its values.
 fn compute_held(
@@ -91,4 +93,59 @@ pub fn compute_format(path: &dyn OpPath) {
     refused(be.adamw_step(&mut pn, &xf, &mut m, &mut v, &hp), "adamw");
     let mut pf = be.copy(&xf).unwrap();
     refused(be.adamw_step(&mut pf, &xn, &mut m, &mut v, &hp), "adamw");
+}
+
+/// Tensors in the compute format through the moves, which take any storage format: the
+/// download widens exactly, `to_compute_format` of one keeps it, `copy`, `narrow_rows`,
+/// `concat_rows` and `concat_cols` keep the format and the values bit for bit
+/// ([`memory::narrow_and_concat_in`]), and a concatenation mixing it with f32 is an error naming
+/// both (never a reinterpretation of the bytes).
+pub fn compute_format_moves(path: &dyn OpPath) {
+    let be = path.backend();
+    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
+    let cf = path.format_of(&probe);
+    if cf == Format::F32 {
+        println!(
+            "  [{}] the compute format is f32: no narrower tensors to move",
+            path.label()
+        );
+        return;
+    }
+    let label = path.label();
+    let (rows, cols) = (37, 29);
+    let x = rand_vec(&mut rng(101), rows * cols, 3.0);
+    let (t, held) = compute_held(path, &x, &[rows, cols], cf);
+    assert!(
+        held != x,
+        "[{label}] the inputs must not be {} values already",
+        cf.name()
+    );
+    let again = be.to_compute_format(be.copy(&t).unwrap()).unwrap();
+    assert_eq!(
+        path.format_of(&again),
+        cf,
+        "[{label}] to_compute_format of a {} tensor",
+        cf.name()
+    );
+    check_exact(
+        &format!("[{label}] to_compute_format({})", cf.name()),
+        &down(be, &again),
+        &held,
+    );
+    let cp = be.copy(&t).unwrap();
+    assert_eq!(path.format_of(&cp), cf, "[{label}] copy");
+    check_exact(
+        &format!("[{label}] {} copy", cf.name()),
+        &down(be, &cp),
+        &held,
+    );
+    memory::narrow_and_concat_in(path, cf);
+    let xf = up(be, &x, &[rows, cols]);
+    for (what, r) in [
+        ("concat_rows", be.concat_rows(&[&t, &xf]).map(|_| ())),
+        ("concat_cols", be.concat_cols(&[&t, &xf]).map(|_| ())),
+    ] {
+        let e = assert_err(r, &[what, cf.name(), "f32", path.device()]);
+        println!("  [{label}] {what} of {} and f32 refused: {e}", cf.name());
+    }
 }

@@ -5,89 +5,25 @@ use dflash_core::MemoryOps;
 
 use crate::common::*;
 
-/// With bf16 GEMMs `to_compute_format` stores bf16; `download`, `copy`, `narrow_rows`,
-/// `concat_rows` and `concat_cols` keep bf16 and match the reference on the same bf16-rounded
-/// values bit-exactly (pure copies; `download` widens exactly). The arithmetic memory ops
-/// reject bf16 by name.
+/// With bf16 GEMMs `to_compute_format` stores bf16, and the moves keep it bit for bit (the
+/// shared suite's `storage::compute_format_moves`); with TF32 GEMMs it keeps f32; the
+/// arithmetic memory ops read bf16 inputs, widened exactly.
 #[test]
 fn bf16_memory_ops_match_reference() {
     use dflash_backend_cuda::GemmPrecision;
     let Some(cu) = cuda_with(GemmPrecision::Bf16) else {
         return;
     };
-    let rf = reference();
+    let p = CudaPath::new("bf16 GEMMs, f32 activations", cu, DType::F32);
+    dflash_tests::ops::storage::compute_format_moves(&p);
+    let (cu, rf) = (&p.cu, reference());
     let mut r = rng(101);
-    // Odd column counts: rows of 2-byte elements at every alignment.
     let (rows, cols) = (37, 29);
     let x = rand_vec(&mut r, rows * cols, 3.0);
-    let y = rand_vec(&mut r, rows * cols, 3.0);
-    let (xb, yb) = (bf16_rounded(&x), bf16_rounded(&y));
-    assert!(x != xb, "the inputs must not be bf16-representable already");
-    let xc = cu.to_compute_format(up(&cu, &x, &[rows, cols])).unwrap();
-    let yc = cu.to_compute_format(up(&cu, &y, &[rows, cols])).unwrap();
-    assert_eq!(dtype_of(&xc), DType::Bf16);
-    assert_eq!(xc.dims(), &[rows, cols]);
-    let (xr, yr) = (up(&rf, &xb, &[rows, cols]), up(&rf, &yb, &[rows, cols]));
-    check_exact("bf16 download (widened)", &down(&cu, &xc), &xb);
-    // Already bf16: returned as it is.
-    let again = cu.to_compute_format(cu.copy(&xc).unwrap()).unwrap();
-    assert_eq!(dtype_of(&again), DType::Bf16);
-    check_exact("bf16 to_compute_format(bf16)", &down(&cu, &again), &xb);
-    let cp = cu.copy(&xc).unwrap();
-    assert_eq!(dtype_of(&cp), DType::Bf16);
-    check_exact(
-        "bf16 copy",
-        &down(&cu, &cp),
-        &down(&rf, &rf.copy(&xr).unwrap()),
-    );
-    for (s, l) in [(0, rows), (3, 10), (1, 1), (rows - 1, 1), (5, 0)] {
-        let n = cu.narrow_rows(&xc, s, l).unwrap();
-        assert_eq!(dtype_of(&n), DType::Bf16);
-        check_exact(
-            &format!("bf16 narrow_rows({s}, {l})"),
-            &down(&cu, &n),
-            &down(&rf, &rf.narrow_rows(&xr, s, l).unwrap()),
-        );
-    }
-    let p = rand_vec(&mut r, 3 * cols, 3.0);
-    let (pc, pr) = (
-        up_bf16(&cu, &p, &[3, cols]),
-        up(&rf, &bf16_rounded(&p), &[3, cols]),
-    );
-    let cr = cu.concat_rows(&[&xc, &pc, &yc]).unwrap();
-    assert_eq!(
-        (dtype_of(&cr), cr.dims()),
-        (DType::Bf16, &[2 * rows + 3, cols][..])
-    );
-    check_exact(
-        "bf16 concat_rows",
-        &down(&cu, &cr),
-        &down(&rf, &rf.concat_rows(&[&xr, &pr, &yr]).unwrap()),
-    );
-    let q = rand_vec(&mut r, rows * 7, 3.0);
-    let (qc, qr) = (
-        up_bf16(&cu, &q, &[rows, 7]),
-        up(&rf, &bf16_rounded(&q), &[rows, 7]),
-    );
-    let cc = cu.concat_cols(&[&xc, &qc, &yc]).unwrap();
-    assert_eq!(
-        (dtype_of(&cc), cc.dims()),
-        (DType::Bf16, &[rows, 2 * cols + 7][..])
-    );
-    check_exact(
-        "bf16 concat_cols",
-        &down(&cu, &cc),
-        &down(&rf, &rf.concat_cols(&[&xr, &qr, &yr]).unwrap()),
-    );
-    // Mixed dtypes are an error, not a reinterpretation.
-    let xf = up(&cu, &x, &[rows, cols]);
-    for e in [
-        cu.concat_rows(&[&xc, &xf]).err(),
-        cu.concat_cols(&[&xc, &xf]).err(),
-    ] {
-        let e = e.expect("mixed-dtype concatenation must fail").to_string();
-        assert!(e.contains("bf16") && e.contains("f32"), "{e}");
-    }
+    let xb = bf16_rounded(&x);
+    let xc = cu.to_compute_format(up(cu, &x, &[rows, cols])).unwrap();
+    let xr = up(&rf, &xb, &[rows, cols]);
+    let xf = up(cu, &x, &[rows, cols]);
     // TF32 / FP32 GEMMs: to_compute_format keeps f32 (and keeps a bf16 tensor as it is).
     let cu32 = cuda().unwrap();
     let kept = cu32
@@ -108,7 +44,7 @@ fn bf16_memory_ops_match_reference() {
     let xr32 = up(&rf, &x, &[rows, cols]);
     check_exact(
         "add(bf16, f32), f32 activations",
-        &down(&cu, &s),
+        &down(cu, &s),
         &down(&rf, &rf.add(&xr, &xr32).unwrap()),
     );
     let mut acc = cu.copy(&xf).unwrap();
@@ -119,7 +55,7 @@ fn bf16_memory_ops_match_reference() {
     assert_eq!(dtype_of(&xcm), DType::Bf16, "scale_assign keeps the dtype");
     check_exact(
         "scale_assign(bf16, 2) (exact: a power of two)",
-        &down(&cu, &xcm),
+        &down(cu, &xcm),
         &xb.iter().map(|v| v * 2.0).collect::<Vec<_>>(),
     );
     let want: f64 = xb.iter().map(|&v| (v as f64) * (v as f64)).sum();
