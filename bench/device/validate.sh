@@ -19,7 +19,8 @@
 #                step with DFLASH_WGPU_F16=0                               -> OUT/wgpu-qreg.log
 #   wgpu-coop    gemm + drafter step b1 with the tensor-core GEMM (DFLASH_WGPU_GEMM=matmul_coop)
 #                against the shipped one, alternated twice                  -> OUT/wgpu-coop.log
-#   wgpu-order   attention ctx4096 alone, then after the GEMM bench in the same process,
+#   wgpu-order   attention ctx4096 alone, then after the GEMM bench in the same process, and
+#                the drafter step, each with the buffer pool and without (DFLASH_WGPU_POOL=0),
 #                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
 #                                                                          -> OUT/wgpu-order.log
 #   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines, and of
@@ -139,12 +140,23 @@ for phase in "$@"; do
         done
         grep -E "^-- |^(gemm|drafter)\.|cooperative|lacks" "$out/wgpu-coop.log" | cut -c1-200 ;;
     wgpu-order)
+        # Each order with the buffer pool (the default) and without it (DFLASH_WGPU_POOL=0:
+        # every tensor a new wgpu buffer, as before the pool), and the drafter step both ways.
         for round in 1 2; do
-            for only in attention.dflash.ctx4096 gemm.f32.8192,attention.dflash.ctx4096; do
-                echo "-- $only (round $round)" >> "$out/wgpu-order.log"
-                $D bench --backend wgpu --attention wgpu-tiled --only "$only" \
-                    --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
+            for pool in 1 0; do
+                for only in attention.dflash.ctx4096 gemm.f32.8192,attention.dflash.ctx4096; do
+                    echo "-- $only (round $round, pool $pool)" >> "$out/wgpu-order.log"
+                    DFLASH_WGPU_POOL=$pool $D bench --backend wgpu --attention wgpu-tiled \
+                        --only "$only" --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 \
+                        || failed+=("$phase")
+                done
             done
+        done
+        for pool in 1 0; do
+            echo "-- drafter.step.b1.throughput (pool $pool)" >> "$out/wgpu-order.log"
+            DFLASH_WGPU_POOL=$pool $D bench --backend wgpu --attention wgpu-tiled \
+                --only drafter.step.b1.throughput --out /tmp/order.json \
+                >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
         done
         # Device time per kernel in each order (DFLASH_WGPU_PROFILE): the same kernel times
         # with a slower wall time put the loss on the host side, slower kernels on the device.
@@ -153,7 +165,7 @@ for phase in "$@"; do
             DFLASH_WGPU_PROFILE=1 $D bench --backend wgpu --attention wgpu-tiled --only "$only" \
                 --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
         done
-        grep -E "^-- |^(attention|gemm)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
+        grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-stats)
         rm -rf /tmp/pstats
         DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \

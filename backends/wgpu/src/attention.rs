@@ -210,8 +210,6 @@ impl AttentionOps for WgpuBackend {
 
 impl WgpuBackend {
     fn upload_named(&self, op: &'static str, data: &[f32], shape: &[usize]) -> Result<Tensor> {
-        let s = self.ctx.alloc(op, data.len())?;
-        self.ctx.write(&s.buf, 0, data);
-        Ok(self.tensor(s, shape))
+        Ok(self.tensor(self.ctx.upload_f32(op, data)?, shape))
     }
 }

@@ -97,7 +97,8 @@ fn describe(info: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
 }
 
-/// Bytes held by a device's live buffers, and their high-water mark.
+/// Bytes of a device's live tensors (each padded to 16 bytes, not rounded to its buffer's
+/// size class), and their high-water mark.
 #[derive(Debug, Default)]
 pub(crate) struct MemCounter {
     in_use: AtomicU64,
@@ -157,6 +158,8 @@ pub struct Ctx {
     /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
     errors: Arc<Mutex<Vec<String>>>,
     pub(crate) mem: MemCounter,
+    /// Freed tensor buffers kept for reuse (`DFLASH_WGPU_POOL=0`: none kept).
+    pub(crate) pool: crate::pool::BufferPool,
     pub(crate) pending: Mutex<crate::pipelines::Pending>,
 }
 
@@ -359,8 +362,18 @@ fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
         pipelines,
         errors,
         mem: MemCounter::default(),
+        pool: crate::pool::BufferPool::new(pool_wanted(), POOL_CAP),
         pending: Mutex::new(Default::default()),
     })
+}
+
+/// The most bytes of freed buffers a device keeps for reuse ([`crate::pool`]).
+const POOL_CAP: u64 = 4 << 30;
+
+/// Whether devices keep freed buffers for reuse: yes unless `DFLASH_WGPU_POOL=0` (a
+/// measurement switch: every tensor a new buffer, as wgpu allocates it).
+fn pool_wanted() -> bool {
+    std::env::var("DFLASH_WGPU_POOL").map_or(true, |v| v != "0")
 }
 
 /// Adapter `ordinal` of [`adapters`]; `Unavailable` where there is none at all, and an error

@@ -105,7 +105,8 @@ impl WgpuBackend {
         let dtype = self.compute_format();
         // Even, so every chunk starts at a whole word of an f16 tensor.
         let chunk = chunk.max(2) & !1;
-        let out = self.ctx.alloc_as(op, n, dtype)?;
+        // Every element is written below (by the host, or by a conversion kernel).
+        let out = self.ctx.alloc_for_writes(op, n, dtype)?;
         match (dtype, data) {
             (DType::F16, HostSlice::F16(bytes)) => {
                 for c0 in (0..n).step_by(chunk) {
@@ -127,7 +128,7 @@ impl WgpuBackend {
                 }
             }
             (DType::F16, _) => {
-                let staging = self.ctx.alloc(op, chunk.min(n))?;
+                let staging = self.ctx.alloc_for_writes(op, chunk.min(n), DType::F32)?;
                 let mut host = vec![0.0f32; chunk.min(n)];
                 for c0 in (0..n).step_by(chunk) {
                     let len = chunk.min(n - c0);

@@ -12,6 +12,9 @@
 //!   layouts are shared (`pipelines.rs`).
 //! - **Execution**: ops record into one pending command encoder per device; it is submitted
 //!   when a value must reach the host (download, statistics) or every few hundred dispatches.
+//!   A dropped tensor's buffer goes to the device's pool (`pool.rs`) and serves a later
+//!   allocation of its size class once the work that used it was submitted, cleared first
+//!   where the allocation promises zeros (`DFLASH_WGPU_POOL=0`: a new buffer for every tensor).
 //! - **Storage** ([`WgpuStorage`], a [`DType`] tag validated in the downcast): f32 for
 //!   everything a kernel writes (parameters, gradients, activations); the compute format of
 //!   read-only tensors (frozen weights, features) is f16 where the adapter has `SHADER_F16`
@@ -41,6 +44,7 @@ mod memory;
 mod norm;
 mod optimizer;
 mod pipelines;
+mod pool;
 mod profile;
 mod rope;
 mod storage;
@@ -257,6 +261,13 @@ impl WgpuBackend {
     /// The adapter, API and limits in force, as printed at start.
     pub fn summary(&self) -> String {
         self.ctx.summary()
+    }
+
+    /// The device's buffer pool: `(hits, misses, bytes held)`, where a hit is an allocation
+    /// served by a freed buffer and a miss one that created a buffer (`DFLASH_WGPU_POOL=0`: no
+    /// pool, nothing counted).
+    pub fn buffer_pool_stats(&self) -> (u64, u64, u64) {
+        self.ctx.pool.stats()
     }
 
     /// Whether this instance's row reductions run on subgroup operations: the device has

@@ -146,8 +146,7 @@ impl WgpuBackend {
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let lab: Vec<u32> = rows.iter().map(|&r| labels[r]).collect();
         let wts: Vec<f32> = rows.iter().map(|&r| weights[r]).collect();
-        let w = self.ctx.alloc(op, n)?;
-        self.ctx.write(&w.buf, 0, &wts);
+        let w = self.ctx.upload_f32(op, &wts)?;
         Ok(RowChunk {
             n,
             idx: self.ctx.upload_u32(op, &idx)?,

@@ -220,9 +220,7 @@ impl MemoryOps for WgpuBackend {
                 ),
             ));
         }
-        let s = self.ctx.alloc("upload", numel)?;
-        self.ctx.write(&s.buf, 0, data);
-        Ok(self.tensor(s, shape))
+        Ok(self.tensor(self.ctx.upload_f32("upload", data)?, shape))
     }
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {

@@ -417,6 +417,8 @@ impl Ctx {
                 prof.collect(&self.device);
             }
         }
+        // Every buffer freed so far had its last use recorded in what was just submitted.
+        self.pool.submitted();
     }
 
     /// Whether `DFLASH_WGPU_PROFILE` times this device's dispatches: set, and the device

@@ -59,9 +59,7 @@ impl WgpuBackend {
             return Ok(t);
         }
         let (c, s) = host_tables(positions, half, theta);
-        let (cs, ss) = (self.ctx.alloc(op, c.len())?, self.ctx.alloc(op, s.len())?);
-        self.ctx.write(&cs.buf, 0, &c);
-        self.ctx.write(&ss.buf, 0, &s);
+        let (cs, ss) = (self.ctx.upload_f32(op, &c)?, self.ctx.upload_f32(op, &s)?);
         let t = Arc::new((cs, ss));
         cache.push_front((key, t.clone()));
         cache.truncate(CACHED);

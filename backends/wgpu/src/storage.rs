@@ -25,6 +25,14 @@ const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
+/// The bytes a buffer of `n` elements of `dtype` needs: at least 16, a multiple of 16 (no
+/// empty buffers, and a vec4 read of the last elements stays inside).
+fn padded_bytes(dtype: DType, n: usize) -> u64 {
+    (dtype.size() as u64 * n as u64)
+        .next_multiple_of(16)
+        .max(16)
+}
+
 /// Element type of a tensor buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -78,7 +86,8 @@ impl std::fmt::Debug for WgpuStorage {
 
 impl Drop for WgpuStorage {
     fn drop(&mut self) {
-        self.ctx.mem.sub(self.buf.size());
+        self.ctx.mem.sub(padded_bytes(self.dtype, self.len));
+        self.ctx.pool.give(self.buf.clone());
     }
 }
 
@@ -135,8 +144,8 @@ impl Ctx {
         (self.limits.min_storage_buffer_offset_alignment.max(4) as usize / dtype.size()).max(1)
     }
 
-    /// A zero-filled buffer for `n` f32 elements (wgpu zero-initialises every buffer).
-    /// Out of memory is [`Error::OutOfMemory`]; a size past the buffer limit names the limit.
+    /// A zero-filled buffer for `n` f32 elements. Out of memory is [`Error::OutOfMemory`]; a
+    /// size past the buffer limit names the limit.
     pub(crate) fn alloc(self: &Arc<Ctx>, op: &'static str, n: usize) -> Result<WgpuStorage> {
         self.alloc_as(op, n, DType::F32)
     }
@@ -148,10 +157,40 @@ impl Ctx {
         n: usize,
         dtype: DType,
     ) -> Result<WgpuStorage> {
-        // At least 16 bytes, a multiple of 16: no empty buffers, and vec4 reads stay inside.
-        let bytes = (dtype.size() as u64 * n as u64)
-            .next_multiple_of(16)
-            .max(16);
+        self.alloc_filled(op, n, dtype, true)
+    }
+
+    /// A buffer for `n` elements of `dtype` whose every element the caller writes before
+    /// anything reads it (uploads): one from the pool is not cleared first. Its bytes past the
+    /// `n` elements, up to the 16-byte multiple a vec4 read of the last element may reach,
+    /// read as zeros, as a fresh buffer's.
+    pub(crate) fn alloc_for_writes(
+        self: &Arc<Ctx>,
+        op: &'static str,
+        n: usize,
+        dtype: DType,
+    ) -> Result<WgpuStorage> {
+        let s = self.alloc_filled(op, n, dtype, false)?;
+        let written = (dtype.size() as u64 * n as u64).next_multiple_of(4);
+        let tail = padded_bytes(dtype, n) - written;
+        if tail > 0 {
+            self.queue
+                .write_buffer(&s.buf, written, &[0u8; 16][..tail as usize]);
+        }
+        Ok(s)
+    }
+
+    /// A buffer for `n` elements of `dtype`: from the pool where it holds one of the size
+    /// class (cleared first when `zeroed`, recorded in order with the kernels), else a new
+    /// one (which wgpu zero-initialises). Out of memory drains the pool and tries once more.
+    fn alloc_filled(
+        self: &Arc<Ctx>,
+        op: &'static str,
+        n: usize,
+        dtype: DType,
+        zeroed: bool,
+    ) -> Result<WgpuStorage> {
+        let bytes = padded_bytes(dtype, n);
         if bytes > self.limits.max_buffer_size {
             return Err(Error::op(
                 op,
@@ -164,22 +203,25 @@ impl Ctx {
                 ),
             ));
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(op),
-            size: bytes,
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
-        if pollster::block_on(scope.pop()).is_some() {
-            return Err(Error::OutOfMemory {
-                op,
-                device: self.tag.clone(),
-                requested: bytes,
-                free: None,
-                total: None,
-            });
-        }
+        let size = match self.pool.class(bytes) {
+            c if c <= self.limits.max_buffer_size => c,
+            _ => bytes,
+        };
+        let buf = match self.pool.take(size) {
+            Some(buf) => {
+                if zeroed {
+                    self.record(|enc| enc.clear_buffer(&buf, 0, None));
+                }
+                buf
+            }
+            None => match self.create_buffer(op, size) {
+                Ok(buf) => buf,
+                Err(_) if self.pool.drain() > 0 => self.create_buffer(op, size)?,
+                Err(e) => return Err(e),
+            },
+        };
+        // The tensor's bytes, as without the pool (memory_stats, the memory plan's measure):
+        // a size class's rounding and the pool's holdings are not the tensor's.
         self.mem.add(bytes);
         Ok(WgpuStorage {
             buf,
@@ -189,8 +231,31 @@ impl Ctx {
         })
     }
 
-    /// Queues `data` into `buf` at element `start`, in bounded chunks. The caller guarantees
-    /// nothing pending reads or writes that range (a fresh buffer, or one flushed first).
+    /// A new tensor buffer of `size` bytes; out of memory is [`Error::OutOfMemory`].
+    fn create_buffer(&self, op: &'static str, size: u64) -> Result<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(op),
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        if pollster::block_on(scope.pop()).is_some() {
+            return Err(Error::OutOfMemory {
+                op,
+                device: self.tag.clone(),
+                requested: size,
+                free: None,
+                total: None,
+            });
+        }
+        Ok(buf)
+    }
+
+    /// Queues `data` into `buf` at element `start`, in bounded chunks. A queued write lands at
+    /// the start of the next submission, before the pending encoder's commands, so the caller
+    /// guarantees that nothing pending reads, writes or clears that range: a buffer from
+    /// [`Self::alloc_for_writes`], or one flushed first.
     pub(crate) fn write(&self, buf: &wgpu::Buffer, start: usize, data: &[f32]) {
         self.write_words(buf, start, data, |v| v.to_le_bytes());
     }
@@ -215,14 +280,25 @@ impl Ctx {
         }
     }
 
-    /// A fresh buffer holding `data` (u32 indices: token ids, row lists).
+    /// A buffer holding `data` (u32 indices: token ids, row lists).
     pub(crate) fn upload_u32(
         self: &Arc<Ctx>,
         op: &'static str,
         data: &[u32],
     ) -> Result<WgpuStorage> {
-        let s = self.alloc(op, data.len())?;
+        let s = self.alloc_for_writes(op, data.len(), DType::F32)?;
         self.write_words(&s.buf, 0, data, u32::to_le_bytes);
+        Ok(s)
+    }
+
+    /// A buffer holding `data`.
+    pub(crate) fn upload_f32(
+        self: &Arc<Ctx>,
+        op: &'static str,
+        data: &[f32],
+    ) -> Result<WgpuStorage> {
+        let s = self.alloc_for_writes(op, data.len(), DType::F32)?;
+        self.write(&s.buf, 0, data);
         Ok(s)
     }
 

@@ -49,6 +49,19 @@ pub fn wgpu() -> Option<WgpuBackend> {
     wgpu_with("reference", None)
 }
 
+/// As [`wgpu`], without poison: outputs hold what the backend leaves in them.
+pub fn wgpu_poison_off() -> Option<WgpuBackend> {
+    let be = wgpu()?;
+    let opts = WgpuOptions {
+        poison: false,
+        ..be.options()
+    };
+    Some(
+        WgpuBackend::with_options(&BackendOptions::default(), opts)
+            .expect("the wgpu backend without poison"),
+    )
+}
+
 /// As [`wgpu`], with every storage binding capped at [`SMALL_BINDING_BYTES`].
 pub fn wgpu_small_bindings() -> Option<WgpuBackend> {
     wgpu_with("reference", Some(SMALL_BINDING_BYTES))

@@ -1,0 +1,166 @@
+//! Freed tensor buffers kept for reuse, so that a training step, which allocates the same
+//! sizes step after step, stops creating and destroying device buffers.
+//!
+//! Why: wgpu-hal's Vulkan allocator (gpu-allocator) sub-allocates buffers from blocks of
+//! 128-256 MiB and frees every block that empties except the last, so an op that allocates
+//! and drops tens of MiB of temporaries (the attention backward at the bench shapes) can cost
+//! a `vkAllocateMemory` / `vkFreeMemory` pair of a whole block per call (seen on lavapipe as
+//! 128 MiB mmap/munmap pairs every attention call, docs/PERF.md).
+//!
+//! The rules that keep reuse invisible:
+//! - A buffer freed since the last submit may still be read or written by commands in the
+//!   device's pending encoder; it waits in `recent` until that encoder is submitted
+//!   ([`BufferPool::submitted`]). After that, whatever reuses it is ordered after those
+//!   commands on the queue: a kernel recorded later, and a host write (`queue.write_buffer`,
+//!   which lands at the start of the next submission) alike.
+//! - Sizes are rounded up to classes (1/8 of a power of two, at least 256 bytes), so packed
+//!   micro-batches of varying length still find buffers; bindings always name their element
+//!   range, never the whole buffer, so the extra bytes are never read.
+//! - A reused buffer holds old values: [`crate::device::Ctx::alloc`] clears it (recorded, in
+//!   order with the kernels), and uploads take one uncleared but write every byte of it.
+//! - The pool holds at most [`BufferPool::cap`] bytes; an allocation the device cannot satisfy
+//!   drains it and tries again.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The smallest size class, bytes.
+const MIN_CLASS: u64 = 256;
+
+#[derive(Default)]
+struct Inner {
+    /// Buffers freed before the last submit, by size class: free to hand out.
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    /// Buffers freed since the last submit.
+    recent: Vec<wgpu::Buffer>,
+    /// Bytes in `free` and `recent`.
+    held: u64,
+    /// Requests served from the pool, and those that created a buffer.
+    hits: u64,
+    misses: u64,
+}
+
+/// One device's freed buffers ([`crate::device::Ctx::pool`]).
+pub(crate) struct BufferPool {
+    enabled: bool,
+    cap: u64,
+    inner: Mutex<Inner>,
+}
+
+impl BufferPool {
+    /// A pool that keeps up to `cap` bytes (`enabled` false: keeps nothing, every request
+    /// creates a buffer, as before the pool).
+    pub(crate) fn new(enabled: bool, cap: u64) -> Self {
+        BufferPool {
+            enabled,
+            cap,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The buffer size a request of `bytes` gets: `bytes` rounded up to its class.
+    pub(crate) fn class(&self, bytes: u64) -> u64 {
+        if !self.enabled {
+            return bytes;
+        }
+        let bytes = bytes.max(MIN_CLASS);
+        // An eighth of the largest power of two not above `bytes`.
+        let step = ((1u64 << (63 - bytes.leading_zeros())) / 8).max(MIN_CLASS);
+        bytes.next_multiple_of(step)
+    }
+
+    /// A buffer of exactly `class` bytes freed before the last submit, if one is held.
+    pub(crate) fn take(&self, class: u64) -> Option<wgpu::Buffer> {
+        if !self.enabled {
+            return None;
+        }
+        let mut inner = self.lock();
+        let buf = inner.free.get_mut(&class).and_then(Vec::pop);
+        match &buf {
+            Some(b) => {
+                inner.held -= b.size();
+                inner.hits += 1;
+            }
+            None => inner.misses += 1,
+        }
+        buf
+    }
+
+    /// Keeps a tensor's freed buffer for reuse after the next submit (drops it when the pool
+    /// is off or full).
+    pub(crate) fn give(&self, buf: wgpu::Buffer) {
+        if !self.enabled {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.held + buf.size() > self.cap {
+            return;
+        }
+        inner.held += buf.size();
+        inner.recent.push(buf);
+    }
+
+    /// The pending encoder was submitted: the buffers freed before it may be handed out.
+    pub(crate) fn submitted(&self) {
+        if !self.enabled {
+            return;
+        }
+        let mut inner = self.lock();
+        let recent = std::mem::take(&mut inner.recent);
+        for b in recent {
+            inner.free.entry(b.size()).or_default().push(b);
+        }
+    }
+
+    /// Drops every free buffer (the device ran out of memory); returns the bytes let go.
+    pub(crate) fn drain(&self) -> u64 {
+        let mut inner = self.lock();
+        let bytes: u64 = inner.free.values().flatten().map(wgpu::Buffer::size).sum();
+        inner.free.clear();
+        inner.held -= bytes;
+        bytes
+    }
+
+    /// `(hits, misses, bytes held)`.
+    pub(crate) fn stats(&self) -> (u64, u64, u64) {
+        let inner = self.lock();
+        (inner.hits, inner.misses, inner.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_up_by_at_most_an_eighth() {
+        let pool = BufferPool::new(true, 1 << 30);
+        assert_eq!(pool.class(1), MIN_CLASS);
+        assert_eq!(pool.class(256), 256);
+        for bytes in [
+            257u64,
+            1000,
+            4096,
+            4097,
+            65_537,
+            3 << 20,
+            (64 << 20) + 4,
+            1 << 31,
+        ] {
+            let c = pool.class(bytes);
+            assert!(c >= bytes, "{bytes} -> {c}");
+            assert!(c - bytes <= bytes / 8 + MIN_CLASS, "{bytes} -> {c}");
+            assert_eq!(
+                pool.class(c),
+                c,
+                "a class is its own class ({bytes} -> {c})"
+            );
+        }
+        let off = BufferPool::new(false, 1 << 30);
+        assert_eq!(off.class(1000), 1000);
+    }
+}

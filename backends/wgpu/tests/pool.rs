@@ -1,0 +1,110 @@
+//! The buffer pool (`src/pool.rs`): a freed tensor's buffer serves a later allocation of its
+//! size class once the work that used it was submitted, reads as zeros where the allocation
+//! promises zeros and as the uploaded values where it is an upload, and never changes what
+//! queued work reads. The whole conformance suite runs with the pool on (the default); these
+//! cases aim at the reuse itself.
+//!
+//! Skips cleanly without an adapter, or with `DFLASH_WGPU_POOL=0` (no pool to test).
+
+mod common;
+
+use common::*;
+use dflash_core::MemoryOps;
+
+/// The backend when its device pools buffers.
+fn pooled() -> Option<dflash_backend_wgpu::WgpuBackend> {
+    if std::env::var("DFLASH_WGPU_POOL").is_ok_and(|v| v == "0") {
+        skip("DFLASH_WGPU_POOL=0: no buffer pool");
+        return None;
+    }
+    // Poison off: `zeros` must read as zeros because the reused buffer was cleared, not
+    // because a poison fill wrote over it.
+    wgpu_poison_off()
+}
+
+#[test]
+fn a_freed_buffer_comes_back_cleared_or_overwritten() {
+    let Some(be) = pooled() else { return };
+    let mut r = rng(31);
+    let n = 5000;
+    for round in 0..3 {
+        let x = up(&be, &rand_vec(&mut r, n, 2.0), &[n]);
+        let y = be.add(&x, &x).unwrap();
+        drop(x);
+        // The download submits the pending encoder, whose last use of x's buffer is the add.
+        let sum = down(&be, &y);
+        assert!(sum.iter().all(|v| v.is_finite() && *v != 0.0));
+        // Freed after a submit: handed out after the next one. Submit once more.
+        down(&be, &be.zeros(&[1]).unwrap());
+        let (hits, _, _) = be.buffer_pool_stats();
+        let z = be.zeros(&[n]).unwrap();
+        let (hits_after, _, _) = be.buffer_pool_stats();
+        assert!(
+            hits_after > hits,
+            "round {round}: zeros({n}) did not reuse a freed buffer"
+        );
+        check_exact(
+            &format!("round {round}: zeros in a reused buffer"),
+            &down(&be, &z),
+            &vec![0.0; n],
+        );
+        drop(z);
+        down(&be, &be.zeros(&[1]).unwrap());
+        let data = rand_vec(&mut r, n, 1.0);
+        let u = up(&be, &data, &[n]);
+        check_exact(
+            &format!("round {round}: upload into a reused buffer"),
+            &down(&be, &u),
+            &data,
+        );
+    }
+}
+
+/// Work queued on a tensor, the tensor dropped, then uploads and zero-filled allocations of
+/// its size before anything is submitted: the queued work still reads the old values (the
+/// freed buffer is not handed out until the work that used it was submitted).
+#[test]
+fn queued_work_reads_the_values_of_a_dropped_tensor() {
+    let Some(be) = pooled() else { return };
+    let mut r = rng(32);
+    let n = 3000;
+    // Warm the pool with buffers of this size class.
+    let warm: Vec<_> = (0..4)
+        .map(|_| up(&be, &rand_vec(&mut r, n, 1.0), &[n]))
+        .collect();
+    drop(warm);
+    down(&be, &be.zeros(&[1]).unwrap());
+    for round in 0..4 {
+        let a_vals = rand_vec(&mut r, n, 1.0);
+        let a = up(&be, &a_vals, &[n]);
+        let copies: Vec<_> = (0..3).map(|_| be.copy(&a).unwrap()).collect();
+        drop(a);
+        let others: Vec<Vec<f32>> = (0..3).map(|_| rand_vec(&mut r, n, 1.0)).collect();
+        let ups: Vec<_> = others.iter().map(|o| up(&be, o, &[n])).collect();
+        let zs: Vec<_> = (0..3).map(|_| be.zeros(&[n]).unwrap()).collect();
+        for (i, c) in copies.iter().enumerate() {
+            check_exact(
+                &format!("round {round}: copy {i} of the dropped tensor"),
+                &down(&be, c),
+                &a_vals,
+            );
+        }
+        for (u, o) in ups.iter().zip(&others) {
+            check_exact(
+                &format!("round {round}: an upload queued after the drop"),
+                &down(&be, u),
+                o,
+            );
+        }
+        for z in &zs {
+            check_exact(
+                &format!("round {round}: zeros queued after the drop"),
+                &down(&be, z),
+                &vec![0.0; n],
+            );
+        }
+    }
+    let (hits, misses, held) = be.buffer_pool_stats();
+    println!("  pool: {hits} hits, {misses} misses, {held} bytes held");
+    assert!(hits > 0, "nothing was reused");
+}
