@@ -224,7 +224,12 @@ impl WgpuBackend {
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
         if let Some(report) = self.ctx.take_profile() {
-            eprint!("{report}");
+            let (hits, misses, held) = self.ctx.pool.stats();
+            eprintln!(
+                "{report}wgpu buffer pool: {hits} allocations reused a freed buffer, {misses} \
+                 created one; {:.1} MiB held",
+                held as f64 / (1u64 << 20) as f64
+            );
         }
     }
 }
