@@ -27,76 +27,15 @@ fn shapes(full: bool) -> &'static [(usize, usize, usize)] {
     }
 }
 
-/// f16 operands (the compute format), every transpose, `a`, `b` or both f16, on the adapter's
-/// bindings (the shipped kernel and those behind switches, `common::GEMM_SWITCHES`) and on 4 KiB
-/// bindings (split M, N, K). Odd `K` / `M` / `N` put stored rows at odd f16 offsets (the
-/// kernels' scalar path); even ones use their paired loads.
-///
-/// Two bounds: against the values the f16 tensors hold, products of f16 values are exact in
-/// f32, so the f32 GEMM bound holds (`GEMM_TOL`, 1e-5 of `sum |a||b|`); against the f32 originals
-/// each operand carries its rounding (<= 2^-11 relative), so the error is within
-/// 2 * 2^-11 + GEMM_TOL ~ 1e-3 of `sum |a||b|` (`TOL_F16`).
+/// f16 operands (the compute format): the shared body (`gemm::compute_format_operands`) on the
+/// adapter's bindings (the shipped kernel and those behind switches, `common::GEMM_SWITCHES`)
+/// and on 4 KiB bindings (split M, N, K). Products of f16 values, or of f16 and f32 values
+/// already in f16 (the f32 operand the test uploads), are exact in f32, so the f32 GEMM bound
+/// holds (`GEMM_TOL`, 1e-5 of `sum |a||b|`).
 #[test]
 fn gemm_f16_operands_match_naive() {
-    const TOL_F16: f64 = 2.0 * 4.8828125e-4 + GEMM_TOL;
-    let mut r = rng(3);
-    for (label, be) in wgpu_f16_gemm_variants() {
-        let (mut worst, mut worst_orig) = (0.0f64, 0.0f64);
-        for &(m, k, n) in shapes(label.starts_with("f16, full bindings")) {
-            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                for (a16, b16) in [(true, false), (false, true), (true, true)] {
-                    let a = rand_vec(&mut r, m * k, 1.0);
-                    let b = rand_vec(&mut r, k * n, 1.0);
-                    let ash = if ta { [k, m] } else { [m, k] };
-                    let bsh = if tb { [n, k] } else { [k, n] };
-                    let (wa, ha) = if a16 {
-                        up_f16(&be, &a, &ash)
-                    } else {
-                        (up(&be, &a, &ash), a.clone())
-                    };
-                    let (wb, hb) = if b16 {
-                        up_f16(&be, &b, &bsh)
-                    } else {
-                        (up(&be, &b, &bsh), b.clone())
-                    };
-                    let c = be.matmul(&wa, transpose(ta), &wb, transpose(tb)).unwrap();
-                    assert_eq!(dtype(&c), dflash_backend_wgpu::DType::F32);
-                    let got = down(&be, &c);
-                    let name = format!("f16 a={a16} b={b16} {m}x{k}x{n} ta={ta} tb={tb}");
-                    let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
-                    worst = worst.max(check_gemm(&name, &got, &want, &scale));
-                    let (want, scale) = naive(&a, ta, &b, tb, (m, k, n));
-                    for (i, ((&g, &w), &s)) in got.iter().zip(&want).zip(&scale).enumerate() {
-                        let e = (g as f64 - w).abs() / (s + 1e-30);
-                        assert!(e <= TOL_F16, "{name}[{i}] vs f32 originals: {e:.3e}");
-                        worst_orig = worst_orig.max(e);
-                    }
-                    // beta 1 accumulates onto c with the same kernel.
-                    let c0 = rand_vec(&mut r, m * n, 1.0);
-                    let mut ct = up(&be, &c0, &[m, n]);
-                    be.matmul_acc(&mut ct, &wa, transpose(ta), &wb, transpose(tb), 1.0)
-                        .unwrap();
-                    let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
-                    let (w2, s2): (Vec<f64>, Vec<f64>) = want
-                        .iter()
-                        .zip(&scale)
-                        .zip(&c0)
-                        .map(|((p, s), &c)| (c as f64 + p, s + (c as f64).abs()))
-                        .unzip();
-                    worst = worst.max(check_gemm(
-                        &format!("acc {name}"),
-                        &down(&be, &ct),
-                        &w2,
-                        &s2,
-                    ));
-                }
-            }
-        }
-        println!(
-            "  [{label}] every shape, transpose and f16 operand: worst err/sum|a||b| {worst:.2e} \
-             against the f16 values (tol {GEMM_TOL:.0e}), {worst_orig:.2e} against the f32 \
-             originals (tol {TOL_F16:.1e}: f16 rounding of the operands)"
-        );
+    for p in paths(wgpu_f16_gemm_variants()) {
+        gemm::compute_format_operands(&p, gemm::F32Operands::AsStored, GEMM_TOL);
     }
 }
 

@@ -4,7 +4,11 @@
 
 use dflash_core::{GemmOps, MemoryOps, Transpose};
 
-use super::{OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up};
+use dflash_core::Tensor;
+
+use super::{
+    Format, OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up, upload_held,
+};
 
 /// A path's GEMM bound: `|err| <= tol * sum_k |a_ik||b_kj|` per element (the natural error
 /// scale of a dot product), set by the operands its products multiply.
@@ -193,4 +197,108 @@ fn shape_errors(path: &dyn OpPath) {
         .unwrap_err();
     assert_same_error(path, &e.to_string(), &want.to_string());
     println!("  [{}] {e}", path.label());
+}
+
+/// What [`compute_format_operands`] feeds the reference for an f32 operand: what the path's
+/// GEMM multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F32Operands {
+    /// The GEMM takes f32 operands as they are (exact f32 products, or TF32 ones): the test
+    /// uploads values already in the compute format, so every product is exact.
+    AsStored,
+    /// The GEMM rounds f32 operands to the compute format itself (the CUDA backend's bf16
+    /// GEMMs, to nearest even): the test uploads the raw values and the reference gets them
+    /// rounded, which checks that rounding too.
+    RoundedByGemm,
+}
+
+/// Products with an operand (or both) in the path's compute format, every transpose, against
+/// the naive product of the values the GEMM multiplies (each product then exact in f32, so
+/// `tol` bounds the f32 accumulation only); `matmul_acc` with beta 1 and -0.5; `linear` of an
+/// f32 activation with leading dims by a compute-format weight; `K = 0`. Odd sizes put stored
+/// rows at odd 2-byte offsets. A path whose compute format is f32 has nothing to check here.
+/// Returns the worst `|err| / scale`.
+pub fn compute_format_operands(path: &dyn OpPath, f32_operands: F32Operands, tol: f64) -> f64 {
+    let be = path.backend();
+    let label = path.label();
+    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
+    let cf = path.format_of(&probe);
+    if cf == Format::F32 {
+        println!("  [{label}] the compute format is f32: no narrower operands");
+        return 0.0;
+    }
+    // An operand: in the compute format, or f32 (see F32Operands); and what the GEMM multiplies.
+    let operand = |x: &[f32], shape: &[usize], narrow: bool| -> (Tensor, Vec<f32>) {
+        let rounded: Vec<f32> = x.iter().map(|&v| cf.round(v)).collect();
+        match (narrow, f32_operands) {
+            (true, _) => upload_held(path, x, shape, cf),
+            (false, F32Operands::AsStored) => (up(be, &rounded, shape), rounded),
+            (false, F32Operands::RoundedByGemm) => (up(be, x, shape), rounded),
+        }
+    };
+    let mut r = rng(103);
+    let mut worst = 0.0f64;
+    let shapes: &[(usize, usize, usize)] = if path.small() { &SHAPES_SMALL } else { &SHAPES };
+    for &(m, k, n) in shapes {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (a_cf, b_cf) in [(true, false), (false, true), (true, true)] {
+                let a = rand_vec(&mut r, m * k, 2.0);
+                let b = rand_vec(&mut r, k * n, 2.0);
+                let ash = if ta { [k, m] } else { [m, k] };
+                let bsh = if tb { [n, k] } else { [k, n] };
+                let (ab, ha) = operand(&a, &ash, a_cf);
+                let (bb, hb) = operand(&b, &bsh, b_cf);
+                let name = format!(
+                    "[{label}] {m}x{k}x{n} ta={ta} tb={tb} a {} b {}",
+                    if a_cf { cf.name() } else { "f32" },
+                    if b_cf { cf.name() } else { "f32" }
+                );
+                let c = be.matmul(&ab, transpose(ta), &bb, transpose(tb)).unwrap();
+                assert_eq!(c.dims(), &[m, n]);
+                assert_eq!(
+                    path.format_of(&c),
+                    Format::F32,
+                    "{name}: the product is f32"
+                );
+                let (want, scale) = naive(&ha, ta, &hb, tb, (m, k, n));
+                worst = worst.max(check_scaled(&name, &down(be, &c), &want, &scale, tol));
+                for beta in [1.0f32, -0.5] {
+                    let c0 = rand_vec(&mut r, m * n, 1.0);
+                    let mut ct = up(be, &c0, &[m, n]);
+                    be.matmul_acc(&mut ct, &ab, transpose(ta), &bb, transpose(tb), beta)
+                        .unwrap();
+                    let (w2, s2) = with_beta(&want, &scale, &c0, beta);
+                    let name = format!("{name} acc beta={beta}");
+                    worst = worst.max(check_scaled(&name, &down(be, &ct), &w2, &s2, tol));
+                }
+            }
+        }
+    }
+    let (x, w) = (
+        rand_vec(&mut r, 3 * 5 * 64, 2.0),
+        rand_vec(&mut r, 96 * 64, 0.5),
+    );
+    let (xb, hx) = operand(&x, &[3, 5, 64], false);
+    let (wb, hw) = operand(&w, &[96, 64], true);
+    let y = be.linear(&xb, &wb).unwrap();
+    assert_eq!(y.dims(), &[15, 96]);
+    let (want, scale) = naive(&hx, false, &hw, true, (15, 64, 96));
+    let name = format!("[{label}] linear (3,5,64) f32 x (96,64)^T {}", cf.name());
+    worst = worst.max(check_scaled(&name, &down(be, &y), &want, &scale, tol));
+    let empty_a = upload_held(path, &[], &[4, 0], cf).0;
+    let empty_b = upload_held(path, &[], &[0, 3], cf).0;
+    let e = be
+        .matmul(&empty_a, Transpose::No, &empty_b, Transpose::No)
+        .unwrap();
+    check_exact(
+        &format!("[{label}] {} matmul with K = 0", cf.name()),
+        &down(be, &e),
+        &[0.0; 12],
+    );
+    println!(
+        "  [{label}] {} operands: worst err/sum|a||b| {worst:.2e} (tol {tol:.0e}: products exact, \
+         f32 accumulation)",
+        cf.name()
+    );
+    worst
 }
