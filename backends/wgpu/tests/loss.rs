@@ -25,6 +25,15 @@ fn loss_errors_and_nan_match_reference() {
     }
 }
 
+/// An f16 LM head (the compute format of a frozen head) against the reference on the values
+/// it holds: the shared body (`loss::narrow_head`).
+#[test]
+fn loss_f16_head_matches_reference() {
+    for p in paths(wgpu_f16_both()) {
+        loss::narrow_head(&p, &loss::LossPrecision::F32, Format::F16);
+    }
+}
+
 /// An f16 LM head (the compute format of a frozen head) gives the fused loss, its `dx` and the
 /// argmax bit for bit what the f32 head with the same values gives (the GEMMs widen on load,
 /// the products and sums are the same f32 operations), which `loss_ops_match_reference`

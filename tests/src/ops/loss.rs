@@ -7,7 +7,9 @@ use dflash_core::LossOps;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{OpPath, assert_same_error, down, rand_vec, reference, rng, up};
+use dflash_core::Tensor;
+
+use super::{Format, OpPath, assert_same_error, down, rand_vec, reference, rng, up, upload_held};
 use crate::tolerance::{AtolUnit, Tolerance, assert_close};
 
 /// How closely a path's loss follows the reference's: it depends on the operands its GEMMs
@@ -112,97 +114,155 @@ const SHAPES: [(usize, usize, usize); 5] = [
 ];
 const SHAPES_SMALL: [(usize, usize, usize); 3] = [(37, 32, 100), (3, 8, 5), (150, 16, 200)];
 
-/// The loss, its statistics, `dx` and the argmax on targets from [`ce_targets`].
+/// One fused-CE problem: `x (T, H)` and the head `(V, H)` on the path, the values they hold
+/// (what the reference gets), and targets from [`ce_targets`].
+struct CeCase {
+    tag: String,
+    dims: (usize, usize, usize),
+    x: (Tensor, Vec<f32>),
+    head: (Tensor, Vec<f32>),
+    labels: Vec<u32>,
+    weights: Vec<f32>,
+    margins: Vec<(usize, f64)>,
+}
+
+/// The loss, its statistics, `dx` and the argmax on targets from [`ce_targets`], f32 inputs.
 pub fn cross_entropy(path: &dyn OpPath, prec: &LossPrecision) {
-    let (be, rf) = (path.backend(), reference());
+    let be = path.backend();
     let mut r = rng(7);
     let shapes: &[(usize, usize, usize)] = if path.small() { &SHAPES_SMALL } else { &SHAPES };
+    for &(t, h, v) in shapes {
+        let x = rand_vec(&mut r, t * h, 1.5);
+        let w = rand_vec(&mut r, v * h, 0.5);
+        let margins = margins(&x, &w, t, h, v);
+        let (labels, weights) = ce_targets(&mut r, &margins, v);
+        let case = CeCase {
+            tag: format!("[{}] ({t}, {h}, {v})", path.label()),
+            dims: (t, h, v),
+            x: (up(be, &x, &[t, h]), x),
+            head: (up(be, &w, &[v, h]), w),
+            labels,
+            weights,
+            margins,
+        };
+        compare(path, prec, &case);
+    }
+}
+
+/// The head stored in `format`, narrower than f32 (a frozen LM head in the compute format,
+/// as the models keep it), and `x` holding values of that format (f32 tensors), against the
+/// reference on the same values: every logit product is exact, so the loss is as close as in
+/// f32; `dx` as `prec` allows (a GEMM mode may round the dlogits).
+pub fn narrow_head(path: &dyn OpPath, prec: &LossPrecision, format: Format) {
+    let be = path.backend();
+    let cf = format;
+    let mut r = rng(106);
+    let shapes: &[(usize, usize, usize)] = if path.small() {
+        &[(37, 32, 100), (20, 9, 200)]
+    } else {
+        &[(1100, 64, 1200), (9, 33, 300), (300, 16, 40_000)]
+    };
+    for &(t, h, v) in shapes {
+        let x: Vec<f32> = rand_vec(&mut r, t * h, 1.5)
+            .iter()
+            .map(|&e| cf.round(e))
+            .collect();
+        let w = rand_vec(&mut r, v * h, 0.5);
+        let head = upload_held(path, &w, &[v, h], cf);
+        assert!(
+            head.1 != w,
+            "the head must not hold {} values already",
+            cf.name()
+        );
+        let margins = margins(&x, &head.1, t, h, v);
+        let (labels, weights) = ce_targets(&mut r, &margins, v);
+        let case = CeCase {
+            tag: format!("[{}] {} head ({t}, {h}, {v})", path.label(), cf.name()),
+            dims: (t, h, v),
+            x: (up(be, &x, &[t, h]), x),
+            head,
+            labels,
+            weights,
+            margins,
+        };
+        compare(path, prec, &case);
+    }
+}
+
+/// `case` on the path against the reference: the weighted loss, the weight sum, `counted`,
+/// `correct` within near ties, `dx` (exactly 0 on skipped rows), a loss-only call (the same
+/// statistics, dx 0), an unsupervised one, and the argmax on rows with a clear maximum.
+fn compare(path: &dyn OpPath, prec: &LossPrecision, case: &CeCase) {
+    let (be, rf) = (path.backend(), reference());
+    let (t, h, v) = case.dims;
+    let (tag, labels, weights, m) = (&case.tag, &case.labels, &case.weights, &case.margins);
     let tol = |atol, rtol, why| Tolerance {
         atol,
         rtol,
         atol_unit: AtolUnit::MaxWant,
         why,
     };
-    for &(t, h, v) in shapes {
-        let x = rand_vec(&mut r, t * h, 1.5);
-        let w = rand_vec(&mut r, v * h, 0.5);
-        let m = margins(&x, &w, t, h, v);
-        let (labels, weights) = ce_targets(&mut r, &m, v);
-        let (xb, wb) = (up(be, &x, &[t, h]), up(be, &w, &[v, h]));
-        let (xr, wr) = (up(&rf, &x, &[t, h]), up(&rf, &w, &[v, h]));
-        let gs = 0.37;
-        let (sb, dxb) = be
-            .linear_cross_entropy(&xb, &wb, &labels, &weights, gs)
-            .unwrap();
-        let (sr, dxr) = rf
-            .linear_cross_entropy(&xr, &wr, &labels, &weights, gs)
-            .unwrap();
-        let tag = format!("[{}] ({t}, {h}, {v})", path.label());
-        let name = format!("sum(w*CE) {tag}");
-        assert_close(
-            &name,
-            &[sb.weighted_loss],
-            &[sr.weighted_loss],
-            &tol(0.0, prec.loss_rtol, prec.why),
-        );
-        let why = "the same f32 weights summed in f64";
-        assert_close(
-            &format!("sum(w) {tag}"),
-            &[sb.weight_sum],
-            &[sr.weight_sum],
-            &tol(0.0, 1e-12, why),
-        );
-        assert_eq!(sb.counted, sr.counted, "{tag}: counted");
-        check_correct_within_ties(&tag, (sb.correct, sr.correct), &weights, &m, prec.near_tie);
-        let gb = down(be, &dxb);
-        assert_close(
-            &format!("dx {tag}"),
-            &gb,
-            &down(&rf, &dxr),
-            &tol(prec.dx_atol, prec.dx_rtol, prec.why),
-        );
-        for i in (0..t).filter(|&i| weights[i] == 0.0) {
-            assert!(
-                gb[i * h..(i + 1) * h].iter().all(|&g| g == 0.0),
-                "{tag}: skipped row {i}"
-            );
-        }
-        // Loss only (grad_scale 0): the same statistics, dx exactly zero.
-        let (s0, dx0) = be
-            .linear_cross_entropy(&xb, &wb, &labels, &weights, 0.0)
-            .unwrap();
-        assert_eq!(
-            s0.weighted_loss.to_bits(),
-            sb.weighted_loss.to_bits(),
-            "{tag}: stats depend on grad_scale"
-        );
-        assert!(
-            down(be, &dx0).iter().all(|&d| d == 0.0),
-            "{tag}: loss-only dx"
-        );
-        // Nothing supervised.
-        let (se, dxe) = be
-            .linear_cross_entropy(&xb, &wb, &labels, &vec![0.0; t], 1.0)
-            .unwrap();
-        assert_eq!((se.counted, se.weight_sum), (0, 0.0), "{tag}");
-        assert!(
-            down(be, &dxe).iter().all(|&d| d == 0.0),
-            "{tag}: unsupervised dx"
-        );
-        let ab = be.linear_argmax(&xb, &wb).unwrap();
-        let ar = rf.linear_argmax(&xr, &wr).unwrap();
-        let differ = (0..t)
-            .filter(|&i| ab[i] != ar[i] && m[i].1 >= prec.near_tie)
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{tag}: argmax differs on rows with a clear maximum"
-        );
-        println!(
-            "  linear_argmax {tag}: equal on all {t} rows (margins under {} may differ)",
-            prec.near_tie
-        );
+    let (xb, wb) = (&case.x.0, &case.head.0);
+    let (xr, wr) = (up(&rf, &case.x.1, &[t, h]), up(&rf, &case.head.1, &[v, h]));
+    let gs = 0.37;
+    let (sb, dxb) = be
+        .linear_cross_entropy(xb, wb, labels, weights, gs)
+        .unwrap();
+    let (sr, dxr) = rf
+        .linear_cross_entropy(&xr, &wr, labels, weights, gs)
+        .unwrap();
+    let name = format!("sum(w*CE) {tag}");
+    let loss_tol = tol(0.0, prec.loss_rtol, prec.why);
+    assert_close(&name, &[sb.weighted_loss], &[sr.weighted_loss], &loss_tol);
+    let why = "the same f32 weights summed in f64";
+    let name = format!("sum(w) {tag}");
+    assert_close(
+        &name,
+        &[sb.weight_sum],
+        &[sr.weight_sum],
+        &tol(0.0, 1e-12, why),
+    );
+    assert_eq!(sb.counted, sr.counted, "{tag}: counted");
+    check_correct_within_ties(tag, (sb.correct, sr.correct), weights, m, prec.near_tie);
+    let gb = down(be, &dxb);
+    let dx_tol = tol(prec.dx_atol, prec.dx_rtol, prec.why);
+    assert_close(&format!("dx {tag}"), &gb, &down(&rf, &dxr), &dx_tol);
+    for i in (0..t).filter(|&i| weights[i] == 0.0) {
+        let zero = gb[i * h..(i + 1) * h].iter().all(|&g| g == 0.0);
+        assert!(zero, "{tag}: skipped row {i}");
     }
+    // Loss only (grad_scale 0): the same statistics, dx exactly zero.
+    let (s0, dx0) = be
+        .linear_cross_entropy(xb, wb, labels, weights, 0.0)
+        .unwrap();
+    let same = s0.weighted_loss.to_bits() == sb.weighted_loss.to_bits();
+    assert!(same, "{tag}: stats depend on grad_scale");
+    assert!(
+        down(be, &dx0).iter().all(|&d| d == 0.0),
+        "{tag}: loss-only dx"
+    );
+    // Nothing supervised.
+    let (se, dxe) = be
+        .linear_cross_entropy(xb, wb, labels, &vec![0.0; t], 1.0)
+        .unwrap();
+    assert_eq!((se.counted, se.weight_sum), (0, 0.0), "{tag}");
+    assert!(
+        down(be, &dxe).iter().all(|&d| d == 0.0),
+        "{tag}: unsupervised dx"
+    );
+    let ab = be.linear_argmax(xb, wb).unwrap();
+    let ar = rf.linear_argmax(&xr, &wr).unwrap();
+    let differ = (0..t)
+        .filter(|&i| ab[i] != ar[i] && m[i].1 >= prec.near_tie)
+        .count();
+    assert_eq!(
+        differ, 0,
+        "{tag}: argmax differs on rows with a clear maximum"
+    );
+    println!(
+        "  linear_argmax {tag}: equal on all {t} rows (margins under {} may differ)",
+        prec.near_tie
+    );
 }
 
 /// Malformed calls (a label out of range, a NaN weight, wrong lengths) fail with the reference's
