@@ -11,7 +11,6 @@ use common::*;
 use dflash_tests::ops::memory;
 use dflash_backend_wgpu::DType;
 use dflash_core::{HostSlice, MemoryOps};
-use rand::Rng;
 
 #[test]
 fn transfers_copies_and_elementwise_match_reference() {
@@ -133,63 +132,19 @@ fn f16_rounding_edges_and_clean_errors() {
     );
 }
 
-/// `upload_frozen` (the checkpoint loader) gives exactly `to_compute_format(upload(widened
-/// data))` for f32, bf16 and f16 files, in the compute format, across host chunk boundaries
-/// (odd lengths, chunks of 6 and 1000 elements and one chunk), with f16 on and off; a byte
-/// count that does not match the shape is an error naming the op and the device.
+/// `upload_frozen` (the checkpoint loader): the shared body (`storage::upload_frozen`: f32,
+/// bf16 and f16 files, unaligned, chunked), with the f16 compute format and without.
 #[test]
 fn upload_frozen_matches_the_compute_format_of_the_widened_data() {
-    let mut r = rng(23);
-    let mut backends: Vec<(&str, dflash_backend_wgpu::WgpuBackend)> = Vec::new();
+    let mut backends = Vec::new();
     if let Some(b) = wgpu() {
-        backends.push(("f32", b));
+        backends.push(("f32 compute format", b));
     }
     if let Some(b) = wgpu_f16() {
-        backends.push(("f16", b));
+        backends.push(("f16 compute format", b));
     }
-    for (label, be) in backends {
-        for n in [1usize, 1001, 4000] {
-            let x = rand_vec(&mut r, n, 3.0);
-            let f32b: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            // bf16: the top half of each f32 (a valid bf16 value).
-            let bf16b: Vec<u8> = x
-                .iter()
-                .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-                .collect();
-            // f16: finite values of every exponent (never NaN or infinity).
-            let f16b: Vec<u8> = (0..n)
-                .flat_map(|_| {
-                    let bits: u16 = r.random_range(0..0x7c00u16) | (r.random_range(0..2u16) << 15);
-                    bits.to_le_bytes()
-                })
-                .collect();
-            for data in [
-                HostSlice::F32(&f32b),
-                HostSlice::Bf16(&bf16b),
-                HostSlice::F16(&f16b),
-            ] {
-                let want = be
-                    .to_compute_format(up(&be, &data.to_f32_vec(), &[n]))
-                    .unwrap();
-                for chunk in [6, 1000, 1 << 20] {
-                    let got = be.upload_frozen_chunked(data, &[n], chunk).unwrap();
-                    assert_eq!(dtype(&got), be.compute_format());
-                    check_exact(
-                        &format!(
-                            "[{label}] upload_frozen {} n={n} chunk={chunk}",
-                            data.dtype_name()
-                        ),
-                        &down(&be, &got),
-                        &down(&be, &want),
-                    );
-                }
-            }
-        }
-        let short = [0u8; 6];
-        assert_err(
-            be.upload_frozen(HostSlice::F16(&short), &[2, 2]),
-            &["upload_frozen", "wgpu:0", "[2, 2]"],
-        );
+    for p in paths(backends) {
+        dflash_tests::ops::storage::upload_frozen(&p);
     }
 }
 

@@ -27,7 +27,7 @@ pub mod storage;
 
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
-use dflash_core::{Backend, MemoryOps, Tensor};
+use dflash_core::{Backend, HostSlice, MemoryOps, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -116,6 +116,17 @@ pub trait OpPath {
     /// How `sum_squares` adds (f32 partial sums, or f64 throughout).
     fn sum_squares_arithmetic(&self) -> Arithmetic {
         Arithmetic::F32
+    }
+    /// `upload_frozen` in host chunks of `chunk` elements, where the backend lets a caller
+    /// choose them (its chunk boundaries are what the test moves); `None`: it does not.
+    fn upload_frozen_chunked(
+        &self,
+        data: HostSlice<'_>,
+        shape: &[usize],
+        chunk: usize,
+    ) -> Option<dflash_core::Result<Tensor>> {
+        let _ = (data, shape, chunk);
+        None
     }
 }
 

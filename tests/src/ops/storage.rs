@@ -3,12 +3,12 @@
 //! that computes in f32 only refuses them by name instead of reading their bytes as f32, and
 //! the moves keep them.
 
-use dflash_core::AdamWParams;
+use dflash_core::{AdamWParams, HostSlice, MemoryOps};
 use rand::Rng;
 
 use super::elementwise::check_gather;
 use super::memory;
-use super::{Format, OpPath, assert_err, check_exact, down, rand_vec, rng, up};
+use super::{Format, OpPath, assert_err, check_exact, down, rand_vec, reference, rng, up};
 
 /// `data` in the compute format, checked to hold `data` rounded to `format`, and its values.
 fn compute_held(
@@ -148,4 +148,120 @@ pub fn compute_format_moves(path: &dyn OpPath) {
         let e = assert_err(r, &[what, cf.name(), "f32", path.device()]);
         println!("  [{label}] {what} of {} and f32 refused: {e}", cf.name());
     }
+}
+
+/// Values that exercise the conversions into a narrower format: random ones over twelve decades
+/// (so past f16's range too), signed zeros, infinities, subnormals of every format, and ties of
+/// bf16 rounding.
+fn conversion_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = rng(seed);
+    let special = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0e-40,
+        -3.0e-42,
+        6.0e-8,
+        65504.0,
+        f32::from_bits(0x3F80_8000), // 1 + 2^-8: a bf16 tie, rounds to even
+        f32::from_bits(0x3F81_8000), // a tie that rounds up
+        f32::from_bits(0x3F80_8001), // just above a tie
+    ];
+    (0..n)
+        .map(|i| match special.get(i % 97) {
+            Some(&s) => s,
+            None => r.random_range(-4.0f32..4.0) * 10f32.powi(r.random_range(-6..6)),
+        })
+        .collect()
+}
+
+/// `n` 16-bit patterns of a file in `format` (bf16 or f16): every pattern but NaN, so every
+/// exponent, subnormal and infinity occurs.
+pub fn half_bits(format: Format, n: usize, seed: u64) -> Vec<u8> {
+    let mut r = rng(seed);
+    let inf = match format {
+        Format::Bf16 => 0x7f80u16,
+        _ => 0x7c00,
+    };
+    (0..n)
+        .flat_map(|_| {
+            let b = loop {
+                let b: u16 = r.random();
+                if b & 0x7fff <= inf {
+                    break b;
+                }
+            };
+            b.to_le_bytes()
+        })
+        .collect()
+}
+
+/// `upload_frozen` (the checkpoint loader, straight from a memory-mapped file): for f32, bf16
+/// and f16 files whose bytes start one past an allocation's start (as a tensor in a memory map
+/// may), the tensor is in the compute format and holds exactly what `to_compute_format(upload(
+/// widened data))` holds, which is the reference's upload rounded to that format; chunked
+/// uploads (chunks of 1000, 7 and all elements: boundaries off any vector width) where the path
+/// has them give the same. A byte count that does not match the shape is an error naming the
+/// op, the device, the shape and the dtype; an empty tensor uploads.
+pub fn upload_frozen(path: &dyn OpPath) {
+    let (be, rf) = (path.backend(), reference());
+    let label = path.label();
+    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
+    let cf = path.format_of(&probe);
+    let (rows, cols) = (37, 111); // 4107 elements, odd
+    let n = rows * cols;
+    let x = conversion_values(n, 3);
+    for file in ["f32", "bf16", "f16"] {
+        let mut bytes = vec![0xA5u8];
+        match file {
+            "f32" => bytes.extend(x.iter().flat_map(|v| v.to_le_bytes())),
+            "bf16" => bytes.extend(half_bits(Format::Bf16, n, 5)),
+            _ => bytes.extend(half_bits(Format::F16, n, 6)),
+        }
+        let data = match file {
+            "f32" => HostSlice::F32(&bytes[1..]),
+            "bf16" => HostSlice::Bf16(&bytes[1..]),
+            _ => HostSlice::F16(&bytes[1..]),
+        };
+        let widened = data.to_f32_vec();
+        let want: Vec<f32> = widened.iter().map(|&v| cf.round(v)).collect();
+        let via_f32 = be
+            .to_compute_format(up(be, &widened, &[rows, cols]))
+            .unwrap();
+        let name = format!("[{label}] {file} file: to_compute_format(upload(widened))");
+        check_exact(&name, &down(be, &via_f32), &want);
+        let rt = rf.upload_frozen(data, &[rows, cols]).unwrap();
+        let name = format!("[{label}] {file} file: the reference's, in {}", cf.name());
+        let reference_held: Vec<f32> = down(&rf, &rt).iter().map(|&v| cf.round(v)).collect();
+        check_exact(&name, &reference_held, &want);
+        let mut uploads = vec![(
+            "default chunks".to_string(),
+            be.upload_frozen(data, &[rows, cols]),
+        )];
+        for chunk in [1000, 7, n] {
+            if let Some(t) = path.upload_frozen_chunked(data, &[rows, cols], chunk) {
+                uploads.push((format!("chunks of {chunk}"), t));
+            }
+        }
+        for (how, t) in uploads {
+            let t = t.unwrap();
+            assert_eq!(t.dims(), &[rows, cols]);
+            assert_eq!(path.format_of(&t), cf, "[{label}] {file} file, {how}");
+            check_exact(
+                &format!("[{label}] {file} file, {how}"),
+                &down(be, &t),
+                &want,
+            );
+        }
+    }
+    let e = be
+        .upload_frozen(HostSlice::Bf16(&[0u8; 10]), &[2, 3])
+        .expect_err("10 bytes are not 6 bf16 elements")
+        .to_string();
+    let parts = ["upload_frozen", path.device(), "[2, 3]", "bf16"];
+    assert!(parts.iter().all(|p| e.contains(p)), "[{label}] {e}");
+    let empty = be.upload_frozen(HostSlice::F16(&[]), &[0, 5]).unwrap();
+    assert_eq!(empty.dims(), &[0, 5]);
+    assert!(down(be, &empty).is_empty());
 }

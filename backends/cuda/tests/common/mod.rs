@@ -211,6 +211,14 @@ impl OpPath for CudaPath {
     fn sum_squares_arithmetic(&self) -> Arithmetic {
         Arithmetic::F64
     }
+    fn upload_frozen_chunked(
+        &self,
+        data: dflash_core::HostSlice<'_>,
+        shape: &[usize],
+        chunk: usize,
+    ) -> Option<dflash_core::Result<Tensor>> {
+        Some(self.cu.upload_frozen_chunked(data, shape, chunk))
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -412,6 +412,14 @@ impl OpPath for WgpuPath {
     fn small(&self) -> bool {
         self.label.contains("4 KiB")
     }
+    fn upload_frozen_chunked(
+        &self,
+        data: dflash_core::HostSlice<'_>,
+        shape: &[usize],
+        chunk: usize,
+    ) -> Option<dflash_core::Result<Tensor>> {
+        Some(self.be.upload_frozen_chunked(data, shape, chunk))
+    }
 }
 
 /// `backends` (from [`wgpu_both`] and its siblings) as op-suite paths.
