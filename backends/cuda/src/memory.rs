@@ -82,16 +82,8 @@ impl MemoryOps for CudaBackend {
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
         let op = "upload";
-        let numel: usize = shape.iter().product();
-        if data.len() != numel {
-            return Err(self.shape_err(
-                op,
-                format!(
-                    "{} host elements for shape {shape:?} ({numel} elements)",
-                    data.len()
-                ),
-            ));
-        }
+        let numel =
+            dflash_core::upload_numel(data.len(), shape).map_err(|e| self.shape_err(op, e))?;
         let mut buf = self.alloc(op, numel, DType::F32)?;
         if numel > 0 {
             self.stream

@@ -15,16 +15,7 @@ impl MemoryOps for ReferenceBackend {
         t.storage().as_any().is::<crate::HostStorage>()
     }
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
-        if data.len() != numel {
-            return Err(shape_err(
-                "upload",
-                format!(
-                    "{} host elements for shape {shape:?} ({numel} elements)",
-                    data.len()
-                ),
-            ));
-        }
+        dflash_core::upload_numel(data.len(), shape).map_err(|e| shape_err("upload", e))?;
         Ok(host_tensor(data.to_vec(), shape))
     }
 
@@ -69,8 +60,7 @@ impl MemoryOps for ReferenceBackend {
     }
 
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
-        let dims =
-            dflash_core::concat_rows_dims(parts).map_err(|e| shape_err("concat_rows", e))?;
+        let dims = dflash_core::concat_rows_dims(parts).map_err(|e| shape_err("concat_rows", e))?;
         let mut out = Vec::new();
         for p in parts {
             out.extend_from_slice(slice("concat_rows", p)?);

@@ -210,16 +210,7 @@ impl MemoryOps for WgpuBackend {
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
-        if data.len() != numel {
-            return Err(self.shape_err(
-                "upload",
-                format!(
-                    "{} host elements for shape {shape:?} ({numel} elements)",
-                    data.len()
-                ),
-            ));
-        }
+        dflash_core::upload_numel(data.len(), shape).map_err(|e| self.shape_err("upload", e))?;
         Ok(self.tensor(self.ctx.upload_f32("upload", data)?, shape))
     }
 

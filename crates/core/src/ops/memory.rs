@@ -263,6 +263,18 @@ pub fn scatter_rows_cols(
     Ok(cols)
 }
 
+/// The element count of [`MemoryOps::upload`]'s `shape`, checked against the `len` host
+/// elements given (every backend checks here, so all report the same text).
+pub fn upload_numel(len: usize, shape: &[usize]) -> std::result::Result<usize, String> {
+    let numel: usize = shape.iter().product();
+    if len != numel {
+        return Err(format!(
+            "{len} host elements for shape {shape:?} ({numel} elements)"
+        ));
+    }
+    Ok(numel)
+}
+
 /// The checked shape of [`MemoryOps::narrow_rows`]: `t`'s row length (elements per row of its
 /// `(R, ...)` view) and the result's dims, or what is wrong with the range. Every backend checks
 /// here, so all report the same text (under their own op and device).

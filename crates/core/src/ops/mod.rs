@@ -21,6 +21,7 @@ pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossDims, LossOps, LossStats};
 pub use memory::{
     HostSlice, MemoryOps, concat_cols_dims, concat_rows_dims, narrow_rows_dims, scatter_rows_cols,
+    upload_numel,
 };
 pub use norm::{NormDims, NormOps};
 pub use optimizer::{AdamWParams, AdamWScalars, OptimizerOps};
