@@ -7,7 +7,8 @@ use dflash_core::{GemmOps, MemoryOps, Transpose};
 use dflash_core::Tensor;
 
 use super::{
-    Format, OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up, upload_held,
+    Format, OpPath, assert_same_error, check_exact, down, narrow_compute_format, rand_vec,
+    reference, rng, up, upload_held,
 };
 
 /// A path's GEMM bound: `|err| <= tol * sum_k |a_ik||b_kj|` per element (the natural error
@@ -221,12 +222,9 @@ pub enum F32Operands {
 pub fn compute_format_operands(path: &dyn OpPath, f32_operands: F32Operands, tol: f64) -> f64 {
     let be = path.backend();
     let label = path.label();
-    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
-    let cf = path.format_of(&probe);
-    if cf == Format::F32 {
-        println!("  [{label}] the compute format is f32: no narrower operands");
+    let Some(cf) = narrow_compute_format(path, "operands") else {
         return 0.0;
-    }
+    };
     // An operand: in the compute format, or f32 (see F32Operands); and what the GEMM multiplies.
     let operand = |x: &[f32], shape: &[usize], narrow: bool| -> (Tensor, Vec<f32>) {
         let rounded: Vec<f32> = x.iter().map(|&v| cf.round(v)).collect();

@@ -161,6 +161,27 @@ pub fn check_exact(name: &str, got: &[f32], want: &[f32]) {
     println!("  {name:<44} bit-exact ({} elements)", got.len());
 }
 
+/// The format `to_compute_format` gives on the path (read off a probe tensor).
+pub fn compute_format_of(path: &dyn OpPath) -> Format {
+    let be = path.backend();
+    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
+    path.format_of(&probe)
+}
+
+/// The path's compute format where it is narrower than f32; `None` after saying that there is
+/// nothing of `what` to check where it is f32.
+pub fn narrow_compute_format(path: &dyn OpPath, what: &str) -> Option<Format> {
+    let cf = compute_format_of(path);
+    if cf == Format::F32 {
+        println!(
+            "  [{}] the compute format is f32: no narrower {what}",
+            path.label()
+        );
+        return None;
+    }
+    Some(cf)
+}
+
 /// `data` on `path` in `format`, and the values it holds (what the reference gets). A
 /// narrower format must hold `data` rounded to it, element for element.
 pub fn upload_held(

@@ -8,7 +8,10 @@ use rand::Rng;
 
 use super::elementwise::check_gather;
 use super::memory;
-use super::{Format, OpPath, assert_err, check_exact, down, rand_vec, reference, rng, up};
+use super::{
+    Format, OpPath, assert_err, check_exact, compute_format_of, down, narrow_compute_format,
+    rand_vec, reference, rng, up,
+};
 
 /// `data` in the compute format, checked to hold `data` rounded to `format`, and its values.
 fn compute_held(
@@ -45,15 +48,9 @@ fn compute_held(
 /// On a path whose compute format is f32 there is nothing to check, and it says so.
 pub fn compute_format(path: &dyn OpPath) {
     let be = path.backend();
-    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
-    let cf = path.format_of(&probe);
-    if cf == Format::F32 {
-        println!(
-            "  [{}] the compute format is f32: no narrower tensors to check",
-            path.label()
-        );
+    let Some(cf) = narrow_compute_format(path, "tensors to check") else {
         return;
-    }
+    };
     let mut r = rng(104);
     for (v, h) in [(1000, 96), (777, 97), (5, 1)] {
         let table = rand_vec(&mut r, v * h, 4.0);
@@ -102,15 +99,9 @@ pub fn compute_format(path: &dyn OpPath) {
 /// both (never a reinterpretation of the bytes).
 pub fn compute_format_moves(path: &dyn OpPath) {
     let be = path.backend();
-    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
-    let cf = path.format_of(&probe);
-    if cf == Format::F32 {
-        println!(
-            "  [{}] the compute format is f32: no narrower tensors to move",
-            path.label()
-        );
+    let Some(cf) = narrow_compute_format(path, "tensors to move") else {
         return;
-    }
+    };
     let label = path.label();
     let (rows, cols) = (37, 29);
     let x = rand_vec(&mut rng(101), rows * cols, 3.0);
@@ -207,8 +198,7 @@ pub fn half_bits(format: Format, n: usize, seed: u64) -> Vec<u8> {
 pub fn upload_frozen(path: &dyn OpPath) {
     let (be, rf) = (path.backend(), reference());
     let label = path.label();
-    let probe = be.to_compute_format(up(be, &[0.1, 0.2], &[2])).unwrap();
-    let cf = path.format_of(&probe);
+    let cf = compute_format_of(path);
     let (rows, cols) = (37, 111); // 4107 elements, odd
     let n = rows * cols;
     let x = conversion_values(n, 3);
