@@ -385,6 +385,11 @@ impl WgpuPath {
     }
 }
 
+/// Whether `be`'s storage bindings are capped at [`SMALL_BINDING_BYTES`].
+fn small_bindings(be: &WgpuBackend) -> bool {
+    be.options().max_binding_bytes == Some(SMALL_BINDING_BYTES)
+}
+
 impl OpPath for WgpuPath {
     fn label(&self) -> &str {
         &self.label
@@ -410,7 +415,7 @@ impl OpPath for WgpuPath {
     }
     /// Storage bindings of a few KiB: every tensor in many chunks.
     fn small(&self) -> bool {
-        self.label.contains("4 KiB")
+        small_bindings(&self.be)
     }
     fn upload_frozen_chunked(
         &self,
