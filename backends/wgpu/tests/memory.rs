@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
-use dflash_tests::ops::memory;
 use dflash_backend_wgpu::DType;
 use dflash_core::{HostSlice, MemoryOps};
+use dflash_tests::ops::memory;
 
 #[test]
 fn transfers_copies_and_elementwise_match_reference() {
