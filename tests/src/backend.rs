@@ -15,6 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use dflash_core::{AttnDims, Backend, Tensor};
 
 use crate::cases::Case;
+use crate::ops::Format;
 use crate::oracle;
 use crate::report::{CaseResult, Report, TensorErr};
 use crate::run::{CaseInputs, compare};
@@ -120,17 +121,6 @@ const BF16_F32_INPUTS_REL_L2: RelL2 = RelL2 {
     why: BF16_F32_INPUTS,
 };
 
-/// Round to bf16 (nearest even) and back, as a device's `f32 -> bf16` conversion does.
-pub fn bf16_round(x: f32) -> f32 {
-    let u = x.to_bits();
-    let r = if (u & 0x7fff_ffff) > 0x7f80_0000 {
-        (u >> 16) | 0x0040
-    } else {
-        (u + 0x7fff + ((u >> 16) & 1)) >> 16
-    };
-    f32::from_bits(r << 16)
-}
-
 /// Runs `cases` on `backend`'s attention ops and compares them under `checks`. Never panics
 /// on a kernel's failure: every failure lands in its case of the returned report (assert with
 /// [`Report::ensure_passed`]). `label` names the run in the report (e.g. the kernel's name
@@ -222,7 +212,7 @@ fn run_backend_case(be: &dyn Backend, case: &Case, checks: &AttentionChecks) -> 
         let round = |xs: &[f32]| -> Vec<f32> {
             match cmp.inputs {
                 OracleInputs::AsDrawn => xs.to_vec(),
-                OracleInputs::Bf16Rounded => xs.iter().map(|&v| bf16_round(v)).collect(),
+                OracleInputs::Bf16Rounded => xs.iter().map(|&v| Format::Bf16.round(v)).collect(),
             }
         };
         let (q, k, v, d_out) = (round(&x.q), round(&x.k), round(&x.v), round(&x.d_out));

@@ -52,7 +52,7 @@ use dflash_core::{Backend, HostAttentionKernel};
 use run::{bad_input_cases, run_case};
 
 pub use backend::{
-    AttentionChecks, BF16_KERNEL, Check, Comparison, F32_KERNEL, OracleInputs, bf16_round,
+    AttentionChecks, BF16_KERNEL, Check, Comparison, F32_KERNEL, OracleInputs,
     check_backend_attention,
 };
 pub use cases::{

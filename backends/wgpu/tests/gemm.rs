@@ -59,7 +59,10 @@ fn check_coop_product(
         if f16 {
             up_f16(be, x, shape)
         } else {
-            (up(be, x, shape), x.iter().map(|&v| round_f16(v)).collect())
+            (
+                up(be, x, shape),
+                x.iter().map(|&v| Format::F16.round(v)).collect(),
+            )
         }
     };
     let (wa, ha) = operand(&a, &ash, a16);
@@ -94,8 +97,8 @@ fn check_coop_product(
 /// that the backend refuses to start with it there (`common::wgpu_coop_gemm_variants`).
 ///
 /// The kernel rounds its operands to f16, so the reference is the naive f64 product of the
-/// operands rounded to f16 on the host (f32 operands to nearest even, `round_f16`; f16 ones as
-/// their tensors hold them). Products of f16 values are exact in f32, so the only error left is
+/// operands rounded to f16 on the host (f32 operands to nearest even, `Format::F16.round`; f16
+/// ones as their tensors hold them). Products of f16 values are exact in f32, so the only error left is
 /// the f32 accumulation: tolerance `GEMM_TOL`, 1e-5 of `sum |a||b|` (tensor cores may truncate
 /// instead of rounding as they accumulate: at most ~2^-23 of that sum a k-step of 16, < 3e-6
 /// for K = 257). A kernel whose f32 -> f16 conversion does not round to nearest (WGSL leaves it
@@ -122,8 +125,8 @@ fn coop_gemm_matches_naive_of_f16_rounded_operands() {
     }
 }
 
-/// The host's f16 rounding (`round_f16`, the cooperative-matrix GEMM's reference) is the
-/// device's: bit-for-bit what `to_compute_format` (round to nearest even on the bits) holds, on
+/// The host's f16 rounding (`Format::F16.round`, the `half` crate: the cooperative-matrix
+/// GEMM's reference) is the device's: bit-for-bit what `to_compute_format` (round to nearest even on the bits) holds, on
 /// random values, ties, and values below f16's normal range; skips without `SHADER_F16`.
 #[test]
 fn host_f16_rounding_matches_the_device() {
@@ -138,17 +141,17 @@ fn host_f16_rounding_matches_the_device() {
         0.0,
         65504.0,
     ];
-    assert_eq!(round_f16(1.0 + tie), 1.0, "a tie rounds to even");
-    assert_eq!(round_f16(1.0 + 3.0 * tie), 1.0 + 4.0 * tie);
+    assert_eq!(Format::F16.round(1.0 + tie), 1.0, "a tie rounds to even");
+    assert_eq!(Format::F16.round(1.0 + 3.0 * tie), 1.0 + 4.0 * tie);
     x.extend(rand_vec(&mut rng(6), 4096, 2.0));
     let Some(be) = wgpu_f16() else { return };
     let (_, held) = up_f16(&be, &x, &[x.len()]);
     for (&v, &h) in x.iter().zip(&held) {
         assert_eq!(
-            round_f16(v).to_bits(),
+            Format::F16.round(v).to_bits(),
             h.to_bits(),
             "{v}: host {}",
-            round_f16(v)
+            Format::F16.round(v)
         );
     }
     println!(

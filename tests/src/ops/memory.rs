@@ -4,6 +4,7 @@
 //! malformed calls with the reference's messages, and foreign tensors.
 
 use dflash_core::{MemoryOps, Tensor};
+use rand_chacha::ChaCha8Rng;
 
 use super::{
     Arithmetic, Format, OpPath, assert_same_error, check_exact, down, rand_vec, reference, rng, up,
@@ -82,11 +83,12 @@ pub fn narrow_and_concat(path: &dyn OpPath) {
 /// every alignment.
 pub fn narrow_and_concat_in(path: &dyn OpPath, format: Format) {
     let (be, rf) = (path.backend(), reference());
-    let label = path.label();
-    let fmt = format.name();
     let mut r = rng(2);
-    let kept = |t: &Tensor, what: &str| {
-        assert_eq!(path.format_of(t), format, "[{label}] {what} keeps {fmt}");
+    let parts = |r: &mut ChaCha8Rng, shapes: &[[usize; 2]]| -> (Vec<Tensor>, Vec<Tensor>) {
+        shapes
+            .iter()
+            .map(|s| both(path, &rand_vec(r, s[0] * s[1], 1.0), s, format))
+            .unzip()
     };
     for (rows, cols) in [(13, 7), (300, 33), (5, 1000), (1, 1), (37, 29)] {
         let x = rand_vec(&mut r, rows * cols, 3.0);
@@ -97,35 +99,47 @@ pub fn narrow_and_concat_in(path: &dyn OpPath, format: Format) {
             (rows - 1, 1),
             (0, 0),
         ] {
-            let nb = be.narrow_rows(&tb, start, len).unwrap();
-            let nr = rf.narrow_rows(&tr, start, len).unwrap();
-            assert_eq!(nb.dims(), nr.dims());
-            kept(&nb, "narrow_rows");
-            let name = format!("[{label}] {fmt} narrow_rows {rows}x{cols} [{start}, +{len})");
-            check_exact(&name, &down(be, &nb), &down(&rf, &nr));
+            let what = format!("narrow_rows {rows}x{cols} [{start}, +{len})");
+            let got = be.narrow_rows(&tb, start, len).unwrap();
+            let want = rf.narrow_rows(&tr, start, len).unwrap();
+            same_move(path, &what, format, &got, &want);
         }
-        let (pb, pr): (Vec<Tensor>, Vec<Tensor>) = [rows + 2, 1, 17]
-            .iter()
-            .map(|&k| both(path, &rand_vec(&mut r, k * cols, 1.0), &[k, cols], format))
-            .unzip();
-        let cb = be.concat_rows(&pb.iter().collect::<Vec<_>>()).unwrap();
-        let cr = rf.concat_rows(&pr.iter().collect::<Vec<_>>()).unwrap();
-        assert_eq!(cb.dims(), cr.dims());
-        kept(&cb, "concat_rows");
-        let name = format!("[{label}] {fmt} concat_rows of {cols} columns");
-        check_exact(&name, &down(be, &cb), &down(&rf, &cr));
+        let (pb, pr) = parts(&mut r, &[[rows + 2, cols], [1, cols], [17, cols]]);
+        let got = be.concat_rows(&refs(&pb)).unwrap();
+        let want = rf.concat_rows(&refs(&pr)).unwrap();
+        same_move(
+            path,
+            &format!("concat_rows of {cols} columns"),
+            format,
+            &got,
+            &want,
+        );
         let widths = [cols, 3, 2 * cols + 1];
-        let (pb, pr): (Vec<Tensor>, Vec<Tensor>) = widths
-            .iter()
-            .map(|&c| both(path, &rand_vec(&mut r, rows * c, 1.0), &[rows, c], format))
-            .unzip();
-        let cb = be.concat_cols(&pb.iter().collect::<Vec<_>>()).unwrap();
-        let cr = rf.concat_cols(&pr.iter().collect::<Vec<_>>()).unwrap();
-        assert_eq!(cb.dims(), cr.dims());
-        kept(&cb, "concat_cols");
-        let name = format!("[{label}] {fmt} concat_cols {rows} rows, widths {widths:?}");
-        check_exact(&name, &down(be, &cb), &down(&rf, &cr));
+        let (pb, pr) = parts(&mut r, &widths.map(|c| [rows, c]));
+        let got = be.concat_cols(&refs(&pb)).unwrap();
+        let want = rf.concat_cols(&refs(&pr)).unwrap();
+        let what = format!("concat_cols {rows} rows, widths {widths:?}");
+        same_move(path, &what, format, &got, &want);
     }
+}
+
+/// The parts as the concatenations take them.
+fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
+    ts.iter().collect()
+}
+
+/// A move's result on the path against the reference's: the same dims, still in `format`, the
+/// same values bit for bit.
+fn same_move(path: &dyn OpPath, what: &str, format: Format, got: &Tensor, want: &Tensor) {
+    let name = format!("[{}] {} {what}", path.label(), format.name());
+    assert_eq!(got.dims(), want.dims(), "{name}: dims");
+    assert_eq!(
+        path.format_of(got),
+        format,
+        "{name}: keeps {}",
+        format.name()
+    );
+    check_exact(&name, &down(path.backend(), got), &down(&reference(), want));
 }
 
 /// `sum_squares` against the reference's f64 sum (lengths past one and several reduction

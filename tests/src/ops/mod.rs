@@ -191,25 +191,33 @@ pub fn upload_held(
     format: Format,
 ) -> (Tensor, Vec<f32>) {
     let t = path.upload_as(data, shape, format);
-    assert_eq!(
-        path.format_of(&t),
-        format,
-        "[{}] upload_as {}",
-        path.label(),
-        format.name()
-    );
-    assert_eq!(t.dims(), shape);
-    let held = down(path.backend(), &t);
+    let held = holds(path, "upload_as", &t, data, shape, format);
+    (t, held)
+}
+
+/// The values `t` (made by `how` from `data`) holds, after checking its format and shape and
+/// that each is `data`'s rounded to `format`.
+pub(crate) fn holds(
+    path: &dyn OpPath,
+    how: &str,
+    t: &Tensor,
+    data: &[f32],
+    shape: &[usize],
+    format: Format,
+) -> Vec<f32> {
+    let (label, fmt) = (path.label(), format.name());
+    assert_eq!(path.format_of(t), format, "[{label}] {how} {fmt}");
+    assert_eq!(t.dims(), shape, "[{label}] {how}");
+    let held = down(path.backend(), t);
     for (i, (&h, &x)) in held.iter().zip(data).enumerate() {
+        let want = format.round(x).to_bits();
         assert_eq!(
             h.to_bits(),
-            format.round(x).to_bits(),
-            "[{}] element {i} in {}: {x} held as {h}",
-            path.label(),
-            format.name()
+            want,
+            "[{label}] {how}: element {i} in {fmt}: {x} held as {h}"
         );
     }
-    (t, held)
+    held
 }
 
 /// Checks an f32 output (statistics, parameter gradients): its format and its values.
@@ -220,15 +228,11 @@ pub fn check_f32(
     want: &[f32],
     tol: &Tolerance,
 ) -> Closeness {
-    let name = format!("[{}] {name}", path.label());
-    assert_eq!(path.format_of(got), Format::F32, "{name}: format");
-    assert_close(&name, &down(path.backend(), got), want, tol)
+    check_stored(path, name, got, want, tol, Format::F32)
 }
 
 /// Checks an activation output against the reference's f32 result on the same held inputs:
-/// stored in [`OpPath::activation_output`], whose values it must hold, within the op's own
-/// f32 tolerance `tol` plus one rounding to that format (the op computes in f32 and rounds
-/// once on store).
+/// stored in [`OpPath::activation_output`].
 pub fn check_activation(
     path: &dyn OpPath,
     name: &str,
@@ -236,29 +240,38 @@ pub fn check_activation(
     want: &[f32],
     tol: &Tolerance,
 ) -> Closeness {
-    let out = path.activation_output();
+    check_stored(path, name, got, want, tol, path.activation_output())
+}
+
+/// `got`, stored in `format` (whose values it must hold), against `want` within the op's own f32
+/// tolerance `tol` plus one rounding to that format (the op computes in f32 and rounds once on
+/// store).
+fn check_stored(
+    path: &dyn OpPath,
+    name: &str,
+    got: &Tensor,
+    want: &[f32],
+    tol: &Tolerance,
+    format: Format,
+) -> Closeness {
     let name = format!("[{}] {name}", path.label());
-    assert_eq!(path.format_of(got), out, "{name}: format");
+    assert_eq!(path.format_of(got), format, "{name}: format");
     let g = down(path.backend(), got);
-    if out == Format::F32 {
+    if format == Format::F32 {
         return assert_close(&name, &g, want, tol);
     }
     for (i, &x) in g.iter().enumerate() {
-        assert_eq!(
-            out.round(x).to_bits(),
-            x.to_bits(),
-            "{name}[{i}] = {x} is not a {} value",
-            out.name()
-        );
+        let held = format.round(x).to_bits() == x.to_bits();
+        assert!(held, "{name}[{i}] = {x} is not a {} value", format.name());
     }
     let with_rounding = Tolerance {
-        rtol: tol.rtol + out.unit_roundoff(),
+        rtol: tol.rtol + format.unit_roundoff(),
         ..*tol
     };
     println!(
         "  {name:<44} ({} output: rtol includes one rounding, {:.1e})",
-        out.name(),
-        out.unit_roundoff()
+        format.name(),
+        format.unit_roundoff()
     );
     assert_close(&name, &g, want, &with_rounding)
 }

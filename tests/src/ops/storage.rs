@@ -9,7 +9,7 @@ use rand::Rng;
 use super::elementwise::check_gather;
 use super::memory;
 use super::{
-    Format, OpPath, assert_err, check_exact, compute_format_of, down, narrow_compute_format,
+    Format, OpPath, assert_err, check_exact, compute_format_of, down, holds, narrow_compute_format,
     rand_vec, reference, rng, up,
 };
 
@@ -24,21 +24,7 @@ fn compute_held(
     let t = be
         .to_compute_format(up(be, data, shape))
         .expect("to_compute_format");
-    assert_eq!(
-        path.format_of(&t),
-        format,
-        "[{}] to_compute_format",
-        path.label()
-    );
-    let held = down(be, &t);
-    for (i, (&h, &x)) in held.iter().zip(data).enumerate() {
-        assert_eq!(
-            h.to_bits(),
-            format.round(x).to_bits(),
-            "[{}] element {i}: {x} held as {h}",
-            path.label()
-        );
-    }
+    let held = holds(path, "to_compute_format", &t, data, shape, format);
     (t, held)
 }
 

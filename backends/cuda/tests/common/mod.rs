@@ -236,9 +236,7 @@ pub fn dtype_of(t: &Tensor) -> dflash_backend_cuda::DType {
 /// Every element rounded to bf16 (nearest even, by the `half` crate, independently of the
 /// backend's kernel) and widened back to f32: the values a bf16 tensor holds.
 pub fn bf16_rounded(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| half::bf16::from_f32(v).to_f32())
-        .collect()
+    x.iter().map(|&v| Format::Bf16.round(v)).collect()
 }
 
 /// `data` uploaded and converted to bf16 on the device (whatever the GEMM mode).

@@ -211,17 +211,6 @@ pub fn wgpu_coop_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
     v
 }
 
-/// `x` rounded to the nearest f16 value, ties to even, as an f32 (what an f16 operand of the
-/// cooperative-matrix GEMM holds): the significand rounded to 11 bits in f16's normal range
-/// (|x| >= 2^-14), to a multiple of 2^-24 below it. For |x| < 65520 (no overflow), which the
-/// tests' inputs are; exact (scaling by powers of two, then `round_ties_even`).
-pub fn round_f16(x: f32) -> f32 {
-    assert!(x.abs() < 65520.0, "{x} overflows f16");
-    let e = ((x.to_bits() >> 23) & 0xff) as i32 - 127;
-    let q = 2f32.powi(e.max(-14) - 10);
-    (x / q).round_ties_even() * q
-}
-
 /// As [`wgpu`], with read-only tensors in f16 (`to_compute_format`), or `None` after printing
 /// the skip line when there is no adapter or it lacks `SHADER_F16`.
 pub fn wgpu_f16() -> Option<WgpuBackend> {
