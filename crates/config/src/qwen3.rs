@@ -183,9 +183,9 @@ fn read_model_type(o: &Obj<'_>) -> Result<String> {
     Ok(model_type)
 }
 
-/// Errors on the first setting whose math this project does not implement: an activation
-/// other than SiLU, attention biases, sliding-window attention, a non-full-attention layer.
-fn reject_unimplemented(o: &Obj<'_>) -> Result<()> {
+/// Errors on a Qwen3 layer setting the layers here (the target's and the drafter's) do not
+/// implement: an activation other than SiLU, attention biases.
+pub(crate) fn reject_unimplemented_layer_math(o: &Obj<'_>) -> Result<()> {
     o.expect_str_if_present(
         "hidden_act",
         "silu",
@@ -195,7 +195,13 @@ fn reject_unimplemented(o: &Obj<'_>) -> Result<()> {
         "attention_bias",
         false,
         "Qwen3 attention has no biases; biased projections are not implemented",
-    )?;
+    )
+}
+
+/// Errors on the first setting whose math this project does not implement: an activation
+/// other than SiLU, attention biases, sliding-window attention, a non-full-attention layer.
+fn reject_unimplemented(o: &Obj<'_>) -> Result<()> {
+    reject_unimplemented_layer_math(o)?;
     o.expect_bool_if_present(
         "use_sliding_window",
         false,

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::{DType, DrafterConfig, LayerType};
 use crate::error::Result;
 use crate::json::{Obj, parse_object, read_text};
-use crate::qwen3::TokenIds;
+use crate::qwen3::{TokenIds, reject_unimplemented_layer_math};
 use crate::rope::read_rope_theta;
 
 impl DrafterConfig {
@@ -116,16 +116,7 @@ fn check_supported(o: &Obj<'_>) -> Result<()> {
         "qwen3",
         "DFlash drafter layers are Qwen3 layers (model_type \"qwen3\")",
     )?;
-    o.expect_str_if_present(
-        "hidden_act",
-        "silu",
-        "only SiLU (SwiGLU MLP) is implemented",
-    )?;
-    o.expect_bool_if_present(
-        "attention_bias",
-        false,
-        "biased attention projections are not implemented",
-    )
+    reject_unimplemented_layer_math(o)
 }
 
 /// `layer_types`, or HF's rule for it when the key is absent.
