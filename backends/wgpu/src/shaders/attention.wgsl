@@ -111,6 +111,18 @@ fn nonfinite4(x: vec4<f32>) -> bool {
     return any(e == vec4<u32>(0x7f800000u));
 }
 
+// Clears both non-finite flags (thread 0). A clear must be ordered before every `note` it
+// could erase by a barrier between them (and after the previous readers by another): a
+// kernel that stages a flagged tile right after clearing, with no barrier between, loses
+// the flag when thread 0 clears after a faster thread has set it (seen on NVIDIA, where
+// warps run apart; lavapipe runs the threads in order and never shows it).
+fn clear_flags(lid: u32) {
+    if (lid == 0u) {
+        atomicStore(&bad[0], 0u);
+        atomicStore(&bad[1], 0u);
+    }
+}
+
 // Flags `which` (1 or 2; 0: no check) when `seen`: one atomic per thread and staged tile,
 // after its loads (an atomic inside the load loop keeps the compiler from issuing the loads
 // of several iterations together).

@@ -28,9 +28,9 @@ fn kv_at(key: u32, kh: u32, c: u32) -> u32 {
 }
 
 // Step w of a key tile's flat list of (query tile, query head of kv head kh) pairs: the
-// query tile's first row and the head `(r0, h)`, with its intervals, row statistics, tile
-// flags and cleared non-finite flags in place. row_iv, row_l, row_d and the flags were last
-// read before the previous step's final barrier.
+// query tile's first row and the head `(r0, h)`, with its intervals, row statistics and tile
+// flags in place. row_iv, row_l and row_d were last read before the previous step's final
+// barrier.
 fn begin_kv_step(w: u32, kh: u32, lid: u32) -> vec2<u32> {
     let entry = tiles[p.klist_at + w / p.group];
     tile_full = (entry & FULL) != 0u;
@@ -39,10 +39,6 @@ fn begin_kv_step(w: u32, kh: u32, lid: u32) -> vec2<u32> {
     let h = kh * p.group + w % p.group;
     load_intervals(r0, lid);
     load_row_stats(r0, h, lid);
-    if (lid == 0u) {
-        atomicStore(&bad[0], 0u);
-        atomicStore(&bad[1], 0u);
-    }
     return vec2<u32>(r0, h);
 }
 
@@ -90,6 +86,9 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let step = begin_kv_step(w, kh, lid);
         let r0 = step.x;
         let h = step.y;
+        // The flags' readers passed the previous step's last barrier; their writers (d_out
+        // and Q below) come after this step's first.
+        clear_flags(lid);
         stage_kv(1u, KT, k0, kh, lid, 0u);
         stage_q(RT, r0, h, lid, 0u);
         workgroupBarrier();

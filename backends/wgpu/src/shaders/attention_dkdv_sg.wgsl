@@ -11,7 +11,7 @@
 // lane of their query row, P and dS formed in registers where visible, then dv += P^T d_out
 // and dk += dS^T Q: two stagings and three barriers a tile. Q and d_out are flagged when they
 // hold a non-finite value: their accumulation then takes the careful path that skips zero
-// weights.
+// weights, for that tile and the rest of the workgroup's list.
 
 const LANES: u32 = BQ;
 // Q and d_out unpadded (rows DP4 vec4 apart), then P and dS query-major: query row j's 4-key
@@ -86,6 +86,11 @@ fn attn_dkdv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         dv = R4(kv_get4(key, kh, tx, true), kv_get4(key + 1u, kh, tx, true),
                 kv_get4(key + 2u, kh, tx, true), kv_get4(key + 3u, kh, tx, true));
     }
+    // The flags are cleared once, before list_bounds' barrier, and stay set for the rest of
+    // the list: the steps stage their flagged tiles first, so a clear inside the loop would
+    // have no barrier before those writers (`clear_flags`). A set flag only costs the careful
+    // path.
+    clear_flags(lid);
     let lb = list_bounds(p.koff_at, kt, lid);
     // One flat loop over (query tile, query head of this kv head) pairs.
     let span = pass_range(lb.x * p.group, lb.y * p.group);

@@ -86,10 +86,9 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let w = tiles[p.qlist_at + it];
         tile_full = (w & FULL) != 0u;
         let k0 = (w & ~FULL) * BK;
-        // The previous tile's readers of bad[0] passed its last barrier.
-        if (lid == 0u) {
-            atomicStore(&bad[0], 0u);
-        }
+        // The previous tile's readers of the flags passed its last barrier; this tile's
+        // writer (K below) comes after its second.
+        clear_flags(lid);
         stage_dout(RT, r0, h, lid, 0u);
         stage_kv(2u, KT, k0, kh, lid, 0u);
         workgroupBarrier();

@@ -54,16 +54,16 @@ fn attn_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
                dq_get4(r0 + 4u * ty + 2u, h, tx), dq_get4(r0 + 4u * ty + 3u, h, tx));
     }
     // The row statistics (and intervals) are visible after this uniform load's barrier.
+    // The K flag is cleared once, before list_bounds' barrier, and stays set for the rest
+    // of the list: each tile stages K first, so a clear inside the loop would have no barrier
+    // before its writers (`clear_flags`). A set flag only costs the careful path.
+    clear_flags(lid);
     let lb = list_bounds(0u, qt, lid);
     let span = pass_range(lb.x, lb.y);
     for (var it = span.x; it < span.y; it = it + 1u) {
         let w = tiles[p.qlist_at + it];
         tile_full = (w & FULL) != 0u;
         let k0 = (w & ~FULL) * BK;
-        // The previous tile's readers of bad[0] passed its last barrier.
-        if (lid == 0u) {
-            atomicStore(&bad[0], 0u);
-        }
         put_kv(SG_K, DP4, fetch_kv(1u, k0, kh, lid), lid, 1u);
         put_kv(SG_V, DP4, fetch_kv(2u, k0, kh, lid), lid, 0u);
         workgroupBarrier();

@@ -72,9 +72,9 @@ fn get_out(r: u32, h: u32, cx: u32) -> array<vec4<f32>, 2> {
 fn begin_tile(it: u32, lid: u32) -> u32 {
     let w = tiles[p.qlist_at + it];
     tile_full = (w & FULL) != 0u;
-    if (lid == 0u) {
-        atomicStore(&bad[0], 0u);
-    }
+    // The previous tile's readers passed its last barrier; the writer (V) comes two
+    // barriers later.
+    clear_flags(lid);
     return (w & ~FULL) * BK;
 }
 
