@@ -40,6 +40,12 @@ if [ "$cuda_tests" = 1 ]; then
     bash backends/cuda/scripts/stage-device-tests.sh dflash-plugin-cuda-attention .cudatest/plugin
     cp "$(ls target/release/deps/libdflash_plugin_cuda_attention.so target/release/libdflash_plugin_cuda_attention.so 2>/dev/null | head -1)" \
         .cudatest/plugin/ && strip .cudatest/plugin/libdflash_plugin_cuda_attention.so
+    # Its `gpu` test compares with the C plugin, which it loads from the absolute build path
+    # compiled into it (dflash_plugin_c_attention::LIBRARY): carry that file at that path
+    # (validate.sh links /work/main to the checkout and unpacks from its root).
+    c_plugin=$(grep -aoE '/work/main/target/[[:alnum:]_./-]*libc_attention\.so' .cudatest/plugin/gpu | head -1)
+    [ -n "$c_plugin" ] && [ -f "$c_plugin" ] || { echo "the C plugin the gpu test loads was not found" >&2; exit 1; }
+    tar -cf - "${c_plugin#/work/main/}" | xz -T0 -6 > .cudatest-c-plugin.tar.xz
 else
     rm -rf .cudatest && mkdir .cudatest
 fi
@@ -67,6 +73,7 @@ if [ -n "$ab_base" ]; then
 fi
 cp .gl/*.deb .carry/ 2>/dev/null || true
 tar -cf - .cudatest | xz -T0 -6 > .carry/cudatest.tar.xz
+[ -f .cudatest-c-plugin.tar.xz ] && mv .cudatest-c-plugin.tar.xz .carry/c-plugin.tar.xz
 tar -cf - .wgputest | xz -T0 -6 > .carry/wgputest.tar.xz
 tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 carried=$(du -cb .carry | tail -1 | cut -f1)
