@@ -30,7 +30,9 @@
 #                twice, on AB_ARGS (default: wgpu gemm, attention ctx4096, drafter step)
 #                                                                          -> OUT/ab.log
 #   gemm-twin    the wgpu GEMM's algorithm in CUDA C (lab/wgpu/gemm_twin.py) -> OUT/gemm-twin.log
-#   wgpu-train   the embedded default trained through wgpu (~5 min)        -> OUT/wgpu-train.log
+#   wgpu-train   the embedded default trained through wgpu (~2 min)        -> OUT/wgpu-train.log
+#   wgpu-coop-train  the same with the tensor-core GEMM (DFLASH_WGPU_GEMM=matmul_coop, f16
+#                operands): its tau against wgpu-train's                   -> OUT/wgpu-coop-train.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
 #   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
 #                (needs a machine with 2+ GPUs; the NCCL tests are in cuda-tests)
@@ -199,11 +201,14 @@ for phase in "$@"; do
     gemm-twin)
         python3 lab/wgpu/gemm_twin.py > "$out/gemm-twin.log" 2>&1 || failed+=("$phase")
         cat "$out/gemm-twin.log" | tail -5 ;;
-    wgpu-train)
-        $D train --config configs/default.toml --set backend.name='"wgpu"' \
-            --set backend.attention='"wgpu-tiled"' --set run.dir="\"/tmp/wgpu-runs\"" \
-            > "$out/wgpu-train.log" 2>&1 || failed+=("$phase")
-        grep -E "adapter|tau|^run_dir" "$out/wgpu-train.log" | cut -c1-200 ;;
+    wgpu-train|wgpu-coop-train)
+        gemm=; [ "$phase" = wgpu-coop-train ] && gemm=matmul_coop
+        # Word-split on purpose: no GEMM switch at all for wgpu-train.
+        # shellcheck disable=SC2086
+        env ${gemm:+DFLASH_WGPU_GEMM=$gemm} $D train --config configs/default.toml \
+            --set backend.name='"wgpu"' --set backend.attention='"wgpu-tiled"' \
+            --set run.dir="\"/tmp/$phase-runs\"" > "$out/$phase.log" 2>&1 || failed+=("$phase")
+        grep -E "adapter|tau|^run_dir" "$out/$phase.log" | cut -c1-200 ;;
     plan)
         $D plan --config configs/default.toml --set backend.name='"cuda"' \
             --set backend.attention='"cuda-flash"' --json "$out/plan.json" \
