@@ -53,11 +53,11 @@ fn attn_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         o = R4(dq_get4(r0 + 4u * ty, h, tx), dq_get4(r0 + 4u * ty + 1u, h, tx),
                dq_get4(r0 + 4u * ty + 2u, h, tx), dq_get4(r0 + 4u * ty + 3u, h, tx));
     }
-    // The row statistics (and intervals) are visible after this uniform load's barrier.
     // The K flag is cleared once, before list_bounds' barrier, and stays set for the rest
     // of the list: each tile stages K first, so a clear inside the loop would have no barrier
     // before its writers (`clear_flags`). A set flag only costs the careful path.
     clear_flags(lid);
+    // The row statistics (and intervals) are visible after this uniform load's barrier.
     let lb = list_bounds(0u, qt, lid);
     let span = pass_range(lb.x, lb.y);
     for (var it = span.x; it < span.y; it = it + 1u) {
