@@ -484,4 +484,6 @@ impl Ctx {
 }
 
 #[cfg(test)]
+mod flag_order;
+#[cfg(test)]
 mod tests;

@@ -19,7 +19,7 @@ fn validate(family: Family, subgroups: bool) {
     .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(&src)));
 }
 
-fn attention_variants() -> Vec<AttnCfg> {
+pub(super) fn attention_variants() -> Vec<AttnCfg> {
     let mut out = Vec::new();
     // Every head-dim class, with vec4 and scalar reads (22 and 40 are padded).
     for d in [22, 32, 40, 64, 128, 256] {
