@@ -195,9 +195,12 @@ impl Walk<'_> {
                     flow.next = 0;
                 }
                 Statement::Kill => flow.next = 0,
-                Statement::ControlBarrier(_) | Statement::WorkGroupUniformLoad { .. } => {
+                // A barrier over workgroup memory (workgroupBarrier, or the two of
+                // workgroupUniformLoad); a storage- or subgroup-only one orders nothing here.
+                Statement::ControlBarrier(b) if b.contains(naga::Barrier::WORK_GROUP) => {
                     flow.next = 1; // the state with nothing seen since the barrier
                 }
+                Statement::WorkGroupUniformLoad { .. } => flow.next = 1,
                 Statement::Store { pointer, .. } if self.is_flag(f, *pointer) => {
                     flow.next = self.access(s, CLEARED, "a flag store", &name);
                 }
