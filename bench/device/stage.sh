@@ -45,7 +45,6 @@ if [ "$cuda_tests" = 1 ]; then
     # (validate.sh links /work/main to the checkout and unpacks from its root).
     c_plugin=$(grep -aoE '/work/main/target/[[:alnum:]_./-]*libc_attention\.so' .cudatest/plugin/gpu | head -1)
     [ -n "$c_plugin" ] && [ -f "$c_plugin" ] || { echo "the C plugin the gpu test loads was not found" >&2; exit 1; }
-    tar -cf - "${c_plugin#/work/main/}" | xz -T0 -6 > .cudatest-c-plugin.tar.xz
 else
     rm -rf .cudatest && mkdir .cudatest
 fi
@@ -73,7 +72,9 @@ if [ -n "$ab_base" ]; then
 fi
 cp .gl/*.deb .carry/ 2>/dev/null || true
 tar -cf - .cudatest | xz -T0 -6 > .carry/cudatest.tar.xz
-[ -f .cudatest-c-plugin.tar.xz ] && mv .cudatest-c-plugin.tar.xz .carry/c-plugin.tar.xz
+if [ -n "${c_plugin:-}" ]; then
+    tar -cf - "${c_plugin#/work/main/}" | xz -T0 -6 > .carry/c-plugin.tar.xz
+fi
 tar -cf - .wgputest | xz -T0 -6 > .carry/wgputest.tar.xz
 tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 carried=$(du -cb .carry | tail -1 | cut -f1)
