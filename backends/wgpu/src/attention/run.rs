@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::tiled::{AttnKind, FIRST, LAST};
+use super::tiled::{AttnKind, FIRST, HALF_DOUT, HALF_K, HALF_Q, HALF_V, LAST};
 use crate::storage::WgpuStorage;
 use crate::{WgpuBackend, groups};
 
@@ -102,7 +102,7 @@ impl WgpuBackend {
             .collect()
     }
 
-    /// The forward into `out (Tq, Hq, D)` and `lse (Tq, Hq)`.
+    /// The forward into `out (Tq, Hq, D)` and `lse (Tq, Hq)`; q, k, v f32 or f16.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tiled_forward(
         &self,
@@ -114,7 +114,8 @@ impl WgpuBackend {
         out: &WgpuStorage,
         lse: &WgpuStorage,
     ) -> Result<()> {
-        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Fwd])?;
+        let half = half_bits([(q, HALF_Q), (k, HALF_K), (v, HALF_V)]);
+        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], half, [AttnKind::Fwd])?;
         if out.len == 0 {
             return Ok(());
         }
@@ -142,7 +143,8 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`).
+    /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`); q, k, v, d_out f32 or
+    /// f16, out and lse f32.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tiled_backward(
         &self,
@@ -153,8 +155,9 @@ impl WgpuBackend {
         [q, k, v, out, lse, d_out]: [&WgpuStorage; 6],
         [dq, dk, dv]: [&WgpuStorage; 3],
     ) -> Result<()> {
-        let [cq, ckv] =
-            self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Dq, AttnKind::Dkdv])?;
+        let half = half_bits([(q, HALF_Q), (k, HALF_K), (v, HALF_V), (d_out, HALF_DOUT)]);
+        let kinds = [AttnKind::Dq, AttnKind::Dkdv];
+        let [cq, ckv] = self.tiled_check(op, dims, &[q.len, k.len], half, kinds)?;
         let (hq, d) = (dims.q_heads, dims.head_dim);
         let dsum = self.ctx.alloc(op, lse.len)?;
         let chunks = self.row_chunks(op, dims, mask)?;
@@ -213,4 +216,12 @@ impl WgpuBackend {
         }
         Ok(())
     }
+}
+
+/// [`super::tiled::AttnCfg::half`] of the inputs: the bit of each that is f16.
+fn half_bits<const N: usize>(inputs: [(&WgpuStorage, u8); N]) -> u8 {
+    inputs
+        .iter()
+        .filter(|(s, _)| s.dtype == crate::storage::DType::F16)
+        .fold(0, |acc, (_, bit)| acc | bit)
 }
