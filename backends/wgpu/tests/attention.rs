@@ -172,10 +172,9 @@ fn unsupported_head_dims_are_clean_errors() {
 
 /// f16 q, k, v (the compute format; out and d_out too for the backward) through `wgpu-tiled`
 /// (whose kernels widen each value as they load it) and through the host round trip (which
-/// widens on the host): forward (out, lse) and backward (dq, dk, dv) are bit for bit those
-/// of f32 tensors holding the same values (which the suites above check against the
-/// oracle). Head dims 64 and 40 take the 8-byte f16 reads, 21 the per-element ones, its rows
-/// starting at odd f16 offsets.
+/// widens on the host): bit for bit the f32 path ([`check_f16_inputs_exact`]). Head dims 64
+/// and 40 take the 8-byte f16 reads, 21 the per-element ones, its rows starting at odd f16
+/// offsets.
 #[test]
 fn attention_f16_qkv_match_the_f32_path_bit_exact() {
     let mut r = rng(21);
@@ -183,56 +182,8 @@ fn attention_f16_qkv_match_the_f32_path_bit_exact() {
         let Some(be) = wgpu_f16_with(attention, None) else {
             return;
         };
-        // (rows, q heads, kv heads, head_dim): an odd head_dim puts rows at odd f16 offsets.
         for (s, hq, hk, d) in [(37, 4, 2, 64), (20, 2, 1, 40), (19, 3, 1, 21)] {
-            let mask = BlockMask::causal(s).unwrap();
-            let (q16, q) = up_f16(&be, &rand_vec(&mut r, s * hq * d, 1.0), &[s, hq, d]);
-            let (k16, k) = up_f16(&be, &rand_vec(&mut r, s * hk * d, 1.0), &[s, hk, d]);
-            let (v16, v) = up_f16(&be, &rand_vec(&mut r, s * hk * d, 1.0), &[s, hk, d]);
-            let (q32, k32, v32) = (
-                up(&be, &q, &[s, hq, d]),
-                up(&be, &k, &[s, hk, d]),
-                up(&be, &v, &[s, hk, d]),
-            );
-            let scale = 1.0 / (d as f32).sqrt();
-            let (o16, l16) = be.attention(&q16, &k16, &v16, &mask, scale).unwrap();
-            let (o32, l32) = be.attention(&q32, &k32, &v32, &mask, scale).unwrap();
-            let tag = format!("{attention} ({s}, {hq}/{hk}, {d})");
-            check_exact(
-                &format!("f16 qkv out {tag}"),
-                &down(&be, &o16),
-                &down(&be, &o32),
-            );
-            check_exact(
-                &format!("f16 qkv lse {tag}"),
-                &down(&be, &l16),
-                &down(&be, &l32),
-            );
-            // out and d_out in f16 too (a benchmark hands every input in the compute format).
-            let (dout16, dout) = up_f16(&be, &rand_vec(&mut r, s * hq * d, 1.0), &[s, hq, d]);
-            let (oh16, oh) = up_f16(&be, &down(&be, &o32), &[s, hq, d]);
-            let (dout32, oh32) = (up(&be, &dout, &[s, hq, d]), up(&be, &oh, &[s, hq, d]));
-            let g16 = be
-                .attention_backward(&q16, &k16, &v16, &oh16, &l32, &dout16, &mask, scale)
-                .unwrap();
-            let g32 = be
-                .attention_backward(&q32, &k32, &v32, &oh32, &l32, &dout32, &mask, scale)
-                .unwrap();
-            check_exact(
-                &format!("f16 qkv dq {tag}"),
-                &down(&be, &g16.0),
-                &down(&be, &g32.0),
-            );
-            check_exact(
-                &format!("f16 qkv dk {tag}"),
-                &down(&be, &g16.1),
-                &down(&be, &g32.1),
-            );
-            check_exact(
-                &format!("f16 qkv dv {tag}"),
-                &down(&be, &g16.2),
-                &down(&be, &g32.2),
-            );
+            check_f16_inputs_exact(&be, attention, &mut r, (s, hq, hk, d));
         }
     }
 }

@@ -14,7 +14,8 @@
 //! register columns a lane with query registers) take the kernels; 128 needs 32 lanes (a GPU
 //! such as the H200 runs all three here). Every suite mask, the large masks, the k and v NaN
 //! cases, one pass and passes of 3 list iterations (the softmax state carried between
-//! dispatches), vec4 and scalar reads, against the f64 oracle.
+//! dispatches), vec4 and scalar reads, against the f64 oracle; and the shipped subgroup
+//! kernels on f16 inputs against f32 ones holding the same values, bit for bit.
 //!
 //! One test in this file: it sets the environment before the adapter starts.
 
@@ -119,6 +120,7 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
         }
     }
     println!("ran: {ran:#?}");
+    check_f16_inputs_on_subgroups(&backend, widest);
     // Every adapter with subgroups of 8+ lanes takes head dim 32 both ways, 16+ lanes head
     // dim 64, 32-lane ones (NVIDIA) head dim 128.
     let took = |dp: &str, (qreg, wide, bwd_sg): (bool, bool, bool)| {
@@ -138,5 +140,35 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
         if widest >= 32 && v.0 {
             assert!(took("DP 128,", v), "{v:?}: {ran:?}");
         }
+    }
+}
+
+/// Every subgroup kernel on f16 inputs (read as they are, widened as loaded), shipped
+/// variants together: bit for bit the f32 path at head dims 32, 22 (scalar reads) and, with
+/// 16+ lanes, 64.
+fn check_f16_inputs_on_subgroups(backend: &BackendOptions, widest: u32) {
+    let Some(f16) = wgpu_f16_with("wgpu-tiled", None) else {
+        return;
+    };
+    let opts = WgpuOptions {
+        attn_subgroup_tiles: true,
+        ..f16.options()
+    };
+    let sg = WgpuBackend::with_options(backend, opts).unwrap();
+    let mut r = rng(33);
+    for (hq, hk, d) in [(4, 2, 32), (2, 1, 22), (4, 2, 64)] {
+        let [fwd, dq, dkdv] = sg.tiled_kernels(d).unwrap();
+        if d == 64 && widest < 16 {
+            continue;
+        }
+        for k in [&fwd, &dq, &dkdv] {
+            assert!(k.contains("_sg.wgsl"), "head dim {d}: {k}");
+        }
+        check_f16_inputs_exact(
+            &sg,
+            &format!("{fwd}, {dq}, {dkdv}"),
+            &mut r,
+            (45, hq, hk, d),
+        );
     }
 }

@@ -462,3 +462,60 @@ pub const GEMM_TOL: f64 = dflash_tests::ops::gemm::GemmPrecision::F32.tol;
 pub fn check_gemm(name: &str, got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
     dflash_tests::ops::gemm::check_scaled(name, got, want, scale, GEMM_TOL)
 }
+
+// ---- f16 attention inputs -------------------------------------------------------------------
+
+/// Attention on f16 q, k, v (and f16 out and d_out in the backward, as a benchmark hands
+/// every input in the compute format) against f32 tensors holding the same values, on a
+/// causal mask of `s` rows: forward (out, lse) and backward (dq, dk, dv) bit for bit equal,
+/// since either way each value reaches the kernel's f32 arithmetic unchanged (the f32 path
+/// itself is checked against the oracle by the suites). `(s, hq, hk, d)`: rows, q and kv
+/// heads, head dim.
+#[allow(dead_code)]
+pub fn check_f16_inputs_exact(
+    be: &WgpuBackend,
+    label: &str,
+    r: &mut rand_chacha::ChaCha8Rng,
+    (s, hq, hk, d): (usize, usize, usize, usize),
+) {
+    use dflash_core::AttentionOps;
+    let mask = dflash_core::mask::BlockMask::causal(s).unwrap();
+    let (q16, q) = up_f16(be, &rand_vec(r, s * hq * d, 1.0), &[s, hq, d]);
+    let (k16, k) = up_f16(be, &rand_vec(r, s * hk * d, 1.0), &[s, hk, d]);
+    let (v16, v) = up_f16(be, &rand_vec(r, s * hk * d, 1.0), &[s, hk, d]);
+    let (q32, k32, v32) = (
+        up(be, &q, &[s, hq, d]),
+        up(be, &k, &[s, hk, d]),
+        up(be, &v, &[s, hk, d]),
+    );
+    let scale = 1.0 / (d as f32).sqrt();
+    let (o16, l16) = be.attention(&q16, &k16, &v16, &mask, scale).unwrap();
+    let (o32, l32) = be.attention(&q32, &k32, &v32, &mask, scale).unwrap();
+    let tag = format!("{label} ({s}, {hq}/{hk}, {d})");
+    check_exact(
+        &format!("f16 qkv out {tag}"),
+        &down(be, &o16),
+        &down(be, &o32),
+    );
+    check_exact(
+        &format!("f16 qkv lse {tag}"),
+        &down(be, &l16),
+        &down(be, &l32),
+    );
+    let (dout16, dout) = up_f16(be, &rand_vec(r, s * hq * d, 1.0), &[s, hq, d]);
+    let (oh16, oh) = up_f16(be, &down(be, &o32), &[s, hq, d]);
+    let (dout32, oh32) = (up(be, &dout, &[s, hq, d]), up(be, &oh, &[s, hq, d]));
+    let g16 = be
+        .attention_backward(&q16, &k16, &v16, &oh16, &l32, &dout16, &mask, scale)
+        .unwrap();
+    let g32 = be
+        .attention_backward(&q32, &k32, &v32, &oh32, &l32, &dout32, &mask, scale)
+        .unwrap();
+    for (name, a, b) in [
+        ("dq", &g16.0, &g32.0),
+        ("dk", &g16.1, &g32.1),
+        ("dv", &g16.2, &g32.2),
+    ] {
+        check_exact(&format!("f16 qkv {name} {tag}"), &down(be, a), &down(be, b));
+    }
+}
