@@ -174,7 +174,8 @@ for phase in "$@"; do
     wgpu-inputs)
         # The bench's inputs are in the compute format (f16 on wgpu), which `wgpu-tiled`
         # widens to f32 copies per call; the job's q, k, v are f32 already. The difference
-        # between the two is what the widening costs the figure.
+        # between the two is what the widening costs the figure (docs/PERF.md, session 14:
+        # reading f16 in the kernels instead cost far more).
         for round in 1 2; do
             for f16 in 1 0; do
                 echo "-- DFLASH_WGPU_F16=$f16 (round $round)" >> "$out/wgpu-inputs.log"

@@ -1,8 +1,8 @@
 //! Attention over a block-sparse mask: any registered host kernel through a host round trip
 //! (correct, slow: for conformance checks), and the WGSL kernel `wgpu-tiled` ([`tiled`]:
 //! head dims 1..=256, GQA, every mask kind, work proportional to the visible tiles). q, k, v
-//! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`'s
-//! kernels as they load them (they compute and stage in f32).
+//! may be f16 (the compute format): the round trip widens them on the host, `wgpu-tiled`
+//! into f32 copies on the device first (its kernels read f32, staged in workgroup memory).
 
 mod lists;
 mod run;
@@ -12,8 +12,6 @@ pub(crate) use lists::MetaCache;
 pub(crate) use tiled::AttnCfg;
 #[cfg(test)]
 pub(crate) use tiled::AttnKind;
-#[cfg(test)]
-pub(crate) use tiled::{HALF_DOUT, HALF_K, HALF_Q, HALF_V};
 
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{DeviceAttentionKernelRegistration, create_attention};
@@ -117,11 +115,12 @@ impl AttentionOps for WgpuBackend {
         let kernel = match &self.attention {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
-                // f16 q, k, v (the compute format) are read as they are: the kernel widens
-                // each value as it loads it.
-                let qs = storage_any(op, &self.ctx, q)?;
-                let ks = storage_any(op, &self.ctx, k)?;
-                let vs = storage_any(op, &self.ctx, v)?;
+                // f16 q, k, v (the compute format) are widened into f32 copies first: the
+                // tiled kernel reads f32.
+                let (mut wq, mut wk, mut wv) = (None, None, None);
+                let qs = self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?;
+                let ks = self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?;
+                let vs = self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?;
                 let out = self.out(op, qs.len)?;
                 let lse = self.out(op, dims.q_rows * dims.q_heads)?;
                 self.tiled_forward(op, &dims, mask, scale, [qs, ks, vs], &out, &lse)?;
@@ -167,16 +166,15 @@ impl AttentionOps for WgpuBackend {
             AttnImpl::Host(kernel) => kernel,
             AttnImpl::Tiled => {
                 // Any input may be in the compute format (a benchmark's inputs are): the
-                // kernels read f16 q, k, v and d_out as they are; an f16 out (read once per
-                // row, by attn_dsum) is widened first.
-                let mut wo = None;
+                // kernel reads f32, so f16 ones are widened first.
+                let (mut wq, mut wk, mut wv, mut wo, mut wd) = (None, None, None, None, None);
                 let ins = [
-                    storage_any(op, &self.ctx, q)?,
-                    storage_any(op, &self.ctx, k)?,
-                    storage_any(op, &self.ctx, v)?,
+                    self.widened(op, storage_any(op, &self.ctx, q)?, &mut wq)?,
+                    self.widened(op, storage_any(op, &self.ctx, k)?, &mut wk)?,
+                    self.widened(op, storage_any(op, &self.ctx, v)?, &mut wv)?,
                     self.widened(op, storage_any(op, &self.ctx, out)?, &mut wo)?,
                     storage(op, &self.ctx, lse)?,
-                    storage_any(op, &self.ctx, d_out)?,
+                    self.widened(op, storage_any(op, &self.ctx, d_out)?, &mut wd)?,
                 ];
                 let dq = self.out(op, ins[0].len)?;
                 let dk = self.out(op, ins[1].len)?;

@@ -171,10 +171,9 @@ fn unsupported_head_dims_are_clean_errors() {
 }
 
 /// f16 q, k, v (the compute format; out and d_out too for the backward) through `wgpu-tiled`
-/// (whose kernels widen each value as they load it) and through the host round trip (which
-/// widens on the host): bit for bit the f32 path ([`check_f16_inputs_exact`]). Head dims 64
-/// and 40 take the 8-byte f16 reads, 21 the per-element ones, its rows starting at odd f16
-/// offsets.
+/// (widened into f32 copies on the device first) and through the host round trip (widened on
+/// the host): bit for bit the f32 path ([`check_f16_inputs_exact`]). Head dims 64 and 40 read
+/// as vec4, 21 per element, its rows starting at odd f16 offsets.
 #[test]
 fn attention_f16_qkv_match_the_f32_path_bit_exact() {
     let mut r = rng(21);

@@ -143,7 +143,7 @@ fn subgroup_kernels_match_the_oracle_on_every_head_dim_they_take() {
     }
 }
 
-/// Every subgroup kernel on f16 inputs (read as they are, widened as loaded), shipped
+/// Every subgroup kernel on f16 inputs (widened into f32 copies first), shipped
 /// variants together: bit for bit the f32 path at head dims 32, 22 (scalar reads) and, with
 /// 16+ lanes, 64.
 fn check_f16_inputs_on_subgroups(backend: &BackendOptions, widest: u32) {

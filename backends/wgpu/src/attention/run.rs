@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::tiled::{AttnKind, FIRST, HALF_DOUT, HALF_K, HALF_Q, HALF_V, LAST};
+use super::tiled::{AttnKind, FIRST, LAST};
 use crate::storage::WgpuStorage;
 use crate::{WgpuBackend, groups};
 
@@ -102,7 +102,7 @@ impl WgpuBackend {
             .collect()
     }
 
-    /// The forward into `out (Tq, Hq, D)` and `lse (Tq, Hq)`; q, k, v f32 or f16.
+    /// The forward into `out (Tq, Hq, D)` and `lse (Tq, Hq)`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tiled_forward(
         &self,
@@ -114,8 +114,7 @@ impl WgpuBackend {
         out: &WgpuStorage,
         lse: &WgpuStorage,
     ) -> Result<()> {
-        let half = half_bits([(q, HALF_Q), (k, HALF_K), (v, HALF_V)]);
-        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], half, [AttnKind::Fwd])?;
+        let [cfg] = self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Fwd])?;
         if out.len == 0 {
             return Ok(());
         }
@@ -143,8 +142,7 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`); q, k, v, d_out f32 or
-    /// f16, out and lse f32.
+    /// The backward into `dq`, `dk`, `dv` (shaped as `q`, `k`, `v`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn tiled_backward(
         &self,
@@ -155,9 +153,8 @@ impl WgpuBackend {
         [q, k, v, out, lse, d_out]: [&WgpuStorage; 6],
         [dq, dk, dv]: [&WgpuStorage; 3],
     ) -> Result<()> {
-        let half = half_bits([(q, HALF_Q), (k, HALF_K), (v, HALF_V), (d_out, HALF_DOUT)]);
-        let kinds = [AttnKind::Dq, AttnKind::Dkdv];
-        let [cq, ckv] = self.tiled_check(op, dims, &[q.len, k.len], half, kinds)?;
+        let [cq, ckv] =
+            self.tiled_check(op, dims, &[q.len, k.len], [AttnKind::Dq, AttnKind::Dkdv])?;
         let (hq, d) = (dims.q_heads, dims.head_dim);
         let dsum = self.ctx.alloc(op, lse.len)?;
         let chunks = self.row_chunks(op, dims, mask)?;
@@ -216,12 +213,4 @@ impl WgpuBackend {
         }
         Ok(())
     }
-}
-
-/// [`super::tiled::AttnCfg::half`] of the inputs: the bit of each that is f16.
-fn half_bits<const N: usize>(inputs: [(&WgpuStorage, u8); N]) -> u8 {
-    inputs
-        .iter()
-        .filter(|(s, _)| s.dtype == crate::storage::DType::F16)
-        .fold(0, |acc, (_, bit)| acc | bit)
 }

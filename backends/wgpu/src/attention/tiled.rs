@@ -49,18 +49,7 @@ pub(crate) struct AttnCfg {
     pub qreg: bool,
     /// With `sg`: keys per lane of a row group (`KPL`, 1 or 2): BK = KPL * DP / 4.
     pub kpl: u32,
-    /// Which row-major inputs are f16 (bits [`HALF_Q`], [`HALF_K`], [`HALF_V`],
-    /// [`HALF_DOUT`]): the kernel reads those as f16 and widens each value in registers, so a
-    /// compute-format tensor needs no f32 copy first, and the results are those of f32
-    /// tensors holding the same values, bit for bit.
-    pub half: u8,
 }
-
-/// [`AttnCfg::half`]'s bits.
-pub(crate) const HALF_Q: u8 = 1;
-pub(crate) const HALF_K: u8 = 2;
-pub(crate) const HALF_V: u8 = 4;
-pub(crate) const HALF_DOUT: u8 = 8;
 
 impl AttnCfg {
     /// The configuration of `kind` for head dim `d` within `limit` bytes of workgroup memory:
@@ -92,7 +81,6 @@ impl AttnCfg {
                 sg: false,
                 qreg: false,
                 kpl: 1,
-                half: 0,
             };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
@@ -242,11 +230,11 @@ impl AttnCfg {
     /// 4 c4 .. 4 c4 + 3 of the row starting at element `at`, zero past D).
     pub(crate) fn operands(&self) -> String {
         let mut s = String::new();
-        for (name, binding, bit) in [("q", 1, HALF_Q), ("k", 2, HALF_K), ("v", 3, HALF_V)] {
-            s += &row_operand(name, binding, self.vec4, self.half & bit != 0);
+        for (name, binding) in [("q", 1), ("k", 2), ("v", 3)] {
+            s += &row_operand(name, binding, self.vec4);
         }
         if self.kind != AttnKind::Fwd {
-            s += &row_operand("d_out", 5, self.vec4, self.half & HALF_DOUT != 0);
+            s += &row_operand("d_out", 5, self.vec4);
         }
         s
     }
@@ -293,24 +281,7 @@ impl AttnCfg {
             AttnKind::Dkdv if self.sg => "attention_dkdv_sg.wgsl",
             AttnKind::Dkdv => "attention_dkdv.wgsl",
         };
-        let loads = match (self.vec4, self.half) {
-            (true, 0) => "vec4".to_string(),
-            (false, 0) => "f32".to_string(),
-            (v, h) => {
-                let names = [
-                    (HALF_Q, "q"),
-                    (HALF_K, "k"),
-                    (HALF_V, "v"),
-                    (HALF_DOUT, "d_out"),
-                ];
-                let f16: Vec<&str> = names
-                    .iter()
-                    .filter(|(bit, _)| h & bit != 0)
-                    .map(|(_, n)| *n)
-                    .collect();
-                format!("{}, f16 {}", if v { "vec4" } else { "f32" }, f16.join("/"))
-            }
-        };
+        let loads = if self.vec4 { "vec4" } else { "f32" };
         let q = match (self.qreg, self.kind) {
             (true, AttnKind::Dq) => ", q and d_out in registers",
             (true, AttnKind::Dkdv) => ", k and v in registers",
@@ -340,29 +311,9 @@ impl AttnCfg {
 
 /// The binding of a row-major (rows, D) input `name` and its reader `NAME_row4`. With `vec4`
 /// (D % 4 == 0: every row starts on a vec4) the binding is vec4 and a read one 16-byte load;
-/// otherwise f32 and four loads. With `half` the tensor is f16 and the reader widens: four
-/// halves as one 8-byte load (`vec4`), or each from its 32-bit word.
-fn row_operand(name: &str, binding: u32, vec4: bool, half: bool) -> String {
-    if half && vec4 {
-        format!(
-            "@group(0) @binding({binding}) var<storage, read> {name}: array<vec2<u32>>;\n\
-             fn {name}_row4(at: u32, c4: u32) -> vec4<f32> {{\n\
-             \x20   if (4u * c4 >= p.d) {{ return vec4<f32>(0.0); }}\n\
-             \x20   let w = {name}[at / 4u + c4];\n\
-             \x20   return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));\n}}\n"
-        )
-    } else if half {
-        format!(
-            "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
-             fn {name}_row4(at: u32, c4: u32) -> vec4<f32> {{\n\
-             \x20   var x = vec4<f32>(0.0);\n\
-             \x20   for (var e = 0u; e < 4u; e = e + 1u) {{\n\
-             \x20       let i = at + 4u * c4 + e;\n\
-             \x20       if (4u * c4 + e < p.d) {{ x[e] = unpack2x16float({name}[i / 2u])[i % 2u]; }}\n\
-             \x20   }}\n\
-             \x20   return x;\n}}\n"
-        )
-    } else if vec4 {
+/// otherwise f32 and four loads.
+fn row_operand(name: &str, binding: u32, vec4: bool) -> String {
+    if vec4 {
         format!(
             "@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n\
              fn {name}_row4(at: u32, c4: u32) -> vec4<f32> {{\n\
@@ -395,19 +346,17 @@ impl WgpuBackend {
             head_dim,
         };
         let kinds = [AttnKind::Fwd, AttnKind::Dq, AttnKind::Dkdv];
-        let cfgs = self.tiled_check("tiled_kernels", &dims, &[head_dim, head_dim], 0, kinds)?;
+        let cfgs = self.tiled_check("tiled_kernels", &dims, &[head_dim, head_dim], kinds)?;
         Ok(cfgs.map(|c| c.label()))
     }
 
     /// Checks the head dim `wgpu-tiled` supports and picks the configuration of each kernel
-    /// for the adapter's workgroup memory and subgroups (`sizes`: q's and k's elements;
-    /// `half`: which inputs are f16, [`AttnCfg::half`]).
+    /// for the adapter's workgroup memory and subgroups (`sizes`: q's and k's elements).
     pub(super) fn tiled_check<const N: usize>(
         &self,
         op: &'static str,
         dims: &AttnDims,
         sizes: &[usize],
-        half: u8,
         kinds: [AttnKind; N],
     ) -> Result<[AttnCfg; N]> {
         let d = dims.head_dim;
@@ -431,12 +380,7 @@ impl WgpuBackend {
                     ),
                 )
             })?;
-            // The forward reads no d_out.
-            let half = match kind {
-                AttnKind::Fwd => half & !HALF_DOUT,
-                AttnKind::Dq | AttnKind::Dkdv => half,
-            };
-            out.push(self.on_subgroups(AttnCfg { half, ..cfg }, have, (min, max)));
+            out.push(self.on_subgroups(cfg, have, (min, max)));
         }
         Ok(out
             .try_into()

@@ -4,7 +4,7 @@
 //! larger workgroup memories) are checked on every commit too.
 
 use super::Family;
-use crate::attention::{AttnCfg, AttnKind, HALF_DOUT, HALF_K, HALF_Q, HALF_V};
+use crate::attention::{AttnCfg, AttnKind};
 
 fn validate(family: Family, subgroups: bool) {
     let label = family.label(subgroups);
@@ -76,18 +76,6 @@ pub(super) fn attention_variants() -> Vec<AttnCfg> {
             }
         }
     }
-    // Each with its inputs in f16 (the readers that widen as they load).
-    let halves: Vec<AttnCfg> = out
-        .iter()
-        .map(|c| AttnCfg {
-            half: match c.kind {
-                AttnKind::Fwd => HALF_Q | HALF_K | HALF_V,
-                AttnKind::Dq | AttnKind::Dkdv => HALF_Q | HALF_K | HALF_V | HALF_DOUT,
-            },
-            ..*c
-        })
-        .collect();
-    out.extend(halves);
     out
 }
 

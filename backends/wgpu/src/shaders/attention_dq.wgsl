@@ -19,9 +19,9 @@ const NBUF: u32 = (BQ + BK) * QS + BK * PSQ;
 var<workgroup> buf: array<vec4<f32>, NBUF>;
 
 // ---- dsum = rowwise d_out . out ---------------------------------------------------------------
-// Bindings 1..4 (q, k, v, tiles) unused here; d_out at 5 (through its reader, which widens
-// an f16 d_out), out at 6.
+// Bindings 1..4 (q, k, v, tiles) unused here; d_out at 5, out at 6.
 
+@group(0) @binding(5) var<storage, read> s_dout: array<f32>;
 @group(0) @binding(6) var<storage, read> s_out: array<f32>;
 @group(0) @binding(7) var<storage, read_write> s_dsum: array<f32>;
 
@@ -33,14 +33,8 @@ fn attn_dsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         return;
     }
     var s = 0.0;
-    let at = i * p.d;
-    for (var c4 = 0u; 4u * c4 < p.d; c4 = c4 + 1u) {
-        let g = d_out_row4(at, c4);
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            if (4u * c4 + e < p.d) {
-                s = fma(g[e], s_out[at + 4u * c4 + e], s);
-            }
-        }
+    for (var c = 0u; c < p.d; c = c + 1u) {
+        s = fma(s_dout[i * p.d + c], s_out[i * p.d + c], s);
     }
     s_dsum[i] = s;
 }
