@@ -9,6 +9,8 @@ use crate::{Result, Scale, Suite, Timing};
 /// Fixed seed of the sampled anchors and the random q/k/v.
 const SEED: u64 = 0xDF1A_5A77;
 const BLOCK: usize = 16;
+/// Any base: the inputs are rotated at position 0 only (the identity).
+const ROPE_THETA: f32 = 1e6;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heads {
@@ -144,10 +146,13 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         let (mask, tq) = case.mask()?;
         let tk = mask.kv_len();
         let h = case.heads;
-        // Inputs in the backend's compute format (bf16 on CUDA), as the anchors' bf16
-        // tensors are; outputs and gradients are whatever the backend returns (f32 today).
+        // Inputs as the drafter's layer hands them to attention: q and k are rope's outputs,
+        // v a projection's, d_out an activation gradient, all in the dtype the backend writes
+        // activations in (bf16 on CUDA, f32 on wgpu and the reference). Rope at position 0
+        // is the identity, so it gives the random values in that dtype.
         let input = |shape: &[usize], seed: u64| -> Result<dflash_core::Tensor> {
-            Ok(b.to_compute_format(b.random_normal(shape, 1.0, seed)?)?)
+            let t = b.random_normal(shape, 1.0, seed)?;
+            Ok(b.rope(&t, &vec![0; shape[0]], ROPE_THETA)?)
         };
         let q = input(&[tq, h.q, h.dim], SEED + 1)?;
         let k = input(&[tk, h.kv, h.dim], SEED + 2)?;
