@@ -23,9 +23,9 @@
 #                the drafter step, each with the buffer pool and without (DFLASH_WGPU_POOL=0),
 #                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
 #                                                                          -> OUT/wgpu-order.log
-#   wgpu-inputs  attention ctx4096 on f16 inputs (the compute format, widened per call) and on
-#                f32 inputs (DFLASH_WGPU_F16=0, what the job passes), alternated twice, then
-#                each profiled (DFLASH_WGPU_PROFILE)                       -> OUT/wgpu-inputs.log
+#   wgpu-latency the fixed cost of one op call timed alone (record, submit, wait): attention at
+#                smoke scale (kernels of microseconds) on wgpu and CUDA, alternated twice,
+#                then ctx4096 profiled (its kernel's own time)           -> OUT/wgpu-latency.log
 #   wgpu-stats   what NVIDIA's compiler made of the wgpu GEMM and attention pipelines, and of
 #                each GEMM variant (DFLASH_WGPU_PIPELINE_STATS: registers, spills, ...)
 #                                                                          -> OUT/wgpu-stats.log, .tar.gz
@@ -171,26 +171,20 @@ for phase in "$@"; do
                 --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
         done
         grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
-    wgpu-inputs)
-        # The bench's inputs are in the compute format (f16 on wgpu), which `wgpu-tiled`
-        # widens to f32 copies per call; the job's q, k, v are f32 already. The difference
-        # between the two is what the widening costs the figure (docs/PERF.md, session 14:
-        # reading f16 in the kernels instead cost far more).
+    wgpu-latency)
         for round in 1 2; do
-            for f16 in 1 0; do
-                echo "-- DFLASH_WGPU_F16=$f16 (round $round)" >> "$out/wgpu-inputs.log"
-                DFLASH_WGPU_F16=$f16 $D bench --backend wgpu --attention wgpu-tiled \
-                    --only attention.dflash.ctx4096 --out /tmp/inputs.json \
-                    >> "$out/wgpu-inputs.log" 2>&1 || failed+=("$phase")
+            for be in wgpu cuda; do
+                echo "-- $be, smoke scale (round $round)" >> "$out/wgpu-latency.log"
+                $D bench --backend $be --scale smoke --only attention.dflash.ctx4096.fwd \
+                    --runs 21 --out /tmp/latency.json >> "$out/wgpu-latency.log" 2>&1 \
+                    || failed+=("$phase")
             done
         done
-        for f16 in 1 0; do
-            echo "-- profiled: DFLASH_WGPU_F16=$f16" >> "$out/wgpu-inputs.log"
-            DFLASH_WGPU_F16=$f16 DFLASH_WGPU_PROFILE=1 $D bench --backend wgpu \
-                --attention wgpu-tiled --only attention.dflash.ctx4096.fwd \
-                --out /tmp/inputs.json >> "$out/wgpu-inputs.log" 2>&1 || failed+=("$phase")
-        done
-        grep -E "^-- |^attention\.|wgpu profile|^ " "$out/wgpu-inputs.log" | cut -c1-140 | head -80 ;;
+        echo "-- wgpu ctx4096, profiled" >> "$out/wgpu-latency.log"
+        DFLASH_WGPU_PROFILE=1 $D bench --backend wgpu --attention wgpu-tiled \
+            --only attention.dflash.ctx4096.fwd --runs 11 --out /tmp/latency.json \
+            >> "$out/wgpu-latency.log" 2>&1 || failed+=("$phase")
+        grep -E "^-- |^attention\.|wgpu profile|^ " "$out/wgpu-latency.log" | cut -c1-140 | head -60 ;;
     wgpu-stats)
         rm -rf /tmp/pstats
         DFLASH_WGPU_PIPELINE_STATS=/tmp/pstats $D bench --backend wgpu --attention wgpu-tiled \
