@@ -29,12 +29,13 @@ impl WgpuBackend {
         }
     }
 
-    /// An output buffer of `n` elements of `dtype`: zero-filled, or NaN-filled in poison mode.
+    /// An output buffer of `n` elements of `dtype` that the op writes in full, as
+    /// [`Self::out`] (NaN-filled in poison mode).
     pub(crate) fn out_as(&self, op: &'static str, n: usize, dtype: DType) -> Result<WgpuStorage> {
         if dtype == DType::F32 {
             return self.out(op, n);
         }
-        let s = self.ctx.alloc_as(op, n, dtype)?;
+        let s = self.ctx.alloc_for_writes(op, n, dtype)?;
         if self.opts.poison && n > 0 {
             self.fill_words(op, &s.buf, 0, n.div_ceil(2), F16_NAN_PAIR)?;
         }

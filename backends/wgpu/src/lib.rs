@@ -311,9 +311,12 @@ impl WgpuBackend {
         Tensor::from_storage(Box::new(s), shape)
     }
 
-    /// An output buffer of `n` f32 elements: zero-filled, or NaN-filled in poison mode.
+    /// An output buffer of `n` f32 elements that the op writes in full before anything reads
+    /// it: one from the pool holds old values (not cleared: that would be a second pass over
+    /// the output's bytes), and in poison mode NaN, so a kernel that leaves an element
+    /// unwritten fails the poisoned conformance suites.
     pub(crate) fn out(&self, op: &'static str, n: usize) -> Result<WgpuStorage> {
-        let s = self.ctx.alloc(op, n)?;
+        let s = self.ctx.alloc_for_writes(op, n, DType::F32)?;
         if self.opts.poison && n > 0 {
             self.fill(op, &s, 0, n, f32::NAN)?;
         }

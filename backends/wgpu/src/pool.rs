@@ -17,7 +17,8 @@
 //!   micro-batches of varying length still find buffers; bindings always name their element
 //!   range, never the whole buffer, so the extra bytes are never read.
 //! - A reused buffer holds old values: [`crate::device::Ctx::alloc`] clears it (recorded, in
-//!   order with the kernels), and uploads take one uncleared but write every byte of it.
+//!   order with the kernels), and uploads and op outputs (`WgpuBackend::out`, which the op
+//!   writes in full; the poisoned suites prove it) take one uncleared.
 //! - The pool holds at most [`BufferPool::cap`] bytes; an allocation the device cannot satisfy
 //!   drains it and tries again.
 
