@@ -218,7 +218,7 @@ impl Ctx {
             self.info.subgroup_min_size,
             self.info.subgroup_max_size,
             if self.features.contains(COOP_FEATURE) {
-                ", EXPERIMENTAL_COOPERATIVE_MATRIX (for matmul_coop)"
+                ", EXPERIMENTAL_COOPERATIVE_MATRIX (for matmul_coop and attn_fwd_coop)"
             } else {
                 ""
             },
@@ -268,8 +268,8 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
         "wgpu_init",
         tag,
         format!(
-            "the cooperative-matrix GEMM (DFLASH_WGPU_GEMM=matmul_coop) cannot run on {}: it \
-             lacks {}",
+            "the cooperative-matrix kernels (DFLASH_WGPU_GEMM=matmul_coop, \
+             DFLASH_WGPU_ATTN_COOP=1) cannot run on {}: it lacks {}",
             describe(&adapter.get_info()),
             lacks.join("; ")
         ),
