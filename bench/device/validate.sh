@@ -176,8 +176,13 @@ for phase in "$@"; do
         grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-coop-attn)
         log="$out/wgpu-coop-attn.log"
-        (cd .wgputest && ./attention --nocapture --test-threads 1 coop) > "$log" 2>&1 \
-            || failed+=("$phase (test)")
+        if ! (cd .wgputest && ./attention --nocapture --test-threads 1 coop) > "$log" 2>&1; then
+            failed+=("$phase (test)")
+            # The same with a second barrier after each cooperative store (ABLATE bit 16).
+            echo "-- DFLASH_WGPU_ATTN_ABLATE=16" >> "$log"
+            (cd .wgputest && DFLASH_WGPU_ATTN_ABLATE=16 ./attention --nocapture \
+                --test-threads 1 coop) >> "$log" 2>&1 || failed+=("$phase (test, 16)")
+        fi
         for round in 1 2; do
             for c in 0 1; do
                 echo "-- DFLASH_WGPU_ATTN_COOP=$c (round $round)" >> "$log"

@@ -159,11 +159,11 @@ impl AttnCfg {
     }
 
     /// The tensor-core forward (attention_fwd_coop.wgsl) in place of `self`, a forward at
-    /// DP 128 read as vec4: 64 x 32 tiles on 4 subgroups of 32 lanes (128 threads), each
+    /// DP 128 read as vec4: 128 x 32 tiles on 8 subgroups of 32 lanes (256 threads), each
     /// owning 16 query rows. `None` for any other kernel or head-dim class.
     pub(crate) fn coop_forward(&self) -> Option<Self> {
         (self.kind == AttnKind::Fwd && self.dp == 128 && self.vec4).then_some(AttnCfg {
-            bq: 64,
+            bq: 128,
             bk: 32,
             sg: false,
             qreg: false,
@@ -196,7 +196,7 @@ impl AttnCfg {
 
     pub(crate) fn threads(&self) -> u32 {
         if self.coop {
-            return 128;
+            return 256;
         }
         if self.sg {
             return self.owned() / 4 * (self.dp / 4);
@@ -212,12 +212,13 @@ impl AttnCfg {
     pub(crate) fn bytes(&self) -> u32 {
         let (bq, bk) = (self.bq, self.bk);
         if self.coop {
-            // attention_fwd_coop.wgsl: the f16 K and V tiles (rows of DP + 8 halves), 4
-            // subgroups' 16 x BK f32 scratch and 16 x (BK + 8) f16 probabilities, the vote
+            // attention_fwd_coop.wgsl: the f16 K and V tiles (rows of DP + 8 halves), each
+            // subgroup's two 16 x 16 f32 scratch blocks and 16 x (BK + 8) f16 probabilities, the vote
             // (atomic and plain), the unused one-vec4 `buf`; attention.wgsl's row intervals,
             // bounds and flags.
+            let nsg = self.threads() / 32;
             let tiles = 2 * (2 * bk * (self.dp + 8));
-            let own = tiles + 4 * 16 * bk * 4 + 4 * 16 * (bk + 8) * 2 + 4 + 4 + 16;
+            let own = tiles + nsg * 2 * 256 * 4 + nsg * 16 * (bk + 8) * 2 + 4 + 4 + 16;
             return own + 16 * bq + 8 + 8;
         }
         let qs = self.dp / 4 + 1;
