@@ -174,7 +174,7 @@ impl AttnCfg {
     }
 
     /// The forward's entry point.
-    pub(super) fn fwd_entry(&self) -> &'static str {
+    pub(crate) fn fwd_entry(&self) -> &'static str {
         if self.coop {
             "attn_fwd_coop"
         } else if self.sg {
@@ -474,10 +474,16 @@ impl WgpuBackend {
 
     /// `cfg` moved to the tensor-core forward ([`AttnCfg::coop_forward`]) under
     /// [`crate::WgpuOptions::attn_coop`], where it exists for the head dim, `have` bytes of
-    /// workgroup memory hold it and the call runs in one pass (the kernel carries no state
-    /// between passes: GPUs run one unless `attn_pass_tiles` splits them).
+    /// workgroup memory hold it, the call runs in one pass (the kernel carries no state
+    /// between passes: GPUs run one unless `attn_pass_tiles` splits them) and the device
+    /// takes SPIR-V as it is (`PASSTHROUGH_SHADERS`: its module is patched, see
+    /// `Ctx::coherent_module`).
     fn on_coop(&self, cfg: AttnCfg, have: u32) -> AttnCfg {
-        if !self.opts.attn_coop || self.per_pass(&cfg) != usize::MAX {
+        let passthrough = self
+            .ctx
+            .features
+            .contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        if !self.opts.attn_coop || !passthrough || self.per_pass(&cfg) != usize::MAX {
             return cfg;
         }
         match cfg.coop_forward() {
