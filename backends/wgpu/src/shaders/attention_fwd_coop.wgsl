@@ -146,31 +146,6 @@ fn put_kv_coop(x: KvShare, lid: u32) {
     }
 }
 
-// acc + Q (dims 16 d ..) times K^T for keys 16 b .. 16 b + 15 of the staged tile.
-fn qk_step(q: CoopA, d: u32, b: u32, acc: CoopC) -> CoopC {
-    return coopMultiplyAdd(q, coopLoad<CoopB>(&hkv[16u * b * HK + 16u * d], HK), acc);
-}
-
-// The subgroup's scores against keys 16 b .. 16 b + 15.
-fn scores16(q0: CoopA, q1: CoopA, q2: CoopA, q3: CoopA, q4: CoopA, q5: CoopA, q6: CoopA,
-            q7: CoopA, b: u32) -> CoopC {
-    var s = CoopC();
-    s = qk_step(q0, 0u, b, s);
-    s = qk_step(q1, 1u, b, s);
-    s = qk_step(q2, 2u, b, s);
-    s = qk_step(q3, 3u, b, s);
-    s = qk_step(q4, 4u, b, s);
-    s = qk_step(q5, 5u, b, s);
-    s = qk_step(q6, 6u, b, s);
-    s = qk_step(q7, 7u, b, s);
-    return s;
-}
-
-// acc + P (keys 16 kk ..) times V's dims 16 n .. 16 n + 15.
-fn pv_step(pk: CoopA, kk: u32, n: u32, acc: CoopC) -> CoopC {
-    return coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 16u * n], HK), acc);
-}
-
 // Four of the lane's scores (keys key0 .. key0 + 3 of its row `li`, `iv` the row's two key
 // intervals): scaled where visible, -inf elsewhere.
 fn mask4(x: vec4<f32>, key0: u32, li: u32, iv: vec4<i32>) -> vec4<f32> {
@@ -220,27 +195,19 @@ fn hs4(at: u32) -> vec4<f32> {
     return vec4<f32>(hs[at], hs[at + 1u], hs[at + 2u], hs[at + 3u]);
 }
 
-// Accumulator o's rows (the subgroup's 16) scaled by their lane pairs' `alpha`, through the
-// subgroup's scratch: lane i2 = lane / 2 scales row i2, columns 8 (lane % 2) .. + 8.
-fn rescaled(o: CoopC, sgb: u32, lane: u32, alpha: f32) -> CoopC {
-    coopStoreT(o, &hs[sgb], 16u);
-    publish();
+// The lane's 8 elements of a 16 x 16 block stored at hs[sgb ..] (row lane / 2, columns
+// 8 (lane % 2) ..) scaled by `alpha` (the rescale of an accumulator's rows).
+fn scale_block(sgb: u32, lane: u32, alpha: f32) {
     let at = sgb + (lane / 2u) * 16u + 8u * (lane % 2u);
     for (var c = 0u; c < 8u; c = c + 1u) {
         hs[at + c] = hs[at + c] * alpha;
     }
-    workgroupBarrier();
-    let r = coopLoadT<CoopC>(&hs[sgb], 16u);
-    workgroupBarrier();
-    return r;
 }
 
-// Accumulator o (dims 16 n ..) of the subgroup's rows into out, times `inv` (1 / l; NaN for
-// a NaN row; 0 for a row that saw no key, which is written exactly 0); row `row` of the
-// tensor, written where < tq and inside D.
-fn drain_out(o: CoopC, n: u32, sgb: u32, lane: u32, row: u32, h: u32, inv: f32) {
-    coopStoreT(o, &hs[sgb], 16u);
-    publish();
+// The lane's 8 elements of the 16 x 16 block of accumulator n stored at hs[sgb ..] into out:
+// times `inv` (1 / l; NaN for a NaN row; 0 for a row that saw no key, written exactly 0),
+// row `row` of the tensor, where < tq and inside D.
+fn write_block(n: u32, sgb: u32, lane: u32, row: u32, h: u32, inv: f32) {
     let at = sgb + (lane / 2u) * 16u + 8u * (lane % 2u);
     if (row < p.tq) {
         let base = (row * p.hq + h) * p.d;
@@ -255,7 +222,6 @@ fn drain_out(o: CoopC, n: u32, sgb: u32, lane: u32, row: u32, h: u32, inv: f32) 
             }
         }
     }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(WG)
@@ -331,8 +297,28 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         // The next tile's K and V are in flight during this one's work.
         let nw = tiles[p.qlist_at + min(it + 1u, hi - 1u)];
         kv = fetch_kv_coop((nw & ~FULL) * BK, kh, lid, it + 1u < hi);
-        coopStoreT(scores16(q0, q1, q2, q3, q4, q5, q6, q7, 0u), &hs[sgb], 16u);
-        coopStoreT(scores16(q0, q1, q2, q3, q4, q5, q6, q7, 1u), &hs[sgb + 256u], 16u);
+        // S = Q K^T: keys 0..15 (s0) and 16..31 (s1), written out (cooperative values are
+        // never passed to functions here: see the header).
+        var s0 = CoopC();
+        s0 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[0u * HK + 0u], HK), s0);
+        s0 = coopMultiplyAdd(q1, coopLoad<CoopB>(&hkv[0u * HK + 16u], HK), s0);
+        s0 = coopMultiplyAdd(q2, coopLoad<CoopB>(&hkv[0u * HK + 32u], HK), s0);
+        s0 = coopMultiplyAdd(q3, coopLoad<CoopB>(&hkv[0u * HK + 48u], HK), s0);
+        s0 = coopMultiplyAdd(q4, coopLoad<CoopB>(&hkv[0u * HK + 64u], HK), s0);
+        s0 = coopMultiplyAdd(q5, coopLoad<CoopB>(&hkv[0u * HK + 80u], HK), s0);
+        s0 = coopMultiplyAdd(q6, coopLoad<CoopB>(&hkv[0u * HK + 96u], HK), s0);
+        s0 = coopMultiplyAdd(q7, coopLoad<CoopB>(&hkv[0u * HK + 112u], HK), s0);
+        var s1 = CoopC();
+        s1 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[16u * HK + 0u], HK), s1);
+        s1 = coopMultiplyAdd(q1, coopLoad<CoopB>(&hkv[16u * HK + 16u], HK), s1);
+        s1 = coopMultiplyAdd(q2, coopLoad<CoopB>(&hkv[16u * HK + 32u], HK), s1);
+        s1 = coopMultiplyAdd(q3, coopLoad<CoopB>(&hkv[16u * HK + 48u], HK), s1);
+        s1 = coopMultiplyAdd(q4, coopLoad<CoopB>(&hkv[16u * HK + 64u], HK), s1);
+        s1 = coopMultiplyAdd(q5, coopLoad<CoopB>(&hkv[16u * HK + 80u], HK), s1);
+        s1 = coopMultiplyAdd(q6, coopLoad<CoopB>(&hkv[16u * HK + 96u], HK), s1);
+        s1 = coopMultiplyAdd(q7, coopLoad<CoopB>(&hkv[16u * HK + 112u], HK), s1);
+        coopStoreT(s0, &hs[sgb], 16u);
+        coopStoreT(s1, &hs[sgb + 256u], 16u);
         publish(); // S in the scratch
         // The lane's 16 scores: scaled where visible, -inf elsewhere; NaN and +inf flag the
         // row and count as -inf here.
@@ -380,25 +366,65 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             vote_u = atomicLoad(&vote);
         }
         if (workgroupUniformLoad(&vote_u) != 0u) {
-            o0 = rescaled(o0, sgb, lane, alpha);
-            o1 = rescaled(o1, sgb, lane, alpha);
-            o2 = rescaled(o2, sgb, lane, alpha);
-            o3 = rescaled(o3, sgb, lane, alpha);
-            o4 = rescaled(o4, sgb, lane, alpha);
-            o5 = rescaled(o5, sgb, lane, alpha);
-            o6 = rescaled(o6, sgb, lane, alpha);
-            o7 = rescaled(o7, sgb, lane, alpha);
+            coopStoreT(o0, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o0 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o1, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o1 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o2, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o2 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o3, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o3 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o4, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o4 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o5, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o5 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o6, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o6 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
+            coopStoreT(o7, &hs[sgb], 16u);
+            publish();
+            scale_block(sgb, lane, alpha);
+            workgroupBarrier();
+            o7 = coopLoadT<CoopC>(&hs[sgb], 16u);
+            workgroupBarrier();
         }
         for (var kk = 0u; kk < BK / 16u; kk = kk + 1u) {
             let pk = coopLoadT<CoopA>(&hp[sg * 16u * PS + 16u * kk], PS);
-            o0 = pv_step(pk, kk, 0u, o0);
-            o1 = pv_step(pk, kk, 1u, o1);
-            o2 = pv_step(pk, kk, 2u, o2);
-            o3 = pv_step(pk, kk, 3u, o3);
-            o4 = pv_step(pk, kk, 4u, o4);
-            o5 = pv_step(pk, kk, 5u, o5);
-            o6 = pv_step(pk, kk, 6u, o6);
-            o7 = pv_step(pk, kk, 7u, o7);
+            o0 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 0u], HK), o0);
+            o1 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 16u], HK), o1);
+            o2 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 32u], HK), o2);
+            o3 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 48u], HK), o3);
+            o4 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 64u], HK), o4);
+            o5 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 80u], HK), o5);
+            o6 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 96u], HK), o6);
+            o7 = coopMultiplyAdd(pk, coopLoadT<CoopB>(&hkv[VOFF + 16u * kk * HK + 112u], HK), o7);
         }
         workgroupBarrier(); // V and P read: the next tile may be stored
     }
@@ -415,12 +441,36 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (row < p.tq && half == 0u) {
         f_lse[row * p.hq + h] = lse;
     }
-    drain_out(o0, 0u, sgb, lane, row, h, inv);
-    drain_out(o1, 1u, sgb, lane, row, h, inv);
-    drain_out(o2, 2u, sgb, lane, row, h, inv);
-    drain_out(o3, 3u, sgb, lane, row, h, inv);
-    drain_out(o4, 4u, sgb, lane, row, h, inv);
-    drain_out(o5, 5u, sgb, lane, row, h, inv);
-    drain_out(o6, 6u, sgb, lane, row, h, inv);
-    drain_out(o7, 7u, sgb, lane, row, h, inv);
+    coopStoreT(o0, &hs[sgb], 16u);
+    publish();
+    write_block(0u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o1, &hs[sgb], 16u);
+    publish();
+    write_block(1u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o2, &hs[sgb], 16u);
+    publish();
+    write_block(2u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o3, &hs[sgb], 16u);
+    publish();
+    write_block(3u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o4, &hs[sgb], 16u);
+    publish();
+    write_block(4u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o5, &hs[sgb], 16u);
+    publish();
+    write_block(5u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o6, &hs[sgb], 16u);
+    publish();
+    write_block(6u, sgb, lane, row, h, inv);
+    workgroupBarrier();
+    coopStoreT(o7, &hs[sgb], 16u);
+    publish();
+    write_block(7u, sgb, lane, row, h, inv);
+    workgroupBarrier();
 }
