@@ -247,26 +247,28 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let lo = workgroupUniformLoad(&bounds[0]);
     let hi = workgroupUniformLoad(&bounds[1]);
-    // The query fragments, a quarter of the head dim at a time.
+    // The query fragments, a quarter of the head dim at a time. Each is stored to a `var`
+    // where it is loaded: naga writes a `let` of a cooperative load at its first use, which
+    // here would come after K and V overwrite the staged quarter.
     stage_q_quarter(r0, h, 0u, lid);
     workgroupBarrier();
-    let q0 = q_frag(sg, 0u);
-    let q1 = q_frag(sg, 1u);
+    var q0 = q_frag(sg, 0u);
+    var q1 = q_frag(sg, 1u);
     workgroupBarrier();
     stage_q_quarter(r0, h, 1u, lid);
     workgroupBarrier();
-    let q2 = q_frag(sg, 0u);
-    let q3 = q_frag(sg, 1u);
+    var q2 = q_frag(sg, 0u);
+    var q3 = q_frag(sg, 1u);
     workgroupBarrier();
     stage_q_quarter(r0, h, 2u, lid);
     workgroupBarrier();
-    let q4 = q_frag(sg, 0u);
-    let q5 = q_frag(sg, 1u);
+    var q4 = q_frag(sg, 0u);
+    var q5 = q_frag(sg, 1u);
     workgroupBarrier();
     stage_q_quarter(r0, h, 3u, lid);
     workgroupBarrier();
-    let q6 = q_frag(sg, 0u);
-    let q7 = q_frag(sg, 1u);
+    var q6 = q_frag(sg, 0u);
+    var q7 = q_frag(sg, 1u);
     workgroupBarrier(); // Q is read: K and V take its place
     var o0 = CoopC(); var o1 = CoopC(); var o2 = CoopC(); var o3 = CoopC();
     var o4 = CoopC(); var o5 = CoopC(); var o6 = CoopC(); var o7 = CoopC();
