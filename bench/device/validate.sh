@@ -173,11 +173,13 @@ for phase in "$@"; do
         grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-latency)
         for round in 1 2; do
-            for be in wgpu cuda; do
-                echo "-- $be, smoke scale (round $round)" >> "$out/wgpu-latency.log"
-                $D bench --backend $be --scale smoke --only attention.dflash.ctx4096.fwd \
-                    --runs 21 --out /tmp/latency.json >> "$out/wgpu-latency.log" 2>&1 \
-                    || failed+=("$phase")
+            # cuda-simple: the smoke shapes' head dim 16 is below cuda-flash's.
+            for be in "wgpu wgpu-tiled" "cuda cuda-simple"; do
+                read -r name kernel <<< "$be"
+                echo "-- $name, smoke scale (round $round)" >> "$out/wgpu-latency.log"
+                $D bench --backend "$name" --attention "$kernel" --scale smoke \
+                    --only attention.dflash.ctx4096.fwd --runs 21 --out /tmp/latency.json \
+                    >> "$out/wgpu-latency.log" 2>&1 || failed+=("$phase")
             done
         done
         echo "-- wgpu ctx4096, profiled" >> "$out/wgpu-latency.log"
