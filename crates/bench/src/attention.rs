@@ -120,6 +120,20 @@ impl AttnCase {
     }
 }
 
+/// A random `(T, heads, D)` input as the drafter's layer hands it to attention: q and k are
+/// rope's outputs, v a projection's, d_out an activation gradient, all in the dtype the
+/// backend writes activations in (bf16 on CUDA, f32 on wgpu and the reference), not the
+/// compute format of frozen tensors. Rope at position 0 is the identity, so this is
+/// `random_normal(shape, 1, seed)` in that dtype.
+pub fn activation_input(
+    b: &dyn dflash_core::Backend,
+    shape: &[usize],
+    seed: u64,
+) -> Result<dflash_core::Tensor> {
+    let t = b.random_normal(shape, 1.0, seed)?;
+    Ok(b.rope(&t, &vec![0; shape[0]], ROPE_THETA)?)
+}
+
 pub fn figure_names() -> Vec<String> {
     cases(Scale::Full)
         .iter()
@@ -146,14 +160,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         let (mask, tq) = case.mask()?;
         let tk = mask.kv_len();
         let h = case.heads;
-        // Inputs as the drafter's layer hands them to attention: q and k are rope's outputs,
-        // v a projection's, d_out an activation gradient, all in the dtype the backend writes
-        // activations in (bf16 on CUDA, f32 on wgpu and the reference). Rope at position 0
-        // is the identity, so it gives the random values in that dtype.
-        let input = |shape: &[usize], seed: u64| -> Result<dflash_core::Tensor> {
-            let t = b.random_normal(shape, 1.0, seed)?;
-            Ok(b.rope(&t, &vec![0; shape[0]], ROPE_THETA)?)
-        };
+        let input = |shape: &[usize], seed: u64| activation_input(b, shape, seed);
         let q = input(&[tq, h.q, h.dim], SEED + 1)?;
         let k = input(&[tk, h.kv, h.dim], SEED + 2)?;
         let v = input(&[tk, h.kv, h.dim], SEED + 3)?;

@@ -195,3 +195,20 @@ fn job_overrides_reach_the_end_to_end_job() {
     let err = run_suite(backend, &bad, |_| {}).unwrap_err().to_string();
     assert!(err.contains("no_such_key"), "{err}");
 }
+
+/// The attention bench's inputs are the random values themselves (rope at position 0 is the
+/// identity) on fresh draws, in the activation dtype: on the reference backend, f32 whose
+/// values equal `random_normal`'s bit for bit.
+#[test]
+fn attention_inputs_are_the_random_values_in_the_activation_dtype() {
+    dflash_backend_reference::link();
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let b = backend.as_ref();
+    let shape = [5, 3, 16];
+    let got = dflash_bench::attention::activation_input(b, &shape, 41).unwrap();
+    let want = b.random_normal(&shape, 1.0, 41).unwrap();
+    let (got, want) = (b.download(&got).unwrap(), b.download(&want).unwrap());
+    assert!(want.iter().any(|&x| x != 0.0));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+}
