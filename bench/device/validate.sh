@@ -23,6 +23,9 @@
 #                the drafter step, each with the buffer pool and without (DFLASH_WGPU_POOL=0),
 #                alternated twice (its forward+backward ran 1.6x slower after the GEMMs)
 #                                                                          -> OUT/wgpu-order.log
+#   wgpu-coop-attn  the tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1, f16 products):
+#                its conformance test, then attention ctx4096 and the drafter step alternated
+#                with the shipped forward, then profiled                 -> OUT/wgpu-coop-attn.log
 #   wgpu-latency the fixed cost of one op call timed alone (record, submit, wait): attention at
 #                smoke scale (kernels of microseconds) on wgpu and CUDA, alternated twice,
 #                then ctx4096 profiled (its kernel's own time)           -> OUT/wgpu-latency.log
@@ -171,6 +174,29 @@ for phase in "$@"; do
                 --out /tmp/order.json >> "$out/wgpu-order.log" 2>&1 || failed+=("$phase")
         done
         grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
+    wgpu-coop-attn)
+        log="$out/wgpu-coop-attn.log"
+        if ! (cd .wgputest && ./attention --nocapture --test-threads 1 coop) > "$log" 2>&1; then
+            failed+=("$phase (test)")
+            # The same with a second barrier after each cooperative store (ABLATE bit 16).
+            echo "-- DFLASH_WGPU_ATTN_ABLATE=16" >> "$log"
+            (cd .wgputest && DFLASH_WGPU_ATTN_ABLATE=16 ./attention --nocapture \
+                --test-threads 1 coop) >> "$log" 2>&1 || failed+=("$phase (test, 16)")
+        fi
+        for round in 1 2; do
+            for c in 0 1; do
+                echo "-- DFLASH_WGPU_ATTN_COOP=$c (round $round)" >> "$log"
+                DFLASH_WGPU_ATTN_COOP=$c $D bench --backend wgpu --attention wgpu-tiled \
+                    --only attention.dflash.ctx4096,drafter.step.b1.throughput \
+                    --out /tmp/coop-attn.json >> "$log" 2>&1 || failed+=("$phase ($c)")
+            done
+        done
+        echo "-- DFLASH_WGPU_ATTN_COOP=1, profiled" >> "$log"
+        DFLASH_WGPU_ATTN_COOP=1 DFLASH_WGPU_PROFILE=1 $D bench --backend wgpu \
+            --attention wgpu-tiled --only attention.dflash.ctx4096.fwd \
+            --out /tmp/coop-attn.json >> "$log" 2>&1 || failed+=("$phase (profile)")
+        grep -E "^-- |^attention\.|^drafter\.|wgpu profile|^  attn|test result|panicked|FAILED|skipped|failed|worst" \
+            "$log" | cut -c1-160 | head -60 ;;
     wgpu-latency)
         for round in 1 2; do
             # cuda-simple: the smoke shapes' head dim 16 is below cuda-flash's.

@@ -110,6 +110,34 @@ pub const BF16_KERNEL: AttentionChecks = AttentionChecks {
     empty_rows_exact_zero: true,
 };
 
+/// A forward whose two products take f16 operands (q, k, v and P rounded to f16: 11
+/// significant bits, relative rounding error <= 2^-12, 8x finer than bf16's) with f32
+/// accumulation, softmax and output, and an f32 backward on its out and lse: wgpu's
+/// tensor-core forward (`attention_fwd_coop.wgsl`). One comparison, against the oracle on the
+/// f32 inputs as drawn: the bounds of [`BF16_KERNEL`]'s second comparison (rel-L2 2e-2 for
+/// out/dq/dk/dv, lse |err| <= 2e-2 * max(1, |lse|)), which the coarser bf16 rounding meets,
+/// so f16's holds them with margin. Rows that see no key: out exactly 0.
+pub const F16_PRODUCTS_FORWARD: AttentionChecks = AttentionChecks {
+    comparisons: &[Comparison {
+        inputs: OracleInputs::AsDrawn,
+        out: Check::RelL2(F16_F32_INPUTS_REL_L2),
+        lse: Check::Close(Tolerance {
+            atol: 2e-2,
+            rtol: 0.0,
+            atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
+            why: F16_F32_INPUTS,
+        }),
+        grads: Check::RelL2(F16_F32_INPUTS_REL_L2),
+    }],
+    empty_rows_exact_zero: true,
+};
+
+const F16_F32_INPUTS: &str = "f16-product forward (inputs rounded) vs f64 on f32 inputs";
+const F16_F32_INPUTS_REL_L2: RelL2 = RelL2 {
+    max: 2e-2,
+    why: F16_F32_INPUTS,
+};
+
 const BF16_SAME_INPUTS: &str = "bf16 kernel vs f64 on the same bf16 inputs";
 const BF16_F32_INPUTS: &str = "bf16 kernel (inputs rounded) vs f64 on f32 inputs";
 const BF16_SAME_INPUTS_REL_L2: RelL2 = RelL2 {

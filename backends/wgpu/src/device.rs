@@ -146,7 +146,8 @@ pub struct Ctx {
     /// The limits in force: the adapter's own, requested in full.
     pub limits: wgpu::Limits,
     /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers, and
-    /// [`COOP_FEATURE`] on the cooperative-matrix device.
+    /// [`COOP_FEATURE`] (with `PASSTHROUGH_SHADERS` where offered) on the cooperative-matrix
+    /// device.
     pub features: wgpu::Features,
     /// Whether the device was opened without robust buffer access (`DFLASH_WGPU_ROBUSTNESS=off`,
     /// a measurement switch: nothing checks buffer accesses then).
@@ -218,7 +219,7 @@ impl Ctx {
             self.info.subgroup_min_size,
             self.info.subgroup_max_size,
             if self.features.contains(COOP_FEATURE) {
-                ", EXPERIMENTAL_COOPERATIVE_MATRIX (for matmul_coop)"
+                ", EXPERIMENTAL_COOPERATIVE_MATRIX (for matmul_coop and attn_fwd_coop)"
             } else {
                 ""
             },
@@ -268,8 +269,8 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
         "wgpu_init",
         tag,
         format!(
-            "the cooperative-matrix GEMM (DFLASH_WGPU_GEMM=matmul_coop) cannot run on {}: it \
-             lacks {}",
+            "the cooperative-matrix kernels (DFLASH_WGPU_GEMM=matmul_coop, \
+             DFLASH_WGPU_ATTN_COOP=1) cannot run on {}: it lacks {}",
             describe(&adapter.get_info()),
             lacks.join("; ")
         ),
@@ -347,7 +348,8 @@ fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
     } = request_device(adapter, &desc, &info, &tag)?;
     let errors = error_sink(&device);
     let limits = device.limits();
-    let features = device.features() & (OPTIONAL_FEATURES | COOP_FEATURE);
+    let features = device.features()
+        & (OPTIONAL_FEATURES | COOP_FEATURE | wgpu::Features::PASSTHROUGH_SHADERS);
     let pipelines = Pipelines::new(&device);
     Ok(Ctx {
         ordinal,
@@ -422,7 +424,9 @@ fn device_descriptor(adapter: &wgpu::Adapter, coop: bool) -> wgpu::DeviceDescrip
     let mut features = adapter.features() & wanted;
     let mut experimental = wgpu::ExperimentalFeatures::disabled();
     if coop {
-        features |= COOP_FEATURE;
+        // Passthrough: the tensor-core attention forward's SPIR-V with coherent workgroup
+        // memory (`crate::vulkan::memory_model`).
+        features |= COOP_FEATURE | (adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS);
         // SAFETY: wgpu's contract for its experimental features is to accept that their
         // implementation may still have bugs; the only one requested is the cooperative-matrix
         // feature, whose kernel's every index is proven in bounds (gemm_coop.wgsl's header)

@@ -119,6 +119,14 @@ pub struct WgpuOptions {
     /// barriers a query tile instead of five and six). On by default;
     /// `DFLASH_WGPU_ATTN_DKDV_SG=0` turns it off.
     pub attn_dkdv_subgroups: bool,
+    /// `wgpu-tiled`'s forward on cooperative matrices (attention_fwd_coop.wgsl: tensor cores
+    /// on NVIDIA), at head dims 65..=128: q, k, v and the probabilities rounded to f16 for
+    /// the two products, f32 accumulation, softmax and output; a NaN or infinity in v
+    /// reaches every row of the key tiles that hold it. Like [`GemmKernel::Coop`] it decides
+    /// the device: the instance gets its adapter's cooperative-matrix device, or does not
+    /// start where the adapter cannot run it. Off by default (opt-in, a precision mode);
+    /// `DFLASH_WGPU_ATTN_COOP=1` turns it on. The backward stays f32.
+    pub attn_coop: bool,
 }
 
 impl WgpuOptions {
@@ -140,6 +148,7 @@ impl WgpuOptions {
             attn_wide_tiles: true,
             attn_dq_subgroups: true,
             attn_dkdv_subgroups: true,
+            attn_coop: false,
         }
     }
 
@@ -149,7 +158,7 @@ impl WgpuOptions {
     /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
     /// `matmul128_w`, `matmul128_n` or `matmul_coop`: [`GemmKernel`]), and
     /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off
-    /// (`=1` on). An unknown
+    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=1` the tensor-core forward on. An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
     /// each would otherwise time the shipped kernel under another's name.
@@ -191,6 +200,7 @@ impl WgpuOptions {
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),
             attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups),
+            attn_coop: flag("DFLASH_WGPU_ATTN_COOP", s.attn_coop),
             ..s
         })
     }
@@ -242,12 +252,14 @@ impl WgpuBackend {
         Self::with_options(opts, WgpuOptions::from_env()?)
     }
 
-    /// The backend on adapter `opts.device` with `wopts`. [`GemmKernel::Coop`] runs on the
+    /// The backend on adapter `opts.device` with `wopts`. [`GemmKernel::Coop`] and
+    /// [`WgpuOptions::attn_coop`] run on the
     /// adapter's cooperative-matrix device ([`device::get`]), and where the adapter lacks what
     /// it needs the error names the adapter and each thing it lacks
     /// ([`device::cooperative_matrix_support`]): never the shipped kernel under its name.
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
-        let ctx = device::get(opts.device, wopts.gemm == GemmKernel::Coop)?;
+        let coop = wopts.gemm == GemmKernel::Coop || wopts.attn_coop;
+        let ctx = device::get(opts.device, coop)?;
         let attention = attention::resolve(&opts.attention)?;
         Ok(WgpuBackend {
             ctx,

@@ -164,9 +164,19 @@ impl Ctx {
         l
     }
 
-    fn module(&self, (family, subgroups): (Family, bool)) -> Arc<wgpu::ShaderModule> {
+    fn module(&self, (family, subgroups): (Family, bool)) -> Result<Arc<wgpu::ShaderModule>> {
+        if let Some(m) = lock(&self.pipelines.modules).get(&(family, subgroups)) {
+            return Ok(m.clone());
+        }
+        if let Family::Attention(cfg) = family
+            && cfg.coop
+        {
+            let m = Arc::new(self.coherent_module(family, subgroups, cfg)?);
+            lock(&self.pipelines.modules).insert((family, subgroups), m.clone());
+            return Ok(m);
+        }
         let mut cache = lock(&self.pipelines.modules);
-        cache
+        Ok(cache
             .entry((family, subgroups))
             .or_insert_with(|| {
                 let label = family.label(subgroups);
@@ -182,7 +192,48 @@ impl Ctx {
                         .create_shader_module_trusted(desc, runtime_checks(family))
                 })
             })
-            .clone()
+            .clone())
+    }
+
+    /// The tensor-core attention forward's module: its WGSL through naga to SPIR-V as wgpu
+    /// would write it, its workgroup memory made coherent under the Vulkan memory model that
+    /// naga declares for cooperative matrices but does not honour
+    /// ([`crate::vulkan::memory_model`]), handed to the driver through wgpu's SPIR-V
+    /// passthrough (`PASSTHROUGH_SHADERS`, which the cooperative-matrix device requests and
+    /// `attn_coop` requires).
+    fn coherent_module(
+        &self,
+        family: Family,
+        subgroups: bool,
+        cfg: crate::attention::AttnCfg,
+    ) -> Result<wgpu::ShaderModule> {
+        let label = family.label(subgroups);
+        let err = |e: String| Error::op("attention", self.tag.clone(), format!("{label}: {e}"));
+        let source = family.source(subgroups);
+        let entry = cfg.fwd_entry();
+        let words = crate::vulkan::stats::spirv(&crate::vulkan::stats::Report {
+            label: &label,
+            source: &source,
+            entry,
+            consts: &[],
+            checks: runtime_checks(family),
+        })
+        .map_err(err)?;
+        let (words, _) = crate::vulkan::memory_model::coherent_workgroup(&words).map_err(err)?;
+        let desc = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(&label),
+            entry_points: vec![wgpu::PassthroughShaderEntryPoint {
+                name: entry.into(),
+                workgroup_size: (cfg.threads(), 1, 1),
+            }]
+            .into(),
+            spirv: Some(words.into()),
+            ..Default::default()
+        };
+        // SAFETY: the SPIR-V is naga's own output for a module naga validated (with the
+        // runtime checks of `runtime_checks`), changed only in its memory operands and barrier
+        // semantics; the pipeline gets an explicit layout that matches its bindings.
+        Ok(unsafe { self.device.create_shader_module_passthrough(desc) })
     }
 
     /// The pipeline of `k` with `reads` read-only and `writes` read-write storage bindings,
@@ -200,7 +251,13 @@ impl Ctx {
             return Ok(p.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.module(mk);
+        let module = match self.module(mk) {
+            Ok(m) => m,
+            Err(e) => {
+                drop(pollster::block_on(scope.pop()));
+                return Err(e);
+            }
+        };
         let (_, layout) = self.layouts(reads, writes);
         let pipeline = self
             .device

@@ -12,7 +12,7 @@ mod common;
 use common::*;
 use dflash_core::AttentionOps;
 use dflash_core::mask::BlockMask;
-use dflash_tests::{F32_KERNEL, Layout, cases_on, large_score_cases};
+use dflash_tests::{F16_PRODUCTS_FORWARD, F32_KERNEL, Layout, cases_on, large_score_cases};
 
 /// (q heads, kv heads, head_dim): GQA 1, 2, 4; head dims 32, 40, 64, 128, 256 (q, k, v read
 /// as vec4) and 22 (as scalars: rows start inside a vec4).
@@ -60,6 +60,50 @@ fn tiled_attention_on_large_masks() {
     let large = dflash_tests::large_masks().expect("large masks");
     let cases = cases_on(&large, &[Layout::new(4, 1, 64)]);
     run_suite(&be, "wgpu-tiled (large masks)", &cases, &F32_KERNEL);
+}
+
+/// The tensor-core forward (`WgpuOptions::attn_coop`, attention_fwd_coop.wgsl) where the
+/// adapter has cooperative matrices: head dims 128 and 96 (the DP 128 class it takes), GQA 2
+/// and 4, on every suite mask, the large-score cases (its lazy rescale), the large masks;
+/// a NaN in k or q row-wise as every kernel, one in v at tile granularity (the P V product).
+/// Elsewhere a skip line naming what the adapter lacks (lavapipe: cooperative matrices).
+#[test]
+fn coop_forward_matches_the_oracle() {
+    let Some(be) = wgpu_coop_attention() else {
+        return;
+    };
+    let layouts = [Layout::new(4, 2, 128), Layout::new(4, 1, 96)];
+    for l in layouts {
+        let [fwd, ..] = be.tiled_kernels(l.head_dim).unwrap();
+        assert!(fwd.starts_with("attention_fwd_coop.wgsl"), "{fwd}");
+    }
+    let masks = dflash_tests::suite_masks().expect("suite masks");
+    let mut cases = cases_on(&masks, &layouts);
+    cases.extend(large_score_cases(layouts[0]).unwrap());
+    let large = dflash_tests::large_masks().expect("large masks");
+    cases.extend(cases_on(&large, &layouts[..1]));
+    run_suite(
+        &be,
+        "wgpu-tiled, coop forward",
+        &cases,
+        &F16_PRODUCTS_FORWARD,
+    );
+    let l = layouts[0];
+    let nan: Vec<_> = [
+        dflash_tests::nan_cases_on(l).unwrap(),
+        dflash_tests::nan_q_cases_on(l).unwrap(),
+        dflash_tests::nan_v_cases_on(l)
+            .unwrap()
+            .into_iter()
+            .map(dflash_tests::NanCase::within_tiles)
+            .collect(),
+    ]
+    .concat();
+    let report = dflash_tests::check_backend_attention_nan(&be, "wgpu-tiled, coop forward", &nan);
+    println!("{report}");
+    if let Err(e) = report.ensure_passed() {
+        panic!("{e}");
+    }
 }
 
 /// Long tile lists: on a CPU adapter each kernel's tile loop is split over several dispatches

@@ -49,6 +49,8 @@ pub(crate) struct AttnCfg {
     pub qreg: bool,
     /// With `sg`: keys per lane of a row group (`KPL`, 1 or 2): BK = KPL * DP / 4.
     pub kpl: u32,
+    /// The forward on cooperative matrices (attention_fwd_coop.wgsl, [`Self::coop_forward`]).
+    pub coop: bool,
 }
 
 impl AttnCfg {
@@ -81,6 +83,7 @@ impl AttnCfg {
                 sg: false,
                 qreg: false,
                 kpl: 1,
+                coop: false,
             };
             need = cfg.bytes() + MARGIN;
             if need <= limit {
@@ -155,9 +158,30 @@ impl AttnCfg {
         }
     }
 
+    /// The tensor-core forward (attention_fwd_coop.wgsl) in place of `self`, a forward at
+    /// DP 128 read as vec4: 128 x 32 tiles on 8 subgroups of 32 lanes (256 threads), each
+    /// owning 16 query rows. `None` for any other kernel or head-dim class.
+    pub(crate) fn coop_forward(&self) -> Option<Self> {
+        (self.kind == AttnKind::Fwd && self.dp == 128 && self.vec4).then_some(AttnCfg {
+            bq: 128,
+            bk: 32,
+            sg: false,
+            qreg: false,
+            kpl: 1,
+            coop: true,
+            ..*self
+        })
+    }
+
     /// The forward's entry point.
-    pub(super) fn fwd_entry(&self) -> &'static str {
-        if self.sg { "attn_fwd_sg" } else { "attn_fwd" }
+    pub(crate) fn fwd_entry(&self) -> &'static str {
+        if self.coop {
+            "attn_fwd_coop"
+        } else if self.sg {
+            "attn_fwd_sg"
+        } else {
+            "attn_fwd"
+        }
     }
 
     /// The dq kernel's entry point.
@@ -171,6 +195,9 @@ impl AttnCfg {
     }
 
     pub(crate) fn threads(&self) -> u32 {
+        if self.coop {
+            return 256;
+        }
         if self.sg {
             return self.owned() / 4 * (self.dp / 4);
         }
@@ -184,6 +211,16 @@ impl AttnCfg {
     /// backward, and the kernel's file).
     pub(crate) fn bytes(&self) -> u32 {
         let (bq, bk) = (self.bq, self.bk);
+        if self.coop {
+            // attention_fwd_coop.wgsl: the f16 K and V tiles (rows of DP + 8 halves), each
+            // subgroup's two 16 x 16 f32 scratch blocks and 16 x (BK + 8) f16 probabilities, the vote
+            // (atomic and plain), the unused one-vec4 `buf`; attention.wgsl's row intervals,
+            // bounds and flags.
+            let nsg = self.threads() / 32;
+            let tiles = 2 * (2 * bk * (self.dp + 8));
+            let own = tiles + nsg * 2 * 256 * 4 + nsg * 16 * (bk + 8) * 2 + 4 + 4 + 16;
+            return own + 16 * bq + 8 + 8;
+        }
         let qs = self.dp / 4 + 1;
         let common = 16 * bq + 8 + 8;
         let vec4s = match self.kind {
@@ -242,6 +279,9 @@ impl AttnCfg {
     /// The kernel's file (the backward kernels' after their shared attention_bwd.wgsl, the
     /// subgroup forward after the plain one, whose helpers it shares).
     pub(crate) fn body(&self) -> &'static str {
+        if self.coop {
+            return include_str!("../shaders/attention_fwd_coop.wgsl");
+        }
         match self.kind {
             AttnKind::Fwd if self.sg => concat!(
                 include_str!("../shaders/attention_fwd.wgsl"),
@@ -273,6 +313,13 @@ impl AttnCfg {
     }
 
     pub(crate) fn label(&self) -> String {
+        if self.coop {
+            return format!(
+                "attention_fwd_coop.wgsl (DP {}, {} x {} tiles, f16 products on cooperative \
+                 matrices)",
+                self.dp, self.bq, self.bk
+            );
+        }
         let file = match self.kind {
             AttnKind::Fwd if self.sg => "attention_fwd_sg.wgsl",
             AttnKind::Fwd => "attention_fwd.wgsl",
@@ -380,7 +427,8 @@ impl WgpuBackend {
                     ),
                 )
             })?;
-            out.push(self.on_subgroups(cfg, have, (min, max)));
+            let cfg = self.on_subgroups(cfg, have, (min, max));
+            out.push(self.on_coop(cfg, have));
         }
         Ok(out
             .try_into()
@@ -422,6 +470,26 @@ impl WgpuBackend {
             return wide;
         }
         sg
+    }
+
+    /// `cfg` moved to the tensor-core forward ([`AttnCfg::coop_forward`]) under
+    /// [`crate::WgpuOptions::attn_coop`], where it exists for the head dim, `have` bytes of
+    /// workgroup memory hold it, the call runs in one pass (the kernel carries no state
+    /// between passes: GPUs run one unless `attn_pass_tiles` splits them) and the device
+    /// takes SPIR-V as it is (`PASSTHROUGH_SHADERS`: its module is patched, see
+    /// `Ctx::coherent_module`).
+    fn on_coop(&self, cfg: AttnCfg, have: u32) -> AttnCfg {
+        let passthrough = self
+            .ctx
+            .features
+            .contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        if !self.opts.attn_coop || !passthrough || self.per_pass(&cfg) != usize::MAX {
+            return cfg;
+        }
+        match cfg.coop_forward() {
+            Some(c) if c.bytes() + MARGIN <= have => c,
+            _ => cfg,
+        }
     }
 
     pub(super) fn attn_params(

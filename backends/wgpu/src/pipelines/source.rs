@@ -66,7 +66,7 @@ impl Family {
 
     /// The module's text: `enable` directives, the prelude, the family's file (behind the
     /// reductions of the chosen variant where it reduces).
-    pub(super) fn source(self, subgroups: bool) -> String {
+    pub(crate) fn source(self, subgroups: bool) -> String {
         if self.reduces() {
             let body = match self {
                 Family::Memory => include_str!("../shaders/memory.wgsl"),
@@ -91,8 +91,13 @@ impl Family {
             Family::Embedding => include_str!("../shaders/embedding.wgsl"),
             Family::Optimizer => include_str!("../shaders/optimizer.wgsl"),
             Family::Attention(cfg) => {
+                let enable = if cfg.coop {
+                    "enable f16;\nenable wgpu_cooperative_matrix;\n"
+                } else {
+                    ""
+                };
                 return format!(
-                    "{}{PRELUDE}\n{}\n{}\n{}",
+                    "{enable}{}{PRELUDE}\n{}\n{}\n{}",
                     cfg.header(),
                     cfg.operands(),
                     include_str!("../shaders/attention.wgsl"),

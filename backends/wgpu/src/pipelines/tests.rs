@@ -72,6 +72,12 @@ pub(super) fn attention_variants() -> Vec<AttnCfg> {
                             out.push(cand);
                         }
                     }
+                    // The tensor-core forward, where the head dim has it.
+                    if let Some(coop) = c.coop_forward()
+                        && !out.contains(&coop)
+                    {
+                        out.push(coop);
+                    }
                 }
             }
         }
@@ -119,6 +125,10 @@ fn all_families() -> Vec<Family> {
             .any(|c| c.sg && c.kind == AttnKind::Dkdv && c.dp == d)
     };
     assert!(dkdv_sg(32) && dkdv_sg(128), "no subgroup dk/dv variant");
+    assert!(
+        attention.iter().any(|c| c.coop && c.dp == 128),
+        "no tensor-core forward"
+    );
     families.extend(attention.into_iter().map(Family::Attention));
     families
 }
@@ -163,6 +173,21 @@ fn workgroup_bytes(
     info: &naga::valid::ModuleInfo,
     entry: &str,
 ) -> (usize, u32) {
+    let (i, bytes, kept) = workgroup_bytes_used_and_kept(module, info, entry);
+    assert_eq!(
+        kept, bytes,
+        "{entry}: workgroup bytes after wgpu's compaction"
+    );
+    (i, bytes)
+}
+
+/// The index of `entry`, the bytes of the workgroup variables it uses, and those of the module
+/// compacted to it (which keeps the variables of functions it does not call).
+fn workgroup_bytes_used_and_kept(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    entry: &str,
+) -> (usize, u32, u32) {
     let i = module
         .entry_points
         .iter()
@@ -188,11 +213,7 @@ fn workgroup_bytes(
         .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
         .map(|(_, g)| compact.types[g.ty].inner.size(compact.to_ctx()))
         .sum();
-    assert_eq!(
-        kept, bytes,
-        "{entry}: workgroup bytes after wgpu's compaction"
-    );
-    (i, bytes)
+    (i, bytes, kept)
 }
 
 /// Every shared GEMM module holds every kernel `gemm.rs` dispatches from it (`GemmKernel::ALL`
@@ -410,4 +431,59 @@ fn every_entry_point_compiles_to_spirv_for_the_statistics() {
         }
     }
     assert!(count > 100, "only {count} entry points");
+}
+
+/// The tensor-core attention forward's module (attention_fwd_coop.wgsl) declares the
+/// workgroup memory the host checks against the adapter's limit (`AttnCfg::bytes`), runs on
+/// 128 threads, and makes the cooperative operations its header states: Q and P as A
+/// row-major, K as B column-major (K^T), V as B row-major, the accumulators loaded back and
+/// stored row-major (its scratch); no other attention module mentions them.
+#[test]
+fn the_coop_attention_module_holds_its_kernel_and_bytes() {
+    use naga::{CooperativeRole as Role, Expression, Statement};
+    let coop: Vec<AttnCfg> = attention_variants()
+        .into_iter()
+        .filter(|c| c.coop)
+        .collect();
+    assert!(!coop.is_empty());
+    for cfg in coop {
+        let f = Family::Attention(cfg);
+        let (module, info) = parsed(f);
+        // attention.wgsl's staging tile and flags stay in the compacted module (functions
+        // the kernel does not call name them): the host counts them too, an upper bound.
+        let (i, used, kept) = workgroup_bytes_used_and_kept(&module, &info, "attn_fwd_coop");
+        assert_eq!(kept, cfg.bytes(), "{}", f.label(false));
+        assert!(kept - used <= 16 + 8, "{used} used of {kept}");
+        assert_eq!(module.entry_points[i].workgroup_size, [cfg.threads(), 1, 1]);
+        let mut loads = std::collections::BTreeSet::new();
+        let mut stores = std::collections::BTreeSet::new();
+        let bodies = module.functions.iter().map(|(_, f)| f);
+        for func in bodies.chain(module.entry_points.iter().map(|e| &e.function)) {
+            for (_, e) in func.expressions.iter() {
+                if let Expression::CooperativeLoad { role, data, .. } = e {
+                    loads.insert((format!("{role:?}"), data.row_major));
+                }
+            }
+            for s in statements(&func.body) {
+                if let Statement::CooperativeStore { data, .. } = s {
+                    stores.insert(data.row_major);
+                }
+            }
+        }
+        let want: std::collections::BTreeSet<(String, bool)> = [
+            (Role::A, true),
+            (Role::B, false),
+            (Role::B, true),
+            (Role::C, true),
+        ]
+        .into_iter()
+        .map(|(r, m)| (format!("{r:?}"), m))
+        .collect();
+        assert_eq!(loads, want, "{}", f.label(false));
+        assert_eq!(stores, [true].into_iter().collect());
+    }
+    for cfg in attention_variants().into_iter().filter(|c| !c.coop) {
+        let src = Family::Attention(cfg).source(false);
+        assert!(!src.contains("cooperative"), "{}", cfg.label());
+    }
 }

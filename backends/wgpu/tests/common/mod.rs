@@ -165,6 +165,35 @@ fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBa
     v
 }
 
+/// `wgpu-tiled` with the tensor-core forward (`WgpuOptions::attn_coop`), poisoned, where the
+/// adapter has cooperative matrices; elsewhere `None` and a skip line naming what it lacks,
+/// once the backend is checked to refuse the option with that very reason.
+#[allow(dead_code)]
+pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
+    wgpu()?;
+    let opts = WgpuOptions {
+        poison: true,
+        attn_coop: true,
+        ..WgpuOptions::shipped()
+    };
+    let backend = BackendOptions {
+        attention: "wgpu-tiled".into(),
+        threads: 0,
+        device: 0,
+    };
+    if let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) {
+        let refused = WgpuBackend::with_options(&backend, opts)
+            .err()
+            .expect("the coop attention forward started on an adapter that lacks what it needs");
+        assert_eq!(refused.to_string(), why.to_string());
+        skip(&format!(
+            "the tensor-core attention forward does not run here: {why}"
+        ));
+        return None;
+    }
+    Some(WgpuBackend::with_options(&backend, opts).expect("the wgpu backend with attn_coop"))
+}
+
 /// The cooperative-matrix GEMM's backends (`GemmKernel::Coop`, poisoned, f16 compute format):
 /// on the adapter's limits and on 4 KiB bindings; or none, after a skip line naming the adapter
 /// and what it lacks (`device::cooperative_matrix_support`: lavapipe has no cooperative
