@@ -272,6 +272,8 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     workgroupBarrier(); // Q is read: K and V take its place
     var o0 = CoopC(); var o1 = CoopC(); var o2 = CoopC(); var o3 = CoopC();
     var o4 = CoopC(); var o5 = CoopC(); var o6 = CoopC(); var o7 = CoopC();
+    // A zero accumulator made once, outside the key loop, for the scores to start from.
+    var zc = CoopC();
     // The lane's row of the tile (both lanes of a pair hold the same statistics) and its 16
     // keys of each tile: c0 .. c0 + 15, which are one 16 x 16 block of the scratch.
     let li = 16u * sg + lane / 2u;
@@ -301,8 +303,7 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         kv = fetch_kv_coop((nw & ~FULL) * BK, kh, lid, it + 1u < hi);
         // S = Q K^T: keys 0..15 (s0) and 16..31 (s1), written out (cooperative values are
         // never passed to functions here: see the header).
-        var s0 = CoopC();
-        s0 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[0u * HK + 0u], HK), s0);
+        var s0 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[0u * HK + 0u], HK), zc);
         s0 = coopMultiplyAdd(q1, coopLoad<CoopB>(&hkv[0u * HK + 16u], HK), s0);
         s0 = coopMultiplyAdd(q2, coopLoad<CoopB>(&hkv[0u * HK + 32u], HK), s0);
         s0 = coopMultiplyAdd(q3, coopLoad<CoopB>(&hkv[0u * HK + 48u], HK), s0);
@@ -310,8 +311,7 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         s0 = coopMultiplyAdd(q5, coopLoad<CoopB>(&hkv[0u * HK + 80u], HK), s0);
         s0 = coopMultiplyAdd(q6, coopLoad<CoopB>(&hkv[0u * HK + 96u], HK), s0);
         s0 = coopMultiplyAdd(q7, coopLoad<CoopB>(&hkv[0u * HK + 112u], HK), s0);
-        var s1 = CoopC();
-        s1 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[16u * HK + 0u], HK), s1);
+        var s1 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[16u * HK + 0u], HK), zc);
         s1 = coopMultiplyAdd(q1, coopLoad<CoopB>(&hkv[16u * HK + 16u], HK), s1);
         s1 = coopMultiplyAdd(q2, coopLoad<CoopB>(&hkv[16u * HK + 32u], HK), s1);
         s1 = coopMultiplyAdd(q3, coopLoad<CoopB>(&hkv[16u * HK + 48u], HK), s1);
