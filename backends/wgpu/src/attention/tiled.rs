@@ -218,11 +218,11 @@ impl AttnCfg {
             // bounds and flags.
             let nsg = self.threads() / 32;
             let tiles = 2 * (2 * bk * (self.dp + 8));
-            let own = tiles + nsg * 2 * 256 * 4 + nsg * 16 * (bk + 8) * 2 + 4 + 4 + 16;
-            return own + 16 * bq + 8 + 8;
+            let own = tiles + nsg * 2 * 256 * 4 + nsg * 16 * (bk + 8) * 2 + 16 + 16 + 16;
+            return own + 16 * bq + 16 + 16;
         }
         let qs = self.dp / 4 + 1;
-        let common = 16 * bq + 8 + 8;
+        let common = 16 * bq + 16 + 16;
         let vec4s = match self.kind {
             AttnKind::Fwd => (self.staged_q_rows() + bk) * qs + bk * (bq / 4 + 1) + bq / 4,
             AttnKind::Dq => (bq + bk) * qs + bk * (bq / 4 + 1),

@@ -66,9 +66,12 @@ const QS: u32 = DP4 + 1u;
 
 // The key intervals of the staged query tile's rows, the list bounds, and two flags for
 // non-finite values in staged tiles (integer atomics: set by any loading thread).
+// Each 16 bytes (two elements used): every workgroup variable a multiple of 16 bytes, so
+// that wherever a driver places them the next one starts 16-byte aligned, as the
+// matrix loads of attention_fwd_coop.wgsl need.
 var<workgroup> row_iv: array<i32, 4u * BQ>;
-var<workgroup> bounds: array<u32, 2>;
-var<workgroup> bad: array<atomic<u32>, 2>;
+var<workgroup> bounds: array<u32, 4>;
+var<workgroup> bad: array<atomic<u32>, 4>;
 // The first row of the staged query tile and whether the current tile is full.
 var<private> tile_r0: u32;
 var<private> tile_full: bool;

@@ -62,8 +62,9 @@ const NF: u32 = BK * DP4 / WG;
 var<workgroup> hkv: array<f16, 2u * BK * HK>;
 var<workgroup> hs: array<f32, NSG * SS>;
 var<workgroup> hp: array<f16, NSG * 16u * PS>;
-var<workgroup> vote: atomic<u32>;
-var<workgroup> vote_u: u32;
+// 16 bytes each (one element used), as every workgroup variable here: see attention.wgsl.
+var<workgroup> vote: array<atomic<u32>, 4>;
+var<workgroup> vote_u: array<u32, 4>;
 // attention.wgsl's staging helpers name `buf`; this kernel does not reach them.
 var<workgroup> buf: array<vec4<f32>, 1>;
 
@@ -294,7 +295,7 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         tile_full = (w & FULL) != 0u;
         let k0 = (w & ~FULL) * BK;
         if (lid == 0u) {
-            atomicStore(&vote, 0u);
+            atomicStore(&vote[0], 0u);
         }
         put_kv_coop(kv, lid);
         workgroupBarrier(); // K, V staged
@@ -349,7 +350,7 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         } else if (mx > m + TAU) {
             alpha = exp(m - mx);
             m = mx;
-            atomicOr(&vote, 1u);
+            atomicOr(&vote[0], 1u);
         }
         let e0 = probs4(x0, m);
         let e1 = probs4(x1, m);
@@ -365,9 +366,9 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         l = l * alpha + sum;
         workgroupBarrier(); // every vote cast, P written
         if (lid == 0u) {
-            vote_u = atomicLoad(&vote);
+            vote_u[0] = atomicLoad(&vote[0]);
         }
-        if (workgroupUniformLoad(&vote_u) != 0u) {
+        if (workgroupUniformLoad(&vote_u[0]) != 0u) {
             coopStoreT(o0, &hs[sgb], 16u);
             publish();
             scale_block(sgb, lane, alpha);
