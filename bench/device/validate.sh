@@ -178,10 +178,13 @@ for phase in "$@"; do
         log="$out/wgpu-coop-attn.log"
         if ! (cd .wgputest && ./attention --nocapture --test-threads 1 coop) > "$log" 2>&1; then
             failed+=("$phase (test)")
-            # The same with a second barrier after each cooperative store (ABLATE bit 16).
-            echo "-- DFLASH_WGPU_ATTN_ABLATE=16" >> "$log"
-            (cd .wgputest && DFLASH_WGPU_ATTN_ABLATE=16 ./attention --nocapture \
-                --test-threads 1 coop) >> "$log" 2>&1 || failed+=("$phase (test, 16)")
+            # Bisecting: a second barrier after each cooperative store (ABLATE bit 16), and
+            # no runtime checks in the module (matmul_coop's module has none).
+            for knob in DFLASH_WGPU_ATTN_ABLATE=16 DFLASH_WGPU_CHECKS=none; do
+                echo "-- $knob" >> "$log"
+                (cd .wgputest && env "$knob" ./attention --nocapture --test-threads 1 coop) \
+                    >> "$log" 2>&1 || failed+=("$phase (test, $knob)")
+            done
         fi
         for round in 1 2; do
             for c in 0 1; do
