@@ -176,7 +176,11 @@ for phase in "$@"; do
         grep -E "^-- |^(attention|gemm|drafter)\.|attn_|wgpu profile" "$out/wgpu-order.log" | cut -c1-140 ;;
     wgpu-coop-attn)
         log="$out/wgpu-coop-attn.log"
-        if ! (cd .wgputest && ./attention --nocapture --test-threads 1 coop) > "$log" 2>&1; then
+        # The driver's cooperative matrices on each pattern the forward uses (strides, a
+        # workgroup variable before the tiles, an accumulator zeroed in a loop), printed.
+        (cd .wgputest && ./coop_probe --nocapture --test-threads 1) > "$log" 2>&1 \
+            || failed+=("$phase (probe)")
+        if ! (cd .wgputest && ./attention --nocapture --test-threads 1 coop) >> "$log" 2>&1; then
             failed+=("$phase (test)")
             # Bisecting: a second barrier after each cooperative store (ABLATE bit 16), and
             # no runtime checks in the module (matmul_coop's module has none).
