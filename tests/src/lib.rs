@@ -52,8 +52,8 @@ use dflash_core::{Backend, HostAttentionKernel};
 use run::{bad_input_cases, run_case};
 
 pub use backend::{
-    AttentionChecks, BF16_KERNEL, Check, Comparison, F16_PRODUCTS_FORWARD, F32_KERNEL,
-    OracleInputs, check_backend_attention,
+    AttentionChecks, BF16_KERNEL, Check, Comparison, F16_PRODUCTS_FORWARD,
+    F16_PRODUCTS_FORWARD_F16_FED, F32_KERNEL, OracleInputs, check_backend_attention,
 };
 pub use cases::{
     Case, HOST_LAYOUTS, Layout, NanCase, NanInput, cases_on, large_masks, large_score_cases,

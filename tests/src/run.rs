@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::cases::{Case, Layout, dims_of, mask_err};
+use crate::ops::Format;
 use crate::oracle;
 use crate::report::{CaseResult, TensorErr};
 use crate::tolerance::{Tolerance, closeness};
@@ -85,6 +86,20 @@ impl CaseInputs {
         let v = uniform(&mut rng, tk * hkv * d, 1.0);
         let d_out = uniform(&mut rng, tq * hq * d, 1.0);
         CaseInputs { q, k, v, d_out }
+    }
+
+    /// Each input rounded to `format` and widened back (`F32`: unchanged).
+    pub(crate) fn rounded_to(self, format: Format) -> Self {
+        if format == Format::F32 {
+            return self;
+        }
+        let round = |xs: Vec<f32>| xs.into_iter().map(|x| format.round(x)).collect();
+        CaseInputs {
+            q: round(self.q),
+            k: round(self.k),
+            v: round(self.v),
+            d_out: round(self.d_out),
+        }
     }
 }
 
@@ -320,4 +335,40 @@ pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<Ca
         results.push(res);
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::{Layout, large_score_cases};
+
+    /// Fed in f16, every input is f16-representable (rounding it again changes nothing) and
+    /// most of the drawn values moved; fed in f32, the draw is untouched.
+    #[test]
+    fn inputs_fed_in_f16_are_f16_values() {
+        let case = &large_score_cases(Layout::new(4, 2, 16)).unwrap()[0];
+        let drawn = CaseInputs::draw(case);
+        let fed = CaseInputs::draw(case).rounded_to(Format::F16);
+        for (name, a, b) in [
+            ("q", &drawn.q, &fed.q),
+            ("k", &drawn.k, &fed.k),
+            ("v", &drawn.v, &fed.v),
+            ("d_out", &drawn.d_out, &fed.d_out),
+        ] {
+            assert!(b.iter().all(|&x| Format::F16.round(x) == x), "{name}");
+            let moved = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert!(moved * 2 > a.len(), "{name}: {moved} of {} moved", a.len());
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| ((x - y) / x).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 2f32.powi(-11),
+                "{name}: relative rounding {worst:e}"
+            );
+        }
+        let same = CaseInputs::draw(case).rounded_to(Format::F32);
+        assert_eq!(bits(&same.q), bits(&drawn.q));
+    }
 }

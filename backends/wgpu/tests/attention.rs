@@ -12,7 +12,10 @@ mod common;
 use common::*;
 use dflash_core::AttentionOps;
 use dflash_core::mask::BlockMask;
-use dflash_tests::{F16_PRODUCTS_FORWARD, F32_KERNEL, Layout, cases_on, large_score_cases};
+use dflash_tests::{
+    F16_PRODUCTS_FORWARD, F16_PRODUCTS_FORWARD_F16_FED, F32_KERNEL, Layout, cases_on,
+    large_score_cases,
+};
 
 /// (q heads, kv heads, head_dim): GQA 1, 2, 4; head dims 32, 40, 64, 128, 256 (q, k, v read
 /// as vec4) and 22 (as scalars: rows start inside a vec4).
@@ -64,7 +67,8 @@ fn tiled_attention_on_large_masks() {
 
 /// The tensor-core forward (`WgpuOptions::attn_coop`, attention_fwd_coop.wgsl) where the
 /// adapter has cooperative matrices: head dims 128 and 96 (the DP 128 class it takes), GQA 2
-/// and 4, on every suite mask, the large-score cases (its lazy rescale), the large masks;
+/// and 4, on every suite mask and the large masks; the large-score cases (its lazy rescale)
+/// fed f16-representable inputs (see `F16_PRODUCTS_FORWARD`'s note);
 /// a NaN in k or q row-wise as every kernel, one in v at tile granularity (the P V product).
 /// Elsewhere a skip line naming what the adapter lacks (lavapipe: cooperative matrices).
 #[test]
@@ -79,7 +83,6 @@ fn coop_forward_matches_the_oracle() {
     }
     let masks = dflash_tests::suite_masks().expect("suite masks");
     let mut cases = cases_on(&masks, &layouts);
-    cases.extend(large_score_cases(layouts[0]).unwrap());
     let large = dflash_tests::large_masks().expect("large masks");
     cases.extend(cases_on(&large, &layouts[..1]));
     run_suite(
@@ -87,6 +90,12 @@ fn coop_forward_matches_the_oracle() {
         "wgpu-tiled, coop forward",
         &cases,
         &F16_PRODUCTS_FORWARD,
+    );
+    run_suite(
+        &be,
+        "wgpu-tiled, coop forward (large scores, f16-fed)",
+        &large_score_cases(layouts[0]).unwrap(),
+        &F16_PRODUCTS_FORWARD_F16_FED,
     );
     let l = layouts[0];
     let nan: Vec<_> = [
