@@ -342,7 +342,10 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         x3 = select(x3, nv, pz3);
         var mx = max(max(max4(x0), max4(x1)), max(max4(x2), max4(x3)));
         mx = max(mx, subgroupShuffleXor(mx, 1u));
-        bad_row = bad_row || (subgroupShuffleXor(select(0u, 1u, bad_row), 1u) != 0u);
+        // The shuffle outside `||`: short-circuited, a lane already flagged would skip it and
+        // leave its partner reading an inactive lane (the row's other half never flagged).
+        let partner_bad = subgroupShuffleXor(select(0u, 1u, bad_row), 1u) != 0u;
+        bad_row = bad_row || partner_bad;
         // The row's reference max and the factor its O and l take (1: no rescale).
         var alpha = 1.0;
         if (m == ninf) {
