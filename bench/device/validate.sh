@@ -10,7 +10,8 @@
 #   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
-#   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu and CUDA    -> OUT/wgpu*.json
+#   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped, then with the
+#                tensor-core attention forward) and CUDA               -> OUT/{wgpu,wgpu-coop,cuda}-bench.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
 #                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n, matmul_coop)
 #                                                                          -> OUT/wgpu-knobs.log
@@ -91,12 +92,13 @@ for phase in "$@"; do
             > "$out/generate.log" 2>&1 || failed+=("$phase")
         table "$out/generate.log" ;;
     wgpu-bench)
-        for be in "wgpu wgpu-tiled" "cuda cuda-flash"; do
-            read -r name kernel <<< "$be"
-            timeout 420 $D bench --backend "$name" --attention "$kernel" \
+        # wgpu-coop: the opt-in tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1).
+        for be in "wgpu wgpu wgpu-tiled 0" "wgpu-coop wgpu wgpu-tiled 1" "cuda cuda cuda-flash 0"; do
+            read -r tag name kernel coop <<< "$be"
+            DFLASH_WGPU_ATTN_COOP=$coop timeout 420 $D bench --backend "$name" --attention "$kernel" \
                 --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput \
-                --out "$out/$name-bench.json" > "$out/$name-bench.log" 2>&1 || failed+=("$phase ($name)")
-            table "$out/$name-bench.log"
+                --out "$out/$tag-bench.json" > "$out/$tag-bench.log" 2>&1 || failed+=("$phase ($tag)")
+            echo "-- $tag"; table "$out/$tag-bench.log"
         done ;;
     wgpu-knobs)
         for knobs in "" "DFLASH_WGPU_CHECKS=all" "DFLASH_WGPU_CHECKS=none" \
