@@ -130,8 +130,9 @@ impl MemCounter {
 pub const OPTIONAL_FEATURES: wgpu::Features =
     wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
-/// The feature of the cooperative-matrix GEMM's device (tensor cores: VK_KHR_cooperative_matrix
-/// on Vulkan, simdgroup matrices on Metal), requested only for it ([`get`]).
+/// The feature of the cooperative-matrix device (tensor cores: VK_KHR_cooperative_matrix on
+/// Vulkan, simdgroup matrices on Metal), requested only for the kernels that use it
+/// (`matmul_coop`, the tensor-core attention forward; [`get`]).
 pub const COOP_FEATURE: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
 
 /// One adapter's device, queue and everything built on them once.
@@ -146,8 +147,7 @@ pub struct Ctx {
     /// The limits in force: the adapter's own, requested in full.
     pub limits: wgpu::Limits,
     /// The optional features in force: those of [`OPTIONAL_FEATURES`] the adapter offers, and
-    /// [`COOP_FEATURE`] (with `PASSTHROUGH_SHADERS` where offered) on the cooperative-matrix
-    /// device.
+    /// [`COOP_FEATURE`] on the cooperative-matrix device.
     pub features: wgpu::Features,
     /// Whether the device was opened without robust buffer access (`DFLASH_WGPU_ROBUSTNESS=off`,
     /// a measurement switch: nothing checks buffer accesses then).
@@ -233,7 +233,7 @@ impl Ctx {
 }
 
 /// The device of adapter `ordinal` (with `coop`, the one opened for the cooperative-matrix
-/// GEMM), made on first use and shared process-wide. Prints the adapter, its API and the
+/// kernels), made on first use and shared process-wide. Prints the adapter, its API and the
 /// limits in force when the device is made.
 pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
     type Devices = HashMap<(usize, bool), Arc<Ctx>>;
@@ -251,8 +251,9 @@ pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
     Ok(ctx)
 }
 
-/// What adapter `ordinal` lacks for the cooperative-matrix GEMM (`GemmKernel::Coop`,
-/// `DFLASH_WGPU_GEMM=matmul_coop`), naming the adapter: `EXPERIMENTAL_COOPERATIVE_MATRIX` with a
+/// What adapter `ordinal` lacks for the cooperative-matrix kernels (`GemmKernel::Coop`,
+/// `DFLASH_WGPU_GEMM=matmul_coop`, and the tensor-core attention forward, whose larger
+/// workgroup memory `WgpuBackend::with_options` checks on the device), naming the adapter: `EXPERIMENTAL_COOPERATIVE_MATRIX` with a
 /// 16 x 16 x 16 f16 x f16 -> f32 subgroup configuration among
 /// `Adapter::cooperative_matrix_properties`, subgroups of exactly 32 lanes (the kernel splits its
 /// 256 threads into 8 subgroups), `SHADER_F16`, `SUBGROUP` (its subgroup builtins) and the
@@ -348,8 +349,7 @@ fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
     } = request_device(adapter, &desc, &info, &tag)?;
     let errors = error_sink(&device);
     let limits = device.limits();
-    let features = device.features()
-        & (OPTIONAL_FEATURES | COOP_FEATURE | wgpu::Features::PASSTHROUGH_SHADERS);
+    let features = device.features() & (OPTIONAL_FEATURES | COOP_FEATURE);
     let pipelines = Pipelines::new(&device);
     Ok(Ctx {
         ordinal,
@@ -424,13 +424,12 @@ fn device_descriptor(adapter: &wgpu::Adapter, coop: bool) -> wgpu::DeviceDescrip
     let mut features = adapter.features() & wanted;
     let mut experimental = wgpu::ExperimentalFeatures::disabled();
     if coop {
-        // Passthrough: the tensor-core attention forward's SPIR-V with coherent workgroup
-        // memory (`crate::vulkan::memory_model`).
-        features |= COOP_FEATURE | (adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS);
+        features |= COOP_FEATURE;
         // SAFETY: wgpu's contract for its experimental features is to accept that their
         // implementation may still have bugs; the only one requested is the cooperative-matrix
-        // feature, whose kernel's every index is proven in bounds (gemm_coop.wgsl's header)
-        // and which the conformance suite checks where an adapter has it.
+        // feature, whose kernels' cooperative loads and stores are proven in bounds
+        // (gemm_coop.wgsl's and attention_fwd_coop.wgsl's headers) and which the conformance
+        // suite checks where an adapter has it.
         experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
     }
     wgpu::DeviceDescriptor {

@@ -120,12 +120,15 @@ pub struct WgpuOptions {
     /// `DFLASH_WGPU_ATTN_DKDV_SG=0` turns it off.
     pub attn_dkdv_subgroups: bool,
     /// `wgpu-tiled`'s forward on cooperative matrices (attention_fwd_coop.wgsl: tensor cores
-    /// on NVIDIA), at head dims 65..=128: q, k, v and the probabilities rounded to f16 for
-    /// the two products, f32 accumulation, softmax and output; a NaN or infinity in v
-    /// reaches every row of the key tiles that hold it. Like [`GemmKernel::Coop`] it decides
-    /// the device: the instance gets its adapter's cooperative-matrix device, or does not
-    /// start where the adapter cannot run it. Off by default (opt-in, a precision mode);
-    /// `DFLASH_WGPU_ATTN_COOP=1` turns it on. The backward stays f32.
+    /// on NVIDIA), at head dims 65..=128 that are a multiple of 4: q, k, v and the
+    /// probabilities rounded to f16 for the two products, f32 accumulation, softmax and
+    /// output; a NaN or infinity in v reaches every row of each 128-row query tile that
+    /// visits a key tile holding it. Like [`GemmKernel::Coop`] it decides the device: the
+    /// instance gets its adapter's cooperative-matrix device, or does not start where the
+    /// adapter cannot run it (the error names what it lacks). Calls at other head dims, and
+    /// calls split into passes (CPU adapters), run the f32 forward. Off by default (opt-in,
+    /// a precision mode); `DFLASH_WGPU_ATTN_COOP=1` turns it on. The backward stays f32;
+    /// the kernel's subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
     pub attn_coop: bool,
 }
 
@@ -260,6 +263,22 @@ impl WgpuBackend {
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
         let coop = wopts.gemm == GemmKernel::Coop || wopts.attn_coop;
         let ctx = device::get(opts.device, coop)?;
+        if wopts.attn_coop {
+            let need = attention::AttnCfg::coop_forward_bytes();
+            let have = ctx.limits.max_compute_workgroup_storage_size;
+            if have < need {
+                return Err(Error::op(
+                    "wgpu_init",
+                    ctx.tag.clone(),
+                    format!(
+                        "the tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1) cannot \
+                         run on {}: it needs {need} bytes of workgroup memory, the adapter \
+                         has {have}",
+                        ctx.info.name
+                    ),
+                ));
+            }
+        }
         let attention = attention::resolve(&opts.attention)?;
         Ok(WgpuBackend {
             ctx,

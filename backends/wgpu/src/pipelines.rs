@@ -168,13 +168,6 @@ impl Ctx {
         if let Some(m) = lock(&self.pipelines.modules).get(&(family, subgroups)) {
             return Ok(m.clone());
         }
-        if let Family::Attention(cfg) = family
-            && cfg.coop
-        {
-            let m = Arc::new(self.coherent_module(family, subgroups, cfg)?);
-            lock(&self.pipelines.modules).insert((family, subgroups), m.clone());
-            return Ok(m);
-        }
         let mut cache = lock(&self.pipelines.modules);
         Ok(cache
             .entry((family, subgroups))
@@ -193,47 +186,6 @@ impl Ctx {
                 })
             })
             .clone())
-    }
-
-    /// The tensor-core attention forward's module: its WGSL through naga to SPIR-V as wgpu
-    /// would write it, its workgroup memory made coherent under the Vulkan memory model that
-    /// naga declares for cooperative matrices but does not honour
-    /// ([`crate::vulkan::memory_model`]), handed to the driver through wgpu's SPIR-V
-    /// passthrough (`PASSTHROUGH_SHADERS`, which the cooperative-matrix device requests and
-    /// `attn_coop` requires).
-    fn coherent_module(
-        &self,
-        family: Family,
-        subgroups: bool,
-        cfg: crate::attention::AttnCfg,
-    ) -> Result<wgpu::ShaderModule> {
-        let label = family.label(subgroups);
-        let err = |e: String| Error::op("attention", self.tag.clone(), format!("{label}: {e}"));
-        let source = family.source(subgroups);
-        let entry = cfg.fwd_entry();
-        let words = crate::vulkan::stats::spirv(&crate::vulkan::stats::Report {
-            label: &label,
-            source: &source,
-            entry,
-            consts: &[],
-            checks: runtime_checks(family),
-        })
-        .map_err(err)?;
-        let (words, _) = crate::vulkan::memory_model::coherent_workgroup(&words).map_err(err)?;
-        let desc = wgpu::ShaderModuleDescriptorPassthrough {
-            label: Some(&label),
-            entry_points: vec![wgpu::PassthroughShaderEntryPoint {
-                name: entry.into(),
-                workgroup_size: (cfg.threads(), 1, 1),
-            }]
-            .into(),
-            spirv: Some(words.into()),
-            ..Default::default()
-        };
-        // SAFETY: the SPIR-V is naga's own output for a module naga validated (with the
-        // runtime checks of `runtime_checks`), changed only in its memory operands and barrier
-        // semantics; the pipeline gets an explicit layout that matches its bindings.
-        Ok(unsafe { self.device.create_shader_module_passthrough(desc) })
     }
 
     /// The pipeline of `k` with `reads` read-only and `writes` read-write storage bindings,

@@ -173,6 +173,25 @@ impl AttnCfg {
         })
     }
 
+    /// The workgroup memory the tensor-core forward needs, with the margin every attention
+    /// module keeps: what an adapter must offer for [`crate::WgpuOptions::attn_coop`].
+    pub(crate) fn coop_forward_bytes() -> u32 {
+        let f32_forward = AttnCfg {
+            kind: AttnKind::Fwd,
+            dp: 128,
+            bq: 32,
+            bk: 64,
+            vec4: true,
+            sg: false,
+            qreg: false,
+            kpl: 1,
+            coop: false,
+        };
+        f32_forward
+            .coop_forward()
+            .map_or(u32::MAX, |c| c.bytes() + MARGIN)
+    }
+
     /// The forward's entry point.
     pub(crate) fn fwd_entry(&self) -> &'static str {
         if self.coop {
@@ -245,7 +264,8 @@ impl AttnCfg {
     /// (`DFLASH_WGPU_ATTN_ABLATE`, default 0): the forward skips the phases its bits name
     /// (1: the score products, 2: the exponentials, 4: the P V accumulation, 8: staging K
     /// and V), so that timing each variant tells what each phase costs. Its results are
-    /// then wrong: never set it outside a measurement.
+    /// then wrong: never set it outside a measurement. The f32 forwards honour it; the
+    /// tensor-core forward ignores it.
     pub(crate) fn header(&self) -> String {
         format!(
             "const DP: u32 = {}u;\nconst BQ: u32 = {}u;\nconst BK: u32 = {}u;\nconst WG: u32 = {}u;\n\
@@ -474,16 +494,11 @@ impl WgpuBackend {
 
     /// `cfg` moved to the tensor-core forward ([`AttnCfg::coop_forward`]) under
     /// [`crate::WgpuOptions::attn_coop`], where it exists for the head dim, `have` bytes of
-    /// workgroup memory hold it, the call runs in one pass (the kernel carries no state
-    /// between passes: GPUs run one unless `attn_pass_tiles` splits them) and the device
-    /// takes SPIR-V as it is (`PASSTHROUGH_SHADERS`: its module is patched, see
-    /// `Ctx::coherent_module`).
+    /// workgroup memory hold it and the call runs in one pass (the kernel carries no state
+    /// between passes: GPUs run one unless `attn_pass_tiles` splits them). Elsewhere the f32
+    /// forward runs, as documented on the option.
     fn on_coop(&self, cfg: AttnCfg, have: u32) -> AttnCfg {
-        let passthrough = self
-            .ctx
-            .features
-            .contains(wgpu::Features::PASSTHROUGH_SHADERS);
-        if !self.opts.attn_coop || !passthrough || self.per_pass(&cfg) != usize::MAX {
+        if !self.opts.attn_coop || self.per_pass(&cfg) != usize::MAX {
             return cfg;
         }
         match cfg.coop_forward() {

@@ -434,8 +434,9 @@ fn every_entry_point_compiles_to_spirv_for_the_statistics() {
 }
 
 /// The tensor-core attention forward's module (attention_fwd_coop.wgsl) declares the
-/// workgroup memory the host checks against the adapter's limit (`AttnCfg::bytes`), runs on
-/// 128 threads, and makes the cooperative operations its header states: Q and P as A
+/// workgroup memory the host checks against the adapter's limit (`AttnCfg::bytes`, and at
+/// start `AttnCfg::coop_forward_bytes`, within the 48 KiB NVIDIA gives a workgroup), runs on
+/// its 256 threads, and makes the cooperative operations its header states: Q and P as A
 /// row-major, K as B column-major (K^T), V as B row-major, the accumulators loaded back and
 /// stored row-major (its scratch); no other attention module mentions them.
 #[test]
@@ -453,6 +454,8 @@ fn the_coop_attention_module_holds_its_kernel_and_bytes() {
         // the kernel does not call name them): the host counts them too, an upper bound.
         let (i, used, kept) = workgroup_bytes_used_and_kept(&module, &info, "attn_fwd_coop");
         assert_eq!(kept, cfg.bytes(), "{}", f.label(false));
+        assert!(cfg.bytes() < AttnCfg::coop_forward_bytes());
+        assert!(AttnCfg::coop_forward_bytes() <= 48 << 10);
         assert!(kept - used <= 16 + 16, "{used} used of {kept}");
         // Every workgroup variable a multiple of 16 bytes, so that each starts 16-byte
         // aligned wherever the driver places it (the cooperative loads' requirement).

@@ -11,7 +11,6 @@
 //! Either one makes the backend create its Vulkan device by hand (the extensions and features
 //! wgpu asks for, then the switch's change) and hand it to wgpu.
 
-pub(crate) mod memory_model;
 pub(crate) mod open;
 pub(crate) mod stats;
 
