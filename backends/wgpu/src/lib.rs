@@ -164,46 +164,54 @@ impl WgpuOptions {
     /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=1` the tensor-core forward on. An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
-    /// each would otherwise time the shipped kernel under another's name.
+    /// each would otherwise time the shipped kernel under another's name. Each on/off switch
+    /// takes `0` or `1`, and any other value is an error naming it (`=true` would otherwise
+    /// run the default).
     pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::from_env`] over any lookup of the variables (`var(name)`: its value if set).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let err = |detail: String| Error::op("wgpu_init", "wgpu", detail);
         for (old, entry) in [
             ("DFLASH_WGPU_GEMM_TILE", "matmul"),
             ("DFLASH_WGPU_GEMM_DB", "matmul128_db"),
             ("DFLASH_WGPU_GEMM_WIDE", "matmul128_w"),
         ] {
-            if std::env::var_os(old).is_some() {
+            if var(old).is_some() {
                 return Err(err(format!(
                     "{old} is no longer read: DFLASH_WGPU_GEMM={entry} picks that kernel"
                 )));
             }
         }
-        let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => default,
+        let flag = |name: &str, default: bool| match var(name).as_deref() {
+            None => Ok(default),
+            Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(v) => Err(err(format!("{name}={v:?}: expected 0 (off) or 1 (on)"))),
         };
         let s = Self::shipped();
-        let gemm = match std::env::var("DFLASH_WGPU_GEMM") {
-            Ok(v) => GemmKernel::from_entry(&v).ok_or_else(|| {
+        let gemm = match var("DFLASH_WGPU_GEMM") {
+            Some(v) => GemmKernel::from_entry(&v).ok_or_else(|| {
                 let names: Vec<&str> = GemmKernel::ALL.iter().map(|k| k.entry()).collect();
                 err(format!(
                     "DFLASH_WGPU_GEMM={v:?}: expected one of {}",
                     names.join(", ")
                 ))
             })?,
-            Err(_) => s.gemm,
+            None => s.gemm,
         };
         Ok(WgpuOptions {
-            poison: flag("DFLASH_WGPU_POISON", s.poison),
-            f16: flag("DFLASH_WGPU_F16", s.f16),
-            subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups),
+            poison: flag("DFLASH_WGPU_POISON", s.poison)?,
+            f16: flag("DFLASH_WGPU_F16", s.f16)?,
+            subgroups: flag("DFLASH_WGPU_SUBGROUPS", s.subgroups)?,
             gemm,
-            attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg),
-            attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles),
-            attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups),
-            attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups),
-            attn_coop: flag("DFLASH_WGPU_ATTN_COOP", s.attn_coop),
+            attn_qreg: flag("DFLASH_WGPU_ATTN_QREG", s.attn_qreg)?,
+            attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles)?,
+            attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups)?,
+            attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups)?,
+            attn_coop: flag("DFLASH_WGPU_ATTN_COOP", s.attn_coop)?,
             ..s
         })
     }
@@ -508,3 +516,58 @@ inventory::submit! {
 
 /// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked.
 pub fn link() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(set: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let set: Vec<(String, String)> = set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| set.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    /// No switch set: the shipped options; each switch at `0` or `1` moves its own field.
+    #[test]
+    fn switches_read_zero_and_one() {
+        assert_eq!(
+            WgpuOptions::from_vars(vars(&[])).unwrap(),
+            WgpuOptions::shipped()
+        );
+        let on = WgpuOptions::from_vars(vars(&[
+            ("DFLASH_WGPU_ATTN_COOP", "1"),
+            ("DFLASH_WGPU_F16", "0"),
+        ]))
+        .unwrap();
+        assert!(on.attn_coop && !on.f16);
+        assert_eq!(
+            on,
+            WgpuOptions {
+                attn_coop: true,
+                f16: false,
+                ..WgpuOptions::shipped()
+            }
+        );
+    }
+
+    /// Any other value is an error that names the switch and the value, never the default.
+    #[test]
+    fn a_switch_at_another_value_is_an_error_naming_it() {
+        for (name, value) in [
+            ("DFLASH_WGPU_ATTN_COOP", "true"),
+            ("DFLASH_WGPU_SUBGROUPS", "off"),
+            ("DFLASH_WGPU_POISON", ""),
+        ] {
+            let e = WgpuOptions::from_vars(vars(&[(name, value)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains(name) && msg.contains(&format!("{value:?}")),
+                "{msg}"
+            );
+        }
+        let e = WgpuOptions::from_vars(vars(&[("DFLASH_WGPU_GEMM", "matmul256")])).unwrap_err();
+        assert!(e.to_string().contains("matmul128"), "{e}");
+    }
+}
