@@ -5,6 +5,7 @@
 //! into f32 copies on the device first (its kernels read f32, staged in workgroup memory).
 
 mod lists;
+mod plan;
 mod run;
 mod tiled;
 

@@ -11,7 +11,8 @@ use std::borrow::Cow;
 use dflash_core::mask::BlockMask;
 use dflash_core::{AttnDims, Result};
 
-use super::tiled::{AttnKind, FIRST, LAST};
+use super::plan::{FIRST, LAST};
+use super::tiled::AttnKind;
 use crate::storage::WgpuStorage;
 use crate::{WgpuBackend, groups};
 

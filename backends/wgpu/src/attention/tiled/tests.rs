@@ -1,6 +1,8 @@
-//! The tile configurations against the kernels and the limits, and the passes of a list.
+//! The tile configurations against the kernels and the limits, and the passes of a list
+//! (`plan.rs`).
 
 use super::*;
+use crate::attention::plan::pass_words;
 
 /// The shader's `pass_range` on the host: the iterations a pass runs of the list
 /// `[lo, hi)`.
