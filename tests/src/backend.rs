@@ -92,28 +92,8 @@ pub const F32_KERNEL: AttentionChecks = AttentionChecks {
 pub const BF16_KERNEL: AttentionChecks = AttentionChecks {
     fed: Format::F32,
     comparisons: &[
-        Comparison {
-            inputs: OracleInputs::Bf16Rounded,
-            out: Check::RelL2(BF16_SAME_INPUTS_REL_L2),
-            lse: Check::Close(Tolerance {
-                atol: 2e-3,
-                rtol: 0.0,
-                atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
-                why: BF16_SAME_INPUTS,
-            }),
-            grads: Check::RelL2(BF16_SAME_INPUTS_REL_L2),
-        },
-        Comparison {
-            inputs: OracleInputs::AsDrawn,
-            out: Check::RelL2(BF16_F32_INPUTS_REL_L2),
-            lse: Check::Close(Tolerance {
-                atol: 2e-2,
-                rtol: 0.0,
-                atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
-                why: BF16_F32_INPUTS,
-            }),
-            grads: Check::RelL2(BF16_F32_INPUTS_REL_L2),
-        },
+        rounding_comparison(OracleInputs::Bf16Rounded, BF16_SAME_INPUTS_REL_L2, 2e-3),
+        rounding_comparison(OracleInputs::AsDrawn, BF16_F32_INPUTS_REL_L2, 2e-2),
     ],
     empty_rows_exact_zero: true,
 };
@@ -133,17 +113,11 @@ pub const BF16_KERNEL: AttentionChecks = AttentionChecks {
 /// [`F16_PRODUCTS_FORWARD_F16_FED`].
 pub const F16_PRODUCTS_FORWARD: AttentionChecks = AttentionChecks {
     fed: Format::F32,
-    comparisons: &[Comparison {
-        inputs: OracleInputs::AsDrawn,
-        out: Check::RelL2(F16_F32_INPUTS_REL_L2),
-        lse: Check::Close(Tolerance {
-            atol: 2e-2,
-            rtol: 0.0,
-            atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
-            why: F16_F32_INPUTS,
-        }),
-        grads: Check::RelL2(F16_F32_INPUTS_REL_L2),
-    }],
+    comparisons: &[rounding_comparison(
+        OracleInputs::AsDrawn,
+        F16_F32_INPUTS_REL_L2,
+        2e-2,
+    )],
     empty_rows_exact_zero: true,
 };
 
@@ -156,17 +130,11 @@ pub const F16_PRODUCTS_FORWARD: AttentionChecks = AttentionChecks {
 /// the lazy rescale, whatever the input rounding does to near-one-hot rows.
 pub const F16_PRODUCTS_FORWARD_F16_FED: AttentionChecks = AttentionChecks {
     fed: Format::F16,
-    comparisons: &[Comparison {
-        inputs: OracleInputs::AsDrawn,
-        out: Check::RelL2(F16_SAME_INPUTS_REL_L2),
-        lse: Check::Close(Tolerance {
-            atol: 2e-3,
-            rtol: 0.0,
-            atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
-            why: F16_SAME_INPUTS,
-        }),
-        grads: Check::RelL2(F16_SAME_INPUTS_REL_L2),
-    }],
+    comparisons: &[rounding_comparison(
+        OracleInputs::AsDrawn,
+        F16_SAME_INPUTS_REL_L2,
+        2e-3,
+    )],
     empty_rows_exact_zero: true,
 };
 
@@ -180,6 +148,22 @@ const F16_F32_INPUTS_REL_L2: RelL2 = RelL2 {
     max: 2e-2,
     why: F16_F32_INPUTS,
 };
+
+/// A comparison for a kernel whose error is operand rounding: out and the gradients within
+/// `rel` per tensor, lse within `lse_atol * max(1, |lse|)`, each for `rel.why`.
+const fn rounding_comparison(inputs: OracleInputs, rel: RelL2, lse_atol: f64) -> Comparison {
+    Comparison {
+        inputs,
+        out: Check::RelL2(rel),
+        lse: Check::Close(Tolerance {
+            atol: lse_atol,
+            rtol: 0.0,
+            atol_unit: crate::tolerance::AtolUnit::WantAtLeastOne,
+            why: rel.why,
+        }),
+        grads: Check::RelL2(rel),
+    }
+}
 
 const BF16_SAME_INPUTS: &str = "bf16 kernel vs f64 on the same bf16 inputs";
 const BF16_F32_INPUTS: &str = "bf16 kernel (inputs rounded) vs f64 on f32 inputs";

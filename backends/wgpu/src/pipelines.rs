@@ -164,12 +164,9 @@ impl Ctx {
         l
     }
 
-    fn module(&self, (family, subgroups): (Family, bool)) -> Result<Arc<wgpu::ShaderModule>> {
-        if let Some(m) = lock(&self.pipelines.modules).get(&(family, subgroups)) {
-            return Ok(m.clone());
-        }
+    fn module(&self, (family, subgroups): (Family, bool)) -> Arc<wgpu::ShaderModule> {
         let mut cache = lock(&self.pipelines.modules);
-        Ok(cache
+        cache
             .entry((family, subgroups))
             .or_insert_with(|| {
                 let label = family.label(subgroups);
@@ -185,7 +182,7 @@ impl Ctx {
                         .create_shader_module_trusted(desc, runtime_checks(family))
                 })
             })
-            .clone())
+            .clone()
     }
 
     /// The pipeline of `k` with `reads` read-only and `writes` read-write storage bindings,
@@ -203,13 +200,7 @@ impl Ctx {
             return Ok(p.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = match self.module(mk) {
-            Ok(m) => m,
-            Err(e) => {
-                drop(pollster::block_on(scope.pop()));
-                return Err(e);
-            }
-        };
+        let module = self.module(mk);
         let (_, layout) = self.layouts(reads, writes);
         let pipeline = self
             .device

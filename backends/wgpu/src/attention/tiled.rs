@@ -189,7 +189,7 @@ impl AttnCfg {
     }
 
     /// The forward's entry point.
-    pub(crate) fn fwd_entry(&self) -> &'static str {
+    pub(super) fn fwd_entry(&self) -> &'static str {
         if self.coop {
             "attn_fwd_coop"
         } else if self.sg {
@@ -228,9 +228,9 @@ impl AttnCfg {
         let (bq, bk) = (self.bq, self.bk);
         if self.coop {
             // attention_fwd_coop.wgsl: the f16 K and V tiles (rows of DP + 8 halves), each
-            // subgroup's two 16 x 16 f32 scratch blocks and 16 x (BK + 8) f16 probabilities, the vote
-            // (atomic and plain), the unused one-vec4 `buf`; attention.wgsl's row intervals,
-            // bounds and flags.
+            // subgroup's two 16 x 16 f32 scratch blocks and 16 x (BK + 8) f16 probabilities,
+            // the vote (atomic and plain), the unused one-vec4 `buf`; attention.wgsl's row
+            // intervals, bounds and flags.
             let nsg = self.threads() / 32;
             let tiles = 2 * (2 * bk * (self.dp + 8));
             let own = tiles + nsg * 2 * 256 * 4 + nsg * 16 * (bk + 8) * 2 + 16 + 16 + 16;

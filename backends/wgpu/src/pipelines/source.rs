@@ -66,7 +66,7 @@ impl Family {
 
     /// The module's text: `enable` directives, the prelude, the family's file (behind the
     /// reductions of the chosen variant where it reduces).
-    pub(crate) fn source(self, subgroups: bool) -> String {
+    pub(super) fn source(self, subgroups: bool) -> String {
         if self.reduces() {
             let body = match self {
                 Family::Memory => include_str!("../shaders/memory.wgsl"),

@@ -166,8 +166,7 @@ fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBa
 }
 
 /// `wgpu-tiled` with the tensor-core forward (`WgpuOptions::attn_coop`), poisoned, where the
-/// adapter has cooperative matrices; elsewhere `None` and a skip line naming what it lacks,
-/// once the backend is checked to refuse the option with that very reason.
+/// adapter has cooperative matrices; elsewhere `None` ([`runs_or_is_refused`]).
 #[allow(dead_code)]
 pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
     wgpu()?;
@@ -181,17 +180,27 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
         threads: 0,
         device: 0,
     };
-    if let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) {
-        let refused = WgpuBackend::with_options(&backend, opts)
-            .err()
-            .expect("the coop attention forward started on an adapter that lacks what it needs");
-        assert_eq!(refused.to_string(), why.to_string());
-        skip(&format!(
-            "the tensor-core attention forward does not run here: {why}"
-        ));
+    if !runs_or_is_refused(&backend, opts, "the tensor-core attention forward") {
         return None;
     }
     Some(WgpuBackend::with_options(&backend, opts).expect("the wgpu backend with attn_coop"))
+}
+
+/// Whether the adapter runs the cooperative-matrix kernels (`device::cooperative_matrix_support`).
+/// Where it does not, `opts` (which ask for one, `what`) are first checked to be refused at
+/// backend creation with that very reason, never running another kernel under its name, and
+/// a skip line names the adapter and what it lacks.
+fn runs_or_is_refused(backend: &BackendOptions, opts: WgpuOptions, what: &str) -> bool {
+    let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) else {
+        return true;
+    };
+    let refused = WgpuBackend::with_options(backend, opts)
+        .err()
+        .unwrap_or_else(|| panic!("{what} started on an adapter that lacks what it needs"));
+    assert_eq!(refused.to_string(), why.to_string());
+    assert!(why.to_string().contains(" lacks "), "{why}");
+    skip(&format!("{what} does not run here: {why}"));
+    false
 }
 
 /// The cooperative-matrix GEMM's backends (`GemmKernel::Coop`, poisoned, f16 compute format):
@@ -215,15 +224,7 @@ pub fn wgpu_coop_gemm_variants() -> Vec<(&'static str, WgpuBackend)> {
         threads: 0,
         device: 0,
     };
-    if let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) {
-        let refused = WgpuBackend::with_options(&backend, opts(None))
-            .err()
-            .expect("matmul_coop started on an adapter that lacks what it needs");
-        assert_eq!(refused.to_string(), why.to_string());
-        assert!(why.to_string().contains(" lacks "), "{why}");
-        skip(&format!(
-            "the cooperative-matrix GEMM does not run here: {why}"
-        ));
+    if !runs_or_is_refused(&backend, opts(None), "the cooperative-matrix GEMM") {
         return Vec::new();
     }
     let mut v = Vec::new();
