@@ -1,9 +1,11 @@
 //! A whole drafter step (loss, weight sum, counts, greedy predictions and every parameter
-//! gradient) on any backend against the same step on the reference backend, on three seeded
-//! problems: the tiny drafter of the models tests, a small one with head_dim 64 and a
-//! sliding layer, and the small one on a packed micro-batch of three documents (the job's
-//! path: document masks, per-document anchors, one forward/backward for all blocks). Written once over `Arc<dyn Backend>`, so every backend (and every attention
-//! kernel behind one) gets it by calling [`drafter_step_matches_reference`].
+//! gradient) on any backend against the same step on the reference backend, on seeded
+//! problems ([`StepProblem`]): the tiny drafter of the models tests, a small one with
+//! head_dim 64 and a sliding layer, the small one on a packed micro-batch of three documents
+//! (the job's path: document masks, per-document anchors, one forward/backward for all
+//! blocks), and the small one at head_dim 128. Written once over `Arc<dyn Backend>`, so
+//! every backend (and every attention kernel behind one) gets it by calling
+//! [`drafter_step_matches_reference`].
 
 use std::sync::Arc;
 
@@ -32,11 +34,18 @@ pub enum StepProblem {
     /// The `Small` drafter on three documents of 60, 23 and 77 tokens packed into one
     /// micro-batch by `PreparedBatch::packed`, 6 anchors sampled per document.
     Packed,
+    /// The `Small` problem with head_dim 128 (4/2 heads: q 512 wide over hidden 128), the
+    /// head dim of most real targets and of kernels that exist only there (the wgpu backend's
+    /// tensor-core forward).
+    Head128,
 }
 
-/// Every problem.
+/// The problems every backend runs.
 pub const ALL_PROBLEMS: [StepProblem; 3] =
     [StepProblem::Tiny, StepProblem::Small, StepProblem::Packed];
+
+/// The head_dim 128 problem, for backends with kernels of their own there.
+pub const HEAD_DIM_128: [StepProblem; 1] = [StepProblem::Head128];
 
 /// The bounds of one whole-step comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -116,8 +125,13 @@ fn target_cfg(v: usize, h: usize) -> Qwen3Config {
 /// The drafter config of `which`.
 pub fn problem_config(which: StepProblem) -> DrafterConfig {
     let small = which != StepProblem::Tiny;
+    let hd = if which == StepProblem::Head128 {
+        128
+    } else {
+        64
+    };
     let (h, v, bs, layers, hd) = if small {
-        (128, 500, 16, 3, 64)
+        (128, 500, 16, 3, hd)
     } else {
         (16, 40, 4, 2, 8)
     };

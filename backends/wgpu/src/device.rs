@@ -278,6 +278,21 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
     ))
 }
 
+/// What adapter `ordinal` lacks for the tensor-core attention forward: what
+/// [`cooperative_matrix_support`] checks, and `need` bytes of workgroup memory (empty: nothing).
+/// An `Unavailable` error where this machine has no adapter at all.
+pub(crate) fn coop_attention_lacks(ordinal: usize, need: u32) -> Result<Vec<String>> {
+    let adapter = choose_adapter(ordinal, &format!("wgpu:{ordinal}"))?;
+    let mut lacks = coop_lacks(adapter);
+    let have = adapter.limits().max_compute_workgroup_storage_size;
+    if have < need && !lacks.iter().any(|l| l.contains("workgroup memory")) {
+        lacks.push(format!(
+            "the attention forward's {need} bytes of workgroup memory (it has {have})"
+        ));
+    }
+    Ok(lacks)
+}
+
 /// What [`cooperative_matrix_support`] finds missing on `adapter` (empty: nothing).
 fn coop_lacks(adapter: &wgpu::Adapter) -> Vec<String> {
     use wgpu::CooperativeScalarType::{F16, F32};

@@ -121,23 +121,52 @@ pub struct WgpuOptions {
     pub attn_dkdv_subgroups: bool,
     /// `wgpu-tiled`'s forward on cooperative matrices (attention_fwd_coop.wgsl: tensor cores
     /// on NVIDIA), at head dims 65..=128 that are a multiple of 4: q, k, v and the
-    /// probabilities rounded to f16 for the two products, f32 accumulation, softmax and
-    /// output; a NaN or infinity in v reaches every row of each 128-row query tile that
-    /// visits a key tile holding it. Like [`GemmKernel::Coop`] it decides the device: the
-    /// instance gets its adapter's cooperative-matrix device, or does not start where the
-    /// adapter cannot run it (the error names what it lacks). Calls at other head dims, and
-    /// calls split into passes (CPU adapters), run the f32 forward. Off by default (opt-in,
-    /// a precision mode); `DFLASH_WGPU_ATTN_COOP=1` turns it on. The backward stays f32;
-    /// the kernel's subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
-    pub attn_coop: bool,
+    /// probabilities rounded to f16 for the two products (finer than the CUDA backend's bf16,
+    /// within f16's range of 65504), f32 accumulation, softmax and output; a NaN or infinity
+    /// in v reaches every row of each 128-row query tile that visits a key tile holding it.
+    /// Calls at other head dims, and calls split into passes (CPU adapters), run the f32
+    /// forward; the backward is f32 throughout. [`Coop::WhereSupported`] ships (the instance
+    /// takes its adapter's cooperative-matrix device where the adapter has what the kernel
+    /// needs, and the f32 forward elsewhere; [`WgpuBackend::coop_attention_forward`] says
+    /// which); `DFLASH_WGPU_ATTN_COOP=0` keeps the f32 forward, `=1` requires the tensor-core
+    /// one (an adapter without it refuses to start, naming what it lacks). The kernel's
+    /// subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
+    pub attn_coop: Coop,
+}
+
+/// Whether a kernel that has a cooperative-matrix version runs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Coop {
+    /// Never: the f32 kernel.
+    #[default]
+    Off,
+    /// Where the adapter has what it needs (`device::cooperative_matrix_support` and the
+    /// kernel's workgroup memory); the f32 kernel elsewhere, said once at start.
+    WhereSupported,
+    /// Always: an adapter without it refuses to start, naming what it lacks.
+    Required,
+}
+
+impl Coop {
+    /// The switch's reading: unset keeps `default`, `0` is [`Coop::Off`], `1`
+    /// [`Coop::Required`].
+    fn from_switch(value: Option<&str>, default: Coop) -> Option<Coop> {
+        match value {
+            None => Some(default),
+            Some("0") => Some(Coop::Off),
+            Some("1") => Some(Coop::Required),
+            Some(_) => None,
+        }
+    }
 }
 
 impl WgpuOptions {
     /// What the backend runs with when nothing is set: f16 storage and subgroup reductions
     /// where the device has them, the 128 x 128 GEMM tile ([`GemmKernel::Large`]), and
     /// `wgpu-tiled` on its subgroup kernels (query registers, two keys a lane, dq and dk/dv on
-    /// subgroups) wherever the adapter's subgroups and workgroup memory take them. Tests start
-    /// from it so they cover what ships.
+    /// subgroups) wherever the adapter's subgroups and workgroup memory take them, and its
+    /// forward on tensor cores where the adapter has them ([`Coop::WhereSupported`]). Tests
+    /// start from it so they cover what ships.
     pub fn shipped() -> Self {
         WgpuOptions {
             poison: false,
@@ -151,7 +180,7 @@ impl WgpuOptions {
             attn_wide_tiles: true,
             attn_dq_subgroups: true,
             attn_dkdv_subgroups: true,
-            attn_coop: false,
+            attn_coop: Coop::WhereSupported,
         }
     }
 
@@ -161,7 +190,7 @@ impl WgpuOptions {
     /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
     /// `matmul128_w`, `matmul128_n` or `matmul_coop`: [`GemmKernel`]), and
     /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off
-    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=1` the tensor-core forward on. An unknown
+    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=0` the tensor-core forward off (`=1` required). An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
     /// each would otherwise time the shipped kernel under another's name. Each on/off switch
@@ -211,7 +240,14 @@ impl WgpuOptions {
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles)?,
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups)?,
             attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups)?,
-            attn_coop: flag("DFLASH_WGPU_ATTN_COOP", s.attn_coop)?,
+            attn_coop: Coop::from_switch(var("DFLASH_WGPU_ATTN_COOP").as_deref(), s.attn_coop)
+                .ok_or_else(|| {
+                    err(format!(
+                        "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward) or 1 (the \
+                         tensor-core forward, required)",
+                        var("DFLASH_WGPU_ATTN_COOP").unwrap_or_default()
+                    ))
+                })?,
             ..s
         })
     }
@@ -221,6 +257,9 @@ impl WgpuOptions {
 pub struct WgpuBackend {
     ctx: Arc<Ctx>,
     opts: WgpuOptions,
+    /// Whether `wgpu-tiled`'s forward runs on cooperative matrices where the call allows
+    /// ([`WgpuOptions::attn_coop`] resolved against the adapter).
+    coop_attention: bool,
     attention: attention::AttnImpl,
     attention_name: String,
     rope_tables: rope::TableCache,
@@ -263,16 +302,36 @@ impl WgpuBackend {
         Self::with_options(opts, WgpuOptions::from_env()?)
     }
 
-    /// The backend on adapter `opts.device` with `wopts`. [`GemmKernel::Coop`] and
-    /// [`WgpuOptions::attn_coop`] run on the
-    /// adapter's cooperative-matrix device ([`device::get`]), and where the adapter lacks what
-    /// it needs the error names the adapter and each thing it lacks
-    /// ([`device::cooperative_matrix_support`]): never the shipped kernel under its name.
+    /// The backend on adapter `opts.device` with `wopts`. [`GemmKernel::Coop`] and the
+    /// tensor-core attention forward ([`WgpuOptions::attn_coop`] where it runs) take the
+    /// adapter's cooperative-matrix device ([`device::get`]). Where one is required and the
+    /// adapter lacks what it needs, the error names the adapter and each thing it lacks
+    /// ([`device::cooperative_matrix_support`]): never the f32 kernel under its name.
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
-        let coop = wopts.gemm == GemmKernel::Coop || wopts.attn_coop;
+        let need = attention::AttnCfg::coop_forward_bytes();
+        let coop_attention = match wopts.attn_coop {
+            Coop::Off => false,
+            // device::get refuses an adapter without cooperative matrices; the workgroup
+            // memory is checked on the device below.
+            Coop::Required => true,
+            Coop::WhereSupported => {
+                let lacks = device::coop_attention_lacks(opts.device, need)?;
+                say_once(&match lacks.is_empty() {
+                    true => "attention forward on cooperative matrices (tensor cores) at head \
+                             dims 65..=128: f16 products, f32 accumulation \
+                             (DFLASH_WGPU_ATTN_COOP=0 keeps the f32 forward)"
+                        .to_string(),
+                    false => format!(
+                        "attention forward in f32: the adapter lacks {}",
+                        lacks.join("; ")
+                    ),
+                });
+                lacks.is_empty()
+            }
+        };
+        let coop = wopts.gemm == GemmKernel::Coop || coop_attention;
         let ctx = device::get(opts.device, coop)?;
-        if wopts.attn_coop {
-            let need = attention::AttnCfg::coop_forward_bytes();
+        if coop_attention {
             let have = ctx.limits.max_compute_workgroup_storage_size;
             if have < need {
                 return Err(Error::op(
@@ -291,6 +350,7 @@ impl WgpuBackend {
         Ok(WgpuBackend {
             ctx,
             opts: wopts,
+            coop_attention,
             attention,
             attention_name: opts.attention.clone(),
             rope_tables: Default::default(),
@@ -300,6 +360,12 @@ impl WgpuBackend {
 
     pub fn options(&self) -> WgpuOptions {
         self.opts
+    }
+
+    /// Whether `wgpu-tiled`'s forward runs on cooperative matrices at the head dims that have
+    /// that kernel ([`WgpuOptions::attn_coop`], resolved against the adapter at start).
+    pub fn coop_attention_forward(&self) -> bool {
+        self.coop_attention
     }
 
     /// The adapter, API and limits in force, as printed at start.
@@ -517,6 +583,17 @@ inventory::submit! {
 /// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked.
 pub fn link() {}
 
+/// Prints `dflash-backend-wgpu: {line}` the first time this process says `line` (a choice
+/// made per backend instance, which a job makes several of).
+fn say_once(line: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if !said.iter().any(|s| s == line) {
+        eprintln!("dflash-backend-wgpu: {line}");
+        said.push(line.to_string());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -541,15 +618,19 @@ mod tests {
             ("DFLASH_WGPU_F16", "0"),
         ]))
         .unwrap();
-        assert!(on.attn_coop && !on.f16);
+        assert!(on.attn_coop == Coop::Required && !on.f16);
         assert_eq!(
             on,
             WgpuOptions {
-                attn_coop: true,
+                attn_coop: Coop::Required,
                 f16: false,
                 ..WgpuOptions::shipped()
             }
         );
+        // The tensor-core forward ships where the adapter has it; `0` keeps the f32 one.
+        assert_eq!(WgpuOptions::shipped().attn_coop, Coop::WhereSupported);
+        let off = WgpuOptions::from_vars(vars(&[("DFLASH_WGPU_ATTN_COOP", "0")])).unwrap();
+        assert_eq!(off.attn_coop, Coop::Off);
     }
 
     /// Any other value is an error that names the switch and the value, never the default.

@@ -5,7 +5,12 @@
 //! round trip, so every other op of the step (GEMMs, norms, RoPE, SwiGLU, embedding, the
 //! fused loss, copies) runs in WGSL; f32 storage and accumulation: `StepTolerance::F32`.
 //!
-//! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device.
+//! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device,
+//! with its f32 forward, on those problems and at head_dim 128.
+//!
+//! The same step as it ships on an adapter with cooperative matrices
+//! (`drafter_step_with_the_tensor_core_forward_*`): `wgpu-tiled`'s forward on tensor cores
+//! at head_dim 128, f16 products (`STEP_COOP`).
 //!
 //! The same step with the frozen embedding, the LM head and the features in the f16 compute
 //! format (`drafter_step_f16_*`, on adapters with `SHADER_F16`): the f16 GEMM operands, the
@@ -19,7 +24,7 @@ use std::sync::Arc;
 
 use common::*;
 use dflash_tests::drafter_step::{
-    ALL_PROBLEMS, StepTolerance, drafter_step_in_compute_format_matches_reference,
+    ALL_PROBLEMS, HEAD_DIM_128, StepTolerance, drafter_step_in_compute_format_matches_reference,
     drafter_step_matches_reference,
 };
 use dflash_tests::tolerance::{AtolUnit, RelL2, Tolerance};
@@ -45,8 +50,53 @@ fn drafter_step_matches_reference_with_tiled_attention() {
     drafter_step_matches_reference(
         Arc::new(be),
         "wgpu, wgpu-tiled attention",
-        &ALL_PROBLEMS,
+        &[ALL_PROBLEMS.as_slice(), &HEAD_DIM_128].concat(),
         &StepTolerance::F32,
+    );
+}
+
+const COOP_WHY: &str = "the attention forward's products on f16-rounded q, k, v and \
+     probabilities (2^-11 relative each), f32 accumulation; f32 kernels otherwise";
+
+/// The tensor-core forward rounds q, k, v and P to f16 (<= 4.9e-4 relative per element),
+/// reaching the attention output at ~5e-4 relative; the f32 backward recomputes P from the
+/// f32 q and k against that forward's lse and output, so the gradients move by about as
+/// much. Bounds as for the f16 compute format (rel-L2 3e-3 per gradient tensor, per element
+/// 3e-3 of the tensor's max plus 3e-2 relative, loss 1e-3 relative), which the same size of
+/// rounding sets there; greedy predictions may flip on near ties.
+const STEP_COOP: StepTolerance = StepTolerance {
+    grad: Tolerance {
+        atol: 3e-3,
+        rtol: 3e-2,
+        atol_unit: AtolUnit::MaxWant,
+        why: COOP_WHY,
+    },
+    grad_rel_l2: Some(RelL2 {
+        max: 3e-3,
+        why: COOP_WHY,
+    }),
+    loss: Tolerance {
+        atol: 0.0,
+        rtol: 1e-3,
+        atol_unit: AtolUnit::Absolute,
+        why: COOP_WHY,
+    },
+    correct_slack_div: 20,
+    same_pct: 95,
+};
+
+/// The whole step as it ships on an adapter with cooperative matrices: `wgpu-tiled`'s forward
+/// on tensor cores at head dim 128 (the other problems' head dims run the f32 forward).
+#[test]
+fn drafter_step_with_the_tensor_core_forward_matches_reference() {
+    let Some(be) = wgpu_shipped_coop_attention() else {
+        return;
+    };
+    drafter_step_matches_reference(
+        Arc::new(be),
+        "wgpu shipped, tensor-core attention forward",
+        &[HEAD_DIM_128.as_slice(), &ALL_PROBLEMS].concat(),
+        &STEP_COOP,
     );
 }
 

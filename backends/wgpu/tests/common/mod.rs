@@ -29,7 +29,7 @@
 //! rounding adds ~1e-3 relative, the bound stated by each test.
 #![allow(dead_code)]
 
-use dflash_backend_wgpu::{DType, GemmKernel, WgpuBackend, WgpuOptions};
+use dflash_backend_wgpu::{Coop, DType, GemmKernel, WgpuBackend, WgpuOptions};
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Backend, Error, MemoryOps, Tensor};
 pub use dflash_tests::ops::{Format, OpPath};
@@ -172,7 +172,7 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
     wgpu()?;
     let opts = WgpuOptions {
         poison: true,
-        attn_coop: true,
+        attn_coop: Coop::Required,
         ..WgpuOptions::shipped()
     };
     let backend = BackendOptions {
@@ -184,6 +184,31 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
         return None;
     }
     Some(WgpuBackend::with_options(&backend, opts).expect("the wgpu backend with attn_coop"))
+}
+
+/// `wgpu-tiled` with the shipped options, poisoned: its forward on tensor cores where the
+/// adapter has them (`Coop::WhereSupported`), else `None` after a skip line naming what runs
+/// instead (the f32 forward, which the other helpers pin and test).
+pub fn wgpu_shipped_coop_attention() -> Option<WgpuBackend> {
+    wgpu()?;
+    let opts = WgpuOptions {
+        poison: true,
+        ..WgpuOptions::shipped()
+    };
+    let backend = BackendOptions {
+        attention: "wgpu-tiled".into(),
+        threads: 0,
+        device: 0,
+    };
+    let be = WgpuBackend::with_options(&backend, opts).expect("the shipped wgpu backend");
+    if !be.coop_attention_forward() {
+        skip(&format!(
+            "the shipped attention forward is the f32 one here (tested elsewhere): {}",
+            be.summary()
+        ));
+        return None;
+    }
+    Some(be)
 }
 
 /// Whether the adapter runs the cooperative-matrix kernels (`device::cooperative_matrix_support`).
@@ -353,12 +378,15 @@ fn wgpu_opts_full(
         threads: 0,
         device: 0,
     };
-    // The shipped kernels (the attention variants where the adapter takes them), poisoned.
+    // The shipped kernels (the attention variants where the adapter takes them), poisoned,
+    // with the f32 attention forward: the tensor-core one, which rounds its products to f16,
+    // is checked against its own bounds (`wgpu_coop_attention`, `wgpu_shipped`).
     let wopts = WgpuOptions {
         poison: true,
         max_binding_bytes,
         f16,
         subgroups,
+        attn_coop: Coop::Off,
         ..WgpuOptions::shipped()
     };
     match WgpuBackend::with_options(&opts, wopts) {
