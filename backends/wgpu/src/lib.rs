@@ -125,12 +125,13 @@ pub struct WgpuOptions {
     /// within f16's range of 65504), f32 accumulation, softmax and output; a NaN or infinity
     /// in v reaches every row of each 128-row query tile that visits a key tile holding it.
     /// Calls at other head dims, and calls split into passes (CPU adapters), run the f32
-    /// forward; the backward is f32 throughout. [`Coop::WhereSupported`] ships (the instance
-    /// takes its adapter's cooperative-matrix device where the adapter has what the kernel
-    /// needs, and the f32 forward elsewhere; [`WgpuBackend::coop_attention_forward`] says
-    /// which); `DFLASH_WGPU_ATTN_COOP=0` keeps the f32 forward, `=1` requires the tensor-core
-    /// one (an adapter without it refuses to start, naming what it lacks). The kernel's
-    /// subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
+    /// forward; the backward is f32 throughout. Off by default (a precision mode whose effect
+    /// on training is measured by `validate.sh wgpu-train-d128`, docs/PERF.md);
+    /// `DFLASH_WGPU_ATTN_COOP=auto` runs it where the adapter has what it needs
+    /// ([`Coop::WhereSupported`]: the cooperative-matrix device, and the f32 forward elsewhere;
+    /// [`WgpuBackend::coop_attention_forward`] says which), `=1` requires it (an adapter
+    /// without it refuses to start, naming what it lacks), `=0` keeps the f32 forward. The
+    /// kernel's subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
     pub attn_coop: Coop,
 }
 
@@ -149,12 +150,13 @@ pub enum Coop {
 
 impl Coop {
     /// The switch's reading: unset keeps `default`, `0` is [`Coop::Off`], `1`
-    /// [`Coop::Required`].
+    /// [`Coop::Required`], `auto` [`Coop::WhereSupported`].
     fn from_switch(value: Option<&str>, default: Coop) -> Option<Coop> {
         match value {
             None => Some(default),
             Some("0") => Some(Coop::Off),
             Some("1") => Some(Coop::Required),
+            Some("auto") => Some(Coop::WhereSupported),
             Some(_) => None,
         }
     }
@@ -164,9 +166,9 @@ impl WgpuOptions {
     /// What the backend runs with when nothing is set: f16 storage and subgroup reductions
     /// where the device has them, the 128 x 128 GEMM tile ([`GemmKernel::Large`]), and
     /// `wgpu-tiled` on its subgroup kernels (query registers, two keys a lane, dq and dk/dv on
-    /// subgroups) wherever the adapter's subgroups and workgroup memory take them, and its
-    /// forward on tensor cores where the adapter has them ([`Coop::WhereSupported`]). Tests
-    /// start from it so they cover what ships.
+    /// subgroups) wherever the adapter's subgroups and workgroup memory take them, its
+    /// forward in f32 ([`WgpuOptions::attn_coop`]). Tests start from it so they cover what
+    /// ships.
     pub fn shipped() -> Self {
         WgpuOptions {
             poison: false,
@@ -180,7 +182,7 @@ impl WgpuOptions {
             attn_wide_tiles: true,
             attn_dq_subgroups: true,
             attn_dkdv_subgroups: true,
-            attn_coop: Coop::WhereSupported,
+            attn_coop: Coop::Off,
         }
     }
 
@@ -190,7 +192,8 @@ impl WgpuOptions {
     /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
     /// `matmul128_w`, `matmul128_n` or `matmul_coop`: [`GemmKernel`]), and
     /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off
-    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=0` the tensor-core forward off (`=1` required). An unknown
+    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=auto` the tensor-core forward where the adapter has it
+    /// (`=1` required, `=0` off). An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
     /// each would otherwise time the shipped kernel under another's name. Each on/off switch
@@ -243,8 +246,8 @@ impl WgpuOptions {
             attn_coop: Coop::from_switch(var("DFLASH_WGPU_ATTN_COOP").as_deref(), s.attn_coop)
                 .ok_or_else(|| {
                     err(format!(
-                        "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward) or 1 (the \
-                         tensor-core forward, required)",
+                        "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward), 1 (the \
+                         tensor-core forward, required) or auto (where the adapter has it)",
                         var("DFLASH_WGPU_ATTN_COOP").unwrap_or_default()
                     ))
                 })?,
@@ -318,11 +321,12 @@ impl WgpuBackend {
                 let lacks = device::coop_attention_lacks(opts.device, need)?;
                 say_once(&match lacks.is_empty() {
                     true => "attention forward on cooperative matrices (tensor cores) at head \
-                             dims 65..=128: f16 products, f32 accumulation \
-                             (DFLASH_WGPU_ATTN_COOP=0 keeps the f32 forward)"
+                             dims 65..=128 (DFLASH_WGPU_ATTN_COOP=auto): f16 products, f32 \
+                             accumulation"
                         .to_string(),
                     false => format!(
-                        "attention forward in f32: the adapter lacks {}",
+                        "attention forward in f32 (DFLASH_WGPU_ATTN_COOP=auto): the adapter \
+                         lacks {}",
                         lacks.join("; ")
                     ),
                 });
@@ -627,10 +631,11 @@ mod tests {
                 ..WgpuOptions::shipped()
             }
         );
-        // The tensor-core forward ships where the adapter has it; `0` keeps the f32 one.
-        assert_eq!(WgpuOptions::shipped().attn_coop, Coop::WhereSupported);
-        let off = WgpuOptions::from_vars(vars(&[("DFLASH_WGPU_ATTN_COOP", "0")])).unwrap();
-        assert_eq!(off.attn_coop, Coop::Off);
+        // The attention forward's third value: where the adapter has the tensor-core one.
+        for (value, coop) in [("0", Coop::Off), ("auto", Coop::WhereSupported)] {
+            let o = WgpuOptions::from_vars(vars(&[("DFLASH_WGPU_ATTN_COOP", value)])).unwrap();
+            assert_eq!(o.attn_coop, coop, "DFLASH_WGPU_ATTN_COOP={value}");
+        }
     }
 
     /// Any other value is an error that names the switch and the value, never the default.

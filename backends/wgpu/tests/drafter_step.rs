@@ -8,7 +8,7 @@
 //! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device,
 //! with its f32 forward, on those problems and at head_dim 128.
 //!
-//! The same step as it ships on an adapter with cooperative matrices
+//! The same step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices
 //! (`drafter_step_with_the_tensor_core_forward_*`): `wgpu-tiled`'s forward on tensor cores
 //! at head_dim 128, f16 products (`STEP_COOP`).
 //!
@@ -85,16 +85,17 @@ const STEP_COOP: StepTolerance = StepTolerance {
     same_pct: 95,
 };
 
-/// The whole step as it ships on an adapter with cooperative matrices: `wgpu-tiled`'s forward
-/// on tensor cores at head dim 128 (the other problems' head dims run the f32 forward).
+/// The whole step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices:
+/// `wgpu-tiled`'s forward on tensor cores at head dim 128 (the other problems' head dims run
+/// the f32 forward).
 #[test]
 fn drafter_step_with_the_tensor_core_forward_matches_reference() {
-    let Some(be) = wgpu_shipped_coop_attention() else {
+    let Some(be) = wgpu_coop_attention_where_supported() else {
         return;
     };
     drafter_step_matches_reference(
         Arc::new(be),
-        "wgpu shipped, tensor-core attention forward",
+        "wgpu, tensor-core attention forward where supported",
         &[HEAD_DIM_128.as_slice(), &ALL_PROBLEMS].concat(),
         &STEP_COOP,
     );

@@ -186,13 +186,14 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
     Some(WgpuBackend::with_options(&backend, opts).expect("the wgpu backend with attn_coop"))
 }
 
-/// `wgpu-tiled` with the shipped options, poisoned: its forward on tensor cores where the
-/// adapter has them (`Coop::WhereSupported`), else `None` after a skip line naming what runs
-/// instead (the f32 forward, which the other helpers pin and test).
-pub fn wgpu_shipped_coop_attention() -> Option<WgpuBackend> {
+/// `wgpu-tiled` with its forward on tensor cores where the adapter has them
+/// (`DFLASH_WGPU_ATTN_COOP=auto`, `Coop::WhereSupported`), poisoned, else `None` after a skip
+/// line naming what runs instead (the f32 forward, which the other helpers test).
+pub fn wgpu_coop_attention_where_supported() -> Option<WgpuBackend> {
     wgpu()?;
     let opts = WgpuOptions {
         poison: true,
+        attn_coop: Coop::WhereSupported,
         ..WgpuOptions::shipped()
     };
     let backend = BackendOptions {
@@ -200,10 +201,10 @@ pub fn wgpu_shipped_coop_attention() -> Option<WgpuBackend> {
         threads: 0,
         device: 0,
     };
-    let be = WgpuBackend::with_options(&backend, opts).expect("the shipped wgpu backend");
+    let be = WgpuBackend::with_options(&backend, opts).expect("the wgpu backend, coop auto");
     if !be.coop_attention_forward() {
         skip(&format!(
-            "the shipped attention forward is the f32 one here (tested elsewhere): {}",
+            "the attention forward where supported is the f32 one here (tested elsewhere): {}",
             be.summary()
         ));
         return None;
@@ -378,9 +379,9 @@ fn wgpu_opts_full(
         threads: 0,
         device: 0,
     };
-    // The shipped kernels (the attention variants where the adapter takes them), poisoned,
-    // with the f32 attention forward: the tensor-core one, which rounds its products to f16,
-    // is checked against its own bounds (`wgpu_coop_attention`, `wgpu_shipped`).
+    // The shipped kernels (the attention variants where the adapter takes them), poisoned.
+    // The f32 attention forward is pinned: the tensor-core one rounds its products to f16 and
+    // is checked against its own bounds (`wgpu_coop_attention*`).
     let wopts = WgpuOptions {
         poison: true,
         max_binding_bytes,
