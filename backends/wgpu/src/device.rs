@@ -257,8 +257,8 @@ pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` with a 16 x 16 x 16 f16 x f16 -> f32 subgroup
 /// configuration among `Adapter::cooperative_matrix_properties`, subgroups of exactly 32 lanes
 /// (each kernel splits its 256 threads into 8 subgroups), `SHADER_F16`, `SUBGROUP` (their
-/// subgroup builtins) and the GEMM's 20 KiB of workgroup memory. `Ok` where it has everything; an `Unavailable` error
-/// where this machine has no adapter at all.
+/// subgroup builtins) and the GEMM's 20 KiB of workgroup memory. `Ok` where it has
+/// everything; an `Unavailable` error where this machine has no adapter at all.
 pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
     let tag = format!("wgpu:{ordinal}");
     let adapter = choose_adapter(ordinal, &tag)?;

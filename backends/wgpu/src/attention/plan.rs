@@ -103,10 +103,10 @@ impl WgpuBackend {
     }
 
     /// `cfg` moved to the tensor-core forward ([`AttnCfg::coop_forward`]) under
-    /// [`crate::WgpuOptions::attn_coop`] (as resolved at start), where it exists for the head dim, `have` bytes of
-    /// workgroup memory hold it and the call runs in one pass (the kernel carries no state
-    /// between passes: GPUs run one unless `attn_pass_tiles` splits them). Elsewhere the f32
-    /// forward runs, as documented on the option.
+    /// [`crate::WgpuOptions::attn_coop`] (as resolved at start), where it exists for the head
+    /// dim, `have` bytes of workgroup memory hold it and the call runs in one pass (the kernel
+    /// carries no state between passes: GPUs run one unless `attn_pass_tiles` splits them).
+    /// Elsewhere the f32 forward runs, as documented on the option.
     fn on_coop(&self, cfg: AttnCfg, have: u32) -> AttnCfg {
         if !self.coop_attention || self.per_pass(&cfg) != usize::MAX {
             return cfg;
