@@ -35,6 +35,7 @@
 //! (rows with no visible key) must be exactly `-inf`, and non-finite values anywhere else fail.
 
 pub mod drafter_step;
+pub mod f16_products;
 pub mod ops;
 pub mod oracle;
 pub mod tolerance;
@@ -44,6 +45,7 @@ mod cases;
 mod nan;
 mod report;
 mod run;
+mod twin;
 
 use std::sync::Arc;
 
@@ -63,6 +65,7 @@ pub use cases::{
 pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
 pub use tolerance::{AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2};
+pub use twin::{F16_PRODUCTS_TWIN, TwinBounds, check_backend_against_twin};
 
 /// Runs the whole suite on `kernel`. Returns `Ok(report)` whenever the suite itself could run,
 /// with one [`CaseResult`] per case (check [`Report::passed`] / [`Report::ensure_passed`]);

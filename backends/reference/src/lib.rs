@@ -54,6 +54,25 @@ impl ReferenceBackend {
     /// (an unknown name is an error listing the registered kernels).
     pub fn new(opts: &BackendOptions) -> Result<Self> {
         let attention = create_host_attention(&opts.attention)?;
+        Self::build(opts, attention, opts.attention.clone())
+    }
+
+    /// Builds the backend around `attention`, a kernel that need not be registered (tests: a
+    /// CPU twin of a device kernel's numerics), under the kernel's own name; `opts.attention`
+    /// is ignored.
+    pub fn with_attention_kernel(
+        opts: &BackendOptions,
+        attention: Box<dyn HostAttentionKernel>,
+    ) -> Result<Self> {
+        let name = attention.name().to_string();
+        Self::build(opts, attention, name)
+    }
+
+    fn build(
+        opts: &BackendOptions,
+        attention: Box<dyn HostAttentionKernel>,
+        attention_name: String,
+    ) -> Result<Self> {
         let pool = if opts.threads > 0 {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(opts.threads)
@@ -70,7 +89,7 @@ impl ReferenceBackend {
             threads: opts.threads,
             pool,
             attention,
-            attention_name: opts.attention.clone(),
+            attention_name,
         })
     }
 

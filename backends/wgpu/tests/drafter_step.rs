@@ -10,7 +10,7 @@
 //!
 //! The same step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices
 //! (`drafter_step_with_the_tensor_core_forward_*`): `wgpu-tiled`'s forward on tensor cores
-//! at head_dim 128, f16 products (`STEP_COOP`).
+//! at head_dim 128, f16 products (`StepTolerance::F16_PRODUCTS_ATTENTION`).
 //!
 //! The same step with the frozen embedding, the LM head and the features in the f16 compute
 //! format (`drafter_step_f16_*`, on adapters with `SHADER_F16`): the f16 GEMM operands, the
@@ -55,36 +55,6 @@ fn drafter_step_matches_reference_with_tiled_attention() {
     );
 }
 
-const COOP_WHY: &str = "the attention forward's products on f16-rounded q, k, v and \
-     probabilities (2^-11 relative each), f32 accumulation; f32 kernels otherwise";
-
-/// The tensor-core forward rounds q, k, v and P to f16 (<= 4.9e-4 relative per element),
-/// reaching the attention output at ~5e-4 relative; the f32 backward recomputes P from the
-/// f32 q and k against that forward's lse and output, so the gradients move by about as
-/// much. Bounds as for the f16 compute format (rel-L2 3e-3 per gradient tensor, per element
-/// 3e-3 of the tensor's max plus 3e-2 relative, loss 1e-3 relative), which the same size of
-/// rounding sets there; greedy predictions may flip on near ties.
-const STEP_COOP: StepTolerance = StepTolerance {
-    grad: Tolerance {
-        atol: 3e-3,
-        rtol: 3e-2,
-        atol_unit: AtolUnit::MaxWant,
-        why: COOP_WHY,
-    },
-    grad_rel_l2: Some(RelL2 {
-        max: 3e-3,
-        why: COOP_WHY,
-    }),
-    loss: Tolerance {
-        atol: 0.0,
-        rtol: 1e-3,
-        atol_unit: AtolUnit::Absolute,
-        why: COOP_WHY,
-    },
-    correct_slack_div: 20,
-    same_pct: 95,
-};
-
 /// The whole step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices:
 /// `wgpu-tiled`'s forward on tensor cores at head dim 128 (the other problems' head dims run
 /// the f32 forward).
@@ -97,7 +67,7 @@ fn drafter_step_with_the_tensor_core_forward_matches_reference() {
         Arc::new(be),
         "wgpu, tensor-core attention forward where supported",
         &[HEAD_DIM_128.as_slice(), &ALL_PROBLEMS].concat(),
-        &STEP_COOP,
+        &StepTolerance::F16_PRODUCTS_ATTENTION,
     );
 }
 
