@@ -165,21 +165,28 @@ fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBa
     v
 }
 
-/// `wgpu-tiled` with the tensor-core forward (`WgpuOptions::attn_coop`), poisoned, where the
-/// adapter has cooperative matrices; elsewhere `None` ([`runs_or_is_refused`]).
-#[allow(dead_code)]
-pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
-    wgpu()?;
-    let opts = WgpuOptions {
-        poison: true,
-        attn_coop: Coop::Required,
-        ..WgpuOptions::shipped()
-    };
+/// `wgpu-tiled`, poisoned, with the tensor-core forward at `coop`: the backend's options and
+/// the instance's.
+fn tiled_with_coop(coop: Coop) -> (BackendOptions, WgpuOptions) {
     let backend = BackendOptions {
         attention: "wgpu-tiled".into(),
         threads: 0,
         device: 0,
     };
+    let opts = WgpuOptions {
+        poison: true,
+        attn_coop: coop,
+        ..WgpuOptions::shipped()
+    };
+    (backend, opts)
+}
+
+/// `wgpu-tiled` with the tensor-core forward (`WgpuOptions::attn_coop`), poisoned, where the
+/// adapter has cooperative matrices; elsewhere `None` ([`runs_or_is_refused`]).
+#[allow(dead_code)]
+pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
+    wgpu()?;
+    let (backend, opts) = tiled_with_coop(Coop::Required);
     if !runs_or_is_refused(&backend, opts, "the tensor-core attention forward") {
         return None;
     }
@@ -191,16 +198,7 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
 /// line naming what runs instead (the f32 forward, which the other helpers test).
 pub fn wgpu_coop_attention_where_supported() -> Option<WgpuBackend> {
     wgpu()?;
-    let opts = WgpuOptions {
-        poison: true,
-        attn_coop: Coop::WhereSupported,
-        ..WgpuOptions::shipped()
-    };
-    let backend = BackendOptions {
-        attention: "wgpu-tiled".into(),
-        threads: 0,
-        device: 0,
-    };
+    let (backend, opts) = tiled_with_coop(Coop::WhereSupported);
     let be = WgpuBackend::with_options(&backend, opts).expect("the wgpu backend, coop auto");
     if !be.coop_attention_forward() {
         skip(&format!(
