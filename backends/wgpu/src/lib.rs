@@ -126,6 +126,8 @@ impl WgpuBackend {
             // device::get refuses an adapter without cooperative matrices; the workgroup
             // memory is checked on the device below.
             Coop::Required => true,
+            // Host attention kernels never run the tiled forward: nothing to choose or say.
+            Coop::WhereSupported if opts.attention != attention::TILED => false,
             Coop::WhereSupported => {
                 let lacks = device::coop_attention_lacks(opts.device, need)?;
                 say_once(&match lacks.is_empty() {

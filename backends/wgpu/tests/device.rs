@@ -1,6 +1,7 @@
 //! Adapter selection, the limits in force, the registry entry, and clean errors: no adapter
 //! (wgpu restricted to an API this machine lacks, in a child process), an adapter index out
-//! of range, unknown attention kernels, and ops that are not implemented yet.
+//! of range, unknown attention kernels, the tensor-core forward's `auto` setting, and ops that
+//! are not implemented yet.
 //!
 //! Skips cleanly without an adapter (except the no-adapter test, which needs none).
 
@@ -80,6 +81,40 @@ fn adapter_limits_and_registry() {
         "{e}"
     );
     println!("  {e}");
+}
+
+/// `DFLASH_WGPU_ATTN_COOP=auto` (`Coop::WhereSupported`) starts on every adapter: the
+/// tensor-core forward only where the adapter has cooperative matrices (lavapipe has none: the
+/// f32 forward), and never behind a host attention kernel, which does not run the tiled one.
+#[test]
+fn coop_attention_where_supported_follows_the_adapter() {
+    if wgpu().is_none() {
+        return;
+    }
+    let auto = dflash_backend_wgpu::WgpuOptions {
+        attn_coop: dflash_backend_wgpu::Coop::WhereSupported,
+        ..dflash_backend_wgpu::WgpuOptions::shipped()
+    };
+    let start = |attention: &str| {
+        let opts = BackendOptions {
+            attention: attention.into(),
+            ..BackendOptions::default()
+        };
+        dflash_backend_wgpu::WgpuBackend::with_options(&opts, auto)
+            .unwrap_or_else(|e| panic!("auto refused to start with {attention}: {e}"))
+    };
+    let tiled = start("wgpu-tiled");
+    match dflash_backend_wgpu::device::cooperative_matrix_support(0) {
+        Err(why) => {
+            assert!(!tiled.coop_attention_forward(), "{why}");
+            println!("  auto runs the f32 forward: {why}");
+        }
+        Ok(()) => println!(
+            "  auto runs the tensor-core forward: {}",
+            tiled.coop_attention_forward()
+        ),
+    }
+    assert!(!start("reference").coop_attention_forward());
 }
 
 #[test]
