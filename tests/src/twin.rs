@@ -2,9 +2,10 @@
 //! attention ops and through a host kernel that copies the device kernel's roundings (such as
 //! [`crate::f16_products::F16ProductsForward`]) behind the reference backend, forward and
 //! backward (each on its own `out` and `lse`, as in training), compared element-wise. Where
-//! the oracle comparison must allow for the roundings themselves (rel-L2 2e-2 for f16
-//! products on f32 inputs), this one allows only for summation order, so a kernel that rounds
-//! at another point, rescales at another time or drops a term fails it.
+//! the oracle comparison must allow for the roundings themselves (rel-L2 2e-2 per tensor for
+//! f16 products on f32 inputs), this one allows only for summation order, element by element,
+//! so a kernel that rounds at another point, rescales at another time or drops a term in a
+//! few rows fails it.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -32,27 +33,31 @@ const F16_TWIN_WHY: &str = "the same f16 roundings, f32 sums in the device's ord
 
 /// The tensor-core forward with f16 products against [`crate::f16_products`]' twin, and the
 /// device's f32 backward against the reference backward on the twin's outputs. Both sides
-/// round q, k, v and P at the same points, so what differs is f32 summation: ~1e-6 relative
-/// (the f32 device bounds, `Tolerance::DEVICE_F32_ATTN_*`), plus a probability now and then
-/// rounded to the neighbouring f16 (2^-11 of one key's weight) where its score landed a few
-/// ulps from a rounding boundary. Bounds: out 1e-4 of the tensor's max plus 1e-3 relative
-/// (5x the f32 device bound, and 1e-4 > 2^-11 times a minor key's weight), lse the f32 device
-/// bound, gradients 2x the f32 device bound plus what out's difference carries into them.
+/// round q, k, v and P at the same points; what differs is f32 summation: a score ~5e-7 apart
+/// (128 products summed in f32 against f64, at the suite's |q|, |k| < 2), which now and then
+/// (~1e-3 of the probabilities) rounds exp(s - m) to the neighbouring f16, moving that key's
+/// weight by 2^-11 relative. One such flip moves a row's `out` by at most
+/// 2^-11 * (p / l)(1 - p / l) * 2 max|v| <= 2.5e-4 max|v| and its `lse` by at most 2^-11 * p / l
+/// <= 4.9e-4; the f32 backward recomputes P against that lse, so the row's gradients move by
+/// about as much (relative). Bounds: out 1e-3 of the tensor's max plus 1e-3 relative, lse 1e-3
+/// of max(1, |lse|), gradients 2e-3 of the tensor's max plus 2e-3 relative: ~4x a flip's reach,
+/// and element-wise, so a row the kernel gets wrong fails where the oracle's per-tensor rel-L2
+/// (2e-2) could average it away.
 pub const F16_PRODUCTS_TWIN: TwinBounds = TwinBounds {
     out: Tolerance {
-        atol: 1e-4,
+        atol: 1e-3,
         rtol: 1e-3,
         atol_unit: AtolUnit::MaxWant,
         why: F16_TWIN_WHY,
     },
     lse: Tolerance {
-        atol: 1e-6,
-        rtol: 1e-5,
-        atol_unit: AtolUnit::MaxWant,
+        atol: 1e-3,
+        rtol: 0.0,
+        atol_unit: AtolUnit::WantAtLeastOne,
         why: F16_TWIN_WHY,
     },
     grads: Tolerance {
-        atol: 2e-4,
+        atol: 2e-3,
         rtol: 2e-3,
         atol_unit: AtolUnit::MaxWant,
         why: F16_TWIN_WHY,
