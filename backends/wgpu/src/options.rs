@@ -84,8 +84,8 @@ pub enum Coop {
     /// Never: the f32 kernel.
     #[default]
     Off,
-    /// Where the adapter has what it needs (`device::cooperative_matrix_support` and the
-    /// kernel's workgroup memory); the f32 kernel elsewhere, said once at start.
+    /// Where the adapter has what it needs ([`crate::device::cooperative_matrix_support`] and
+    /// the kernel's workgroup memory); the f32 kernel elsewhere, said once at start.
     WhereSupported,
     /// Always: an adapter without it refuses to start, naming what it lacks.
     Required,
@@ -177,6 +177,14 @@ impl WgpuOptions {
             })?,
             None => s.gemm,
         };
+        let coop = var("DFLASH_WGPU_ATTN_COOP");
+        let attn_coop = Coop::from_switch(coop.as_deref(), s.attn_coop).ok_or_else(|| {
+            err(format!(
+                "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward), 1 (the tensor-core \
+                 forward, required) or auto (where the adapter has it)",
+                coop.clone().unwrap_or_default()
+            ))
+        })?;
         Ok(WgpuOptions {
             poison: flag("DFLASH_WGPU_POISON", s.poison)?,
             f16: flag("DFLASH_WGPU_F16", s.f16)?,
@@ -186,14 +194,7 @@ impl WgpuOptions {
             attn_wide_tiles: flag("DFLASH_WGPU_ATTN_WIDE", s.attn_wide_tiles)?,
             attn_dq_subgroups: flag("DFLASH_WGPU_ATTN_DQ_SG", s.attn_dq_subgroups)?,
             attn_dkdv_subgroups: flag("DFLASH_WGPU_ATTN_DKDV_SG", s.attn_dkdv_subgroups)?,
-            attn_coop: Coop::from_switch(var("DFLASH_WGPU_ATTN_COOP").as_deref(), s.attn_coop)
-                .ok_or_else(|| {
-                    err(format!(
-                        "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward), 1 (the \
-                         tensor-core forward, required) or auto (where the adapter has it)",
-                        var("DFLASH_WGPU_ATTN_COOP").unwrap_or_default()
-                    ))
-                })?,
+            attn_coop,
             ..s
         })
     }
