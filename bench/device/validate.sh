@@ -11,8 +11,8 @@
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped, then with the
-#                tensor-core attention forward where the adapter has it,
-#                DFLASH_WGPU_ATTN_COOP=auto) and CUDA                   -> OUT/{wgpu,wgpu-coop,cuda}-bench.json
+#                tensor-core attention forward, DFLASH_WGPU_ATTN_COOP=1, which fails rather
+#                than time the f32 one under its name) and CUDA      -> OUT/{wgpu,wgpu-coop,cuda}-bench.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
 #                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n, matmul_coop)
 #                                                                          -> OUT/wgpu-knobs.log
@@ -43,7 +43,8 @@
 #                operands): its tau against wgpu-train's                   -> OUT/wgpu-coop-train.log
 #   wgpu-train-d128  the embedded default with a head_dim 128 drafter (--set drafter.head_dim=128)
 #                trained through wgpu with the tensor-core attention forward
-#                (DFLASH_WGPU_ATTN_COOP=auto) and as shipped (f32): losses and tau side by side
+#                (DFLASH_WGPU_ATTN_COOP=auto, whose start line says which forward ran) and as
+#                shipped (f32): losses and tau side by side
 #                                                                          -> OUT/wgpu-train-d128.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
 #   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
@@ -97,12 +98,14 @@ for phase in "$@"; do
             > "$out/generate.log" 2>&1 || failed+=("$phase")
         table "$out/generate.log" ;;
     wgpu-bench)
-        # wgpu: as shipped; wgpu-coop: the tensor-core attention forward where the adapter has it.
-        for be in "wgpu wgpu wgpu-tiled" "wgpu-coop wgpu wgpu-tiled auto" "cuda cuda cuda-flash"; do
+        # wgpu: as shipped (the switch unset, whatever the caller's environment holds);
+        # wgpu-coop: the tensor-core attention forward, required.
+        for be in "wgpu wgpu wgpu-tiled" "wgpu-coop wgpu wgpu-tiled 1" "cuda cuda cuda-flash"; do
             read -r tag name kernel coop <<< "$be"
-            # Word-split on purpose: no switch at all for the shipped runs.
+            # Word-split on purpose: the switch unset for the shipped runs.
             # shellcheck disable=SC2086
-            env ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} timeout 420 $D bench --backend "$name" --attention "$kernel" \
+            env -u DFLASH_WGPU_ATTN_COOP ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
+                timeout 420 $D bench --backend "$name" --attention "$kernel" \
                 --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput \
                 --out "$out/$tag-bench.json" > "$out/$tag-bench.log" 2>&1 || failed+=("$phase ($tag)")
             echo "-- $tag"; table "$out/$tag-bench.log"
@@ -267,7 +270,8 @@ for phase in "$@"; do
         for coop in auto ""; do
             echo "-- DFLASH_WGPU_ATTN_COOP=${coop:-unset (shipped)}" >> "$log"
             # shellcheck disable=SC2086
-            env ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} $D train --config configs/default.toml \
+            env -u DFLASH_WGPU_ATTN_COOP ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
+                $D train --config configs/default.toml \
                 --set backend.name='"wgpu"' --set backend.attention='"wgpu-tiled"' \
                 --set drafter.head_dim=128 --set run.dir="\"/tmp/$phase-runs-${coop:-f32}\"" \
                 >> "$log" 2>&1 || failed+=("$phase (${coop:-shipped})")

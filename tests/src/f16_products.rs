@@ -34,12 +34,25 @@ pub struct F16ProductsForward {
     /// How far a tile's max may pass the reference max before the row is rescaled (its
     /// `TAU`; `exp(rescale_above)` must fit f16's 65504).
     pub rescale_above: f32,
+    /// How a score's products are summed.
+    pub scores: ScoreSum,
+}
+
+/// How the twin sums a score's (exact) f16 x f16 products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreSum {
+    /// In f64, rounded once to f32: the exact score to f32 precision, no order of its own.
+    F64,
+    /// In f32, dim by dim: one order a device might take, to show what the twin bounds must
+    /// allow for summation order alone.
+    F32InOrder,
 }
 
 /// wgpu's `attention_fwd_coop.wgsl`: 32-key tiles, `TAU = 10`.
 pub const WGPU_COOP_FORWARD: F16ProductsForward = F16ProductsForward {
     key_tile: 32,
     rescale_above: 10.0,
+    scores: ScoreSum::F64,
 };
 
 fn f16(x: f32) -> f32 {
@@ -51,15 +64,44 @@ fn poisons(s: f32) -> bool {
     s.is_nan() || s == f32::INFINITY
 }
 
+/// One query row and head of a call: its f16-rounded query (D), the f16-rounded k and v of
+/// every key (Tk, Hkv, D), and where its kv head starts in them.
+struct RowInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    hkv: usize,
+    kh: usize,
+}
+
+impl RowInputs<'_> {
+    /// Key `j`'s row of `x` (k or v).
+    fn of<'x>(&self, x: &'x [f32], j: usize) -> &'x [f32] {
+        let d = self.q.len();
+        &x[(j * self.hkv + self.kh) * d..][..d]
+    }
+}
+
 impl F16ProductsForward {
-    /// One row and head: `q (D)` rounded, `keys` the row's visible keys ascending, `kv(j)` the
-    /// f16-rounded k and v rows of key `j`. Writes `o (D)`, returns `lse`.
+    fn dot(&self, q: &[f32], k: &[f32]) -> f32 {
+        match self.scores {
+            ScoreSum::F64 => q
+                .iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>() as f32,
+            ScoreSum::F32InOrder => q.iter().zip(k).fold(0.0f32, |s, (&a, &b)| s + a * b),
+        }
+    }
+
+    /// One row and head over `keys`, its visible keys ascending (`scores`: scratch). Writes
+    /// `o (D)`, returns `lse`.
     fn row(
         &self,
-        q: &[f32],
+        x: &RowInputs<'_>,
         keys: &[usize],
         scale: f32,
-        kv: impl Fn(usize) -> (Vec<f32>, Vec<f32>),
+        scores: &mut Vec<f32>,
         o: &mut [f32],
     ) -> f32 {
         let mut m = f32::NEG_INFINITY;
@@ -67,17 +109,13 @@ impl F16ProductsForward {
         let mut acc = vec![0.0f64; o.len()];
         let mut bad = false;
         for tile in keys.chunk_by(|&a, &b| a / self.key_tile == b / self.key_tile) {
-            let rows: Vec<(f32, Vec<f32>)> = tile
-                .iter()
-                .map(|&j| {
-                    let (k, v) = kv(j);
-                    let dot: f64 = q.iter().zip(&k).map(|(&a, &b)| a as f64 * b as f64).sum();
-                    let s = scale * dot as f32;
-                    bad |= poisons(s);
-                    (if poisons(s) { f32::NEG_INFINITY } else { s }, v)
-                })
-                .collect();
-            let mx = rows.iter().map(|r| r.0).fold(f32::NEG_INFINITY, f32::max);
+            scores.clear();
+            for &j in tile {
+                let s = scale * self.dot(x.q, x.of(x.k, j));
+                bad |= poisons(s);
+                scores.push(if poisons(s) { f32::NEG_INFINITY } else { s });
+            }
+            let mx = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if m == f32::NEG_INFINITY {
                 m = mx;
             } else if mx > m + self.rescale_above {
@@ -86,14 +124,14 @@ impl F16ProductsForward {
                 l *= alpha;
                 m = mx;
             }
-            for (s, v) in &rows {
-                if *s == f32::NEG_INFINITY {
+            for (&s, &j) in scores.iter().zip(tile) {
+                if s == f32::NEG_INFINITY {
                     continue;
                 }
                 let p = f16((s - m).exp()) as f64;
                 l += p;
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a += p * x as f64;
+                for (a, &v) in acc.iter_mut().zip(x.of(x.v, j)) {
+                    *a += p * v as f64;
                 }
             }
         }
@@ -134,13 +172,18 @@ impl HostAttentionKernel for F16ProductsForward {
                     .flat_map(|iv| iv.start as usize..iv.end as usize)
                     .collect();
                 keys.sort_unstable(); // the tiles ascending, as the device lists them
+                let mut scores = Vec::with_capacity(self.key_tile);
                 for h in 0..hq {
-                    let kh = h / group;
                     let q = round(&x.q[(i * hq + h) * d..][..d]);
-                    let at = |j: usize| (j * hkv + kh) * d;
-                    let kv = |j: usize| (k[at(j)..][..d].to_vec(), v[at(j)..][..d].to_vec());
+                    let row = RowInputs {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        hkv,
+                        kh: h / group,
+                    };
                     let o = &mut o_row[h * d..(h + 1) * d];
-                    l_row[h] = self.row(&q, &keys, x.scale, kv, o);
+                    l_row[h] = self.row(&row, &keys, x.scale, &mut scores, o);
                 }
             });
         Ok(())

@@ -52,7 +52,7 @@ pub(crate) fn compare(
                 format!("row {row}, head {}, d {}", rest / d, rest % d)
             };
             Some(format!(
-                "{what}[{at}] = {g} but oracle says {w} (|err| {:.3e}, {:.1}x tolerance)",
+                "{what}[{at}] = {g}, expected {w} (|err| {:.3e}, {:.1}x tolerance)",
                 (g - w).abs(),
                 c.worst
             ))

@@ -12,7 +12,7 @@ use dflash_core::{AttnBackward, AttnDims, AttnForward, Backend, HostAttentionKer
 use dflash_tests::drafter_step::{
     ALL_PROBLEMS, HEAD_DIM_128, StepTolerance, drafter_step_matches_reference,
 };
-use dflash_tests::f16_products::WGPU_COOP_FORWARD;
+use dflash_tests::f16_products::{F16ProductsForward, ScoreSum, WGPU_COOP_FORWARD};
 use dflash_tests::tolerance::rel_l2;
 use dflash_tests::{
     F16_PRODUCTS_FORWARD, F16_PRODUCTS_FORWARD_F16_FED, F16_PRODUCTS_TWIN, Layout, cases_on,
@@ -166,6 +166,51 @@ fn the_twin_comparison_catches_a_row_the_oracle_bound_misses() {
         against_twin.cases.iter().all(|c| !c.passed()),
         "the twin comparison must fail every case: {against_twin}"
     );
+}
+
+/// The twin bounds as `tests/src/twin.rs` sets them: the twin summing its scores in f32 in
+/// order (one summation order a device might take) passes them on the kernel's cases and the
+/// large-score ones, and the f32 reference kernel (the same softmax, nothing rounded to f16)
+/// fails every case of the kernel's: the comparison tells rounding from not rounding.
+#[test]
+fn the_twin_bounds_admit_a_summation_order_and_reject_the_unrounded_kernel() {
+    let layouts = [Layout::new(4, 2, 128), Layout::new(4, 1, 96)];
+    let mut cases = cases_on(&suite_masks().unwrap(), &layouts);
+    cases.extend(cases_on(&large_masks().unwrap(), &layouts[..1]));
+    let large = large_score_cases(layouts[0]).unwrap();
+    let against_twin = |be: &dyn Backend, label: &str, cases: &[dflash_tests::Case]| {
+        let r = check_backend_against_twin(
+            be,
+            label,
+            Box::new(WGPU_COOP_FORWARD),
+            cases,
+            &F16_PRODUCTS_TWIN,
+        );
+        println!("{r}");
+        r
+    };
+    let f32_order = ReferenceBackend::with_attention_kernel(
+        &BackendOptions::default(),
+        Box::new(F16ProductsForward {
+            scores: ScoreSum::F32InOrder,
+            ..WGPU_COOP_FORWARD
+        }),
+    )
+    .unwrap();
+    for (label, cases) in [("scores in f32", &cases), ("scores in f32, large", &large)] {
+        against_twin(&f32_order, label, cases)
+            .ensure_passed()
+            .unwrap();
+    }
+    let unrounded = reference_with("reference");
+    let r = against_twin(unrounded.as_ref(), "f32 reference", &cases);
+    let passed: Vec<&str> = r
+        .cases
+        .iter()
+        .filter(|c| c.passed())
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(passed.is_empty(), "the unrounded kernel passed {passed:?}");
 }
 
 /// A whole drafter step with f16 products in the attention forward, against the reference

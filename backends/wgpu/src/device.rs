@@ -279,9 +279,11 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
 }
 
 /// What adapter `ordinal` lacks for the tensor-core attention forward: what
-/// [`cooperative_matrix_support`] checks, and `need` bytes of workgroup memory (empty: nothing).
-/// An `Unavailable` error where this machine has no adapter at all.
-pub(crate) fn coop_attention_lacks(ordinal: usize, need: u32) -> Result<Vec<String>> {
+/// [`cooperative_matrix_support`] checks, and the forward's workgroup memory (empty: nothing,
+/// so `DFLASH_WGPU_ATTN_COOP=auto` runs it there). An `Unavailable` error where this machine
+/// has no adapter at all.
+pub fn coop_attention_lacks(ordinal: usize) -> Result<Vec<String>> {
+    let need = crate::attention::AttnCfg::coop_forward_bytes();
     let adapter = choose_adapter(ordinal, &format!("wgpu:{ordinal}"))?;
     let mut lacks = coop_lacks(adapter);
     let have = adapter.limits().max_compute_workgroup_storage_size;

@@ -59,7 +59,7 @@ use dflash_core::{Backend, BackendInfo, Error, Result, Shape, Tensor};
 pub use attention::{TILED, WGPU_ATTENTION_KERNELS};
 pub use device::NO_ADAPTER_HINT;
 pub use gemm::GemmKernel;
-pub use options::{Coop, WgpuOptions};
+pub use options::{AttnCoop, WgpuOptions};
 pub use storage::{DType, WgpuStorage};
 
 use device::Ctx;
@@ -121,19 +121,20 @@ impl WgpuBackend {
     /// ([`device::cooperative_matrix_support`]): never the f32 kernel under its name.
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
         let need = attention::AttnCfg::coop_forward_bytes();
+        // Host attention kernels never run the tiled forward.
+        let tiled = opts.attention == attention::TILED;
         let coop_attention = match wopts.attn_coop {
-            Coop::Off => false,
+            AttnCoop::Off => false,
             // device::get refuses an adapter without cooperative matrices; the workgroup
             // memory is checked on the device below.
-            Coop::Required => true,
-            // Host attention kernels never run the tiled forward: nothing to choose or say.
-            Coop::WhereSupported if opts.attention != attention::TILED => false,
-            Coop::WhereSupported => {
-                let lacks = device::coop_attention_lacks(opts.device, need)?;
+            AttnCoop::Required => true,
+            AttnCoop::WhereSupported if !tiled => false,
+            AttnCoop::WhereSupported => {
+                let lacks = device::coop_attention_lacks(opts.device)?;
                 say_once(&match lacks.is_empty() {
                     true => "attention forward on cooperative matrices (tensor cores) at head \
-                             dims 65..=128 (DFLASH_WGPU_ATTN_COOP=auto): f16 products, f32 \
-                             accumulation"
+                             dims 65..=128 that are a multiple of 4 \
+                             (DFLASH_WGPU_ATTN_COOP=auto): f16 products, f32 accumulation"
                         .to_string(),
                     false => format!(
                         "attention forward in f32 (DFLASH_WGPU_ATTN_COOP=auto): the adapter \
@@ -165,7 +166,7 @@ impl WgpuBackend {
         Ok(WgpuBackend {
             ctx,
             opts: wopts,
-            coop_attention,
+            coop_attention: coop_attention && tiled,
             attention,
             attention_name: opts.attention.clone(),
             rope_tables: Default::default(),

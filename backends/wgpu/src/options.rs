@@ -71,35 +71,36 @@ pub struct WgpuOptions {
     /// forward; the backward is f32 throughout. Off by default (a precision mode whose effect
     /// on training is measured by `validate.sh wgpu-train-d128`, docs/PERF.md);
     /// `DFLASH_WGPU_ATTN_COOP=auto` runs it where the adapter has what it needs
-    /// ([`Coop::WhereSupported`]: the cooperative-matrix device, and the f32 forward elsewhere;
+    /// ([`AttnCoop::WhereSupported`]: the cooperative-matrix device, and the f32 forward elsewhere;
     /// [`crate::WgpuBackend::coop_attention_forward`] says which), `=1` requires it (an adapter
     /// without it refuses to start, naming what it lacks), `=0` keeps the f32 forward. The
     /// kernel's subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
-    pub attn_coop: Coop,
+    pub attn_coop: AttnCoop,
 }
 
-/// Whether a kernel that has a cooperative-matrix version runs it.
+/// Whether `wgpu-tiled`'s attention forward runs on cooperative matrices
+/// ([`WgpuOptions::attn_coop`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Coop {
+pub enum AttnCoop {
     /// Never: the f32 kernel.
     #[default]
     Off,
-    /// Where the adapter has what it needs ([`crate::device::cooperative_matrix_support`] and
-    /// the kernel's workgroup memory); the f32 kernel elsewhere, said once at start.
+    /// Where the adapter has what it needs ([`crate::device::coop_attention_lacks`]: nothing);
+    /// the f32 kernel elsewhere, said once at start.
     WhereSupported,
     /// Always: an adapter without it refuses to start, naming what it lacks.
     Required,
 }
 
-impl Coop {
-    /// The switch's reading: unset keeps `default`, `0` is [`Coop::Off`], `1`
-    /// [`Coop::Required`], `auto` [`Coop::WhereSupported`].
-    fn from_switch(value: Option<&str>, default: Coop) -> Option<Coop> {
+impl AttnCoop {
+    /// The switch's reading: unset keeps `default`, `0` is [`AttnCoop::Off`], `1`
+    /// [`AttnCoop::Required`], `auto` [`AttnCoop::WhereSupported`].
+    fn from_switch(value: Option<&str>, default: AttnCoop) -> Option<AttnCoop> {
         match value {
             None => Some(default),
-            Some("0") => Some(Coop::Off),
-            Some("1") => Some(Coop::Required),
-            Some("auto") => Some(Coop::WhereSupported),
+            Some("0") => Some(AttnCoop::Off),
+            Some("1") => Some(AttnCoop::Required),
+            Some("auto") => Some(AttnCoop::WhereSupported),
             Some(_) => None,
         }
     }
@@ -125,7 +126,7 @@ impl WgpuOptions {
             attn_wide_tiles: true,
             attn_dq_subgroups: true,
             attn_dkdv_subgroups: true,
-            attn_coop: Coop::Off,
+            attn_coop: AttnCoop::Off,
         }
     }
 
@@ -178,7 +179,7 @@ impl WgpuOptions {
             None => s.gemm,
         };
         let coop = var("DFLASH_WGPU_ATTN_COOP");
-        let attn_coop = Coop::from_switch(coop.as_deref(), s.attn_coop).ok_or_else(|| {
+        let attn_coop = AttnCoop::from_switch(coop.as_deref(), s.attn_coop).ok_or_else(|| {
             err(format!(
                 "DFLASH_WGPU_ATTN_COOP={:?}: expected 0 (the f32 forward), 1 (the tensor-core \
                  forward, required) or auto (where the adapter has it)",
@@ -224,17 +225,17 @@ mod tests {
             ("DFLASH_WGPU_F16", "0"),
         ]))
         .unwrap();
-        assert!(on.attn_coop == Coop::Required && !on.f16);
+        assert!(on.attn_coop == AttnCoop::Required && !on.f16);
         assert_eq!(
             on,
             WgpuOptions {
-                attn_coop: Coop::Required,
+                attn_coop: AttnCoop::Required,
                 f16: false,
                 ..WgpuOptions::shipped()
             }
         );
         // The attention forward's third value: where the adapter has the tensor-core one.
-        for (value, coop) in [("0", Coop::Off), ("auto", Coop::WhereSupported)] {
+        for (value, coop) in [("0", AttnCoop::Off), ("auto", AttnCoop::WhereSupported)] {
             let o = WgpuOptions::from_vars(vars(&[("DFLASH_WGPU_ATTN_COOP", value)])).unwrap();
             assert_eq!(o.attn_coop, coop, "DFLASH_WGPU_ATTN_COOP={value}");
         }

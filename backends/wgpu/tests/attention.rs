@@ -68,8 +68,8 @@ fn tiled_attention_on_large_masks() {
 /// The tensor-core forward (`WgpuOptions::attn_coop`, attention_fwd_coop.wgsl) where the
 /// adapter has cooperative matrices: head dims 128 and 96 (the DP 128 class it takes), GQA 2
 /// and 4, on every suite mask and the large masks; the large-score cases (its lazy rescale)
-/// fed f16-representable inputs (see `F16_PRODUCTS_FORWARD`'s note); the same cases against
-/// its CPU twin (`dflash_tests::f16_products`) at the bounds of summation order alone;
+/// fed f16-representable inputs (see `F16_PRODUCTS_FORWARD`'s note); all of them against its
+/// CPU twin (`dflash_tests::f16_products`) at the bounds of summation order alone;
 /// a NaN in k or q row-wise as every kernel, one in v at tile granularity (the P V product).
 /// Elsewhere a skip line naming what the adapter lacks (lavapipe: cooperative matrices).
 #[test]
@@ -93,12 +93,14 @@ fn coop_forward_matches_the_oracle() {
         &F16_PRODUCTS_FORWARD,
     );
     // Against its CPU twin (the same roundings at the same points): only summation order
-    // may differ, where the oracle's bound has to allow for the roundings themselves.
+    // may differ, where the oracle's bound has to allow for the roundings themselves; the
+    // large-score cases are where the lazy rescale runs.
+    let twin_cases = [cases.clone(), large_score_cases(layouts[0]).unwrap()].concat();
     let twin = dflash_tests::check_backend_against_twin(
         &be,
         "wgpu-tiled, coop forward",
         Box::new(dflash_tests::f16_products::WGPU_COOP_FORWARD),
-        &cases,
+        &twin_cases,
         &dflash_tests::F16_PRODUCTS_TWIN,
     );
     println!("{twin}");

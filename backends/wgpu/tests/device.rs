@@ -83,7 +83,7 @@ fn adapter_limits_and_registry() {
     println!("  {e}");
 }
 
-/// `DFLASH_WGPU_ATTN_COOP=auto` (`Coop::WhereSupported`) starts on every adapter: the
+/// `DFLASH_WGPU_ATTN_COOP=auto` (`AttnCoop::WhereSupported`) starts on every adapter: the
 /// tensor-core forward only where the adapter has cooperative matrices (lavapipe has none: the
 /// f32 forward), and never behind a host attention kernel, which does not run the tiled one.
 #[test]
@@ -92,7 +92,7 @@ fn coop_attention_where_supported_follows_the_adapter() {
         return;
     }
     let auto = dflash_backend_wgpu::WgpuOptions {
-        attn_coop: dflash_backend_wgpu::Coop::WhereSupported,
+        attn_coop: dflash_backend_wgpu::AttnCoop::WhereSupported,
         ..dflash_backend_wgpu::WgpuOptions::shipped()
     };
     let start = |attention: &str| {
@@ -104,14 +104,20 @@ fn coop_attention_where_supported_follows_the_adapter() {
             .unwrap_or_else(|e| panic!("auto refused to start with {attention}: {e}"))
     };
     let tiled = start("wgpu-tiled");
-    match dflash_backend_wgpu::device::cooperative_matrix_support(0) {
-        Err(why) => {
-            assert!(!tiled.coop_attention_forward(), "{why}");
-            println!("  auto runs the f32 forward: {why}");
-        }
-        Ok(()) => println!(
-            "  auto runs the tensor-core forward: {}",
-            tiled.coop_attention_forward()
+    let lacks = dflash_backend_wgpu::device::coop_attention_lacks(0).unwrap();
+    assert_eq!(
+        tiled.coop_attention_forward(),
+        lacks.is_empty(),
+        "{lacks:?}"
+    );
+    if let Err(why) = dflash_backend_wgpu::device::cooperative_matrix_support(0) {
+        assert!(!tiled.coop_attention_forward(), "{why}");
+    }
+    match lacks.is_empty() {
+        true => println!("  auto runs the tensor-core forward"),
+        false => println!(
+            "  auto runs the f32 forward: the adapter lacks {}",
+            lacks.join("; ")
         ),
     }
     assert!(!start("reference").coop_attention_forward());

@@ -27,7 +27,6 @@ use dflash_tests::drafter_step::{
     ALL_PROBLEMS, HEAD_DIM_128, StepTolerance, drafter_step_in_compute_format_matches_reference,
     drafter_step_matches_reference,
 };
-use dflash_tests::tolerance::{AtolUnit, RelL2, Tolerance};
 
 #[test]
 fn drafter_step_matches_reference_with_host_attention() {
@@ -71,36 +70,14 @@ fn drafter_step_with_the_tensor_core_forward_matches_reference() {
     );
 }
 
-const F16_WHY: &str = "embedding, LM head and features rounded to f16 (2^-11 relative each) \
-     against the reference's f32 values; f32 kernels otherwise";
-
-/// The f16 inputs' rounding (<= 4.9e-4 relative per element, ~2.8e-4 rms) reaches every
-/// output through f32 kernels: the loss and each gradient tensor within ~1e-3 relative
-/// (rel-L2 bound 3e-3), per element 3e-3 of the tensor's max plus 3e-2 relative (single
-/// elements near zero carry the absolute error); greedy predictions may flip on near ties.
-/// Measured on lavapipe (all three problems, with and without recomputation): loss within
-/// 6.3e-5 relative, gradient rel-L2 at most 1.3e-3, per element at most 0.36 of the bound,
-/// every prediction equal.
-const STEP_F16: StepTolerance = StepTolerance {
-    grad: Tolerance {
-        atol: 3e-3,
-        rtol: 3e-2,
-        atol_unit: AtolUnit::MaxWant,
-        why: F16_WHY,
-    },
-    grad_rel_l2: Some(RelL2 {
-        max: 3e-3,
-        why: F16_WHY,
-    }),
-    loss: Tolerance {
-        atol: 0.0,
-        rtol: 1e-3,
-        atol_unit: AtolUnit::Absolute,
-        why: F16_WHY,
-    },
-    correct_slack_div: 20,
-    same_pct: 95,
-};
+/// The f16 inputs' rounding reaches every output through f32 kernels
+/// (`StepTolerance::f16_rounded`). Measured on lavapipe (all three problems, with and without
+/// recomputation): loss within 6.3e-5 relative, gradient rel-L2 at most 1.3e-3, per element
+/// at most 0.36 of the bound, every prediction equal.
+const STEP_F16: StepTolerance = StepTolerance::f16_rounded(
+    "embedding, LM head and features rounded to f16 (2^-11 relative each) against the \
+     reference's f32 values; f32 kernels otherwise",
+);
 
 /// The whole step on the device (`wgpu-tiled`) with its read-only inputs in f16.
 #[test]

@@ -29,7 +29,7 @@
 //! rounding adds ~1e-3 relative, the bound stated by each test.
 #![allow(dead_code)]
 
-use dflash_backend_wgpu::{Coop, DType, GemmKernel, WgpuBackend, WgpuOptions};
+use dflash_backend_wgpu::{AttnCoop, DType, GemmKernel, WgpuBackend, WgpuOptions};
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Backend, Error, MemoryOps, Tensor};
 pub use dflash_tests::ops::{Format, OpPath};
@@ -167,7 +167,7 @@ fn gemm_switch_variants(b: &WgpuBackend, f16: bool) -> Vec<(&'static str, WgpuBa
 
 /// `wgpu-tiled`, poisoned, with the tensor-core forward at `coop`: the backend's options and
 /// the instance's.
-fn tiled_with_coop(coop: Coop) -> (BackendOptions, WgpuOptions) {
+fn tiled_with_coop(coop: AttnCoop) -> (BackendOptions, WgpuOptions) {
     let backend = BackendOptions {
         attention: "wgpu-tiled".into(),
         threads: 0,
@@ -186,7 +186,7 @@ fn tiled_with_coop(coop: Coop) -> (BackendOptions, WgpuOptions) {
 #[allow(dead_code)]
 pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
     wgpu()?;
-    let (backend, opts) = tiled_with_coop(Coop::Required);
+    let (backend, opts) = tiled_with_coop(AttnCoop::Required);
     if !runs_or_is_refused(&backend, opts, "the tensor-core attention forward") {
         return None;
     }
@@ -194,11 +194,11 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
 }
 
 /// `wgpu-tiled` with its forward on tensor cores where the adapter has them
-/// (`DFLASH_WGPU_ATTN_COOP=auto`, `Coop::WhereSupported`), poisoned, else `None` after a skip
+/// (`DFLASH_WGPU_ATTN_COOP=auto`, `AttnCoop::WhereSupported`), poisoned, else `None` after a skip
 /// line naming what runs instead (the f32 forward, which the other helpers test).
 pub fn wgpu_coop_attention_where_supported() -> Option<WgpuBackend> {
     wgpu()?;
-    let (backend, opts) = tiled_with_coop(Coop::WhereSupported);
+    let (backend, opts) = tiled_with_coop(AttnCoop::WhereSupported);
     let be = WgpuBackend::with_options(&backend, opts).expect("the wgpu backend, coop auto");
     if !be.coop_attention_forward() {
         skip(&format!(
@@ -385,7 +385,7 @@ fn wgpu_opts_full(
         max_binding_bytes,
         f16,
         subgroups,
-        attn_coop: Coop::Off,
+        attn_coop: AttnCoop::Off,
         ..WgpuOptions::shipped()
     };
     match WgpuBackend::with_options(&opts, wopts) {

@@ -4,11 +4,12 @@
 //! training shows without a GPU:
 //!
 //! ```text
-//! cargo run --release -p dflash-backend-wgpu --example cpu_twin_train -- twin|reference [--set KEY=VALUE]...
+//! cargo run --release -p dflash-tests --example cpu_twin_train -- twin|reference [--set KEY=VALUE]...
 //! ```
 //!
 //! e.g. `twin --set drafter.head_dim=128 --set train.epochs=1` against `reference` with the
-//! same settings. Prints the run's losses and tau before and after.
+//! same settings, from the repository root (the embedded default's paths are relative to it).
+//! Prints the run's losses and tau before and after.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ inventory::submit! {
     BackendRegistration {
         name: "reference-f16-products-twin",
         description: "the reference backend with the CPU twin of wgpu's tensor-core attention \
-                      forward (examples/cpu_twin_train.rs)",
+                      forward (tests/examples/cpu_twin_train.rs)",
         create: create_twin,
         device_count: || 1,
         preferred_attention: "reference",
