@@ -36,15 +36,28 @@ inventory::submit! {
     }
 }
 
+/// Which attention the reference backend trains with.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Attention {
+    /// The twin of the tensor-core forward (f16 products).
+    Twin,
+    /// The reference kernel (f64 scores).
+    Reference,
+}
+
+#[derive(clap::Parser)]
+struct Args {
+    attention: Attention,
+    /// Config overrides, as `dflash train --set`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (which, sets) = args
-        .split_first()
-        .ok_or_else(|| anyhow::anyhow!("usage: cpu_twin_train twin|reference [--set K=V]..."))?;
-    let backend = match which.as_str() {
-        "twin" => "reference-f16-products-twin",
-        "reference" => "reference",
-        other => anyhow::bail!("{other:?}: expected twin or reference"),
+    let args = <Args as clap::Parser>::parse();
+    let (which, backend) = match args.attention {
+        Attention::Twin => ("twin", "reference-f16-products-twin"),
+        Attention::Reference => ("reference", "reference"),
     };
     dflash_backend_reference::link();
     let mut overrides = vec![
@@ -52,16 +65,11 @@ fn main() -> anyhow::Result<()> {
         ("backend.attention".to_string(), "\"reference\"".to_string()),
         ("run.name".to_string(), format!("\"cpu-twin-{which}\"")),
     ];
-    let mut it = sets.iter();
-    while let Some(flag) = it.next() {
-        anyhow::ensure!(flag == "--set", "{flag:?}: expected --set KEY=VALUE");
-        let kv = it
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("--set needs KEY=VALUE"))?;
+    for kv in &args.set {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--set {kv:?}: expected KEY=VALUE"))?;
-        overrides.push((k.to_string(), v.to_string()));
+        overrides.push((k.trim().to_string(), v.trim().to_string()));
     }
     let cfg = TrainConfig::load(Some(Path::new("configs/default.toml")), &overrides)?;
     let out = dflash_pipeline::train(&cfg, None)?;

@@ -186,18 +186,7 @@ pub fn check_backend_attention(
     cases: &[Case],
     checks: &AttentionChecks,
 ) -> Report {
-    let results = cases
-        .iter()
-        .map(|c| {
-            catch_unwind(AssertUnwindSafe(|| run_backend_case(backend, c, checks))).unwrap_or_else(
-                |_| {
-                    let mut r = CaseResult::new(c.name.clone());
-                    r.fail("panicked".into());
-                    r
-                },
-            )
-        })
-        .collect();
+    let results = results_of(cases, |c| run_backend_case(backend, c, checks));
     // The report's tolerance line names the first comparison's `out` bound, if element-wise.
     let tolerance = match checks.comparisons.first().map(|c| c.out) {
         Some(Check::Close(t)) => t,
@@ -207,6 +196,51 @@ pub fn check_backend_attention(
         kernel: label.to_string(),
         tolerance,
         cases: results,
+    }
+}
+
+/// `run` on each case, a panic becoming that case's failure.
+pub(crate) fn results_of(cases: &[Case], run: impl Fn(&Case) -> CaseResult) -> Vec<CaseResult> {
+    cases
+        .iter()
+        .map(|c| {
+            catch_unwind(AssertUnwindSafe(|| run(c))).unwrap_or_else(|_| {
+                let mut r = CaseResult::new(c.name.clone());
+                r.fail("panicked".into());
+                r
+            })
+        })
+        .collect()
+}
+
+/// `got` against `want` by relative L2 under `tol`: the tensor's error (`worst` as a fraction
+/// of the bound) and, past the bound, the failure naming `what`.
+pub(crate) fn compare_rel_l2(
+    what: &str,
+    got: &[f32],
+    want: &[f64],
+    tol: &RelL2,
+) -> (TensorErr, Option<String>) {
+    match rel_l2(got, want) {
+        Ok((rel, max_abs)) => (
+            TensorErr {
+                max_abs,
+                worst: rel / tol.max,
+            },
+            (rel > tol.max).then(|| {
+                format!(
+                    "{what}: relative L2 error {rel:.3e} > {:.0e} ({})",
+                    tol.max, tol.why
+                )
+            }),
+        ),
+        Err(e) => (
+            TensorErr {
+                max_abs: f64::INFINITY,
+                worst: f64::INFINITY,
+            },
+            Some(format!("{what}{e}")),
+        ),
     }
 }
 
@@ -287,27 +321,7 @@ fn run_backend_case(be: &dyn Backend, case: &Case, checks: &AttentionChecks) -> 
             let what = format!("{what}{which}");
             let (e, failure) = match check {
                 Check::Close(tol) => compare(&what, got, want, inner, &tol),
-                Check::RelL2(tol) => match rel_l2(got, want) {
-                    Ok((rel, max_abs)) => (
-                        TensorErr {
-                            max_abs,
-                            worst: rel / tol.max,
-                        },
-                        (rel > tol.max).then(|| {
-                            format!(
-                                "{what}: relative L2 error {rel:.3e} > {:.0e} ({})",
-                                tol.max, tol.why
-                            )
-                        }),
-                    ),
-                    Err(e) => (
-                        TensorErr {
-                            max_abs: f64::INFINITY,
-                            worst: f64::INFINITY,
-                        },
-                        Some(format!("{what}{e}")),
-                    ),
-                },
+                Check::RelL2(tol) => compare_rel_l2(&what, got, want, &tol),
             };
             // Over several comparisons a slot keeps its worst.
             if e.worst >= slot.worst {

@@ -1,23 +1,21 @@
 //! A device attention kernel against its CPU twin: the same inputs through the backend's
 //! attention ops and through a host kernel that copies the device kernel's roundings (such as
 //! [`crate::f16_products::F16ProductsForward`]) behind the reference backend, forward and
-//! backward (each on its own `out` and `lse`, as in training), compared element-wise. Where
-//! the oracle comparison must allow for the roundings themselves (rel-L2 2e-2 per tensor for
-//! f16 products on f32 inputs), this one allows only for summation order, element by element,
-//! so a kernel that rounds at another point, rescales at another time or drops a term in a
-//! few rows fails it.
-
-use std::panic::{AssertUnwindSafe, catch_unwind};
+//! backward (each on its own `out` and `lse`, as in training), compared element by element and
+//! per tensor ([`TwinBounds`]). Where the oracle comparison must allow for the roundings
+//! themselves (rel-L2 2e-2 per tensor for f16 products on f32 inputs), this one allows only
+//! for summation order: a kernel that rounds where the twin does not, or gets a few rows
+//! wrong, fails it (`tests/tests/f16_products_twin.rs` shows both).
 
 use dflash_backend_reference::ReferenceBackend;
 use dflash_core::registry::BackendOptions;
 use dflash_core::{Backend, HostAttentionKernel};
 
-use crate::backend::{Outputs, run_on_backend};
+use crate::backend::{Outputs, compare_rel_l2, results_of, run_on_backend};
 use crate::cases::Case;
 use crate::report::{CaseResult, Report};
 use crate::run::{CaseInputs, compare};
-use crate::tolerance::{AtolUnit, RelL2, Tolerance, rel_l2};
+use crate::tolerance::{AtolUnit, RelL2, Tolerance};
 
 /// Bounds of a device kernel against its twin: element-wise (a wrong row or element) and per
 /// tensor (a rounding the twin does not make: one rounding is no larger than a flip to the
@@ -98,18 +96,7 @@ pub fn check_backend_against_twin(
     let twin_name = twin.name().to_string();
     let twin = ReferenceBackend::with_attention_kernel(&BackendOptions::default(), twin)
         .expect("the reference backend around the twin");
-    let results = cases
-        .iter()
-        .map(|c| {
-            catch_unwind(AssertUnwindSafe(|| twin_case(backend, &twin, c, bounds))).unwrap_or_else(
-                |_| {
-                    let mut r = CaseResult::new(c.name.clone());
-                    r.fail("panicked".into());
-                    r
-                },
-            )
-        })
-        .collect();
+    let results = results_of(cases, |c| twin_case(backend, &twin, c, bounds));
     Report {
         kernel: format!("{label} against {twin_name}"),
         tolerance: Tolerance::EXACT.because("the twin bounds per tensor (see each case)"),
@@ -183,19 +170,9 @@ fn twin_case(be: &dyn Backend, twin: &dyn Backend, case: &Case, b: &TwinBounds) 
     for (what, got, want, inner, tol, rel_tol, slot) in tensors {
         let want: Vec<f64> = want.iter().map(|&w| w as f64).collect();
         let (mut e, failure) = compare(what, got, &want, inner, &tol);
-        failures.extend(failure);
-        match rel_l2(got, &want) {
-            Ok((rel, _)) => {
-                e.worst = e.worst.max(rel / rel_tol.max);
-                if rel > rel_tol.max {
-                    failures.push(format!(
-                        "{what}: relative L2 error {rel:.3e} > {:.0e} ({})",
-                        rel_tol.max, rel_tol.why
-                    ));
-                }
-            }
-            Err(err) => failures.push(format!("{what}{err}")),
-        }
+        let (by_tensor, tensor_failure) = compare_rel_l2(what, got, &want, &rel_tol);
+        e.worst = e.worst.max(by_tensor.worst);
+        failures.extend(failure.into_iter().chain(tensor_failure));
         *slot = e;
     }
     for f in failures {

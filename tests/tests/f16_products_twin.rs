@@ -22,9 +22,14 @@ use dflash_tests::{
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The reference backend with `kernel` as its attention.
+fn behind_reference(kernel: impl HostAttentionKernel + 'static) -> ReferenceBackend {
+    ReferenceBackend::with_attention_kernel(&BackendOptions::default(), Box::new(kernel))
+        .expect("the reference backend around a host kernel")
+}
+
 fn twin() -> ReferenceBackend {
-    ReferenceBackend::with_attention_kernel(&BackendOptions::default(), Box::new(WGPU_COOP_FORWARD))
-        .expect("the reference backend around the twin")
+    behind_reference(WGPU_COOP_FORWARD)
 }
 
 /// The device kernel's layouts and cases (`backends/wgpu/tests/attention.rs`,
@@ -152,9 +157,7 @@ fn the_twin_comparison_catches_a_row_the_oracle_bound_misses() {
             .all(|c| c.out.max_abs == 0.0 && c.lse.max_abs == 0.0)
     );
 
-    let off =
-        ReferenceBackend::with_attention_kernel(&BackendOptions::default(), Box::new(OneRowOff))
-            .unwrap();
+    let off = behind_reference(OneRowOff);
     let oracle = check_backend_attention(&off, "row 7 off", &cases, &F16_PRODUCTS_FORWARD);
     println!("{oracle}");
     oracle
@@ -189,14 +192,10 @@ fn the_twin_bounds_admit_a_summation_order_and_reject_the_unrounded_kernel() {
         println!("{r}");
         r
     };
-    let f32_order = ReferenceBackend::with_attention_kernel(
-        &BackendOptions::default(),
-        Box::new(F16ProductsForward {
-            scores: ScoreSum::F32InOrder,
-            ..WGPU_COOP_FORWARD
-        }),
-    )
-    .unwrap();
+    let f32_order = behind_reference(F16ProductsForward {
+        scores: ScoreSum::F32InOrder,
+        ..WGPU_COOP_FORWARD
+    });
     for (label, cases) in [("scores in f32", &cases), ("scores in f32, large", &large)] {
         against_twin(&f32_order, label, cases)
             .ensure_passed()

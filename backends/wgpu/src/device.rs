@@ -283,16 +283,20 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
 /// so `DFLASH_WGPU_ATTN_COOP=auto` runs it there). An `Unavailable` error where this machine
 /// has no adapter at all.
 pub fn coop_attention_lacks(ordinal: usize) -> Result<Vec<String>> {
-    let need = crate::attention::AttnCfg::coop_forward_bytes();
     let adapter = choose_adapter(ordinal, &format!("wgpu:{ordinal}"))?;
     let mut lacks = coop_lacks(adapter);
-    let have = adapter.limits().max_compute_workgroup_storage_size;
-    if have < need && !lacks.iter().any(|l| l.contains("workgroup memory")) {
-        lacks.push(format!(
-            "the attention forward's {need} bytes of workgroup memory (it has {have})"
-        ));
-    }
+    lacks.extend(coop_attention_memory_lack(
+        adapter.limits().max_compute_workgroup_storage_size,
+    ));
     Ok(lacks)
+}
+
+/// The tensor-core attention forward's workgroup memory, where `have` bytes fall short of it.
+pub(crate) fn coop_attention_memory_lack(have: u32) -> Option<String> {
+    let need = crate::attention::AttnCfg::coop_forward_bytes();
+    (have < need).then(|| {
+        format!("the attention forward's {need} bytes of workgroup memory (it has {have})")
+    })
 }
 
 /// What [`cooperative_matrix_support`] finds missing on `adapter` (empty: nothing).

@@ -120,53 +120,33 @@ impl WgpuBackend {
     /// adapter lacks what it needs, the error names the adapter and each thing it lacks
     /// ([`device::cooperative_matrix_support`]): never the f32 kernel under its name.
     pub fn with_options(opts: &BackendOptions, wopts: WgpuOptions) -> Result<Self> {
-        let need = attention::AttnCfg::coop_forward_bytes();
-        // Host attention kernels never run the tiled forward.
-        let tiled = opts.attention == attention::TILED;
-        let coop_attention = match wopts.attn_coop {
-            AttnCoop::Off => false,
-            // device::get refuses an adapter without cooperative matrices; the workgroup
-            // memory is checked on the device below.
-            AttnCoop::Required => true,
-            AttnCoop::WhereSupported if !tiled => false,
-            AttnCoop::WhereSupported => {
-                let lacks = device::coop_attention_lacks(opts.device)?;
-                say_once(&match lacks.is_empty() {
-                    true => "attention forward on cooperative matrices (tensor cores) at head \
-                             dims 65..=128 that are a multiple of 4 \
-                             (DFLASH_WGPU_ATTN_COOP=auto): f16 products, f32 accumulation"
-                        .to_string(),
-                    false => format!(
-                        "attention forward in f32 (DFLASH_WGPU_ATTN_COOP=auto): the adapter \
-                         lacks {}",
-                        lacks.join("; ")
-                    ),
-                });
-                lacks.is_empty()
-            }
-        };
-        let coop = wopts.gemm == GemmKernel::Coop || coop_attention;
-        let ctx = device::get(opts.device, coop)?;
-        if coop_attention {
-            let have = ctx.limits.max_compute_workgroup_storage_size;
-            if have < need {
-                return Err(Error::op(
-                    "wgpu_init",
-                    ctx.tag.clone(),
-                    format!(
-                        "the tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1) cannot \
-                         run on {}: it needs {need} bytes of workgroup memory, the adapter \
-                         has {have}",
-                        ctx.info.name
-                    ),
-                ));
-            }
+        let coop_attention = coop_attention_at_start(opts, wopts.attn_coop)?;
+        let ctx = device::get(
+            opts.device,
+            wopts.gemm == GemmKernel::Coop || coop_attention,
+        )?;
+        // device::get refused an adapter without cooperative matrices; what is left to
+        // require is the forward's workgroup memory.
+        if wopts.attn_coop == AttnCoop::Required
+            && let Some(lack) =
+                device::coop_attention_memory_lack(ctx.limits.max_compute_workgroup_storage_size)
+        {
+            return Err(Error::op(
+                "wgpu_init",
+                ctx.tag.clone(),
+                format!(
+                    "the tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1) cannot run on \
+                     {}: it lacks {lack}",
+                    ctx.info.name
+                ),
+            ));
         }
         let attention = attention::resolve(&opts.attention)?;
         Ok(WgpuBackend {
             ctx,
             opts: wopts,
-            coop_attention: coop_attention && tiled,
+            // Host attention kernels never run the tiled forward.
+            coop_attention: coop_attention && opts.attention == attention::TILED,
             attention,
             attention_name: opts.attention.clone(),
             rope_tables: Default::default(),
@@ -398,6 +378,31 @@ inventory::submit! {
 
 /// Referencing this from a binary keeps the crate (and its `inventory` registrations) linked.
 pub fn link() {}
+
+/// Whether an instance with `opts` and `mode` opens the cooperative-matrix device for the
+/// tensor-core attention forward: required, or `auto` on `wgpu-tiled` where the adapter has
+/// what it needs (said once at start either way).
+fn coop_attention_at_start(opts: &BackendOptions, mode: AttnCoop) -> Result<bool> {
+    Ok(match mode {
+        AttnCoop::Off => false,
+        AttnCoop::Required => true,
+        AttnCoop::WhereSupported if opts.attention != attention::TILED => false,
+        AttnCoop::WhereSupported => {
+            let lacks = device::coop_attention_lacks(opts.device)?;
+            say_once(&match lacks.is_empty() {
+                true => "attention forward on cooperative matrices (tensor cores) at head dims \
+                         65..=128 that are a multiple of 4 (DFLASH_WGPU_ATTN_COOP=auto): f16 \
+                         products, f32 accumulation"
+                    .to_string(),
+                false => format!(
+                    "attention forward in f32 (DFLASH_WGPU_ATTN_COOP=auto): the adapter lacks {}",
+                    lacks.join("; ")
+                ),
+            });
+            lacks.is_empty()
+        }
+    })
+}
 
 /// Prints `dflash-backend-wgpu: {line}` the first time this process says `line` (a choice
 /// made per backend instance, which a job makes several of).
