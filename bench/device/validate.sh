@@ -10,9 +10,9 @@
 #   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
-#   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped, then with the
-#                tensor-core attention forward, DFLASH_WGPU_ATTN_COOP=1, which fails rather
-#                than time the f32 one under its name) and CUDA      -> OUT/{wgpu,wgpu-coop,cuda}-bench.json
+#   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped: the tensor-core
+#                attention forward where the adapter has it; then the f32 forward,
+#                DFLASH_WGPU_ATTN_COOP=0) and CUDA                   -> OUT/{wgpu,wgpu-f32,cuda}-bench.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
 #                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n, matmul_coop)
 #                                                                          -> OUT/wgpu-knobs.log
@@ -42,9 +42,9 @@
 #   wgpu-coop-train  the same with the tensor-core GEMM (DFLASH_WGPU_GEMM=matmul_coop, f16
 #                operands): its tau against wgpu-train's                   -> OUT/wgpu-coop-train.log
 #   wgpu-train-d128  the embedded default with a head_dim 128 drafter (--set drafter.head_dim=128)
-#                trained through wgpu with the tensor-core attention forward
-#                (DFLASH_WGPU_ATTN_COOP=auto, whose start line says which forward ran) and as
-#                shipped (f32): losses and tau side by side
+#                trained through wgpu as shipped (the tensor-core attention forward where the
+#                adapter has it; the start line says which forward ran) and with the f32
+#                forward (DFLASH_WGPU_ATTN_COOP=0): losses and tau side by side
 #                                                                          -> OUT/wgpu-train-d128.log
 #   plan         dflash plan of the embedded default on CUDA               -> OUT/plan.json
 #   multi-gpu    e2e.8b on 1 GPU, 2 GPUs split, 2 GPUs data-parallel (NCCL) -> OUT/multi.json
@@ -99,8 +99,8 @@ for phase in "$@"; do
         table "$out/generate.log" ;;
     wgpu-bench)
         # wgpu: as shipped (the switch unset, whatever the caller's environment holds);
-        # wgpu-coop: the tensor-core attention forward, required.
-        for be in "wgpu wgpu wgpu-tiled" "wgpu-coop wgpu wgpu-tiled 1" "cuda cuda cuda-flash"; do
+        # wgpu-f32: the f32 attention forward.
+        for be in "wgpu wgpu wgpu-tiled" "wgpu-f32 wgpu wgpu-tiled 0" "cuda cuda cuda-flash"; do
             read -r tag name kernel coop <<< "$be"
             # Word-split on purpose: the switch unset for the shipped runs.
             # shellcheck disable=SC2086
@@ -267,13 +267,13 @@ for phase in "$@"; do
         grep -E "adapter|tau|^run_dir" "$out/$phase.log" | cut -c1-200 ;;
     wgpu-train-d128)
         log="$out/$phase.log"; : > "$log"
-        for coop in auto ""; do
+        for coop in "" 0; do
             echo "-- DFLASH_WGPU_ATTN_COOP=${coop:-unset (shipped)}" >> "$log"
             # shellcheck disable=SC2086
             env -u DFLASH_WGPU_ATTN_COOP ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
                 $D train --config configs/default.toml \
                 --set backend.name='"wgpu"' --set backend.attention='"wgpu-tiled"' \
-                --set drafter.head_dim=128 --set run.dir="\"/tmp/$phase-runs-${coop:-f32}\"" \
+                --set drafter.head_dim=128 --set run.dir="\"/tmp/$phase-runs-${coop:-shipped}\"" \
                 >> "$log" 2>&1 || failed+=("$phase (${coop:-shipped})")
         done
         grep -E "^-- |attention forward|step +[0-9]+.*loss|tau|trained" "$log" | cut -c1-160 | tail -40 ;;

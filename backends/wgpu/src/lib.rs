@@ -391,11 +391,12 @@ fn coop_attention_at_start(opts: &BackendOptions, mode: AttnCoop) -> Result<bool
             let lacks = device::coop_attention_lacks(opts.device)?;
             say_once(&match lacks.is_empty() {
                 true => "attention forward on cooperative matrices (tensor cores) at head dims \
-                         65..=128 that are a multiple of 4 (DFLASH_WGPU_ATTN_COOP=auto): f16 \
-                         products, f32 accumulation"
+                         65..=128 that are a multiple of 4: f16 products, f32 accumulation \
+                         (DFLASH_WGPU_ATTN_COOP=0: the f32 forward)"
                     .to_string(),
                 false => format!(
-                    "attention forward in f32 (DFLASH_WGPU_ATTN_COOP=auto): the adapter lacks {}",
+                    "attention forward in f32: the adapter lacks {} (the tensor-core forward's \
+                     needs)",
                     lacks.join("; ")
                 ),
             });

@@ -68,13 +68,14 @@ pub struct WgpuOptions {
     /// within f16's range of 65504), f32 accumulation, softmax and output; a NaN or infinity
     /// in v reaches every row of each 128-row query tile that visits a key tile holding it.
     /// Calls at other head dims, and calls split into passes (CPU adapters), run the f32
-    /// forward; the backward is f32 throughout. Off by default (a precision mode whose effect
-    /// on training is measured by `validate.sh wgpu-train-d128`, docs/PERF.md);
-    /// `DFLASH_WGPU_ATTN_COOP=auto` runs it where the adapter has what it needs
-    /// ([`AttnCoop::WhereSupported`]: the cooperative-matrix device, and the f32 forward elsewhere;
-    /// [`crate::WgpuBackend::coop_attention_forward`] says which), `=1` requires it (an adapter
-    /// without it refuses to start, naming what it lacks), `=0` keeps the f32 forward. The
-    /// kernel's subgroup shuffles are its own, so `DFLASH_WGPU_SUBGROUPS=0` leaves it.
+    /// forward; the backward is f32 throughout. Shipped where the adapter has what it needs
+    /// ([`AttnCoop::WhereSupported`]: the cooperative-matrix device, and the f32 forward
+    /// elsewhere, said once at start; [`crate::WgpuBackend::coop_attention_forward`] says
+    /// which; its effect on training is measured by `validate.sh wgpu-train-d128`,
+    /// docs/PERF.md); `DFLASH_WGPU_ATTN_COOP=0` keeps the f32 forward, `=1` requires the
+    /// tensor-core one (an adapter without it refuses to start, naming what it lacks), `=auto`
+    /// is the shipped choice. The kernel's subgroup shuffles are its own, so
+    /// `DFLASH_WGPU_SUBGROUPS=0` leaves it.
     pub attn_coop: AttnCoop,
 }
 
@@ -111,8 +112,8 @@ impl WgpuOptions {
     /// where the device has them, the 128 x 128 GEMM tile ([`GemmKernel::Large`]), and
     /// `wgpu-tiled` on its subgroup kernels (query registers, two keys a lane, dq and dk/dv on
     /// subgroups) wherever the adapter's subgroups and workgroup memory take them, its
-    /// forward in f32 ([`WgpuOptions::attn_coop`]). Tests start from it so they cover what
-    /// ships.
+    /// forward on tensor cores where the adapter has cooperative matrices
+    /// ([`WgpuOptions::attn_coop`]). Tests start from it so they cover what ships.
     pub fn shipped() -> Self {
         WgpuOptions {
             poison: false,
@@ -126,7 +127,7 @@ impl WgpuOptions {
             attn_wide_tiles: true,
             attn_dq_subgroups: true,
             attn_dkdv_subgroups: true,
-            attn_coop: AttnCoop::Off,
+            attn_coop: AttnCoop::WhereSupported,
         }
     }
 
@@ -136,8 +137,8 @@ impl WgpuOptions {
     /// `DFLASH_WGPU_GEMM=<entry point>` the GEMM kernel (`matmul`, `matmul128`, `matmul128_db`,
     /// `matmul128_w`, `matmul128_n` or `matmul_coop`: [`GemmKernel`]), and
     /// `DFLASH_WGPU_ATTN_QREG`, `_WIDE`, `_DQ_SG`, `_DKDV_SG` `=0` each attention variant off
-    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=auto` the tensor-core forward where the adapter has it
-    /// (`=1` required, `=0` off). An unknown
+    /// (`=1` on), `DFLASH_WGPU_ATTN_COOP=0` the f32 attention forward everywhere (`=1` the
+    /// tensor-core one required, `=auto` where the adapter has it, as shipped). An unknown
     /// `DFLASH_WGPU_GEMM` is an error naming the values it takes, never a silent fallback, and
     /// so is any of the switches it replaced (`DFLASH_WGPU_GEMM_TILE`, `_DB`, `_WIDE`): set,
     /// each would otherwise time the shipped kernel under another's name. Each on/off switch

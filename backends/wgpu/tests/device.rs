@@ -83,25 +83,28 @@ fn adapter_limits_and_registry() {
     println!("  {e}");
 }
 
-/// `DFLASH_WGPU_ATTN_COOP=auto` (`AttnCoop::WhereSupported`) starts on every adapter: the
-/// tensor-core forward only where the adapter has cooperative matrices (lavapipe has none: the
-/// f32 forward), and never behind a host attention kernel, which does not run the tiled one.
+/// The shipped attention forward (`AttnCoop::WhereSupported`, as the job reads it with no
+/// switch set) starts on every adapter: the tensor-core forward only where the adapter has
+/// cooperative matrices (lavapipe has none: the f32 forward), and never behind a host attention
+/// kernel, which does not run the tiled one.
 #[test]
 fn coop_attention_where_supported_follows_the_adapter() {
     if wgpu().is_none() {
         return;
     }
-    let auto = dflash_backend_wgpu::WgpuOptions {
-        attn_coop: dflash_backend_wgpu::AttnCoop::WhereSupported,
-        ..dflash_backend_wgpu::WgpuOptions::shipped()
-    };
+    let auto = dflash_backend_wgpu::WgpuOptions::from_vars(|_| None).unwrap();
+    assert_eq!(
+        auto.attn_coop,
+        dflash_backend_wgpu::AttnCoop::WhereSupported
+    );
     let start = |attention: &str| {
         let opts = BackendOptions {
             attention: attention.into(),
             ..BackendOptions::default()
         };
-        dflash_backend_wgpu::WgpuBackend::with_options(&opts, auto)
-            .unwrap_or_else(|e| panic!("auto refused to start with {attention}: {e}"))
+        dflash_backend_wgpu::WgpuBackend::with_options(&opts, auto).unwrap_or_else(|e| {
+            panic!("the shipped options refused to start with {attention}: {e}")
+        })
     };
     let tiled = start("wgpu-tiled");
     let lacks = dflash_backend_wgpu::device::coop_attention_lacks(0).unwrap();
@@ -114,9 +117,9 @@ fn coop_attention_where_supported_follows_the_adapter() {
         assert!(!tiled.coop_attention_forward(), "{why}");
     }
     match lacks.is_empty() {
-        true => println!("  auto runs the tensor-core forward"),
+        true => println!("  shipped: the tensor-core forward"),
         false => println!(
-            "  auto runs the f32 forward: the adapter lacks {}",
+            "  shipped: the f32 forward, the adapter lacks {}",
             lacks.join("; ")
         ),
     }
