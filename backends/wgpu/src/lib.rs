@@ -395,8 +395,8 @@ fn coop_attention_at_start(opts: &BackendOptions, mode: AttnCoop) -> Result<bool
                          (DFLASH_WGPU_ATTN_COOP=0: the f32 forward)"
                     .to_string(),
                 false => format!(
-                    "attention forward in f32: the adapter lacks {} (the tensor-core forward's \
-                     needs)",
+                    "attention forward in f32: the tensor-core one needs what this adapter \
+                     lacks: {}",
                     lacks.join("; ")
                 ),
             });
