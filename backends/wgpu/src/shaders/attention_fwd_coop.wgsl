@@ -1,8 +1,8 @@
 // attention_fwd_coop.wgsl: the forward on cooperative matrices (tensor cores on NVIDIA through
 // VK_KHR_cooperative_matrix), after attention.wgsl, in its own module (the host puts `enable
-// f16; enable wgpu_cooperative_matrix;` in front). Opt-in (`WgpuOptions::attn_coop`:
-// `DFLASH_WGPU_ATTN_COOP=auto` where the adapter has it, `=1` required), like matmul_coop:
-// q, k, v and the probabilities are ROUNDED TO F16 for the two products, which accumulate in
+// f16; enable wgpu_cooperative_matrix;` in front). Shipped where the adapter has it
+// (`WgpuOptions::attn_coop`; `DFLASH_WGPU_ATTN_COOP=0` the f32 forward, `=1` required). As in
+// matmul_coop: q, k, v and the probabilities are ROUNDED TO F16 for the two products, which accumulate in
 // f32; the softmax statistics, lse and out are f32 (its CPU twin, with the same roundings:
 // tests/src/f16_products.rs). Head dims 65..=128 that are a multiple of 4 (DP 128, read as
 // vec4), one pass (GPUs run one), subgroups of exactly 32 lanes.
