@@ -2,10 +2,10 @@
 // VK_KHR_cooperative_matrix), after attention.wgsl, in its own module (the host puts `enable
 // f16; enable wgpu_cooperative_matrix;` in front). Shipped where the adapter has it
 // (`WgpuOptions::attn_coop`; `DFLASH_WGPU_ATTN_COOP=0` the f32 forward, `=1` required). As in
-// matmul_coop: q, k, v and the probabilities are ROUNDED TO F16 for the two products, which accumulate in
-// f32; the softmax statistics, lse and out are f32 (its CPU twin, with the same roundings:
-// tests/src/f16_products.rs). Head dims 65..=128 that are a multiple of 4 (DP 128, read as
-// vec4), one pass (GPUs run one), subgroups of exactly 32 lanes.
+// matmul_coop, q, k, v and the probabilities are ROUNDED TO F16 for the two products, which
+// accumulate in f32; the softmax statistics, lse and out are f32 (its CPU twin, with the same
+// roundings: tests/src/f16_products.rs). Head dims 65..=128 that are a multiple of 4 (DP 128,
+// read as vec4), one pass (GPUs run one), subgroups of exactly 32 lanes.
 //
 // One workgroup of NSG = WG / 32 subgroups per (query tile of BQ = 16 NSG rows, head);
 // subgroup sg owns rows 16 sg .. 16 sg + 15 of the tile. Its query rows are 8 A matrices
