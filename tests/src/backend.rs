@@ -229,7 +229,7 @@ pub(crate) fn compare_rel_l2(
             },
             (rel > tol.max).then(|| {
                 format!(
-                    "{what}: relative L2 error {rel:.3e} > {:.0e} ({})",
+                    "{what}: relative L2 error {rel:.3e} > {:e} ({})",
                     tol.max, tol.why
                 )
             }),

@@ -133,7 +133,7 @@ impl fmt::Display for Tolerance {
         };
         write!(
             f,
-            "atol {:.0e}{unit}, rtol {:.0e}: {}",
+            "atol {:e}{unit}, rtol {:e}: {}",
             self.atol, self.rtol, self.why
         )
     }
@@ -294,14 +294,14 @@ where
 {
     let (rel, max_abs) = rel_l2(got, want).unwrap_or_else(|e| panic!("{name}{e}"));
     println!(
-        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  [rel-L2 tol {:.0e}: {}]",
+        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  [rel-L2 tol {:e}: {}]",
         rel / tol.max,
         tol.max,
         tol.why
     );
     assert!(
         rel <= tol.max,
-        "{name}: relative L2 error {rel:.3e} > {:.0e}",
+        "{name}: relative L2 error {rel:.3e} > {:e}",
         tol.max
     );
     rel

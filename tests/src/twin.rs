@@ -44,12 +44,15 @@ const F16_TWIN_WHY: &str = "the same f16 roundings, f32 sums in the device's ord
 /// the f32 backward recomputes P against that lse, so the row's gradients move by about as
 /// much (relative). Element-wise: out 1e-3 of the tensor's max plus 1e-3 relative, lse 1e-3
 /// of max(1, |lse|), gradients 2e-3 of the tensor's max plus 2e-3 relative (~2x a flip's
-/// reach). Per tensor, set from the twin summing its scores in f32 in order
-/// ([`crate::f16_products::ScoreSum::F32InOrder`]) against itself on the suite's and the
-/// large-score cases (worst rel-L2: out 2.1e-5, lse 4.0e-6, dq/dk 1.7e-4, dv 3.0e-5), and
-/// from the f32 reference kernel, which rounds nothing (out 4.0e-4, lse 9.4e-5): out 1e-4,
-/// lse 3e-5, gradients 5e-4, so a summation order passes with 3x to 7x to spare and the
-/// unrounded kernel fails on out by 4x (`tests/tests/f16_products_twin.rs` checks both).
+/// reach). Per tensor, set from the kernel on an H100 (2026-12-06, the 29 cases of the wgpu
+/// coop test; worst rel-L2: out 1.04e-4, lse 3.5e-5, dq/dk 5.2e-4 on a large-score case)
+/// with 1.5x to spare: out 1.6e-4, lse 5e-5, gradients 8e-4. Tensor cores sum a product's
+/// terms in their own order and rounding, further from an in-order f32 sum than the CPU
+/// stand-in for a device's order, the twin summing its scores in f32 in order
+/// ([`crate::f16_products::ScoreSum::F32InOrder`]: worst out 2.1e-5, lse 4.0e-6, dq/dk
+/// 1.7e-4, dv 3.0e-5), which passes at a fifth of the bounds. The f32 reference kernel, which
+/// rounds nothing (out 2.7e-4 to 4.0e-4, lse up to 9.4e-5), fails every case on out by 1.6x
+/// or more (`tests/tests/f16_products_twin.rs` checks both).
 pub const F16_PRODUCTS_TWIN: TwinBounds = TwinBounds {
     out: Tolerance {
         atol: 1e-3,
@@ -70,15 +73,15 @@ pub const F16_PRODUCTS_TWIN: TwinBounds = TwinBounds {
         why: F16_TWIN_WHY,
     },
     out_rel_l2: RelL2 {
-        max: 1e-4,
+        max: 1.6e-4,
         why: F16_TWIN_WHY,
     },
     lse_rel_l2: RelL2 {
-        max: 3e-5,
+        max: 5e-5,
         why: F16_TWIN_WHY,
     },
     grads_rel_l2: RelL2 {
-        max: 5e-4,
+        max: 8e-4,
         why: F16_TWIN_WHY,
     },
 };

@@ -61,7 +61,7 @@ fn gemm_ops_match_naive() {
         );
         check_exact("matmul repeated (cached plan)", &again, &first);
         println!(
-            "  GEMM {prec:?}: worst |err| / sum|a||b| = {worst:.2e} (tolerance {:.0e}); \
+            "  GEMM {prec:?}: worst |err| / sum|a||b| = {worst:.2e} (tolerance {:e}); \
              {plans} plans cached, {} bf16 fallbacks to TF32",
             bounds.tol,
             cu.gemm_bf16_fallbacks()

@@ -153,7 +153,7 @@ pub fn products(path: &dyn OpPath, prec: &GemmPrecision) -> f64 {
     let name = format!("[{label}] linear (2,3,8) x (5,8)^T");
     worst = worst.max(check_scaled(&name, &down(be, &y), &want, &scale, prec.tol));
     println!(
-        "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {:.0e}: {})",
+        "  [{label}] every shape and transpose: worst err/sum|a||b| {worst:.2e} (tol {:e}: {})",
         prec.tol, prec.why
     );
     empty_inner_dimension(path);
