@@ -12,7 +12,7 @@
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped: the tensor-core
 #                attention forward where the adapter has it; then the f32 forward,
-#                DFLASH_WGPU_ATTN_COOP=0) and CUDA                   -> OUT/{wgpu,wgpu-f32,cuda}-bench.json
+#                DFLASH_WGPU_ATTN_COOP=0) and CUDA     -> OUT/{wgpu,wgpu-f32,cuda}-bench.json
 #   wgpu-knobs   wgpu gemm + attention ctx4096 under each measurement switch and each GEMM
 #                kernel behind DFLASH_WGPU_GEMM (matmul, matmul128_db, _w, _n, matmul_coop)
 #                                                                          -> OUT/wgpu-knobs.log
@@ -27,7 +27,7 @@
 #                                                                          -> OUT/wgpu-order.log
 #   wgpu-coop-attn  the tensor-core attention forward (DFLASH_WGPU_ATTN_COOP=1, f16 products):
 #                its conformance test, then attention ctx4096 and the drafter step alternated
-#                with the shipped forward, then profiled                 -> OUT/wgpu-coop-attn.log
+#                with the f32 forward (=0), then profiled              -> OUT/wgpu-coop-attn.log
 #   wgpu-latency the fixed cost of one op call timed alone (record, submit, wait): attention at
 #                smoke scale (kernels of microseconds) on wgpu and CUDA, alternated twice,
 #                then ctx4096 profiled (its kernel's own time)           -> OUT/wgpu-latency.log
@@ -70,6 +70,13 @@ failed=()
 table() { cut -c1-140 "$1" | grep -E "^[a-z0-9]+\.[a-z0-9.]+ " || true; }
 for phase in "$@"; do
     echo "== $phase"
+    # The tensor-core attention forward ships where the adapter has it. The phases that
+    # measure the f32 forward's variants, switches and pipelines pin the f32 forward; the
+    # others run as shipped or set the switch themselves.
+    unset DFLASH_WGPU_ATTN_COOP
+    case $phase in
+    wgpu-knobs|wgpu-qreg|wgpu-order|wgpu-latency|wgpu-stats) export DFLASH_WGPU_ATTN_COOP=0 ;;
+    esac
     case $phase in
     cuda-tests)
         if [ ! -x .cudatest/run_all.sh ]; then
@@ -98,13 +105,12 @@ for phase in "$@"; do
             > "$out/generate.log" 2>&1 || failed+=("$phase")
         table "$out/generate.log" ;;
     wgpu-bench)
-        # wgpu: as shipped (the switch unset, whatever the caller's environment holds);
-        # wgpu-f32: the f32 attention forward.
+        # wgpu: as shipped (the switch unset above); wgpu-f32: the f32 attention forward.
         for be in "wgpu wgpu wgpu-tiled" "wgpu-f32 wgpu wgpu-tiled 0" "cuda cuda cuda-flash"; do
             read -r tag name kernel coop <<< "$be"
             # Word-split on purpose: the switch unset for the shipped runs.
             # shellcheck disable=SC2086
-            env -u DFLASH_WGPU_ATTN_COOP ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
+            env ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
                 timeout 420 $D bench --backend "$name" --attention "$kernel" \
                 --only gemm,attention.dflash.ctx4096,drafter.step.b1.throughput \
                 --out "$out/$tag-bench.json" > "$out/$tag-bench.log" 2>&1 || failed+=("$phase ($tag)")
@@ -267,14 +273,15 @@ for phase in "$@"; do
         grep -E "adapter|tau|^run_dir" "$out/$phase.log" | cut -c1-200 ;;
     wgpu-train-d128)
         log="$out/$phase.log"; : > "$log"
-        for coop in "" 0; do
-            echo "-- DFLASH_WGPU_ATTN_COOP=${coop:-unset (shipped)}" >> "$log"
+        for run in "shipped" "f32 0"; do
+            read -r label coop <<< "$run"
+            echo "-- $label: DFLASH_WGPU_ATTN_COOP=${coop:-unset}" >> "$log"
             # shellcheck disable=SC2086
-            env -u DFLASH_WGPU_ATTN_COOP ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
+            env ${coop:+DFLASH_WGPU_ATTN_COOP=$coop} \
                 $D train --config configs/default.toml \
                 --set backend.name='"wgpu"' --set backend.attention='"wgpu-tiled"' \
-                --set drafter.head_dim=128 --set run.dir="\"/tmp/$phase-runs-${coop:-shipped}\"" \
-                >> "$log" 2>&1 || failed+=("$phase (${coop:-shipped})")
+                --set drafter.head_dim=128 --set run.dir="\"/tmp/$phase-runs-$label\"" \
+                >> "$log" 2>&1 || failed+=("$phase ($label)")
         done
         grep -E "^-- |attention forward|step +[0-9]+.*loss|tau|trained" "$log" | cut -c1-160 | tail -40 ;;
     plan)

@@ -294,7 +294,8 @@ where
 {
     let (rel, max_abs) = rel_l2(got, want).unwrap_or_else(|e| panic!("{name}{e}"));
     println!(
-        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  [rel-L2 tol {:e}: {}]",
+        "  {name:<44} rel_l2 {rel:9.2e}  max_abs_err {max_abs:9.2e}  err/tol {:5.3}  \
+         [rel-L2 tol {:e}: {}]",
         rel / tol.max,
         tol.max,
         tol.why

@@ -206,7 +206,7 @@ fn gemm_bf16_activations_match_reference() {
         assert_eq!(cu.gemm_bf16_fallbacks(), 0, "no bf16 plan may be missing");
         println!(
             "  GEMM {prec:?}, bf16 activations: worst err/tol matmul D {worst_d:.3}, \
-             matmul_acc {worst_acc:.3} [tol 2^-8 |ref| + {tol:.0e} sum|a||b|: bf16-representable \
+             matmul_acc {worst_acc:.3} [tol 2^-8 |ref| + {tol:e} sum|a||b|: bf16-representable \
              operands (exact products), f32 accumulation, one rounding of a bf16 D]"
         );
     }

@@ -380,8 +380,8 @@ inventory::submit! {
 pub fn link() {}
 
 /// Whether an instance with `opts` and `mode` opens the cooperative-matrix device for the
-/// tensor-core attention forward: required, or `auto` on `wgpu-tiled` where the adapter has
-/// what it needs (said once at start either way).
+/// tensor-core attention forward: required (`=1`), or where supported (shipped, `=auto`) on
+/// `wgpu-tiled` where the adapter has what it needs (said once at start either way).
 fn coop_attention_at_start(opts: &BackendOptions, mode: AttnCoop) -> Result<bool> {
     Ok(match mode {
         AttnCoop::Off => false,

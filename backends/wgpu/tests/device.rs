@@ -1,7 +1,7 @@
 //! Adapter selection, the limits in force, the registry entry, and clean errors: no adapter
 //! (wgpu restricted to an API this machine lacks, in a child process), an adapter index out
-//! of range, unknown attention kernels, the tensor-core forward's `auto` setting, and ops that
-//! are not implemented yet.
+//! of range, unknown attention kernels, the tensor-core forward's shipped setting (where the
+//! adapter supports it), and ops that are not implemented yet.
 //!
 //! Skips cleanly without an adapter (except the no-adapter test, which needs none).
 
@@ -92,9 +92,9 @@ fn coop_attention_where_supported_follows_the_adapter() {
     if wgpu().is_none() {
         return;
     }
-    let auto = dflash_backend_wgpu::WgpuOptions::from_vars(|_| None).unwrap();
+    let shipped = dflash_backend_wgpu::WgpuOptions::from_vars(|_| None).unwrap();
     assert_eq!(
-        auto.attn_coop,
+        shipped.attn_coop,
         dflash_backend_wgpu::AttnCoop::WhereSupported
     );
     let start = |attention: &str| {
@@ -102,7 +102,7 @@ fn coop_attention_where_supported_follows_the_adapter() {
             attention: attention.into(),
             ..BackendOptions::default()
         };
-        dflash_backend_wgpu::WgpuBackend::with_options(&opts, auto).unwrap_or_else(|e| {
+        dflash_backend_wgpu::WgpuBackend::with_options(&opts, shipped).unwrap_or_else(|e| {
             panic!("the shipped options refused to start with {attention}: {e}")
         })
     };

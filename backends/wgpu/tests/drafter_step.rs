@@ -8,9 +8,9 @@
 //! The same step with the WGSL attention kernel `wgpu-tiled`: the whole step on the device,
 //! with its f32 forward, on those problems and at head_dim 128.
 //!
-//! The same step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices
-//! (`drafter_step_with_the_tensor_core_forward_*`): `wgpu-tiled`'s forward on tensor cores
-//! at head_dim 128, f16 products (`StepTolerance::F16_PRODUCTS_ATTENTION`).
+//! The same step as shipped (`AttnCoop::WhereSupported`) on an adapter with cooperative
+//! matrices (`drafter_step_with_the_tensor_core_forward_*`): `wgpu-tiled`'s forward on tensor
+//! cores at head_dim 128, f16 products (`StepTolerance::F16_PRODUCTS_ATTENTION`).
 //!
 //! The same step with the frozen embedding, the LM head and the features in the f16 compute
 //! format (`drafter_step_f16_*`, on adapters with `SHADER_F16`): the f16 GEMM operands, the
@@ -54,9 +54,9 @@ fn drafter_step_matches_reference_with_tiled_attention() {
     );
 }
 
-/// The whole step with `DFLASH_WGPU_ATTN_COOP=auto` on an adapter with cooperative matrices:
-/// `wgpu-tiled`'s forward on tensor cores at head dim 128 (the other problems' head dims run
-/// the f32 forward).
+/// The whole step as shipped (`AttnCoop::WhereSupported`) on an adapter with cooperative
+/// matrices: `wgpu-tiled`'s forward on tensor cores at head dim 128 (the other problems' head
+/// dims run the f32 forward).
 #[test]
 fn drafter_step_with_the_tensor_core_forward_matches_reference() {
     let Some(be) = wgpu_coop_attention_where_supported() else {

@@ -120,7 +120,7 @@ fn coop_gemm_matches_naive_of_f16_rounded_operands() {
         }
         println!(
             "  [{label}] every shape, transpose and dtype pair: worst err/sum|a||b| {worst:.2e} \
-             against the operands rounded to f16 (tol {GEMM_TOL:.0e}: f32 accumulation)"
+             against the operands rounded to f16 (tol {GEMM_TOL:e}: f32 accumulation)"
         );
     }
 }

@@ -38,6 +38,6 @@ fn a_device_without_robust_buffer_access_computes_the_products() {
         let (want, scale) = naive(&a, false, &b, tb, (m, k, n));
         let name = format!("matmul {m}x{k}x{n} tb={tb}, no robust buffer access");
         let worst = check_gemm(&name, &down(&be, &c), &want, &scale);
-        println!("  {name}: worst err/sum|a||b| {worst:.2e} (tol {GEMM_TOL:.0e})");
+        println!("  {name}: worst err/sum|a||b| {worst:.2e} (tol {GEMM_TOL:e})");
     }
 }

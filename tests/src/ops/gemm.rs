@@ -61,7 +61,7 @@ pub fn check_scaled(name: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f
         let r = (g as f64 - w).abs() / (s + 1e-30);
         assert!(
             r <= tol,
-            "{name}[{i}]: got {g}, want {w}, err/sum|a||b| {r:.3e} > {tol:.0e}"
+            "{name}[{i}]: got {g}, want {w}, err/sum|a||b| {r:.3e} > {tol:e}"
         );
         worst = worst.max(r);
     }
@@ -294,7 +294,7 @@ pub fn compute_format_operands(path: &dyn OpPath, f32_operands: F32Operands, tol
         &[0.0; 12],
     );
     println!(
-        "  [{label}] {} operands: worst err/sum|a||b| {worst:.2e} (tol {tol:.0e}: products exact, \
+        "  [{label}] {} operands: worst err/sum|a||b| {worst:.2e} (tol {tol:e}: products exact, \
          f32 accumulation)",
         cf.name()
     );

@@ -271,12 +271,12 @@ pub fn check_scaled(
         }
     }
     println!(
-        "  {name:<44} max err/scale {worst:9.2e}  err/tol {:5.3}  [tol {tol:.0e} of sum|a||b|: {why}]",
+        "  {name:<44} max err/scale {worst:9.2e}  err/tol {:5.3}  [tol {tol:e} of sum|a||b|: {why}]",
         worst / tol
     );
     assert!(
         worst <= tol,
-        "{name}: element {at}: got {}, want {} (err/scale {worst:.3e} > {tol:.0e})",
+        "{name}: element {at}: got {}, want {} (err/scale {worst:.3e} > {tol:e})",
         got[at],
         want[at]
     );

@@ -36,7 +36,7 @@
 // other kernels. A non-finite value of V reaches every row of the tiles that stage it (0 x
 // NaN inside the product): the tile-granularity contract of the CUDA backend's tensor-core
 // kernels (`NanCase::within_tiles`); a row that sees no key is still exactly 0. Values past
-// f16's range (65504) become infinities: the opt-in's limit, as matmul_coop's.
+// f16's range (65504) become infinities: the kernel's limit, as matmul_coop's.
 //
 // Uniformity: naga requires the cooperative operations in workgroup-uniform control flow and
 // takes any function's result for non-uniform, so the entry point computes its early return

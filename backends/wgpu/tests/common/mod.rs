@@ -194,12 +194,13 @@ pub fn wgpu_coop_attention() -> Option<WgpuBackend> {
 }
 
 /// `wgpu-tiled` with its forward on tensor cores where the adapter has them
-/// (`DFLASH_WGPU_ATTN_COOP=auto`, `AttnCoop::WhereSupported`), poisoned, else `None` after a skip
+/// (as shipped: `AttnCoop::WhereSupported`), poisoned, else `None` after a skip
 /// line naming what runs instead (the f32 forward, which the other helpers test).
 pub fn wgpu_coop_attention_where_supported() -> Option<WgpuBackend> {
     wgpu()?;
     let (backend, opts) = tiled_with_coop(AttnCoop::WhereSupported);
-    let be = WgpuBackend::with_options(&backend, opts).expect("the wgpu backend, coop auto");
+    let be =
+        WgpuBackend::with_options(&backend, opts).expect("the wgpu backend, coop where supported");
     if !be.coop_attention_forward() {
         skip(&format!(
             "the attention forward where supported is the f32 one here (tested elsewhere): {}",
