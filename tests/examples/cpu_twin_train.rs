@@ -65,12 +65,7 @@ fn main() -> anyhow::Result<()> {
         ("backend.attention".to_string(), "\"reference\"".to_string()),
         ("run.name".to_string(), format!("\"cpu-twin-{which}\"")),
     ];
-    for kv in &args.set {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--set {kv:?}: expected KEY=VALUE"))?;
-        overrides.push((k.trim().to_string(), v.trim().to_string()));
-    }
+    overrides.extend(dflash_config::parse_overrides(&args.set)?);
     let cfg = TrainConfig::load(Some(Path::new("configs/default.toml")), &overrides)?;
     let out = dflash_pipeline::train(&cfg, None)?;
     println!(

@@ -123,54 +123,17 @@ fn twin_case(be: &dyn Backend, twin: &dyn Backend, case: &Case, b: &TwinBounds) 
     let dims = case.dims;
     let (hq, hkv, d) = (dims.q_heads, dims.kv_heads, dims.head_dim);
     let mut failures = Vec::new();
+    // Each tensor's element-wise and per-tensor bounds; dq, dk and dv share the gradients'.
+    let (out, lse) = ((b.out, b.out_rel_l2), (b.lse, b.lse_rel_l2));
+    let grads = (b.grads, b.grads_rel_l2);
     let tensors = [
-        (
-            "out",
-            &got.out,
-            &want.out,
-            (hq, d),
-            b.out,
-            b.out_rel_l2,
-            &mut res.out,
-        ),
-        (
-            "lse",
-            &got.lse,
-            &want.lse,
-            (hq, 1),
-            b.lse,
-            b.lse_rel_l2,
-            &mut res.lse,
-        ),
-        (
-            "dq",
-            &got.dq,
-            &want.dq,
-            (hq, d),
-            b.grads,
-            b.grads_rel_l2,
-            &mut res.dq,
-        ),
-        (
-            "dk",
-            &got.dk,
-            &want.dk,
-            (hkv, d),
-            b.grads,
-            b.grads_rel_l2,
-            &mut res.dk,
-        ),
-        (
-            "dv",
-            &got.dv,
-            &want.dv,
-            (hkv, d),
-            b.grads,
-            b.grads_rel_l2,
-            &mut res.dv,
-        ),
+        ("out", &got.out, &want.out, (hq, d), out, &mut res.out),
+        ("lse", &got.lse, &want.lse, (hq, 1), lse, &mut res.lse),
+        ("dq", &got.dq, &want.dq, (hq, d), grads, &mut res.dq),
+        ("dk", &got.dk, &want.dk, (hkv, d), grads, &mut res.dk),
+        ("dv", &got.dv, &want.dv, (hkv, d), grads, &mut res.dv),
     ];
-    for (what, got, want, inner, tol, rel_tol, slot) in tensors {
+    for (what, got, want, inner, (tol, rel_tol), slot) in tensors {
         let want: Vec<f64> = want.iter().map(|&w| w as f64).collect();
         let (mut e, failure) = compare(what, got, &want, inner, &tol);
         let (by_tensor, tensor_failure) = compare_rel_l2(what, got, &want, &rel_tol);

@@ -281,8 +281,7 @@ pub fn cooperative_matrix_support(ordinal: usize) -> Result<()> {
 /// What adapter `ordinal` lacks for the tensor-core attention forward: what
 /// [`cooperative_matrix_support`] checks, and the forward's workgroup memory (empty: nothing,
 /// so the shipped setting, `AttnCoop::WhereSupported`, runs it there). An `Unavailable` error
-/// where this machine
-/// has no adapter at all.
+/// where this machine has no adapter at all.
 pub fn coop_attention_lacks(ordinal: usize) -> Result<Vec<String>> {
     let adapter = choose_adapter(ordinal, &format!("wgpu:{ordinal}"))?;
     let mut lacks = coop_lacks(adapter);
