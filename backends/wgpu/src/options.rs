@@ -6,8 +6,9 @@ use dflash_core::{Error, Result};
 
 use crate::GemmKernel;
 
-/// Knobs of a backend instance beyond [`dflash_core::registry::BackendOptions`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Knobs of a backend instance beyond [`dflash_core::registry::BackendOptions`]. Its
+/// `Default` is [`WgpuOptions::shipped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgpuOptions {
     /// Fill every output buffer with NaN before an op writes it (tests, debugging).
     pub poison: bool,
@@ -80,14 +81,14 @@ pub struct WgpuOptions {
 }
 
 /// Whether `wgpu-tiled`'s attention forward runs on cooperative matrices
-/// ([`WgpuOptions::attn_coop`]).
+/// ([`WgpuOptions::attn_coop`]); the default is what ships.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum AttnCoop {
     /// Never: the f32 kernel.
-    #[default]
     Off,
     /// Where the adapter has what it needs ([`crate::device::coop_attention_lacks`]: nothing);
-    /// the f32 kernel elsewhere, said once at start.
+    /// the f32 kernel elsewhere, said once at start. Ships.
+    #[default]
     WhereSupported,
     /// Always: an adapter without it refuses to start, naming what it lacks.
     Required,
@@ -104,6 +105,12 @@ impl AttnCoop {
             Some("auto") => Some(AttnCoop::WhereSupported),
             Some(_) => None,
         }
+    }
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        Self::shipped()
     }
 }
 

@@ -334,7 +334,7 @@ fn bench(args: BenchArgs) -> Result<()> {
             Some(p) => read_baselines(p)?,
             None => Vec::new(),
         },
-        job_overrides: parse_sets(&args.set)?,
+        job_overrides: dflash_config::parse_overrides(&args.set)?,
     };
     let unmatched = bench_opts.unmatched_only();
     if !unmatched.is_empty() {
@@ -373,20 +373,11 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--set KEY=VALUE` flags as (key, value) pairs.
-fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
-    sets.iter()
-        .map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .with_context(|| format!("--set {kv:?}: expected KEY=VALUE"))
-        })
-        .collect()
-}
-
+/// The config file (or the embedded default) under the `--backend`/`--attention` flags and
+/// then the `--set KEY=VALUE` flags.
 fn load_config(args: &ConfigArgs) -> Result<TrainConfig> {
     let mut overrides = args.backend_overrides()?;
-    overrides.extend(parse_sets(&args.set)?);
+    overrides.extend(dflash_config::parse_overrides(&args.set)?);
     Ok(TrainConfig::load(args.config.as_deref(), &overrides)?)
 }
 

@@ -249,8 +249,15 @@ fn wrong_types_and_bad_values_name_the_field_and_source() {
 
 #[test]
 fn override_argument_parsing() {
-    let pairs = parse_overrides(&["train.lr=3e-4", "run.name=a=b"]).unwrap();
-    assert_eq!(pairs, ov(&[("train.lr", "3e-4"), ("run.name", "a=b")]));
+    let pairs = parse_overrides(&["train.lr=3e-4", "run.name=a=b", " data.gamma = 5 "]).unwrap();
+    assert_eq!(
+        pairs,
+        ov(&[
+            ("train.lr", "3e-4"),
+            ("run.name", "a=b"),
+            ("data.gamma", "5")
+        ])
+    );
     assert!(
         parse_overrides(&["train.lr"])
             .unwrap_err()

@@ -62,13 +62,16 @@ impl Provider for Layer {
     }
 }
 
-/// Splits command-line arguments `key.path=value` into `(key, value)` pairs.
+/// Splits command-line arguments `key.path=value` into `(key, value)` pairs, each trimmed (a
+/// value's own spaces belong in a quoted TOML string, which keeps them).
 pub fn parse_overrides<S: AsRef<str>>(args: &[S]) -> Result<Vec<(String, String)>> {
     args.iter()
         .map(|a| {
             let a = a.as_ref();
             match a.split_once('=') {
-                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+                Some((k, v)) if !k.trim().is_empty() => {
+                    Ok((k.trim().to_string(), v.trim().to_string()))
+                }
                 _ => Err(ConfigError::Invalid {
                     origin: "command line".into(),
                     field: a.to_string(),
