@@ -541,10 +541,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
+            eprintln!("{}", dflash_pipeline::error::cause_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

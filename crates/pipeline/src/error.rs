@@ -100,11 +100,16 @@ impl PipelineError {
 }
 
 /// `error: a\n  caused by: b\n  caused by: c` — what binaries print and `error.txt` holds.
+/// A cause whose text the line before already ends with (an error that writes its source
+/// into its own message, `"{path}: {source}"`) is not repeated.
 pub fn cause_chain(e: &dyn std::error::Error) -> String {
     let mut s = format!("error: {e}");
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(&format!("\n  caused by: {c}"));
+        let text = c.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(&format!("\n  caused by: {text}"));
+        }
         cur = c.source();
     }
     s
@@ -149,6 +154,41 @@ mod tests {
             e.with_fit_advice(),
             PipelineError::DoesNotFit { source, .. } if !matches!(*source, PipelineError::DoesNotFit { .. })
         ));
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let inline = PipelineError::Io {
+            path: "runs/x/config.toml".into(),
+            source: io(),
+        };
+        assert_eq!(
+            cause_chain(&inline),
+            "error: runs/x/config.toml: no such file"
+        );
+        // Nested, each message ending with its cause's: one line.
+        let worker = PipelineError::Worker {
+            worker: "target worker 0".into(),
+            source: Box::new(inline),
+        };
+        assert_eq!(
+            cause_chain(&worker),
+            "error: target worker 0 failed: runs/x/config.toml: no such file"
+        );
+        // A cause the message does not spell out keeps its line.
+        let advice = PipelineError::DoesNotFit {
+            device: "cuda:0".into(),
+            source: Box::new(worker),
+        };
+        let chain = cause_chain(&advice);
+        assert!(chain.starts_with("error: the job does not fit"), "{chain}");
+        assert!(
+            chain.ends_with(
+                "\n  caused by: target worker 0 failed: runs/x/config.toml: no such file"
+            ),
+            "{chain}"
+        );
     }
 
     #[test]
