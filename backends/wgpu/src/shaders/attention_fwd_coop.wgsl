@@ -225,6 +225,29 @@ fn write_block(n: u32, sgb: u32, lane: u32, row: u32, h: u32, inv: f32) {
     }
 }
 
+// Accumulator `o` with each of its rows scaled by that row's `alpha`, through the
+// subgroup's scratch at hs[sgb ..] (cooperative matrices have no per-row scaling). The load
+// goes to a `var`: naga writes a `let` of a cooperative load at its first use, which would
+// come after the barrier that frees the scratch. Workgroup-uniform control flow only.
+fn rescaled(o: CoopC, sgb: u32, lane: u32, alpha: f32) -> CoopC {
+    coopStoreT(o, &hs[sgb], 16u);
+    publish();
+    scale_block(sgb, lane, alpha);
+    workgroupBarrier();
+    var r = coopLoadT<CoopC>(&hs[sgb], 16u);
+    workgroupBarrier();
+    return r;
+}
+
+// Accumulator `o` (dims 16 n ..) written to out through the subgroup's scratch
+// (`write_block`). Workgroup-uniform control flow only.
+fn drain(o: CoopC, n: u32, sgb: u32, lane: u32, row: u32, h: u32, inv: f32) {
+    coopStoreT(o, &hs[sgb], 16u);
+    publish();
+    write_block(n, sgb, lane, row, h, inv);
+    workgroupBarrier();
+}
+
 @compute @workgroup_size(WG)
 fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32,
@@ -302,10 +325,8 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         // The next tile's K and V are in flight during this one's work.
         let nw = tiles[p.qlist_at + min(it + 1u, hi - 1u)];
         kv = fetch_kv_coop((nw & ~FULL) * BK, kh, lid, it + 1u < hi);
-        // S = Q K^T: keys 0..15 (s0) and 16..31 (s1). The products, and below the
-        // accumulators' rescale and drain, are written out in the entry point: the shape
-        // that passed the conformance suite on NVIDIA (helpers taking and returning
-        // cooperative values have not run on a GPU).
+        // S = Q K^T: keys 0..15 (s0) and 16..31 (s1), one product per named fragment
+        // (WGSL has no arrays of cooperative matrices).
         var s0 = coopMultiplyAdd(q0, coopLoad<CoopB>(&hkv[0u * HK + 0u], HK), zc);
         s0 = coopMultiplyAdd(q1, coopLoad<CoopB>(&hkv[0u * HK + 16u], HK), s0);
         s0 = coopMultiplyAdd(q2, coopLoad<CoopB>(&hkv[0u * HK + 32u], HK), s0);
@@ -374,54 +395,14 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             vote_u[0] = atomicLoad(&vote[0]);
         }
         if (workgroupUniformLoad(&vote_u[0]) != 0u) {
-            coopStoreT(o0, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o0 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o1, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o1 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o2, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o2 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o3, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o3 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o4, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o4 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o5, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o5 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o6, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o6 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
-            coopStoreT(o7, &hs[sgb], 16u);
-            publish();
-            scale_block(sgb, lane, alpha);
-            workgroupBarrier();
-            o7 = coopLoadT<CoopC>(&hs[sgb], 16u);
-            workgroupBarrier();
+            o0 = rescaled(o0, sgb, lane, alpha);
+            o1 = rescaled(o1, sgb, lane, alpha);
+            o2 = rescaled(o2, sgb, lane, alpha);
+            o3 = rescaled(o3, sgb, lane, alpha);
+            o4 = rescaled(o4, sgb, lane, alpha);
+            o5 = rescaled(o5, sgb, lane, alpha);
+            o6 = rescaled(o6, sgb, lane, alpha);
+            o7 = rescaled(o7, sgb, lane, alpha);
         }
         for (var kk = 0u; kk < BK / 16u; kk = kk + 1u) {
             let pk = coopLoadT<CoopA>(&hp[sg * 16u * PS + 16u * kk], PS);
@@ -449,36 +430,12 @@ fn attn_fwd_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (row < p.tq && half == 0u) {
         f_lse[row * p.hq + h] = lse;
     }
-    coopStoreT(o0, &hs[sgb], 16u);
-    publish();
-    write_block(0u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o1, &hs[sgb], 16u);
-    publish();
-    write_block(1u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o2, &hs[sgb], 16u);
-    publish();
-    write_block(2u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o3, &hs[sgb], 16u);
-    publish();
-    write_block(3u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o4, &hs[sgb], 16u);
-    publish();
-    write_block(4u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o5, &hs[sgb], 16u);
-    publish();
-    write_block(5u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o6, &hs[sgb], 16u);
-    publish();
-    write_block(6u, sgb, lane, row, h, inv);
-    workgroupBarrier();
-    coopStoreT(o7, &hs[sgb], 16u);
-    publish();
-    write_block(7u, sgb, lane, row, h, inv);
-    workgroupBarrier();
+    drain(o0, 0u, sgb, lane, row, h, inv);
+    drain(o1, 1u, sgb, lane, row, h, inv);
+    drain(o2, 2u, sgb, lane, row, h, inv);
+    drain(o3, 3u, sgb, lane, row, h, inv);
+    drain(o4, 4u, sgb, lane, row, h, inv);
+    drain(o5, 5u, sgb, lane, row, h, inv);
+    drain(o6, 6u, sgb, lane, row, h, inv);
+    drain(o7, 7u, sgb, lane, row, h, inv);
 }
