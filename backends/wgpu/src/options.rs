@@ -228,6 +228,9 @@ mod tests {
             WgpuOptions::from_vars(vars(&[])).unwrap(),
             WgpuOptions::shipped()
         );
+        // The types' own defaults agree with what ships.
+        assert_eq!(WgpuOptions::default(), WgpuOptions::shipped());
+        assert_eq!(AttnCoop::default(), WgpuOptions::shipped().attn_coop);
         let on = WgpuOptions::from_vars(vars(&[
             ("DFLASH_WGPU_ATTN_COOP", "1"),
             ("DFLASH_WGPU_F16", "0"),

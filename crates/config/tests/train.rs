@@ -268,6 +268,10 @@ fn override_argument_parsing() {
     jailed(|_| {
         let e = TrainConfig::load(None, &ov(&[("train..lr", "1")])).unwrap_err();
         assert!(e.to_string().contains("train..lr"));
+        // A value's own spaces survive the trim inside a quoted TOML string.
+        let quoted = parse_overrides(&["run.name = \" a b \" "]).unwrap();
+        let cfg = TrainConfig::load(None, &quoted).unwrap();
+        assert_eq!(cfg.run.name.as_deref(), Some(" a b "));
         Ok(())
     });
 }

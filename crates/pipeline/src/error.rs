@@ -100,14 +100,18 @@ impl PipelineError {
 }
 
 /// `error: a\n  caused by: b\n  caused by: c` — what binaries print and `error.txt` holds.
-/// A cause whose text the line before already ends with (an error that writes its source
-/// into its own message, `"{path}: {source}"`) is not repeated.
+/// A cause that the line before already ends with after a `": "` (an error that writes its
+/// source into its own message, `"{path}: {source}"`) is not repeated; one that merely ends
+/// the same way ("reading shard 10" caused by "0") keeps its line.
 pub fn cause_chain(e: &dyn std::error::Error) -> String {
     let mut s = format!("error: {e}");
     let mut cur = e.source();
     while let Some(c) = cur {
         let text = c.to_string();
-        if !s.ends_with(&text) {
+        let spelled_out = s
+            .strip_suffix(text.as_str())
+            .is_some_and(|head| head.ends_with(": "));
+        if !spelled_out {
             s.push_str(&format!("\n  caused by: {text}"));
         }
         cur = c.source();
@@ -176,6 +180,18 @@ mod tests {
             cause_chain(&worker),
             "error: target worker 0 failed: runs/x/config.toml: no such file"
         );
+        // Spelled out after ": ", however short.
+        let short = PipelineError::Worker {
+            worker: "reading shard 1".into(),
+            source: Box::new(PipelineError::Job("0".into())),
+        };
+        assert_eq!(cause_chain(&short), "error: reading shard 1 failed: 0");
+        // A cause that only shares the message's last characters keeps its line.
+        let tail = PipelineError::DoesNotFit {
+            device: "cuda:0".into(),
+            source: Box::new(PipelineError::Job("GPU".into())),
+        };
+        assert!(cause_chain(&tail).ends_with("larger GPU\n  caused by: GPU"));
         // A cause the message does not spell out keeps its line.
         let advice = PipelineError::DoesNotFit {
             device: "cuda:0".into(),
