@@ -162,10 +162,9 @@ mod tests {
 
     #[test]
     fn a_cause_already_in_the_message_is_not_repeated() {
-        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
         let inline = PipelineError::Io {
             path: "runs/x/config.toml".into(),
-            source: io(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         };
         assert_eq!(
             cause_chain(&inline),
