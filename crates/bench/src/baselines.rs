@@ -89,6 +89,13 @@ pub const BASELINES: &[Baseline] = &[
         TFLOPS,
         "H200 f32 peak without tensor cores (datasheet)",
     ),
+    // The LM head's two products in the drafter's loss: read against the same square bf16 GEMM.
+    hi(
+        "loss.ce.8b",
+        780.0,
+        TFLOPS,
+        "bf16 GEMM 8192^3 (cuBLAS via torch), 776-784: the LM head's products at that rate",
+    ),
     hi("copy.d2d", 4.22, "TB/s", "device-to-device copy"),
     hi("attention.dflash.ctx4096.fwd", 246.0, TFLOPS, DFLASH),
     hi("attention.dflash.ctx4096.fwd_bwd", 207.0, TFLOPS, DFLASH),

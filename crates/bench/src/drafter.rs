@@ -230,7 +230,8 @@ impl StepBench {
             self.desc
         );
         if s.wants(&tp) {
-            let phases = self.time_phases(&micro, batch)?;
+            let (phases, optimizer_s) = self.time_phases(&micro, batch)?;
+            s.optimizer_s.insert(tp.clone(), optimizer_s);
             let with_phases = format!(
                 "{detail}; phases (ms, each synchronised; prepare is host work the timed step \
                  reuses): {phases}"
@@ -249,8 +250,9 @@ impl StepBench {
 
     /// Where the step's time goes: the timed steps again, synchronised after the
     /// forward+backward (finish_step times its own two phases to the device finishing).
-    /// Returns `name ms` of each of [`PHASES`], comma-separated.
-    fn time_phases(&mut self, micro: &[PreparedBatch], batch: usize) -> Result<String> {
+    /// Returns `name ms` of each of [`PHASES`], comma-separated, and the optimizer's median
+    /// seconds (the part of a step the job pays once, however many micro-batches it has).
+    fn time_phases(&mut self, micro: &[PreparedBatch], batch: usize) -> Result<(String, f64)> {
         let b = self.backend.as_ref();
         let mut laps: [Vec<f64>; PHASES.len()] = Default::default();
         for _ in 0..self.timing.runs.max(1) {
@@ -266,12 +268,13 @@ impl StepBench {
             laps[2].push(reduce);
             laps[3].push(optimizer);
         }
+        let optimizer_s = crate::median(&mut laps[3]);
         let phases: Vec<String> = PHASES
             .iter()
             .zip(laps.iter_mut())
             .map(|(name, v)| format!("{name} {:.1}", crate::median(v) * 1e3))
             .collect();
-        Ok(phases.join(", "))
+        Ok((phases.join(", "), optimizer_s))
     }
 
     /// The job's memory plan for this step (from the shapes alone), against the measured

@@ -26,6 +26,7 @@ pub mod drafter;
 pub mod e2e;
 pub mod gemm;
 pub mod generate;
+pub mod loss;
 pub mod target;
 mod util;
 
@@ -239,6 +240,9 @@ pub struct Suite<'a> {
     pub opts: BenchOptions,
     on_result: Box<dyn FnMut(&BenchResult) + 'a>,
     results: Vec<BenchResult>,
+    /// The optimizer's median seconds within each `drafter.step.*.throughput` figure, by name:
+    /// a job pays it once a step, not once a document.
+    optimizer_s: std::collections::HashMap<String, f64>,
 }
 
 impl Suite<'_> {
@@ -295,6 +299,7 @@ impl Suite<'_> {
 /// Every figure name the suite can produce, in run order.
 pub fn figure_names() -> Vec<String> {
     let mut v = gemm::figure_names();
+    v.extend(loss::figure_names());
     v.extend(attention::figure_names());
     v.extend(target::figure_names());
     v.extend(drafter::figure_names());
@@ -314,8 +319,10 @@ pub fn run_suite<'a>(
         opts: opts.clone(),
         on_result: Box::new(on_result),
         results: Vec::new(),
+        optimizer_s: Default::default(),
     };
     gemm::run(&mut s)?;
+    loss::run(&mut s)?;
     attention::run(&mut s)?;
     target::run(&mut s)?;
     drafter::run(&mut s)?;

@@ -31,6 +31,16 @@ fn smoke_suite_on_reference() {
     assert_eq!(got, expected);
     let unique: HashSet<&str> = got.iter().copied().collect();
     assert_eq!(unique.len(), results.len(), "names are unique");
+    // The 8B job is priced against its parts measured earlier in the run, the drafter's
+    // optimizer once a step.
+    let e2e = results.iter().find(|r| r.name == "e2e.8b.1gpu").unwrap();
+    assert!(
+        e2e.detail.contains("component bound for this data")
+            && e2e.detail.contains("drafter forward+backward")
+            && e2e.detail.contains("+ optimizer"),
+        "{}",
+        e2e.detail
+    );
 
     for r in &results {
         let a = baseline(&r.name).expect("every figure has a baseline");

@@ -37,7 +37,8 @@ pub enum LaunchError {
     PayloadTooLarge { len: usize, max: usize },
 
     #[error(
-        "rank 0 could not listen on {endpoint}: {source} (MASTER_ADDR must be an address of rank 0's own host, MASTER_PORT a free port)"
+        "rank 0 could not listen on {endpoint} (MASTER_ADDR must be an address of rank 0's own \
+         host, MASTER_PORT a free port): {source}"
     )]
     Bind { endpoint: String, source: io::Error },
 

@@ -276,3 +276,17 @@ fn silent_rank_zero_is_named_at_the_timeout() {
     );
     drop(s);
 }
+
+#[test]
+fn rank_zero_on_a_taken_port_says_what_to_change_then_why() {
+    // The port is held for the whole test, so rank 0 cannot listen on it.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = ProcessGroup::connect(&env(0, 2, port), LONG).unwrap_err();
+    let source = std::error::Error::source(&e).expect("the io error is the source");
+    let text = e.to_string();
+    assert!(text.starts_with(&format!("rank 0 could not listen on 127.0.0.1:{port}")));
+    assert!(text.contains("MASTER_PORT a free port"), "{text}");
+    // The cause comes last, after ": ", so a printer of the chain can leave out its repeat.
+    assert!(text.ends_with(&format!(": {source}")), "{text}");
+}
