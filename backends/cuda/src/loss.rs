@@ -30,11 +30,21 @@ use crate::{CudaBackend, grid1d};
 
 /// Most rows per logits chunk.
 const CHUNK_ROWS: usize = 1024;
-/// Largest logits chunk (bytes): 256 MiB, i.e. ~440 rows at a 152K vocabulary.
-const LOGITS_BYTES: usize = 256 << 20;
+/// Largest f32 logits chunk (bytes): 320 MiB, i.e. 512 rows at a 152K vocabulary.
+const LOGITS_BYTES: usize = 320 << 20;
+/// Chunks of at least this many rows are a whole number of them: the chunk is the row
+/// dimension of both products with the head, and cuBLASLt's tiles are 64-256 rows wide, so a
+/// chunk of 441 rows would run 512 rows' worth of tiles.
+const CHUNK_ALIGN: usize = 128;
 
+/// Active rows per chunk for a `v`-row head.
 fn chunk_rows(v: usize) -> usize {
-    (LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CHUNK_ROWS)
+    let rows = (LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CHUNK_ROWS);
+    if rows >= CHUNK_ALIGN {
+        rows / CHUNK_ALIGN * CHUNK_ALIGN
+    } else {
+        rows
+    }
 }
 
 /// One block of `threads` per row (the per-row kernels; `ce_rows` is built for <= 256).
@@ -469,5 +479,27 @@ impl LossOps for CudaBackend {
         })?;
         let ids: Vec<i32> = self.download_pod(op, &out, t)?;
         Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_whole_tiles_within_the_logits_budget() {
+        // Qwen3's vocabulary: 552 rows fit the budget, 512 are taken.
+        assert_eq!(chunk_rows(151_936), 512);
+        // A small vocabulary hits the row cap; a huge one leaves fewer rows than a tile.
+        assert_eq!(chunk_rows(320), CHUNK_ROWS);
+        assert_eq!(chunk_rows(1 << 24), LOGITS_BYTES / ((1 << 24) * 4));
+        for v in [1, 1000, 32_000, 128_256, 151_936, 262_144, 1 << 22] {
+            let c = chunk_rows(v);
+            assert!(c >= 1 && c * v * 4 <= LOGITS_BYTES.max(v * 4), "v {v}: {c}");
+            assert!(
+                c < CHUNK_ALIGN || c.is_multiple_of(CHUNK_ALIGN),
+                "v {v}: {c}"
+            );
+        }
     }
 }

@@ -65,11 +65,23 @@ pub struct BackendModel {
 
 /// cuBLASLt's workspace, one per CUDA backend instance (`backends/cuda/src/gemm/plan.rs`).
 const CUBLASLT_WORKSPACE: u128 = 32 << 20;
-/// The CUDA loss's largest logits chunk and most rows (`backends/cuda/src/loss.rs`).
-const CUDA_LOGITS_BYTES: u128 = 256 << 20;
+/// The CUDA loss's largest logits chunk, most rows and row alignment of a chunk
+/// (`backends/cuda/src/loss.rs`).
+const CUDA_LOGITS_BYTES: u128 = 320 << 20;
 const CUDA_CE_CHUNK_ROWS: u128 = 1024;
+const CUDA_CE_CHUNK_ALIGN: u128 = 128;
 /// The reference loss's rows per logits chunk (`backends/reference/src/loss.rs`).
 const HOST_CE_CHUNK_ROWS: u128 = 64;
+
+/// The CUDA loss's active rows per chunk for a `v`-row head (`chunk_rows` there).
+fn cuda_ce_chunk_rows(v: u128) -> u128 {
+    let rows = (CUDA_LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CUDA_CE_CHUNK_ROWS);
+    if rows >= CUDA_CE_CHUNK_ALIGN {
+        rows / CUDA_CE_CHUNK_ALIGN * CUDA_CE_CHUNK_ALIGN
+    } else {
+        rows
+    }
+}
 
 impl BackendModel {
     /// The model of a built backend: its element sizes, and its op and kernel family by name.
@@ -180,10 +192,15 @@ impl BackendModel {
             }
             // Active rows, labels, weights (i32/f32), CE (f64) and correct flags on the device
             // (the head is in the compute format, which is the GEMM type: read in place);
-            // kept: xc and dxc (chunk, H) and the logits (chunk, V), f32.
+            // kept: xc and dxc (chunk, H) and the logits (chunk, V), f32, and with bf16 GEMMs
+            // the dlogits (chunk, V) as their own bf16 operand.
             OpsKind::Cuda => {
-                let chunk = (CUDA_LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CUDA_CE_CHUNK_ROWS);
-                (rows * 6 * 4, (2 * chunk * h + chunk * v) * 4 + 768)
+                let chunk = cuda_ce_chunk_rows(v);
+                let dlogits = if self.compute == 2 { chunk * v * 2 } else { 0 };
+                (
+                    rows * 6 * 4,
+                    (2 * chunk * h + chunk * v) * 4 + dlogits + 1024,
+                )
             }
         }
     }
@@ -194,5 +211,31 @@ impl BackendModel {
             OpsKind::Cuda => CUBLASLT_WORKSPACE,
             OpsKind::Host => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 8B loss on CUDA with bf16 GEMMs: chunks of 512 rows, each keeping its gathered rows
+    /// and dx (f32), its f32 logits and its bf16 dlogits.
+    #[test]
+    fn cuda_loss_workspace_mirrors_the_backend() {
+        let (h, v) = (4096u128, 151_936u128);
+        assert_eq!(cuda_ce_chunk_rows(v), 512);
+        assert_eq!(cuda_ce_chunk_rows(320), CUDA_CE_CHUNK_ROWS);
+        let model = |compute| BackendModel {
+            ops: OpsKind::Cuda,
+            attention: AttentionKind::CudaFlash,
+            act: 2,
+            compute,
+        };
+        let (transient, kept) = model(2).ce_workspace(8192, h, v);
+        assert_eq!(transient, 8192 * 24);
+        assert_eq!(kept, (2 * 512 * h + 512 * v) * 4 + 512 * v * 2 + 1024);
+        // f32 GEMMs write the dlogits over the logits: no separate matrix.
+        let (_, kept_f32) = model(4).ce_workspace(8192, h, v);
+        assert_eq!(kept - kept_f32, 512 * v * 2);
     }
 }
