@@ -165,6 +165,24 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) {
     }
 }
 
+/// Releases the default pool's unused memory to the device ([`keep_pool_memory`] keeps it
+/// otherwise), so the device's free memory counts it again. Best effort, like keeping it.
+pub(crate) fn trim_pool(ctx: &Arc<CudaContext>) {
+    if !ctx.has_async_alloc() || ctx.bind_to_thread().is_err() {
+        return;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is written by the driver before it is read; trimming releases only
+    // memory no allocation holds.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            == sys::cudaError_enum::CUDA_SUCCESS
+        {
+            let _ = sys::cuMemPoolTrimTo(pool, 0);
+        }
+    }
+}
+
 /// Reads (or, with `reset`, zeroes) the default pool's high-water mark and current use, in
 /// bytes: every stream-ordered allocation of this backend comes from that pool, so its
 /// `USED_MEM_HIGH` is the peak of live tensors plus workspaces. `None` where the device has

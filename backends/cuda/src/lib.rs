@@ -401,6 +401,11 @@ impl BackendInfo for CudaBackend {
             compute: self.compute_format().size() as u64,
         }
     }
+    fn release_cached_memory(&self) {
+        // Frees still in flight count as outstanding until the host has seen them complete.
+        let _ = self.synchronize();
+        device::trim_pool(&self.dev.ctx);
+    }
     fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {
         self.dev.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;

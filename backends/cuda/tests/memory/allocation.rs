@@ -94,3 +94,38 @@ fn allocation_beyond_the_device_is_out_of_memory() {
         "usable after the failure"
     );
 }
+
+/// Memory freed into the device pool stays reserved for reuse (the pool keeps it), so the
+/// device's free memory does not count it; `release_cached_memory` returns it, and a memory
+/// plan made after earlier work sees it free again. Reads device-wide free memory, so it
+/// needs `--test-threads 1` (as run_all.sh runs it).
+#[test]
+fn released_cache_counts_as_free() {
+    use dflash_core::BackendInfo;
+    let Some(cu) = cuda() else { return };
+    let bytes: u64 = 2 << 30;
+    let t = cu.zeros(&[(bytes / 4) as usize]).unwrap();
+    cu.synchronize().unwrap();
+    let held = cu
+        .memory_capacity()
+        .expect("the CUDA backend reports capacity")
+        .free;
+    drop(t);
+    cu.synchronize().unwrap();
+    let cached = cu.memory_capacity().unwrap().free;
+    cu.release_cached_memory();
+    let released = cu.memory_capacity().unwrap().free;
+    println!(
+        "  free: {held} with 2 GiB live, {cached} after the drop, {released} after the release"
+    );
+    // The pool's chunks are coarser than one allocation: allow 64 MiB either way.
+    let slack: u64 = 64 << 20;
+    assert!(
+        cached < held + slack,
+        "the pool keeps a dropped tensor: {cached} vs {held}"
+    );
+    assert!(
+        released + slack >= held + bytes,
+        "the release returns it: {released} vs {held} + {bytes}"
+    );
+}

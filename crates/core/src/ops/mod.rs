@@ -93,6 +93,12 @@ pub trait BackendInfo: Send + Sync {
     }
     /// Restarts the peak of [`BackendInfo::memory_stats`] from the memory in use now.
     fn reset_peak_memory(&self) {}
+    /// Returns to the device what this instance's allocator keeps for reuse but no live
+    /// tensor holds, so that [`BackendInfo::memory_capacity`] counts it as free: a memory
+    /// plan made after earlier work in the same process (a bench's earlier figures, a
+    /// previous job) sees the memory that work left behind. Later allocations pay a trip to
+    /// the driver again. The default does nothing (nothing is cached).
+    fn release_cached_memory(&self) {}
     /// Element sizes of this instance's storage. The default is f32 throughout (parameters,
     /// gradients and optimizer moments are f32 on every backend).
     fn element_bytes(&self) -> ElementBytes {

@@ -184,12 +184,18 @@ struct Knobs {
 
 impl MemoryPlan {
     /// The plan of `plan` on the backends its workers were placed on (target workers'
-    /// `targets`, drafter replicas' `drafters`), with each device's free memory.
+    /// `targets`, drafter replicas' `drafters`), with each device's free memory, read after
+    /// every backend has returned what its allocator caches from earlier work in this
+    /// process (`BackendInfo::release_cached_memory`): otherwise a job after a bench's
+    /// component figures would find no room for what those left cached.
     pub fn new(
         plan: &JobPlan,
         targets: &[Arc<dyn Backend>],
         drafters: &[Arc<dyn Backend>],
     ) -> Self {
+        for b in targets.iter().chain(drafters) {
+            b.release_cached_memory();
+        }
         let knobs = Knobs {
             micro: plan.largest_micro(plan.cfg.data.num_anchors),
             recompute: plan.cfg.train.recompute,
