@@ -402,8 +402,9 @@ impl BackendInfo for CudaBackend {
         }
     }
     fn release_cached_memory(&self) {
-        // Frees still in flight count as outstanding until the host has seen them complete.
-        let _ = self.synchronize();
+        // Frees still in flight count as outstanding until the host has seen them complete,
+        // on any stream of the context (other instances on this device share the pool).
+        let _ = self.dev.ctx.synchronize();
         device::trim_pool(&self.dev.ctx);
     }
     fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {

@@ -337,6 +337,10 @@ fn run_case(s: &mut Suite<'_>, case: Case) -> Result<()> {
         return Ok(());
     }
     let job = plan_job(s, &case)?;
+    // What earlier figures left in the suite's allocator goes back to the device first (the
+    // job's own plan returns its backends' cache, but frees this backend has not yet seen
+    // complete still count as held), so the job plans on the device it would have alone.
+    s.b().release_cached_memory();
     let ran = run_job(&case, &job)?;
     report_case(s, &case, &job, &ran)
 }
@@ -361,6 +365,8 @@ struct FinishedJob {
     peak_rss: f64,
     /// Its `metrics.jsonl`, one record per logged step.
     recs: Vec<Record>,
+    /// Whether its memory plan had room for background checkpoints.
+    background_checkpoints: bool,
 }
 
 /// Writes `case`'s data to a scratch directory and plans its job; an error when the data
@@ -409,12 +415,32 @@ fn run_job(case: &Case, job: &PlannedJob) -> Result<FinishedJob> {
     let wall = t0.elapsed().as_secs_f64();
     let peak_rss = rss.peak_gb();
     let recs = read_records(&out.run_dir)?;
+    let background_checkpoints = read_checkpoint_mode(&out.run_dir)?;
     Ok(FinishedJob {
         out,
         wall,
         peak_rss,
         recs,
+        background_checkpoints,
     })
+}
+
+/// Whether the job's memory plan (`memory_plan.json` in its run directory) writes checkpoints
+/// in the background; if not (a state too small to be worth it, or no room for a snapshot),
+/// each checkpoint stalls the drafter for its whole write.
+fn read_checkpoint_mode(run_dir: &Path) -> Result<bool> {
+    let path = run_dir.join(dflash_pipeline::job::memory::MEMORY_PLAN_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let plan: serde_json::Value = serde_json::from_str(&text)?;
+    plan["background_checkpoints"]
+        .as_bool()
+        .ok_or_else(|| BenchError::Invalid {
+            bench: "e2e".into(),
+            detail: format!("{}: no background_checkpoints flag", path.display()),
+        })
 }
 
 /// Records the throughput of the steps after the warm-up, with the detail line: shapes,
@@ -444,7 +470,7 @@ fn report_case(s: &mut Suite<'_>, case: &Case, job: &PlannedJob, ran: &FinishedJ
     let detail = format!(
         "{} steps after {w} warm-up, {:.0} tokens/step; target {} layers hidden {}, drafter {} \
          layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
-         [{}], drafter [{}] (a checkpoint after step {} inside the window); end-of-run \
+         [{}], drafter [{}] (a checkpoint after step {} inside the window, {}); end-of-run \
          checkpoint and save included in the job's {wall:.1} s; \
          first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}{variant}",
         recs.len() - w,
@@ -459,6 +485,10 @@ fn report_case(s: &mut Suite<'_>, case: &Case, job: &PlannedJob, ran: &FinishedJ
         phases(&first.target_phases_s, &last.target_phases_s),
         phases(&first.drafter_phases_s, &last.drafter_phases_s),
         mid_checkpoint(case),
+        match ran.background_checkpoints {
+            true => "written in the background",
+            false => "written in place",
+        },
         recs[0].job_s,
         out.first_loss,
         out.final_loss,
@@ -541,6 +571,7 @@ fn run_load(s: &mut Suite<'_>) -> Result<()> {
     let mut cfg = job_config(s, &case, &data, scratch.path(), 1)?;
     cfg.target.path = Some(dir.clone());
     let plan = JobPlan::new(&cfg)?;
+    s.b().release_cached_memory(); // as run_case does
     let rss = RssSampler::start();
     let out = train_plan(&plan, &scratch.path().join("run")).map_err(|e| BenchError::Invalid {
         bench: LOAD_8B.into(),

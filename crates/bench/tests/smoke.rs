@@ -37,7 +37,9 @@ fn smoke_suite_on_reference() {
     assert!(
         e2e.detail.contains("component bound for this data")
             && e2e.detail.contains("drafter forward+backward")
-            && e2e.detail.contains("+ optimizer"),
+            && e2e.detail.contains("+ optimizer")
+            // The smoke drafter's state is far under the size worth a background write.
+            && e2e.detail.contains("inside the window, written in place)"),
         "{}",
         e2e.detail
     );
