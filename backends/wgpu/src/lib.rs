@@ -354,6 +354,11 @@ impl BackendInfo for WgpuBackend {
     fn reset_peak_memory(&self) {
         self.ctx.mem.reset_peak();
     }
+    fn release_cached_memory(&self) {
+        // Submitted and finished first, so what queued work freed is in the pool to let go.
+        let _ = self.synchronize();
+        self.ctx.pool.drain();
+    }
     fn element_bytes(&self) -> dflash_core::ElementBytes {
         dflash_core::ElementBytes {
             activation: 4,

@@ -117,7 +117,8 @@ impl BufferPool {
         }
     }
 
-    /// Drops every free buffer (the device ran out of memory); returns the bytes let go.
+    /// Drops every free buffer (the device ran out of memory, or the backend was asked to
+    /// release its cache); returns the bytes let go.
     pub(crate) fn drain(&self) -> u64 {
         let mut inner = self.lock();
         let bytes: u64 = inner.free.values().flatten().map(wgpu::Buffer::size).sum();

@@ -108,3 +108,29 @@ fn queued_work_reads_the_values_of_a_dropped_tensor() {
     println!("  pool: {hits} hits, {misses} misses, {held} bytes held");
     assert!(hits > 0, "nothing was reused");
 }
+
+/// `release_cached_memory` lets the pool's free buffers go: it holds less than the freed
+/// tensor afterwards, and the next allocation of that size finds nothing to reuse.
+#[test]
+fn released_cache_is_not_reused() {
+    use dflash_core::BackendInfo;
+    let Some(be) = pooled() else { return };
+    let n = 5000;
+    drop(up(&be, &rand_vec(&mut rng(7), n, 1.0), &[n]));
+    // Two submits: the freed buffer is handed out only after the one following its free.
+    down(&be, &be.zeros(&[1]).unwrap());
+    down(&be, &be.zeros(&[1]).unwrap());
+    let (_, _, held) = be.buffer_pool_stats();
+    assert!(
+        held >= 4 * n as u64,
+        "the freed buffer is pooled: {held} bytes held"
+    );
+    be.release_cached_memory();
+    let (hits, misses, held_after) = be.buffer_pool_stats();
+    assert!(held_after < 4 * n as u64, "{held_after} bytes still held");
+    let z = be.zeros(&[n]).unwrap();
+    let (hits_after, misses_after, _) = be.buffer_pool_stats();
+    assert_eq!(hits_after, hits, "reused a buffer the release let go");
+    assert_eq!(misses_after, misses + 1);
+    check_exact("zeros after the release", &down(&be, &z), &vec![0.0; n]);
+}
