@@ -7,7 +7,7 @@
 # Phases (each fits one device call of <= 10 minutes; name several to run them in order):
 #   cuda-tests   every CUDA conformance executable, the CUDA plugin's too    -> OUT/cuda-tests.log
 #   wgpu-tests   every wgpu executable on the GPU through Vulkan           -> OUT/wgpu-tests.log
-#   components   gemm, attention, target forward, drafter steps (CUDA)     -> OUT/components.json
+#   components   gemm, the loss, attention, target forward, drafter steps (CUDA) -> OUT/components.json
 #   job          e2e.8b.1gpu, e2e.small.1gpu, load.8b (CUDA)               -> OUT/job.json
 #   generate     HF generate, then generate.8b.b* against it (CUDA)        -> OUT/generate.json
 #   wgpu-bench   gemm, attention ctx4096, drafter step b1 on wgpu (shipped: the tensor-core
@@ -91,7 +91,7 @@ for phase in "$@"; do
         .wgputest/run_all.sh > "$out/wgpu-tests.log" 2>&1 || failed+=("$phase")
         grep -E "^test result|FAILED|panicked|skipped" "$out/wgpu-tests.log" | cut -c1-160 | sort | uniq -c ;;
     components)
-        $D bench --backend cuda --attention cuda-flash --only gemm,attention,target,drafter \
+        $D bench --backend cuda --attention cuda-flash --only gemm,loss,attention,target,drafter \
             --out "$out/components.json" > "$out/components.log" 2>&1 || failed+=("$phase")
         table "$out/components.log" ;;
     job)

@@ -402,6 +402,12 @@ impl BackendInfo for CudaBackend {
         }
     }
     fn release_cached_memory(&self) {
+        // This instance's own caches first (regrown on demand; their frees are stream-ordered).
+        *self.loss_ws.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.uploads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         // Frees still in flight count as outstanding until the host has seen them complete,
         // on any stream of the context (other instances on this device share the pool).
         let _ = self.dev.ctx.synchronize();

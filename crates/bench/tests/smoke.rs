@@ -31,6 +31,13 @@ fn smoke_suite_on_reference() {
     assert_eq!(got, expected);
     let unique: HashSet<&str> = got.iter().copied().collect();
     assert_eq!(unique.len(), results.len(), "names are unique");
+    // The loss is read against the GEMM measured before it in the same run.
+    let loss = results.iter().find(|r| r.name == "loss.ce.8b").unwrap();
+    assert!(
+        loss.detail.contains("of gemm.compute.8192 in this run"),
+        "{}",
+        loss.detail
+    );
     // The 8B job is priced against its parts measured earlier in the run, the drafter's
     // optimizer once a step.
     let e2e = results.iter().find(|r| r.name == "e2e.8b.1gpu").unwrap();

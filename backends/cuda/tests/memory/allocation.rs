@@ -103,6 +103,10 @@ fn allocation_beyond_the_device_is_out_of_memory() {
 fn released_cache_counts_as_free() {
     use dflash_core::BackendInfo;
     let Some(cu) = cuda() else { return };
+    if cu.memory_stats().is_none() {
+        println!("  no stream-ordered pool on this device: nothing is cached");
+        return;
+    }
     let bytes: u64 = 2 << 30;
     let t = cu.zeros(&[(bytes / 4) as usize]).unwrap();
     cu.synchronize().unwrap();

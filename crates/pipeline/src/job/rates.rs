@@ -199,6 +199,8 @@ pub fn plan_placement(cfg: &TrainConfig, steps: u64) -> Result<PlacementReport> 
     let on = |devs: &[usize]| -> Result<Vec<Arc<dyn Backend>>> {
         Ok(devs.iter().map(|&d| per_device[d].clone()).collect())
     };
+    // The rate runs above left their memory cached: every split is planned without it.
+    super::memory::release_caches(&per_device);
     let splits = splits(devices, &rates)
         .into_iter()
         .map(|split| {

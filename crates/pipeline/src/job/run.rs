@@ -95,7 +95,10 @@ fn plan_memory(
     target_backends: &[Arc<dyn Backend>],
     drafter_backends: &[Arc<dyn Backend>],
 ) -> Result<MemoryPlan> {
-    // Planned from the shapes and refused here, before the first tensor is allocated.
+    // Planned from the shapes and refused here, before the first tensor is allocated, on the
+    // devices' memory with what earlier work in this process cached returned.
+    super::memory::release_caches(target_backends);
+    super::memory::release_caches(drafter_backends);
     let memory = MemoryPlan::new(plan, target_backends, drafter_backends);
     eprintln!("{}", memory.table());
     memory.write(run_dir)?;

@@ -157,6 +157,16 @@ pub struct MemoryPlan {
     pub devices: Vec<DevicePlan>,
 }
 
+/// Has every backend return what its allocator caches from earlier work in this process
+/// (`BackendInfo::release_cached_memory`), so a plan made next counts it as free: without it a
+/// job after a bench's component figures, or after the rate runs of `dflash plan`, finds no
+/// room for what those left cached.
+pub fn release_caches(backends: &[Arc<dyn Backend>]) {
+    for b in backends {
+        b.release_cached_memory();
+    }
+}
+
 /// Where each worker runs: its device name and backend model.
 struct Placed {
     device: String,
@@ -184,18 +194,14 @@ struct Knobs {
 
 impl MemoryPlan {
     /// The plan of `plan` on the backends its workers were placed on (target workers'
-    /// `targets`, drafter replicas' `drafters`), with each device's free memory, read after
-    /// every backend has returned what its allocator caches from earlier work in this
-    /// process (`BackendInfo::release_cached_memory`): otherwise a job after a bench's
-    /// component figures would find no room for what those left cached.
+    /// `targets`, drafter replicas' `drafters`), with each device's free memory as the
+    /// backends report it now: call [`release_caches`] first where earlier work in this
+    /// process may have left memory cached.
     pub fn new(
         plan: &JobPlan,
         targets: &[Arc<dyn Backend>],
         drafters: &[Arc<dyn Backend>],
     ) -> Self {
-        for b in targets.iter().chain(drafters) {
-            b.release_cached_memory();
-        }
         let knobs = Knobs {
             micro: plan.largest_micro(plan.cfg.data.num_anchors),
             recompute: plan.cfg.train.recompute,

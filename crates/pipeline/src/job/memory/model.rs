@@ -238,4 +238,25 @@ mod tests {
         let (_, kept_f32) = model(4).ce_workspace(8192, h, v);
         assert_eq!(kept - kept_f32, 512 * v * 2);
     }
+
+    /// The constants above are copies of the CUDA loss's (this crate does not link the
+    /// backend): a change there that is not made here fails this test.
+    #[test]
+    fn cuda_loss_constants_are_the_backends() {
+        let src = include_str!("../../../../../backends/cuda/src/loss.rs");
+        for line in [
+            format!("const CHUNK_ROWS: usize = {CUDA_CE_CHUNK_ROWS};"),
+            format!(
+                "const LOGITS_BYTES: usize = {} << 20;",
+                CUDA_LOGITS_BYTES >> 20
+            ),
+            format!("const CHUNK_ALIGN: usize = {CUDA_CE_CHUNK_ALIGN};"),
+            "let bytes = (2 * xc_len + logits_len) * 4 + dl_bytes + 256 * 4;".to_string(),
+        ] {
+            assert!(
+                src.contains(&line),
+                "backends/cuda/src/loss.rs has no `{line}`"
+            );
+        }
+    }
 }
