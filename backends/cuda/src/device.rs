@@ -141,45 +141,49 @@ fn init(ordinal: usize) -> Result<Device, CudaError> {
     })
 }
 
+/// The device's default memory pool, which every stream-ordered allocation of the backend
+/// comes from; `None` where the device has no memory pools.
+fn default_pool(ctx: &Arc<CudaContext>) -> Option<sys::CUmemoryPool> {
+    if !ctx.has_async_alloc() {
+        return None;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is written by the driver before it is read.
+    let rc = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    (rc == sys::cudaError_enum::CUDA_SUCCESS).then_some(pool)
+}
+
 /// Stream-ordered allocations come from the device's default pool; by default it returns
 /// freed memory to the OS at every synchronisation. Keep it instead (a training step frees
 /// and reallocates the same sizes every time). Best effort: failure changes only speed.
 fn keep_pool_memory(ctx: &Arc<CudaContext>) {
-    if !ctx.has_async_alloc() {
+    let Some(pool) = default_pool(ctx) else {
         return;
-    }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    };
     let threshold: u64 = u64::MAX;
-    // SAFETY: `pool` is written by the driver before it is read; the attribute value is a u64
-    // as the driver documents for CU_MEMPOOL_ATTR_RELEASE_THRESHOLD.
+    // SAFETY: the attribute value is a u64 as the driver documents for
+    // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            == sys::cudaError_enum::CUDA_SUCCESS
-        {
-            let _ = sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &threshold as *const u64 as *mut std::ffi::c_void,
-            );
-        }
+        let _ = sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute_enum::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &threshold as *const u64 as *mut std::ffi::c_void,
+        );
     }
 }
 
 /// Releases the default pool's unused memory to the device ([`keep_pool_memory`] keeps it
 /// otherwise), so the device's free memory counts it again. Best effort, like keeping it.
 pub(crate) fn trim_pool(ctx: &Arc<CudaContext>) {
-    if !ctx.has_async_alloc() || ctx.bind_to_thread().is_err() {
+    if ctx.bind_to_thread().is_err() {
         return;
     }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is written by the driver before it is read; trimming releases only
-    // memory no allocation holds.
+    let Some(pool) = default_pool(ctx) else {
+        return;
+    };
+    // SAFETY: a valid pool; trimming releases only memory no allocation holds.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            == sys::cudaError_enum::CUDA_SUCCESS
-        {
-            let _ = sys::cuMemPoolTrimTo(pool, 0);
-        }
+        let _ = sys::cuMemPoolTrimTo(pool, 0);
     }
 }
 
@@ -188,19 +192,11 @@ pub(crate) fn trim_pool(ctx: &Arc<CudaContext>) {
 /// `USED_MEM_HIGH` is the peak of live tensors plus workspaces. `None` where the device has
 /// no memory pools.
 pub(crate) fn pool_usage(ctx: &Arc<CudaContext>, reset: bool) -> Option<(u64, u64)> {
-    if !ctx.has_async_alloc() {
-        return None;
-    }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let pool = default_pool(ctx)?;
     let (mut used, mut high): (u64, u64) = (0, 0);
-    // SAFETY: `pool` is written by the driver before use; both attributes are u64 values as
-    // the driver documents (CU_MEMPOOL_ATTR_USED_MEM_CURRENT / _HIGH); resetting HIGH takes 0.
+    // SAFETY: a valid pool; both attributes are u64 values as the driver documents
+    // (CU_MEMPOOL_ATTR_USED_MEM_CURRENT / _HIGH); resetting HIGH takes 0.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            != sys::cudaError_enum::CUDA_SUCCESS
-        {
-            return None;
-        }
         if reset {
             let zero: u64 = 0;
             let _ = sys::cuMemPoolSetAttribute(

@@ -39,12 +39,8 @@ const CHUNK_ALIGN: usize = 128;
 
 /// Active rows per chunk for a `v`-row head.
 fn chunk_rows(v: usize) -> usize {
-    let rows = (LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CHUNK_ROWS);
-    if rows >= CHUNK_ALIGN {
-        rows / CHUNK_ALIGN * CHUNK_ALIGN
-    } else {
-        rows
-    }
+    let [budget, v, max, align] = [LOGITS_BYTES, v, CHUNK_ROWS, CHUNK_ALIGN].map(|x| x as u64);
+    dflash_core::ops::loss::logits_chunk_rows(budget, v, max, align) as usize
 }
 
 /// One block of `threads` per row (the per-row kernels; `ce_rows` is built for <= 256).

@@ -75,12 +75,14 @@ const HOST_CE_CHUNK_ROWS: u128 = 64;
 
 /// The CUDA loss's active rows per chunk for a `v`-row head (`chunk_rows` there).
 fn cuda_ce_chunk_rows(v: u128) -> u128 {
-    let rows = (CUDA_LOGITS_BYTES / (v.max(1) * 4)).clamp(1, CUDA_CE_CHUNK_ROWS);
-    if rows >= CUDA_CE_CHUNK_ALIGN {
-        rows / CUDA_CE_CHUNK_ALIGN * CUDA_CE_CHUNK_ALIGN
-    } else {
-        rows
-    }
+    let [budget, v, max, align] = [
+        CUDA_LOGITS_BYTES,
+        v,
+        CUDA_CE_CHUNK_ROWS,
+        CUDA_CE_CHUNK_ALIGN,
+    ]
+    .map(|x| x as u64);
+    dflash_core::ops::loss::logits_chunk_rows(budget, v, max, align) as u128
 }
 
 impl BackendModel {
