@@ -61,6 +61,9 @@ pub use device::NO_ADAPTER_HINT;
 pub use gemm::GemmKernel;
 pub use options::{AttnCoop, WgpuOptions};
 pub use storage::{DType, WgpuStorage};
+/// The wgpu this backend is built on, so that callers name its types without a second,
+/// possibly different, version.
+pub use wgpu;
 
 use device::Ctx;
 use pipelines::{Family, Kernel};
@@ -176,6 +179,17 @@ impl WgpuBackend {
         self.ctx.pool.stats()
     }
 
+    /// The device-local memory the adapter reports, less what this device holds (live
+    /// tensors and pooled buffers), capped by the driver's budget where it has
+    /// `VK_EXT_memory_budget`: what a job's memory plan is checked against on a GPU adapter
+    /// (`memory_capacity`). `None` on an API other than Vulkan, which has no such query.
+    pub fn device_memory(&self) -> Option<dflash_core::MemoryCapacity> {
+        let heaps = vulkan::memory::device_local(&self.ctx.device)?;
+        let (live, _) = self.ctx.mem.get();
+        let (_, _, pooled) = self.ctx.pool.stats();
+        Some(heaps.capacity(live + pooled))
+    }
+
     /// Whether this instance's row reductions run on subgroup operations: the device has
     /// `SUBGROUP` and [`WgpuOptions::subgroups`] is on.
     pub fn subgroups(&self) -> bool {
@@ -201,6 +215,11 @@ impl WgpuBackend {
     /// The limits the device was opened with.
     pub fn limits(&self) -> &wgpu::Limits {
         &self.ctx.limits
+    }
+
+    /// The adapter this instance's device was opened on: name, API, device type, driver.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.ctx.info
     }
 
     pub(crate) fn tag(&self) -> &str {
@@ -364,6 +383,14 @@ impl BackendInfo for WgpuBackend {
             activation: 4,
             compute: self.compute_format().size() as u64,
         }
+    }
+    fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {
+        // A CPU adapter's buffers are host memory, which the plan then asks the host for; the
+        // heap it reports is the driver's placeholder (lavapipe: 2 GiB on any machine).
+        if self.ctx.info.device_type == wgpu::DeviceType::Cpu {
+            return None;
+        }
+        self.device_memory()
     }
 }
 

@@ -134,3 +134,45 @@ fn released_cache_is_not_reused() {
     assert_eq!(misses_after, misses + 1);
     check_exact("zeros after the release", &down(&be, &z), &vec![0.0; n]);
 }
+
+/// On Vulkan the backend reads its device-local heaps, and what it holds (live tensors and
+/// pooled buffers) is not free; a GPU adapter reports that as the memory a job's plan is
+/// checked against, a CPU adapter (lavapipe) reports nothing, so the plan asks the host. Other
+/// tests of this executable allocate on the same device at the same time, so only the bound
+/// that holds whatever they do is asserted: with a 64 MiB tensor alive, free is at most the
+/// total less 64 MiB.
+#[test]
+fn device_memory_is_the_heaps_less_what_the_backend_holds() {
+    use dflash_core::BackendInfo;
+    let Some(be) = wgpu() else { return };
+    let Some(mem) = be.device_memory() else {
+        skip("not a Vulkan adapter: no device memory query, the memory plan uses host memory");
+        return;
+    };
+    assert!(mem.total > 0, "no device-local heap: {mem:?}");
+    assert!(mem.free <= mem.total, "{mem:?}");
+    let n = 16 << 20;
+    let t = be.zeros(&[n]).unwrap();
+    let held = be.device_memory().unwrap();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "  heaps {:.2} GiB, free {:.2} GiB before and {:.2} GiB with 64 MiB held",
+        gib(mem.total),
+        gib(mem.free),
+        gib(held.free)
+    );
+    assert_eq!(held.total, mem.total, "the heaps do not change");
+    assert!(
+        held.free <= held.total - 4 * n as u64,
+        "a live 64 MiB tensor counts as free: {held:?}"
+    );
+    drop(t);
+    let cpu = be.adapter_info().device_type == dflash_backend_wgpu::wgpu::DeviceType::Cpu;
+    match be.memory_capacity() {
+        None => assert!(cpu, "a GPU adapter on Vulkan reports no memory capacity"),
+        Some(cap) => {
+            assert!(!cpu, "a CPU adapter's placeholder heap reported: {cap:?}");
+            assert_eq!(cap.total, mem.total);
+        }
+    }
+}

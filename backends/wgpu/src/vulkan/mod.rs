@@ -1,5 +1,6 @@
-//! Two measurement switches that need the Vulkan API below wgpu (through `ash`, the version
-//! wgpu-hal uses), both off by default:
+//! What needs the Vulkan API below wgpu (through `ash`, the version wgpu-hal uses): the device
+//! memory the job's memory plan is checked against ([`memory`]), and two measurement switches,
+//! both off by default:
 //!
 //! - `DFLASH_WGPU_ROBUSTNESS=off` opens the device without robust buffer access, to time what
 //!   the driver's own bounds checks cost the kernels ([`open`]);
@@ -8,9 +9,10 @@
 //!   as the driver reports them through `VK_KHR_pipeline_executable_properties` ([`stats`];
 //!   with a directory, its internal representations are written there too).
 //!
-//! Either one makes the backend create its Vulkan device by hand (the extensions and features
+//! Either switch makes the backend create its Vulkan device by hand (the extensions and features
 //! wgpu asks for, then the switch's change) and hand it to wgpu.
 
+pub(crate) mod memory;
 pub(crate) mod open;
 pub(crate) mod stats;
 
