@@ -56,6 +56,7 @@ impl Ledger {
                 peak_bytes: 0,
                 free_bytes: None,
                 total_bytes: None,
+                host_memory: false,
                 measured_peak_bytes: None,
             });
         let ts = self.terms.entry(dev.to_string()).or_default();

@@ -141,6 +141,10 @@ pub struct DevicePlan {
     pub peak_bytes: u64,
     pub free_bytes: Option<u64>,
     pub total_bytes: Option<u64>,
+    /// Whether `free_bytes` and `total_bytes` are the host's: the backend reports no device
+    /// memory of its own (the reference backend; wgpu on a CPU adapter or an API without a
+    /// memory query).
+    pub host_memory: bool,
     /// The backend's measured peak over the run (`BackendInfo::memory_stats`), once known.
     pub measured_peak_bytes: Option<u64>,
 }
@@ -215,12 +219,13 @@ impl MemoryPlan {
             let mut p = Self::with_knobs(plan, &t, &d, k);
             let all = targets.iter().chain(drafters);
             for d in &mut p.devices {
-                let cap = all
+                let device_cap = all
                     .clone()
                     .find(|b| b.device() == d.device)
-                    .and_then(|b| b.memory_capacity())
-                    // A backend that does not report device memory keeps tensors in host memory.
-                    .or_else(host_capacity);
+                    .and_then(|b| b.memory_capacity());
+                // A backend that does not report device memory keeps tensors in host memory.
+                d.host_memory = device_cap.is_none();
+                let cap = device_cap.or_else(host_capacity);
                 d.free_bytes = cap.map(|c| c.free);
                 d.total_bytes = cap.map(|c| c.total);
             }
@@ -273,7 +278,10 @@ impl MemoryPlan {
         );
         for d in &self.devices {
             let free = match (d.free_bytes, d.total_bytes) {
-                (Some(f), Some(t)) => format!(" of {} free ({} total)", human(f), human(t)),
+                (Some(f), Some(t)) => {
+                    let whose = if d.host_memory { ", host memory" } else { "" };
+                    format!(" of {} free ({} total{whose})", human(f), human(t))
+                }
                 _ => " (free memory unknown)".into(),
             };
             out += &format!("\n  {}: peak {}{free}", d.device, human(d.peak_bytes));

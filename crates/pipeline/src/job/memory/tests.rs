@@ -89,6 +89,13 @@ fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_gi
             "{term} missing: {d:?}"
         );
     }
+    // The reference backend reports no device memory: the plan is checked against the host's
+    // and says so.
+    assert!(mp.devices[0].host_memory);
+    if mp.devices[0].free_bytes.is_some() {
+        let table = mp.table();
+        assert!(table.contains(" total, host memory)"), "{table}");
+    }
     // The host has room for the tiny job; half its peak does not.
     mp.check(&plan, &b, &b).unwrap();
     let peak = mp.devices[0].peak_bytes;
