@@ -158,6 +158,10 @@ pub struct MemoryPlan {
     /// Whether checkpoints are written in the background from a device snapshot: only when
     /// the snapshot fits beside everything else; otherwise they are written in place.
     pub background_checkpoints: bool,
+    /// Whether the drafter's state is large enough for a background write to pay
+    /// (`checkpoint::BACKGROUND_MIN_BYTES`): a small state is written in place whatever the
+    /// room, a large one in place only where its snapshot does not fit.
+    pub snapshot_wanted: bool,
     pub devices: Vec<DevicePlan>,
 }
 
@@ -235,10 +239,12 @@ impl MemoryPlan {
         if p.fits() {
             return p;
         }
-        with_capacity(Knobs {
+        let mut p = with_capacity(Knobs {
             snapshot: false,
             ..knobs
-        })
+        });
+        p.snapshot_wanted = knobs.snapshot;
+        p
     }
 
     /// Whether every device's peak is within its free memory (where that is known).
@@ -261,15 +267,17 @@ impl MemoryPlan {
             micro: k.micro,
             recompute: k.recompute,
             background_checkpoints: k.snapshot,
+            snapshot_wanted: k.snapshot,
             devices: ledger.into_devices(),
         }
     }
 
     /// The plan as a table, one block per device.
     pub fn table(&self) -> String {
-        let checkpoints = match self.background_checkpoints {
-            true => "in the background from a device snapshot",
-            false => "in place (no room for a snapshot)",
+        let checkpoints = match (self.background_checkpoints, self.snapshot_wanted) {
+            (true, _) => "in the background from a device snapshot",
+            (false, true) => "in place (no room for a snapshot)",
+            (false, false) => "in place (a small state)",
         };
         let mut out = format!(
             "memory plan (largest micro-batch: {} context rows, {} blocks; recompute {}; \

@@ -92,10 +92,16 @@ fn a_job_that_does_not_fit_is_refused_naming_each_knob_with_the_peak_it_would_gi
     // The reference backend reports no device memory: the plan is checked against the host's
     // and says so.
     assert!(mp.devices[0].host_memory);
+    let table = mp.table();
     if mp.devices[0].free_bytes.is_some() {
-        let table = mp.table();
         assert!(table.contains(" total, host memory)"), "{table}");
     }
+    // The tiny drafter's state is written in place because it is small, not for want of room.
+    assert!(!mp.snapshot_wanted && !mp.background_checkpoints);
+    assert!(
+        table.contains("checkpoints in place (a small state)"),
+        "{table}"
+    );
     // The host has room for the tiny job; half its peak does not.
     mp.check(&plan, &b, &b).unwrap();
     let peak = mp.devices[0].peak_bytes;
@@ -349,6 +355,7 @@ fn the_checkpoint_snapshot_is_planned_where_it_fits_and_dropped_where_it_does_no
     let weights = term(&with, "drafter weights").unwrap();
     assert_eq!(term(&with, "checkpoint snapshot"), Some(3 * weights));
     assert!(with.background_checkpoints);
+    assert!(with.table().contains("checkpoints in the background"));
     let without = MemoryPlan::with_knobs(
         &plan,
         &t,
