@@ -181,8 +181,9 @@ impl WgpuBackend {
 
     /// The device-local memory the adapter reports, less what this device holds (live
     /// tensors and pooled buffers), capped by the driver's budget where it has
-    /// `VK_EXT_memory_budget`: what a job's memory plan is checked against on a GPU adapter
-    /// (`memory_capacity`). `None` on an API other than Vulkan, which has no such query.
+    /// `VK_EXT_memory_budget`: what a job's memory plan is checked against on a discrete GPU
+    /// (`memory_capacity`; CPU adapters and integrated GPUs use host memory). `None` on an API
+    /// other than Vulkan, which has no such query.
     pub fn device_memory(&self) -> Option<dflash_core::MemoryCapacity> {
         let heaps = vulkan::memory::device_local(&self.ctx.device)?;
         let (live, _) = self.ctx.mem.get();
@@ -386,11 +387,14 @@ impl BackendInfo for WgpuBackend {
     }
     fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {
         // A CPU adapter's buffers are host memory, which the plan then asks the host for; the
-        // heap it reports is the driver's placeholder (lavapipe: 2 GiB on any machine).
-        if self.ctx.info.device_type == wgpu::DeviceType::Cpu {
-            return None;
+        // heap it reports is the driver's placeholder (lavapipe: 2 GiB on any machine). An
+        // integrated GPU's are host memory too, and its device-local heap can be a small
+        // carve-out beside the system memory it also allocates from: planned against the
+        // heap, a job that fits would be refused.
+        match self.ctx.info.device_type {
+            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu => None,
+            _ => self.device_memory(),
         }
-        self.device_memory()
     }
 }
 

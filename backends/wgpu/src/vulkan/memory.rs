@@ -7,8 +7,9 @@
 //! (live tensors and its buffer pool). Where the driver has `VK_EXT_memory_budget`, the free
 //! figure is also capped by the driver's own budget less its usage, which sees other
 //! processes and the driver's overheads. Other APIs (Metal, DX12, GL) report nothing here; the
-//! plan then uses host memory, which is right for Apple's unified memory. So does a CPU adapter
-//! (lavapipe), whose heap is a placeholder (`WgpuBackend::memory_capacity`).
+//! plan then uses host memory, which is right for Apple's unified memory. So do a CPU adapter
+//! (lavapipe), whose heap is a placeholder, and an integrated GPU, whose buffers are host memory
+//! (`WgpuBackend::memory_capacity`).
 
 use ash::vk;
 use wgpu::hal::api::Vulkan;

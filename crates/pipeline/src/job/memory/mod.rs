@@ -142,8 +142,8 @@ pub struct DevicePlan {
     pub free_bytes: Option<u64>,
     pub total_bytes: Option<u64>,
     /// Whether `free_bytes` and `total_bytes` are the host's: the backend reports no device
-    /// memory of its own (the reference backend; wgpu on a CPU adapter or an API without a
-    /// memory query).
+    /// memory of its own (the reference backend; wgpu on a CPU adapter, an integrated GPU or
+    /// an API without a memory query).
     pub host_memory: bool,
     /// The backend's measured peak over the run (`BackendInfo::memory_stats`), once known.
     pub measured_peak_bytes: Option<u64>,
