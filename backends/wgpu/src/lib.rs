@@ -179,16 +179,16 @@ impl WgpuBackend {
         self.ctx.pool.stats()
     }
 
-    /// The device-local memory the adapter reports, less what this device holds (live
-    /// tensors and pooled buffers), capped by the driver's budget where it has
-    /// `VK_EXT_memory_budget`: what a job's memory plan is checked against on a discrete GPU
-    /// (`memory_capacity`; CPU adapters and integrated GPUs use host memory). `None` on an API
-    /// other than Vulkan, which has no such query.
+    /// The adapter's largest device-local heap, less what this device holds (live tensors and
+    /// pooled buffers), capped by the driver's budget where wgpu enabled
+    /// `VK_EXT_memory_budget` (`vulkan::memory`): what a job's memory plan is checked against
+    /// on a discrete GPU (`memory_capacity`; CPU adapters and integrated GPUs use host
+    /// memory). `None` on an API other than Vulkan, which has no such query.
     pub fn device_memory(&self) -> Option<dflash_core::MemoryCapacity> {
-        let heaps = vulkan::memory::device_local(&self.ctx.device)?;
+        let heap = vulkan::memory::device_local(&self.ctx.device)?;
         let (live, _) = self.ctx.mem.get();
         let (_, _, pooled) = self.ctx.pool.stats();
-        Some(heaps.capacity(live + pooled))
+        Some(heap.capacity(live + pooled))
     }
 
     /// Whether this instance's row reductions run on subgroup operations: the device has
@@ -387,10 +387,10 @@ impl BackendInfo for WgpuBackend {
     }
     fn memory_capacity(&self) -> Option<dflash_core::MemoryCapacity> {
         // A CPU adapter's buffers are host memory, which the plan then asks the host for; the
-        // heap it reports is the driver's placeholder (lavapipe: 2 GiB on any machine). An
-        // integrated GPU's are host memory too, and its device-local heap can be a small
-        // carve-out beside the system memory it also allocates from: planned against the
-        // heap, a job that fits would be refused.
+        // heap it reports is the driver's placeholder (lavapipe in Mesa 22: 2 GiB on any
+        // machine). An integrated GPU's are host memory too, and its device-local heap can be
+        // a small carve-out beside the system memory it also allocates from: planned against
+        // the heap, a job that fits would be refused.
         match self.ctx.info.device_type {
             wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu => None,
             _ => self.device_memory(),

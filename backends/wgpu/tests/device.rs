@@ -1,7 +1,8 @@
 //! Adapter selection, the limits in force, the registry entry, and clean errors: no adapter
 //! (wgpu restricted to an API this machine lacks, in a child process), an adapter index out
 //! of range, unknown attention kernels, the tensor-core forward's shipped setting (where the
-//! adapter supports it), and ops that are not implemented yet.
+//! adapter supports it), the memory a job's plan is checked against, and ops that are not
+//! implemented yet.
 //!
 //! Skips cleanly without an adapter (except the no-adapter test, which needs none).
 
@@ -159,4 +160,50 @@ fn memory_stats_track_live_buffers() {
     drop(t);
     be.synchronize().unwrap();
     println!("  memory_stats: {during:?}");
+}
+
+/// On Vulkan the backend reads its largest device-local heap, and what it holds (live tensors
+/// and pooled buffers) is not free; a discrete GPU reports that as the memory a job's plan is
+/// checked against, a CPU adapter (lavapipe) or an integrated GPU reports nothing, so the plan
+/// asks the host. Other tests of this executable allocate on the same device at the same time,
+/// so only the bound that holds whatever they do is asserted: with a 64 MiB tensor alive, free
+/// is at most the total less 64 MiB.
+#[test]
+fn device_memory_is_the_heap_less_what_the_backend_holds() {
+    let Some(be) = wgpu() else { return };
+    let Some(mem) = be.device_memory() else {
+        skip("not a Vulkan adapter: no device memory query, the memory plan uses host memory");
+        return;
+    };
+    assert!(mem.total > 0, "no device-local heap: {mem:?}");
+    assert!(mem.free <= mem.total, "{mem:?}");
+    let n = 16 << 20;
+    use dflash_core::MemoryOps;
+    let t = be.zeros(&[n]).unwrap();
+    let held = be.device_memory().unwrap();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "  heap {:.2} GiB, free {:.2} GiB before and {:.2} GiB with 64 MiB held",
+        gib(mem.total),
+        gib(mem.free),
+        gib(held.free)
+    );
+    assert_eq!(held.total, mem.total, "the heap does not change");
+    assert!(
+        held.free <= held.total - 4 * n as u64,
+        "a live 64 MiB tensor counts as free: {held:?}"
+    );
+    drop(t);
+    use dflash_backend_wgpu::wgpu::DeviceType;
+    let host = matches!(
+        be.adapter_info().device_type,
+        DeviceType::Cpu | DeviceType::IntegratedGpu
+    );
+    match be.memory_capacity() {
+        None => assert!(host, "a discrete GPU on Vulkan reports no memory capacity"),
+        Some(cap) => {
+            assert!(!host, "a host-memory adapter reported its heap: {cap:?}");
+            assert_eq!(cap.total, mem.total);
+        }
+    }
 }

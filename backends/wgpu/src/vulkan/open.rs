@@ -114,11 +114,7 @@ pub(crate) fn open_by_hand(
 ///
 /// # Safety
 /// `phys` must be a physical device of `instance`.
-pub(crate) unsafe fn has_extension(
-    instance: &ash::Instance,
-    phys: vk::PhysicalDevice,
-    name: &CStr,
-) -> bool {
+unsafe fn has_extension(instance: &ash::Instance, phys: vk::PhysicalDevice, name: &CStr) -> bool {
     // SAFETY: as the caller promises.
     let Ok(list) = (unsafe { instance.enumerate_device_extension_properties(phys) }) else {
         return false;

@@ -79,7 +79,7 @@ pub(super) struct Written {
 pub(super) struct CheckpointWriter {
     run_dir: PathBuf,
     /// `false`: every checkpoint written in place (the memory plan found no room for a
-    /// snapshot).
+    /// snapshot, or the state is too small for a background write to pay).
     background: bool,
     /// States smaller than this are written in place ([`BACKGROUND_MIN_BYTES`]; the tests
     /// lower it to run the background path on a tiny drafter).

@@ -235,15 +235,22 @@ impl MemoryPlan {
             }
             p
         };
-        let p = with_capacity(knobs);
-        if p.fits() {
+        Self::snapshot_where_it_fits(knobs, with_capacity)
+    }
+
+    /// The plan `plan_with` makes of `knobs` (free memory included) where it fits; where it
+    /// does not and it has a checkpoint snapshot, the plan without one (checkpoints then
+    /// written in place), which says the snapshot was wanted.
+    fn snapshot_where_it_fits(knobs: Knobs, plan_with: impl Fn(Knobs) -> Self) -> Self {
+        let p = plan_with(knobs);
+        if p.fits() || !knobs.snapshot {
             return p;
         }
-        let mut p = with_capacity(Knobs {
+        let mut p = plan_with(Knobs {
             snapshot: false,
             ..knobs
         });
-        p.snapshot_wanted = knobs.snapshot;
+        p.snapshot_wanted = true;
         p
     }
 

@@ -378,4 +378,26 @@ fn the_checkpoint_snapshot_is_planned_where_it_fits_and_dropped_where_it_does_no
     q.devices[0].free_bytes = p.devices[0].free_bytes;
     assert!(q.fits() && !q.background_checkpoints);
     q.check(&plan, &b, &b).unwrap();
+    // What `MemoryPlan::new` does with that free memory: the plan without the snapshot, which
+    // says why its checkpoints are written in place.
+    let (plan, t, d) = (&plan, &t, &d);
+    let between = |free: u64| {
+        move |k: Knobs| {
+            let mut p = MemoryPlan::with_knobs(plan, t, d, k);
+            p.devices[0].free_bytes = Some(free);
+            p
+        }
+    };
+    let dropped =
+        MemoryPlan::snapshot_where_it_fits(knobs, between(without.devices[0].peak_bytes + weights));
+    assert!(dropped.fits() && !dropped.background_checkpoints && dropped.snapshot_wanted);
+    assert_eq!(dropped.devices[0].peak_bytes, without.devices[0].peak_bytes);
+    let table = dropped.table();
+    assert!(
+        table.contains("checkpoints in place (no room for a snapshot)"),
+        "{table}"
+    );
+    // With room, the snapshot stays.
+    let kept = MemoryPlan::snapshot_where_it_fits(knobs, between(with.devices[0].peak_bytes));
+    assert!(kept.background_checkpoints && kept.snapshot_wanted);
 }
