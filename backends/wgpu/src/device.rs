@@ -236,12 +236,7 @@ impl Ctx {
 /// kernels), made on first use and shared process-wide. Prints the adapter, its API and the
 /// limits in force when the device is made.
 pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
-    type Devices = HashMap<(usize, bool), Arc<Ctx>>;
-    static DEVICES: OnceLock<Mutex<Devices>> = OnceLock::new();
-    let mut devices = DEVICES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut devices = devices();
     if let Some(ctx) = devices.get(&(ordinal, coop)) {
         return Ok(ctx.clone());
     }
@@ -249,6 +244,27 @@ pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
     eprintln!("dflash-backend-wgpu: {}", ctx.summary());
     devices.insert((ordinal, coop), ctx.clone());
     Ok(ctx)
+}
+
+/// The devices this process opened, by adapter and whether it is the cooperative-matrix one.
+type Devices = HashMap<(usize, bool), Arc<Ctx>>;
+
+fn devices() -> std::sync::MutexGuard<'static, Devices> {
+    static DEVICES: OnceLock<Mutex<Devices>> = OnceLock::new();
+    DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bytes the devices this process opened on adapter `ordinal` hold, live tensors and pooled
+/// buffers: the plain device and the cooperative-matrix one allocate from the same memory.
+pub(crate) fn held_on_adapter(ordinal: usize) -> u64 {
+    devices()
+        .iter()
+        .filter(|((o, _), _)| *o == ordinal)
+        .map(|(_, ctx)| ctx.mem.get().0 + ctx.pool.stats().2)
+        .sum()
 }
 
 /// What adapter `ordinal` lacks for the cooperative-matrix kernels (`GemmKernel::Coop`,

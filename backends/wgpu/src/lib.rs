@@ -179,16 +179,14 @@ impl WgpuBackend {
         self.ctx.pool.stats()
     }
 
-    /// The adapter's largest device-local heap, less what this device holds (live tensors and
-    /// pooled buffers), capped by the driver's budget where wgpu enabled
+    /// The adapter's largest device-local heap, less what this process's devices on it hold
+    /// (live tensors and pooled buffers), capped by the driver's budget where wgpu enabled
     /// `VK_EXT_memory_budget` (`vulkan::memory`): what a job's memory plan is checked against
     /// on a discrete GPU (`memory_capacity`; CPU adapters and integrated GPUs use host
     /// memory). `None` on an API other than Vulkan, which has no such query.
     pub fn device_memory(&self) -> Option<dflash_core::MemoryCapacity> {
         let heap = vulkan::memory::device_local(&self.ctx.device)?;
-        let (live, _) = self.ctx.mem.get();
-        let (_, _, pooled) = self.ctx.pool.stats();
-        Some(heap.capacity(live + pooled))
+        Some(heap.capacity(device::held_on_adapter(self.ctx.ordinal)))
     }
 
     /// Whether this instance's row reductions run on subgroup operations: the device has
