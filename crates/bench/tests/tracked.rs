@@ -1,8 +1,10 @@
 //! The memory figures and synchronisation, through a backend that reports memory: a thin
-//! wrapper over the reference backend with fixed `memory_stats` and counted calls.
+//! wrapper over the reference backend with fixed `memory_stats` and counted calls. Registered
+//! as `tracked` too, so that a job runs on it: the job returns every backend's cached memory
+//! before it asks for the free memory its plan is checked against.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dflash_bench::{BenchOptions, Orientation, run_suite};
 use dflash_core::mask::BlockMask;
@@ -11,8 +13,50 @@ use dflash_core::*;
 
 struct Tracked {
     inner: Arc<dyn Backend>,
+    /// Which instance: [`UNLOGGED`], or one the registry made for a job.
+    id: usize,
     syncs: AtomicUsize,
     resets: AtomicUsize,
+}
+
+/// The id of an instance a test made itself, whose memory calls are not logged.
+const UNLOGGED: usize = usize::MAX;
+/// The memory calls of registry-made instances, in order: (instance, call).
+static MEMORY_CALLS: Mutex<Vec<(usize, &'static str)>> = Mutex::new(Vec::new());
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+impl Tracked {
+    fn new(inner: Arc<dyn Backend>, id: usize) -> Self {
+        Tracked {
+            inner,
+            id,
+            syncs: AtomicUsize::new(0),
+            resets: AtomicUsize::new(0),
+        }
+    }
+    fn log(&self, call: &'static str) {
+        if self.id != UNLOGGED {
+            MEMORY_CALLS.lock().unwrap().push((self.id, call));
+        }
+    }
+}
+
+fn create_tracked(opts: &registry::BackendOptions) -> Result<Arc<dyn Backend>> {
+    let inner = create_backend("reference", opts)?;
+    Ok(Arc::new(Tracked::new(
+        inner,
+        NEXT_ID.fetch_add(1, Ordering::Relaxed),
+    )))
+}
+
+inventory::submit! {
+    registry::BackendRegistration {
+        name: "tracked",
+        description: "the reference backend with fixed memory figures and logged memory calls",
+        create: create_tracked,
+        device_count: || 1,
+        preferred_attention: "reference",
+    }
 }
 
 const PEAK: u64 = 3 << 30;
@@ -39,6 +83,13 @@ impl BackendInfo for Tracked {
     }
     fn reset_peak_memory(&self) {
         self.resets.fetch_add(1, Ordering::Relaxed);
+    }
+    fn release_cached_memory(&self) {
+        self.log("release");
+    }
+    fn memory_capacity(&self) -> Option<MemoryCapacity> {
+        self.log("capacity");
+        None
     }
 }
 
@@ -203,11 +254,10 @@ impl CollectiveOps for Tracked {
 #[test]
 fn memory_figures_are_recorded_and_lower_is_better() {
     dflash_backend_reference::link();
-    let tracked = Arc::new(Tracked {
-        inner: create_backend("reference", &BackendOptions::default()).unwrap(),
-        syncs: AtomicUsize::new(0),
-        resets: AtomicUsize::new(0),
-    });
+    let tracked = Arc::new(Tracked::new(
+        create_backend("reference", &BackendOptions::default()).unwrap(),
+        UNLOGGED,
+    ));
     let opts = BenchOptions {
         only: Some("drafter.step.b1".into()),
         warmup: Some(0),
@@ -263,4 +313,57 @@ fn memory_figures_are_recorded_and_lower_is_better() {
         "{}",
         mem.detail
     );
+}
+
+/// The repository's root, which the embedded default's paths are relative to.
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// A job's memory plan is checked against each device's free memory after its backends
+/// returned what their allocators cached (`release_cached_memory`): memory a bench's earlier
+/// figures or a previous job left cached is free to it. On a GPU the order decides whether
+/// the checkpoint snapshot fits (session 20's e2e figure); here the calls are logged.
+#[test]
+fn a_job_releases_cached_memory_before_it_plans_against_free_memory() {
+    dflash_backend_reference::link();
+    let runs = tempfile::tempdir().unwrap();
+    // The embedded default, one small step on the logging backend.
+    let overrides: Vec<(String, String)> = [
+        ("backend.name", "\"tracked\"".to_string()),
+        ("backend.attention", "\"reference\"".into()),
+        ("drafter.num_layers", "1".into()),
+        ("data.token_budget", "512".into()),
+        ("data.num_anchors", "4".into()),
+        ("train.max_steps", "1".into()),
+        ("eval.max_samples", "2".into()),
+        ("run.dir", format!("{:?}", runs.path())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let text = std::fs::read_to_string(format!("{ROOT}/configs/default.toml")).unwrap();
+    let cfg = dflash_config::TrainConfig::load_toml_str(
+        &text,
+        "configs/default.toml",
+        std::path::Path::new(ROOT),
+        &overrides,
+    )
+    .unwrap();
+    dflash_pipeline::train(&cfg, None).unwrap();
+    let calls = MEMORY_CALLS.lock().unwrap().clone();
+    let asked: Vec<usize> = calls
+        .iter()
+        .filter(|(_, c)| *c == "capacity")
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        !asked.is_empty(),
+        "the plan asked no backend for its memory: {calls:?}"
+    );
+    for id in asked {
+        let first_ask = calls.iter().position(|&c| c == (id, "capacity")).unwrap();
+        assert!(
+            calls[..first_ask].contains(&(id, "release")),
+            "instance {id} was asked for its free memory before it released its cache: {calls:?}"
+        );
+    }
 }
