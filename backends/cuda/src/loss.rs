@@ -39,8 +39,7 @@ const CHUNK_ALIGN: usize = 128;
 
 /// Active rows per chunk for a `v`-row head.
 fn chunk_rows(v: usize) -> usize {
-    let [budget, v, max, align] = [LOGITS_BYTES, v, CHUNK_ROWS, CHUNK_ALIGN].map(|x| x as u64);
-    dflash_core::ops::loss::logits_chunk_rows(budget, v, max, align) as usize
+    dflash_core::ops::loss::logits_chunk_rows(LOGITS_BYTES, v, CHUNK_ROWS, CHUNK_ALIGN)
 }
 
 /// One block of `threads` per row (the per-row kernels; `ce_rows` is built for <= 256).

@@ -3,8 +3,8 @@
 //!
 //! wgpu has no portable query for device memory, so without this a wgpu job would be planned
 //! against host memory even on a discrete GPU. Vulkan says what its heaps hold: the capacity is
-//! the largest device-local heap, and what is free is that heap less what this backend holds
-//! (live tensors and its buffer pool). Only the largest counts because a second device-local
+//! the largest device-local heap, and what is free is that heap less what this process's
+//! devices on the adapter hold (live tensors and their buffer pools). Only the largest counts because a second device-local
 //! heap is a view of the same memory (NVIDIA's 256 MiB window the host can map) or a small
 //! part of it (AMD's host-visible VRAM without resizable BAR): the largest is exact or a few
 //! hundred MiB short, never twice the same bytes. Where wgpu enabled `VK_EXT_memory_budget`
@@ -30,7 +30,7 @@ pub(crate) struct DeviceLocal {
 
 impl DeviceLocal {
     /// The capacity a plan is checked against, with `held` bytes already taken by this
-    /// backend: free is the smaller of `total - held` and the driver's budget.
+    /// process on the heap: free is the smaller of `total - held` and the driver's budget.
     pub(crate) fn capacity(self, held: u64) -> dflash_core::MemoryCapacity {
         let free = self.total.saturating_sub(held);
         dflash_core::MemoryCapacity {

@@ -71,7 +71,12 @@ pub struct LossDims {
 /// within `budget_bytes`: at most `max_rows`, and where at least `align` rows fit, a whole
 /// number of `align` (the chunk is the row dimension of the products with the head, which
 /// GEMM tiles round up). At least 1. Shared by a backend and the memory plan that models it.
-pub fn logits_chunk_rows(budget_bytes: u64, vocab: u64, max_rows: u64, align: u64) -> u64 {
+pub fn logits_chunk_rows(
+    budget_bytes: usize,
+    vocab: usize,
+    max_rows: usize,
+    align: usize,
+) -> usize {
     let rows = (budget_bytes / (vocab.max(1) * 4)).clamp(1, max_rows.max(1));
     if align > 0 && rows >= align {
         rows / align * align

@@ -67,22 +67,21 @@ pub struct BackendModel {
 const CUBLASLT_WORKSPACE: u128 = 32 << 20;
 /// The CUDA loss's largest logits chunk, most rows and row alignment of a chunk
 /// (`backends/cuda/src/loss.rs`).
-const CUDA_LOGITS_BYTES: u128 = 320 << 20;
-const CUDA_CE_CHUNK_ROWS: u128 = 1024;
-const CUDA_CE_CHUNK_ALIGN: u128 = 128;
+const CUDA_LOGITS_BYTES: usize = 320 << 20;
+const CUDA_CE_CHUNK_ROWS: usize = 1024;
+const CUDA_CE_CHUNK_ALIGN: usize = 128;
 /// The reference loss's rows per logits chunk (`backends/reference/src/loss.rs`).
 const HOST_CE_CHUNK_ROWS: u128 = 64;
 
 /// The CUDA loss's active rows per chunk for a `v`-row head (`chunk_rows` there).
 fn cuda_ce_chunk_rows(v: u128) -> u128 {
-    let [budget, v, max, align] = [
+    let rows = dflash_core::ops::loss::logits_chunk_rows(
         CUDA_LOGITS_BYTES,
-        v,
+        v as usize,
         CUDA_CE_CHUNK_ROWS,
         CUDA_CE_CHUNK_ALIGN,
-    ]
-    .map(|x| x as u64);
-    dflash_core::ops::loss::logits_chunk_rows(budget, v, max, align) as u128
+    );
+    rows as u128
 }
 
 impl BackendModel {
@@ -226,7 +225,7 @@ mod tests {
     fn cuda_loss_workspace_mirrors_the_backend() {
         let (h, v) = (4096u128, 151_936u128);
         assert_eq!(cuda_ce_chunk_rows(v), 512);
-        assert_eq!(cuda_ce_chunk_rows(320), CUDA_CE_CHUNK_ROWS);
+        assert_eq!(cuda_ce_chunk_rows(320), CUDA_CE_CHUNK_ROWS as u128);
         let model = |compute| BackendModel {
             ops: OpsKind::Cuda,
             attention: AttentionKind::CudaFlash,
