@@ -38,6 +38,7 @@ pub mod drafter_step;
 pub mod f16_products;
 pub mod ops;
 pub mod oracle;
+pub mod step_memory;
 pub mod tolerance;
 
 mod backend;

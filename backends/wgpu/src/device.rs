@@ -97,8 +97,8 @@ fn describe(info: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
 }
 
-/// Bytes of a device's live tensors (each padded to 16 bytes, not rounded to its buffer's
-/// size class), and their high-water mark.
+/// Bytes of a device's live tensors (each its buffer's size: padded to 16 bytes and rounded
+/// up to its size class), and their high-water mark.
 #[derive(Debug, Default)]
 pub(crate) struct MemCounter {
     in_use: AtomicU64,

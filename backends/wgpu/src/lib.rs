@@ -369,6 +369,11 @@ impl BackendInfo for WgpuBackend {
             peak_bytes: peak,
         })
     }
+    fn allocation_rounding(&self) -> dflash_core::AllocationRounding {
+        // A tensor past the buffer limit's class keeps its own size; the plan refuses such a
+        // tensor anyway, through the limit.
+        self.ctx.pool.rounding()
+    }
     fn reset_peak_memory(&self) {
         self.ctx.mem.reset_peak();
     }

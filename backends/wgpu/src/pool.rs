@@ -15,7 +15,9 @@
 //!   which lands at the start of the next submission) alike.
 //! - Sizes are rounded up to classes (1/8 of a power of two, at least 256 bytes), so packed
 //!   micro-batches of varying length still find buffers; bindings always name their element
-//!   range, never the whole buffer, so the extra bytes are never read.
+//!   range, never the whole buffer, so the extra bytes are never read. A tensor's memory is
+//!   its buffer's size ([`crate::WgpuBackend`]'s `memory_stats` and `allocation_rounding`,
+//!   which the job's memory plan applies tensor by tensor).
 //! - A reused buffer holds old values: [`crate::device::Ctx::alloc`] clears it (recorded, in
 //!   order with the kernels), and uploads and op outputs (`WgpuBackend::out`, which the op
 //!   writes in full; the poisoned suites prove it) take one uncleared.
@@ -25,8 +27,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The smallest size class, bytes.
-const MIN_CLASS: u64 = 256;
+/// The size classes: an eighth of a power of two, at least 256 bytes.
+pub(crate) const CLASSES: dflash_core::AllocationRounding =
+    dflash_core::AllocationRounding::SizeClasses {
+        per_octave: 8,
+        min_bytes: 256,
+    };
 
 #[derive(Default)]
 struct Inner {
@@ -65,13 +71,15 @@ impl BufferPool {
 
     /// The buffer size a request of `bytes` gets: `bytes` rounded up to its class.
     pub(crate) fn class(&self, bytes: u64) -> u64 {
-        if !self.enabled {
-            return bytes;
+        self.rounding().bytes(bytes)
+    }
+
+    /// How a request is rounded: to [`CLASSES`], or not at all when the pool is off.
+    pub(crate) fn rounding(&self) -> dflash_core::AllocationRounding {
+        match self.enabled {
+            true => CLASSES,
+            false => dflash_core::AllocationRounding::Exact,
         }
-        let bytes = bytes.max(MIN_CLASS);
-        // An eighth of the largest power of two not above `bytes`.
-        let step = ((1u64 << (63 - bytes.leading_zeros())) / 8).max(MIN_CLASS);
-        bytes.next_multiple_of(step)
     }
 
     /// A buffer of exactly `class` bytes freed before the last submit, if one is held.
@@ -138,31 +146,15 @@ impl BufferPool {
 mod tests {
     use super::*;
 
+    /// The classes' own properties are tested with `AllocationRounding` in dflash-core.
     #[test]
-    fn classes_round_up_by_at_most_an_eighth() {
+    fn an_enabled_pool_rounds_to_its_classes_and_an_off_one_not_at_all() {
         let pool = BufferPool::new(true, 1 << 30);
-        assert_eq!(pool.class(1), MIN_CLASS);
-        assert_eq!(pool.class(256), 256);
-        for bytes in [
-            257u64,
-            1000,
-            4096,
-            4097,
-            65_537,
-            3 << 20,
-            (64 << 20) + 4,
-            1 << 31,
-        ] {
-            let c = pool.class(bytes);
-            assert!(c >= bytes, "{bytes} -> {c}");
-            assert!(c - bytes <= bytes / 8 + MIN_CLASS, "{bytes} -> {c}");
-            assert_eq!(
-                pool.class(c),
-                c,
-                "a class is its own class ({bytes} -> {c})"
-            );
-        }
+        assert_eq!(pool.class(1), 256);
+        assert_eq!(pool.class((1 << 20) + 1), (1 << 20) + (1 << 17));
+        assert_eq!(pool.rounding(), CLASSES);
         let off = BufferPool::new(false, 1 << 30);
         assert_eq!(off.class(1000), 1000);
+        assert_eq!(off.rounding(), dflash_core::AllocationRounding::Exact);
     }
 }

@@ -86,7 +86,7 @@ impl std::fmt::Debug for WgpuStorage {
 
 impl Drop for WgpuStorage {
     fn drop(&mut self) {
-        self.ctx.mem.sub(padded_bytes(self.dtype, self.len));
+        self.ctx.mem.sub(self.buf.size());
         self.ctx.pool.give(self.buf.clone());
     }
 }
@@ -220,9 +220,10 @@ impl Ctx {
                 Err(e) => return Err(e),
             },
         };
-        // The tensor's bytes, as without the pool (memory_stats, the memory plan's measure):
-        // a size class's rounding and the pool's holdings are not the tensor's.
-        self.mem.add(bytes);
+        // The buffer's bytes, its size class's rounding included: what the tensor takes from
+        // the device (memory_stats; the memory plan rounds each tensor the same way). The
+        // pool's holdings are not counted: an allocation that needs them drains the pool.
+        self.mem.add(size);
         Ok(WgpuStorage {
             buf,
             len: n,

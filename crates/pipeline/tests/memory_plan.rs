@@ -10,16 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::path::Path;
 
-use dflash_config::{DType, DrafterConfig, DrafterShape, Qwen3Config, TrainConfig};
+use dflash_config::{DrafterConfig, TrainConfig};
 use dflash_core::Backend;
-use dflash_core::pipeline::{Features, HiddenBatch, SeqMeta};
 use dflash_core::registry::{BackendOptions, create_backend};
-use dflash_models::drafter::FrozenTarget;
-use dflash_models::{Drafter, DrafterParams};
 use dflash_pipeline::job::memory::{BackendModel, DrafterPlan, MicroShape};
 use dflash_pipeline::{HostComm, train};
-use dflash_training::optimizer::{AdamW, AdamWHyper};
-use dflash_training::{BlockSpec, DrafterReplica, PreparedBatch};
+use dflash_tests::step_memory::{StepShape, run_drafter_step, small_drafter};
 
 /// Counts live heap bytes and their high-water mark.
 struct Counting;
@@ -66,42 +62,11 @@ fn peak() -> u64 {
     PEAK.load(Ordering::Relaxed)
 }
 
-/// A small target shape with the 8B recipe's proportions (GQA 2:1, MLP 3x hidden).
-fn target() -> Qwen3Config {
-    Qwen3Config {
-        model_type: "qwen3".into(),
-        vocab_size: 2048,
-        hidden_size: 128,
-        intermediate_size: 384,
-        num_hidden_layers: 8,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 32,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1_000_000.0,
-        max_position_embeddings: 4096,
-        tie_word_embeddings: false,
-        bos_token_id: None,
-        eos_token_id: None,
-        dtype: None,
-    }
-}
-
 const S: usize = 1024;
 const ANCHORS: usize = 64;
 
 fn drafter() -> DrafterConfig {
-    DrafterConfig::for_target(
-        &target(),
-        &DrafterShape {
-            num_layers: 2,
-            block_size: 8,
-            num_target_features: 3,
-            dtype: DType::Float32,
-            ..DrafterShape::standard(2047)
-        },
-    )
-    .unwrap()
+    small_drafter(2048)
 }
 
 /// Bytes one step of `batch` micro-batches takes above what was live before anything of the
@@ -109,58 +74,14 @@ fn drafter() -> DrafterConfig {
 /// peak, as the bench's `peak_memory` counts it on a GPU.
 fn measure(b: &Arc<dyn Backend>, cfg: &DrafterConfig, batch: usize, recompute: bool) -> u64 {
     let base = live();
-    let (v, h, kh) = (
-        cfg.vocab_size,
-        cfg.hidden_size,
-        cfg.num_target_features() * cfg.hidden_size,
-    );
-    let frozen = Arc::new(FrozenTarget {
-        embed: b.random_normal(&[v, h], 0.02, 1).unwrap(),
-        lm_head: b.random_normal(&[v, h], 0.02, 2).unwrap(),
-    });
-    let params = DrafterParams::init_random(b.as_ref(), cfg, 0.02, 3).unwrap();
-    let drafter = Drafter::new(b.clone(), cfg.clone(), params, frozen).unwrap();
-    let hyper = AdamWHyper {
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
+    let shape = StepShape {
+        seq_len: S,
+        anchors: ANCHORS,
+        batch,
+        recompute,
     };
-    let opt = AdamW::new(b.as_ref(), cfg, hyper).unwrap();
-    let mut replica = DrafterReplica::new(drafter, opt, recompute, 1.0, u64::MAX).unwrap();
-    let spec = BlockSpec {
-        block_size: cfg.block_size,
-        num_anchors: ANCHORS,
-        gamma: 7.0,
-        mask_token_id: cfg.mask_token_id,
-        seed: 5,
-    };
-    let micro: Vec<PreparedBatch> = (0..batch)
-        .map(|i| {
-            let feats = b.random_normal(&[S, kh], 1.0, 10 + i as u64).unwrap();
-            let seq = SeqMeta {
-                sample_id: i as u64,
-                ids: (0..S).map(|t| ((t * 7 + i) % (v - 1)) as u32).collect(),
-                loss_mask: vec![1; S],
-            };
-            let mb = HiddenBatch {
-                epoch: 0,
-                step: 0,
-                micro: i as u32,
-                seqs: vec![seq],
-                features: Some(Features::Tensor(feats)),
-            };
-            PreparedBatch::packed(mb, &spec).unwrap()
-        })
-        .collect();
-    assert!(micro.iter().all(|p| p.anchors.len() == ANCHORS));
     let comm = HostComm::group(1).remove(0);
-    reset_peak();
-    for p in &micro {
-        replica.accumulate(&p.as_input()).unwrap();
-    }
-    let summary = replica.finish_step(&comm, 1e-3).unwrap();
-    assert!(summary.applied, "the step was skipped: {summary:?}");
+    run_drafter_step(b, cfg, shape, &comm, reset_peak);
     peak() - base
 }
 

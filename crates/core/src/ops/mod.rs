@@ -72,6 +72,38 @@ pub struct MemoryCapacity {
     pub total: u64,
 }
 
+/// How a backend instance sizes the buffer of a tensor: what its [`MemoryStats`] count and
+/// what a memory plan must add up, tensor by tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AllocationRounding {
+    /// A tensor takes its own bytes (an allocator whose rounding is small next to the
+    /// tensors a plan is about, such as CUDA's stream-ordered pool).
+    #[default]
+    Exact,
+    /// Sizes rounded up to classes that keep reuse possible across varying shapes: a
+    /// multiple of `1/per_octave` of the largest power of two not above the size, and at
+    /// least `min_bytes` (a buffer pool; at most `1/per_octave` more than asked).
+    SizeClasses { per_octave: u64, min_bytes: u64 },
+}
+
+impl AllocationRounding {
+    /// The bytes a tensor of `bytes` bytes takes.
+    pub fn bytes(self, bytes: u64) -> u64 {
+        match self {
+            AllocationRounding::Exact => bytes,
+            AllocationRounding::SizeClasses {
+                per_octave,
+                min_bytes,
+            } => {
+                let bytes = bytes.max(min_bytes).max(1);
+                let octave = 1u64 << (63 - bytes.leading_zeros());
+                let step = (octave / per_octave.max(1)).max(min_bytes).max(1);
+                bytes.checked_next_multiple_of(step).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
 /// Identity of a backend instance.
 pub trait BackendInfo: Send + Sync {
     /// Registered name, e.g. `"reference"`.
@@ -90,6 +122,11 @@ pub trait BackendInfo: Send + Sync {
     /// Device memory in use and its peak, when the backend tracks them (`None` otherwise).
     fn memory_stats(&self) -> Option<MemoryStats> {
         None
+    }
+    /// How this instance sizes a tensor's buffer ([`BackendInfo::memory_stats`] counts these
+    /// sizes). The default: a tensor takes its own bytes.
+    fn allocation_rounding(&self) -> AllocationRounding {
+        AllocationRounding::Exact
     }
     /// Restarts the peak of [`BackendInfo::memory_stats`] from the memory in use now.
     fn reset_peak_memory(&self) {}
@@ -111,5 +148,38 @@ pub trait BackendInfo: Send + Sync {
     /// backend that keeps its tensors in host memory; the caller asks the host).
     fn memory_capacity(&self) -> Option<MemoryCapacity> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AllocationRounding;
+
+    #[test]
+    fn size_classes_round_up_by_at_most_their_fraction_and_are_fixed_points() {
+        let r = AllocationRounding::SizeClasses {
+            per_octave: 8,
+            min_bytes: 256,
+        };
+        assert_eq!(r.bytes(0), 256);
+        assert_eq!(r.bytes(1), 256);
+        assert_eq!(r.bytes(256), 256);
+        assert_eq!(r.bytes(257), 512);
+        // Above 2 KiB the step is an eighth of the octave: 2^20 + 1 -> 2^20 + 2^17.
+        assert_eq!(r.bytes((1 << 20) + 1), (1 << 20) + (1 << 17));
+        for bytes in [
+            1000u64,
+            4096,
+            4097,
+            65_537,
+            3 << 20,
+            (64 << 20) + 4,
+            1 << 31,
+        ] {
+            let c = r.bytes(bytes);
+            assert!(c >= bytes && c - bytes <= bytes / 8 + 256, "{bytes} -> {c}");
+            assert_eq!(r.bytes(c), c, "a class is its own class ({bytes} -> {c})");
+        }
+        assert_eq!(AllocationRounding::Exact.bytes(1000), 1000);
     }
 }

@@ -114,7 +114,7 @@ impl Ledger {
         let mut replicas: BTreeMap<String, ReplicaTally> = BTreeMap::new();
         for d in drafters {
             let m = &d.model;
-            let state = step::drafter_state(dcfg);
+            let state = step::drafter_state_on(dcfg, m);
             // Features made on another device are copied here for the step.
             let import = targets.iter().any(|t| t.device != d.device);
             let s = step::drafter_step(dcfg, k.micro, k.recompute, import, m);
@@ -124,8 +124,7 @@ impl Ledger {
             self.add(&d.device, *m, "AdamW moments", 2 * state);
             if target0 != Some(d.device.as_str()) {
                 // Shared with target worker 0 on its device, imported anywhere else.
-                let frozen =
-                    2 * tcfg.vocab_size as u128 * tcfg.hidden_size as u128 * m.compute as u128;
+                let frozen = 2 * step::frozen_matrix(tcfg.vocab_size, tcfg.hidden_size, m);
                 self.add(&d.device, *m, "frozen embedding + LM head", frozen);
             }
             self.add(&d.device, *m, "drafter activations kept", s.kept);

@@ -94,12 +94,13 @@ impl DrafterPlan {
         recompute: bool,
         m: &BackendModel,
     ) -> Self {
-        let state = step::drafter_state(cfg);
+        let state = step::drafter_state_on(cfg, m);
         let s = step::drafter_step(cfg, mb, recompute, false, m);
         let finish = step::finish_step(cfg, 1, m);
         let kh = cfg.target_layer_ids.len() as u128 * cfg.hidden_size as u128;
-        let features = micro_batches as u128 * mb.ctx_rows as u128 * kh * m.compute as u128;
-        let frozen = 2 * cfg.vocab_size as u128 * cfg.hidden_size as u128 * m.compute as u128;
+        let one_batch = m.tensor_bytes(mb.ctx_rows as u128 * kh * m.compute as u128);
+        let features = micro_batches as u128 * one_batch;
+        let frozen = 2 * step::frozen_matrix(cfg.vocab_size, cfg.hidden_size, m);
         let working = s.peak.max(finish) - s.kept;
         let backend = m.instance_bytes();
         let peak = 4 * state + frozen + features + s.kept + working + backend;
@@ -299,7 +300,15 @@ impl MemoryPlan {
                 }
                 _ => " (free memory unknown)".into(),
             };
-            out += &format!("\n  {}: peak {}{free}", d.device, human(d.peak_bytes));
+            let rounding = match d.model.rounding {
+                dflash_core::AllocationRounding::Exact => "",
+                _ => "; each tensor in its buffer's size class",
+            };
+            out += &format!(
+                "\n  {}: peak {}{free}{rounding}",
+                d.device,
+                human(d.peak_bytes)
+            );
             for t in &d.terms {
                 out += &format!("\n    {:<28} {:>11}", t.name, human(t.bytes));
             }

@@ -4,7 +4,7 @@
 //! named by where they come from; an attention kernel the plan does not know is assumed to
 //! need no more than the reference kernel.
 
-use dflash_core::Backend;
+use dflash_core::{AllocationRounding, Backend};
 
 use super::sim::LayerShape;
 
@@ -61,6 +61,31 @@ pub struct BackendModel {
     pub act: u64,
     /// Bytes of an element in the compute format (frozen weights, features).
     pub compute: u64,
+    /// How the backend sizes a tensor's buffer, applied to every tensor the plan counts.
+    #[serde(serialize_with = "describe_rounding")]
+    pub rounding: AllocationRounding,
+}
+
+/// `bytes` as `r` rounds a tensor of that size (none stays none; a size past `u64`, which no
+/// device holds, stays as it is).
+pub(super) fn rounded(r: AllocationRounding, bytes: u128) -> u128 {
+    match u64::try_from(bytes) {
+        Ok(0) | Err(_) => bytes,
+        Ok(b) => r.bytes(b) as u128,
+    }
+}
+
+fn describe_rounding<S: serde::Serializer>(
+    r: &AllocationRounding,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&match r {
+        AllocationRounding::Exact => "exact".to_string(),
+        AllocationRounding::SizeClasses {
+            per_octave,
+            min_bytes,
+        } => format!("size classes of 1/{per_octave} octave, at least {min_bytes} B"),
+    })
 }
 
 /// cuBLASLt's workspace, one per CUDA backend instance (`backends/cuda/src/gemm/plan.rs`).
@@ -100,6 +125,7 @@ impl BackendModel {
             attention,
             act: e.activation,
             compute: e.compute,
+            rounding: b.allocation_rounding(),
         }
     }
 
@@ -110,7 +136,13 @@ impl BackendModel {
             attention: AttentionKind::Reference,
             act: 4,
             compute: 4,
+            rounding: AllocationRounding::Exact,
         }
+    }
+
+    /// The bytes a tensor of `bytes` takes on this backend.
+    pub(super) fn tensor_bytes(&self, bytes: u128) -> u128 {
+        rounded(self.rounding, bytes)
     }
 
     pub(super) fn act_dtype(&self) -> Dtype {
@@ -231,6 +263,7 @@ mod tests {
             attention: AttentionKind::CudaFlash,
             act: 2,
             compute,
+            rounding: AllocationRounding::Exact,
         };
         let (transient, kept) = model(2).ce_workspace(8192, h, v);
         assert_eq!(transient, 8192 * 24);

@@ -7,7 +7,9 @@
 
 use dflash_models::layer::LayerDims;
 
-use super::model::{BackendModel, Dtype};
+use dflash_core::AllocationRounding;
+
+use super::model::{BackendModel, Dtype, rounded};
 
 /// Bytes live now and their high-water mark. 128-bit: a typo'd size (a 10^11 MLP) must come
 /// out as "does not fit", never as an overflow; signed, so that a repeated section may free
@@ -16,10 +18,15 @@ use super::model::{BackendModel, Dtype};
 pub(super) struct Sim {
     pub live: i128,
     pub peak: i128,
+    /// How the backend sizes each allocation.
+    pub rounding: AllocationRounding,
 }
 
 impl Sim {
+    /// A tensor of `bytes`: returns the bytes it takes (rounded as the backend rounds), which
+    /// is what freeing it gives back.
     pub fn alloc(&mut self, bytes: u128) -> u128 {
+        let bytes = rounded(self.rounding, bytes);
         self.live += bytes as i128;
         self.peak = self.peak.max(self.live);
         bytes
@@ -29,8 +36,8 @@ impl Sim {
     }
     /// A workspace an op takes and gives back before returning.
     pub fn transient(&mut self, bytes: u128) {
-        self.alloc(bytes);
-        self.free(bytes);
+        let taken = self.alloc(bytes);
+        self.free(taken);
     }
 }
 
@@ -90,7 +97,10 @@ pub(super) struct Walk<'a> {
 impl<'a> Walk<'a> {
     pub fn new(m: &'a BackendModel) -> Self {
         Walk {
-            sim: Sim::default(),
+            sim: Sim {
+                rounding: m.rounding,
+                ..Sim::default()
+            },
             m,
             attn_ws: 0,
         }

@@ -4,6 +4,8 @@
 
 use dflash_config::{DrafterConfig, Qwen3Config};
 
+use dflash_models::layer::LayerWeights;
+
 use super::model::{BackendModel, Dtype, OpsKind};
 use super::sim::{LayerShape, Walk, layer_backward, layer_cache, layer_forward};
 
@@ -80,7 +82,7 @@ pub(super) fn drafter_step(
     // step on, so from the start of this one.
     let active = mb.blocks as u128 * cfg.block_size.saturating_sub(1) as u128;
     let (ce_t, ce_kept) = m.ce_workspace(active, h, v);
-    w.sim.alloc(ce_kept);
+    let ce_kept = w.sim.alloc(ce_kept);
     // The host inputs (ids, positions, labels, weights per slot; anchors) and, for a host
     // backend, the masks (one per layer) and context positions: host memory, which is the
     // device's memory only on the host.
@@ -131,16 +133,35 @@ pub(super) fn drafter_step(
     }
 }
 
-/// A replica's state: weights, gradients, AdamW moments (all f32), in bytes each.
+/// A replica's state: weights, gradients, AdamW moments (all f32), in bytes each (what a
+/// checkpoint writes of each).
 pub(super) fn drafter_state(cfg: &DrafterConfig) -> u128 {
     drafter_params(cfg) * 4
+}
+
+/// [`drafter_state`] as the backend of `m` holds it: each trainable tensor rounded as the
+/// backend rounds its buffer (`DrafterParams::layout`, one layer's tensors counted once).
+pub(super) fn drafter_state_on(cfg: &DrafterConfig, m: &BackendModel) -> u128 {
+    let f32_tensor = |shape: &[usize]| m.tensor_bytes(elems(shape) * 4);
+    let dims = dflash_models::drafter::layer_dims(cfg);
+    let layer: u128 = LayerWeights::shapes(&dims, cfg.intermediate_size)
+        .iter()
+        .map(|s| f32_tensor(s))
+        .sum();
+    let (h, k) = (cfg.hidden_size, cfg.target_layer_ids.len());
+    f32_tensor(&[h, k * h]) + 2 * f32_tensor(&[h]) + cfg.num_hidden_layers as u128 * layer
+}
+
+/// Elements of a tensor of `shape` (128-bit: a typo'd size must not overflow).
+fn elems(shape: &[usize]) -> u128 {
+    shape.iter().map(|&d| d as u128).product()
 }
 
 /// `finish_step`'s own high-water mark above the state: gradients are zeroed by fresh
 /// tensors made before the old ones go (the largest one counts), and with several replicas
 /// the host all-reduce holds one tensor's copy and its sum.
 pub(super) fn finish_step(cfg: &DrafterConfig, replicas: usize, m: &BackendModel) -> u128 {
-    let largest = largest_param(cfg) * 4;
+    let largest = m.tensor_bytes(largest_param(cfg) * 4);
     let reduce = match (replicas > 1, m.ops) {
         (true, OpsKind::Host) => 2 * largest,
         _ => 0,
@@ -152,11 +173,24 @@ pub(super) fn finish_step(cfg: &DrafterConfig, replicas: usize, m: &BackendModel
 /// format, norms f32), the final norm, and the embedding and LM head (the drafter's frozen
 /// pair; a tied head is a copy of the embedding).
 pub(super) fn target_weights(cfg: &Qwen3Config, depth: usize, m: &BackendModel) -> (u128, u128) {
-    let l = target_layer(cfg, m);
-    let c = m.compute as u128;
-    let layers = depth as u128 * (l.matrix_elems() * c + l.norm_elems() * 4) + l.h * 4;
-    let frozen = 2 * cfg.vocab_size as u128 * l.h * c;
-    (layers, frozen)
+    let dims = dflash_models::target::layer_dims(cfg);
+    // Projections (2-D) in the compute format, norms f32; each tensor as the backend rounds it.
+    let tensor = |shape: &[usize]| {
+        let bytes = if shape.len() == 2 { m.compute } else { 4 };
+        m.tensor_bytes(elems(shape) * bytes as u128)
+    };
+    let layer: u128 = LayerWeights::shapes(&dims, cfg.intermediate_size)
+        .iter()
+        .map(|s| tensor(s))
+        .sum();
+    let h = cfg.hidden_size;
+    let layers = depth as u128 * layer + tensor(&[h]);
+    (layers, 2 * frozen_matrix(cfg.vocab_size, h, m))
+}
+
+/// One of the frozen embedding and LM head, `(V, H)` in the compute format.
+pub(super) fn frozen_matrix(vocab: usize, hidden: usize, m: &BackendModel) -> u128 {
+    m.tensor_bytes(elems(&[vocab, hidden]) * m.compute as u128)
 }
 
 /// One `Target::features_packed` of `tokens` tokens through layers `0..depth`, emitting the

@@ -289,6 +289,7 @@ fn the_8b_recipe_on_the_cuda_model_matches_the_h200s_recorded_peaks() {
         attention: AttentionKind::CudaFlash,
         act: 2,
         compute: 2,
+        rounding: dflash_core::AllocationRounding::Exact,
     };
     let mb = MicroShape {
         ctx_rows: 3072,
@@ -400,4 +401,39 @@ fn the_checkpoint_snapshot_is_planned_where_it_fits_and_dropped_where_it_does_no
     // With room, the snapshot stays.
     let kept = MemoryPlan::snapshot_where_it_fits(knobs, between(with.devices[0].peak_bytes));
     assert!(kept.background_checkpoints && kept.snapshot_wanted);
+}
+
+/// Rounded tensor by tensor with no rounding, the state and the target's weights are the
+/// element counts the rest of the plan uses (the per-tensor layouts agree with the totals);
+/// with the wgpu pool's size classes each grows, by at most an eighth.
+#[test]
+fn per_tensor_rounding_agrees_with_the_totals_and_adds_at_most_its_fraction() {
+    let tcfg = config(Path::new("/tmp"), &[]);
+    let plan = JobPlan::new(&tcfg).unwrap();
+    let (d, t) = (&plan.drafter, &plan.target_config);
+    let exact = BackendModel::reference();
+    let classes = BackendModel {
+        rounding: dflash_core::AllocationRounding::SizeClasses {
+            per_octave: 8,
+            min_bytes: 256,
+        },
+        ..exact
+    };
+    assert_eq!(step::drafter_state_on(d, &exact), step::drafter_state(d));
+    let depth = t.num_hidden_layers;
+    let (layers, frozen) = step::target_weights(t, depth, &exact);
+    let l = step::target_layer(t, &exact);
+    let h = t.hidden_size as u128;
+    assert_eq!(
+        layers,
+        depth as u128 * (l.matrix_elems() + l.norm_elems()) * 4 + h * 4
+    );
+    assert_eq!(frozen, 2 * t.vocab_size as u128 * h * 4);
+    let within = |got: u128, want: u128| want <= got && got <= want + want / 8 + 256 * 64;
+    let state = step::drafter_state(d);
+    assert!(within(step::drafter_state_on(d, &classes), state));
+    let (layers_c, frozen_c) = step::target_weights(t, depth, &classes);
+    assert!(within(layers_c, layers) && within(frozen_c, frozen));
+    // The embedded default's norms (256 B and less) take a whole 256-byte class each.
+    assert!(step::drafter_state_on(d, &classes) > state);
 }
