@@ -90,15 +90,25 @@ fn cli_command(root: &Path, task: &str, rest: &[String]) -> Command {
         "--",
         task,
     ]);
-    if task == "train"
-        && !rest
-            .iter()
-            .any(|a| a == "--config" || a == "-c" || a == "--resume")
-    {
+    if task == "train" && !names_config_or_run(rest) {
         c.args(["--config", "configs/default.toml"]);
     }
     c.args(rest);
     c
+}
+
+/// Whether `dflash train` arguments name a config or a run to resume, in any form clap takes
+/// (`--config P`, `--config=P`, `-c P`, `-cP`, `-c=P`, `--resume D`, `--resume=D`).
+fn names_config_or_run(rest: &[String]) -> bool {
+    rest.iter()
+        .take_while(|a| *a != "--")
+        .any(|a| has_flag(a, "--config") || has_flag(a, "--resume") || a.starts_with("-c"))
+}
+
+/// Whether the argument `a` is `flag` or `flag=VALUE`.
+fn has_flag(a: &str, flag: &str) -> bool {
+    a.strip_prefix(flag)
+        .is_some_and(|r| r.is_empty() || r.starts_with('='))
 }
 
 /// `dflash bench REST` in release; with `--backend cuda` and neither `--out` nor
@@ -115,10 +125,7 @@ fn bench_command(root: &Path, rest: &[String]) -> Command {
             }
         })
     };
-    let has = |flag: &str| {
-        let eq = format!("{flag}=");
-        rest.iter().any(|a| a == flag || a.starts_with(&eq))
-    };
+    let has = |flag: &str| rest.iter().any(|a| has_flag(a, flag));
     let cuda = value("--backend").as_deref() == Some("cuda");
     let mut c = cargo();
     c.current_dir(root)
@@ -149,6 +156,35 @@ fn write_wgmma(root: &Path) -> ExitCode {
         Err(e) => {
             eprintln!("xtask: write {}: {e}", path.display());
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_config_or_run;
+
+    #[test]
+    fn a_config_or_run_is_seen_in_every_form_clap_takes() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for named in [
+            &["--config", "x.toml"][..],
+            &["--config=x.toml"],
+            &["-c", "x.toml"],
+            &["-cx.toml"],
+            &["--set", "train.lr=1e-3", "--resume", "runs/a"],
+            &["--resume=runs/a"],
+        ] {
+            assert!(names_config_or_run(&args(named)), "{named:?}");
+        }
+        for plain in [
+            &[][..],
+            &["--set", "train.lr=1e-3"],
+            &["--backend", "wgpu"],
+            &["--configure"],
+            &["--set", "run.name=--config"],
+        ] {
+            assert!(!names_config_or_run(&args(plain)), "{plain:?}");
         }
     }
 }

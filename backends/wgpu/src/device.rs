@@ -7,7 +7,8 @@
 //! native APIs (Vulkan, Metal, DX12) before GL. GL adapters are dropped when a native one
 //! exists: GL is then a second view of the same hardware (lavapipe and llvmpipe, or a GPU
 //! through both drivers), and counting it would place a job's workers on "two" devices that
-//! are one. `backend.device = N` picks the N-th; the default, 0, is the first
+//! are one. A worker placed on device N (`pipeline.target_devices`, `pipeline.drafter_devices`)
+//! takes the N-th; the default, 0, is the first
 //! high-performance adapter. wgpu's `WGPU_BACKEND` variable (e.g. `vulkan`, `gl`) restricts
 //! which APIs are searched (`gl` to use GL where a native API exists).
 //!
@@ -430,7 +431,9 @@ fn choose_adapter(ordinal: usize, tag: &str) -> Result<&'static wgpu::Adapter> {
             "wgpu_init",
             tag.to_string(),
             format!(
-                "backend.device = {ordinal}, but this machine has {} adapter(s): {}",
+                "device {ordinal} was asked for (pipeline.target_devices / \
+                 pipeline.drafter_devices, or the placement's round robin), but this machine has \
+                 {} adapter(s): {}",
                 list.len(),
                 adapter_names()
                     .iter()

@@ -2,8 +2,8 @@
 //! Metal, DX12, GL), and on machines without one through Mesa's software Vulkan driver
 //! (lavapipe), so that CI runs the GPU code path.
 //!
-//! - **Adapter** ([`device`]): the first high-performance adapter by default, another by
-//!   `backend.device`; its name, API and the limits in force are printed when its device is
+//! - **Adapter** ([`device`]): the first high-performance adapter by default, the N-th for a
+//!   worker placed on device N (`pipeline.target_devices`, `pipeline.drafter_devices`); its name, API and the limits in force are printed when its device is
 //!   opened. The device is opened with the adapter's real limits, and work that exceeds a
 //!   binding limit is split into chunks; more than 65535 workgroups go to a 2-D grid. No
 //!   adapter is [`dflash_core::Error::Unavailable`] naming what to install, never a panic.

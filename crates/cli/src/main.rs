@@ -1,11 +1,13 @@
 //! `dflash`: train DFlash drafters, evaluate them, inspect runs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use dflash_config::TrainConfig;
+
+mod status;
 
 #[derive(Parser)]
 #[command(
@@ -336,6 +338,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         },
         job_overrides: dflash_config::parse_overrides(&args.set)?,
     };
+    // Checked before any figure runs: the e2e figures, which apply them, come last.
+    TrainConfig::check_overrides(&bench_opts.job_overrides).context("bench --set")?;
     let unmatched = bench_opts.unmatched_only();
     if !unmatched.is_empty() {
         anyhow::bail!(
@@ -385,91 +389,21 @@ fn fmt_tau(t: Option<f64>) -> String {
     t.map_or("na".into(), |t| format!("{t:.3}"))
 }
 
-fn status(run_dir: &Path) -> Result<()> {
-    let metrics = run_dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&metrics)
-        .with_context(|| format!("{}: no metrics yet", metrics.display()))?;
-    let last = text.lines().rev().find(|l| !l.trim().is_empty());
-    match last {
-        Some(line) => {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("{}: last line is not JSON", metrics.display()))?;
-            let pct = |key: &str| -> String {
-                let v: Vec<String> = v[key]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|x| format!("{:.0}%", x.as_f64().unwrap_or(0.0) * 100.0))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                v.join(" ")
-            };
-            println!(
-                "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s | elapsed {:.0}s",
-                v["step"].as_u64().map_or(0, |s| s + 1),
-                v["loss"].as_f64().unwrap_or(f64::NAN),
-                v["accuracy"].as_f64().unwrap_or(f64::NAN),
-                v["tokens_per_s"].as_f64().unwrap_or(0.0),
-                v["elapsed_s"].as_f64().unwrap_or(0.0),
-            );
-            println!(
-                "queues {} | producer stall {:.1}s | consumer starved {:.1}s | busy: targets [{}] drafters [{}]",
-                v["queue_depths"],
-                v["producer_stall_s"].as_f64().unwrap_or(0.0),
-                v["consumer_starved_s"].as_f64().unwrap_or(0.0),
-                pct("target_busy"),
-                pct("drafter_busy"),
-            );
-            // Where each worker's time went, largest phase first: the bottleneck is the
-            // side whose working phases fill its wall time.
-            for (key, who) in [
-                ("target_phases_s", "target"),
-                ("drafter_phases_s", "drafter"),
-            ] {
-                for (i, phases) in v[key].as_array().into_iter().flatten().enumerate() {
-                    let mut p: Vec<(&String, f64)> = phases
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .map(|(k, x)| (k, x.as_f64().unwrap_or(0.0)))
-                        .collect();
-                    p.sort_by(|a, b| b.1.total_cmp(&a.1));
-                    let total: f64 = p.iter().map(|x| x.1).sum::<f64>().max(1e-9);
-                    let parts: Vec<String> = p
-                        .iter()
-                        .map(|(k, x)| format!("{k} {x:.1}s ({:.0}%)", 100.0 * x / total))
-                        .collect();
-                    println!("{who} {i}: {}", parts.join(", "));
-                }
-            }
-        }
-        None => println!("no steps recorded yet"),
-    }
-    if let Some(ckpt) = dflash_pipeline::job::latest_checkpoint(run_dir) {
-        println!("latest checkpoint: {}", ckpt.display());
-    }
-    let err = run_dir.join("error.txt");
-    if let Ok(e) = std::fs::read_to_string(&err) {
-        println!("last error ({}):\n{}", err.display(), e.trim_end());
-    }
-    Ok(())
-}
-
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train { cfg, resume } => {
-            let mut config = load_config(&cfg)?;
-            if let Some(dir) = &resume {
-                // A resumed run continues with the config it was started with, plus --set.
-                let saved = dir.join("config.toml");
-                if cfg.config.is_none() && saved.exists() {
-                    config = load_config(&ConfigArgs {
+            // A resumed run continues with the config it was started with, plus --set (checked
+            // against that config, not the defaults).
+            let saved = resume.as_ref().map(|dir| dir.join("config.toml"));
+            let config = match saved {
+                Some(saved) if cfg.config.is_none() && saved.exists() => {
+                    load_config(&ConfigArgs {
                         config: Some(saved),
                         ..cfg.clone()
-                    })?;
+                    })?
                 }
-            }
+                _ => load_config(&cfg)?,
+            };
             // A launcher's RANK / WORLD_SIZE / ... make this process one rank of a group.
             let timeout = std::time::Duration::from_secs(config.pipeline.timeout_secs.max(1));
             let procs = dflash_pipeline::Processes::from_env(timeout)?;
@@ -508,7 +442,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Prepare(args) => prepare(args)?,
         Command::Regenerate(args) => regenerate(args)?,
-        Command::Status { run_dir } => status(&run_dir)?,
+        Command::Status { run_dir } => status::print(&run_dir)?,
         Command::Bench(args) => bench(args)?,
         Command::Backends => {
             use dflash_core::registry;

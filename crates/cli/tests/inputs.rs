@@ -104,3 +104,22 @@ fn backend_flag_picks_the_backend_and_its_preferred_kernel() {
     assert!(!out.status.success());
     assert!(stderr.contains("nosuch"), "{stderr}");
 }
+
+/// `dflash bench --set` applies to the end-to-end figures, which run last: a key that no
+/// config has is refused before the first figure runs.
+#[test]
+fn a_misspelt_bench_override_is_refused_before_any_figure_runs() {
+    let out = std::process::Command::new(common::BIN)
+        .args(["bench", "--backend", "reference", "--scale", "smoke"])
+        .args(["--only", "gemm", "--set", "train.lrr=1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("bench --set") && stderr.contains("lrr"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("gemm."), "a figure ran first:\n{stdout}");
+}

@@ -453,3 +453,23 @@ fn bad_drafter_files_are_clear_errors() {
         .concat()
     );
 }
+
+/// More features than the recipe's spread has distinct layers for names the knob the user
+/// set and how many fit, not the derived `target_layer_ids`.
+#[test]
+fn too_many_target_features_names_the_count_and_how_many_fit() {
+    let mut target = target_8b();
+    target.num_hidden_layers = 8;
+    let shape = |k| DrafterShape {
+        num_target_features: k,
+        ..DrafterShape::standard(151_669)
+    };
+    let ok = DrafterConfig::for_target(&target, &shape(5)).unwrap();
+    assert_eq!(ok.target_layer_ids, [1, 2, 3, 4, 5]);
+    let e = DrafterConfig::for_target(&target, &shape(7)).unwrap_err();
+    let ConfigError::Invalid { field, message, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(field, "num_target_features", "{e}");
+    assert!(message.contains("at most 5 fit"), "{e}");
+}

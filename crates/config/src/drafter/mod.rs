@@ -101,6 +101,29 @@ impl DrafterShape {
 
 const ORIGIN_BUILT: &str = "drafter config";
 
+/// [`default_target_layer_ids`] for `k` features from `layers` target layers, refused naming
+/// `num_target_features` (what the user set) where the spread would repeat a layer.
+fn spread_target_layer_ids(layers: usize, k: usize) -> Result<Vec<usize>> {
+    let distinct = |ids: &[usize]| ids.iter().enumerate().all(|(i, l)| !ids[..i].contains(l));
+    let ids = default_target_layer_ids(layers, k);
+    if distinct(&ids) {
+        return Ok(ids);
+    }
+    let most = (1..k)
+        .rev()
+        .find(|&k| distinct(&default_target_layer_ids(layers, k)))
+        .unwrap_or(0);
+    Err(ConfigError::Invalid {
+        origin: ORIGIN_BUILT.into(),
+        field: "num_target_features".into(),
+        message: format!(
+            "{k} features from {layers} target layers: the recipe's spread gives layers {ids:?}, \
+             which repeats a layer; at most {most} fit (or list the layers in \
+             target_layer_ids)"
+        ),
+    })
+}
+
 impl DrafterConfig {
     /// The standard recipe for `target`: hidden size, vocabulary, RoPE, norm eps, context length
     /// and special tokens from the target; heads, head_dim and MLP width default to the target's.
@@ -120,7 +143,7 @@ impl DrafterConfig {
                 }
                 ids.clone()
             }
-            None => default_target_layer_ids(target.num_hidden_layers, shape.num_target_features),
+            None => spread_target_layer_ids(target.num_hidden_layers, shape.num_target_features)?,
         };
         let layer_types = shape
             .layer_types

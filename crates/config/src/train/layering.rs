@@ -83,12 +83,14 @@ pub fn parse_overrides<S: AsRef<str>>(args: &[S]) -> Result<Vec<(String, String)
 }
 
 /// Parses an environment or command-line value as a TOML literal (`true`, `12`, `3e-4`,
-/// `[1, 2]`, `"quoted"`); anything that is not one is taken as a plain string.
+/// `[1, 2]`, `"quoted"`); anything that is not one is taken as a plain string, and so is a
+/// date or time (`2024-01-01`, `12:30:00`: no field is one, and run names often are).
 fn parse_value(raw: &str) -> Value {
     let literal = toml::from_str::<toml::Table>(&format!("v = {raw}"))
         .ok()
         .filter(|t| t.len() == 1)
         .and_then(|mut t| t.remove("v"))
+        .filter(|v| !matches!(v, toml::Value::Datetime(_)))
         .and_then(|v| Value::serialize(v).ok());
     literal.unwrap_or_else(|| Value::from(raw.to_string()))
 }
