@@ -120,7 +120,9 @@ struct PrepareArgs {
     /// Target directory: tokenizer.json and tokenizer_config.json (with its chat_template).
     #[arg(long)]
     target: PathBuf,
-    /// The chat dataset: .jsonl, .parquet, .arrow, or a save_to_disk directory.
+    /// The chat dataset: .jsonl, .parquet, .arrow, a save_to_disk directory, a folder of
+    /// Parquet files of one split, or a quoted pattern picking one split's files
+    /// ('data/train_sft-*.parquet').
     #[arg(long)]
     data: PathBuf,
     /// Output directory (must not exist, or be empty).
@@ -156,7 +158,9 @@ struct RegenerateArgs {
     /// Target directory: config.json, weights, tokenizer.json, tokenizer_config.json.
     #[arg(long)]
     target: PathBuf,
-    /// The chat dataset: .jsonl, .parquet, .arrow, or a save_to_disk directory.
+    /// The chat dataset: .jsonl, .parquet, .arrow, a save_to_disk directory, a folder of
+    /// Parquet files of one split, or a quoted pattern picking one split's files
+    /// ('data/train_sft-*.parquet').
     #[arg(long)]
     data: PathBuf,
     /// Output JSONL file; an existing one written with the same settings is continued.

@@ -41,7 +41,7 @@ pub struct PrepareOptions {
     pub data: PathBuf,
     /// The output directory (must not exist, or be empty).
     pub out: PathBuf,
-    /// Upper bounds of the summary's length histogram (the training buckets).
+    /// Upper bounds of the summary's length histogram (the training buckets), in any order.
     pub bucket_bounds: Vec<usize>,
     /// Draw a progress bar on the terminal.
     pub progress: bool,
@@ -53,6 +53,8 @@ const CHUNK: usize = 256;
 /// What a preparation did.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
+    /// The input files read, in order.
+    pub inputs: Vec<PathBuf>,
     /// Samples read.
     pub samples: usize,
     /// Samples written.
@@ -65,7 +67,8 @@ pub struct Summary {
     pub supervised: u64,
     pub min_len: usize,
     pub max_len: usize,
-    /// `(upper bound, samples)` per length bucket; `None` is the bucket past the last bound.
+    /// `(upper bound, samples)` per length bucket, bounds ascending (as the training batch
+    /// plan sorts them); `None` is the bucket past the last bound.
     pub histogram: Vec<(Option<usize>, usize)>,
     /// The data files written.
     pub files: Vec<PathBuf>,
@@ -75,6 +78,10 @@ pub struct Summary {
 
 impl Summary {
     fn new(bounds: &[usize]) -> Self {
+        // A length counts in the first bound at or above it, so the bounds must ascend.
+        let mut bounds = bounds.to_vec();
+        bounds.sort_unstable();
+        bounds.dedup();
         let mut histogram: Vec<(Option<usize>, usize)> =
             bounds.iter().map(|&b| (Some(b), 0)).collect();
         histogram.push((None, 0));
@@ -125,6 +132,17 @@ impl Summary {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const LISTED: usize = 10;
+        for path in self.inputs.iter().take(LISTED) {
+            writeln!(f, "input: {}", path.display())?;
+        }
+        if self.inputs.len() > LISTED {
+            writeln!(
+                f,
+                "input: ... and {} more files",
+                self.inputs.len() - LISTED
+            )?;
+        }
         writeln!(
             f,
             "samples: {} read, {} written, {} skipped",
@@ -185,6 +203,7 @@ pub fn prepare_with(
     opts: &PrepareOptions,
 ) -> Result<Summary, PrepareError> {
     let mut summary = Summary::new(&opts.bucket_bounds);
+    summary.inputs = input.files().to_vec();
     summary.generation_blocks = preparer.template().has_generation_blocks();
     let bar = if opts.progress {
         let bar = match input.rows_hint() {
@@ -236,4 +255,43 @@ pub fn prepare_with(
     }
     summary.files = writer.finish()?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n: usize) -> Prepared {
+        Prepared {
+            ids: vec![0; n],
+            loss_mask: vec![1; n],
+        }
+    }
+
+    #[test]
+    fn histogram_bounds_are_sorted_whatever_their_order() {
+        let mut s = Summary::new(&[4096, 1024, 4096]);
+        for n in [10, 2000, 5000, 1024] {
+            s.add(&sample(n));
+        }
+        assert_eq!(s.histogram, [(Some(1024), 2), (Some(4096), 1), (None, 1)]);
+        let shown = s.to_string();
+        assert!(
+            shown.contains("<=1024") && shown.contains(">4096"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn the_summary_lists_the_inputs_read() {
+        let mut s = Summary::new(&[]);
+        s.inputs = (0..12)
+            .map(|i| PathBuf::from(format!("d/f{i}.parquet")))
+            .collect();
+        let shown = s.to_string();
+        assert!(shown.contains("input: d/f0.parquet\n"), "{shown}");
+        assert!(shown.contains("input: d/f9.parquet\n"), "{shown}");
+        assert!(!shown.contains("f10.parquet"), "{shown}");
+        assert!(shown.contains("... and 2 more files"), "{shown}");
+    }
 }

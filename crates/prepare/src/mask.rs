@@ -7,10 +7,17 @@
 //! order in the rendering. So an empty `<think>\n\n</think>\n\n` that a template inserts
 //! (Qwen3) is never supervised, nor are role headers and end-of-turn tokens.
 //!
+//! A turn's content is looked for past its role header: a match must reach beyond the
+//! turn's *anchor*, the longest common prefix of the whole rendering and the rendering of the
+//! messages before the turn with the generation prompt. That prefix is text the template
+//! renders without the turn's content (the earlier messages and the turn's header), so a short
+//! reply such as `a` is never matched inside `<|im_start|>assistant`.
+//!
 //! Each turn's span is cross-checked against the template itself: rendering the conversation
 //! up to the turn with the generation prompt, then with the turn, must extend the first
-//! rendering by text that contains the span's text; where the whole conversation's rendering
-//! starts with the latter, the span must lie inside the extension.
+//! rendering by text that contains the span's text; the span must reach past the anchor; and
+//! where the whole conversation's rendering starts with the rendering up to the turn, the span
+//! must lie inside the extension.
 //!
 //! A token is supervised when its byte offsets overlap a span, which for tokens that tile the
 //! text is transformers' `char_to_token(start) ..= char_to_token(end - 1)`.
@@ -112,20 +119,40 @@ impl Preparer {
         {
             return Err(SkipReason::MarkerInContent { message: k });
         }
-        let full = self
-            .template
-            .render(messages, false)
-            .map_err(|detail| SkipReason::Render { detail })?;
         let turns: Vec<usize> = messages
             .iter()
             .enumerate()
             .filter(|(_, m)| m.role == Role::Assistant)
             .map(|(k, _)| k)
             .collect();
+        let Some(&first_turn) = turns.first() else {
+            return Err(SkipReason::NoAssistant);
+        };
+        let full = self
+            .template
+            .render(messages, false)
+            .map_err(|detail| SkipReason::Render { detail })?;
+        // What the template renders before each turn's content, header included.
+        let before: Vec<String> = turns
+            .iter()
+            .map(|&k| {
+                self.template
+                    .render(&messages[..k], true)
+                    .map(|r| r.text)
+                    .map_err(|e| SkipReason::CrossCheck {
+                        message: k,
+                        detail: format!("rendering the turns before it failed: {e}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let anchors: Vec<usize> = before
+            .iter()
+            .map(|b| common_prefix(&full.text, b))
+            .collect();
         let per_turn: Vec<Option<Range<usize>>> = if self.template.has_generation_blocks() {
             if full.generation.len() != turns.len() {
                 return Err(SkipReason::CrossCheck {
-                    message: turns[0],
+                    message: first_turn,
                     detail: format!(
                         "the template's generation blocks rendered {} spans for {} assistant \
                          messages",
@@ -136,13 +163,13 @@ impl Preparer {
             }
             full.generation.iter().cloned().map(Some).collect()
         } else {
-            find_content_spans(messages, &full.text)?
+            find_content_spans(messages, &full.text, &anchors)?
         };
-        for (&k, span) in turns.iter().zip(&per_turn) {
-            if let Some(span) = span
+        for (t, &k) in turns.iter().enumerate() {
+            if let Some(span) = &per_turn[t]
                 && !span.is_empty()
             {
-                self.cross_check(messages, k, &full.text, span)?;
+                self.cross_check(messages, k, &full.text, span, &before[t], anchors[t])?;
             }
         }
         let spans = per_turn
@@ -153,25 +180,24 @@ impl Preparer {
         Ok((full.text, spans))
     }
 
+    /// `without` is the rendering of `messages[..k]` with the generation prompt, `anchor` the
+    /// length of its common prefix with `full`.
     fn cross_check(
         &self,
         messages: &[Message],
         k: usize,
         full: &str,
         span: &Range<usize>,
+        without: &str,
+        anchor: usize,
     ) -> Result<(), SkipReason> {
         let fail = |detail: String| SkipReason::CrossCheck { message: k, detail };
-        let without = self
-            .template
-            .render(&messages[..k], true)
-            .map_err(|e| fail(format!("rendering the turns before it failed: {e}")))?
-            .text;
         let with = self
             .template
             .render(&messages[..=k], false)
             .map_err(|e| fail(format!("rendering up to it failed: {e}")))?
             .text;
-        let Some(turn) = with.strip_prefix(without.as_str()) else {
+        let Some(turn) = with.strip_prefix(without) else {
             return Err(fail(
                 "rendering up to the turn does not extend rendering without it (with the \
                  generation prompt)"
@@ -184,6 +210,13 @@ impl Preparer {
                 "the supervised text {:?} is not in what the template renders for the turn ({:?})",
                 clip(supervised),
                 clip(turn)
+            )));
+        }
+        if span.end <= anchor {
+            return Err(fail(format!(
+                "the supervised bytes {}..{} lie in what the template renders before the turn's \
+                 content (bytes ..{anchor})",
+                span.start, span.end
             )));
         }
         if full.starts_with(with.as_str()) && (span.start < without.len() || span.end > with.len())
@@ -200,6 +233,20 @@ impl Preparer {
     }
 }
 
+/// The length of the longest common prefix of `a` and `b`, on a character boundary of both.
+fn common_prefix(a: &str, b: &str) -> usize {
+    let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    // Equal bytes up to `n`, so a boundary of `a` below `n` is one of `b` too.
+    (0..=n).rev().find(|&i| a.is_char_boundary(i)).unwrap_or(0)
+}
+
+/// The first character boundary of `s` at or after `i` (`s.len()` past the end).
+fn ceil_boundary(s: &str, i: usize) -> usize {
+    (i..s.len())
+        .find(|&j| s.is_char_boundary(j))
+        .unwrap_or(s.len())
+}
+
 fn clip(s: &str) -> String {
     const MAX: usize = 80;
     if s.chars().count() <= MAX {
@@ -212,7 +259,9 @@ fn clip(s: &str) -> String {
 
 /// Each assistant message's span in `text` (None for an empty content), searching in message
 /// order: every message's content moves the cursor past itself where it is found, so an
-/// answer that repeats an earlier message is not matched there.
+/// answer that repeats an earlier message is not matched there. `anchors` holds, per assistant
+/// message, the length of the text the template renders before its content whatever that
+/// content is (see the module docs): a match must end past it, so none lies in a role header.
 ///
 /// The content is looked for as written, then trimmed (templates that trim it). A content
 /// with a non-empty `<think>` block that is not rendered as written (Qwen3 re-renders it, or
@@ -222,43 +271,53 @@ fn clip(s: &str) -> String {
 fn find_content_spans(
     messages: &[Message],
     text: &str,
+    anchors: &[usize],
 ) -> Result<Vec<Option<Range<usize>>>, SkipReason> {
     let mut cursor = 0usize;
     let mut out = Vec::new();
-    // The first candidate found after `from`: (start, end).
-    let find = |from: usize, to: usize, cands: &[&str]| -> Option<(usize, usize)> {
+    // The first candidate found in `from..to` that ends past `anchor`: (start, end).
+    let find = |from: usize, to: usize, anchor: usize, cands: &[&str]| {
         cands.iter().filter(|c| !c.is_empty()).find_map(|c| {
+            // A match starting before `anchor + 1 - len` would end at or before the anchor.
+            let from = from.max(ceil_boundary(text, (anchor + 1).saturating_sub(c.len())));
+            if from > to {
+                return None;
+            }
             text[from..to]
                 .find(c)
                 .map(|at| (from + at, from + at + c.len()))
         })
     };
+    let mut anchors = anchors.iter().copied();
     for (k, m) in messages.iter().enumerate() {
         let content = m.content.as_str();
         if m.role != Role::Assistant {
-            if let Some((_, end)) = find(cursor, text.len(), &[content, content.trim()]) {
+            if let Some((_, end)) = find(cursor, text.len(), 0, &[content, content.trim()]) {
                 cursor = end;
             }
             continue;
         }
+        let anchor = anchors.next().unwrap_or(0);
         if content.trim().is_empty() {
             out.push(None);
             continue;
         }
         let found = match split_think(content) {
-            None => find(cursor, text.len(), &[content, content.trim()]),
+            None => find(cursor, text.len(), anchor, &[content, content.trim()]),
             Some((reasoning, answer)) if reasoning.trim().is_empty() => {
                 let a = answer.trim_start_matches('\n');
-                find(cursor, text.len(), &[a, a.trim()])
+                find(cursor, text.len(), anchor, &[a, a.trim()])
             }
-            Some((reasoning, answer)) => find(cursor, text.len(), &[content, content.trim()])
-                .or_else(|| {
+            Some((reasoning, answer)) => {
+                find(cursor, text.len(), anchor, &[content, content.trim()]).or_else(|| {
                     let a = answer.trim_start_matches('\n');
-                    let (a_start, a_end) = find(cursor, text.len(), &[a, a.trim()])?;
+                    let (a_start, a_end) = find(cursor, text.len(), anchor, &[a, a.trim()])?;
                     let r = reasoning.trim_matches('\n');
-                    let start = find(cursor, a_start, &[r, r.trim()]).map_or(a_start, |(s, _)| s);
+                    let start =
+                        find(cursor, a_start, anchor, &[r, r.trim()]).map_or(a_start, |(s, _)| s);
                     Some((start, a_end))
-                }),
+                })
+            }
         };
         match found {
             Some((start, end)) => {
@@ -306,7 +365,7 @@ mod tests {
     }
 
     fn spans_of<'a>(msgs: &[Message], text: &'a str) -> Vec<Option<&'a str>> {
-        find_content_spans(msgs, text)
+        find_content_spans(msgs, text, &[])
             .unwrap()
             .into_iter()
             .map(|s| s.map(|s| &text[s]))
@@ -322,10 +381,13 @@ mod tests {
             m(Role::Assistant, " no "),
         ];
         let text = "U: yes\nA: yes\nU: and?\nA: no\n";
-        assert_eq!(find_content_spans(&msgs, text).unwrap()[0], Some(10..13));
+        assert_eq!(
+            find_content_spans(&msgs, text, &[]).unwrap()[0],
+            Some(10..13)
+        );
         // " no " is not rendered as written (the template trims): found trimmed.
         assert_eq!(spans_of(&msgs, text), [Some("yes"), Some("no")]);
-        let e = find_content_spans(&msgs, "U: yes\nA: yes\nU: and?\nA: ...\n").unwrap_err();
+        let e = find_content_spans(&msgs, "U: yes\nA: yes\nU: and?\nA: ...\n", &[]).unwrap_err();
         assert_eq!(e, SkipReason::ContentNotFound { message: 3 });
     }
 
@@ -362,5 +424,48 @@ mod tests {
         assert_eq!(spans_of(&empty, "q|<think>\n\n</think>\n\na|"), [Some("a")]);
         let blank = [m(Role::User, "q"), m(Role::Assistant, " ")];
         assert_eq!(spans_of(&blank, "q||"), [None]);
+    }
+
+    #[test]
+    fn a_reply_is_not_matched_in_its_role_header() {
+        let msgs = [
+            m(Role::User, "Pick a or b."),
+            m(Role::Assistant, "a"),
+            m(Role::User, "Why?"),
+            m(Role::Assistant, "It is first."),
+        ];
+        let text = "<u>Pick a or b.</u><assistant>a</assistant><u>Why?</u><assistant>It is first.</assistant>";
+        let first = text.find("a</").unwrap();
+        let second = text.find("It").unwrap();
+        // Without anchors the "a" of the header is taken.
+        let unanchored = find_content_spans(&msgs, text, &[]).unwrap();
+        assert_ne!(unanchored[0], Some(first..first + 1));
+        let spans = find_content_spans(&msgs, text, &[first, second]).unwrap();
+        assert_eq!(spans, [Some(first..first + 1), Some(second..second + 12)]);
+        // A content that starts inside the shared prefix (a generation prompt ending in
+        // "<think>\n" that the full rendering shares with the reasoning) still matches.
+        let think = [
+            m(Role::User, "q"),
+            m(Role::Assistant, "<think>\nr\n</think>\n\nok"),
+        ];
+        let text = "q|A:<think>\nr\n</think>\n\nok|";
+        let anchor = "q|A:<think>\n".len();
+        assert_eq!(
+            find_content_spans(&think, text, &[anchor]).unwrap(),
+            [Some(4..text.len() - 1)]
+        );
+        // A content only rendered before the anchor is not found.
+        let e = find_content_spans(&msgs[..2], "Pick a or b.|assistant:|", &[23]).unwrap_err();
+        assert_eq!(e, SkipReason::ContentNotFound { message: 1 });
+    }
+
+    #[test]
+    fn common_prefix_stops_on_a_character_boundary() {
+        assert_eq!(common_prefix("abc", "abd"), 2);
+        assert_eq!(common_prefix("ab", "abc"), 2);
+        // 'é' (C3 A9) and 'ê' (C3 AA) share their first byte.
+        assert_eq!(common_prefix("xé", "xê"), 1);
+        assert_eq!(ceil_boundary("xé", 2), 3);
+        assert_eq!(ceil_boundary("xé", 9), 3);
     }
 }

@@ -4,6 +4,11 @@
 //! HF hub lays them out). Column-oriented rows are turned into the JSON objects a JSONL line
 //! would hold, so one parser reads every format. Only the conversation columns (`messages`,
 //! `conversations`, `system`) are read.
+//!
+//! A hub folder keeps every split side by side (`train_sft-00000-of-00003.parquet`,
+//! `test_sft-00000-of-00001.parquet`, ...), so a folder whose Parquet files belong to more
+//! than one split is refused rather than read as one dataset; a file-name pattern such as
+//! `data/train_sft-*.parquet` (`*` and `?` in the last component) picks one split's files.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,6 +26,7 @@ pub const COLUMNS: [&str; 3] = ["messages", "conversations", "system"];
 /// One opened input, read in chunks of rows.
 pub struct Input {
     path: PathBuf,
+    files: Vec<PathBuf>,
     kind: Kind,
 }
 
@@ -38,8 +44,10 @@ pub type Row = (u64, Value);
 
 impl Input {
     /// Chooses the reader by path: a directory (HF `save_to_disk`, a folder of `*.arrow`
-    /// stream files, or a folder of `*.parquet` files), a `.jsonl` / `.ndjson` / `.json` file,
-    /// a `.parquet` file or a `.arrow` stream file.
+    /// stream files, or a folder of `*.parquet` files of one split), a `.jsonl` / `.ndjson` /
+    /// `.json` file, a `.parquet` file, a `.arrow` stream file, or a pattern over the file
+    /// names of one folder (`*` and `?` in the last component) that matches `.parquet` or
+    /// `.arrow` files.
     pub fn open(path: &Path) -> Result<Self, PrepareError> {
         let bad = |detail: &str| PrepareError::Input {
             path: path.to_path_buf(),
@@ -48,12 +56,16 @@ impl Input {
         let kind = if path.is_dir() {
             let parquet = files_with_ext(path, "parquet")?;
             if !parquet.is_empty() && !path.join("state.json").exists() {
+                one_split(path, &parquet)?;
                 Kind::Parquet(parquet)
             } else {
                 Kind::Arrow(dflash_data::save_to_disk_files(path)?)
             }
         } else if !path.exists() {
-            return Err(bad("no such file or directory"));
+            match path.file_name().and_then(|n| n.to_str()) {
+                Some(name) if name.contains(['*', '?']) => matching_files(path, name)?,
+                _ => return Err(bad("no such file or directory")),
+            }
         } else {
             let ext = path
                 .extension()
@@ -80,14 +92,24 @@ impl Input {
                 }
             }
         };
+        let files = match &kind {
+            Kind::Parquet(files) | Kind::Arrow(files) => files.clone(),
+            Kind::Jsonl(_) | Kind::JsonArray(_) => vec![path.to_path_buf()],
+        };
         Ok(Input {
             path: path.to_path_buf(),
+            files,
             kind,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The files read, in the order they are read.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
     }
 
     /// The number of rows where it is known without reading them (for the progress bar).
@@ -190,6 +212,146 @@ fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, PrepareError> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The files of `pattern`'s folder whose names match its last component `name`: all
+/// `.parquet` or all `.arrow`.
+fn matching_files(pattern: &Path, name: &str) -> Result<Kind, PrepareError> {
+    let bad = |detail: String| PrepareError::Input {
+        path: pattern.to_path_buf(),
+        detail,
+    };
+    let dir = pattern
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(bad(format!(
+            "no such directory {} (a pattern may use * and ? in its last component only)",
+            dir.display()
+        )));
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| PrepareError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| wildcard_match(name, n))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(bad("no file matches the pattern".into()));
+    }
+    let has_ext = |f: &PathBuf, ext: &str| f.extension().is_some_and(|x| x == ext);
+    if files.iter().all(|f| has_ext(f, "parquet")) {
+        Ok(Kind::Parquet(files))
+    } else if files.iter().all(|f| has_ext(f, "arrow")) {
+        Ok(Kind::Arrow(files))
+    } else {
+        Err(bad(format!(
+            "the pattern matches {} files that are not all .parquet or all .arrow, e.g. {}",
+            files.len(),
+            files
+                .iter()
+                .find(|f| !has_ext(f, "parquet"))
+                .unwrap_or(&files[0])
+                .display()
+        )))
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters and `?` for
+/// one.
+fn wildcard_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    let (mut i, mut j) = (0, 0);
+    // The last `*` seen and the name position it was tried at, to backtrack to.
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            star = Some((si, sj + 1));
+            i = si + 1;
+            j = sj + 1;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// The split a hub file belongs to by its name: `<split>-NNNNN-of-NNNNN[...].parquet` (and
+/// any `<split>-<digits>...`), or a name that is a split itself (`train.parquet`,
+/// `test_sft.parquet`: HF's split keywords, as `datasets` resolves data files).
+fn hf_split(file: &Path) -> Option<&str> {
+    const KEYWORDS: [&str; 10] = [
+        "train",
+        "training",
+        "test",
+        "testing",
+        "eval",
+        "evaluation",
+        "validation",
+        "valid",
+        "val",
+        "dev",
+    ];
+    let stem = file.file_stem()?.to_str()?;
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    };
+    if let Some((split, rest)) = stem.split_once('-') {
+        return (word(split) && rest.starts_with(|c: char| c.is_ascii_digit())).then_some(split);
+    }
+    let head = stem.split(['_', '.']).next().unwrap_or(stem);
+    (word(stem) && KEYWORDS.contains(&head.to_ascii_lowercase().as_str())).then_some(stem)
+}
+
+/// An error when the Parquet `files` of folder `dir` belong to more than one split.
+fn one_split(dir: &Path, files: &[PathBuf]) -> Result<(), PrepareError> {
+    let mut splits: Vec<(&str, usize)> = Vec::new();
+    for split in files.iter().filter_map(|f| hf_split(f)) {
+        match splits.iter_mut().find(|(s, _)| *s == split) {
+            Some(c) => c.1 += 1,
+            None => splits.push((split, 1)),
+        }
+    }
+    if splits.len() < 2 {
+        return Ok(());
+    }
+    splits.sort();
+    let example = splits
+        .iter()
+        .find(|(s, _)| s.starts_with("train"))
+        .unwrap_or(&splits[0])
+        .0;
+    let listed: Vec<String> = splits
+        .iter()
+        .map(|(s, n)| format!("{s} ({n} file{})", if *n == 1 { "" } else { "s" }))
+        .collect();
+    Err(PrepareError::Input {
+        path: dir.to_path_buf(),
+        detail: format!(
+            "the Parquet files belong to {} splits: {}; reading them together would mix them \
+             (test data into training). Pass one split's files: a quoted pattern such as '{}', \
+             one .parquet file, or a folder holding only that split's files",
+            splits.len(),
+            listed.join(", "),
+            dir.join(format!("{example}-*.parquet")).display()
+        ),
+    })
 }
 
 /// `(1-based line number, trimmed line)`, after a UTF-8 byte order mark.
@@ -320,4 +482,50 @@ fn read_parquet(
         f(batch_rows(path, &batch, &proj, next)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_like_a_shell() {
+        assert!(wildcard_match(
+            "train_sft-*.parquet",
+            "train_sft-00000-of-00003.parquet"
+        ));
+        assert!(!wildcard_match(
+            "train_sft-*.parquet",
+            "test_sft-00000-of-00001.parquet"
+        ));
+        assert!(!wildcard_match(
+            "train-*.parquet",
+            "train_sft-00000-of-00001.parquet"
+        ));
+        assert!(wildcard_match("*", ""));
+        assert!(wildcard_match("a?c*", "abc"));
+        assert!(!wildcard_match("a?c", "ac"));
+        assert!(wildcard_match("*b*b", "abbab"));
+        assert!(!wildcard_match("*.parquet", "x.parquet.tmp"));
+        assert!(wildcard_match("日*?", "日本語"));
+    }
+
+    #[test]
+    fn hub_file_names_give_their_split() {
+        let split = |n: &str| hf_split(Path::new(n)).map(str::to_string);
+        assert_eq!(
+            split("train_sft-00000-of-00003-a09b74b3ef9c3b56.parquet").as_deref(),
+            Some("train_sft")
+        );
+        assert_eq!(
+            split("test-00000-of-00001.parquet").as_deref(),
+            Some("test")
+        );
+        assert_eq!(split("train-0.parquet").as_deref(), Some("train"));
+        assert_eq!(split("validation.parquet").as_deref(), Some("validation"));
+        assert_eq!(split("test_gen.parquet").as_deref(), Some("test_gen"));
+        assert_eq!(split("part-a.parquet"), None);
+        assert_eq!(split("data.parquet"), None);
+        assert_eq!(split("contest.parquet"), None);
+    }
 }

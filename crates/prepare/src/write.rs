@@ -5,7 +5,12 @@
 //! list<int8>, as `dflash_data::open_dataset` and `datasets.load_from_disk` read them.
 //!
 //! Everything is written into a temporary sibling directory that is renamed to the output at
-//! the end, so an interrupted run leaves no half-written dataset under the output's name.
+//! the end, so an interrupted run leaves no half-written dataset under the output's name. An
+//! output that already exists as an empty directory (a mount point, say) cannot be replaced
+//! that way: the temporary directory is made inside it and its files are moved up at the end,
+//! which needs neither removing the output nor a rename across file systems. A finished
+//! dataset is never deleted: where the final move fails, it is kept where it was written and the
+//! error names that place.
 
 use std::fs::File;
 use std::io::{BufWriter, Read};
@@ -28,6 +33,10 @@ pub const SHARD_BYTES: usize = 500 << 20;
 pub struct DatasetWriter {
     out: PathBuf,
     tmp: PathBuf,
+    /// `out` existed (empty) and `tmp` is inside it: the files are moved up into `out`.
+    in_place: bool,
+    /// The dataset in `tmp` is complete: kept, whatever becomes of the final move.
+    complete: bool,
     schema: Arc<Schema>,
     shard_bytes: usize,
     shards: Vec<PathBuf>,
@@ -52,7 +61,8 @@ impl DatasetWriter {
 
     /// As [`create`](Self::create), with another shard size (tests).
     pub fn with_shard_bytes(out: &Path, shard_bytes: usize) -> Result<Self, PrepareError> {
-        if out.exists() {
+        let in_place = out.exists();
+        let tmp = if in_place {
             let empty = out.is_dir()
                 && std::fs::read_dir(out)
                     .map_err(|e| PrepareError::io(out, e))?
@@ -64,21 +74,24 @@ impl DatasetWriter {
                     "already exists and is not an empty directory (remove it or choose another --out)",
                 ));
             }
-        }
-        let name = out
-            .file_name()
-            .ok_or_else(|| PrepareError::output(out, "the output path has no final component"))?
-            .to_string_lossy()
-            .into_owned();
-        let parent = out
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| PrepareError::io(parent, e))?;
-        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
-        }
+            out.join(format!(".dflash-prepare.tmp-{}", std::process::id()))
+        } else {
+            let name = out
+                .file_name()
+                .ok_or_else(|| PrepareError::output(out, "the output path has no final component"))?
+                .to_string_lossy()
+                .into_owned();
+            let parent = out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            std::fs::create_dir_all(parent).map_err(|e| PrepareError::io(parent, e))?;
+            let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+            if tmp.exists() {
+                std::fs::remove_dir_all(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
+            }
+            tmp
+        };
         std::fs::create_dir(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
         let hf = serde_json::json!({"info": {"features": features()}}).to_string();
         let schema = Schema::new(vec![
@@ -100,6 +113,8 @@ impl DatasetWriter {
         Ok(DatasetWriter {
             out: out.to_path_buf(),
             tmp,
+            in_place,
+            complete: false,
             schema: Arc::new(schema),
             shard_bytes: shard_bytes.max(1),
             shards: Vec::new(),
@@ -218,19 +233,59 @@ impl DatasetWriter {
             let text = serde_json::to_string_pretty(&v).expect("JSON values serialize");
             std::fs::write(&path, text).map_err(|e| PrepareError::io(&path, e))?;
         }
-        if self.out.exists() {
-            // Checked empty at create.
-            std::fs::remove_dir(&self.out).map_err(|e| PrepareError::io(&self.out, e))?;
-        }
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| PrepareError::io(&self.out, e))?;
+        self.complete = true;
+        let mut files = names.clone();
+        // state.json last: a directory without it is visibly not a dataset yet.
+        files.extend(["dataset_info.json".to_string(), "state.json".to_string()]);
+        self.move_to_out(&files)?;
         Ok(names.iter().map(|n| self.out.join(n)).collect())
+    }
+
+    /// Moves the finished dataset (`files` in `tmp`) to `out`; on failure the error names
+    /// `tmp`, where what was not moved is kept.
+    fn move_to_out(&self, files: &[String]) -> Result<(), PrepareError> {
+        let kept = |why: String| {
+            PrepareError::output(
+                &self.tmp,
+                format!(
+                    "the finished dataset is kept here because {why}; move {} into {} to use it",
+                    if self.in_place { "its files" } else { "it" },
+                    self.out.display()
+                ),
+            )
+        };
+        if !self.in_place {
+            return std::fs::rename(&self.tmp, &self.out)
+                .map_err(|e| kept(format!("renaming it to {} failed: {e}", self.out.display())));
+        }
+        if let Some(f) = files
+            .iter()
+            .find(|f| self.out.join(f).symlink_metadata().is_ok())
+        {
+            return Err(kept(format!(
+                "{} appeared while preparing",
+                self.out.join(f).display()
+            )));
+        }
+        for (k, f) in files.iter().enumerate() {
+            std::fs::rename(self.tmp.join(f), self.out.join(f)).map_err(|e| {
+                kept(format!(
+                    "moving {f} into {} failed: {e} ({k} files were moved before it)",
+                    self.out.display()
+                ))
+            })?;
+        }
+        // Every file is in place: a leftover empty directory does not make the dataset unusable.
+        let _ = std::fs::remove_dir(&self.tmp);
+        Ok(())
     }
 }
 
 impl Drop for DatasetWriter {
     fn drop(&mut self) {
-        // Not finished (an error on the way): leave nothing behind.
-        if self.tmp.exists() {
+        // Not finished (an error on the way): leave nothing behind. A complete dataset whose
+        // final move failed is kept, and the error names where.
+        if !self.complete && self.tmp.exists() {
             let _ = std::fs::remove_dir_all(&self.tmp);
         }
     }

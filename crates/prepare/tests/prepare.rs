@@ -343,3 +343,178 @@ fn the_input_reader_streams_rows_in_order() {
     assert_eq!(seen, (0..7).collect::<Vec<u64>>());
     let _ = Preparer::from_target_dir(&target(), None).unwrap();
 }
+
+fn small_rows() -> Vec<Prepared> {
+    (0..5u32)
+        .map(|i| Prepared {
+            ids: vec![i, i + 1, i + 2],
+            loss_mask: vec![0, 1, 1],
+        })
+        .collect()
+}
+
+fn write_rows(w: &mut DatasetWriter, rows: &[Prepared]) {
+    for (i, r) in rows.iter().enumerate() {
+        w.push(i as u64, r).unwrap();
+    }
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn an_existing_empty_output_directory_is_filled_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("mnt");
+    std::fs::create_dir(&out).unwrap();
+    let rows = small_rows();
+    let mut w = DatasetWriter::create(&out).unwrap();
+    write_rows(&mut w, &rows);
+    let files = w.finish().unwrap();
+    assert_eq!(files, [out.join("data-00000-of-00001.arrow")]);
+    assert_eq!(
+        names_in(&out),
+        [
+            "data-00000-of-00001.arrow",
+            "dataset_info.json",
+            "state.json"
+        ]
+    );
+    assert_eq!(names_in(tmp.path()), ["mnt"]);
+    let back = read_back(&out);
+    assert_eq!(back.len(), rows.len());
+    assert_eq!((&back[4].0, &back[4].1), (&rows[4].ids, &rows[4].loss_mask));
+}
+
+/// The directory an `Output` error names, which must hold the whole finished dataset.
+fn kept_dataset(e: PrepareError, out: &Path, rows: &[Prepared]) -> PathBuf {
+    let msg = e.to_string();
+    let PrepareError::Output { path, .. } = e else {
+        panic!("{msg}")
+    };
+    assert!(
+        msg.contains("the finished dataset is kept here") && msg.contains(&*out.to_string_lossy()),
+        "{msg}"
+    );
+    assert_eq!(read_back(&path).len(), rows.len(), "{msg}");
+    path
+}
+
+#[test]
+fn a_finished_dataset_is_kept_when_the_final_move_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = small_rows();
+
+    // A new output, taken by a file while the dataset was written: the rename fails.
+    let out = tmp.path().join("new");
+    let mut w = DatasetWriter::create(&out).unwrap();
+    write_rows(&mut w, &rows);
+    std::fs::write(&out, "someone else's").unwrap();
+    let kept = kept_dataset(w.finish().unwrap_err(), &out, &rows);
+    assert_eq!(kept.parent(), Some(tmp.path()));
+
+    // An existing empty directory (a mount point cannot be removed), where a file of the
+    // dataset's name appeared meanwhile: nothing is moved, nothing is lost.
+    let out = tmp.path().join("mnt");
+    std::fs::create_dir(&out).unwrap();
+    let mut w = DatasetWriter::create(&out).unwrap();
+    write_rows(&mut w, &rows);
+    std::fs::create_dir_all(out.join("state.json/x")).unwrap();
+    let kept = kept_dataset(w.finish().unwrap_err(), &out, &rows);
+    assert_eq!(kept.parent(), Some(out.as_path()));
+
+    // An unfinished one is removed.
+    let out = tmp.path().join("dropped");
+    let mut w = DatasetWriter::create(&out).unwrap();
+    write_rows(&mut w, &rows);
+    drop(w);
+    assert!(
+        !names_in(tmp.path()).iter().any(|n| n.contains("dropped")),
+        "{:?}",
+        names_in(tmp.path())
+    );
+}
+
+fn write_parquet(path: &Path, b: &RecordBatch) {
+    let mut w = parquet::arrow::ArrowWriter::try_new(File::create(path).unwrap(), b.schema(), None)
+        .unwrap();
+    w.write(b).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn a_hub_folder_of_several_splits_is_refused_and_a_pattern_picks_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = batch(&fixture_messages());
+    // ultrachat_200k's layout: every split side by side in data/.
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let train = [
+        data.join("train_sft-00000-of-00002.parquet"),
+        data.join("train_sft-00001-of-00002.parquet"),
+    ];
+    write_parquet(&train[0], &b.slice(0, 4));
+    write_parquet(&train[1], &b.slice(4, 3));
+    write_parquet(
+        &data.join("test_sft-00000-of-00001.parquet"),
+        &b.slice(0, 2),
+    );
+    write_parquet(
+        &data.join("train_gen-00000-of-00001.parquet"),
+        &b.slice(2, 2),
+    );
+
+    let out = tmp.path().join("out");
+    let e = prepare(&opts(&data, &out)).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, PrepareError::Input { .. }), "{msg}");
+    assert!(
+        msg.contains("3 splits: test_sft (1 file), train_gen (1 file), train_sft (2 files)"),
+        "{msg}"
+    );
+    assert!(msg.contains("-*.parquet'"), "{msg}");
+    assert!(!out.exists());
+
+    let s = prepare(&opts(&data.join("train_sft-*.parquet"), &out)).unwrap();
+    assert_eq!(s.inputs, train);
+    assert_eq!((s.samples, s.written), (7, 7));
+    assert!(
+        s.to_string()
+            .contains(&format!("input: {}\n", train[1].display())),
+        "{s}"
+    );
+
+    // One split in a folder (and files that name no split) is read whole.
+    std::fs::remove_file(data.join("test_sft-00000-of-00001.parquet")).unwrap();
+    std::fs::remove_file(data.join("train_gen-00000-of-00001.parquet")).unwrap();
+    write_parquet(&data.join("extra.parquet"), &b.slice(0, 1));
+    let input = Input::open(&data).unwrap();
+    assert_eq!(
+        input.files(),
+        [
+            data.join("extra.parquet"),
+            train[0].clone(),
+            train[1].clone()
+        ]
+    );
+    assert_eq!(input.rows_hint(), Some(8));
+
+    for (pattern, needle) in [
+        ("nothing-*.parquet", "no file matches"),
+        ("*", "not all .parquet or all .arrow"),
+    ] {
+        std::fs::write(data.join("notes.txt"), "x").unwrap();
+        let e = Input::open(&data.join(pattern)).err().unwrap().to_string();
+        assert!(e.contains(needle), "{pattern}: {e}");
+    }
+    assert_eq!(
+        Input::open(&fixture_jsonl()).unwrap().files(),
+        [fixture_jsonl()]
+    );
+}

@@ -1,0 +1,147 @@
+//! Loss masks of short replies that also occur in the role headers and end-of-turn tokens the
+//! templates render (`a` in `<|im_start|>assistant`, `d` in `<|eot_id|>`, `start` and `end` in
+//! the special tokens), with the fixture templates and a byte-level tokenizer that covers every
+//! byte (one token per byte), so every supervised byte shows in the mask.
+
+use std::path::{Path, PathBuf};
+
+use dflash_prepare::{ChatTemplate, Message, Preparer, Role, SkipReason};
+use tokenizers::Tokenizer;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// A byte-level BPE without merges: the 256 byte characters, nothing else.
+fn byte_tokenizer() -> Tokenizer {
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort();
+    assert_eq!(alphabet.len(), 256);
+    let vocab: serde_json::Map<String, serde_json::Value> = alphabet
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+        .collect();
+    let byte_level = serde_json::json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true
+    });
+    let json = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": []
+        }
+    });
+    json.to_string().parse().unwrap()
+}
+
+fn preparers() -> Vec<(String, Preparer)> {
+    let mut out = Vec::new();
+    for name in ["qwen3", "llama3"] {
+        let dir = fixtures().join(name);
+        let real = ChatTemplate::from_target_dir(&dir).unwrap();
+        let generation =
+            ChatTemplate::from_target_dir_with(&dir, &dir.join("chat_template.generation.jinja"))
+                .unwrap();
+        assert!(!real.has_generation_blocks() && generation.has_generation_blocks());
+        out.push((name.to_string(), Preparer::new(real, byte_tokenizer())));
+        out.push((
+            format!("{name} with generation blocks"),
+            Preparer::new(generation, byte_tokenizer()),
+        ));
+    }
+    out
+}
+
+fn conversation(turns: &[(Role, &str)]) -> Vec<Message> {
+    turns
+        .iter()
+        .map(|&(role, c)| Message {
+            role,
+            content: c.into(),
+        })
+        .collect()
+}
+
+/// The decoded runs of consecutive supervised tokens.
+fn supervised_runs(p: &Preparer, msgs: &[Message]) -> Vec<String> {
+    let prepared = p.prepare(msgs).unwrap();
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    let mut open = false;
+    for (&id, &m) in prepared.ids.iter().zip(&prepared.loss_mask) {
+        match (m, open) {
+            (1, true) => runs.last_mut().unwrap().push(id),
+            (1, false) => runs.push(vec![id]),
+            _ => {}
+        }
+        open = m == 1;
+    }
+    runs.iter()
+        .map(|r| p.tokenizer().decode(r, false).unwrap())
+        .collect()
+}
+
+#[test]
+fn short_replies_are_supervised_where_they_are_not_in_a_role_header() {
+    use Role::{Assistant as A, User as U};
+    let cases: [&[(Role, &str)]; 2] = [
+        &[
+            (U, "Pick a or b."),
+            (A, "a"),
+            (U, "Why?"),
+            (A, "It is first."),
+        ],
+        &[
+            (U, "Letter after c?"),
+            (A, "d"),
+            (U, "Opposite of finish?"),
+            (A, "start"),
+            (U, "And of begin?"),
+            (A, "end"),
+        ],
+    ];
+    for (name, p) in preparers() {
+        for case in cases {
+            let msgs = conversation(case);
+            let replies: Vec<&str> = case
+                .iter()
+                .filter(|(r, _)| *r == Role::Assistant)
+                .map(|(_, c)| *c)
+                .collect();
+            let (text, spans) = p.supervised_spans(&msgs).unwrap();
+            let texts: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+            assert_eq!(texts, replies, "{name}: spans in {text:?}");
+            assert_eq!(
+                supervised_runs(&p, &msgs),
+                replies,
+                "{name}: masked tokens of {text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_conversation_without_an_assistant_turn_is_skipped_not_a_panic() {
+    let msgs = conversation(&[(Role::User, "Pick a or b.")]);
+    for (name, p) in preparers() {
+        assert_eq!(
+            p.prepare(&msgs),
+            Err(SkipReason::NoAssistant),
+            "{name}: prepare"
+        );
+        assert_eq!(
+            p.supervised_spans(&msgs),
+            Err(SkipReason::NoAssistant),
+            "{name}: supervised_spans"
+        );
+    }
+}
