@@ -413,5 +413,96 @@ fn with_temp_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    result?;
+    // The rename lives in the directory: until it is on disk, a power loss can bring back the
+    // old file (or none) after the caller has gone on as if the new one were published.
+    sync_dir(dir)
+}
+
+/// Flushes directory `dir`'s entries (renames, new and removed files) to disk, so that what
+/// they name survives a power loss; call it after a rename that publishes something and
+/// before removing what it replaces. A no-op where directories cannot be synced (off Unix,
+/// or a filesystem that refuses it: nothing more can be done there).
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    // The parent of a bare file name is "": the current directory.
+    let dir = match dir.as_os_str().is_empty() {
+        true => Path::new("."),
+        false => dir,
+    };
+    #[cfg(test)]
+    tests::record_sync(dir);
+    #[cfg(unix)]
+    {
+        use std::io::ErrorKind;
+        let synced = File::open(dir).and_then(|d| d.sync_all());
+        if let Err(e) = synced
+            && !matches!(e.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
+        {
+            return Err(io_err(dir)(e));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::path::{Path, PathBuf};
+
+    thread_local! {
+        /// Each directory this thread synced, with the names it held at that moment.
+        static SYNCED: RefCell<Vec<(PathBuf, Vec<String>)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn record_sync(dir: &Path) {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        SYNCED.with(|s| s.borrow_mut().push((dir.to_path_buf(), names)));
+    }
+
+    fn take_synced() -> Vec<(PathBuf, Vec<String>)> {
+        SYNCED.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+
+    /// Every atomic write syncs its directory after its rename: the sync sees the new name
+    /// and no temp file, and the file holds the new bytes.
+    #[test]
+    fn an_atomic_write_syncs_its_directory_after_the_rename() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sub");
+        let path = dir.join("latest");
+        take_synced();
+        super::write_atomic(&path, b"step-3").unwrap();
+        let synced = take_synced();
+        assert_eq!(synced, vec![(dir.clone(), vec!["latest".to_string()])]);
+        super::write_atomic(&path, b"step-4").unwrap();
+        assert_eq!(take_synced().len(), 1, "a rewrite syncs again");
+        assert_eq!(std::fs::read(&path).unwrap(), b"step-4");
+
+        // Tensor files take the same path.
+        let t = dir.join("model.safetensors");
+        super::write_f32_atomic(&t, &[("w".into(), vec![2], vec![1.0, 2.0])], None).unwrap();
+        let synced = take_synced();
+        assert_eq!(synced.len(), 1);
+        assert!(synced[0].1.contains(&"model.safetensors".to_string()));
+        assert!(!synced[0].1.iter().any(|n| super::is_temp_file(n)));
+    }
+
+    /// A directory that does not exist is an error naming it; a real one syncs, and so does
+    /// the current one, as the parent of a bare file name ("").
+    #[test]
+    fn sync_dir_names_a_missing_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        super::sync_dir(tmp.path()).unwrap();
+        super::sync_dir(Path::new("summary.json").parent().unwrap()).unwrap();
+        let gone = tmp.path().join("gone");
+        let e = super::sync_dir(&gone).unwrap_err().to_string();
+        assert!(e.contains("gone"), "{e}");
+    }
 }

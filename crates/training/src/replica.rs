@@ -43,9 +43,10 @@ pub struct DrafterReplica {
     /// Consecutive non-finite steps so far.
     pub nonfinite_run: u64,
     pub max_nonfinite: u64,
-    /// Whether the features of the last micro-batch with a non-finite loss were themselves
-    /// non-finite (`None`: no non-finite loss seen since the last applied update).
-    features_nonfinite: Option<bool>,
+    /// Whether a micro-batch of the step being accumulated had a non-finite loss over
+    /// non-finite features (this replica's only; the step's cause is decided on the sum over
+    /// all replicas, see [`Self::finish_step`]).
+    features_nonfinite: bool,
     /// 0-based index of the step being accumulated.
     pub step: u64,
     /// Timings of the last finished step.
@@ -73,7 +74,7 @@ impl DrafterReplica {
             grad_clip,
             nonfinite_run: 0,
             max_nonfinite,
-            features_nonfinite: None,
+            features_nonfinite: false,
             step: 0,
             last_times: StepTimes::default(),
             device_collective: None,
@@ -111,7 +112,7 @@ impl DrafterReplica {
             // Only on the failure path: one host copy of this micro-batch's features says
             // whether the NaN came from the target (or its data) or from the drafter.
             let feats = inp.features.to_host()?;
-            self.features_nonfinite = Some(feats.iter().any(|x| !x.is_finite()));
+            self.features_nonfinite |= feats.iter().any(|x| !x.is_finite());
         }
         self.backend().synchronize()?;
         Ok(())
@@ -125,7 +126,8 @@ impl DrafterReplica {
         let step = self.step;
         let t0 = Instant::now();
         let local = std::mem::take(&mut self.local);
-        let stats = self.global_stats(b, comm, local)?;
+        let local_features = std::mem::take(&mut self.features_nonfinite);
+        let (stats, features_nonfinite) = self.global_stats(b, comm, local, local_features)?;
         let all_reduce_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut summary = StepSummary {
@@ -136,7 +138,7 @@ impl DrafterReplica {
             applied: false,
         };
         if stats.weight_sum > 0.0 {
-            self.normalise_and_update(b, &mut summary)?;
+            self.normalise_and_update(b, &mut summary, features_nonfinite)?;
         }
         // A skipped update still consumes its step (data and schedule move on); AdamW's own
         // count, used for bias correction, counts applied updates only.
@@ -150,25 +152,30 @@ impl DrafterReplica {
         Ok(summary)
     }
 
-    /// The step's loss statistics summed over all replicas (`local`: this replica's). With
-    /// more than one replica this also sums the gradients in place, through the device
-    /// collective when one is set, else through the backend's host all-reduce over `comm`.
+    /// The step's loss statistics summed over all replicas (`local`: this replica's), and
+    /// whether any replica saw a non-finite loss over non-finite features (`local_features`:
+    /// this one did). With more than one replica this also sums the gradients in place,
+    /// through the device collective when one is set, else through the backend's host
+    /// all-reduce over `comm`.
     fn global_stats(
         &mut self,
         b: &dyn Backend,
         comm: &dyn Communicator,
         local: LossStats,
-    ) -> Result<LossStats> {
+        local_features: bool,
+    ) -> Result<(LossStats, bool)> {
         if comm.world_size() <= 1 {
             // One replica: the sums are already global, and nothing leaves the device.
-            return Ok(local);
+            return Ok((local, local_features));
         }
-        // Statistics travel with the gradients: one global normalisation for all ranks.
+        // Statistics travel with the gradients: one global normalisation for all ranks, and
+        // one cause named for a skipped step on every rank, whichever saw the NaN.
         let mut s = [
             local.weighted_loss as f32,
             local.weight_sum as f32,
             local.correct as f32,
             local.counted as f32,
+            f32::from(u8::from(local_features)),
         ];
         comm.all_reduce_sum(&mut s)
             .map_err(TrainError::Collective)?;
@@ -179,18 +186,25 @@ impl DrafterReplica {
                 None => b.all_reduce_sum(g, comm)?,
             }
         }
-        Ok(LossStats {
+        let stats = LossStats {
             weighted_loss: s[0] as f64,
             weight_sum: s[1] as f64,
             correct: s[2] as u64,
             counted: s[3] as u64,
-        })
+        };
+        Ok((stats, s[4] > 0.0))
     }
 
     /// Normalises the summed gradients by `summary.stats.weight_sum` (> 0), clips and applies
     /// AdamW, filling in `summary.grad_norm` (of the mean gradient) and `summary.applied`.
     /// A NaN/Inf loss or norm skips the update instead; see [`Self::skip_nonfinite`].
-    fn normalise_and_update(&mut self, b: &dyn Backend, summary: &mut StepSummary) -> Result<()> {
+    /// `features_nonfinite`: a replica saw a non-finite loss over non-finite features.
+    fn normalise_and_update(
+        &mut self,
+        b: &dyn Backend,
+        summary: &mut StepSummary,
+        features_nonfinite: bool,
+    ) -> Result<()> {
         let stats = summary.stats;
         // Gradients hold sums over the step's supervised slots: the mean (1 / weight sum)
         // and the clipping factor scale them inside the optimizer's pass.
@@ -208,28 +222,27 @@ impl DrafterReplica {
             )?;
             summary.applied = true;
             self.nonfinite_run = 0;
-            self.features_nonfinite = None;
             Ok(())
         } else {
-            self.skip_nonfinite(summary.step)
+            let origin = match (stats.loss().is_finite(), features_nonfinite) {
+                (false, true) => NonFiniteSource::TargetFeatures,
+                (false, false) => NonFiniteSource::Drafter,
+                (true, _) => NonFiniteSource::Gradient,
+            };
+            self.skip_nonfinite(summary.step, origin)
         }
     }
 
-    /// Counts one more consecutive non-finite step (`step`); the error, naming where the
-    /// NaN/Inf most likely came from, once `max_nonfinite` of them have run in a row.
-    fn skip_nonfinite(&mut self, step: u64) -> Result<()> {
+    /// Counts one more consecutive non-finite step (`step`, whose NaN/Inf most likely came
+    /// from `origin`); the error, naming it, once `max_nonfinite` of them have run in a row.
+    fn skip_nonfinite(&mut self, step: u64, origin: NonFiniteSource) -> Result<()> {
         self.nonfinite_run += 1;
         if self.nonfinite_run >= self.max_nonfinite {
-            let source = match self.features_nonfinite {
-                Some(true) => NonFiniteSource::TargetFeatures,
-                Some(false) => NonFiniteSource::Drafter,
-                None => NonFiniteSource::Gradient,
-            };
             return Err(TrainError::NonFinite {
                 count: self.nonfinite_run,
                 limit: self.max_nonfinite,
                 step,
-                origin: source,
+                origin,
             });
         }
         Ok(())

@@ -3,10 +3,11 @@
 //! the caller publishes it by atomically rewriting a `latest` pointer, so a crash mid-save
 //! leaves the previous checkpoint intact.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use dflash_config::DrafterConfig;
+use dflash_config::{DType, DrafterConfig};
 use dflash_core::Backend;
 use dflash_models::DrafterParams;
 use dflash_models::checkpoint::{Fetch, load_drafter, save_drafter_via};
@@ -82,7 +83,7 @@ fn write_state(dir: &Path, st: &StateRef<'_>, extra: serde_json::Value) -> Resul
     let b = st.backend;
     // The f32 master weights, whatever dtype the served drafter is saved in.
     let master = DrafterConfig {
-        dtype: dflash_config::DType::Float32,
+        dtype: DType::Float32,
         ..st.config.clone()
     };
     save_drafter_via(b, dir, &master, st.params, st.fetch)?;
@@ -169,18 +170,26 @@ impl Snapshot {
     }
 }
 
-/// Restores weights, moments and counters saved by [`save`] into `replica`, whose config
-/// must match. Returns the pipeline's extra fields.
+/// Restores weights, moments and counters saved by [`save`] into `replica`, whose drafter
+/// must be the checkpoint's (every field of its config but the storage dtype; an error names
+/// the fields that differ). Returns the pipeline's extra fields.
 pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerState> {
     let b = replica.drafter.backend().clone();
     let b = b.as_ref();
-    let (cfg, params) = load_drafter(b, dir)?;
-    if &cfg != replica.drafter.config() {
+    let config_path = dir.join("config.json");
+    // Checked before any weight is uploaded: a mismatched checkpoint costs no device memory.
+    let saved = DrafterConfig::from_file(&config_path).map_err(dflash_models::ModelError::from)?;
+    let differing = config_differences(&saved, replica.drafter.config());
+    if !differing.is_empty() {
         return Err(state_err(
-            dir,
-            "checkpoint config.json differs from this run's drafter config",
+            &config_path,
+            format!(
+                "this checkpoint's drafter differs from this run's: {}",
+                differing.join("; ")
+            ),
         ));
     }
+    let (cfg, params) = load_drafter(b, dir)?;
     replica.drafter.params = params;
     let files = TensorFiles::open_file(&dir.join(OPTIMIZER_STATE))?;
     let layout = DrafterParams::layout(&cfg);
@@ -197,6 +206,54 @@ pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerStat
     replica.optimizer.step = state.adam_step;
     replica.nonfinite_run = state.nonfinite_run;
     Ok(state)
+}
+
+/// The fields (as `config.json` names them) in which a checkpoint's drafter config `saved`
+/// differs from the run's `run`, each with both values; empty when they describe the same
+/// drafter. The storage dtype is left out: a checkpoint holds f32 master weights whatever
+/// dtype the run's config names (an `init_from` drafter's, bf16 for the released ones).
+fn config_differences(saved: &DrafterConfig, run: &DrafterConfig) -> Vec<String> {
+    let fields = |c: &DrafterConfig| {
+        let json = DrafterConfig {
+            dtype: DType::Float32,
+            ..c.clone()
+        }
+        .to_json();
+        let mut flat = BTreeMap::new();
+        flatten("", json, &mut flat);
+        flat
+    };
+    let (a, b) = (fields(saved), fields(run));
+    let missing = serde_json::Value::Null;
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            format!(
+                "{k} is {} in the checkpoint but {} in this run",
+                a.get(k).unwrap_or(&missing),
+                b.get(k).unwrap_or(&missing)
+            )
+        })
+        .collect()
+}
+
+/// `value`'s leaves into `out`, nested objects' keys joined with dots (`dflash_config.*`).
+fn flatten(prefix: &str, value: serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+    match value {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let key = match prefix {
+                    "" => k,
+                    p => format!("{p}.{k}"),
+                };
+                flatten(&key, v, out);
+            }
+        }
+        v => {
+            out.insert(prefix.to_string(), v);
+        }
+    }
 }
 
 /// Reads `dir/trainer_state.json`, cross-checked against itself and its directory: the

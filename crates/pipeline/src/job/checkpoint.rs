@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use dflash_models::safetensors_io::write_atomic;
+use dflash_models::safetensors_io::{sync_dir, write_atomic};
 use dflash_training::state::{self, Snapshot};
 use dflash_training::{DrafterReplica, TrainError};
 
@@ -19,9 +19,19 @@ pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
 }
 
 /// Writes `checkpoints/step-N` with `save`, then atomically points `checkpoints/latest` at it,
-/// then removes older ones: at every instant a complete checkpoint is published. Returns the
-/// bytes written.
+/// then removes older ones: at every instant a complete checkpoint is published, on disk as
+/// well as in the page cache. Returns the bytes written.
 fn publish(run_dir: &Path, step: u64, save: impl FnOnce(&Path) -> Result<()>) -> Result<u64> {
+    publish_synced(run_dir, step, save, &|d: &Path| Ok(sync_dir(d)?))
+}
+
+/// [`publish`], syncing directories with `sync` (the tests record the calls).
+fn publish_synced(
+    run_dir: &Path,
+    step: u64,
+    save: impl FnOnce(&Path) -> Result<()>,
+    sync: &dyn Fn(&Path) -> Result<()>,
+) -> Result<u64> {
     let ckpts = run_dir.join("checkpoints");
     let name = format!("step-{step}");
     let dir = ckpts.join(&name);
@@ -37,7 +47,15 @@ fn publish(run_dir: &Path, step: u64, save: impl FnOnce(&Path) -> Result<()>) ->
                 .sum()
         })
         .unwrap_or(0);
+    // A power loss must not leave `latest` naming a directory whose entry never reached the
+    // disk (nor `checkpoints/` itself missing, on the first one): both synced before `latest`
+    // is rewritten.
+    sync(&ckpts)?;
+    sync(run_dir)?;
     write_atomic(&ckpts.join(LATEST), name.as_bytes())?;
+    // `latest` on disk before the checkpoint it named is removed (the write syncs its
+    // directory too; said here, where the order is the contract).
+    sync(&ckpts)?;
     dflash_models::fault::point("published");
     remove_stale(&ckpts, Some(&name), false);
     Ok(bytes)
@@ -313,6 +331,46 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// Publishing syncs `checkpoints/` (the new `step-N` entry) and the run directory before
+    /// `latest` is rewritten, and `checkpoints/` again after, before the old checkpoint is
+    /// removed: at each sync the directories hold what a power loss must not lose.
+    #[test]
+    fn publishing_syncs_the_directories_before_removing_the_old_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let ckpts = run.join("checkpoints");
+        let save = |dir: &Path| Ok(write_atomic(&dir.join("state"), b"s")?);
+        publish_synced(&run, 1, save, &|_| Ok(())).unwrap();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |d: &Path| {
+            let latest = std::fs::read_to_string(ckpts.join(LATEST)).unwrap();
+            seen.lock().unwrap().push((
+                d.to_path_buf(),
+                latest,
+                ckpts.join("step-1").exists(),
+                ckpts.join("step-2/state").exists(),
+            ));
+            Ok(())
+        };
+        publish_synced(&run, 2, save, &record).unwrap();
+        let at = |d: &Path, latest: &str| (d.to_path_buf(), latest.to_string(), true, true);
+        assert_eq!(
+            seen.into_inner().unwrap(),
+            vec![
+                at(&ckpts, "step-1"),
+                at(&run, "step-1"),
+                at(&ckpts, "step-2"),
+            ]
+        );
+        assert!(
+            !ckpts.join("step-1").exists(),
+            "the old one is removed after"
+        );
+        assert_eq!(latest_checkpoint(&run), Some(ckpts.join("step-2")));
+        // And with the real sync on a real filesystem, nothing fails.
+        assert!(publish(&run, 3, save).unwrap() > 0);
     }
 
     /// The background writer publishes what the replica held when the checkpoint started,

@@ -12,9 +12,12 @@ use super::checkpoint::{Figures, latest_checkpoint, tidy};
 use super::plan::JobPlan;
 use crate::error::{PipelineError, Result};
 
-/// The outcome of a run that has already finished (its latest checkpoint is at the end of the
-/// schedule and `summary.json` exists), read back, so resuming it says so and changes
-/// nothing; an error when the checkpoint's step lies beyond the schedule.
+/// Where a resumed run stands, checked before anything is loaded. The outcome of a run that
+/// has already finished (its latest checkpoint is at the end of the schedule and
+/// `summary.json` records that step), read back, so resuming it says so and changes nothing.
+/// `None` when there is work to do: steps to train, or only the finishing (drafter, tau,
+/// summary) of a run stopped after its final checkpoint. An error when the checkpoint's step
+/// lies beyond the schedule, or beyond this invocation's `train.stop_at_step`.
 pub(super) fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<TrainOutcome>> {
     let Some(ckpt) = latest_checkpoint(run_dir) else {
         return Ok(None);
@@ -29,31 +32,56 @@ pub(super) fn finished_run(plan: &JobPlan, run_dir: &Path) -> Result<Option<Trai
             path.display()
         )));
     }
-    let Some(outcome) = std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| read_summary(&t, run_dir, step))
-    else {
-        return Ok(None);
-    };
+    if let Some(stop) = plan.cfg.train.stop_at_step
+        && stop < step
+    {
+        // Nothing can be trained, and a summary of step `stop` would describe the
+        // checkpoint's later weights.
+        return Err(PipelineError::Job(format!(
+            "train.stop_at_step = {stop} is before the step the run resumes at: {} holds step \
+             {step}; leave train.stop_at_step out or set it to {step} or later",
+            path.display()
+        )));
+    }
     if step < total {
         return Ok(None);
     }
-    eprintln!(
-        "{}: the run already finished (step {step} of {total}); nothing to do",
-        run_dir.display()
-    );
-    Ok(Some(outcome))
+    let summary = run_dir.join("summary.json");
+    let recorded = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| read_summary(&t, run_dir));
+    match recorded {
+        Some(outcome) if outcome.steps == total => {
+            eprintln!(
+                "{}: the run already finished (step {step} of {total}); nothing to do",
+                run_dir.display()
+            );
+            Ok(Some(outcome))
+        }
+        // The summary is written last: one of an earlier step (a `train.stop_at_step`
+        // invocation's), or none, means the invocation that trained the last step stopped
+        // before saving the drafter it serves.
+        _ => {
+            eprintln!(
+                "{}: the final checkpoint (step {total}) exists but {} does not record it: \
+                 saving the drafter, measuring tau and writing the summary, without training",
+                run_dir.display(),
+                summary.display()
+            );
+            Ok(None)
+        }
+    }
 }
 
-/// The outcome `summary.json` (`text`) holds, at checkpoint step `step`; `None` when it is
-/// not JSON. Its figures come back bit-identical (serde_json's `float_roundtrip`); a null
-/// figure (NaN when written) is NaN again.
-fn read_summary(text: &str, run_dir: &Path, step: u64) -> Option<TrainOutcome> {
+/// The outcome `summary.json` (`text`) holds; `None` when it is not JSON or records no step
+/// count. Its figures come back bit-identical (serde_json's `float_roundtrip`); a null figure
+/// (NaN when written) is NaN again.
+fn read_summary(text: &str, run_dir: &Path) -> Option<TrainOutcome> {
     let v: serde_json::Value = serde_json::from_str(text).ok()?;
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     Some(TrainOutcome {
         run_dir: run_dir.to_path_buf(),
-        steps: step,
+        steps: v["steps"].as_u64()?,
         final_loss: f("final_loss"),
         final_accuracy: f("final_accuracy"),
         first_loss: f("first_loss"),
@@ -110,7 +138,10 @@ pub(super) fn report_data(
         }
         return;
     }
-    eprintln!("data, steps {start}..{end} (this invocation): {mine}");
+    // An invocation that only finished the run trained no step of its own.
+    if start < end {
+        eprintln!("data, steps {start}..{end} (this invocation): {mine}");
+    }
     match run {
         Some(r) => eprintln!("data, steps 0..{end} (the run): {r}{empty}"),
         None => eprintln!(
@@ -166,7 +197,8 @@ mod tests {
                 empty_rows: 2,
             };
             let text = serde_json::to_string_pretty(&out).unwrap();
-            let back = read_summary(&text, dir, 12).unwrap();
+            let back = read_summary(&text, dir).unwrap();
+            assert_eq!(back.steps, 12);
             let bits = |o: &TrainOutcome| {
                 [
                     o.final_loss,

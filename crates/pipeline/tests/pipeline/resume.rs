@@ -172,3 +172,130 @@ fn resume_of_a_non_run_dir_says_so_and_a_run_without_checkpoint_starts_over() {
     assert_eq!((again.steps, again.final_loss), (3, a.final_loss));
     assert_same_records(&ma, &metrics(&a.run_dir));
 }
+
+/// A run started from a bf16 drafter (`drafter.init_from`, as every released DFlash drafter
+/// is) resumes from its f32 checkpoint, and ends bit for bit where the same run done in one
+/// go ends.
+#[test]
+fn a_run_from_a_bf16_init_from_drafter_resumes() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let init = train(
+        &fx.config(&[
+            ("train.max_steps", "2"),
+            ("run.name", "init"),
+            ("drafter.save_dtype", "\"bfloat16\""),
+        ]),
+        None,
+    )
+    .unwrap();
+    let from = |name: &str, extra: &[(&str, &str)]| {
+        let mut cfg = fx.config(&[&[("train.max_steps", "4"), ("run.name", name)], extra].concat());
+        cfg.drafter.init_from = Some(init.run_dir.clone());
+        cfg
+    };
+    let whole = train(&from("whole", &[]), None).unwrap();
+    let parts = train(&from("parts", &[("train.stop_at_step", "2")]), None).unwrap();
+    assert_eq!(parts.steps, 2);
+    let resumed = TrainConfig::load(Some(&parts.run_dir.join("config.toml")), &[]).unwrap();
+    assert_eq!(resumed.drafter.init_from, Some(init.run_dir.clone()));
+    let done = train(&resumed, Some(&parts.run_dir)).unwrap();
+    assert_eq!((done.steps, done.final_loss), (4, whole.final_loss));
+    assert_bit_identical(
+        &whole.run_dir.join("model.safetensors"),
+        &parts.run_dir.join("model.safetensors"),
+    );
+}
+
+/// A run stopped at step 2 of 4 (`train.stop_at_step`), in the directory it returned, with
+/// the config `train --resume` reuses.
+fn stopped_at_step_2(fx: &Fixture) -> (PathBuf, TrainConfig) {
+    let cfg = fx.config(&[
+        ("train.max_steps", "4"),
+        ("train.save_every", "0"),
+        ("train.stop_at_step", "2"),
+    ]);
+    let run = train(&cfg, None).unwrap().run_dir;
+    let resumed = TrainConfig::load(Some(&run.join("config.toml")), &[]).unwrap();
+    (run, resumed)
+}
+
+/// Resuming with a `train.stop_at_step` before the checkpoint's step is an error naming the
+/// field, the checkpoint and its step, and trains and writes nothing.
+#[test]
+fn resuming_with_stop_at_step_before_the_checkpoint_is_an_error() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let (run, resumed) = stopped_at_step_2(&fx);
+    let summary = std::fs::read(run.join("summary.json")).unwrap();
+    let mut early = resumed;
+    early.train.stop_at_step = Some(1);
+    let e = train(&early, Some(&run)).unwrap_err().to_string();
+    assert!(
+        e.contains("train.stop_at_step = 1") && e.contains("step-2") && e.contains("step 2"),
+        "{e}"
+    );
+    assert_eq!(metrics(&run).len(), 2, "nothing trained");
+    assert!(
+        std::fs::read(run.join("summary.json")).unwrap() == summary,
+        "nor a summary written"
+    );
+}
+
+/// A run whose last invocation published the final checkpoint but was killed before it wrote
+/// the summary (while saving the drafter or measuring tau) is not taken for finished on the
+/// strength of an earlier invocation's `summary.json`: resuming it saves the final drafter and
+/// the summary of the final step, training nothing.
+#[test]
+fn a_run_killed_while_finishing_is_finished_on_resume_without_training() {
+    link();
+    let fx = Fixture::new(&tiny_samples(12));
+    let (run, resumed) = stopped_at_step_2(&fx);
+    let read = |f: &str| std::fs::read(run.join(f)).unwrap();
+    let (summary_2, model_2) = (read("summary.json"), read("model.safetensors"));
+
+    let done = train(&resumed, Some(&run)).unwrap();
+    assert_eq!(done.steps, 4);
+    let (summary_4, model_4) = (read("summary.json"), read("model.safetensors"));
+    assert_ne!(model_4, model_2);
+    let ckpt = latest_checkpoint(&run).unwrap();
+    assert_eq!(ckpt.file_name().unwrap(), "step-4");
+    let state_4 = std::fs::read(ckpt.join("trainer_state.json")).unwrap();
+
+    // Killed after publishing step-4, before the drafter and summary: the first invocation's
+    // files are still there; then the same with no summary at all.
+    for kept_summary in [true, false] {
+        std::fs::write(run.join("model.safetensors"), &model_2).unwrap();
+        match kept_summary {
+            true => std::fs::write(run.join("summary.json"), &summary_2).unwrap(),
+            false => std::fs::remove_file(run.join("summary.json")).unwrap(),
+        }
+        let again = train(&resumed, Some(&run)).unwrap();
+        assert_eq!((again.steps, again.final_loss), (4, done.final_loss));
+        assert_eq!(again.first_loss, done.first_loss);
+        assert!(
+            read("model.safetensors") == model_4,
+            "the final drafter saved"
+        );
+        // The run's figures of the finished invocation; only this invocation's own differ.
+        let run_fields = |bytes: &[u8]| {
+            let mut v: Value = serde_json::from_slice(bytes).unwrap();
+            let m = v.as_object_mut().unwrap();
+            m.retain(|k, _| !k.starts_with("invocation_"));
+            v
+        };
+        let summary = run_fields(&read("summary.json"));
+        assert_eq!(summary["steps"], 4);
+        assert_eq!(summary, run_fields(&summary_4));
+        assert_eq!(metrics(&run).len(), 4, "no step trained again");
+        assert_eq!(latest_checkpoint(&run), Some(ckpt.clone()));
+        assert_eq!(
+            std::fs::read(ckpt.join("trainer_state.json")).unwrap(),
+            state_4
+        );
+    }
+    // Now finished: resuming changes nothing.
+    let finished = read("summary.json");
+    assert_eq!(train(&resumed, Some(&run)).unwrap().steps, 4);
+    assert!(read("summary.json") == finished);
+}

@@ -1,9 +1,10 @@
 //! The drafter replica: non-finite steps skipped without trace (and a run of them stopping
 //! with the source named), and the resumable state saved, snapshotted and loaded bit for bit.
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Barrier, Mutex};
 
-use dflash_config::DrafterConfig;
+use dflash_config::{DType, DrafterConfig, DrafterShape, Qwen3Config};
 use dflash_core::pipeline::Features;
 use dflash_core::{Backend, Communicator};
 use dflash_training::{
@@ -11,7 +12,7 @@ use dflash_training::{
 };
 
 use crate::support::{
-    HYPER, MASK, backend, data_sample, drafter, drafter_config, host, seq, target,
+    HYPER, MASK, TARGET, backend, data_sample, drafter, drafter_config, host, seq, target,
 };
 
 struct Solo;
@@ -252,4 +253,186 @@ fn snapshot_saves_the_state_of_its_step_after_training_goes_on() {
         std::fs::read(now.path().join(w)).unwrap(),
         std::fs::read(moved.path().join(w)).unwrap()
     );
+}
+
+/// A checkpoint resumes into a run whose drafter config names another storage dtype (a run
+/// started from a bf16 `init_from` drafter: its checkpoints hold f32 master weights); one of
+/// another architecture is refused, naming `config.json` and each field that differs.
+#[test]
+fn a_checkpoint_resumes_whatever_the_dtype_and_another_shape_is_refused_naming_the_field() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    state::save(dir.path(), &a, serde_json::Value::Null).unwrap();
+
+    let bf16 = DrafterConfig {
+        dtype: DType::BFloat16,
+        ..cfg.clone()
+    };
+    let mut c = replica(&b, &bf16, 99, 10);
+    state::load_into(dir.path(), &mut c).unwrap();
+    assert_eq!((c.step, c.optimizer.step), (1, 1));
+    assert_eq!(params_of(&c), params_of(&a));
+    assert_eq!(
+        c.drafter.config().dtype,
+        DType::BFloat16,
+        "the run's own config"
+    );
+
+    let t = Qwen3Config::from_file(Path::new(TARGET).join("config.json")).unwrap();
+    let two_layers = DrafterConfig {
+        dtype: DType::BFloat16,
+        ..DrafterConfig::for_target(
+            &t,
+            &DrafterShape {
+                num_layers: 2,
+                block_size: 4,
+                num_target_features: 2,
+                intermediate_size: Some(cfg.intermediate_size / 2),
+                dtype: DType::Float32,
+                ..DrafterShape::standard(MASK)
+            },
+        )
+        .unwrap()
+    };
+    let mut other = replica(&b, &two_layers, 1, 10);
+    let before = params_of(&other);
+    let e = state::load_into(dir.path(), &mut other)
+        .unwrap_err()
+        .to_string();
+    let config_json = dir.path().join("config.json").display().to_string();
+    for says in [
+        config_json.as_str(),
+        "num_hidden_layers is 1 in the checkpoint but 2 in this run",
+        &format!(
+            "intermediate_size is {} in the checkpoint but {} in this run",
+            cfg.intermediate_size,
+            cfg.intermediate_size / 2
+        ),
+    ] {
+        assert!(e.contains(says), "{says:?} not in: {e}");
+    }
+    assert!(!e.contains("dtype"), "the dtype is no difference: {e}");
+    assert_eq!(params_of(&other), before, "nothing loaded");
+    assert_eq!(other.step, 0);
+}
+
+/// A group of replicas summing through host memory, one thread each.
+struct Group {
+    rank: usize,
+    world: usize,
+    shared: Arc<(Mutex<Vec<f32>>, Barrier)>,
+}
+
+impl Group {
+    fn new(world: usize) -> Vec<Group> {
+        let shared = Arc::new((Mutex::new(Vec::new()), Barrier::new(world)));
+        (0..world)
+            .map(|rank| Group {
+                rank,
+                world,
+                shared: shared.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Communicator for Group {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), String> {
+        let (acc, barrier) = &*self.shared;
+        if self.rank == 0 {
+            *acc.lock().unwrap() = vec![0.0; data.len()];
+        }
+        barrier.wait();
+        for (a, x) in acc.lock().unwrap().iter_mut().zip(data.iter()) {
+            *a += *x;
+        }
+        barrier.wait();
+        data.copy_from_slice(&acc.lock().unwrap());
+        barrier.wait();
+        Ok(())
+    }
+}
+
+/// A copy of `s` with the features of its last position NaN: no block attends that context
+/// row (every anchor lies before it), so the loss stays finite, but the `fc` gradient sums
+/// `0 * NaN` over it: a step with a finite loss and a non-finite gradient.
+fn nan_unattended_row(s: &PreparedSeq, cfg: &DrafterConfig) -> PreparedSeq {
+    let kh = cfg.hidden_size * cfg.target_layer_ids.len();
+    let mut features = host(&s.features).to_vec();
+    let n = features.len() / kh;
+    assert!(s.anchors.iter().all(|&a| a < n as i32 - 1));
+    features[(n - 1) * kh..].fill(f32::NAN);
+    PreparedSeq {
+        features: Features::Host(features),
+        anchors: s.anchors.clone(),
+        block_ids: s.block_ids.clone(),
+        positions: s.positions.clone(),
+        labels: s.labels.clone(),
+        weights: s.weights.clone(),
+        doc_starts: s.doc_starts.clone(),
+        ctx_positions: s.ctx_positions.clone(),
+    }
+}
+
+/// A skipped step names its cause on every replica: of two replicas, only one trained on NaN
+/// features, and both blame the target.
+#[test]
+fn every_replica_names_the_cause_of_the_step_it_skipped() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, bad) = training_batches(&b, &cfg);
+    let mut pair = [replica(&b, &cfg, 1, 1), replica(&b, &cfg, 1, 1)];
+    let batches = [&bad, &good[1]];
+    let origins: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = pair
+            .iter_mut()
+            .zip(Group::new(2))
+            .zip(batches)
+            .map(|((r, comm), s)| {
+                scope.spawn(move || {
+                    r.accumulate(&s.as_input()).unwrap();
+                    match r.finish_step(&comm, 1e-3) {
+                        Err(TrainError::NonFinite { origin, .. }) => origin,
+                        other => panic!("expected NonFinite, got {other:?}"),
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(origins, [NonFiniteSource::TargetFeatures; 2]);
+}
+
+/// The cause is the step's own: a gradient-only NaN after a step with NaN features is the
+/// gradient's, not the target's.
+#[test]
+fn a_gradient_only_nan_after_nan_features_names_the_gradient() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, bad) = training_batches(&b, &cfg);
+    let gradient_only = nan_unattended_row(&good[0], &cfg);
+    let mut r = replica(&b, &cfg, 1, 2);
+    let s = step(&mut r, &gradient_only).unwrap();
+    assert!(s.stats.loss().is_finite() && !s.grad_norm.is_finite() && !s.applied);
+    let mut r = replica(&b, &cfg, 1, 2);
+    assert!(!step(&mut r, &bad).unwrap().applied);
+    match step(&mut r, &gradient_only) {
+        Err(TrainError::NonFinite {
+            count: 2,
+            step: 1,
+            origin,
+            ..
+        }) => assert_eq!(origin, NonFiniteSource::Gradient),
+        other => panic!("expected NonFinite at step 1, got {other:?}"),
+    }
 }

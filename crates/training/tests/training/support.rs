@@ -12,7 +12,7 @@ use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, DrafterParams, Qwen3Target};
 use dflash_training::optimizer::AdamWHyper;
 
-const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
+pub(crate) const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
 const TINY_TRAIN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-data/train");
 pub(crate) const MASK: u32 = 256;
 
