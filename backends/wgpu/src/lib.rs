@@ -370,8 +370,8 @@ impl BackendInfo for WgpuBackend {
         })
     }
     fn allocation_rounding(&self) -> dflash_core::AllocationRounding {
-        // A tensor past the buffer limit's class keeps its own size; the plan refuses such a
-        // tensor anyway, through the limit.
+        // A tensor whose class would pass the buffer limit keeps its own size, which the
+        // plan's rounding overstates by less than a class: on the safe side.
         self.ctx.pool.rounding()
     }
     fn reset_peak_memory(&self) {

@@ -400,7 +400,14 @@ fn run(cli: Cli) -> Result<()> {
             // against that config, not the defaults).
             let saved = resume.as_ref().map(|dir| dir.join("config.toml"));
             let config = match saved {
-                Some(saved) if cfg.config.is_none() && saved.exists() => {
+                Some(saved) if cfg.config.is_none() => {
+                    if !saved.exists() {
+                        anyhow::bail!(
+                            "{}: the run's config is missing; pass the config it was started \
+                             with (--config), or the defaults would silently replace it",
+                            saved.display()
+                        );
+                    }
                     load_config(&ConfigArgs {
                         config: Some(saved),
                         ..cfg.clone()

@@ -62,3 +62,23 @@ fn a_resume_checks_its_overrides_against_the_runs_saved_config() {
     let (ok, text) = status(&job.run_dir("resumed"));
     assert!(ok && text.contains("step 12 "), "{text}");
 }
+
+/// A resume without the run's saved config and without `--config` is refused: the defaults
+/// would otherwise replace the run's recipe without a word.
+#[test]
+fn a_resume_without_the_runs_config_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("checkpoints")).unwrap();
+    let out = Command::new(BIN)
+        .arg("train")
+        .arg("--resume")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("config.toml") && stderr.contains("--config"),
+        "{stderr}"
+    );
+}

@@ -295,6 +295,13 @@ fn overrides_take_dates_as_strings_and_are_checked_on_their_own() {
         assert!(e.to_string().contains("lr"), "{e}");
         Ok(())
     });
+    // The environment joins the overrides wherever they are applied: checked with them.
+    jailed(|jail| {
+        jail.set_env("DFLASH_TRAIN__LRR", "1");
+        let e = TrainConfig::check_overrides(&[]).unwrap_err();
+        assert!(e.to_string().contains("lrr"), "{e}");
+        Ok(())
+    });
 }
 
 #[test]

@@ -108,11 +108,13 @@ impl TrainConfig {
         Self::finish(fig, overrides, base_dir)
     }
 
-    /// Checks `overrides` alone against the built-in defaults: every key must exist and every
-    /// value have its field's type. Relations between fields are left to the config the
-    /// overrides will meet (a bench applies them to each figure's recipe).
+    /// Checks `overrides` (with the `DFLASH_*` environment, which joins them wherever they
+    /// are applied) against the built-in defaults: every key must exist and every value have
+    /// its field's type. Relations between fields are left to the config the overrides will
+    /// meet (a bench applies them to each figure's recipe).
     pub fn check_overrides(overrides: &[(String, String)]) -> Result<()> {
         Figment::from(Self::defaults_provider())
+            .merge(env_provider()?)
             .merge(overrides_provider(overrides)?)
             .extract::<TrainConfig>()?;
         Ok(())
