@@ -213,7 +213,7 @@ pub(super) fn target_forward(
     // The chosen layers' copies: all but the deepest are made before the deepest layer runs,
     // where the forward peaks (counting them from the start overstates no later moment).
     let copies = ids.len().saturating_sub(1) as u128;
-    let chosen = w.a(copies * t * l.h);
+    let chosen: u128 = (0..copies).map(|_| w.a(t * l.h)).sum();
     // Each layer: y made, the previous x dropped.
     w.repeat(depth as u128, |w| {
         layer_forward(w, &l, t, None, false);
