@@ -8,10 +8,15 @@
 //! (Qwen3) is never supervised, nor are role headers and end-of-turn tokens.
 //!
 //! A turn's content is looked for past its role header: a match must reach beyond the
-//! turn's *anchor*, the longest common prefix of the whole rendering and the rendering of the
-//! messages before the turn with the generation prompt. That prefix is text the template
-//! renders without the turn's content (the earlier messages and the turn's header), so a short
-//! reply such as `a` is never matched inside `<|im_start|>assistant`.
+//! turn's *anchor*, text the template renders before the content whatever it is, so a short
+//! reply such as `a` is never matched inside `<|im_start|>assistant`, nor `hi` inside the
+//! `<think>` Qwen3 inserts before the last turn's content. The anchor is the longer of two
+//! common prefixes with the whole rendering: that of the rendering of the messages before the
+//! turn with the generation prompt (the earlier messages and the turn's header), and that of
+//! the whole conversation rendered with the turn's content replaced by a sentinel, up to the
+//! sentinel (also what a template inserts after the generation prompt; where the turn renders
+//! differently with its real content, as Qwen3's reasoning does, the prefix stops where they
+//! differ, still before the content).
 //!
 //! Each turn's span is cross-checked against the template itself: rendering the conversation
 //! up to the turn with the generation prompt, then with the turn, must extend the first
@@ -145,9 +150,12 @@ impl Preparer {
                     })
             })
             .collect::<Result<_, _>>()?;
-        let anchors: Vec<usize> = before
+        let anchors: Vec<usize> = turns
             .iter()
-            .map(|b| common_prefix(&full.text, b))
+            .zip(&before)
+            .map(|(&k, b)| {
+                common_prefix(&full.text, b).max(self.content_anchor(messages, k, &full.text))
+            })
             .collect();
         let per_turn: Vec<Option<Range<usize>>> = if self.template.has_generation_blocks() {
             if full.generation.len() != turns.len() {
@@ -178,6 +186,21 @@ impl Preparer {
             .filter(|s| !s.is_empty())
             .collect();
         Ok((full.text, spans))
+    }
+
+    /// The length of the text `full` shares with the rendering of `messages` whose message
+    /// `k` holds [`SENTINEL`] instead of its content, up to where the sentinel is rendered:
+    /// text rendered before the content whatever it is. 0 where the sentinel is not rendered
+    /// as written (a template that transforms the content) or rendering fails.
+    fn content_anchor(&self, messages: &[Message], k: usize, full: &str) -> usize {
+        let mut probe = messages.to_vec();
+        probe[k].content = SENTINEL.to_string();
+        let Ok(r) = self.template.render(&probe, false) else {
+            return 0;
+        };
+        r.text
+            .find(SENTINEL)
+            .map_or(0, |p| common_prefix(full, &r.text[..p]))
     }
 
     /// `without` is the rendering of `messages[..k]` with the generation prompt, `anchor` the
@@ -233,6 +256,10 @@ impl Preparer {
     }
 }
 
+/// Stands for a turn's content in [`Preparer::content_anchor`]: private-use characters that
+/// neither real text nor template markup holds (and not the generation markers).
+const SENTINEL: &str = "\u{E000}dflash-prepare content\u{E001}";
+
 /// The length of the longest common prefix of `a` and `b`, on a character boundary of both.
 fn common_prefix(a: &str, b: &str) -> usize {
     let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
@@ -265,9 +292,9 @@ fn clip(s: &str) -> String {
 ///
 /// The content is looked for as written, then trimmed (templates that trim it). A content
 /// with a non-empty `<think>` block that is not rendered as written (Qwen3 re-renders it, or
-/// drops it from earlier turns) is looked for as its answer, extended back to the reasoning
-/// where that is rendered before it; an empty `<think></think>` in the content is dropped, so
-/// it is never supervised.
+/// drops it from earlier turns) spans from its reasoning, where that is rendered, to its
+/// answer past the following `</think>`; else it is its answer alone. An empty
+/// `<think></think>` in the content is dropped, so it is never supervised.
 fn find_content_spans(
     messages: &[Message],
     text: &str,
@@ -311,10 +338,24 @@ fn find_content_spans(
             Some((reasoning, answer)) => {
                 find(cursor, text.len(), anchor, &[content, content.trim()]).or_else(|| {
                     let a = answer.trim_start_matches('\n');
-                    let (a_start, a_end) = find(cursor, text.len(), anchor, &[a, a.trim()])?;
+                    let a = [a, a.trim()];
                     let r = reasoning.trim_matches('\n');
-                    let start =
-                        find(cursor, a_start, anchor, &[r, r.trim()]).map_or(a_start, |(s, _)| s);
+                    let r = [r, r.trim()];
+                    let (a_start, a_end) = find(cursor, text.len(), anchor, &a)?;
+                    // Rendered at or before the answer's first match, the reasoning is this
+                    // turn's, and the answer is what follows the `</think>` after it: that
+                    // first match may lie in the reasoning or in the tag (`k`).
+                    if let Some((r_start, r_end)) =
+                        find(cursor, text.len(), anchor, &r).filter(|&(s, _)| s <= a_start)
+                    {
+                        let after = text[r_end..]
+                            .find("</think>")
+                            .map_or(r_end, |t| r_end + t + "</think>".len());
+                        if let Some((_, end)) = find(after, text.len(), anchor, &a) {
+                            return Some((r_start, end));
+                        }
+                    }
+                    let start = find(cursor, a_start, anchor, &r).map_or(a_start, |(s, _)| s);
                     Some((start, a_end))
                 })
             }
@@ -413,6 +454,21 @@ mod tests {
         // Re-rendered around the reasoning: from the reasoning on.
         let rerendered = "q|<think>\nr\n</think>\n\n\na|";
         assert_eq!(spans_of(&msgs, rerendered), [Some("r\n</think>\n\n\na")]);
+        // An answer that also occurs in the reasoning or in the closing tag is taken after it
+        // (the anchor, where the template renders the reasoning, is past the opening tag).
+        for (content, text, want) in [
+            (
+                "<think>say it</think>it",
+                "q|<think>\nsay it\n</think>\n\nit|",
+                "say it",
+            ),
+            ("<think>r</think>k", "q|<think>\nr\n</think>\n\nk|", "r"),
+        ] {
+            let msgs = [m(Role::User, "q"), m(Role::Assistant, content)];
+            let from = text.find(want).unwrap();
+            let spans = find_content_spans(&msgs, text, &[from]).unwrap();
+            assert_eq!(spans, [Some(from..text.len() - 1)]);
+        }
         // Dropped: a later "r" (here in "bar") is not taken for the reasoning.
         assert_eq!(spans_of(&msgs, "q|a|bar"), [Some("a")]);
         // An empty think block in the content stays unsupervised even where the rendering

@@ -290,56 +290,82 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
     p[i..].iter().all(|&c| c == '*')
 }
 
-/// The split a hub file belongs to by its name: `<split>-NNNNN-of-NNNNN[...].parquet` (and
-/// any `<split>-<digits>...`), or a name that is a split itself (`train.parquet`,
-/// `test_sft.parquet`: HF's split keywords, as `datasets` resolves data files).
-fn hf_split(file: &Path) -> Option<&str> {
-    const KEYWORDS: [&str; 10] = [
-        "train",
-        "training",
-        "test",
-        "testing",
-        "eval",
-        "evaluation",
-        "validation",
-        "valid",
-        "val",
-        "dev",
-    ];
+/// `datasets`' split keywords: a file whose name starts with one, followed by a non-word
+/// character, a digit or nothing, belongs to that split (`train_0.parquet`, `valid.parquet`).
+const SPLIT_KEYWORDS: [(&str, &str); 10] = [
+    ("train", "train"),
+    ("training", "train"),
+    ("validation", "validation"),
+    ("valid", "validation"),
+    ("dev", "validation"),
+    ("val", "validation"),
+    ("test", "test"),
+    ("testing", "test"),
+    ("eval", "test"),
+    ("evaluation", "test"),
+];
+
+/// The split a Parquet file belongs to by its name, as the hub and `datasets` name them, and a
+/// pattern that picks that split's files: the hub's `<split>-NNNNN-of-NNNNN[...].parquet`
+/// names any split (`train_sft`; a name starting with a letter); otherwise a name starting with a split keyword
+/// ([`SPLIT_KEYWORDS`]) gives that standard split, whatever follows (`train_0`, `train.1`,
+/// `train_part2` are all `train`). Any other name (`part-0`, `2024-01-01`) tells no split.
+fn hf_split(file: &Path) -> Option<(String, String)> {
     let stem = file.file_stem()?.to_str()?;
     let word = |s: &str| {
         !s.is_empty()
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
     };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if let Some((split, rest)) = stem.split_once('-') {
-        return (word(split) && rest.starts_with(|c: char| c.is_ascii_digit())).then_some(split);
+        let mut shard = rest.splitn(4, '-');
+        if word(split)
+            && split.starts_with(|c: char| c.is_ascii_alphabetic())
+            && shard.next().is_some_and(digits)
+            && shard.next() == Some("of")
+            && shard.next().is_some_and(digits)
+        {
+            return Some((split.to_string(), format!("{split}-*.parquet")));
+        }
     }
-    let head = stem.split(['_', '.']).next().unwrap_or(stem);
-    (word(stem) && KEYWORDS.contains(&head.to_ascii_lowercase().as_str())).then_some(stem)
+    let lower = stem.to_ascii_lowercase();
+    SPLIT_KEYWORDS.iter().find_map(|&(keyword, split)| {
+        let next = lower.strip_prefix(keyword)?.chars().next();
+        let glob = match next {
+            None => return Some((split.to_string(), format!("{stem}.parquet"))),
+            Some(c) if c.is_ascii_digit() => format!("{}*.parquet", &stem[..keyword.len()]),
+            Some(c @ ('-' | '.' | '_' | ' ')) => {
+                format!("{}{c}*.parquet", &stem[..keyword.len()])
+            }
+            Some(_) => return None,
+        };
+        Some((split.to_string(), glob))
+    })
 }
 
 /// An error when the Parquet `files` of folder `dir` belong to more than one split.
 fn one_split(dir: &Path, files: &[PathBuf]) -> Result<(), PrepareError> {
-    let mut splits: Vec<(&str, usize)> = Vec::new();
-    for split in files.iter().filter_map(|f| hf_split(f)) {
-        match splits.iter_mut().find(|(s, _)| *s == split) {
+    // (split, files, a pattern for them)
+    let mut splits: Vec<(String, usize, String)> = Vec::new();
+    for (split, glob) in files.iter().filter_map(|f| hf_split(f)) {
+        match splits.iter_mut().find(|(s, _, _)| *s == split) {
             Some(c) => c.1 += 1,
-            None => splits.push((split, 1)),
+            None => splits.push((split, 1, glob)),
         }
     }
     if splits.len() < 2 {
         return Ok(());
     }
     splits.sort();
-    let example = splits
+    let example = &splits
         .iter()
-        .find(|(s, _)| s.starts_with("train"))
+        .find(|(s, _, _)| s.starts_with("train"))
         .unwrap_or(&splits[0])
-        .0;
+        .2;
     let listed: Vec<String> = splits
         .iter()
-        .map(|(s, n)| format!("{s} ({n} file{})", if *n == 1 { "" } else { "s" }))
+        .map(|(s, n, _)| format!("{s} ({n} file{})", if *n == 1 { "" } else { "s" }))
         .collect();
     Err(PrepareError::Input {
         path: dir.to_path_buf(),
@@ -349,7 +375,7 @@ fn one_split(dir: &Path, files: &[PathBuf]) -> Result<(), PrepareError> {
              one .parquet file, or a folder holding only that split's files",
             splits.len(),
             listed.join(", "),
-            dir.join(format!("{example}-*.parquet")).display()
+            dir.join(example).display()
         ),
     })
 }
@@ -512,20 +538,43 @@ mod tests {
 
     #[test]
     fn hub_file_names_give_their_split() {
-        let split = |n: &str| hf_split(Path::new(n)).map(str::to_string);
+        let split = |n: &str| hf_split(Path::new(n)).map(|(s, _)| s);
+        let glob = |n: &str| hf_split(Path::new(n)).map(|(_, g)| g);
         assert_eq!(
             split("train_sft-00000-of-00003-a09b74b3ef9c3b56.parquet").as_deref(),
             Some("train_sft")
         );
         assert_eq!(
+            glob("train_sft-00000-of-00003.parquet").as_deref(),
+            Some("train_sft-*.parquet")
+        );
+        assert_eq!(
             split("test-00000-of-00001.parquet").as_deref(),
             Some("test")
         );
-        assert_eq!(split("train-0.parquet").as_deref(), Some("train"));
-        assert_eq!(split("validation.parquet").as_deref(), Some("validation"));
-        assert_eq!(split("test_gen.parquet").as_deref(), Some("test_gen"));
-        assert_eq!(split("part-a.parquet"), None);
-        assert_eq!(split("data.parquet"), None);
-        assert_eq!(split("contest.parquet"), None);
+        for (name, want, pattern) in [
+            ("train-0.parquet", "train", "train-*.parquet"),
+            ("train_0.parquet", "train", "train_*.parquet"),
+            ("train.1.parquet", "train", "train.*.parquet"),
+            ("Train_part2.parquet", "train", "Train_*.parquet"),
+            ("training1.parquet", "train", "training*.parquet"),
+            ("validation.parquet", "validation", "validation.parquet"),
+            ("dev-a.parquet", "validation", "dev-*.parquet"),
+            ("test_gen.parquet", "test", "test_*.parquet"),
+        ] {
+            assert_eq!(split(name).as_deref(), Some(want), "{name}");
+            assert_eq!(glob(name).as_deref(), Some(pattern), "{name}");
+            assert!(wildcard_match(pattern, name), "{name}");
+        }
+        for name in [
+            "part-a.parquet",
+            "data.parquet",
+            "contest.parquet",
+            "trainer.parquet",
+            "2023-12-31.parquet",
+            "2023-12-of-31.parquet",
+        ] {
+            assert_eq!(split(name), None, "{name}");
+        }
     }
 }

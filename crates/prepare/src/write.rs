@@ -8,7 +8,8 @@
 //! the end, so an interrupted run leaves no half-written dataset under the output's name. An
 //! output that already exists as an empty directory (a mount point, say) cannot be replaced
 //! that way: the temporary directory is made inside it and its files are moved up at the end,
-//! which needs neither removing the output nor a rename across file systems. A finished
+//! which needs neither removing the output nor a rename across file systems (what a killed
+//! run leaves there is removed by the next one, see [`DatasetWriter::create`]). A finished
 //! dataset is never deleted: where the final move fails, it is kept where it was written and the
 //! error names that place.
 
@@ -37,6 +38,8 @@ pub struct DatasetWriter {
     in_place: bool,
     /// The dataset in `tmp` is complete: kept, whatever becomes of the final move.
     complete: bool,
+    /// Temporary directories of interrupted runs removed from `out`.
+    removed: Vec<PathBuf>,
     schema: Arc<Schema>,
     shard_bytes: usize,
     shards: Vec<PathBuf>,
@@ -54,7 +57,9 @@ fn features() -> serde_json::Value {
 
 impl DatasetWriter {
     /// Starts writing the dataset that will be `out`: an error if `out` exists and is not an
-    /// empty directory.
+    /// empty directory. Temporary directories that an interrupted in-place run left in `out`
+    /// do not count: they are removed (and named on stderr), except one holding a finished
+    /// dataset or one whose process is still running, which is an error naming it.
     pub fn create(out: &Path) -> Result<Self, PrepareError> {
         Self::with_shard_bytes(out, SHARD_BYTES)
     }
@@ -62,19 +67,10 @@ impl DatasetWriter {
     /// As [`create`](Self::create), with another shard size (tests).
     pub fn with_shard_bytes(out: &Path, shard_bytes: usize) -> Result<Self, PrepareError> {
         let in_place = out.exists();
+        let mut removed = Vec::new();
         let tmp = if in_place {
-            let empty = out.is_dir()
-                && std::fs::read_dir(out)
-                    .map_err(|e| PrepareError::io(out, e))?
-                    .next()
-                    .is_none();
-            if !empty {
-                return Err(PrepareError::output(
-                    out,
-                    "already exists and is not an empty directory (remove it or choose another --out)",
-                ));
-            }
-            out.join(format!(".dflash-prepare.tmp-{}", std::process::id()))
+            removed = clear_leftovers(out)?;
+            out.join(format!("{IN_PLACE_TMP}{}", std::process::id()))
         } else {
             let name = out
                 .file_name()
@@ -115,6 +111,7 @@ impl DatasetWriter {
             tmp,
             in_place,
             complete: false,
+            removed,
             schema: Arc::new(schema),
             shard_bytes: shard_bytes.max(1),
             shards: Vec::new(),
@@ -140,6 +137,12 @@ impl DatasetWriter {
             self.flush_batch()?;
         }
         Ok(())
+    }
+
+    /// The temporary directories of interrupted in-place runs that were removed from the
+    /// output (see [`create`](Self::create)).
+    pub fn removed_leftovers(&self) -> &[PathBuf] {
+        &self.removed
     }
 
     /// Rows pushed so far.
@@ -291,6 +294,93 @@ impl Drop for DatasetWriter {
     }
 }
 
+/// The name of the temporary directory an in-place write makes in the output, before the
+/// process id.
+const IN_PLACE_TMP: &str = ".dflash-prepare.tmp-";
+
+/// Checks that the existing `out` is empty but for temporary directories of interrupted
+/// in-place runs, and removes those. A kill leaves such a directory behind, hidden, and it
+/// would otherwise block every later run into the same `out`. One is kept, and is an error,
+/// where it holds a finished dataset (`state.json`: the final move failed, and the error then
+/// named it) or where its process still runs (by `/proc`; without `/proc` every one is taken
+/// as left over, as two runs writing into one output at once are not supported). The id of
+/// this process is never a running writer: the directory is from an earlier process that had
+/// the same id (containers reuse them).
+fn clear_leftovers(out: &Path) -> Result<Vec<PathBuf>, PrepareError> {
+    let mut ours = Vec::new();
+    let mut others = 0usize;
+    if out.is_dir() {
+        for entry in std::fs::read_dir(out).map_err(|e| PrepareError::io(out, e))? {
+            let entry = entry.map_err(|e| PrepareError::io(out, e))?;
+            let pid = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(IN_PLACE_TMP))
+                .and_then(|p| p.parse::<u32>().ok());
+            match pid {
+                Some(pid) if entry.path().is_dir() => ours.push((entry.path(), pid)),
+                _ => others += 1,
+            }
+        }
+    }
+    if !out.is_dir() || others > 0 {
+        let leftovers: Vec<String> = ours.iter().map(|(p, _)| p.display().to_string()).collect();
+        return Err(PrepareError::output(
+            out,
+            format!(
+                "already exists and is not an empty directory (remove it or choose another \
+                 --out){}",
+                if leftovers.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; it also holds {}, left by an interrupted dflash prepare",
+                        leftovers.join(", ")
+                    )
+                }
+            ),
+        ));
+    }
+    let proc = Path::new("/proc");
+    let running = |pid: u32| {
+        pid != std::process::id()
+            && proc.join("self").exists()
+            && proc.join(pid.to_string()).exists()
+    };
+    for (dir, pid) in &ours {
+        if dir.join("state.json").exists() {
+            return Err(PrepareError::output(
+                dir,
+                format!(
+                    "holds a finished dataset of an earlier run whose final move failed: move \
+                     its files into {} to use it, or remove it",
+                    out.display()
+                ),
+            ));
+        }
+        if running(*pid) {
+            return Err(PrepareError::output(
+                dir,
+                format!(
+                    "another dflash prepare (process {pid}) is writing into {}; if process \
+                     {pid} is not one, remove this directory",
+                    out.display()
+                ),
+            ));
+        }
+    }
+    let mut removed = Vec::with_capacity(ours.len());
+    for (dir, _) in ours {
+        std::fs::remove_dir_all(&dir).map_err(|e| PrepareError::io(&dir, e))?;
+        eprintln!(
+            "removed {}, left by an interrupted dflash prepare",
+            dir.display()
+        );
+        removed.push(dir);
+    }
+    Ok(removed)
+}
+
 /// FNV-1a over the data files: a content fingerprint like the one `datasets` keeps, so two
 /// identical preparations have the same `_fingerprint`.
 struct Fnv(u64);
@@ -311,5 +401,100 @@ impl Fnv {
                 self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn sample() -> Prepared {
+        Prepared {
+            ids: vec![1, 2, 3],
+            loss_mask: vec![0, 1, 1],
+        }
+    }
+
+    /// A temporary directory of a killed in-place run of process `pid`, with a half-written
+    /// shard.
+    fn leftover(out: &Path, pid: u32) -> PathBuf {
+        let dir = out.join(format!("{IN_PLACE_TMP}{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("shard-0.arrow"), "half").unwrap();
+        dir
+    }
+
+    #[test]
+    fn what_a_killed_in_place_run_left_is_removed_by_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("mnt");
+        std::fs::create_dir(&out).unwrap();
+        // A process id that no process has (above Linux's pid_max), and this process's own
+        // (an earlier process with the same id).
+        let dead = leftover(&out, 999_999_999);
+        let same = leftover(&out, std::process::id());
+        let mut w = DatasetWriter::create(&out).unwrap();
+        let mut removed = w.removed_leftovers().to_vec();
+        removed.sort();
+        let mut want = vec![dead, same];
+        want.sort();
+        assert_eq!(removed, want);
+        w.push(0, &sample()).unwrap();
+        w.finish().unwrap();
+        assert_eq!(
+            names_in(&out),
+            [
+                "data-00000-of-00001.arrow",
+                "dataset_info.json",
+                "state.json"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_leftover_is_kept_and_named_where_it_may_still_be_needed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("mnt");
+        std::fs::create_dir(&out).unwrap();
+        let err = |out: &Path| DatasetWriter::create(out).err().unwrap().to_string();
+
+        // A finished dataset whose final move failed.
+        let finished = leftover(&out, 999_999_999);
+        std::fs::write(finished.join("state.json"), "{}").unwrap();
+        let e = err(&out);
+        assert!(e.contains("holds a finished dataset"), "{e}");
+        assert!(e.contains(&*finished.to_string_lossy()), "{e}");
+        assert!(finished.join("state.json").exists());
+        std::fs::remove_dir_all(&finished).unwrap();
+
+        // A run still writing (process 1 always runs).
+        if Path::new("/proc/self").exists() {
+            let running = leftover(&out, 1);
+            let e = err(&out);
+            assert!(e.contains("(process 1) is writing"), "{e}");
+            assert!(running.join("shard-0.arrow").exists());
+            std::fs::remove_dir_all(&running).unwrap();
+        }
+
+        // Beside anything else, the directory is not empty; the leftover is named.
+        let stale = leftover(&out, 999_999_999);
+        std::fs::write(out.join("notes.txt"), "x").unwrap();
+        let e = err(&out);
+        assert!(e.contains("not an empty directory"), "{e}");
+        assert!(e.contains(&*stale.to_string_lossy()), "{e}");
+        assert!(stale.exists());
+        // A name like ours but not a process id is not ours.
+        std::fs::remove_file(out.join("notes.txt")).unwrap();
+        std::fs::create_dir(out.join(format!("{IN_PLACE_TMP}x1"))).unwrap();
+        assert!(err(&out).contains("not an empty directory"));
     }
 }

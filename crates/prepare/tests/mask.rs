@@ -145,3 +145,89 @@ fn a_conversation_without_an_assistant_turn_is_skipped_not_a_panic() {
         );
     }
 }
+
+/// The byte ranges of the supervised tokens (one token per byte: ASCII text).
+fn supervised_ranges(p: &Preparer, msgs: &[Message]) -> Vec<std::ops::Range<usize>> {
+    let mask = p.prepare(msgs).unwrap().loss_mask;
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, _) in mask.iter().enumerate().filter(|(_, m)| **m == 1) {
+        match out.last_mut() {
+            Some(r) if r.end == i => r.end += 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+/// Replies that also occur in the `<think>\n\n</think>\n\n` Qwen3 inserts before the last
+/// turn's content (after the text it shares with the generation prompt): the reply, right
+/// before its end-of-turn token, is supervised, never the inserted block.
+#[test]
+fn replies_inside_an_inserted_think_block_are_supervised_where_the_content_is() {
+    use Role::{Assistant as A, User as U};
+    let cases: [&[(Role, &str)]; 7] = [
+        &[(U, "Say hi"), (A, "hi")],
+        &[(U, "Preposition?"), (A, "in")],
+        &[(U, "Letter after j?"), (A, "k")],
+        &[(U, "Verb?"), (A, "think")],
+        &[(U, "Close a tag."), (A, "</")],
+        &[
+            (U, "Hello"),
+            (A, "Hello! How can I help?"),
+            (U, "Say hi"),
+            (A, "hi"),
+        ],
+        &[(U, "Say hi"), (A, "hi"), (U, "Again"), (A, "hi")],
+    ];
+    for (name, p) in preparers() {
+        for case in cases {
+            let msgs = conversation(case);
+            let text = p.supervised_spans(&msgs).unwrap().0;
+            assert!(text.is_ascii());
+            // Each reply is the last occurrence of it with an end-of-turn token after it
+            // before the next reply.
+            let mut end = text.len();
+            let mut want: Vec<std::ops::Range<usize>> = case
+                .iter()
+                .rev()
+                .filter(|(r, _)| *r == Role::Assistant)
+                .map(|(_, c)| {
+                    let at = ["<|im_end|>", "<|eot_id|>"]
+                        .iter()
+                        .find_map(|eot| text[..end].rfind(&format!("{c}{eot}")))
+                        .unwrap();
+                    end = at;
+                    at..at + c.len()
+                })
+                .collect();
+            want.reverse();
+            assert_eq!(
+                supervised_ranges(&p, &msgs),
+                want,
+                "{name}: masked bytes of {text:?}"
+            );
+        }
+    }
+}
+
+/// A reply with reasoning keeps its reasoning and answer supervised where Qwen3 re-renders
+/// them, also when the reasoning (`hi`) or the answer (`k`) occurs in the tags.
+#[test]
+fn reasoning_that_is_a_word_of_the_tags_is_supervised_from_the_reasoning_on() {
+    use Role::{Assistant as A, User as U};
+    let msgs = conversation(&[(U, "q"), (A, "<think>\nhi\n\n</think>\nk")]);
+    for (name, p) in preparers() {
+        // Qwen3's generation blocks hold the re-rendered `<think>` too.
+        let want = match name.as_str() {
+            "qwen3" => "hi\n</think>\n\nk",
+            "qwen3 with generation blocks" => "<think>\nhi\n</think>\n\nk",
+            _ => "<think>\nhi\n\n</think>\nk",
+        };
+        let (text, _) = p.supervised_spans(&msgs).unwrap();
+        assert_eq!(
+            supervised_runs(&p, &msgs),
+            [want],
+            "{name}: masked tokens of {text:?}"
+        );
+    }
+}

@@ -518,3 +518,35 @@ fn a_hub_folder_of_several_splits_is_refused_and_a_pattern_picks_one() {
         [fixture_jsonl()]
     );
 }
+
+#[test]
+fn a_folder_of_one_split_or_of_no_split_names_is_read_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = batch(&fixture_messages());
+    let folder = |names: &[&str]| {
+        let dir = tmp.path().join(names.join("+"));
+        std::fs::create_dir(&dir).unwrap();
+        for (k, n) in names.iter().enumerate() {
+            write_parquet(&dir.join(n), &b.slice(k, 1));
+        }
+        dir
+    };
+    for names in [
+        &["train_0.parquet", "train_1.parquet"][..],
+        &["train.0.parquet", "train.1.parquet"],
+        &["train_part1.parquet", "train_part2.parquet"],
+        &["training.parquet", "train-00000-of-00001.parquet"],
+        &["2023-12-31.parquet", "2024-01-01.parquet"],
+        &["part-0.parquet", "part-1.parquet", "test_notes.parquet"],
+    ] {
+        let input = Input::open(&folder(names)).unwrap_or_else(|e| panic!("{names:?}: {e}"));
+        assert_eq!(input.files().len(), names.len(), "{names:?}");
+    }
+    // Split keywords name the standard splits, which are not read together.
+    let dir = folder(&["train_0.parquet", "train_1.parquet", "dev_0.parquet"]);
+    let msg = Input::open(&dir).err().unwrap().to_string();
+    assert!(
+        msg.contains("2 splits: train (2 files), validation (1 file)") && msg.contains("train_*"),
+        "{msg}"
+    );
+}
