@@ -66,9 +66,12 @@ fn predict_blocks(
 /// `seq.features`), counted as the serving loop counts them:
 /// - a cycle commits `accepted + 1` tokens (the bonus token), but never more than the tokens
 ///   still to generate, so the last cycle is not over-counted;
-/// - near the end the block is shortened to the tokens left (`min(block_size, S - a)` slots),
-///   so no MASK slot past the end takes part in attention;
-/// - generation stops at the first stop token (EOS) of the completion, which is committed.
+/// - generation stops at the first stop token (EOS) of the completion, which is committed;
+/// - blocks are whole (`block_size` slots) while generation ends at a stop token, as the loop
+///   drafts them not knowing where it will stop (slots past the stop are compared with
+///   nothing); where the data ends without one (a generation cut at its length limit) the
+///   block is shortened to the tokens left (`min(block_size, S - a)` slots), as the loop
+///   bounded by that limit drafts it.
 pub fn sequence_cycles(
     drafter: &Drafter,
     seq: &HiddenSeq,
@@ -79,20 +82,19 @@ pub fn sequence_cycles(
         return Ok(Vec::new()); // no completion to draft
     };
     // The sequence as the loop would generate it: up to and including the first stop token.
-    let s = seq.ids[p0..]
-        .iter()
-        .position(|t| stop_tokens.contains(t))
-        .map_or(seq.ids.len(), |i| p0 + i + 1);
+    let stop = seq.ids[p0..].iter().position(|t| stop_tokens.contains(t));
+    let s = stop.map_or(seq.ids.len(), |i| p0 + i + 1);
     if p0 + 1 >= s {
         return Ok(Vec::new());
     }
     // predictions[a - p0][j] = drafter's greedy token for position a + j
+    let whole = |a: usize| stop.is_some() || a + bs <= s;
     let full: Vec<i32> = (p0..s - 1)
-        .filter(|&a| a + bs <= s)
+        .filter(|&a| whole(a))
         .map(|a| a as i32)
         .collect();
     let mut predictions = predict_blocks(drafter, seq, &full, bs)?;
-    for a in (p0..s - 1).filter(|&a| a + bs > s) {
+    for a in (p0..s - 1).filter(|&a| !whole(a)) {
         predictions.extend(predict_blocks(drafter, seq, &[a as i32], s - a)?);
     }
     let mut cycles = Vec::new();
@@ -100,7 +102,7 @@ pub fn sequence_cycles(
     while a + 1 < s {
         let pred = &predictions[a - p0];
         let accepted = (1..pred.len())
-            .take_while(|&j| pred[j] == seq.ids[a + j])
+            .take_while(|&j| a + j < s && pred[j] == seq.ids[a + j])
             .count();
         cycles.push((accepted + 1).min(s - 1 - a));
         a += accepted + 1;

@@ -42,9 +42,15 @@ fn predict_one(d: &Drafter, features: &[f32], ids: &[u32], a: usize) -> Vec<u32>
 /// as the serving loop does: the block is `min(block_size, S - a)` slots and a cycle commits
 /// at most the `S - 1 - a` tokens still to generate.
 fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
+    sequential_cycles_to(d, s, s.ids.len(), false)
+}
+
+/// [`sequential_cycles`] with generation ending after token `n - 1`; `whole`: every block has
+/// `block_size` slots (the loop stopped by a stop token drafts whole blocks; slots at or past
+/// `n` are compared with nothing).
+fn sequential_cycles_to(d: &Drafter, s: &HiddenSeq, n: usize, whole: bool) -> Vec<usize> {
     let cfg = d.config();
     let (bs, kh) = (cfg.block_size, cfg.hidden_size * cfg.target_layer_ids.len());
-    let n = s.ids.len();
     let Some(p0) = s.loss_mask.iter().position(|&m| m == 1) else {
         return Vec::new();
     };
@@ -53,10 +59,10 @@ fn sequential_cycles(d: &Drafter, s: &HiddenSeq) -> Vec<usize> {
     while a + 1 < n {
         let mut features = host(&s.features)[..a * kh].to_vec();
         features.extend((0..kh).map(|i| ((i * 37 % 11) as f32 - 5.0) * 3.0));
-        let len = bs.min(n - a);
+        let len = if whole { bs } else { bs.min(n - a) };
         let pred = predict_len(d, &features, &s.ids, a, len);
         let mut accepted = 0;
-        while accepted + 1 < len && pred[accepted + 1] == s.ids[a + accepted + 1] {
+        while accepted + 1 < len.min(n - a) && pred[accepted + 1] == s.ids[a + accepted + 1] {
             accepted += 1;
         }
         cycles.push((accepted + 1).min(n - 1 - a));
@@ -225,4 +231,45 @@ fn cycles_commit_exactly_the_completion_and_stop_at_eos() {
             "seed {seed}: stop token at {first}"
         );
     }
+}
+
+/// Generation that ends at a stop token drafts whole blocks up to the end, as the serving
+/// loop does (it cannot know where it will stop); the batched cycles match the sequential
+/// definition with whole blocks. The sequences accept whole blocks by construction (planned
+/// on whole-block predictions), ending at a stop token placed last, so that shortened blocks,
+/// whose last predictions differ (attention inside a block runs both ways), would show.
+#[test]
+fn blocks_stay_whole_up_to_a_stop_token() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let t = target(&b, &cfg);
+    let (ids, mask) = data_sample(3);
+    let p0 = mask.iter().position(|&m| m == 1).unwrap();
+    let prompt = &ids[p0 - 24..=p0];
+    // A token the tiny target's byte-level data never holds: the stop token, placed last.
+    let stop = 300u32.min(cfg.vocab_size as u32 - 1);
+    let mut differ = 0;
+    // The prompt's last token is position 24 and each cycle commits 4 tokens, so at these
+    // lengths the last cycle's anchor has 3 tokens left: a block of 3 slots, not 4, if
+    // shortened, whose slot 1 is still compared with the data.
+    for seed in 0..6 {
+        let d = drafter(&b, &cfg, 0.2, seed);
+        for len in [43, 47] {
+            let (s, _) = generate(&t, &d, prompt, &[3], len);
+            let mut ids = s.ids.clone();
+            assert!(!ids.contains(&stop));
+            *ids.last_mut().unwrap() = stop;
+            let s = seq(&t, 0, ids, s.loss_mask.clone());
+            let got = sequence_cycles(&d, &s, &[stop]).unwrap();
+            let whole = sequential_cycles_to(&d, &s, len, true);
+            assert_eq!(got, whole, "seed {seed}, length {len}");
+            let shortened = sequential_cycles_to(&d, &s, len, false);
+            differ += usize::from(whole != shortened);
+        }
+    }
+    println!("{differ} of 12 sequences tell whole blocks from shortened ones");
+    assert!(
+        differ > 0,
+        "no sequence tells whole blocks from shortened ones"
+    );
 }
