@@ -177,3 +177,28 @@ fn a_device_collective_the_backend_lacks_stops_every_rank_with_rank_0s_reason() 
         "rank 1:\n{e1}"
     );
 }
+
+/// A rank started with another recipe (a per-rank `--set train.seed=$RANK`, a torch habit)
+/// would train its replica on other samples from other weights: both ranks refuse to start,
+/// each naming the difference.
+#[test]
+fn ranks_with_different_recipes_refuse_to_start() {
+    let job = Job::new().with_sets(&SHARED);
+    let port = free_port();
+    let children: Vec<Child> = (0..2)
+        .map(|rank| {
+            let mut cmd = job.command("seeds", false);
+            cmd.args(["--set", &format!("train.seed={}", 7 + rank)]);
+            as_rank(cmd, rank, 2, port).spawn().unwrap()
+        })
+        .collect();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success(), "rank {rank} trained:\n{err}");
+        assert!(
+            err.contains("train.seed is 7 on rank 0 and 8 on rank 1"),
+            "rank {rank}:\n{err}"
+        );
+    }
+}

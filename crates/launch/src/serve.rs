@@ -2,7 +2,9 @@
 //! acks; on any failure, tell every connected rank why.
 
 use std::io::ErrorKind;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
 use std::time::{Duration, Instant};
 
 use crate::frame::{
@@ -131,15 +133,26 @@ pub(crate) fn serve(
 }
 
 /// Binds the address as given (every address it resolves to, first that works), so a job on
-/// one interface of a multi-homed host does not listen on the others.
+/// one interface of a multi-homed host does not listen on the others; a host name that
+/// resolves only to loopback is the exception ([`listen_addrs`]).
 fn bind(env: &LaunchEnv, endpoint: &str) -> Result<TcpListener, LaunchError> {
     let bind_err = |source| LaunchError::Bind {
         endpoint: endpoint.to_owned(),
         source,
     };
-    let addrs = (env.master_host(), env.master_port)
+    let resolved: Vec<SocketAddr> = (env.master_host(), env.master_port)
         .to_socket_addrs()
-        .map_err(bind_err)?;
+        .map_err(bind_err)?
+        .collect();
+    let addrs = listen_addrs(env.master_host(), &resolved);
+    if addrs != resolved {
+        eprintln!(
+            "launch: MASTER_ADDR {:?} resolves to loopback here; rank 0 listens on every \
+             interface (port {}) so that ranks on other hosts reach it",
+            env.master_host(),
+            env.master_port
+        );
+    }
     let mut last = None;
     for addr in addrs {
         match TcpListener::bind(addr) {
@@ -153,6 +166,29 @@ fn bind(env: &LaunchEnv, endpoint: &str) -> Result<TcpListener, LaunchError> {
             "the address resolves to nothing",
         )
     })))
+}
+
+/// Where rank 0 listens for `host` resolved to `resolved`: those addresses, except for a host
+/// name (not an IP literal, not `localhost`) that resolves only to loopback — Debian maps a
+/// machine's own name to 127.0.1.1 — which ranks on other hosts could never reach: there, the
+/// unspecified address of each family, as torchrun's store listens.
+fn listen_addrs(host: &str, resolved: &[SocketAddr]) -> Vec<SocketAddr> {
+    let named = host.parse::<IpAddr>().is_err() && !host.eq_ignore_ascii_case("localhost");
+    if !named || resolved.is_empty() || !resolved.iter().all(|a| a.ip().is_loopback()) {
+        return resolved.to_vec();
+    }
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for a in resolved {
+        let any = match a.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let a = SocketAddr::new(any, a.port());
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
 }
 
 /// Reads and checks one hello; gives the peer's rank.
@@ -283,4 +319,30 @@ fn send_error(stream: &mut TcpStream, e: &LaunchError) {
         Instant::now() + ERROR_SEND,
     );
     let _ = stream.shutdown(Shutdown::Write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listen_addrs;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn a_host_name_that_resolves_to_loopback_listens_everywhere() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let debian = [a("127.0.1.1:29500")];
+        assert_eq!(listen_addrs("node7", &debian), [a("0.0.0.0:29500")]);
+        let both = [a("[::1]:29500"), a("127.0.0.1:29500")];
+        assert_eq!(
+            listen_addrs("node7", &both),
+            [a("[::]:29500"), a("0.0.0.0:29500")]
+        );
+        // As given: an IP literal, localhost, and a name with a routable address.
+        for (host, resolved) in [
+            ("127.0.0.1", [a("127.0.0.1:29500")]),
+            ("localhost", [a("127.0.0.1:29500")]),
+            ("node7", [a("10.0.0.7:29500")]),
+        ] {
+            assert_eq!(listen_addrs(host, &resolved), resolved, "{host}");
+        }
+    }
 }

@@ -15,6 +15,8 @@
 //! every process needs the run directory on a shared file system to resume. The first
 //! failure on any rank reaches every other rank through the group, which stops them all.
 
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,7 @@ use dflash_data::SkipCounts;
 use dflash_launch::{LaunchEnv, ProcessGroup};
 
 use crate::error::{PipelineError, Result};
+use crate::job::JobPlan;
 use crate::placement::Placement;
 use crate::workers::OnAbort;
 
@@ -117,6 +120,26 @@ impl Processes {
     }
 }
 
+/// `pipeline.placement = "auto"` measures every device this process sees and picks the best
+/// split: under a launcher that sees several devices per process, every rank would measure
+/// the same devices at once and choose the same ones. Refused there, naming what works.
+pub(crate) fn check_auto_placement(
+    world_size: usize,
+    cfg: &PipelineSection,
+    devices: usize,
+) -> Result<()> {
+    if world_size > 1 && cfg.placement == PlacementMode::Auto && devices > 1 {
+        return Err(PipelineError::Job(format!(
+            "pipeline.placement = \"auto\" with WORLD_SIZE = {world_size} and {devices} devices \
+             visible to each process: every rank would measure and pick the same devices. \
+             Leave placement at \"round-robin\" (each rank takes device LOCAL_RANK), or give \
+             each process its own devices (CUDA_VISIBLE_DEVICES, or pipeline.target_devices \
+             and pipeline.drafter_devices per rank)"
+        )));
+    }
+    Ok(())
+}
+
 fn local_placement(
     local_rank: usize,
     cfg: &PipelineSection,
@@ -182,6 +205,98 @@ pub(crate) fn all_ranks_counts(comm: &dyn Communicator, mine: &SkipCounts) -> Re
     Ok(all)
 }
 
+/// What every rank must share for the replicas to train one drafter, as `key -> value`: the
+/// recipe (the config's `drafter`, `data` and `train` sections; the data paths aside, which a
+/// node may mount elsewhere) and a digest of the schedule the data gives (which samples, of
+/// which lengths, each micro-batch of each step holds).
+pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let c = &plan.cfg;
+    for (section, value) in [
+        ("drafter", serde_json::to_value(&c.drafter)),
+        ("data", serde_json::to_value(&c.data)),
+        ("train", serde_json::to_value(&c.train)),
+    ] {
+        let value = value.unwrap_or_else(|e| serde_json::Value::String(e.to_string()));
+        flatten(section, &value, &mut out);
+    }
+    out.remove("data.train");
+    out.remove("data.eval");
+    let mut h = std::hash::DefaultHasher::new();
+    for step in &plan.schedule.steps {
+        step.epoch.hash(&mut h);
+        for micro in &step.micro {
+            for &i in micro {
+                (i, plan.lengths.get(i)).hash(&mut h);
+            }
+            usize::MAX.hash(&mut h);
+        }
+    }
+    out.insert(
+        "the schedule (samples and lengths of each micro-batch)".into(),
+        format!("{:016x}", h.finish()),
+    );
+    out
+}
+
+fn flatten(key: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                flatten(&format!("{key}.{k}"), v, out);
+            }
+        }
+        v => {
+            out.insert(key.to_string(), v.to_string());
+        }
+    }
+}
+
+/// Every rank's `mine` ([`agreement_record`]) against rank 0's: on every rank alike, an error
+/// naming the first rank that differs and each key where it does. A per-rank `--set` (such as
+/// `train.seed=$RANK`) or a data file that differs between nodes would otherwise train the
+/// replicas on different things without a word.
+pub(crate) fn check_ranks_agree(
+    comm: &dyn Communicator,
+    mine: &BTreeMap<String, String>,
+) -> Result<()> {
+    let bytes = serde_json::to_vec(mine).expect("a map of strings serialises");
+    let all = all_gather_bytes(comm, &bytes)?;
+    let records: Vec<BTreeMap<String, String>> = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice(b).map_err(|e| {
+                PipelineError::Job(format!("rank {r}'s job description arrived garbled: {e}"))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let lead = &records[0];
+    for (r, rec) in records.iter().enumerate().skip(1) {
+        let keys: std::collections::BTreeSet<&String> = lead.keys().chain(rec.keys()).collect();
+        let differ: Vec<String> = keys
+            .into_iter()
+            .filter(|k| lead.get(*k) != rec.get(*k))
+            .map(|k| {
+                let show = |v: Option<&String>| v.map_or("nothing".into(), Clone::clone);
+                format!(
+                    "{k} is {} on rank 0 and {} on rank {r}",
+                    show(lead.get(k)),
+                    show(rec.get(k))
+                )
+            })
+            .collect();
+        if !differ.is_empty() {
+            return Err(PipelineError::Job(format!(
+                "the ranks do not run one job: {}; every rank must run the same recipe on the \
+                 same data (check per-rank --set values and each node's data files)",
+                differ.join("; ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The all-reduce of a replica across the processes.
 pub(crate) struct ProcessComm(Arc<ProcessGroup>);
 
@@ -224,6 +339,61 @@ mod tests {
         for (r, g) in got.iter().enumerate() {
             assert_eq!(g, &want, "rank {r}");
         }
+    }
+
+    #[test]
+    fn ranks_that_disagree_are_refused_on_every_rank_naming_each_difference() {
+        let rec = |seed: &str, sched: &str| -> BTreeMap<String, String> {
+            [
+                ("train.seed", seed),
+                ("train.lr", "0.0006"),
+                ("schedule", sched),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        };
+        let run = |records: Vec<BTreeMap<String, String>>| -> Vec<Result<()>> {
+            let comms = crate::comm::HostComm::group(records.len());
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .zip(&records)
+                    .map(|(c, r)| s.spawn(move || check_ranks_agree(c, r)))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        for r in run(vec![rec("0", "ab"); 3]) {
+            r.unwrap();
+        }
+        let results = run(vec![rec("0", "ab"), rec("0", "ab"), rec("2", "cd")]);
+        for r in results {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("train.seed is 0 on rank 0 and 2 on rank 2")
+                    && e.contains("schedule is ab on rank 0 and cd on rank 2")
+                    && !e.contains("train.lr"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn auto_placement_under_a_launcher_is_refused_where_ranks_share_devices() {
+        let auto = PipelineSection {
+            placement: PlacementMode::Auto,
+            ..PipelineSection::default()
+        };
+        let e = check_auto_placement(2, &auto, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("pipeline.placement") && e.contains("LOCAL_RANK"),
+            "{e}"
+        );
+        // One process, one device a process, or round robin: as planned.
+        check_auto_placement(1, &auto, 8).unwrap();
+        check_auto_placement(4, &auto, 1).unwrap();
+        check_auto_placement(4, &PipelineSection::default(), 8).unwrap();
     }
 
     #[test]

@@ -147,7 +147,7 @@ pub(super) fn attach_device_collective(
 }
 
 /// What a multi-process run needs of its plan: one drafter replica a process (the group
-/// sums one gradient per rank).
+/// sums one gradient per rank), and the same job on every rank (recipe and schedule).
 pub(super) fn check_process_plan(plan: &JobPlan, p: &Processes) -> Result<()> {
     if plan.drafter_workers != 1 {
         return Err(PipelineError::Job(format!(
@@ -157,7 +157,7 @@ pub(super) fn check_process_plan(plan: &JobPlan, p: &Processes) -> Result<()> {
             p.world_size()
         )));
     }
-    Ok(())
+    crate::distributed::check_ranks_agree(&p.comm(), &crate::distributed::agreement_record(plan))
 }
 
 /// With `pipeline.collective = "device"` across processes: rank 0's backend makes the id of a

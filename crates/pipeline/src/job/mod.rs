@@ -120,6 +120,10 @@ pub fn train_in(
             dir.display()
         )));
     }
+    if let Some(p) = procs {
+        let devices = dflash_core::registry::device_count(&cfg.backend.name)?;
+        crate::distributed::check_auto_placement(p.world_size(), &cfg.pipeline, devices)?;
+    }
     // A resumed run's config holds the device lists its first invocation chose.
     let cfg = match resume {
         None => &rates::resolve_auto(cfg)?,
