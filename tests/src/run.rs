@@ -107,6 +107,48 @@ fn bits(xs: &[f32]) -> Vec<u32> {
     xs.iter().map(|x| x.to_bits()).collect()
 }
 
+/// FNV-1a over the bits of `xs`: any changed element (NaN payloads included) changes it.
+fn checksum(xs: &[f32]) -> u64 {
+    xs.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The first of `inputs` (name, data, checksum before the call) that the call changed, as a
+/// failure: inputs are read-only, and a foreign kernel writing into one (through the pointer
+/// the C ABI hands it) would corrupt what the host computes from it next (q in the backward).
+fn changed_input(call: &str, inputs: &[(&str, &[f32], u64)]) -> Result<(), String> {
+    match inputs.iter().find(|(_, xs, sum)| checksum(xs) != *sum) {
+        Some((name, _, _)) => Err(format!(
+            "{call} wrote into its input {name} (inputs are read-only)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `got` against `want` for each run (the first, then the rerun): every run is held to the
+/// tolerance, and `slot` keeps the worse error.
+fn compare_runs(
+    res: &mut CaseResult,
+    what: &str,
+    runs: [&[f32]; 2],
+    want: &[f64],
+    inner: (usize, usize),
+    tol: &Tolerance,
+    slot: fn(&mut CaseResult) -> &mut TensorErr,
+) {
+    for (run, got) in ["", " (rerun)"].into_iter().zip(runs) {
+        let (e, f) = compare(&format!("{what}{run}"), got, want, inner, tol);
+        let s = slot(res);
+        if e.worst >= s.worst {
+            *s = e;
+        }
+        if let Some(f) = f {
+            res.fail(f);
+        }
+    }
+}
+
 pub(crate) fn run_case(
     kernel: &dyn HostAttentionKernel,
     case: &Case,
@@ -125,8 +167,9 @@ pub(crate) fn run_case(
 
     let fwd = oracle::forward(&dims, &q, &k, &v, &case.mask, case.scale);
     let grads = oracle::backward(&dims, &q, &k, &v, &case.mask, case.scale, &d_out);
+    let (sq, sk, sv, sd) = (checksum(&q), checksum(&k), checksum(&v), checksum(&d_out));
 
-    // Forward, twice, into NaN-poisoned buffers.
+    // Forward, twice, into NaN-poisoned buffers; both runs against the oracle.
     let run_fwd = || -> Result<(Vec<f32>, Vec<f32>), String> {
         let mut out = vec![f32::NAN; tq * hq * d];
         let mut lse = vec![f32::NAN; tq * hq];
@@ -142,20 +185,15 @@ pub(crate) fn run_case(
         }))
         .map_err(|_| "forward panicked".to_string())?
         .map_err(|e| format!("forward returned Err on valid input: {e}"))?;
+        changed_input("forward", &[("q", &q, sq), ("k", &k, sk), ("v", &v, sv)])?;
         Ok((out, lse))
     };
     match (run_fwd(), run_fwd()) {
         (Ok((out, lse)), Ok((out2, lse2))) => {
-            let (e, f) = compare("out", &out, &fwd.out, (hq, d), tol);
-            res.out = e;
-            if let Some(f) = f {
-                res.fail(f);
-            }
-            let (e, f) = compare("lse", &lse, &fwd.lse, (hq, 1), tol);
-            res.lse = e;
-            if let Some(f) = f {
-                res.fail(f);
-            }
+            let o = [&out[..], &out2[..]];
+            compare_runs(&mut res, "out", o, &fwd.out, (hq, d), tol, |r| &mut r.out);
+            let l = [&lse[..], &lse2[..]];
+            compare_runs(&mut res, "lse", l, &fwd.lse, (hq, 1), tol, |r| &mut r.lse);
             if bits(&out) != bits(&out2) || bits(&lse) != bits(&lse2) {
                 res.fail("forward is not deterministic (two runs differ bitwise)".into());
             }
@@ -163,9 +201,10 @@ pub(crate) fn run_case(
         (Err(e), _) | (_, Err(e)) => res.fail(e),
     }
 
-    // Backward, twice, fed the oracle's forward rounded to f32.
+    // Backward, twice, fed the oracle's forward rounded to f32; both runs against the oracle.
     let out32: Vec<f32> = fwd.out.iter().map(|&x| x as f32).collect();
     let lse32: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
+    let (so, sl) = (checksum(&out32), checksum(&lse32));
     let run_bwd = || -> Result<[Vec<f32>; 3], String> {
         let mut dq = vec![f32::NAN; tq * hq * d];
         let mut dk = vec![f32::NAN; tk * hkv * d];
@@ -182,24 +221,30 @@ pub(crate) fn run_case(
         }))
         .map_err(|_| "backward panicked".to_string())?
         .map_err(|e| format!("backward returned Err on valid input: {e}"))?;
+        let inputs = [
+            ("q", &q[..], sq),
+            ("k", &k[..], sk),
+            ("v", &v[..], sv),
+            ("out", &out32[..], so),
+            ("lse", &lse32[..], sl),
+            ("d_out", &d_out[..], sd),
+        ];
+        changed_input("backward", &inputs)?;
         Ok([dq, dk, dv])
     };
     match (run_bwd(), run_bwd()) {
         (Ok([dq, dk, dv]), Ok(again)) => {
-            for (what, got, want, inner, slot) in [
-                ("dq", &dq, &grads.dq, (hq, d), &mut res.dq),
-                ("dk", &dk, &grads.dk, (hkv, d), &mut res.dk),
-                ("dv", &dv, &grads.dv, (hkv, d), &mut res.dv),
-            ] {
-                let (e, f) = compare(what, got, want, inner, tol);
-                *slot = e;
-                if let Some(f) = f {
-                    res.failure = Some(match res.failure.take() {
-                        Some(prev) => format!("{prev}; {f}"),
-                        None => f,
-                    });
-                }
-            }
+            let (gq, gk, gv) = (&grads.dq, &grads.dk, &grads.dv);
+            let (q_in, kv_in) = ((hq, d), (hkv, d));
+            compare_runs(&mut res, "dq", [&dq, &again[0]], gq, q_in, tol, |r| {
+                &mut r.dq
+            });
+            compare_runs(&mut res, "dk", [&dk, &again[1]], gk, kv_in, tol, |r| {
+                &mut r.dk
+            });
+            compare_runs(&mut res, "dv", [&dv, &again[2]], gv, kv_in, tol, |r| {
+                &mut r.dv
+            });
             if [bits(&dq), bits(&dk), bits(&dv)]
                 != [bits(&again[0]), bits(&again[1]), bits(&again[2])]
             {
@@ -339,8 +384,84 @@ pub(crate) fn bad_input_cases(kernel: &dyn HostAttentionKernel) -> Result<Vec<Ca
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use dflash_backend_reference::ReferenceAttention;
+
     use super::*;
     use crate::cases::{Layout, large_score_cases};
+    use crate::report::TOLERANCE;
+
+    /// The reference kernel, right on each first run of a case and off by 1 in one element on
+    /// each rerun (odd calls), of the forward or the backward.
+    #[derive(Default)]
+    struct RightOnlyOnce {
+        backward: bool,
+        calls: AtomicUsize,
+    }
+
+    impl RightOnlyOnce {
+        fn rerun(&self, pass_is_backward: bool) -> bool {
+            pass_is_backward == self.backward && self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 1
+        }
+    }
+
+    impl HostAttentionKernel for RightOnlyOnce {
+        fn name(&self) -> &str {
+            "right-only-once"
+        }
+        fn forward(&self, call: AttnForward<'_>) -> Result<(), String> {
+            let x = call.input;
+            let (out, lse) = (call.out, call.lse);
+            let again = AttnForward::new(&x.dims, x.mask, x.scale, [x.q, x.k, x.v], [out, lse])?;
+            ReferenceAttention.forward(again)?;
+            if self.rerun(false) {
+                out[0] += 1.0;
+            }
+            Ok(())
+        }
+        fn backward(&self, call: AttnBackward<'_>) -> Result<(), String> {
+            let x = call.input;
+            let dk = call.dk;
+            let again = AttnBackward::new(
+                &x.dims,
+                x.mask,
+                x.scale,
+                [x.q, x.k, x.v, call.out, call.lse, call.d_out],
+                [call.dq, &mut *dk, call.dv],
+            )?;
+            ReferenceAttention.backward(again)?;
+            if self.rerun(true) {
+                dk[0] += 1.0;
+            }
+            Ok(())
+        }
+    }
+
+    /// A rerun is held to the oracle, not only to the first run: a kernel right once and wrong
+    /// after fails with the rerun named (beside its non-determinism, which a plugin not
+    /// declaring determinism is forgiven).
+    #[test]
+    fn a_wrong_rerun_fails_against_the_oracle() {
+        let case = &large_score_cases(Layout::new(4, 2, 16)).unwrap()[0];
+        for backward in [false, true] {
+            let kernel = RightOnlyOnce {
+                backward,
+                ..Default::default()
+            };
+            let res = run_case(&kernel, case, &TOLERANCE);
+            let failure = res.failure.clone().unwrap_or_default();
+            let want = if backward {
+                "dk (rerun)["
+            } else {
+                "out (rerun)["
+            };
+            assert!(failure.contains(want), "{failure}");
+            assert!(res.worst() > 1.0, "{res}");
+        }
+        let right = run_case(&ReferenceAttention, case, &TOLERANCE);
+        assert!(right.passed(), "{right}");
+    }
 
     /// Fed in f16, every input is f16-representable (rounding it again changes nothing) and
     /// most of the drawn values moved; fed in f32, the draw is untouched.

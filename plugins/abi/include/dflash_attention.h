@@ -3,9 +3,17 @@
  * kernel (the plugin). ABI version 1.0.
  *
  * A plugin is a shared library exporting one symbol, `dflash_attention_plugin`. The host calls
- * it once after loading, passing its own ABI version; the plugin returns a pointer to a static
- * table (`DfAttnPlugin`) that stays valid until the library is unloaded, or NULL when it refuses
- * the host's major version. The host refuses a table whose `abi_major` differs from its own.
+ * it after loading, passing its own ABI version; the plugin returns a pointer to a static table
+ * (`DfAttnPlugin`) that stays valid until the library is unloaded, or NULL when it refuses the
+ * host's major version. The host refuses a table whose `abi_major` differs from its own. The
+ * entry point may be called more than once in a process (each backend that loads the library
+ * calls it, also while an earlier load keeps the library loaded): it must be idempotent and
+ * return the same table every time.
+ *
+ * Threads: every function of the table (and the entry point) may be called concurrently from
+ * several host threads, each call with its own buffers and workspace: keep per-call scratch in
+ * the workspace, guard any state shared between calls (caches) yourself, and keep last_error
+ * per thread.
  *
  * Versioning: a minor bump only appends fields at the end of a struct (each struct starts with
  * `struct_size`, so either side can tell which fields the other knows); a major bump may change
@@ -13,7 +21,10 @@
  *
  * Memory: every buffer is allocated and freed by the host (inputs, outputs, workspace, mask);
  * every string the plugin returns (name, version, last_error) is owned by the plugin. Nothing
- * allocated on one side is freed on the other.
+ * allocated on one side is freed on the other. Inputs (q, k, v, the forward's out and lse
+ * handed to the backward, d_out, the mask) are read-only: write only the outputs and the
+ * workspace. The host reuses its inputs after the call (q again in the backward), and the
+ * conformance suite fails a plugin that changes one.
  *
  * Layouts (dims fixed, strides explicit): q (Tq, Hq, D), k and v (Tk, Hkv, D), out (Tq, Hq, D),
  * lse (Tq, Hq). GQA: query head h reads kv head h / (Hq / Hkv). lse is the natural-log
@@ -35,9 +46,10 @@ extern "C" {
 /* The one exported symbol's name and type. */
 #define DFLASH_ATTN_ENTRY_POINT "dflash_attention_plugin"
 
-/* ---- DLPack 1.x tensor description (the subset this ABI uses, layout-identical to dlpack.h;
- * include dlpack.h first to use its definitions instead). ---- */
-#ifndef DLPACK_VERSION_MAJOR
+/* ---- DLPack tensor description (the subset this ABI uses, layout-identical to dlpack.h;
+ * include dlpack.h (0.6 or later) first to use its definitions instead: it defines
+ * DLPACK_MAJOR_VERSION from 1.0 on, DLPACK_VERSION before, and the guard DLPACK_DLPACK_H_). */
+#if !defined(DLPACK_DLPACK_H_) && !defined(DLPACK_MAJOR_VERSION) && !defined(DLPACK_VERSION)
 typedef enum {
   kDLCPU = 1,
   kDLCUDA = 2,
@@ -156,6 +168,7 @@ typedef struct {
 
 typedef struct {
   uint32_t struct_size;
+  /* Inputs: read-only, including the memory their `data` points to. */
   const DLTensor* q;
   const DLTensor* k;
   const DLTensor* v;
@@ -174,10 +187,11 @@ typedef struct {
 
 typedef struct {
   uint32_t struct_size;
+  /* Inputs: read-only, including the memory their `data` points to. */
   const DLTensor* q;
   const DLTensor* k;
   const DLTensor* v;
-  /* The forward's outputs. */
+  /* The forward's outputs, inputs here. */
   const DLTensor* out;
   const DLTensor* lse;
   const DLTensor* d_out;
@@ -216,7 +230,7 @@ struct DfAttnPlugin {
 
 typedef const DfAttnPlugin* (*DfAttnEntryPoint)(uint32_t host_abi_major, uint32_t host_abi_minor);
 
-/* The entry point every plugin exports. */
+/* The entry point every plugin exports: callable from any thread, any number of times. */
 const DfAttnPlugin* dflash_attention_plugin(uint32_t host_abi_major, uint32_t host_abi_minor);
 
 #ifdef __cplusplus

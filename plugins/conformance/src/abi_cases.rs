@@ -7,7 +7,7 @@ use std::ptr::{null, null_mut};
 use dflash_attention_abi::{
     self as abi, CAP_BACKWARD, CAP_STRIDED, DLDataType, DLDevice, DLTensor, DTYPE_F16,
     DfAttnBackwardArgs, DfAttnCapabilities, DfAttnForwardArgs, DfAttnMask, DfAttnShape,
-    PASS_BACKWARD, PASS_FORWARD, size_of_u32,
+    MASK_EMPTY_ROWS, MASK_TWO_INTERVALS, PASS_BACKWARD, PASS_FORWARD, size_of_u32,
 };
 use dflash_attention_loader::{PluginKernel, Workspace};
 use dflash_core::mask::BlockMask;
@@ -25,6 +25,18 @@ const DQ: usize = 6;
 const DK: usize = 7;
 const DV: usize = 8;
 const OUTPUTS: [[usize; 3]; 2] = [[OUT, LSE, LSE], [DQ, DK, DV]];
+/// The read-only inputs of each pass, by name.
+const INPUTS: [&[(usize, &str)]; 2] = [
+    &[(Q, "q"), (K, "k"), (V, "v")],
+    &[
+        (Q, "q"),
+        (K, "k"),
+        (V, "v"),
+        (OUT, "out"),
+        (LSE, "lse"),
+        (D_OUT, "d_out"),
+    ],
+];
 
 /// Elements past each output's end whose bits must survive a valid call.
 const GUARD: usize = 64;
@@ -167,7 +179,13 @@ fn head_dim(caps: &DfAttnCapabilities) -> Option<i64> {
 }
 
 fn base_call(caps: &DfAttnCapabilities, bufs: &mut Buffers) -> Result<Call, String> {
-    let mask = BlockMask::dflash(20, 4, &[3, 9, -1]).map_err(|e| e.to_string())?;
+    // A padding block (rows that see no key) only for a plugin declaring such rows.
+    let anchors: &[i32] = if caps.mask_rules & MASK_EMPTY_ROWS != 0 {
+        &[3, 9, -1]
+    } else {
+        &[3, 9]
+    };
+    let mask = BlockMask::dflash(20, 4, anchors).map_err(|e| e.to_string())?;
     let d = head_dim(caps).ok_or("the plugin declares no usable head dim")?;
     let (tq, tk, h) = (mask.q_len() as i64, mask.kv_len() as i64, 2i64);
     let shapes: [Vec<i64>; 9] = [
@@ -238,9 +256,37 @@ unsafe fn output<'a>(call: &Call, i: usize) -> &'a mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(call.t[i].data, numel(&call.t[i]) + GUARD) }
 }
 
+/// FNV-1a over the bits of input slot `i` and the guard-sized stretch past its end.
+fn checksum(call: &Call, i: usize) -> u64 {
+    // SAFETY: slot `i` points into a buffer of `2 * numel + GUARD` elements that outlives
+    // `call`, and no mutable reference to it is alive.
+    let xs = unsafe { std::slice::from_raw_parts(call.t[i].data, numel(&call.t[i]) + GUARD) };
+    xs.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Poisons the outputs of `pass` (NaN, then the guard), runs the valid call, and checks every
-/// element was written and none past the end.
+/// element was written, none past the end, and no input changed.
 fn valid(kernel: &PluginKernel, call: &Call, pass: i32) -> Row {
+    let which = if pass == PASS_FORWARD {
+        "forward"
+    } else {
+        "backward"
+    };
+    let name = format!("abi/{which}/valid_guarded");
+    if kernel.plugin().capabilities().mask_rules & MASK_TWO_INTERVALS == 0 {
+        return Row {
+            name,
+            worst: None,
+            max_err: None,
+            outcome: Outcome::Skipped(
+                "needs two-interval masks (DF_ATTN_MASK_TWO_INTERVALS)".into(),
+            ),
+        };
+    }
+    let inputs = INPUTS[pass as usize];
+    let sums: Vec<u64> = inputs.iter().map(|&(i, _)| checksum(call, i)).collect();
     let outs = OUTPUTS[pass as usize];
     for &i in &outs {
         let n = numel(&call.t[i]);
@@ -248,26 +294,30 @@ fn valid(kernel: &PluginKernel, call: &Call, pass: i32) -> Row {
         buf[..n].fill(f32::NAN);
         buf[n..n + GUARD].fill(f32::from_bits(SENTINEL));
     }
-    let which = if pass == PASS_FORWARD {
-        "forward"
-    } else {
-        "backward"
-    };
     let outcome = match call.run(kernel, pass) {
         Err(e) => Outcome::Failed(e),
         Ok(0) => {
-            let bad = outs.iter().find_map(|&i| {
-                let n = numel(&call.t[i]);
-                let buf = unsafe { output(call, i) };
-                if let Some(j) = buf[..n].iter().position(|x| x.is_nan()) {
-                    Some(format!(
-                        "output slot {i}: element {j} of {n} left unwritten"
-                    ))
-                } else if buf[n..n + GUARD].iter().any(|x| x.to_bits() != SENTINEL) {
-                    Some(format!("output slot {i}: wrote past its {n} elements"))
-                } else {
-                    None
-                }
+            let changed = inputs
+                .iter()
+                .zip(&sums)
+                .find(|&(&(i, _), &sum)| checksum(call, i) != sum)
+                .map(|((_, input), _)| {
+                    format!("wrote into its input {input} (inputs are read-only)")
+                });
+            let bad = changed.or_else(|| {
+                outs.iter().find_map(|&i| {
+                    let n = numel(&call.t[i]);
+                    let buf = unsafe { output(call, i) };
+                    if let Some(j) = buf[..n].iter().position(|x| x.is_nan()) {
+                        Some(format!(
+                            "output slot {i}: element {j} of {n} left unwritten"
+                        ))
+                    } else if buf[n..n + GUARD].iter().any(|x| x.to_bits() != SENTINEL) {
+                        Some(format!("output slot {i}: wrote past its {n} elements"))
+                    } else {
+                        None
+                    }
+                })
             });
             bad.map_or(Outcome::Passed, Outcome::Failed)
         }
@@ -278,7 +328,7 @@ fn valid(kernel: &PluginKernel, call: &Call, pass: i32) -> Row {
         )),
     };
     Row {
-        name: format!("abi/{which}/valid_guarded"),
+        name,
         worst: None,
         max_err: None,
         outcome,

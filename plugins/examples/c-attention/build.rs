@@ -29,20 +29,31 @@ fn main() {
         );
     }
     println!("cargo:rerun-if-changed=src/layout_check.c");
-    let mut check: Command = compiler.to_command();
-    check.args([
-        "-fsyntax-only",
-        "-I",
-        "../../abi/include",
-        "src/layout_check.c",
-    ]);
-    let status = check
-        .status()
-        .unwrap_or_else(|e| panic!("c-attention: cannot run the C compiler {check:?}: {e}"));
-    assert!(
-        status.success(),
-        "c-attention: the header's layouts differ from the Rust mirror's ({check:?})"
+    println!("cargo:rerun-if-changed=src/dlpack_first.c");
+    println!("cargo:rerun-if-changed=src/dlpack_standin/dlpack.h");
+    let syntax_check = |args: &[&str], failure: &str| {
+        let mut check: Command = compiler.to_command();
+        check
+            .args(["-fsyntax-only", "-I", "../../abi/include"])
+            .args(args);
+        let status = check
+            .status()
+            .unwrap_or_else(|e| panic!("c-attention: cannot run the C compiler {check:?}: {e}"));
+        assert!(status.success(), "c-attention: {failure} ({check:?})");
+    };
+    syntax_check(
+        &["src/layout_check.c"],
+        "the header's layouts differ from the Rust mirror's",
     );
+    // dlpack.h first: 1.x names its version DLPACK_MAJOR_VERSION, 0.6-0.8 DLPACK_VERSION.
+    for version in [None, Some("-DSTANDIN_DLPACK_0_8")] {
+        let mut args = vec!["-I", "src/dlpack_standin", "src/dlpack_first.c"];
+        args.extend(version);
+        syntax_check(
+            &args,
+            "the header redefines what an earlier dlpack.h defined",
+        );
+    }
     let mut cmd: Command = compiler.to_command();
     cmd.args([
         "-fPIC",

@@ -44,47 +44,56 @@ pub(crate) fn require_memory(
     Ok(())
 }
 
-/// The capabilities a `call` of `dims` over `mask` needs that `plugin` does not declare.
+/// What a `call` (`"forward"` or `"backward"`) of `dims` over `mask` needs that `plugin` does
+/// not declare, as the error's "needs ..." text; `None` when it declares all of it.
+pub(crate) fn missing(
+    plugin: &Plugin,
+    call: &'static str,
+    dims: &AttnDims,
+    mask: &BlockMask,
+) -> Option<String> {
+    let caps = plugin.capabilities();
+    if !caps.supports_head_dim(dims.head_dim as u64) {
+        return Some(format!(
+            "head dim {} (it declares {}..={}, multiples of {})",
+            dims.head_dim, caps.head_dim_min, caps.head_dim_max, caps.head_dim_multiple
+        ));
+    }
+    if dims.q_heads != dims.kv_heads && caps.flags & CAP_GQA == 0 {
+        return Some(format!(
+            "GQA ({} query heads over {} kv heads; DF_ATTN_CAP_GQA)",
+            dims.q_heads, dims.kv_heads
+        ));
+    }
+    if call == "backward" && caps.flags & CAP_BACKWARD == 0 {
+        return Some("a backward (DF_ATTN_CAP_BACKWARD)".into());
+    }
+    // Every mask is two intervals per row; only a row seeing nothing is a rule of its own.
+    if caps.mask_rules & MASK_TWO_INTERVALS == 0 {
+        return Some("two-interval masks (DF_ATTN_MASK_TWO_INTERVALS)".into());
+    }
+    let empty_row = (0..mask.q_len()).any(|i| mask.row(i).iter().all(|iv| iv.is_empty()));
+    if empty_row && caps.mask_rules & MASK_EMPTY_ROWS == 0 {
+        return Some("rows that see no key (DF_ATTN_MASK_EMPTY_ROWS)".into());
+    }
+    None
+}
+
+/// `Err` naming what a `call` of `dims` over `mask` needs that `plugin` does not declare.
 pub(crate) fn require(
     plugin: &Plugin,
     call: &'static str,
     dims: &AttnDims,
     mask: &BlockMask,
 ) -> Result<(), PluginError> {
-    let caps = plugin.capabilities();
-    let need = |need: String| PluginError::MissingCapability {
-        plugin: plugin.label().to_string(),
-        call,
-        need,
-    };
-    if !caps.supports_head_dim(dims.head_dim as u64) {
-        return Err(need(format!(
-            "head dim {} (it declares {}..={}, multiples of {})",
-            dims.head_dim, caps.head_dim_min, caps.head_dim_max, caps.head_dim_multiple
-        )));
+    match missing(plugin, call, dims, mask) {
+        None => Ok(()),
+        Some(need) => Err(PluginError::MissingCapability {
+            plugin: plugin.label().to_string(),
+            call,
+            need,
+        }),
     }
-    if dims.q_heads != dims.kv_heads && caps.flags & CAP_GQA == 0 {
-        return Err(need(format!(
-            "GQA ({} query heads over {} kv heads; DF_ATTN_CAP_GQA)",
-            dims.q_heads, dims.kv_heads
-        )));
-    }
-    if call == "backward" && caps.flags & CAP_BACKWARD == 0 {
-        return Err(need("a backward (DF_ATTN_CAP_BACKWARD)".into()));
-    }
-    // Every mask is two intervals per row; only a row seeing nothing is a rule of its own.
-    if caps.mask_rules & MASK_TWO_INTERVALS == 0 {
-        return Err(need(
-            "two-interval masks (DF_ATTN_MASK_TWO_INTERVALS)".into(),
-        ));
-    }
-    let empty_row = (0..mask.q_len()).any(|i| mask.row(i).iter().all(|iv| iv.is_empty()));
-    if empty_row && caps.mask_rules & MASK_EMPTY_ROWS == 0 {
-        return Err(need(
-            "rows that see no key (DF_ATTN_MASK_EMPTY_ROWS)".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// The workspace bytes `plugin` asks for a `pass` of `dims` (f32 operands).

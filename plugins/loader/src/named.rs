@@ -17,8 +17,9 @@ fn registered() -> std::sync::MutexGuard<'static, Vec<Arc<Plugin>>> {
 }
 
 /// Loads each library of `paths` and registers its kernel under the plugin's own name;
-/// returns the names. Registering the same library again is a no-op; a name already taken (by
-/// an in-tree kernel or another library) is an error naming both.
+/// returns the names. Registering the same library again (under any spelling of its path) is
+/// a no-op; a name already taken (by an in-tree kernel or another library) is an error naming
+/// both.
 pub fn register_paths(paths: &[impl AsRef<Path>]) -> Result<Vec<String>, PluginError> {
     let mut names = Vec::new();
     for path in paths {
@@ -28,7 +29,9 @@ pub fn register_paths(paths: &[impl AsRef<Path>]) -> Result<Vec<String>, PluginE
         let in_tree = dflash_core::registry::attention_kernel_names();
         let mut list = registered();
         match list.iter().find(|p| p.name() == name) {
-            Some(p) if p.label() == plugin.label() => {}
+            // One library loaded twice hands out one table, whatever path spelled it; a copy
+            // of the file is another library, and another table.
+            Some(p) if std::ptr::eq(p.table(), plugin.table()) => {}
             Some(p) => {
                 return Err(PluginError::NameTaken {
                     plugin: plugin.label().to_string(),

@@ -8,6 +8,9 @@ use dflash_attention_abi::{
     EntryPointFn, size_of_u32,
 };
 
+use dflash_core::AttnDims;
+use dflash_core::mask::BlockMask;
+
 use crate::PluginError;
 
 /// An opened plugin: its table, checked, and the library that table lives in. The library is
@@ -49,7 +52,10 @@ pub(crate) unsafe fn c_string(p: *const c_char) -> Option<String> {
 }
 
 impl Plugin {
-    /// Loads the shared library at `path` and opens the plugin it exports.
+    /// Loads the shared library at `path` and opens the plugin it exports. A library this
+    /// process already has loaded (under any spelling of its path) is the same library: the
+    /// OS counts the references, and its entry point is called again, returning the same
+    /// table.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, PluginError> {
         let path = path.as_ref();
         let label = path.display().to_string();
@@ -174,6 +180,19 @@ impl Plugin {
     pub fn table(&self) -> &DfAttnPlugin {
         // SAFETY: checked at open; the library is kept loaded by `self`.
         unsafe { &*self.table }
+    }
+
+    /// What a forward (or, with `backward`, a backward) of `dims` over `mask` needs that the
+    /// plugin does not declare (`"head dim 80 (it declares ...)"`), or `None`: the check every
+    /// call passes before the plugin sees it.
+    pub fn missing_capability(
+        &self,
+        backward: bool,
+        dims: &AttnDims,
+        mask: &BlockMask,
+    ) -> Option<String> {
+        let call = if backward { "backward" } else { "forward" };
+        crate::calls::missing(self, call, dims, mask)
     }
 
     /// The calling thread's last error message from the plugin.

@@ -2,6 +2,7 @@
 //! plugin and on fake tables built here.
 
 use std::ffi::c_char;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use dflash_attention_abi as abi;
@@ -226,4 +227,36 @@ fn registered_paths_are_kernels_under_their_own_names() {
     std::fs::remove_dir_all(&dir).ok();
     assert!(matches!(err, PluginError::NameTaken { .. }), "{err}");
     assert!(err.to_string().contains(lib), "{err}");
+}
+
+/// The Rust example's cdylib: cargo builds it as this test's dev-dependency, next to the test
+/// binary in `deps/` (cdylib file names carry no hash).
+fn rust_tiled_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let name = format!(
+        "{}dflash_plugin_rust_tiled{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let deps = exe.parent().expect("deps dir");
+    [deps.join(&name), deps.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
+}
+
+/// `./libx.so` and `/abs/libx.so` are one library: registering it under a second spelling is
+/// the no-op that registering it again is, not a clash of the plugin with itself.
+#[test]
+fn one_library_under_two_spellings_of_its_path_registers_once() {
+    dflash_attention_loader::link();
+    let lib = rust_tiled_library();
+    let (dir, file) = (lib.parent().unwrap(), lib.file_name().unwrap());
+    let dotted = dir.join(".").join(file);
+    let up_and_back = dir.join("..").join(dir.file_name().unwrap()).join(file);
+    assert_ne!(dotted.as_os_str(), lib.as_os_str());
+    let names = dflash_attention_loader::register_paths(&[&lib, &dotted, &up_and_back]).unwrap();
+    assert_eq!(names, ["rust-tiled", "rust-tiled", "rust-tiled"]);
+    let kernel = dflash_core::registry::create_host_attention("rust-tiled").unwrap();
+    small_forward(kernel.as_ref(), 8).unwrap();
 }

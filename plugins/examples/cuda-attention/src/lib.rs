@@ -1,8 +1,8 @@
 //! A CUDA attention plugin: what the ABI looks like from a device kernel. It receives device
 //! pointers and the host's `CUstream`, compiles its kernels (`src/kernels.cu`) with NVRTC once
-//! per CUDA context (the host's current one), and launches them on that stream without
-//! synchronising. The mask intervals are read on the device, so their bounds are the host's
-//! to have checked (the header requires them within `[0, kv_len)`).
+//! per CUDA context (the host's current one, told apart by its id), and launches them on that
+//! stream without synchronising. The mask intervals are read on the device, so their bounds are
+//! the host's to have checked (the header requires them within `[0, kv_len)`).
 
 mod check;
 
@@ -38,9 +38,14 @@ fn internal(what: &str, e: impl std::fmt::Debug) -> Fail {
     (Status::Internal, format!("{what}: {e:?}"))
 }
 
-/// The kernels of one context.
+/// The kernels of one context, whose module lives exactly as long as that context: they are
+/// found by the context's id, not its handle. A device's primary context keeps its handle when
+/// its last user releases it (the context, and every module loaded in it, is destroyed) and the
+/// next backend retains it again, so a cache by handle would hand that backend functions of an
+/// unloaded module; the id (`cuCtxGetId`) is unique to each creation of a context.
 #[derive(Clone, Copy)]
 struct Kernels {
+    id: u64,
     ctx: usize,
     fwd: usize,
     dq: usize,
@@ -66,11 +71,21 @@ fn kernels() -> Result<Kernels, Fail> {
                 Status::Internal,
                 "no current CUDA context on this thread".into(),
             )
-        })? as usize;
+        })?;
+    let mut id = 0u64;
+    // SAFETY: `ctx` is the calling thread's current context, which the host keeps alive for
+    // the call; `id` is a valid out-pointer.
+    unsafe { sys::cuCtxGetId(ctx, &mut id) }
+        .result()
+        .map_err(|e| internal("cuCtxGetId", e))?;
+    let ctx = ctx as usize;
     let mut mods = MODULES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(k) = mods.iter().find(|k| k.ctx == ctx) {
+    if let Some(k) = mods.iter().find(|k| k.id == id) {
         return Ok(*k);
     }
+    // An entry under this handle belongs to a context destroyed since, and its module with it
+    // (nothing to unload).
+    mods.retain(|k| k.ctx != ctx);
     let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| internal("NVRTC", e))?;
     let image = CString::new(ptx.to_src()).map_err(|e| internal("PTX", e))?;
     let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
@@ -81,6 +96,7 @@ fn kernels() -> Result<Kernels, Fail> {
             .map_err(|e| internal(name, e))
     };
     let k = Kernels {
+        id,
         ctx,
         fwd: get("attn_fwd")?,
         dq: get("attn_bwd_dq")?,
