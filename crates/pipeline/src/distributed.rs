@@ -206,7 +206,7 @@ pub(crate) fn all_ranks_counts(comm: &dyn Communicator, mine: &SkipCounts) -> Re
 }
 
 /// What every rank must share for the replicas to train one drafter, as `key -> value`: the
-/// recipe (the config's `drafter`, `data` and `train` sections; the data paths aside, which a
+/// recipe (the config's `drafter`, `data` and `train` sections; their paths aside, which a
 /// node may mount elsewhere) and a digest of the schedule the data gives (which samples, of
 /// which lengths, each micro-batch of each step holds).
 pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
@@ -220,8 +220,9 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
         let value = value.unwrap_or_else(|e| serde_json::Value::String(e.to_string()));
         flatten(section, &value, &mut out);
     }
-    out.remove("data.train");
-    out.remove("data.eval");
+    for path in ["data.train", "data.eval", "drafter.init_from"] {
+        out.remove(path);
+    }
     let mut h = std::hash::DefaultHasher::new();
     for step in &plan.schedule.steps {
         step.epoch.hash(&mut h);
