@@ -421,8 +421,10 @@ fn with_temp_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resul
 
 /// Flushes directory `dir`'s entries (renames, new and removed files) to disk, so that what
 /// they name survives a power loss; call it after a rename that publishes something and
-/// before removing what it replaces. A no-op where directories cannot be synced (off Unix,
-/// or a filesystem that refuses it: nothing more can be done there).
+/// before removing what it replaces. A missing directory is an error; a filesystem that
+/// refuses to sync one (some FUSE and network filesystems answer EOPNOTSUPP, EACCES or EIO)
+/// gets a warning, printed once: the data is written and renamed, and nothing more can be
+/// done there. A no-op off Unix.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     // The parent of a bare file name is "": the current directory.
     let dir = match dir.as_os_str().is_empty() {
@@ -433,12 +435,16 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
     tests::record_sync(dir);
     #[cfg(unix)]
     {
-        use std::io::ErrorKind;
-        let synced = File::open(dir).and_then(|d| d.sync_all());
-        if let Err(e) = synced
-            && !matches!(e.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported)
-        {
-            return Err(io_err(dir)(e));
+        let d = File::open(dir).map_err(io_err(dir))?;
+        if let Err(e) = d.sync_all() {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: {}: the filesystem does not sync directories ({e}); a power loss \
+                     may undo the last renames",
+                    dir.display()
+                )
+            });
         }
     }
     Ok(())

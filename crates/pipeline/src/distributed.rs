@@ -160,9 +160,13 @@ fn local_placement(
 /// Every rank's `mine`, in rank order, on every rank: an all-gather built on the sum (each
 /// rank writes its bytes, as f32 values 0..=255, into its own slot of a zeroed buffer, so
 /// every sum is exact). For small records (a run's skip counts), not tensors.
-pub(crate) fn all_gather_bytes(comm: &dyn Communicator, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn all_gather_bytes(
+    comm: &dyn Communicator,
+    mine: &[u8],
+    what: &str,
+) -> Result<Vec<Vec<u8>>> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    let fail = |e: String| PipelineError::Job(format!("gathering the ranks' data counts: {e}"));
+    let fail = |e: String| PipelineError::Job(format!("gathering the ranks' {what}: {e}"));
     // Lengths first (exact in f32 below 2^24 bytes a rank).
     let mut lens = vec![0.0f32; world];
     lens[rank] = mine.len() as f32;
@@ -196,7 +200,10 @@ pub(crate) fn all_gather_bytes(comm: &dyn Communicator, mine: &[u8]) -> Result<V
 pub(crate) fn all_ranks_counts(comm: &dyn Communicator, mine: &SkipCounts) -> Result<SkipCounts> {
     let bytes = serde_json::to_vec(mine).expect("skip counts serialise");
     let mut all = SkipCounts::default();
-    for (r, b) in all_gather_bytes(comm, &bytes)?.iter().enumerate() {
+    for (r, b) in all_gather_bytes(comm, &bytes, "data counts")?
+        .iter()
+        .enumerate()
+    {
         let c: SkipCounts = serde_json::from_slice(b).map_err(|e| {
             PipelineError::Job(format!("rank {r}'s data counts arrived garbled: {e}"))
         })?;
@@ -223,7 +230,11 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
     for path in ["data.train", "data.eval", "drafter.init_from"] {
         out.remove(path);
     }
-    let mut h = std::hash::DefaultHasher::new();
+    out.insert(
+        "the drafter's config".into(),
+        plan.drafter.to_json().to_string(),
+    );
+    let mut h = Fnv1a(0xcbf2_9ce4_8422_2325);
     for step in &plan.schedule.steps {
         step.epoch.hash(&mut h);
         for micro in &step.micro {
@@ -238,6 +249,21 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
         format!("{:016x}", h.finish()),
     );
     out
+}
+
+/// FNV-1a: a digest every build computes alike (std's `DefaultHasher` may change between
+/// Rust releases, and ranks may be built by different toolchains).
+struct Fnv1a(u64);
+
+impl Hasher for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 fn flatten(key: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
@@ -262,7 +288,7 @@ pub(crate) fn check_ranks_agree(
     mine: &BTreeMap<String, String>,
 ) -> Result<()> {
     let bytes = serde_json::to_vec(mine).expect("a map of strings serialises");
-    let all = all_gather_bytes(comm, &bytes)?;
+    let all = all_gather_bytes(comm, &bytes, "job descriptions")?;
     let records: Vec<BTreeMap<String, String>> = all
         .iter()
         .enumerate()
@@ -332,7 +358,9 @@ mod tests {
         let got: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
             let hs: Vec<_> = comms
                 .iter()
-                .map(|c| s.spawn(move || all_gather_bytes(c, &mine(c.rank())).unwrap()))
+                .map(|c| {
+                    s.spawn(move || all_gather_bytes(c, &mine(c.rank()), "test bytes").unwrap())
+                })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });

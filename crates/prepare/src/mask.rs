@@ -315,7 +315,7 @@ fn find_content_spans(
                 .map(|at| (from + at, from + at + c.len()))
         })
     };
-    let mut anchors = anchors.iter().copied();
+    let mut anchors = anchors.iter().copied().peekable();
     for (k, m) in messages.iter().enumerate() {
         let content = m.content.as_str();
         if m.role != Role::Assistant {
@@ -325,6 +325,12 @@ fn find_content_spans(
             continue;
         }
         let anchor = anchors.next().unwrap_or(0);
+        // This turn's text ends before the next assistant turn's anchor.
+        let turn_end = anchors
+            .peek()
+            .copied()
+            .unwrap_or(text.len())
+            .min(text.len());
         if content.trim().is_empty() {
             out.push(None);
             continue;
@@ -348,11 +354,14 @@ fn find_content_spans(
                     if let Some((r_start, r_end)) =
                         find(cursor, text.len(), anchor, &r).filter(|&(s, _)| s <= a_start)
                     {
-                        let after = text[r_end..]
-                            .find("</think>")
-                            .map_or(r_end, |t| r_end + t + "</think>".len());
-                        if let Some((_, end)) = find(after, text.len(), anchor, &a) {
-                            return Some((r_start, end));
+                        // Both inside this turn: a turn rendered without its reasoning (an
+                        // earlier Qwen3 turn) has no `</think>` of its own.
+                        let close = text.get(r_end..turn_end).and_then(|t| t.find("</think>"));
+                        if let Some(t) = close {
+                            let after = r_end + t + "</think>".len();
+                            if let Some((_, end)) = find(after, turn_end, anchor, &a) {
+                                return Some((r_start, end));
+                            }
                         }
                     }
                     let start = find(cursor, a_start, anchor, &r).map_or(a_start, |(s, _)| s);

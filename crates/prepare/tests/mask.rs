@@ -231,3 +231,28 @@ fn reasoning_that_is_a_word_of_the_tags_is_supervised_from_the_reasoning_on() {
         );
     }
 }
+
+/// An earlier turn whose reasoning Qwen3 drops when rendering it, and whose reasoning also
+/// matches where its answer does: its answer is found in its own turn, not past a later
+/// turn's `</think>` (a span across turns, which the cross-check refused: the sample was lost).
+#[test]
+fn a_dropped_reasoning_does_not_pull_the_answer_into_a_later_turn() {
+    use Role::{Assistant as A, User as U};
+    let msgs = conversation(&[
+        (U, "q1"),
+        (A, "<think>ok</think>ok then"),
+        (U, "q2"),
+        (A, "<think>r2</think>ok then"),
+    ]);
+    for (name, p) in preparers() {
+        let runs = supervised_runs(&p, &msgs);
+        assert_eq!(runs.len(), 2, "{name}: {runs:?}");
+        if name == "qwen3" {
+            assert_eq!(runs[0], "ok then", "{name}");
+            assert!(
+                runs[1].starts_with("r2") && runs[1].ends_with("ok then"),
+                "{name}: {runs:?}"
+            );
+        }
+    }
+}

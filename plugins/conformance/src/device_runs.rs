@@ -57,7 +57,9 @@ pub(crate) type Outputs = Vec<Vec<f32>>;
 pub(crate) trait Run: Fn(&Case, &Inputs, bool) -> Result<Outputs, String> {}
 impl<F: Fn(&Case, &Inputs, bool) -> Result<Outputs, String>> Run for F {}
 
-/// Runs through `backend`'s attention ops (upload, forward, backward, download).
+/// Runs through `backend`'s attention ops (upload, forward, backward, download). The
+/// conformance backend runs in poison mode (`device.rs`), so every output a run gets starts
+/// NaN: an element the plugin leaves unwritten fails, in either run.
 pub(crate) fn on_backend(backend: &dyn Backend) -> impl Run + '_ {
     move |case: &Case, x: &Inputs, backward: bool| {
         let d = case.dims;

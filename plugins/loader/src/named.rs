@@ -29,9 +29,12 @@ pub fn register_paths(paths: &[impl AsRef<Path>]) -> Result<Vec<String>, PluginE
         let in_tree = dflash_core::registry::attention_kernel_names();
         let mut list = registered();
         match list.iter().find(|p| p.name() == name) {
-            // One library loaded twice hands out one table, whatever path spelled it; a copy
-            // of the file is another library, and another table.
-            Some(p) if std::ptr::eq(p.table(), plugin.table()) => {}
+            // One library loaded twice is one file and hands out one table (an entry point
+            // that makes a new table each call still names the same file), whatever path
+            // spelled it; a copy of the file is another library.
+            Some(p)
+                if std::ptr::eq(p.table(), plugin.table())
+                    || (p.file().is_some() && p.file() == plugin.file()) => {}
             Some(p) => {
                 return Err(PluginError::NameTaken {
                     plugin: plugin.label().to_string(),

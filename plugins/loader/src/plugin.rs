@@ -23,6 +23,8 @@ pub struct Plugin {
     version: String,
     caps: DfAttnCapabilities,
     table: *const DfAttnPlugin,
+    /// The library's canonical path; `None` for a table linked into this process.
+    file: Option<std::path::PathBuf>,
     /// Declared last so it drops last; `None` for a table linked into this process.
     _library: Option<libloading::Library>,
 }
@@ -76,7 +78,9 @@ impl Plugin {
                 })?
         };
         // SAFETY: `entry` is the plugin's entry point, called as the header says.
-        unsafe { Self::open(label, entry, Some(library)) }
+        let mut plugin = unsafe { Self::open(label, entry, Some(library)) }?;
+        plugin.file = std::fs::canonicalize(path).ok();
+        Ok(plugin)
     }
 
     /// Opens a plugin whose entry point is linked into this process (a Rust plugin crate used
@@ -157,6 +161,7 @@ impl Plugin {
             version,
             caps,
             table,
+            file: None,
             _library: library,
         })
     }
@@ -174,6 +179,10 @@ impl Plugin {
     }
     pub fn capabilities(&self) -> &DfAttnCapabilities {
         &self.caps
+    }
+    /// The library's canonical path (`None` for a table linked into this process).
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
     }
     /// The checked table, for callers that drive the ABI themselves (the conformance suite's
     /// malformed calls). Valid while `self` lives.
