@@ -213,6 +213,16 @@ fn job_overrides_reach_the_end_to_end_job() {
     };
     let err = run_suite(backend, &bad, |_| {}).unwrap_err().to_string();
     assert!(err.contains("no_such_key"), "{err}");
+
+    // A variant that stops before the measured steps is an error, not a figure over nothing.
+    let backend = create_backend("reference", &BackendOptions::default()).unwrap();
+    let short = BenchOptions {
+        only: Some("e2e.small".into()),
+        job_overrides: vec![("train.stop_at_step".into(), "1".into())],
+        ..BenchOptions::smoke()
+    };
+    let err = run_suite(backend, &short, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("warm-up and at least one measured"), "{err}");
 }
 
 /// The attention bench's inputs are the random values themselves (rope at position 0 is the
