@@ -65,6 +65,7 @@ pub use cases::{
 };
 pub use nan::{check_backend_attention_nan, check_host_attention_nan};
 pub use report::{CaseResult, Report, TOLERANCE, TensorErr};
+pub use run::{CaseInputs, checksum};
 pub use tolerance::{AtolUnit, Closeness, RelL2, Tolerance, assert_close, assert_rel_l2};
 pub use twin::{F16_PRODUCTS_TWIN, TwinBounds, check_backend_against_twin};
 

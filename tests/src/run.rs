@@ -64,7 +64,7 @@ pub(crate) fn compare(
 
 /// The inputs of one case: fresh uniform values from a stream seeded by the case name, `q` in
 /// `[-q_amp, q_amp)`, `k` in `[-2, 2)`, `v` and `d_out` in `[-1, 1)`.
-pub(crate) struct CaseInputs {
+pub struct CaseInputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -72,7 +72,7 @@ pub(crate) struct CaseInputs {
 }
 
 impl CaseInputs {
-    pub(crate) fn draw(case: &Case) -> Self {
+    pub fn draw(case: &Case) -> Self {
         let AttnDims {
             q_rows: tq,
             kv_rows: tk,
@@ -108,7 +108,7 @@ fn bits(xs: &[f32]) -> Vec<u32> {
 }
 
 /// FNV-1a over the bits of `xs`: any changed element (NaN payloads included) changes it.
-fn checksum(xs: &[f32]) -> u64 {
+pub fn checksum(xs: &[f32]) -> u64 {
     xs.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
         (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
     })

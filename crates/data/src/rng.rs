@@ -5,6 +5,29 @@
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
+/// FNV-1a as a [`std::hash::Hasher`]: a digest every build computes alike (std's
+/// `DefaultHasher` may change between Rust releases), for fingerprints that must match across
+/// processes and builds: a dataset's files, the schedule ranks compare.
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// splitmix64: a bijective 64-bit mixer (Steele, Lea & Flood; the `SplittableRandom` finalizer).
 pub fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -55,5 +78,19 @@ pub(crate) fn choose_prefix<T>(v: &mut [T], k: usize, rng: &mut ChaCha8Rng) {
     for i in 0..k.min(n) {
         let j = i + below(rng, (n - i) as u64) as usize;
         v.swap(i, j);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::Hasher;
+
+    /// The published FNV-1a 64 test vectors: "" and "a".
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(super::Fnv1a::default().finish(), 0xcbf2_9ce4_8422_2325);
+        let mut h = super::Fnv1a::default();
+        h.write(b"a");
+        assert_eq!(h.finish(), 0xaf63_dc4c_8601_ec8c);
     }
 }

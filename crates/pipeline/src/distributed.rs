@@ -234,7 +234,7 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
         "the drafter's config".into(),
         plan.drafter.to_json().to_string(),
     );
-    let mut h = Fnv1a(0xcbf2_9ce4_8422_2325);
+    let mut h = dflash_data::rng::Fnv1a::default();
     for step in &plan.schedule.steps {
         step.epoch.hash(&mut h);
         for micro in &step.micro {
@@ -249,21 +249,6 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
         format!("{:016x}", h.finish()),
     );
     out
-}
-
-/// FNV-1a: a digest every build computes alike (std's `DefaultHasher` may change between
-/// Rust releases, and ranks may be built by different toolchains).
-struct Fnv1a(u64);
-
-impl Hasher for Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 fn flatten(key: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {

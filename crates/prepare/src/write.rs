@@ -224,7 +224,7 @@ impl DatasetWriter {
         });
         let state = serde_json::json!({
             "_data_files": names.iter().map(|n| serde_json::json!({"filename": n})).collect::<Vec<_>>(),
-            "_fingerprint": format!("{:016x}", hash.0),
+            "_fingerprint": format!("{:016x}", std::hash::Hasher::finish(&hash.0)),
             "_format_columns": null,
             "_format_kwargs": {},
             "_format_type": null,
@@ -383,11 +383,12 @@ fn clear_leftovers(out: &Path) -> Result<Vec<PathBuf>, PrepareError> {
 
 /// FNV-1a over the data files: a content fingerprint like the one `datasets` keeps, so two
 /// identical preparations have the same `_fingerprint`.
-struct Fnv(u64);
+#[derive(Default)]
+struct Fnv(dflash_data::rng::Fnv1a);
 
 impl Fnv {
     fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
+        Fnv::default()
     }
     fn file(&mut self, path: &Path) -> Result<(), PrepareError> {
         let mut f = File::open(path).map_err(|e| PrepareError::io(path, e))?;
@@ -397,9 +398,7 @@ impl Fnv {
             if n == 0 {
                 return Ok(());
             }
-            for &b in &buf[..n] {
-                self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-            }
+            std::hash::Hasher::write(&mut self.0, &buf[..n]);
         }
     }
 }

@@ -261,9 +261,7 @@ fn checksum(call: &Call, i: usize) -> u64 {
     // SAFETY: slot `i` points into a buffer of `2 * numel + GUARD` elements that outlives
     // `call`, and no mutable reference to it is alive.
     let xs = unsafe { std::slice::from_raw_parts(call.t[i].data, numel(&call.t[i]) + GUARD) };
-    xs.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
-        (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    dflash_tests::checksum(xs)
 }
 
 /// Poisons the outputs of `pass` (NaN, then the guard), runs the valid call, and checks every

@@ -10,45 +10,8 @@ use dflash_tests::{Case, Tolerance, oracle};
 
 use crate::table::{Outcome, Row};
 
-/// A case's inputs: uniform values from a SplitMix64 stream seeded by the case's name, `q` in
-/// `[-q_amp, q_amp)`, `k` in `[-2, 2)`, `v` and `d_out` in `[-1, 1)` (the suite's ranges).
-pub(crate) struct Inputs {
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub d_out: Vec<f32>,
-}
-
-impl Inputs {
-    pub(crate) fn draw(case: &Case) -> Self {
-        let mut state = case.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        });
-        let mut uniform = |n: usize, amp: f32| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                    let mut z = state;
-                    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                    let unit = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32;
-                    (2.0 * unit - 1.0) * amp
-                })
-                .collect()
-        };
-        let d = case.dims;
-        let (nq, nk) = (
-            d.q_rows * d.q_heads * d.head_dim,
-            d.kv_rows * d.kv_heads * d.head_dim,
-        );
-        Inputs {
-            q: uniform(nq, case.q_amp),
-            k: uniform(nk, 2.0),
-            v: uniform(nk, 1.0),
-            d_out: uniform(nq, 1.0),
-        }
-    }
-}
+/// A case's inputs: the suite's own draw (`dflash_tests::CaseInputs`).
+pub(crate) type Inputs = dflash_tests::CaseInputs;
 
 /// `[out, lse]`, then `[dq, dk, dv]` when the run includes the backward.
 pub(crate) type Outputs = Vec<Vec<f32>>;

@@ -63,16 +63,12 @@ fn the_reference_backend_runs_the_c_plugin_through_its_ops() {
 /// the test binary in `deps/` (cdylib file names carry no hash).
 fn rust_tiled_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let name = format!(
-        "{}dflash_plugin_rust_tiled{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let deps = exe.parent().expect("deps dir");
-    [deps.join(&name), deps.join("..").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
+    dflash_plugin_rust_tiled::library_beside(&exe).unwrap_or_else(|| {
+        panic!(
+            "the Rust example's library is not next to {}",
+            exe.display()
+        )
+    })
 }
 
 #[test]

@@ -2,6 +2,10 @@
 //! that scales its input q in place, and correct plugins declaring less than the suite covers
 //! (no backward; no rows that see nothing). The conformance run must fail the first two and
 //! pass the others with what they do not declare skipped.
+//!
+//! Determinism is checked exactly when declared: a slightly non-deterministic forward (the
+//! last bit of `out[0]` flipped on every other call, far inside the tolerance) passes without
+//! `DF_ATTN_CAP_DETERMINISTIC` and fails with it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,8 +21,11 @@ const RIGHT: u8 = 0;
 const WRONG_RERUNS: u8 = 1;
 /// Doubles `q` in place after computing.
 const SCALES_Q: u8 = 2;
+/// Flips the last bit of `out[0]` on every other call.
+const JITTERS: u8 = 3;
 
 static RERUN_CALLS: AtomicU32 = AtomicU32::new(0);
+static JITTER_CALLS: AtomicU32 = AtomicU32::new(0);
 
 fn inner() -> &'static abi::DfAttnPlugin {
     unsafe { &*inner_entry(abi::ABI_MAJOR, abi::ABI_MINOR) }
@@ -54,6 +61,10 @@ unsafe extern "C" fn forward<const MODE: u8>(
             elements((*a).out)[0] += 1.0
         },
         SCALES_Q => unsafe { elements((*a).q).iter_mut().for_each(|x| *x *= 2.0) },
+        JITTERS if JITTER_CALLS.fetch_add(1, Ordering::Relaxed) % 2 == 1 => unsafe {
+            let x = &mut elements((*a).out)[0];
+            *x = f32::from_bits(x.to_bits() ^ 1)
+        },
         _ => {}
     }
     status
@@ -100,6 +111,10 @@ static NOT_DETERMINISTIC: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     flags: CAPABILITIES.flags & !abi::CAP_DETERMINISTIC,
     ..CAPABILITIES
 };
+static DETERMINISTIC: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
+    flags: CAPABILITIES.flags | abi::CAP_DETERMINISTIC,
+    ..CAPABILITIES
+};
 static NO_BACKWARD: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     flags: CAPABILITIES.flags & !abi::CAP_BACKWARD,
     ..CAPABILITIES
@@ -116,6 +131,8 @@ static FORWARD_ONLY_TABLE: abi::DfAttnPlugin = abi::DfAttnPlugin {
     ..table::<RIGHT>(&NO_BACKWARD)
 };
 static NO_EMPTY_ROWS_TABLE: abi::DfAttnPlugin = table::<RIGHT>(&NO_EMPTY_ROWS);
+static JITTERY_TABLE: abi::DfAttnPlugin = table::<JITTERS>(&NOT_DETERMINISTIC);
+static JITTERY_CLAIMING_TABLE: abi::DfAttnPlugin = table::<JITTERS>(&DETERMINISTIC);
 
 unsafe extern "C" fn wrong_reruns(_: u32, _: u32) -> *const abi::DfAttnPlugin {
     &WRONG_RERUNS_TABLE
@@ -128,6 +145,12 @@ unsafe extern "C" fn forward_only(_: u32, _: u32) -> *const abi::DfAttnPlugin {
 }
 unsafe extern "C" fn no_empty_rows(_: u32, _: u32) -> *const abi::DfAttnPlugin {
     &NO_EMPTY_ROWS_TABLE
+}
+unsafe extern "C" fn jittery(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &JITTERY_TABLE
+}
+unsafe extern "C" fn jittery_claiming(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &JITTERY_CLAIMING_TABLE
 }
 
 fn run(entry: abi::EntryPointFn) -> Table {
@@ -214,4 +237,15 @@ fn a_plugin_without_empty_rows_passes_with_the_padding_cases_skipped() {
         outcome(&table, "abi/backward/valid_guarded"),
         Outcome::Passed
     );
+}
+
+#[test]
+fn reruns_must_be_bit_identical_only_when_determinism_is_declared() {
+    assert_passed(&run(jittery));
+    let strict = run(jittery_claiming);
+    assert!(!strict.passed());
+    assert!(strict.rows.iter().any(|r| matches!(
+        &r.outcome,
+        Outcome::Failed(m) if m.contains("forward is not deterministic")
+    )));
 }

@@ -233,16 +233,12 @@ fn registered_paths_are_kernels_under_their_own_names() {
 /// binary in `deps/` (cdylib file names carry no hash).
 fn rust_tiled_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let name = format!(
-        "{}dflash_plugin_rust_tiled{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let deps = exe.parent().expect("deps dir");
-    [deps.join(&name), deps.join("..").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
+    dflash_plugin_rust_tiled::library_beside(&exe).unwrap_or_else(|| {
+        panic!(
+            "the Rust example's library is not next to {}",
+            exe.display()
+        )
+    })
 }
 
 /// `./libx.so` and `/abs/libx.so` are one library: registering it under a second spelling is

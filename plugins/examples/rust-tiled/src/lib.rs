@@ -50,6 +50,21 @@ pub fn guard(f: impl FnOnce() -> Result<(), Fail>) -> i32 {
     }
 }
 
+/// This crate's shared library as cargo builds it for a test of a crate that depends on it:
+/// in the test binary's `deps/` directory or the one above (cdylib file names carry no hash).
+/// `None` where neither holds it.
+pub fn library_beside(test_exe: &std::path::Path) -> Option<std::path::PathBuf> {
+    let name = format!(
+        "{}dflash_plugin_rust_tiled{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let deps = test_exe.parent()?;
+    [deps.join(&name), deps.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+}
+
 /// What this plugin declares.
 pub const CAPABILITIES: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     struct_size: abi::size_of_u32::<abi::DfAttnCapabilities>(),
