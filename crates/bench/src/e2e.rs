@@ -13,14 +13,12 @@
 //! the run's own `metrics.jsonl`; `detail` gives each worker's phases over the same steps and
 //! the peak anonymous host memory (`RssAnon`) sampled while the job ran.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::path::Path;
 
 use dflash_config::{Qwen3Config, TrainConfig};
 use dflash_pipeline::job::{JobPlan, TargetSource, TrainOutcome, train_plan};
 
+use crate::rss::RssSampler;
 use crate::util::SplitMix;
 use crate::{BenchError, Result, Scale, Suite};
 
@@ -33,7 +31,7 @@ pub const E2E_8B_2GPU: &str = "e2e.8b.2gpu";
 pub const E2E_8B_2GPU_DP: &str = "e2e.8b.2gpu.dp";
 pub const LOAD_8B: &str = "load.8b";
 const RECIPE_8B: &str = include_str!("../../../configs/qwen3-8b.toml");
-const SEED: u64 = 0xE2E0_0001;
+pub(crate) const SEED: u64 = 0xE2E0_0001;
 
 pub fn figure_names() -> Vec<String> {
     [E2E_8B, E2E_8B_2GPU, E2E_8B_2GPU_DP, E2E_SMALL, LOAD_8B]
@@ -42,14 +40,14 @@ pub fn figure_names() -> Vec<String> {
 }
 
 /// One end-to-end job: the target's shape, the recipe and the synthetic data.
-struct Case {
+pub(crate) struct Case {
     name: &'static str,
-    target: Qwen3Config,
+    pub(crate) target: Qwen3Config,
     recipe: &'static str,
     overrides: Vec<(String, String)>,
     /// Number of sequences and their length range (inclusive).
-    seqs: usize,
-    lens: (usize, usize),
+    pub(crate) seqs: usize,
+    pub(crate) lens: (usize, usize),
     warmup_steps: u64,
     measured_steps: u64,
 }
@@ -58,7 +56,7 @@ fn set(k: &str, v: impl ToString) -> (String, String) {
     (k.to_string(), v.to_string())
 }
 
-fn case_8b(scale: Scale) -> Case {
+pub(crate) fn case_8b(scale: Scale) -> Case {
     let target = crate::target::config(scale);
     let mut overrides = vec![set("drafter.mask_token_id", target.vocab_size - 1)];
     let (seqs, lens, warmup, measured) = match scale {
@@ -129,7 +127,12 @@ fn case_small(scale: Scale) -> Case {
 
 /// `n` sequences with lengths in `lens`, ids below `vocab - 1` (the last id is the MASK
 /// token), the first eighth of each (a prompt) unsupervised. Returns their total length.
-fn write_jsonl(path: &Path, n: usize, lens: (usize, usize), vocab: usize) -> Result<usize> {
+pub(crate) fn write_jsonl(
+    path: &Path,
+    n: usize,
+    lens: (usize, usize),
+    vocab: usize,
+) -> Result<usize> {
     let mut rng = SplitMix::new(SEED);
     let mut text = String::new();
     let mut total = 0;
@@ -210,7 +213,7 @@ impl PartsPerStep {
 }
 
 /// A scratch directory under the system temp dir, removed on drop.
-fn scratch(tag: &str) -> Result<tempfile::TempDir> {
+pub(crate) fn scratch(tag: &str) -> Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix(&format!("dflash-bench-{tag}-"))
         .tempdir()
@@ -220,59 +223,18 @@ fn scratch(tag: &str) -> Result<tempfile::TempDir> {
         })
 }
 
-/// Samples this process's `RssAnon` every 50 ms while alive; `peak()` in bytes.
-struct RssSampler {
-    stop: Arc<AtomicBool>,
-    peak: Arc<AtomicU64>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-fn rss_anon_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-impl RssSampler {
-    fn start() -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let peak = Arc::new(AtomicU64::new(rss_anon_bytes().unwrap_or(0)));
-        let (s, p) = (stop.clone(), peak.clone());
-        let handle = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                if let Some(b) = rss_anon_bytes() {
-                    p.fetch_max(b, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        RssSampler {
-            stop,
-            peak,
-            handle: Some(handle),
-        }
-    }
-    fn peak_gb(mut self) -> f64 {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-        self.peak.load(Ordering::Relaxed) as f64 / 1e9
-    }
-}
-
 /// One line of `metrics.jsonl`, the fields the bench reads.
 #[derive(serde::Deserialize)]
-struct Record {
+pub(crate) struct Record {
     tokens: u64,
     elapsed_s: f64,
-    job_s: f64,
+    /// Seconds from the job's start (inside its process) to this record.
+    pub(crate) job_s: f64,
     target_phases_s: Vec<std::collections::BTreeMap<String, f64>>,
     drafter_phases_s: Vec<std::collections::BTreeMap<String, f64>>,
 }
 
-fn read_records(run_dir: &Path) -> Result<Vec<Record>> {
+pub(crate) fn read_records(run_dir: &Path) -> Result<Vec<Record>> {
     let path = run_dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
         path: path.display().to_string(),
@@ -305,7 +267,7 @@ fn mid_checkpoint(case: &Case) -> u64 {
     case.warmup_steps + case.measured_steps.div_ceil(2)
 }
 
-fn job_config(
+pub(crate) fn job_config(
     s: &Suite<'_>,
     case: &Case,
     data: &Path,
@@ -409,7 +371,7 @@ fn plan_job(s: &Suite<'_>, case: &Case) -> Result<PlannedJob> {
 
 /// Runs the planned job, timing it and sampling the peak RSS, and reads back its metrics.
 fn run_job(case: &Case, job: &PlannedJob) -> Result<FinishedJob> {
-    let rss = RssSampler::start();
+    let rss = RssSampler::of_this_process();
     let t0 = std::time::Instant::now();
     let out = train_plan(&job.plan, &job.scratch.path().join("run")).map_err(|e| {
         BenchError::Invalid {
@@ -570,64 +532,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         }
     }
     run_case(s, case_small(scale))?;
-    run_load(s)
-}
-
-/// Where `load.8b` keeps its checkpoint: `DFLASH_BENCH_CACHE` or the temp dir.
-fn cache_dir(scale: Scale) -> PathBuf {
-    std::env::var_os("DFLASH_BENCH_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-        .join(format!("dflash-bench-qwen3-8b-random-{scale}"))
-}
-
-fn run_load(s: &mut Suite<'_>) -> Result<()> {
-    if !s.wants(LOAD_8B) {
-        return Ok(());
-    }
-    let scale = s.opts.scale;
-    let case = case_8b(scale);
-    let dir = cache_dir(scale);
-    let bytes = crate::checkpoint::ensure_random_checkpoint(&dir, &case.target, SEED)?;
-    let scratch = scratch(LOAD_8B)?;
-    let data = scratch.path().join("train.jsonl");
-    write_jsonl(&data, case.seqs.min(16), case.lens, case.target.vocab_size)?;
-    let mut cfg = job_config(s, &case, &data, scratch.path(), 1)?;
-    cfg.target.path = Some(dir.clone());
-    s.b().release_cached_memory(); // as run_case does
-    // From the plan on: a real run reads the target's config and scans its data first.
-    let planning = std::time::Instant::now();
-    let plan = JobPlan::new(&cfg)?;
-    let planning = planning.elapsed().as_secs_f64();
-    let rss = RssSampler::start();
-    let out = train_plan(&plan, &scratch.path().join("run")).map_err(|e| BenchError::Invalid {
-        bench: LOAD_8B.into(),
-        detail: dflash_pipeline::error::cause_chain(&e),
-    })?;
-    let peak_rss = rss.peak_gb();
-    let recs = read_records(&out.run_dir)?;
-    let first = recs
-        .first()
-        .map(|r| r.job_s)
-        .ok_or_else(|| BenchError::Invalid {
-            bench: LOAD_8B.into(),
-            detail: "the job logged no step".into(),
-        })?;
-    let secs = planning + first;
-    s.record(
-        LOAD_8B,
-        secs,
-        secs,
-        format!(
-            "{:.2} GB of bf16 safetensors in {} (the page cache as the bench left it: warm where \
-             it just wrote them); seconds from planning the job ({planning:.2} s: configs, data \
-             scan, schedule) to the end of its first step ({first:.2} s in the job); the device \
-             context and kernels this process made for earlier figures are not counted; peak \
-             RssAnon {peak_rss:.2} GB over the whole job (final checkpoint included)",
-            bytes as f64 / 1e9,
-            dir.display()
-        ),
-    )
+    crate::load::run(s)
 }
 
 #[cfg(test)]

@@ -26,7 +26,9 @@ pub mod drafter;
 pub mod e2e;
 pub mod gemm;
 pub mod generate;
+mod load;
 pub mod loss;
+mod rss;
 pub mod target;
 mod util;
 
@@ -141,6 +143,10 @@ pub struct BenchOptions {
     /// Job config overrides (`key.path`, TOML value) applied to every end-to-end figure after
     /// its own recipe, so a variant of the recipe is timed through the job's own code path.
     pub job_overrides: Vec<(String, String)>,
+    /// The `dflash` executable whose `train` runs `load.8b` as a process of its own, so that
+    /// the figure counts a user's whole start-up (process, device, kernel compilation).
+    /// `None`: the job runs in this process, after the device start-up of earlier figures.
+    pub train_exe: Option<std::path::PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -152,6 +158,7 @@ impl Default for BenchOptions {
             runs: None,
             baselines: Vec::new(),
             job_overrides: Vec::new(),
+            train_exe: None,
         }
     }
 }
