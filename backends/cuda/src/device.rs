@@ -93,8 +93,9 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CudaError>) -> Result<T,
 }
 
 /// The shared state of device `ordinal`, initialising it (context, kernel compilation) on
-/// first use.
-pub(crate) fn get(ordinal: usize) -> Result<Arc<Device>, CudaError> {
+/// first use. `with_flash`: a backend will use `"cuda-flash"`, so its `attention.cu` is
+/// compiled alongside the other kernels (where the device can run it) rather than after them.
+pub(crate) fn get(ordinal: usize, with_flash: bool) -> Result<Arc<Device>, CudaError> {
     let count = device_count()?;
     if count == 0 {
         return Err(CudaError::Unavailable(
@@ -111,13 +112,13 @@ pub(crate) fn get(ordinal: usize) -> Result<Arc<Device>, CudaError> {
     if let Some(d) = map.get(&ordinal) {
         return Ok(d.clone());
     }
-    let dev = guarded("initialising the device", || init(ordinal))?;
+    let dev = guarded("initialising the device", || init(ordinal, with_flash))?;
     let dev = Arc::new(dev);
     map.insert(ordinal, dev.clone());
     Ok(dev)
 }
 
-fn init(ordinal: usize) -> Result<Device, CudaError> {
+fn init(ordinal: usize, with_flash: bool) -> Result<Device, CudaError> {
     let drv = |what: &str| {
         let what = what.to_string();
         move |e| CudaError::Driver { what, source: e }
@@ -131,7 +132,17 @@ fn init(ordinal: usize) -> Result<Device, CudaError> {
         .map_err(drv("reading the compute capability"))?;
     keep_pool_memory(&ctx);
     let arch = format!("compute_{}{}", cc.0, cc.1);
-    let kernels = Kernels::load(&ctx, &arch)?;
+    let kernels = std::thread::scope(|s| {
+        if with_flash && cc.0 >= 8 {
+            // Only the PTX, kept by `compile_once` for `FlashKernels::load`, which also
+            // reports a failure (compiling again then).
+            s.spawn(move || {
+                let (file, src) = crate::kernels::flash_source();
+                let _ = crate::kernels::compile_once(file, &src, &crate::flash::flash_arch(cc));
+            });
+        }
+        Kernels::load(&ctx, &arch)
+    })?;
     Ok(Device {
         ctx,
         kernels,

@@ -1,9 +1,10 @@
 //! The backend's CUDA C kernels: sources embedded with `include_str!`, compiled by NVRTC once
-//! per device (for that device's `compute_XY`), loaded into the device's primary context and
-//! shared by every backend instance on it (see [`crate::device`]). Kernels are shape-generic:
-//! every size is a kernel argument.
+//! per process and architecture (`compute_XY`; the files in parallel, since start-up waits
+//! for them), loaded into each device's primary context and shared by every backend instance
+//! on it (see [`crate::device`]). Kernels are shape-generic: every size is a kernel argument.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
@@ -42,11 +43,15 @@ macro_rules! kernel_set {
         ];
 
         impl Kernels {
-            /// Compiles every file for `arch` (e.g. `compute_90`) and loads it into `ctx`.
+            /// Compiles every file for `arch` (e.g. `compute_90`; each file at most once a
+            /// process, all in parallel) and loads it into `ctx`.
             pub(crate) fn load(ctx: &Arc<CudaContext>, arch: &str) -> Result<Kernels, CudaError> {
+                let mut ptx = compile_all(SOURCES, arch);
                 $(
                     let module = {
-                        let ptx = compile($file, kernel_src!($file), arch)?;
+                        let ptx = ptx.remove($file).unwrap_or_else(|| {
+                            Err(CudaError::Unavailable(format!("{} was not compiled", $file)))
+                        })?;
                         ctx.load_module(ptx).map_err(|e| CudaError::Driver {
                             what: format!("loading the module of {} ({arch})", $file),
                             source: e,
@@ -188,6 +193,59 @@ pub fn full_source(file: &str, src: &str) -> String {
     format!("{COMMON}\n#line 1 \"{file}\"\n{src}")
 }
 
+/// One file's PTX for one architecture, once compiled.
+type Slot = Arc<Mutex<Option<cudarc::nvrtc::Ptx>>>;
+
+/// The PTX compiled in this process, by `(file, arch)`: devices of one architecture share it,
+/// so a device started after another loads modules without compiling.
+static COMPILED: OnceLock<Mutex<HashMap<(&'static str, String), Slot>>> = OnceLock::new();
+
+/// `file`'s PTX for `arch`, compiled on the first request of this process (concurrent
+/// requests wait for that one compilation). A failure is not kept: the next request retries.
+pub(crate) fn compile_once(
+    file: &'static str,
+    src: &str,
+    arch: &str,
+) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    let slot = {
+        let map = COMPILED.get_or_init(Default::default);
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((file, arch.to_string())).or_default().clone()
+    };
+    let mut ptx = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = ptx.as_ref() {
+        return Ok(p.clone());
+    }
+    let compiled = compile(file, src, arch)?;
+    *ptx = Some(compiled.clone());
+    Ok(compiled)
+}
+
+/// Every `(file, source)` of `files` compiled for `arch` by [`compile_once`], one thread a
+/// file (NVRTC is thread-safe across programs), by file name.
+pub(crate) fn compile_all(
+    files: &[(&'static str, &str)],
+    arch: &str,
+) -> HashMap<&'static str, Result<cudarc::nvrtc::Ptx, CudaError>> {
+    std::thread::scope(|s| {
+        let running: Vec<_> = files
+            .iter()
+            .map(|&(file, src)| (file, s.spawn(move || compile_once(file, src, arch))))
+            .collect();
+        running
+            .into_iter()
+            .map(|(file, t)| {
+                let ptx = t.join().unwrap_or_else(|_| {
+                    Err(CudaError::Unavailable(format!(
+                        "compiling {file} for {arch} panicked"
+                    )))
+                });
+                (file, ptx)
+            })
+            .collect()
+    })
+}
+
 /// Compiles one file to PTX; a failure carries NVRTC's log.
 pub fn compile(file: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
     let opts = CompileOptions {
@@ -206,4 +264,43 @@ pub fn compile(file: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, 
             log,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(file: &'static str, arch: &str) -> Option<bool> {
+        let map = COMPILED.get()?.lock().unwrap();
+        let slot = map.get(&(file, arch.to_string()))?;
+        Some(slot.lock().unwrap().is_some())
+    }
+
+    /// A file's PTX is kept for its architecture after the first compilation and handed out
+    /// again; a failure is not kept, so a later request compiles again.
+    #[test]
+    fn compiled_ptx_is_kept_per_file_and_arch_and_failures_are_not() {
+        if unsafe { !cudarc::nvrtc::sys::is_culib_present() } {
+            println!("skipped: NVRTC library not found");
+            return;
+        }
+        let (file, src) = (
+            "kept_test.cu",
+            "extern \"C\" __global__ void k(float *x) { x[0] = 1.0f; }",
+        );
+        let files = [(file, src), ("kept_test_2.cu", src)];
+        let first = compile_all(&files, "compute_80");
+        assert_eq!(first.len(), 2);
+        assert_eq!(kept(file, "compute_80"), Some(true));
+        assert_eq!(kept(file, "compute_90"), None, "kept per architecture");
+        let again = compile_once(file, src, "compute_80").unwrap();
+        assert_eq!(again.to_src(), first[file].as_ref().unwrap().to_src());
+
+        let broken = "extern \"C\" __global__ void k() { undefined_thing(); }";
+        for _ in 0..2 {
+            let e = compile_once("kept_broken.cu", broken, "compute_80").unwrap_err();
+            assert!(e.to_string().contains("undefined_thing"), "{e}");
+            assert_eq!(kept("kept_broken.cu", "compute_80"), Some(false));
+        }
+    }
 }

@@ -158,7 +158,9 @@ impl CudaBackend {
     pub fn with_options(opts: &BackendOptions, copts: CudaOptions) -> Result<Self> {
         let ordinal = opts.device;
         let tag = format!("cuda:{ordinal}");
-        let dev = device::get(ordinal).map_err(|e| e.into_core(&tag))?;
+        let (attention, attention_name) = resolve_attention(&opts.attention)?;
+        let flash = matches!(attention, AttnImpl::Flash);
+        let dev = device::get(ordinal, flash).map_err(|e| e.into_core(&tag))?;
         let stream = dev.ctx.new_stream().map_err(|e| {
             Error::op(
                 "cuda_init",
@@ -167,8 +169,6 @@ impl CudaBackend {
             )
         })?;
         let blas = gemm::Blas::new(&stream).map_err(|e| e.into_core(&tag))?;
-        let (attention, attention_name) = resolve_attention(&opts.attention)?;
-        let flash = matches!(attention, AttnImpl::Flash);
         let backend = CudaBackend {
             dev,
             stream,
@@ -183,7 +183,8 @@ impl CudaBackend {
             transfers: Mutex::new(None),
         };
         if flash {
-            // Compile attention.cu now (once per device) so that a failure shows at creation.
+            // Load attention.cu now (its PTX compiled with the device's other kernels) so that a
+            // failure shows at creation.
             backend.flash("cuda_init")?;
         }
         Ok(backend)

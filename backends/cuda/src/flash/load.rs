@@ -12,6 +12,17 @@ use crate::CudaError;
 /// Ints per head dim written by `attn_config`.
 const CONFIG_FIELDS: usize = 12;
 
+/// The architecture `attention.cu` is compiled for on a device of compute capability `cc`:
+/// on Hopper the arch-specific target, so that the forward and the backward can use wgmma
+/// (`__CUDA_ARCH_FEAT_SM90_ALL`); elsewhere the plain one (the mma.sync kernels).
+pub(crate) fn flash_arch(cc: (i32, i32)) -> String {
+    if cc == (9, 0) {
+        "compute_90a".to_string()
+    } else {
+        format!("compute_{}{}", cc.0, cc.1)
+    }
+}
+
 impl FlashKernels {
     /// Compiles `attention.cu` for `arch`, loads it into `ctx`, reads `attn_config` (one
     /// launch on `stream`, synchronised) and raises the dynamic shared memory limit of every
@@ -27,15 +38,9 @@ impl FlashKernels {
                 cc.0, cc.1
             ));
         }
-        // Hopper: the arch-specific target, so that the forward and the backward can use wgmma
-        // (`__CUDA_ARCH_FEAT_SM90_ALL`); other devices: the mma.sync kernels.
-        let arch = if cc == (9, 0) {
-            "compute_90a".to_string()
-        } else {
-            format!("compute_{}{}", cc.0, cc.1)
-        };
+        let arch = flash_arch(cc);
         let (file, src) = crate::kernels::flash_source();
-        let ptx = crate::kernels::compile(file, &src, &arch).map_err(|e| e.to_string())?;
+        let ptx = crate::kernels::compile_once(file, &src, &arch).map_err(|e| e.to_string())?;
         let module = ctx
             .load_module(ptx)
             .map_err(driver_err(format!("loading the module of {file} ({arch})")))?;

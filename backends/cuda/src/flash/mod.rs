@@ -45,6 +45,8 @@ use crate::{CudaBackend, launch_1d};
 mod backward;
 mod load;
 
+pub(crate) use load::flash_arch;
+
 /// Head dims `attention.cu` is instantiated for.
 pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
