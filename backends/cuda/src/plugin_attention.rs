@@ -4,7 +4,7 @@
 //! backend's stream and a device workspace, with this device's context current; `out` comes
 //! back in the activation dtype like the in-tree kernels'.
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dflash_core::mask::BlockMask;
 use dflash_core::{
     AttnDims, DeviceAttentionKernel, DeviceAttnBackward, DeviceAttnForward, DeviceCall, Error,
@@ -112,16 +112,19 @@ impl CudaBackend {
         let [q, k, v] = wide;
         let (q, k, v) = (q?, k?, v?);
         let nl = dims.q_rows * dims.q_heads;
-        let out = self.alloc_f32(op, ins[0].len)?;
-        let lse = self.alloc_f32(op, nl)?;
+        let mut out = self.alloc_f32(op, ins[0].len)?;
+        let mut lse = self.alloc_f32(op, nl)?;
         if nl > 0 {
             let s = &self.stream;
+            // Outputs are marked written (`device_ptr_mut`), so that a reader on another
+            // stream (a detached download, another instance on this device) waits for the
+            // plugin's kernels.
             let (pq, pk, pv, po, pl) = (
                 q.get().device_ptr(s),
                 k.get().device_ptr(s),
                 v.get().device_ptr(s),
-                out.device_ptr(s),
-                lse.device_ptr(s),
+                out.device_ptr_mut(s),
+                lse.device_ptr_mut(s),
             );
             let (shared, _guards) = self.device_call(dims, mask, scale, &setup);
             let call = DeviceAttnForward {
@@ -156,13 +159,17 @@ impl CudaBackend {
             wide.push(self.widen(op, s)?);
         }
         let (nq, nk) = (ins[0].len, ins[1].len);
-        let dq = self.alloc_f32(op, nq)?;
+        let mut dq = self.alloc_f32(op, nq)?;
         let mut dk = self.alloc_f32(op, nk)?;
         let mut dv = self.alloc_f32(op, nk)?;
         if nq > 0 {
             let s = &self.stream;
             let p: Vec<_> = wide.iter().map(|b| b.get().device_ptr(s)).collect();
-            let (pdq, pdk, pdv) = (dq.device_ptr(s), dk.device_ptr(s), dv.device_ptr(s));
+            let (pdq, pdk, pdv) = (
+                dq.device_ptr_mut(s),
+                dk.device_ptr_mut(s),
+                dv.device_ptr_mut(s),
+            );
             let (shared, _guards) = self.device_call(dims, mask, scale, &setup);
             let call = DeviceAttnBackward {
                 call: shared,

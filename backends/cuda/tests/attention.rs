@@ -211,6 +211,43 @@ fn attention_cuda_flash_matches_reference() {
     println!("  unsupported head dims: clean errors");
 }
 
+/// No keys at all (k and v of 0 rows): every row sees none, so `out` is exactly 0 and `lse`
+/// -inf, as on the reference, on both kernels and at every flash head dim (the Hopper
+/// forward's tensor maps cannot describe a 0-row operand, so it must not get that far).
+#[test]
+fn attention_without_keys_is_zero_with_lse_minus_infinity() {
+    for kernel in ["cuda-simple", "cuda-flash"] {
+        let Some(cu) = cuda_attn(kernel, GemmPrecision::Tf32) else {
+            return;
+        };
+        for d in [64usize, 128, 256] {
+            let (rows, hq, hkv) = (5usize, 4usize, 2usize);
+            let mask = BlockMask::from_intervals(
+                0,
+                vec![dflash_core::mask::Interval::EMPTY; rows],
+                vec![dflash_core::mask::Interval::EMPTY; rows],
+            )
+            .unwrap();
+            let q = up(
+                &cu,
+                &rand_vec(&mut rng(d as u64), rows * hq * d, 2.0),
+                &[rows, hq, d],
+            );
+            let kv = up(&cu, &[], &[0, hkv, d]);
+            let (out, lse) = cu.attention(&q, &kv, &kv, &mask, 0.125).unwrap();
+            let (out, lse) = (down(&cu, &out), down(&cu, &lse));
+            assert_eq!(out.len(), rows * hq * d);
+            assert!(out.iter().all(|&x| x == 0.0), "{kernel} d {d}: out != 0");
+            assert_eq!(lse.len(), rows * hq);
+            assert!(
+                lse.iter().all(|&x| x == f32::NEG_INFINITY),
+                "{kernel} d {d}: lse {lse:?}"
+            );
+        }
+        println!("  {kernel}: no keys gives out 0, lse -inf");
+    }
+}
+
 /// `cuda-flash` takes bf16 q, k, v (and the backward's out and d_out) as they are: the
 /// kernel rounds f32 inputs to bf16 itself, so feeding the same values already in bf16 must
 /// give bit-identical out, lse, dq, dk, dv (any difference would mean a wrong buffer or

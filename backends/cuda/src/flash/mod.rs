@@ -294,6 +294,12 @@ impl CudaBackend {
         if nl == 0 {
             return Ok(((self.alloc_f32(op, nq)?, DType::F32), lse));
         }
+        if dims.kv_rows == 0 {
+            // No row sees a key: out 0 and lse -inf by definition. (The Hopper forward's
+            // tensor maps cannot describe a 0-row k or v.)
+            self.fill(op, &mut lse, nl, f32::NEG_INFINITY)?;
+            return Ok(((self.zeros_f32(op, nq)?, DType::F32), lse));
+        }
         // one item per (query tile, query head)
         let items = grid(dims.q_rows, var.fwd_bm, dims.q_heads)
             .ok_or_else(|| self.shape_err(op, "forward grid too large for cuda-flash"))?;
