@@ -78,10 +78,21 @@ impl HostAttentionKernel for ReferenceAttention {
                             }
                         }
                     }
+                    let l = (max + sum.ln()) as f32;
+                    if !l.is_finite() {
+                        // Scores past the f32 range (the f64 sum is fine, its f32 lse is
+                        // +-inf): the backward's exp(s - lse) would be 0 or inf, so a finite out
+                        // would come with silently zero gradients. NaN policy: say so instead.
+                        // (CUDA's kernels score in f32, so there the scores themselves overflow
+                        // and inf - inf in the online softmax gives NaN the same way.)
+                        o.fill(f32::NAN);
+                        l_row[h] = f32::NAN;
+                        continue;
+                    }
                     for (o, a) in o.iter_mut().zip(&acc) {
                         *o = (a / sum) as f32;
                     }
-                    l_row[h] = (max + sum.ln()) as f32;
+                    l_row[h] = l;
                 }
             });
         Ok(())
@@ -258,6 +269,32 @@ impl ReferenceBackend {
             format!("attention kernel {:?} failed: {e}", self.attention_name),
         )
     }
+
+    /// The forward of `attention` and `attention_rows`: checks the operands, runs `kernel`
+    /// into NaN-poisoned buffers (it must overwrite every element) and returns
+    /// `(out (Tq, Hq, D), lse (Tq, Hq))`.
+    fn forward_with(
+        &self,
+        op: &'static str,
+        kernel: &dyn HostAttentionKernel,
+        [q, k, v]: [&Tensor; 3],
+        mask: &BlockMask,
+        scale: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let dims = attn_dims(op, q, k, v, mask)?;
+        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
+        let mut out = vec![f32::NAN; qs.len()];
+        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads];
+        self.run(|| {
+            let call = AttnForward::new(&dims, mask, scale, [qs, ks, vs], [&mut out, &mut lse])?;
+            kernel.forward(call)
+        })
+        .map_err(|e| self.kernel_err(op, e))?;
+        Ok((
+            host_tensor(out, q.shape().clone()),
+            host_tensor(lse, [dims.q_rows, dims.q_heads]),
+        ))
+    }
 }
 
 impl AttentionOps for ReferenceBackend {
@@ -269,21 +306,7 @@ impl AttentionOps for ReferenceBackend {
         mask: &BlockMask,
         scale: f32,
     ) -> Result<(Tensor, Tensor)> {
-        let op = "attention";
-        let dims = attn_dims(op, q, k, v, mask)?;
-        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
-        // Poisoned: the kernel must overwrite every element.
-        let mut out = vec![f32::NAN; qs.len()]; // (Tq, Hq, D)
-        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads]; // (Tq, Hq)
-        self.run(|| {
-            let call = AttnForward::new(&dims, mask, scale, [qs, ks, vs], [&mut out, &mut lse])?;
-            self.attention.forward(call)
-        })
-        .map_err(|e| self.kernel_err(op, e))?;
-        Ok((
-            host_tensor(out, q.shape().clone()),
-            host_tensor(lse, [dims.q_rows, dims.q_heads]),
-        ))
+        self.forward_with("attention", self.attention.as_ref(), [q, k, v], mask, scale)
     }
 
     /// Always the plain reference kernel, whatever kernel `attention` dispatches to: it
@@ -296,18 +319,14 @@ impl AttentionOps for ReferenceBackend {
         mask: &BlockMask,
         scale: f32,
     ) -> Result<Tensor> {
-        let op = "attention_rows";
-        let dims = attn_dims(op, q, k, v, mask)?;
-        let (qs, ks, vs) = (slice(op, q)?, slice(op, k)?, slice(op, v)?);
-        // Poisoned: the kernel must overwrite every element.
-        let mut out = vec![f32::NAN; qs.len()];
-        let mut lse = vec![f32::NAN; dims.q_rows * dims.q_heads];
-        self.run(|| {
-            let call = AttnForward::new(&dims, mask, scale, [qs, ks, vs], [&mut out, &mut lse])?;
-            ReferenceAttention.forward(call)
-        })
-        .map_err(|e| self.kernel_err(op, e))?;
-        Ok(host_tensor(out, q.shape().clone()))
+        let (out, _lse) = self.forward_with(
+            "attention_rows",
+            &ReferenceAttention,
+            [q, k, v],
+            mask,
+            scale,
+        )?;
+        Ok(out)
     }
 
     fn attention_backward(

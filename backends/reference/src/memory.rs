@@ -31,7 +31,9 @@ impl MemoryOps for ReferenceBackend {
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
-        Ok(host_tensor(vec![0.0; shape.iter().product()], shape))
+        // Checked: a wrapped product would make a tensor smaller than its shape says.
+        let n = dflash_core::tensor::checked_numel("zeros", DEVICE, shape)?;
+        Ok(host_tensor(vec![0.0; n], shape))
     }
 
     fn copy(&self, t: &Tensor) -> Result<Tensor> {

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use dflash_backend_reference::ReferenceAttention;
-use dflash_core::mask::BlockMask;
+use dflash_core::mask::{BlockMask, Interval};
 use dflash_core::{AttentionOps, AttnDims, AttnForward, HostAttentionKernel};
 
 /// Everything is f64 inside and rounded once to f32.
@@ -318,4 +318,114 @@ fn kernel_rejects_wrong_slice_lengths() {
         .and_then(|c| ReferenceAttention.forward(c))
         .unwrap_err();
     assert!(err.contains("multiple"), "{err}");
+}
+
+/// Regression (NaN policy): scores past the f32 range made the f32 lse `+-inf` while `out`
+/// stayed finite, and the backward's `exp(s - lse)` then gave silently zero (or infinite)
+/// gradients. Such a row now comes out NaN (out and lse, hence dq); other rows are untouched.
+#[test]
+fn scores_past_f32_range_give_nan_rows_not_silent_gradients() {
+    let (tq, hq, hkv, d) = (4, 2, 1, 8);
+    let last = tq - 1;
+    // Rows 0..3 causal; the last row sees only its own key, so no other row reads q or k of
+    // the last row and the other rows' results must not change at all.
+    let mut first: Vec<_> = (0..last as i32).map(|i| Interval::new(0, i + 1)).collect();
+    first.push(Interval::new(last as i32, tq as i32));
+    let mask = BlockMask::from_intervals(tq, first, vec![Interval::EMPTY; tq]).unwrap();
+    let be = backend();
+    let mut r = rng(91);
+    let (q, k, v, dout) = (
+        rand_vec(&mut r, tq * hq * d),
+        rand_vec(&mut r, tq * hkv * d),
+        rand_vec(&mut r, tq * hkv * d),
+        rand_vec(&mut r, tq * hq * d),
+    );
+    let run = |q: &[f32], k: &[f32]| {
+        let (qt, kt, vt) = (
+            up(&be, q, &[tq, hq, d]),
+            up(&be, k, &[tq, hkv, d]),
+            up(&be, &v, &[tq, hkv, d]),
+        );
+        let (o, l) = be.attention(&qt, &kt, &vt, &mask, 0.35).unwrap();
+        let rows = be.attention_rows(&qt, &kt, &vt, &mask, 0.35).unwrap();
+        let dot = up(&be, &dout, &[tq, hq, d]);
+        let (dq, _, _) = be
+            .attention_backward(&qt, &kt, &vt, &o, &l, &dot, &mask, 0.35)
+            .unwrap();
+        [&o, &l, &rows, &dq].map(|t| down(&be, t))
+    };
+    let base = run(&q, &k);
+    // q = 1e20 and k = +-1e20: scores +-0.35 * 8e40, past f32::MAX (3.4e38), so the f32 lse
+    // would be +inf (all p = 0) or -inf (the empty row's marker, all p = inf).
+    for sign in [1.0f32, -1.0] {
+        let (mut q2, mut k2) = (q.clone(), k.clone());
+        q2[last * hq * d..].fill(1e20);
+        k2[last * hkv * d..].fill(sign * 1e20);
+        let [o, l, rows, dq] = run(&q2, &k2);
+        // Per-row element counts of out/dq and of lse.
+        let (row, lrow) = (hq * d, hq);
+        for (what, x, n) in [
+            ("out", &o, row),
+            ("lse", &l, lrow),
+            ("attention_rows", &rows, row),
+            ("dq", &dq, row),
+        ] {
+            assert!(
+                x[last * n..].iter().all(|v| v.is_nan()),
+                "sign {sign}: {what} of the overflowing row must be NaN: {:?}",
+                &x[last * n..]
+            );
+        }
+        // The other rows: bit-identical to the run without the huge row, hence finite.
+        for (i, (what, n)) in [
+            ("out", row),
+            ("lse", lrow),
+            ("attention_rows", row),
+            ("dq", row),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (got, want) = ([&o, &l, &rows, &dq][i], &base[i]);
+            assert!(want[..last * n].iter().all(|v| v.is_finite()), "{what}");
+            assert_bits_eq(
+                &format!("sign {sign}: {what} rows 0..{last}"),
+                &got[..last * n],
+                &want[..last * n],
+            );
+        }
+    }
+}
+
+/// Regression: a reversed interval (`start > end`, public fields) passed `from_intervals`
+/// unnormalised and the kernel walked `start as usize..end as usize` out of bounds (a panic,
+/// also inside the plugin's C entry). It is an empty interval now: that row sees nothing.
+#[test]
+fn reversed_intervals_are_empty_rows_not_out_of_bounds() {
+    let (t, hq, d) = (3, 1, 8);
+    let mask = BlockMask::from_intervals(
+        t,
+        vec![
+            Interval::new(0, 1),
+            Interval { start: 2, end: -1 },
+            Interval::new(0, 3),
+        ],
+        vec![
+            Interval::EMPTY,
+            Interval {
+                start: i32::MAX,
+                end: 0,
+            },
+            Interval::EMPTY,
+        ],
+    )
+    .unwrap();
+    let be = backend();
+    let mut r = rng(17);
+    let x = [0; 3].map(|_| up(&be, &rand_vec(&mut r, t * hq * d), &[t, hq, d]));
+    let (o, l) = be.attention(&x[0], &x[1], &x[2], &mask, 0.3).unwrap();
+    let (o, l) = (down(&be, &o), down(&be, &l));
+    assert_eq!(l[1], f32::NEG_INFINITY, "row 1 sees nothing");
+    assert!(o[d..2 * d].iter().all(|&v| v == 0.0), "row 1 out is 0");
+    assert!(l[0].is_finite() && l[2].is_finite());
 }

@@ -10,8 +10,8 @@ use dflash_backend_reference::{ReferenceBackend, host_slice};
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{self, BackendOptions};
 use dflash_core::{
-    AttentionOps, EmbeddingOps, Error, GemmOps, MemoryOps, NormOps, RopeOps, Storage, Tensor,
-    Transpose,
+    AttentionOps, BackendInfo, EmbeddingOps, Error, GemmOps, MemoryOps, NormOps, RopeOps, Storage,
+    Tensor, Transpose,
 };
 
 /// A buffer from some other backend.
@@ -154,4 +154,45 @@ fn bad_inputs_to_other_ops() {
     let k3 = up(&be, &[0.5; 4 * 3 * 8], &[4, 3, 8]);
     let (_, s) = msg(be.attention(&q, &k3, &k3, &mask, 1.0));
     assert!(s.contains("multiple of kv_heads"), "{s}");
+}
+
+/// Regression: shape products were unchecked, so `upload(&[], &[2^32, 2^32])` passed in
+/// release (the product wraps to 0) and panicked in debug, as did `zeros`. Now every one is a
+/// shape error naming op, shape and device.
+#[test]
+fn overflowing_shapes_are_errors_not_panics() {
+    let be = backend();
+    let huge = [1usize << 32, 1 << 32];
+    let want = |s: &str, op: &str| {
+        assert!(
+            s.starts_with(&format!("{op} on cpu:"))
+                && s.contains("[4294967296, 4294967296]")
+                && s.contains("usize::MAX"),
+            "{s}"
+        );
+    };
+    let (e, s) = msg(be.upload(&[], &huge));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    want(&s, "upload");
+    let (e, s) = msg(be.zeros(&huge));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    want(&s, "zeros");
+    let (_, s) = msg(be.upload_frozen(dflash_core::HostSlice::F32(&[]), &huge));
+    want(&s, "upload_frozen");
+    // Inherited from the trait's default, which now names this backend's device.
+    let (_, s) = msg(be.random_normal(&huge, 1.0, 3));
+    assert!(
+        s.contains("random_normal") && s.contains("usize::MAX"),
+        "{s}"
+    );
+    let (_, s) = msg(be.random_normal(&[2], f32::NAN, 3));
+    assert!(
+        s.starts_with(&format!("random_normal on {}:", be.device())),
+        "{s}"
+    );
+    // A zero dim does not excuse an unrepresentable row length.
+    let (_, s) = msg(be.zeros(&[0, 1 << 32, 1 << 32]));
+    assert!(s.contains("zeros on cpu:"), "{s}");
+    // Shapes that fit still work, zero-sized ones included.
+    assert_eq!(be.zeros(&[0, 1 << 32]).unwrap().numel(), 0);
 }

@@ -10,6 +10,16 @@ fn to_i32(builder: &'static str, what: &str, v: usize) -> Result<i32, MaskError>
     i32::try_from(v).map_err(|_| invalid(builder, format!("{what} = {v} does not fit in i32")))
 }
 
+/// The first key `max(0, i - w + 1)` of a causal window of `w >= 1` keys ending at key `i`
+/// (`i >= 0`). `w` comes from a config file, so it may be any `usize`: the arithmetic is in
+/// i64 with `w` saturated there, and a window wider than the keys is the same as no window
+/// (a cast `w as i32` would wrap `2^32` to 0, silently showing no context at all).
+fn window_start(i: i32, w: usize) -> i32 {
+    let w = i64::try_from(w).unwrap_or(i64::MAX);
+    // In [0, i], so it fits in i32.
+    (i64::from(i) - w + 1).max(0) as i32
+}
+
 impl BlockMask {
     /// The DFlash training mask. Keys are `ctx_len` context rows followed by the blocks.
     /// Query row `(b, j)` of block `b` (anchor `a_b`) sees `[0, a_b)` and
@@ -86,7 +96,10 @@ impl BlockMask {
         }
         let s = to_i32(builder, "ctx_len", ctx_len)?;
         let bs = to_i32(builder, "block_size", block_size)?;
-        let kv_len = ctx_len + block_size * anchors.len();
+        let kv_len = block_size
+            .checked_mul(anchors.len())
+            .and_then(|n| n.checked_add(ctx_len))
+            .unwrap_or(usize::MAX);
         to_i32(builder, "kv_len", kv_len)?;
         let rows = anchors.len() * block_size;
         let (mut first, mut second) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
@@ -117,7 +130,7 @@ impl BlockMask {
                         second.push(Interval::new(block_start, block_start + bs));
                     }
                     Some(w) => {
-                        let lo = (a + j - w as i32 + 1).max(doc);
+                        let lo = window_start(a + j, w).max(doc);
                         first.push(Interval::new(lo, a));
                         second.push(Interval::new(block_start, block_start + j + 1));
                     }
@@ -134,7 +147,11 @@ impl BlockMask {
 
     /// Packed documents, causal within each: row `i` of a document starting at `d` sees `[d, i+1)`.
     pub fn document(doc_lens: &[usize]) -> Result<Self, MaskError> {
-        let total: usize = doc_lens.iter().sum();
+        // Saturating: an overflowing sum is rejected as not fitting in i32, never wrapped.
+        let total = doc_lens
+            .iter()
+            .try_fold(0usize, |acc, &n| acc.checked_add(n))
+            .unwrap_or(usize::MAX);
         to_i32("document", "total length", total)?;
         let mut first = Vec::with_capacity(total);
         let mut start = 0i32;
@@ -155,7 +172,7 @@ impl BlockMask {
         }
         to_i32("sliding_window", "len", len)?;
         let first = (0..len as i32)
-            .map(|i| Interval::new((i - window as i32 + 1).max(0), i + 1))
+            .map(|i| Interval::new(window_start(i, window), i + 1))
             .collect();
         Self::from_intervals(len, first, vec![Interval::EMPTY; len])
     }

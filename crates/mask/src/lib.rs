@@ -25,7 +25,10 @@ pub enum MaskError {
     },
 }
 
-/// A half-open key interval `[start, end)`; empty when `start >= end`.
+/// A half-open key interval `[start, end)`; empty when `start >= end` (whatever the two
+/// values: a reversed interval such as `{ start: 2, end: -1 }` is empty, as the C ABI says).
+/// [`BlockMask::from_intervals`] stores every empty interval as [`Interval::EMPTY`], so the
+/// intervals of a [`BlockMask`] are either that or inside `[0, kv_len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Interval {
     pub start: i32,
@@ -42,7 +45,9 @@ impl Interval {
         }
     }
     pub fn len(&self) -> usize {
-        (self.end - self.start).max(0) as usize
+        // In i64: `end - start` of two i32 overflows i32 (e.g. `[-2, i32::MAX)`), and a
+        // wrapped length would call a huge interval empty and skip its bounds check.
+        (i64::from(self.end) - i64::from(self.start)).max(0) as usize
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -66,11 +71,14 @@ pub struct BlockMask {
 }
 
 impl BlockMask {
-    /// Builds a mask from explicit intervals, validating the invariants.
+    /// Builds a mask from explicit intervals, validating the invariants. Every empty interval
+    /// (`start >= end`, reversed ones included: the C ABI's rule) is stored as
+    /// [`Interval::EMPTY`]; every other one must lie in `[0, kv_len)`, and `kv_len` must fit
+    /// in `i32` (the type of the interval bounds, which kernels index keys with).
     pub fn from_intervals(
         kv_len: usize,
-        first: Vec<Interval>,
-        second: Vec<Interval>,
+        mut first: Vec<Interval>,
+        mut second: Vec<Interval>,
     ) -> Result<Self, MaskError> {
         let bad = |detail: String| MaskError::Invalid {
             builder: "from_intervals",
@@ -83,9 +91,16 @@ impl BlockMask {
                 second.len()
             )));
         }
-        for (row, (a, b)) in first.iter().zip(&second).enumerate() {
-            for iv in [a, b] {
-                if !iv.is_empty() && (iv.start < 0 || iv.end as usize > kv_len) {
+        if i32::try_from(kv_len).is_err() {
+            return Err(bad(format!("kv_len = {kv_len} does not fit in i32")));
+        }
+        for (row, (a, b)) in first.iter_mut().zip(&mut second).enumerate() {
+            for iv in [&mut *a, &mut *b] {
+                // Normalised so that kernels walking `start as usize..end as usize` (and tile
+                // maps) never see a reversed or out-of-range empty interval.
+                if iv.is_empty() {
+                    *iv = Interval::EMPTY;
+                } else if iv.start < 0 || iv.end as usize > kv_len {
                     return Err(bad(format!(
                         "row {row}: interval {iv:?} outside [0, {kv_len})"
                     )));
@@ -122,7 +137,10 @@ impl BlockMask {
 
     /// Whether query row `q` may attend to key `k`.
     pub fn visible(&self, q: usize, k: usize) -> bool {
-        let k = k as i32;
+        // A key past i32::MAX is past kv_len (which fits in i32), so nothing sees it.
+        let Ok(k) = i32::try_from(k) else {
+            return false;
+        };
         self.first[q].contains(k) || self.second[q].contains(k)
     }
 

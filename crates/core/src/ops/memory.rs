@@ -1,3 +1,5 @@
+use crate::ops::BackendInfo;
+use crate::tensor::{checked_numel, numel_or_overflow};
 use crate::{Error, Result, Tensor};
 
 /// A host tensor in the dtype its file stores it in: little-endian bytes, as safetensors lays
@@ -88,7 +90,7 @@ impl<'a> HostSlice<'a> {
     /// The element count of `shape`, after checking that the bytes hold exactly that many
     /// elements (a shape error of `op` on `device` otherwise).
     pub fn check(&self, op: &'static str, device: &str, shape: &[usize]) -> Result<usize> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel(op, device, shape)?;
         let bytes = self.bytes().len();
         if numel.checked_mul(self.elem_size()) != Some(bytes) {
             return Err(Error::shape(
@@ -107,7 +109,10 @@ impl<'a> HostSlice<'a> {
 /// Buffers, host transfers and elementwise glue. The host side of every transfer is `f32`
 /// (or, for frozen weights, the file's dtype: [`MemoryOps::upload_frozen`]); the device
 /// format (f32, bf16, ...) is the backend's business.
-pub trait MemoryOps {
+///
+/// [`BackendInfo`] is a supertrait so that the default methods here name the device of the
+/// backend that inherits them ([`BackendInfo::device`]) in their errors.
+pub trait MemoryOps: BackendInfo {
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor>;
     fn download(&self, t: &Tensor) -> Result<Vec<f32>>;
     /// As [`download`](Self::download), for a reader on another thread of a tensor that no
@@ -122,7 +127,7 @@ pub trait MemoryOps {
     /// Operands are checked by [`scatter_rows_cols`]. The default goes through host memory
     /// (correct everywhere, two full transfers); backends with device memory override it.
     fn scatter_rows(&self, dst: &mut Tensor, rows: &[usize], src: &Tensor) -> Result<()> {
-        let cols = scatter_rows_cols("scatter_rows", "host", dst, rows, src)?;
+        let cols = scatter_rows_cols("scatter_rows", &self.device(), dst, rows, src)?;
         let mut d = self.download(dst)?;
         let s = self.download(src)?;
         for (j, &r) in rows.iter().enumerate() {
@@ -174,7 +179,7 @@ pub trait MemoryOps {
     /// anyway); a device backend overrides it to send the file's bytes in bounded chunks and
     /// convert on the device, so a checkpoint never passes through an f32 copy in host memory.
     fn upload_frozen(&self, data: HostSlice<'_>, shape: &[usize]) -> Result<Tensor> {
-        data.check("upload_frozen", "host", shape)?;
+        data.check("upload_frozen", &self.device(), shape)?;
         self.to_compute_format(self.upload(&data.to_f32_vec(), shape)?)
     }
 
@@ -201,11 +206,12 @@ pub trait MemoryOps {
         if !(std.is_finite() && std >= 0.0) {
             return Err(Error::op(
                 "random_normal",
-                "host",
+                self.device(),
                 format!("std must be a finite number >= 0, got {std} (shape {shape:?})"),
             ));
         }
-        let n = shape.iter().product();
+        let n = numel_or_overflow(shape)
+            .map_err(|e| Error::shape("random_normal", self.device(), e))?;
         self.upload(&normal_host(n, std, seed), shape)
     }
 }
@@ -266,7 +272,9 @@ pub fn scatter_rows_cols(
 /// The element count of [`MemoryOps::upload`]'s `shape`, checked against the `len` host
 /// elements given (every backend checks here, so all report the same text).
 pub fn upload_numel(len: usize, shape: &[usize]) -> std::result::Result<usize, String> {
-    let numel: usize = shape.iter().product();
+    // Checked before anything is allocated: a wrapped product (`[2^32, 2^32]` -> 0) would
+    // accept `len` 0 and index out of bounds later.
+    let numel = numel_or_overflow(shape)?;
     if len != numel {
         return Err(format!(
             "{len} host elements for shape {shape:?} ({numel} elements)"
@@ -306,10 +314,15 @@ pub fn concat_rows_dims(parts: &[&Tensor]) -> std::result::Result<Vec<usize>, St
     let Some((_, rest)) = first.dims().split_first() else {
         return Err("cannot concatenate rank-0 tensors".into());
     };
-    let mut rows = 0;
+    let mut rows = 0usize;
     for (i, p) in parts.iter().enumerate() {
         match p.dims().split_first() {
-            Some((&r, tail)) if tail == rest => rows += r,
+            Some((&r, tail)) if tail == rest => {
+                // Rows of zero-width parts are not bounded by memory: their sum can overflow.
+                rows = rows.checked_add(r).ok_or_else(|| {
+                    format!("the parts' row counts add up to more than usize::MAX (at part {i})")
+                })?;
+            }
             _ => {
                 return Err(format!(
                     "part {i} is {:?} but part 0 is {:?}",
@@ -321,6 +334,7 @@ pub fn concat_rows_dims(parts: &[&Tensor]) -> std::result::Result<Vec<usize>, St
     }
     let mut dims = vec![rows];
     dims.extend_from_slice(rest);
+    numel_or_overflow(&dims)?;
     Ok(dims)
 }
 
