@@ -18,7 +18,7 @@ impl CudaBackend {
     /// Uninitialised device memory for `n` elements (NaN-filled in poison mode: f32 NaN, or
     /// the bf16 quiet NaN 0x7FC0).
     pub(crate) fn alloc(&self, op: &'static str, n: usize, dtype: DType) -> Result<CudaSlice<u8>> {
-        let bytes = (n * dtype.size()).max(16);
+        let bytes = self.byte_count(op, n, dtype)?;
         // SAFETY: the memory is written before it is read by every op that allocates it
         // (the poison mode exists to test exactly that).
         let mut buf =
@@ -51,10 +51,18 @@ impl CudaBackend {
         n: usize,
         dtype: DType,
     ) -> Result<CudaSlice<u8>> {
-        let bytes = (n * dtype.size()).max(16);
+        let bytes = self.byte_count(op, n, dtype)?;
         self.stream
             .alloc_zeros::<u8>(bytes)
             .map_err(|e| self.alloc_err(op, bytes, e))
+    }
+
+    /// The bytes of a buffer of `n` elements of `dtype` (at least 16), or a shape error where
+    /// that does not fit in `usize`.
+    fn byte_count(&self, op: &'static str, n: usize, dtype: DType) -> Result<usize> {
+        n.checked_mul(dtype.size())
+            .map(|b| b.max(16))
+            .ok_or_else(|| self.shape_err(op, format!("{n} elements of {dtype:?} overflow usize")))
     }
 
     /// A failed allocation of `bytes`: [`Error::OutOfMemory`] (with the device's free and

@@ -218,7 +218,7 @@ impl CudaBackend {
     /// An uninitialised tensor of `dtype` (in poison mode: every element NaN, f32 NaN or the
     /// bf16 quiet NaN 0x7FC0). For tests and diagnostics of the poison mode.
     pub fn uninit(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = dflash_core::tensor::checked_numel("uninit", &self.tag, shape)?;
         Ok(self.tensor(self.alloc("uninit", n, dtype)?, dtype, shape))
     }
 

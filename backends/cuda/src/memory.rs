@@ -152,7 +152,7 @@ impl MemoryOps for CudaBackend {
                 format!("std must be a finite number >= 0, got {std} (shape {shape:?})"),
             ));
         }
-        let n: usize = shape.iter().product();
+        let n = dflash_core::tensor::checked_numel(op, &self.tag, shape)?;
         let mut buf = self.alloc_f32(op, n)?;
         if n > 0 {
             let n64 = n as i64;
@@ -179,7 +179,7 @@ impl MemoryOps for CudaBackend {
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
-        let n = shape.iter().product();
+        let n = dflash_core::tensor::checked_numel("zeros", &self.tag, shape)?;
         Ok(self.tensor(self.zeros_f32("zeros", n)?, DType::F32, shape))
     }
 

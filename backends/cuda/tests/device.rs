@@ -168,6 +168,23 @@ fn errors_name_op_shapes_and_device() {
     for needle in ["matmul", "[3, 4]", "[5, 2]", "cuda:0"] {
         assert!(s.contains(needle), "{needle:?} missing from {s:?}");
     }
+    // Shapes whose element count overflows usize are shape errors, not wrapped allocations.
+    let huge = [1usize << 32, 1 << 32];
+    for (what, r) in [
+        ("zeros", cu.zeros(&huge).map(drop)),
+        ("random_normal", cu.random_normal(&huge, 1.0, 7).map(drop)),
+        (
+            "uninit",
+            cu.uninit(&huge, dflash_backend_cuda::DType::F32).map(drop),
+        ),
+        ("upload", cu.upload(&[], &huge).map(drop)),
+    ] {
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("{what} of {huge:?} succeeded"));
+        assert!(matches!(e, Error::Shape { .. }), "{what}: {e}");
+        assert!(e.to_string().contains("cuda:0"), "{what}: {e}");
+    }
     let table = up(&cu, &[0.5; 8], &[4, 2]);
     let s = cu.embedding(&table, &[1, 7]).err().unwrap().to_string();
     for needle in ["embedding", "token id 7", "position 1", "V = 4", "cuda:0"] {
