@@ -214,8 +214,9 @@ pub(crate) fn all_ranks_counts(comm: &dyn Communicator, mine: &SkipCounts) -> Re
 
 /// What every rank must share for the replicas to train one drafter, as `key -> value`: the
 /// recipe (the config's `drafter`, `data` and `train` sections; their paths aside, which a
-/// node may mount elsewhere) and a digest of the schedule the data gives (which samples, of
-/// which lengths, each micro-batch of each step holds).
+/// node may mount elsewhere), a digest of the schedule the data gives (which samples, of
+/// which lengths, each micro-batch of each step holds), and a sampled fingerprint of the
+/// target's files (`crate::fingerprint`).
 pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let c = &plan.cfg;
@@ -233,6 +234,11 @@ pub(crate) fn agreement_record(plan: &JobPlan) -> BTreeMap<String, String> {
     out.insert(
         "the drafter's config".into(),
         plan.drafter.to_json().to_string(),
+    );
+    // `target.path` may differ between hosts; the files there may not.
+    out.insert(
+        "the target (config and weights, sampled)".into(),
+        crate::fingerprint::target_fingerprint(&plan.target),
     );
     let mut h = dflash_data::rng::Fnv1a::default();
     for step in &plan.schedule.steps {

@@ -14,6 +14,7 @@
 pub mod comm;
 pub mod distributed;
 pub mod error;
+mod fingerprint;
 pub mod job;
 pub mod phases;
 pub mod placement;
