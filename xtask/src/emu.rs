@@ -36,6 +36,16 @@ pub fn missing_tools() -> Vec<&'static str> {
     missing
 }
 
+/// Whether `cargo xtask emu ARGS` asks for the quick pass; an error naming the first argument
+/// that is not `--quick` (the scripts take no other, and one ignored would run what the user
+/// did not ask for).
+pub fn quick(args: &[String]) -> Result<bool, String> {
+    match args.iter().find(|a| *a != "--quick") {
+        Some(a) => Err(format!("unknown argument {a:?}")),
+        None => Ok(!args.is_empty()),
+    }
+}
+
 /// Runs every emulator script; the first failure's exit status, else success.
 pub fn run(root: &Path, quick: bool) -> ExitCode {
     let missing = missing_tools();
@@ -61,6 +71,16 @@ pub fn run(root: &Path, quick: bool) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn emu_takes_quick_and_refuses_anything_else() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(quick(&args(&[])), Ok(false));
+        assert_eq!(quick(&args(&["--quick"])), Ok(true));
+        let e = quick(&args(&["--quick", "--quikc"])).unwrap_err();
+        assert!(e.contains("--quikc"), "{e}");
+        assert!(quick(&args(&["quick"])).is_err());
+    }
 
     /// CI runs the quick emulator pass; a machine without g++ / numpy skips it and says so.
     #[test]

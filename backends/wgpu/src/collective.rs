@@ -24,7 +24,7 @@ impl CollectiveOps for WgpuBackend {
                 ),
             )
         })?;
-        self.ctx.write(&s.buf, 0, &data);
+        self.ctx.write(op, &s.buf, 0, &data);
         Ok(())
     }
 }

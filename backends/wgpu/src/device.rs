@@ -2,15 +2,23 @@
 //! under, and the process-wide cache that gives every backend instance on one adapter the
 //! same device (so tensors are local across instances, and WGSL is compiled once per device).
 //!
-//! Adapter order: wgpu's enumeration, stably sorted so that discrete GPUs come first, then
-//! integrated, virtual, CPU (lavapipe / llvmpipe) and other adapters, and within a kind the
-//! native APIs (Vulkan, Metal, DX12) before GL. GL adapters are dropped when a native one
-//! exists: GL is then a second view of the same hardware (lavapipe and llvmpipe, or a GPU
-//! through both drivers), and counting it would place a job's workers on "two" devices that
-//! are one. A worker placed on device N (`pipeline.target_devices`, `pipeline.drafter_devices`)
-//! takes the N-th; the default, 0, is the first
-//! high-performance adapter. wgpu's `WGPU_BACKEND` variable (e.g. `vulkan`, `gl`) restricts
-//! which APIs are searched (`gl` to use GL where a native API exists).
+//! Adapter order ([`adapters::select`]): wgpu's enumeration, stably sorted so that discrete
+//! GPUs come first, then integrated, virtual, CPU (lavapipe / llvmpipe) and other adapters, and
+//! within a kind the native APIs (Vulkan, Metal, DX12) before GL. CPU adapters are dropped when
+//! any other adapter exists (Mesa's lavapipe sits next to the GPU's driver on many GPU
+//! machines, and counted, round-robin placement would put a worker on it); GL adapters are
+//! dropped when a native one is left: GL is then a second view of the same hardware (lavapipe
+//! and llvmpipe, or a GPU through both drivers), and counting it would place a job's workers on
+//! "two" devices that are one. A worker placed on device N (`pipeline.target_devices`,
+//! `pipeline.drafter_devices`) takes the N-th; the default, 0, is the first high-performance
+//! adapter. wgpu's `WGPU_BACKEND` variable (e.g. `vulkan`, `gl`) restricts which APIs are
+//! searched (`gl` to use GL where a native API exists); `WGPU_ADAPTER_NAME` (as wgpu's
+//! `initialize_adapter_from_env` reads it: a case-insensitive part of the name) keeps only the
+//! adapters it names, before those rules (`WGPU_ADAPTER_NAME=llvmpipe`: lavapipe on a machine
+//! with a GPU).
+//!
+//! Errors wgpu raises outside a call's result, and the device's loss, are kept per device and
+//! reported to the instance that raised them ([`errors`]).
 //!
 //! An instance whose GEMM is the cooperative-matrix kernel (`GemmKernel::Coop`) gets a second
 //! device on its adapter, opened with `EXPERIMENTAL_COOPERATIVE_MATRIX` (wgpu's experimental
@@ -26,59 +34,15 @@ use dflash_core::{Error, Result};
 
 use crate::pipelines::Pipelines;
 
+mod adapters;
+pub(crate) mod errors;
+
+use adapters::adapters;
+
 /// What is missing when no adapter exists, in every "unavailable" error.
 pub const NO_ADAPTER_HINT: &str = "no GPU adapter was found through Vulkan, Metal, DX12 or GL \
      (on Linux without a GPU, install Mesa's software Vulkan driver lavapipe: \
      `apt-get install mesa-vulkan-drivers`)";
-
-/// The adapters of this machine, in selection order (see the module docs), enumerated once.
-struct Adapters {
-    /// Kept alive for as long as the adapters and devices made from it.
-    _instance: wgpu::Instance,
-    list: Vec<wgpu::Adapter>,
-}
-
-fn adapters() -> &'static Adapters {
-    static ADAPTERS: OnceLock<Adapters> = OnceLock::new();
-    ADAPTERS.get_or_init(|| {
-        // `WGPU_BACKEND` (wgpu's own variable, e.g. `vulkan` or `gl`) restricts the APIs.
-        let backends = wgpu::Backends::all().with_env();
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = backends;
-        let instance = wgpu::Instance::new(desc);
-        let mut list = pollster::block_on(instance.enumerate_adapters(backends));
-        // Only adapters that can run compute shaders at all.
-        list.retain(|a| {
-            a.get_downlevel_capabilities()
-                .flags
-                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
-        });
-        list.sort_by_key(|a| rank(&a.get_info()));
-        if list.iter().any(|a| rank(&a.get_info()).1 == 0) {
-            list.retain(|a| rank(&a.get_info()).1 == 0);
-        }
-        Adapters {
-            _instance: instance,
-            list,
-        }
-    })
-}
-
-/// Sort key: kind of device first, then native APIs before GL.
-fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
-    let kind = match info.device_type {
-        wgpu::DeviceType::DiscreteGpu => 0,
-        wgpu::DeviceType::IntegratedGpu => 1,
-        wgpu::DeviceType::VirtualGpu => 2,
-        wgpu::DeviceType::Cpu => 3,
-        wgpu::DeviceType::Other => 4,
-    };
-    let api = match info.backend {
-        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
-        _ => 1,
-    };
-    (kind, api)
-}
 
 /// Number of compute-capable adapters here (0 without any).
 pub fn adapter_count() -> usize {
@@ -157,8 +121,8 @@ pub struct Ctx {
     /// (`DFLASH_WGPU_PIPELINE_STATS`, where the driver offers them).
     pub(crate) pipeline_stats: bool,
     pub(crate) pipelines: Pipelines,
-    /// Errors wgpu raised outside an error scope, oldest first; reported by the next op.
-    errors: Arc<Mutex<Vec<String>>>,
+    /// Errors wgpu raised outside an error scope, and the device's loss ([`errors`]).
+    pub(crate) errors: Arc<errors::ErrorLog>,
     pub(crate) mem: MemCounter,
     /// Freed tensor buffers kept for reuse (`DFLASH_WGPU_POOL=0`: none kept).
     pub(crate) pool: crate::pool::BufferPool,
@@ -166,18 +130,60 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// Takes the errors wgpu raised since the last call, as an error of `op`.
+    /// Takes the errors wgpu raised for the instance running on this thread
+    /// ([`errors::current`]) since its last check, as an error of `op`; `device lost` where
+    /// the device is.
     pub(crate) fn check(&self, op: &'static str) -> Result<()> {
-        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        self.alive(op)?;
+        let me = errors::current().map(|o| o.instance);
+        let errs = self.errors.take_for(me, &self.tag);
         if errs.is_empty() {
             return Ok(());
         }
-        let all = std::mem::take(&mut *errs).join("; ");
         Err(Error::op(
             op,
             self.tag.clone(),
-            format!("wgpu error: {all}"),
+            format!("wgpu error: {}", errs.join("; ")),
         ))
+    }
+
+    /// `Err` of `op`, `device lost: <reason>`, where the device was lost (destroyed, or lost
+    /// by the driver): every op of every instance on it fails then.
+    pub(crate) fn alive(&self, op: &'static str) -> Result<()> {
+        match self.errors.lost() {
+            None => Ok(()),
+            Some(reason) => Err(self.lost_error(op, &reason)),
+        }
+    }
+
+    fn lost_error(&self, op: &'static str, reason: &str) -> Error {
+        Error::op(
+            op,
+            self.tag.clone(),
+            format!(
+                "device lost: {reason} ({}; its tensors are gone, a new backend instance \
+                 opens the adapter again)",
+                self.info.name
+            ),
+        )
+    }
+
+    /// Waits until the device is idle (what was submitted has run); a failed wait, or wgpu's
+    /// panic on a device error met while waiting, is `device lost` of `op`.
+    pub(crate) fn wait_idle(&self, op: &'static str) -> Result<()> {
+        match errors::wait_idle(&self.device) {
+            errors::Waited::Idle => {}
+            errors::Waited::Failed(e) => {
+                return Err(Error::op(
+                    op,
+                    self.tag.clone(),
+                    format!("waiting for the device: {e}"),
+                ));
+            }
+            errors::Waited::Lost(why) => self.errors.lose(why),
+        }
+        // Also where the wait itself went well: the device-lost callback runs inside it.
+        self.alive(op)
     }
 
     /// Whether the device has f16 storage buffers (`SHADER_F16`).
@@ -234,11 +240,15 @@ impl Ctx {
 }
 
 /// The device of adapter `ordinal` (with `coop`, the one opened for the cooperative-matrix
-/// kernels), made on first use and shared process-wide. Prints the adapter, its API and the
+/// kernels), made on first use (and again after the device was lost) and shared process-wide. Prints the adapter, its API and the
 /// limits in force when the device is made.
 pub fn get(ordinal: usize, coop: bool) -> Result<Arc<Ctx>> {
     let mut devices = devices();
-    if let Some(ctx) = devices.get(&(ordinal, coop)) {
+    // A lost device stays lost: a new instance opens the adapter again (the old device's
+    // instances keep failing with `device lost`).
+    if let Some(ctx) = devices.get(&(ordinal, coop))
+        && ctx.errors.lost().is_none()
+    {
         return Ok(ctx.clone());
     }
     let ctx = Arc::new(open(ordinal, coop)?);
@@ -367,8 +377,9 @@ fn coop_lacks(adapter: &wgpu::Adapter) -> Vec<String> {
 /// The device of adapter `ordinal`: opened with the adapter's limits and the optional features
 /// it offers (with `coop`, [`COOP_FEATURE`] too, where [`cooperative_matrix_support`] finds
 /// everything the kernel needs, else an error), its uncaptured errors collected for
-/// [`Ctx::check`], its caches empty.
-fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
+/// [`Ctx::check`], its caches empty. Not cached: [`get`] is the process's one device of an
+/// adapter.
+pub(crate) fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
     if coop {
         cooperative_matrix_support(ordinal)?;
     }
@@ -385,7 +396,7 @@ fn open(ordinal: usize, coop: bool) -> Result<Ctx> {
         unrobust,
         pipeline_stats,
     } = request_device(adapter, &desc, &info, &tag)?;
-    let errors = error_sink(&device);
+    let errors = errors::install(&device);
     let limits = device.limits();
     let features = device.features() & (OPTIONAL_FEATURES | COOP_FEATURE);
     let pipelines = Pipelines::new(&device);
@@ -423,7 +434,10 @@ fn choose_adapter(ordinal: usize, tag: &str) -> Result<&'static wgpu::Adapter> {
     if list.is_empty() {
         return Err(Error::Unavailable {
             name: "wgpu".into(),
-            reason: NO_ADAPTER_HINT.into(),
+            reason: adapters()
+                .unmatched
+                .clone()
+                .unwrap_or_else(|| NO_ADAPTER_HINT.into()),
         });
     }
     list.get(ordinal).ok_or_else(|| {
@@ -536,17 +550,4 @@ fn request_device(
         unrobust: how.unrobust,
         pipeline_stats,
     })
-}
-
-/// The list `device`'s uncaptured errors go to, oldest first, in place of wgpu's default
-/// handler, which panics: each becomes a typed error of the next op ([`Ctx::check`]).
-fn error_sink(device: &wgpu::Device) -> Arc<Mutex<Vec<String>>> {
-    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-    let sink = errors.clone();
-    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-        sink.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(e.to_string());
-    }));
-    errors
 }

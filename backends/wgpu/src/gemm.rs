@@ -24,6 +24,19 @@ use crate::storage::{DType, WgpuStorage, storage_any, storage_mut};
 /// chunk boundary is a tile boundary).
 const TILE: usize = 128;
 
+/// Workgroup memory of `matmul`: a's and b's 16 x 65 f32 tiles (`gemm.wgsl`'s `tile_a`,
+/// `tile_b`, 1040 f32 each).
+pub(crate) const SMALL_WORKGROUP_BYTES: u32 = 2 * 1040 * 4;
+
+/// Workgroup memory of `matmul128` and `matmul128_w`: a's and b's 16 x 132-vec4 tiles
+/// (`gemm.wgsl`'s `wa`, `wb`, 528 vec4 each), 16,896 bytes: more than WebGPU's guaranteed
+/// 16 KiB.
+pub(crate) const LARGE_WORKGROUP_BYTES: u32 = 2 * 528 * 16;
+
+/// Workgroup memory of `matmul128_n`: `matmul128`'s a tile and its own 272-vec4 b tile
+/// (`gemm_narrow.wgsl`'s `wb_n`).
+pub(crate) const NARROW_WORKGROUP_BYTES: u32 = 528 * 16 + 272 * 16;
+
 /// Workgroup memory of `matmul128_db`: two buffers of a's and b's 16 x 128 tiles, f32
 /// (`gemm_db.wgsl`'s `wa2` and `wb2`, 2 x 512 vec4 each).
 pub(crate) const DB_WORKGROUP_BYTES: u32 = 2 * 2 * 512 * 16;
@@ -99,6 +112,18 @@ impl GemmKernel {
     /// The kernel whose entry point is `name`.
     pub fn from_entry(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.entry() == name)
+    }
+
+    /// The bytes of workgroup memory the kernel declares (`pipelines/tests.rs` checks each
+    /// against its WGSL): what [`crate::limits::gemm_for`] fits to the adapter.
+    pub(crate) fn workgroup_bytes(self) -> u32 {
+        match self {
+            GemmKernel::Small => SMALL_WORKGROUP_BYTES,
+            GemmKernel::Large | GemmKernel::Wide => LARGE_WORKGROUP_BYTES,
+            GemmKernel::Narrow => NARROW_WORKGROUP_BYTES,
+            GemmKernel::DoubleBuffered => DB_WORKGROUP_BYTES,
+            GemmKernel::Coop => COOP_WORKGROUP_BYTES,
+        }
     }
 
     /// The entry point and the rows and columns of the tile of c each workgroup computes (the
@@ -372,19 +397,16 @@ impl WgpuBackend {
         self.gemm_variant().entry()
     }
 
-    /// The kernel the options choose ([`crate::WgpuOptions::gemm`]), except the
-    /// double-buffered one where the adapter's workgroup storage cannot hold
-    /// [`DB_WORKGROUP_BYTES`]: the shipped `matmul128` then. Every other kernel of the shared
-    /// module needs no more workgroup memory than `matmul128` (`pipelines/tests.rs` checks
-    /// each), so it runs wherever the shipped kernel does; the cooperative-matrix one runs only
+    /// The kernel the options choose ([`crate::WgpuOptions::gemm`]) where the adapter's
+    /// workgroup storage holds it, else `matmul128`, else the 64 x 64-tile `matmul`
+    /// ([`crate::limits::gemm_for`]; said once at start). The cooperative-matrix one runs only
     /// on a device opened for it, which `with_options` gives an instance that chooses it or
     /// refuses to start.
-    fn gemm_variant(&self) -> GemmKernel {
-        let fits = self.ctx.limits.max_compute_workgroup_storage_size >= DB_WORKGROUP_BYTES;
-        match self.opts.gemm {
-            GemmKernel::DoubleBuffered if !fits => GemmKernel::Large,
-            kernel => kernel,
-        }
+    pub(crate) fn gemm_variant(&self) -> GemmKernel {
+        crate::limits::gemm_for(
+            self.opts.gemm,
+            self.ctx.limits.max_compute_workgroup_storage_size,
+        )
     }
 
     /// That the `(rows, cols)` matrix `o` names lies inside its buffer: rows at least `cols`

@@ -102,6 +102,9 @@ impl WgpuBackend {
         chunk: usize,
     ) -> Result<Tensor> {
         let op = "upload_frozen";
+        // Its host writes and empty submissions go to the queue directly: marked as this
+        // instance's, so their errors are.
+        let _on = self.ctx.enter(op);
         let n = data.check(op, self.tag(), shape)?;
         let dtype = self.compute_format();
         // Even, so every chunk starts at a whole word of an f16 tensor.
@@ -124,7 +127,7 @@ impl WgpuBackend {
                 for c0 in (0..n).step_by(chunk) {
                     let len = chunk.min(n - c0);
                     data.range(c0, len).widen_into(&mut host[..len]);
-                    self.ctx.write(&out.buf, c0, &host[..len]);
+                    self.ctx.write(op, &out.buf, c0, &host[..len]);
                     self.ctx.queue.submit([]);
                 }
             }
@@ -134,11 +137,11 @@ impl WgpuBackend {
                 for c0 in (0..n).step_by(chunk) {
                     let len = chunk.min(n - c0);
                     data.range(c0, len).widen_into(&mut host[..len]);
-                    self.ctx.write(&staging.buf, 0, &host[..len]);
+                    self.ctx.write(op, &staging.buf, 0, &host[..len]);
                     self.convert_range(op, &staging, 0, &out, c0, len)?;
                     // The conversion must read this chunk before the next one is written: a
                     // queued write lands at the start of the next submission.
-                    self.ctx.flush();
+                    self.ctx.flush(op);
                 }
             }
         }
@@ -175,8 +178,9 @@ impl WgpuBackend {
         }
         if s0.is_multiple_of(2) && d0.is_multiple_of(2) && n.is_multiple_of(2) {
             let (so, d, bytes) = (2 * s0 as u64, 2 * d0 as u64, 2 * n as u64);
-            self.ctx
-                .record(|enc| enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes));
+            self.ctx.record(op, |enc| {
+                enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes)
+            });
             return Ok(());
         }
         let span = self.span_elems();

@@ -29,6 +29,10 @@
 //!   subgroup operations where the adapter has `SUBGROUP`, else through workgroup memory
 //!   (`DFLASH_WGPU_SUBGROUPS=0` forces the latter); one WGSL interface (`reduce.wgsl`,
 //!   `reduce_subgroups.wgsl`), the variant chosen when the pipeline is made.
+//! - **Errors**: what wgpu reports outside a call's result (a validation error, a rejected
+//!   submission) goes to the instance whose op raised it, never to another instance sharing
+//!   the device; a lost device is `device lost: ...` of every op, never a panic
+//!   ([`device::errors`]). Limits the kernels need are checked at start (`limits.rs`).
 //! - **Debug poison**: with `DFLASH_WGPU_POISON=1` (or [`WgpuOptions::poison`]) every output
 //!   buffer an op allocates is first filled with NaN, so an unwritten element shows up.
 
@@ -39,6 +43,8 @@ pub mod device;
 mod embedding;
 mod gemm;
 mod half;
+mod instance;
+mod limits;
 mod loss;
 mod memory;
 mod norm;
@@ -65,12 +71,13 @@ pub use storage::{DType, WgpuStorage};
 /// possibly different, version.
 pub use wgpu;
 
-use device::Ctx;
+use instance::Inst;
 use pipelines::{Family, Kernel};
 
-/// The wgpu backend: one adapter's device and queue (shared with every other instance on it).
+/// The wgpu backend: one adapter's device and queue (shared with every other instance on it),
+/// and this instance's errors ([`device::errors`]).
 pub struct WgpuBackend {
-    ctx: Arc<Ctx>,
+    ctx: Inst,
     opts: WgpuOptions,
     /// Whether `wgpu-tiled`'s forward runs on cooperative matrices where the call allows
     /// ([`WgpuOptions::attn_coop`] resolved against the adapter).
@@ -145,8 +152,32 @@ impl WgpuBackend {
             ));
         }
         let attention = attention::resolve(&opts.attention)?;
+        let lacks = limits::check(&ctx.limits, opts.attention == attention::TILED);
+        if !lacks.is_empty() {
+            return Err(Error::op(
+                "wgpu_init",
+                ctx.tag.clone(),
+                format!(
+                    "{} cannot run this backend: {}",
+                    ctx.info.name,
+                    lacks.join("; ")
+                ),
+            ));
+        }
+        let gemm = limits::gemm_for(wopts.gemm, ctx.limits.max_compute_workgroup_storage_size);
+        if gemm != wopts.gemm {
+            say_once(&format!(
+                "GEMM {} instead of {}: the adapter's {} bytes of workgroup memory do not hold \
+                 {}'s {}",
+                gemm.entry(),
+                wopts.gemm.entry(),
+                ctx.limits.max_compute_workgroup_storage_size,
+                wopts.gemm.entry(),
+                wopts.gemm.workgroup_bytes()
+            ));
+        }
         Ok(WgpuBackend {
-            ctx,
+            ctx: Inst::new(ctx),
             opts: wopts,
             // Host attention kernels never run the tiled forward.
             coop_attention: coop_attention && opts.attention == attention::TILED,

@@ -49,8 +49,9 @@ impl WgpuBackend {
         }
         if n > 0 {
             let (so, d, bytes) = (4 * s0 as u64, 4 * d0 as u64, 4 * n as u64);
-            self.ctx
-                .record(|enc| enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes));
+            self.ctx.record(op, |enc| {
+                enc.copy_buffer_to_buffer(&src.buf, so, &dst.buf, d, bytes)
+            });
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use dflash_core::{Error, Result};
 
 use crate::device::Ctx;
+use crate::device::errors::{self, Origin};
 
 mod source;
 pub(crate) use source::Family;
@@ -111,6 +112,10 @@ pub(crate) struct Pending {
     profile: Option<crate::profile::Profiler>,
     /// The profile's label for the next dispatch in place of its entry point.
     next_label: Option<String>,
+    /// Who recorded the encoder's commands (`None`: recorded outside any backend instance's
+    /// op), each once: told if the device rejects the submission
+    /// ([`crate::device::errors::ErrorLog::rejected`]).
+    origins: Vec<Option<Origin>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -264,7 +269,15 @@ impl Ctx {
 
     /// Records one dispatch of `k` over `groups` workgroups (a 2-D grid past the
     /// per-dimension limit), with `params` as its uniform block; an error of `op` where the
-    /// grid, the pipeline or the parameters do not fit, or wgpu raised one ([`Self::check`]).
+    /// device is lost, the grid, the pipeline, the parameters or the bindings do not fit, or
+    /// wgpu raised one ([`Self::check`]).
+    ///
+    /// Every instance on the device records into one encoder, and a command wgpu rejects
+    /// fails the whole submission, the other instances' work in it included. So what wgpu
+    /// would reject is refused here, before it is recorded: the bindings are checked on the
+    /// host (the stage's storage-buffer limit; a buffer written by the dispatch not also bound
+    /// read-only, which wgpu calls a usage conflict), and the bind group and uniform block are
+    /// made inside an error scope whose error is this call's.
     pub(crate) fn dispatch(
         &self,
         op: &'static str,
@@ -274,10 +287,12 @@ impl Ctx {
         writes: &[Bind<'_>],
         groups: u64,
     ) -> Result<()> {
+        self.alive(op)?;
         if groups == 0 {
             return Ok(());
         }
         let (gx, gy) = self.grid(op, groups)?;
+        self.check_bindings(op, k, reads, writes)?;
         let (nr, nw) = (reads.len() as u32, writes.len() as u32);
         let pipeline = self.pipeline(op, k, nr, nw)?;
         let (bgl, _) = self.layouts(nr, nw);
@@ -285,8 +300,22 @@ impl Ctx {
         let mut p = lock(&self.pending);
         let (ring, stride) = self.uniform_ring(&mut p);
         let offset = p.recorded as u64 * stride;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         self.queue.write_buffer(&ring, offset, &bytes);
         let bind_group = self.bind_group(k, &bgl, &ring, reads, writes);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            // Nothing recorded: the slot's block is overwritten by the next dispatch's.
+            return Err(Error::op(
+                op,
+                self.tag.clone(),
+                format!(
+                    "the bindings of {} were rejected (reads {:?}, writes {:?}): {e}",
+                    k.entry,
+                    crate::limits::ranges(reads),
+                    crate::limits::ranges(writes)
+                ),
+            ));
+        }
         // Dynamic offsets are u32; the ring is FLUSH_EVERY slots of at most a few KiB.
         let dynamic = [offset as u32];
         let label = p.next_label.take();
@@ -393,6 +422,10 @@ impl Ctx {
     }
 
     fn record_locked(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let origin = errors::current();
+        if !p.origins.contains(&origin) {
+            p.origins.push(origin);
+        }
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -406,13 +439,31 @@ impl Ctx {
         }
     }
 
+    /// Submits the pending encoder. wgpu reports what it rejects in it (recording is
+    /// deferred to `finish`) in error scopes here, and the error goes to every instance whose
+    /// work the encoder held ([`crate::device::errors::ErrorLog::rejected`]), not to whoever
+    /// happened to flush.
     fn submit_locked(&self, p: &mut Pending) {
         p.recorded = 0;
+        let origins = std::mem::take(&mut p.origins);
         if let Some(mut enc) = p.encoder.take() {
+            use wgpu::ErrorFilter::{Internal, OutOfMemory, Validation};
+            let scopes =
+                [Validation, OutOfMemory, Internal].map(|f| self.device.push_error_scope(f));
             if let Some(prof) = &p.profile {
                 prof.resolve(&mut enc);
             }
             self.queue.submit([enc.finish()]);
+            // Popped innermost first.
+            let rejected: Vec<String> = scopes
+                .into_iter()
+                .rev()
+                .filter_map(|s| pollster::block_on(s.pop()))
+                .map(|e| e.to_string())
+                .collect();
+            if !rejected.is_empty() {
+                self.errors.rejected(&origins, &rejected.join("; "));
+            }
             if let Some(prof) = &mut p.profile {
                 prof.collect(&self.device);
             }
@@ -473,12 +524,12 @@ impl Ctx {
         self.submit_locked(&mut p);
     }
 
-    /// Submits and waits until the device is idle; reports any error raised meanwhile.
+    /// Submits and waits until the device is idle; reports any error raised meanwhile for
+    /// the instance running on this thread, and the device's loss.
     pub(crate) fn wait(&self, op: &'static str) -> Result<()> {
+        self.alive(op)?;
         self.flush();
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::op(op, self.tag.clone(), format!("waiting for the device: {e}")))?;
+        self.wait_idle(op)?;
         self.check(op)
     }
 }

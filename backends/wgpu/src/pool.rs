@@ -22,7 +22,8 @@
 //!   order with the kernels), and uploads and op outputs (`WgpuBackend::out`, which the op
 //!   writes in full; the poisoned suites prove it) take one uncleared.
 //! - The pool holds at most [`BufferPool::cap`] bytes; an allocation the device cannot satisfy
-//!   drains it and tries again.
+//!   waits for the device to go idle, drains the pool and tries again
+//!   (`Ctx::release_for_retry`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -125,13 +126,16 @@ impl BufferPool {
         }
     }
 
-    /// Drops every free buffer (the device ran out of memory, or the backend was asked to
-    /// release its cache); returns the bytes let go.
+    /// Drops every buffer held, free and recent (the device ran out of memory, or the backend
+    /// was asked to release its cache); returns the bytes let go. Dropping a recent buffer is
+    /// safe where reusing it is not: wgpu keeps a buffer alive while recorded or submitted
+    /// commands use it, and destroys it after the last of them is retired.
     pub(crate) fn drain(&self) -> u64 {
         let mut inner = self.lock();
-        let bytes: u64 = inner.free.values().flatten().map(wgpu::Buffer::size).sum();
+        let bytes = inner.held;
         inner.free.clear();
-        inner.held -= bytes;
+        inner.recent.clear();
+        inner.held = 0;
         bytes
     }
 

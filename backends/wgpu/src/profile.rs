@@ -100,7 +100,9 @@ impl Profiler {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r.is_ok());
         });
-        let _ = device.poll(wgpu::PollType::wait_indefinitely());
+        // A device lost meanwhile (wgpu panics on it here) loses this submission's timings;
+        // the device-lost callback has recorded the loss, which the next op reports.
+        let _ = crate::device::errors::wait_idle(device);
         if rx.try_recv().unwrap_or(false) {
             if let Ok(data) = slice.get_mapped_range() {
                 let tick = |j: usize| {

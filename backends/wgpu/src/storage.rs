@@ -182,7 +182,8 @@ impl Ctx {
 
     /// A buffer for `n` elements of `dtype`: from the pool where it holds one of the size
     /// class (cleared first when `zeroed`, recorded in order with the kernels), else a new
-    /// one (which wgpu zero-initialises). Out of memory drains the pool and tries once more.
+    /// one (which wgpu zero-initialises). Out of memory lets go of what the device may still
+    /// hold for this process ([`Self::release_for_retry`]) and tries once more.
     fn alloc_filled(
         self: &Arc<Ctx>,
         op: &'static str,
@@ -190,6 +191,7 @@ impl Ctx {
         dtype: DType,
         zeroed: bool,
     ) -> Result<WgpuStorage> {
+        self.alive(op)?;
         let bytes = padded_bytes(dtype, n);
         if bytes > self.limits.max_buffer_size {
             return Err(Error::op(
@@ -216,7 +218,10 @@ impl Ctx {
             }
             None => match self.create_buffer(op, size) {
                 Ok(buf) => buf,
-                Err(_) if self.pool.drain() > 0 => self.create_buffer(op, size)?,
+                Err(Error::OutOfMemory { .. }) => {
+                    self.release_for_retry(op)?;
+                    self.create_buffer(op, size)?
+                }
                 Err(e) => return Err(e),
             },
         };
@@ -232,8 +237,24 @@ impl Ctx {
         })
     }
 
+    /// After an allocation ran out of memory: submits what is recorded and waits until the
+    /// device is idle, so that wgpu drops its references to the buffers finished work used
+    /// (it destroys a buffer when the last reference goes, after a poll has retired the
+    /// submissions that used it), then lets go of every buffer the pool holds, those freed
+    /// since the last submit included. Dropping only the pool's free buffers, without the
+    /// wait, could free nothing: in-flight work may still hold them.
+    fn release_for_retry(&self, op: &'static str) -> Result<()> {
+        self.wait(op)?;
+        self.pool.drain();
+        Ok(())
+    }
+
     /// A new tensor buffer of `size` bytes; out of memory is [`Error::OutOfMemory`].
     fn create_buffer(&self, op: &'static str, size: u64) -> Result<wgpu::Buffer> {
+        #[cfg(test)]
+        if tests::oom_hook::fails_now(self.pool.stats().2) {
+            return Err(self.out_of_memory(op, size));
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(op),
@@ -242,15 +263,19 @@ impl Ctx {
             mapped_at_creation: false,
         });
         if pollster::block_on(scope.pop()).is_some() {
-            return Err(Error::OutOfMemory {
-                op,
-                device: self.tag.clone(),
-                requested: size,
-                free: None,
-                total: None,
-            });
+            return Err(self.out_of_memory(op, size));
         }
         Ok(buf)
+    }
+
+    fn out_of_memory(&self, op: &'static str, size: u64) -> Error {
+        Error::OutOfMemory {
+            op,
+            device: self.tag.clone(),
+            requested: size,
+            free: None,
+            total: None,
+        }
     }
 
     /// Queues `data` into `buf` at element `start`, in bounded chunks. A queued write lands at
@@ -346,6 +371,7 @@ impl Ctx {
         mut sink: impl FnMut(&[u8]),
     ) -> Result<()> {
         let op = "download";
+        self.alive(op)?;
         let mut done = 0;
         while done < bytes {
             let len = TRANSFER_CHUNK.min(bytes - done);
@@ -474,3 +500,6 @@ fn check_storage(op: &'static str, ctx: &Ctx, s: &WgpuStorage, shape: &Shape) ->
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -53,6 +53,68 @@ fn no_adapter_is_a_clean_unavailable_error() {
     println!("  WGPU_BACKEND={api}: Unavailable, naming mesa-vulkan-drivers");
 }
 
+/// The child half of `wgpu_adapter_name_keeps_only_the_named_adapters`: runs only with
+/// `DFLASH_WGPU_EXPECT_NAMED` set, to the number of adapters `WGPU_ADAPTER_NAME` should leave
+/// (`0`: none, and the error names the variable).
+#[test]
+fn child_adapter_name() {
+    let Ok(want) = std::env::var("DFLASH_WGPU_EXPECT_NAMED") else {
+        return;
+    };
+    dflash_backend_wgpu::link();
+    let names = dflash_backend_wgpu::device::adapter_names();
+    let wanted = std::env::var("WGPU_ADAPTER_NAME").unwrap().to_lowercase();
+    assert!(
+        names.iter().all(|n| n.to_lowercase().contains(&wanted)),
+        "{names:?}"
+    );
+    if want == "0" {
+        assert!(names.is_empty(), "{names:?}");
+        match registry::create_backend("wgpu", &BackendOptions::default()) {
+            Err(Error::Unavailable { reason, .. }) => {
+                assert!(reason.contains("WGPU_ADAPTER_NAME") && reason.contains("matches none"));
+                println!("CHILD-OK: {reason}");
+            }
+            Err(e) => panic!("expected Unavailable, got {e}"),
+            Ok(_) => panic!("expected Unavailable, got a backend"),
+        }
+    } else {
+        assert!(!names.is_empty());
+        println!("CHILD-OK: {names:?}");
+    }
+}
+
+/// `WGPU_ADAPTER_NAME` (as wgpu's `initialize_adapter_from_env` reads it) keeps the adapters
+/// whose name contains it: the way to pick one the selection drops (lavapipe beside a GPU).
+#[test]
+fn wgpu_adapter_name_keeps_only_the_named_adapters() {
+    if wgpu().is_none() {
+        return;
+    }
+    let first = dflash_backend_wgpu::device::adapter_names()[0].clone();
+    // The adapter's name, before " (API, kind)", in another case.
+    let name = first
+        .rsplit_once(" (")
+        .map_or(first.as_str(), |(n, _)| n)
+        .to_uppercase();
+    for (value, expect) in [(name.as_str(), "1"), ("no-such-adapter-anywhere", "0")] {
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args(["child_adapter_name", "--exact", "--nocapture"])
+            .env("DFLASH_WGPU_EXPECT_NAMED", expect)
+            .env("WGPU_ADAPTER_NAME", value)
+            .output()
+            .expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("CHILD-OK"),
+            "{value}: {text}"
+        );
+        println!("  WGPU_ADAPTER_NAME={value:?}: ok");
+    }
+}
+
 #[test]
 fn adapter_limits_and_registry() {
     let Some(be) = wgpu() else { return };

@@ -239,6 +239,9 @@ fn gemm_modules_hold_every_kernel_and_its_workgroup_bytes() {
             if entry == "matmul128_db" {
                 assert_eq!(bytes, DB_WORKGROUP_BYTES, "{entry}");
             }
+            // What the host fits to the adapter's limit (`limits::gemm_for`).
+            let kernel = GemmKernel::from_entry(entry).expect("a GEMM kernel");
+            assert_eq!(bytes, kernel.workgroup_bytes(), "{entry}");
             let threads128 = ["matmul128_w", "matmul128_n"].contains(&entry);
             let threads = if threads128 { 128 } else { 256 };
             assert_eq!(
