@@ -102,9 +102,11 @@ enum Command {
     /// chat template, tokenizes it with its tokenizer.json and masks the assistant content;
     /// writes `input_ids` + `loss_mask` as a save_to_disk directory for `data.train`.
     Prepare(PrepareArgs),
-    /// The target writes the answers: for each conversation, every turn but a final assistant
-    /// turn is the prompt and the target generates that turn (KV cache, batched; greedy by
-    /// default). Writes JSONL conversations for `prepare`; re-running continues the file.
+    /// The target writes the answers: for each conversation it generates every assistant turn
+    /// in order, each conditioned on its own earlier answers, and answers a final user turn
+    /// (KV cache, batched; greedy by default). Answers cut by --max-new-tokens or --capacity
+    /// are dropped unless --keep-truncated. Writes JSONL conversations for `prepare`;
+    /// re-running continues the file.
     Regenerate(RegenerateArgs),
     /// Progress and last error of a run directory.
     Status { run_dir: PathBuf },
@@ -184,9 +186,12 @@ struct RegenerateArgs {
     /// Conversations decoded together.
     #[arg(long, default_value_t = 16)]
     batch: usize,
+    /// New tokens an answer (each assistant turn) may have.
     #[arg(long, default_value_t = 1024)]
     max_new_tokens: usize,
-    /// Tokens per sequence, prompt and answer (default: the target's max_position_embeddings).
+    /// Tokens per sequence, prompt and answer; a sample with a longer prompt is skipped. The
+    /// KV cache holds --batch x --capacity tokens in f32 and is checked against free memory
+    /// (default: 4096 + --max-new-tokens, at most the target's max_position_embeddings).
     #[arg(long)]
     capacity: Option<usize>,
     /// Prompt tokens prefilled in one call, at most.
@@ -201,9 +206,13 @@ struct RegenerateArgs {
     /// Sample among the most likely tokens holding this much probability (1 = all).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
-    /// Seed of the sampling streams (one per conversation).
+    /// Seed of the sampling streams (one per conversation turn).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Write conversations with an answer cut by --max-new-tokens or --capacity (their
+    /// finish_reason says so) instead of dropping them.
+    #[arg(long)]
+    keep_truncated: bool,
 }
 
 fn regenerate(args: RegenerateArgs) -> Result<()> {
@@ -223,6 +232,7 @@ fn regenerate(args: RegenerateArgs) -> Result<()> {
             top_p: args.top_p,
             seed: args.seed,
         },
+        keep_truncated: args.keep_truncated,
         progress: true,
     };
     println!(

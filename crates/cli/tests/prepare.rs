@@ -157,6 +157,9 @@ fn regenerate_then_prepare_on_the_embedded_target() {
             "5",
             "--max-new-tokens",
             "24",
+            // The tiny target reaches the limit on every answer; truncated answers are
+            // dropped unless kept.
+            "--keep-truncated",
             "--threads",
             "2",
         ])
@@ -178,8 +181,12 @@ fn regenerate_then_prepare_on_the_embedded_target() {
         let messages = line["messages"].as_array().unwrap();
         let last = messages.last().unwrap();
         assert_eq!(last["role"], "assistant", "{line}");
+        // Every assistant turn is the target's, each at most --max-new-tokens long.
+        let turns = line["turns"].as_u64().unwrap();
+        let assistant = messages.iter().filter(|m| m["role"] == "assistant").count();
+        assert_eq!(turns as usize, assistant, "{line}");
         let new_tokens = line["new_tokens"].as_u64().unwrap();
-        assert!((1..=24).contains(&new_tokens), "{line}");
+        assert!((turns..=24 * turns).contains(&new_tokens), "{line}");
         // The prompt is kept: the turn before the answer is the user's, as in the input.
         assert_eq!(messages[messages.len() - 2]["role"], "user", "{line}");
     }

@@ -200,11 +200,80 @@ fn a_full_slot_ends_its_sequence() {
         eos: vec![],
         sampling: Sampling::default(),
     };
-    let prompts = vec![ids(7, 1), ids(10, 2)];
+    let prompts = vec![ids(7, 1), ids(9, 2)];
     let got = run(&t, &opts, &prompts);
-    // 7 prompt tokens + 3 fed answers fill 10 slots; the 4th answer token is still chosen.
-    assert_eq!((got[0].tokens.len(), got[0].finish), (4, Finish::Capacity));
+    // Prompt and answer together hold at most the capacity: 7 + 3 and 9 + 1 tokens.
+    assert_eq!((got[0].tokens.len(), got[0].finish), (3, Finish::Capacity));
     assert_eq!((got[1].tokens.len(), got[1].finish), (1, Finish::Capacity));
+    // A prompt of the capacity leaves no room for an answer.
+    let mut full = [Prompt {
+        id: 4,
+        ids: ids(10, 3),
+    }]
+    .into_iter();
+    let e = generate(&t, &opts, &mut full, &mut |_, _| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("prompt 4 has 10 tokens"), "{e}");
+}
+
+/// A copy of the fixture target whose final norm weight is NaN: every hidden state the
+/// cache returns is NaN, so are the logits.
+fn nan_norm_target(dir: &std::path::Path) -> Qwen3Target {
+    use dflash_models::safetensors_io::{TensorFiles, write_f32_atomic};
+    let src = fixture_dir().join("model");
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let files = TensorFiles::open(&src).unwrap();
+    let mut tensors = Vec::new();
+    for name in files.names() {
+        let shape = files.shape(&name).unwrap();
+        let mut v = files.read_f32(&name, &shape).unwrap();
+        if name == "model.norm.weight" {
+            v.fill(f32::NAN);
+        }
+        tensors.push((name, shape, v));
+    }
+    write_f32_atomic(&dir.join("model.safetensors"), &tensors, None).unwrap();
+    // The loader refuses NaN weights; a NaN forward is what this test is about.
+    let _off = dflash_models::finite::LoadCheckOff::new();
+    Qwen3Target::load(backend(), dir, &[2]).unwrap()
+}
+
+#[test]
+fn non_finite_logits_are_an_error_naming_the_sequence_greedy_or_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = nan_norm_target(dir.path());
+    for sampling in [
+        Sampling::default(),
+        Sampling {
+            temperature: 1.0,
+            ..Sampling::default()
+        },
+    ] {
+        let opts = GenerateOptions {
+            batch: 2,
+            capacity: 16,
+            max_new_tokens: 4,
+            prefill_tokens: 64,
+            eos: vec![],
+            sampling,
+        };
+        let mut prompts = [Prompt {
+            id: 5,
+            ids: ids(4, 5),
+        }]
+        .into_iter();
+        let mut written = 0;
+        let e = generate(&t, &opts, &mut prompts, &mut |_, _| {
+            written += 1;
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(written, 0, "{sampling:?}: nothing is handed over");
+        assert!(
+            e.contains("sequence 5") && e.contains("non-finite"),
+            "{sampling:?}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -1,19 +1,23 @@
-//! The regeneration loop: a reader thread turns rows into prompts ahead of the generation
-//! (through a bounded channel), the generation pulls them as slots free up, and each
-//! finished sequence goes to the output at once.
+//! The regeneration loop: a reader thread turns rows into first-turn prompts ahead of the
+//! generation (through a bounded channel), the generation pulls prompts as slots free up, a
+//! finished turn queues its conversation's next turn (ahead of new samples, so conversations
+//! in flight finish first), and a conversation goes to the output once all its turns are
+//! written: a restart never finds half a conversation.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, sync_channel};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
-use dflash_models::generate::{Finish, GenerateOptions, Generated, Prompt, generate};
+use dflash_models::generate::{
+    Finish, GenerateOptions, GenerateStats, Generated, Prompt, generate,
+};
 use dflash_models::{ModelError, Qwen3Target};
-use dflash_prepare::{Input, Message, PrepareError, Preparer, parse_conversation};
+use dflash_prepare::{Input, PrepareError, Preparer, parse_conversation};
 use indicatif::ProgressBar;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::output::Output;
-use crate::prompt::{prompt_ids, prompt_turns};
+use crate::turns::{Conversation, answer_text, sample_of};
 use crate::{RegenerateError, Summary};
 
 /// Rows handed to the reader at a time, and prompts the channel holds ahead.
@@ -21,23 +25,38 @@ const CHUNK: usize = 256;
 const AHEAD: usize = 1024;
 
 /// A sample on its way from the reader thread.
-enum Item {
-    Prompt(Prompt, Vec<Message>),
+pub(crate) enum Item {
+    /// The first turn's prompt, and the conversation it belongs to.
+    Turn(Prompt, Conversation),
     Skip(u64, String),
     Resumed,
     Failed(PrepareError),
+}
+
+/// What a run does with what it generates.
+pub(crate) struct Settings {
+    /// Tokens a sequence holds, prompt and answer (the generation's capacity).
+    pub capacity: usize,
+    /// Write conversations with an answer cut by `max_new_tokens` or the capacity.
+    pub keep_truncated: bool,
+    pub progress: bool,
 }
 
 /// What the prompt feed and the finish callback share (both run on the generating thread,
 /// never at once).
 #[derive(Default)]
 struct Shared {
-    /// The prompt turns of the sequences in flight, for their output lines.
-    turns: HashMap<u64, Vec<Message>>,
+    /// The conversations with a turn in flight, by sample index.
+    in_flight: HashMap<u64, Conversation>,
+    /// Next turns of conversations in flight, waiting for a slot.
+    next: VecDeque<Prompt>,
     summary: Summary,
     /// The reader's error, or the output's: the generation is stopped and this reported.
     failed: Option<RegenerateError>,
 }
+
+/// The callback [`generate`] hands each finished sequence to.
+type Done<'a> = dyn FnMut(Generated, &GenerateStats) -> dflash_models::Result<()> + 'a;
 
 pub(crate) fn run(
     target: &Qwen3Target,
@@ -45,60 +64,56 @@ pub(crate) fn run(
     input: &Input,
     opts: &GenerateOptions,
     out: &mut Output,
-    progress: bool,
+    settings: &Settings,
 ) -> Result<Summary, RegenerateError> {
-    let bar = progress_bar(progress, input.rows_hint());
+    let to_item = |i: u64, v: &Value| first_turn(preparer, i, v, settings.capacity);
+    drive(input, preparer, out, settings, &to_item, |prompts, done| {
+        generate(target, opts, prompts, done)
+    })
+}
+
+/// [`run`] with the row-to-prompt step and the generation given (tests drive it with
+/// stand-ins): reads `input` on a thread of its own, feeds `generate`, writes the output.
+pub(crate) fn drive<G>(
+    input: &Input,
+    preparer: &Preparer,
+    out: &mut Output,
+    settings: &Settings,
+    to_item: &(dyn Fn(u64, &Value) -> Item + Sync),
+    generate: G,
+) -> Result<Summary, RegenerateError>
+where
+    G: FnOnce(
+        &mut dyn Iterator<Item = Prompt>,
+        &mut Done<'_>,
+    ) -> dflash_models::Result<GenerateStats>,
+{
+    let bar = progress_bar(settings.progress, input.rows_hint());
     let shared = RefCell::new(Shared::default());
     let done_before = out.done().clone();
-    let capacity = opts.capacity;
     let (tx, rx) = sync_channel::<Item>(AHEAD);
-    let result = std::thread::scope(|scope| {
-        let reader = scope.spawn(move || {
-            let read = input.for_each_chunk(CHUNK, &mut |rows| {
-                for (i, v) in rows {
-                    let item = if done_before.contains(&i) {
-                        Item::Resumed
-                    } else {
-                        to_prompt(preparer, i, &v, capacity)
-                    };
-                    if tx.send(item).is_err() {
-                        break; // the generation stopped: nothing more to read
-                    }
-                }
-                Ok(())
-            });
-            if let Err(e) = read {
-                let _ = tx.send(Item::Failed(e));
-            }
-        });
+    let mut turns = Turns {
+        preparer,
+        out,
+        settings,
+        bar: &bar,
+    };
+    let (result, reader) = std::thread::scope(|scope| {
+        let reader = scope.spawn(move || read(input, &done_before, to_item, tx));
         let mut feed = Feed {
             rx: &rx,
             shared: &shared,
             bar: &bar,
         };
-        let result = generate(target, opts, &mut feed, &mut |g, stats| {
+        let result = generate(&mut feed, &mut |g, stats| {
             let mut sh = shared.borrow_mut();
-            let turns = sh.turns.remove(&g.id).unwrap_or_default();
-            let line = match output_line(preparer, &g, &turns) {
-                Ok(line) => line,
-                Err(reason) => {
-                    sh.summary.skipped.push((g.id, reason));
-                    bar.inc(1);
-                    return Ok(());
-                }
-            };
-            if let Err(e) = out.write(g.id, &line) {
+            turns.finished(&mut sh, g, stats).map_err(|e| {
                 sh.failed = Some(e);
-                return Err(ModelError::Input("the output could not be written".into()));
-            }
-            sh.summary.record(&g);
-            bar.inc(1);
-            bar.set_message(format!("{:.0} tok/s", stats.decode_tokens_per_s()));
-            Ok(())
+                ModelError::Input("regeneration stopped (its error follows)".into())
+            })
         });
         drop(rx); // unblocks the reader if the generation stopped early
-        let _ = reader.join();
-        result
+        (result, reader.join())
     });
     bar.finish_and_clear();
     let Shared {
@@ -110,17 +125,68 @@ pub(crate) fn run(
         return Err(e);
     }
     summary.stats = result?;
+    // A reader that panicked closed the channel as if the dataset had ended.
+    if let Err(panic) = reader {
+        return Err(RegenerateError::ReaderPanicked {
+            path: input.path().to_path_buf(),
+            message: panic_message(panic.as_ref()),
+        });
+    }
     finish(summary, input)
 }
 
+/// The reader thread: each row as an [`Item`], in order, until the dataset ends or the
+/// generation stops taking them.
+fn read(
+    input: &Input,
+    done_before: &HashSet<u64>,
+    to_item: &(dyn Fn(u64, &Value) -> Item + Sync),
+    tx: SyncSender<Item>,
+) {
+    let mut stopped = false;
+    let read = input.for_each_chunk(CHUNK, &mut |rows| {
+        for (i, v) in rows {
+            let item = if done_before.contains(&i) {
+                Item::Resumed
+            } else {
+                to_item(i, &v)
+            };
+            if tx.send(item).is_err() {
+                // The generation stopped: reading on would only delay its error.
+                stopped = true;
+                return Err(PrepareError::Input {
+                    path: input.path().to_path_buf(),
+                    detail: "reading stopped: the generation ended".into(),
+                });
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = read
+        && !stopped
+    {
+        let _ = tx.send(Item::Failed(e));
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
 /// A run that read nothing, or skipped everything it had to do, is an error.
-fn finish(summary: Summary, input: &Input) -> Result<Summary, RegenerateError> {
+fn finish(mut summary: Summary, input: &Input) -> Result<Summary, RegenerateError> {
     if summary.samples == 0 {
         return Err(PrepareError::Empty {
             path: input.path().to_path_buf(),
         }
         .into());
     }
+    // Later turns are skipped as they finish, out of order.
+    summary.skipped.sort_by_key(|s| s.0);
     if summary.generated == 0 && summary.resumed == 0 {
         return Err(RegenerateError::AllSkipped {
             path: input.path().to_path_buf(),
@@ -131,63 +197,91 @@ fn finish(summary: Summary, input: &Input) -> Result<Summary, RegenerateError> {
     Ok(summary)
 }
 
-/// The prompt of row `i`, or why it is skipped.
-fn to_prompt(preparer: &Preparer, i: u64, v: &Value, capacity: usize) -> Item {
-    let turns = match parse_conversation(v)
+/// Row `i`'s conversation and its first turn's prompt, or why it is skipped.
+fn first_turn(preparer: &Preparer, i: u64, v: &Value, capacity: usize) -> Item {
+    let conv = match parse_conversation(v)
         .map_err(|r| r.to_string())
-        .and_then(prompt_turns)
+        .and_then(|m| Conversation::new(i, m))
     {
-        Ok(t) => t,
+        Ok(c) => c,
         Err(reason) => return Item::Skip(i, reason),
     };
-    match prompt_ids(preparer, &turns) {
-        Ok(ids) if ids.len() >= capacity => Item::Skip(
-            i,
-            format!(
-                "the prompt has {} tokens: no room for an answer within the capacity of {capacity}",
-                ids.len()
-            ),
-        ),
-        Ok(ids) => Item::Prompt(Prompt { id: i, ids }, turns),
+    match conv.next_prompt(preparer, capacity) {
+        Ok(p) => Item::Turn(p, conv),
         Err(reason) => Item::Skip(i, reason),
     }
 }
 
-/// The conversation with its new assistant turn, as one output line, or why it is skipped:
-/// an answer with ids past the tokenizer's vocabulary (a model with a padded embedding can
-/// emit them; the tokenizer would drop them silently) or that does not decode would be
-/// training text that the target never wrote.
-fn output_line(preparer: &Preparer, g: &Generated, turns: &[Message]) -> Result<Value, String> {
-    let answer = match g.finish {
-        Finish::Eos => &g.tokens[..g.tokens.len() - 1],
-        _ => &g.tokens[..],
-    };
-    let tok = preparer.tokenizer();
-    let vocab = tok.get_vocab_size(true);
-    if let Some(&id) = answer.iter().find(|&&id| id as usize >= vocab) {
-        return Err(format!(
-            "the target's answer holds id {id}, past the tokenizer's {vocab} tokens"
-        ));
-    }
-    let text = tok
-        .decode(answer, true)
-        .map_err(|e| format!("the target's answer does not decode ({e}): ids {answer:?}"))?;
-    let mut messages: Vec<Value> = turns
-        .iter()
-        .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
-        .collect();
-    messages.push(json!({"role": "assistant", "content": text}));
-    Ok(json!({
-        "index": g.id,
-        "messages": messages,
-        "finish_reason": g.finish.as_str(),
-        "prompt_tokens": g.prompt_len,
-        "new_tokens": g.tokens.len(),
-    }))
+/// What happens to a finished turn: the conversation's next turn is queued, or the whole
+/// conversation written, or the sample skipped.
+struct Turns<'a> {
+    preparer: &'a Preparer,
+    out: &'a mut Output,
+    settings: &'a Settings,
+    bar: &'a ProgressBar,
 }
 
-/// The prompts for [`generate`], from the reader's channel: skipped and resumed samples are
-/// counted on the way; the turns of each prompt wait in [`Shared`] for its answer.
+impl Turns<'_> {
+    /// `Err` only where the run must stop (the output cannot be written).
+    fn finished(
+        &mut self,
+        sh: &mut Shared,
+        g: Generated,
+        stats: &GenerateStats,
+    ) -> Result<(), RegenerateError> {
+        let index = sample_of(g.id);
+        let mut conv = sh.in_flight.remove(&index).ok_or_else(|| {
+            RegenerateError::Input(format!(
+                "sequence {} finished, but sample {index} has no turn in flight",
+                g.id
+            ))
+        })?;
+        sh.summary.record_turn(g.finish);
+        let label = conv.turn_label();
+        let text = match answer_text(self.preparer, &g) {
+            Ok(text) => text,
+            Err(reason) => {
+                self.skip(sh, index, format!("{label}{reason}"));
+                return Ok(());
+            }
+        };
+        if g.finish != Finish::Eos && !self.settings.keep_truncated {
+            sh.summary.truncated += 1;
+            let reason = format!(
+                "{label}the answer was cut by {} at {} tokens (--keep-truncated writes it)",
+                g.finish.as_str(),
+                g.tokens.len()
+            );
+            self.skip(sh, index, reason);
+            return Ok(());
+        }
+        conv.answer(text, &g);
+        if !conv.is_complete() {
+            match conv.next_prompt(self.preparer, self.settings.capacity) {
+                Ok(p) => {
+                    sh.next.push_back(p);
+                    sh.in_flight.insert(index, conv);
+                }
+                Err(reason) => self.skip(sh, index, reason),
+            }
+            return Ok(());
+        }
+        self.out.write(index, &conv.output_line())?;
+        sh.summary.generated += 1;
+        self.bar.inc(1);
+        self.bar
+            .set_message(format!("{:.0} tok/s", stats.decode_tokens_per_s()));
+        Ok(())
+    }
+
+    fn skip(&self, sh: &mut Shared, index: u64, reason: String) {
+        sh.summary.skipped.push((index, reason));
+        self.bar.inc(1);
+    }
+}
+
+/// The prompts for [`generate`]: next turns of conversations in flight first, then new
+/// samples from the reader's channel (skipped and resumed ones counted on the way).
 struct Feed<'a> {
     rx: &'a Receiver<Item>,
     shared: &'a RefCell<Shared>,
@@ -198,15 +292,21 @@ impl Iterator for Feed<'_> {
     type Item = Prompt;
     fn next(&mut self) -> Option<Prompt> {
         loop {
+            {
+                let mut sh = self.shared.borrow_mut();
+                if sh.failed.is_some() {
+                    return None;
+                }
+                if let Some(p) = sh.next.pop_front() {
+                    return Some(p);
+                }
+            }
             let item = self.rx.recv().ok()?;
             let mut sh = self.shared.borrow_mut();
-            if sh.failed.is_some() {
-                return None;
-            }
             sh.summary.samples += 1;
             match item {
-                Item::Prompt(p, turns) => {
-                    sh.turns.insert(p.id, turns);
+                Item::Turn(p, conv) => {
+                    sh.in_flight.insert(conv.index(), conv);
                     return Some(p);
                 }
                 Item::Skip(i, reason) => sh.summary.skipped.push((i, reason)),
@@ -237,12 +337,15 @@ fn progress_bar(show: bool, rows: Option<u64>) -> ProgressBar {
 }
 
 impl Summary {
-    fn record(&mut self, g: &Generated) {
-        self.generated += 1;
-        match g.finish {
+    fn record_turn(&mut self, finish: Finish) {
+        self.turns += 1;
+        match finish {
             Finish::Eos => self.finished_eos += 1,
             Finish::MaxNewTokens => self.finished_max_new_tokens += 1,
             Finish::Capacity => self.finished_capacity += 1,
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -12,6 +12,7 @@
 //! the same projections, norms and rotary positions, so a cached forward agrees with the
 //! target's plain forward (and with HF transformers') up to summation order.
 
+use dflash_config::Qwen3Config;
 use dflash_core::Backend;
 use dflash_core::Tensor;
 use dflash_core::mask::{BlockMask, Interval};
@@ -53,11 +54,23 @@ impl KvCache {
         *len = 0;
         Ok(())
     }
-    /// Bytes of a cache of `slots x capacity` tokens for `target`, in f32 (what
+    /// Bytes of a cache of `slots x capacity` tokens for a target of `cfg`, in f32 (what
     /// [`Qwen3Target::kv_cache`] allocates): `2 * layers * slots * capacity * Hkv * D * 4`.
-    pub fn bytes_for(target: &Qwen3Target, slots: usize, capacity: usize) -> u64 {
-        let d = &target.dims;
-        (2 * target.layers.len() * slots * capacity * d.kv_heads * d.head_dim * 4) as u64
+    /// Known before the weights load, so a cache that cannot fit is refused first.
+    /// Saturates at `u64::MAX` (a capacity no device holds).
+    pub fn bytes_for(cfg: &Qwen3Config, slots: usize, capacity: usize) -> u64 {
+        [
+            2,
+            cfg.num_hidden_layers,
+            slots,
+            capacity,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            4,
+        ]
+        .iter()
+        .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
+        .unwrap_or(u64::MAX)
     }
 }
 

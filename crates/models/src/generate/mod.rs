@@ -52,7 +52,7 @@ pub enum Finish {
     Eos,
     /// It reached `max_new_tokens`.
     MaxNewTokens,
-    /// Its slot is full: prompt and output reached `capacity`.
+    /// Its slot is full: prompt and output together reached `capacity` tokens.
     Capacity,
 }
 
@@ -110,13 +110,19 @@ struct Active {
 }
 
 impl GenerateOptions {
-    fn validate(&self) -> Result<()> {
-        let bad = |what: &str| Err(ModelError::Input(format!("generation: {what}")));
-        if self.batch == 0 || self.capacity < 2 {
-            return bad("batch must be at least 1 and capacity at least 2");
-        }
-        if self.max_new_tokens == 0 {
-            return bad("max_new_tokens must be at least 1");
+    /// Checks the knobs (what [`generate`] checks first): every count at least 1, a
+    /// capacity of at least 2 (one prompt token and one new token), valid sampling.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch == 0
+            || self.capacity < 2
+            || self.max_new_tokens == 0
+            || self.prefill_tokens == 0
+        {
+            return Err(ModelError::Input(format!(
+                "generation: batch ({}), max_new_tokens ({}) and prefill_tokens ({}) must each \
+                 be at least 1, and capacity ({}) at least 2",
+                self.batch, self.max_new_tokens, self.prefill_tokens, self.capacity
+            )));
         }
         self.sampling.validate()
     }
@@ -124,8 +130,10 @@ impl GenerateOptions {
 
 /// Generates a continuation of every prompt `prompts` yields (pulled as slots free up, so a
 /// dataset streams through) and hands each finished sequence to `done`, in the order they
-/// finish. An empty prompt or one longer than `capacity` is an error naming it (callers
-/// skip those first).
+/// finish. A sequence's prompt and new tokens together never exceed `capacity`, so a prompt
+/// must be shorter than `capacity`: an empty prompt or a longer one is an error naming it
+/// (callers skip those first). Non-finite logits are an error naming the sequence (greedy
+/// decoding would otherwise pick token 0 of a NaN row and write it as an answer).
 pub fn generate(
     target: &Qwen3Target,
     opts: &GenerateOptions,
@@ -181,11 +189,13 @@ impl Run<'_> {
             let Some(p) = self.held.take().or_else(|| prompts.next()) else {
                 break;
             };
-            if p.ids.is_empty() || p.ids.len() > self.opts.capacity {
+            if p.ids.is_empty() || p.ids.len() >= self.opts.capacity {
                 return Err(ModelError::Input(format!(
-                    "prompt {} has {} tokens: generation needs 1 to {} (the capacity)",
+                    "prompt {} has {} tokens: generation needs 1 to {} (the capacity {} less \
+                     one, the room for an answer)",
                     p.id,
                     p.ids.len(),
+                    self.opts.capacity - 1,
                     self.opts.capacity
                 )));
             }
@@ -259,11 +269,17 @@ impl Run<'_> {
     }
 
     /// The next token of each of `slots` from `hidden (n, H)`: greedy on the device (only
-    /// the ids come back), else from the logits on the host.
+    /// the ids and a finiteness flag come back), else from the logits on the host.
     fn next_tokens(&mut self, hidden: &dflash_core::Tensor, slots: &[usize]) -> Result<Vec<u32>> {
         let b = self.target.backend().as_ref();
         let sampling = self.opts.sampling;
         if sampling.is_greedy() {
+            // The argmax of a NaN row is some valid id (0 on the reference and CUDA
+            // backends); finite hidden states give finite logits through finite weights
+            // (the loader checks those).
+            if !b.all_finite(hidden)? {
+                return Err(self.non_finite_hidden(hidden, slots));
+            }
             return Ok(b.linear_argmax(hidden, self.target.lm_head())?);
         }
         let logits = b.download(&self.target.head_logits(hidden)?)?;
@@ -271,8 +287,38 @@ impl Run<'_> {
         slots
             .iter()
             .zip(logits.chunks(vocab))
-            .map(|(&s, row)| sampling.pick(row, &mut self.active(s).rng))
+            .map(|(&s, row)| {
+                let a = self.active(s);
+                sampling
+                    .pick(row, &mut a.rng)
+                    .map_err(|e| ModelError::Input(format!("generate: sequence {}: {e}", a.id)))
+            })
             .collect()
+    }
+
+    /// The error for a non-finite `hidden (n, H)`, naming the first sequence whose row holds
+    /// a NaN or infinity.
+    fn non_finite_hidden(&mut self, hidden: &dflash_core::Tensor, slots: &[usize]) -> ModelError {
+        let rows = match self.target.backend().download(hidden) {
+            Ok(rows) => rows,
+            Err(e) => return e.into(),
+        };
+        let width = rows.len() / slots.len().max(1);
+        let bad = rows
+            .chunks(width.max(1))
+            .zip(slots)
+            .find_map(|(row, &s)| Some((s, row.iter().copied().find(|x| !x.is_finite())?)));
+        let what = match bad {
+            Some((s, x)) => format!(
+                "sequence {}: its final hidden state holds {x}",
+                self.active(s).id
+            ),
+            None => "a final hidden state holds a NaN or infinity".into(),
+        };
+        ModelError::Input(format!(
+            "generate: {what}: the target produced non-finite values, so its logits are \
+             non-finite and no token can be chosen"
+        ))
     }
 
     /// Appends each slot's token and hands over the sequences that finished.
@@ -294,7 +340,8 @@ impl Run<'_> {
                 Some(Finish::Eos)
             } else if a.tokens.len() >= max_new {
                 Some(Finish::MaxNewTokens)
-            } else if held >= cap {
+            } else if held + 1 >= cap {
+                // `t` is not in the cache yet: the sequence is `held + 1` tokens long.
                 Some(Finish::Capacity)
             } else {
                 None
