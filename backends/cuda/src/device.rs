@@ -24,8 +24,9 @@ pub(crate) struct Device {
     pub name: String,
     /// Compute capability `(major, minor)`.
     pub cc: (i32, i32),
-    /// `kernels/attention.cu` (`"cuda-flash"`), compiled on first use by a backend that
-    /// selects it; a failure is kept (as its message) and reported on every use.
+    /// `kernels/attention.cu` (`"cuda-flash"`), loaded when a backend first selects it (its
+    /// PTX compiled at device start when that backend started the device); a failure is kept
+    /// (as its message) and reported on every use.
     pub(crate) flash: OnceLock<Result<FlashKernels, String>>,
 }
 
@@ -133,15 +134,19 @@ fn init(ordinal: usize, with_flash: bool) -> Result<Device, CudaError> {
     keep_pool_memory(&ctx);
     let arch = format!("compute_{}{}", cc.0, cc.1);
     let kernels = std::thread::scope(|s| {
-        if with_flash && cc.0 >= 8 {
-            // Only the PTX, kept by `compile_once` for `FlashKernels::load`, which also
-            // reports a failure (compiling again then).
+        // Only the PTX, kept by `compile_once` for `FlashKernels::load`, which reports a
+        // failure (compiling again then); a panic here must not fail the other kernels.
+        let flash = (with_flash && cc.0 >= 8).then(|| {
             s.spawn(move || {
                 let (file, src) = crate::kernels::flash_source();
                 let _ = crate::kernels::compile_once(file, &src, &crate::flash::flash_arch(cc));
-            });
+            })
+        });
+        let kernels = Kernels::load(&ctx, &arch);
+        if let Some(f) = flash {
+            let _ = f.join();
         }
-        Kernels::load(&ctx, &arch)
+        kernels
     })?;
     Ok(Device {
         ctx,

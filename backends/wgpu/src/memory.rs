@@ -240,7 +240,8 @@ impl MemoryOps for WgpuBackend {
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
         // wgpu zero-initialises every buffer before its first use.
-        let s = self.ctx.alloc("zeros", shape.iter().product())?;
+        let n = dflash_core::tensor::checked_numel("zeros", &self.ctx.tag, shape)?;
+        let s = self.ctx.alloc("zeros", n)?;
         Ok(self.tensor(s, shape))
     }
 

@@ -6,8 +6,8 @@
 //!   Qwen3-8B-shaped target generated on the device, 400 sequences of 600–3072 tokens;
 //! - `e2e.small.1gpu`: a 6-layer hidden-256 target and a 1-layer drafter, block 16, 32 anchors,
 //!   32 sequences of 256 tokens a step;
-//! - `load.8b`: seconds from the job's start to the end of its first step with the target read
-//!   from a sharded bf16 safetensors checkpoint on local disk (written first when absent).
+//! - `load.8b` (`load.rs`): seconds from the start of `dflash train` to the end of its first
+//!   step with the target read from a sharded bf16 safetensors checkpoint on local disk.
 //!
 //! Throughput is the tokens of the steps after the warm-up over their wall time, read from
 //! the run's own `metrics.jsonl`; `detail` gives each worker's phases over the same steps and

@@ -140,8 +140,18 @@ fn in_child(exe: &Path, mut cfg: TrainConfig, scratch: &Path) -> Result<StartUp>
     let err = out.try_clone().map_err(io(&log))?;
     let metrics = run_dir.join("metrics.jsonl");
 
+    // The file holds the config as resolved here, `DFLASH_*` variables included; in the child
+    // they would override it again, over the bench's own settings (its run directory, step
+    // count, backend).
+    let mut command = Command::new(exe);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with(dflash_config::ENV_PREFIX) && key.contains("__") {
+            command.env_remove(&*key);
+        }
+    }
     let t0 = Instant::now();
-    let child = Command::new(exe)
+    let child = command
         .arg("train")
         .arg("--config")
         .arg(&config)

@@ -158,8 +158,8 @@ fn grid(a: usize, b: u32, m: usize) -> Option<u32> {
 }
 
 impl CudaBackend {
-    /// The compiled `attention.cu` of this device (compiled on first use, then cached; a
-    /// failure is cached too and reported every time).
+    /// The loaded `attention.cu` of this device (loaded on first use, then kept; a failure is
+    /// kept too and reported every time).
     pub(crate) fn flash(&self, op: &'static str) -> Result<&FlashKernels> {
         let r = self
             .dev
