@@ -174,6 +174,8 @@ impl Ctx {
         match errors::wait_idle(&self.device) {
             errors::Waited::Idle => {}
             errors::Waited::Failed(e) => {
+                // A loss can surface as a failed wait; say so where the callback has run.
+                self.alive(op)?;
                 return Err(Error::op(
                     op,
                     self.tag.clone(),
