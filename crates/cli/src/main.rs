@@ -166,6 +166,7 @@ struct RegenerateArgs {
     #[arg(long)]
     data: PathBuf,
     /// Output JSONL file; an existing one written with the same settings is continued.
+    /// Dropped samples are recorded in OUT.skipped.jsonl, so a restart skips them too.
     #[arg(long)]
     out: PathBuf,
     /// A chat template file to use instead of the target's.
@@ -189,9 +190,12 @@ struct RegenerateArgs {
     /// New tokens an answer (each assistant turn) may have.
     #[arg(long, default_value_t = 1024)]
     max_new_tokens: usize,
-    /// Tokens per sequence, prompt and answer; a sample with a longer prompt is skipped. The
-    /// KV cache holds --batch x --capacity tokens in f32 and is checked against free memory
-    /// (default: 4096 + --max-new-tokens, at most the target's max_position_embeddings).
+    /// Tokens per sequence, prompt and answer, the earlier answers of a conversation in its
+    /// later prompts: a sample whose first prompt is longer is skipped, and one whose later
+    /// prompt outgrows it is written up to its last answer. The KV cache holds --batch x
+    /// --capacity tokens in f32 and is checked against free memory where the backend
+    /// reports it (default: 4096 + --max-new-tokens, at most the target's
+    /// max_position_embeddings).
     #[arg(long)]
     capacity: Option<usize>,
     /// Prompt tokens prefilled in one call, at most.

@@ -135,7 +135,8 @@ name = "run"
 }
 
 /// The DFlash recipe's path: chat JSONL -> `dflash regenerate` (the target writes the answers)
-/// -> `dflash prepare` on its output. A second run continues the file and generates nothing.
+/// -> `dflash prepare` on its output. A second run continues the file and generates nothing,
+/// not even for the sample dropped before; `prepare` reads the conversations alone.
 #[test]
 fn regenerate_then_prepare_on_the_embedded_target() {
     let tmp = tempfile::tempdir().unwrap();
@@ -191,13 +192,22 @@ fn regenerate_then_prepare_on_the_embedded_target() {
         assert_eq!(messages[messages.len() - 2]["role"], "user", "{line}");
     }
 
+    // The drop is recorded beside the output.
+    let record = tmp.path().join("regenerated.jsonl.skipped.jsonl");
+    let record_text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(record_text.lines().count(), 1, "{record_text}");
+    assert!(record_text.starts_with(r#"{"index":12,"#), "{record_text}");
+
     let (ok, again) = regenerate();
     assert!(ok, "{again}");
     assert!(
-        again.contains("12 already done") && again.contains("0 generated"),
+        again.contains("13 already done (1 of them skipped before)")
+            && again.contains("0 generated")
+            && again.contains("0 skipped"),
         "{again}"
     );
     assert_eq!(std::fs::read_to_string(&regenerated).unwrap(), text);
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), record_text);
 
     let (data, out) = (regenerated.to_str().unwrap(), prepared.to_str().unwrap());
     let (ok, out) = dflash(&[
@@ -213,4 +223,5 @@ fn regenerate_then_prepare_on_the_embedded_target() {
     ]);
     assert!(ok, "{out}");
     assert!(prepared.join("state.json").is_file(), "{out}");
+    assert!(out.contains("samples: 12 read"), "{out}");
 }

@@ -308,3 +308,41 @@ fn bad_calls_are_errors_not_panics() {
     let e = generate(&t, &opts, &mut too_long, &mut |_, _| Ok(())).unwrap_err();
     assert!(e.to_string().contains("prompt 7 has 9 tokens"), "{e}");
 }
+
+/// An absurd `--batch` or capacity: the cache's size is refused as memory no device has
+/// (the bytes saturated), not a wrapped product of slots and capacity or an allocator panic.
+#[test]
+fn a_kv_cache_past_any_memory_is_an_out_of_memory_error_not_a_panic() {
+    let t = target();
+    // slots x capacity wraps; the product fits but its bytes do not; both past u64 bytes.
+    for (slots, capacity) in [(usize::MAX, 2), (usize::MAX / 2, 2), (2, usize::MAX)] {
+        match t.kv_cache(slots, capacity) {
+            Err(dflash_models::ModelError::Backend(dflash_core::Error::OutOfMemory {
+                op,
+                requested,
+                ..
+            })) => assert_eq!(
+                (op, requested),
+                ("kv_cache", u64::MAX),
+                "{slots} x {capacity}"
+            ),
+            Err(e) => panic!("{slots} x {capacity}: another error: {e}"),
+            Ok(_) => panic!("{slots} x {capacity}: a cache was made"),
+        }
+    }
+    let opts = GenerateOptions {
+        batch: usize::MAX,
+        capacity: 8,
+        max_new_tokens: 2,
+        prefill_tokens: 64,
+        eos: vec![],
+        sampling: Sampling::default(),
+    };
+    let mut prompts = [Prompt {
+        id: 0,
+        ids: ids(3, 5),
+    }]
+    .into_iter();
+    let e = generate(&t, &opts, &mut prompts, &mut |_, _| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("out of device memory"), "{e}");
+}

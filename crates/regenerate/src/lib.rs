@@ -9,9 +9,11 @@
 //! `generation_config.json`, else `config.json`, and `tokenizer_config.json`'s `eos_token`),
 //! `max_new_tokens` or the capacity. An answer cut by `max_new_tokens` or the capacity
 //! drops its sample unless `keep_truncated` is set (the chat template would close the
-//! cut answer with an end of turn the target never wrote). Each finished conversation is
-//! appended to a JSONL file in the OpenAI `messages` form ([`output`]). A restart with the
-//! same settings skips the samples already written. A reader thread renders and tokenizes
+//! cut answer with an end of turn the target never wrote). A conversation whose later turn
+//! no longer fits the capacity (earlier answers count against it) is written up to its last
+//! answer. Each finished conversation is appended to a JSONL file in the OpenAI `messages`
+//! form, and each dropped sample recorded beside it ([`output`]). A restart with the same
+//! settings skips the samples already written or dropped. A reader thread renders and tokenizes
 //! first-turn prompts ahead of the generation through a bounded channel; the dataset itself
 //! is read as [`Input`] reads it (a JSONL file whole, Parquet and Arrow files a batch at a
 //! time).
@@ -63,7 +65,8 @@ pub struct RegenerateOptions {
     /// New tokens an answer may have (each turn's).
     pub max_new_tokens: usize,
     /// Tokens a sequence may hold, prompt and answer; `None`: [`default_capacity`]. A
-    /// sample with a longer prompt (at any turn) is skipped.
+    /// sample whose first prompt is longer is skipped; one whose later prompt is (the
+    /// earlier answers are in it) is written up to its last answer.
     pub capacity: Option<usize>,
     /// Prompt tokens prefilled in one call, at most.
     pub prefill_tokens: usize,
@@ -88,10 +91,15 @@ pub fn default_capacity(max_position_embeddings: usize, max_new_tokens: usize) -
 pub struct Summary {
     /// Samples read.
     pub samples: usize,
-    /// Samples found finished in the output from an earlier run.
+    /// Samples an earlier run handled: written to the output, or dropped.
     pub resumed: usize,
+    /// Of `resumed`, those an earlier run dropped (its record of drops says so).
+    pub resumed_skipped: usize,
     /// Samples written by this run.
     pub generated: usize,
+    /// `(sample index, reason)` of the samples written up to a turn whose prompt outgrew
+    /// the capacity, without their later turns (also in `generated`), by index.
+    pub shortened: Vec<(u64, String)>,
     /// Answers (assistant turns) generated, written or not, by how they ended.
     pub turns: usize,
     pub finished_eos: usize,
@@ -110,12 +118,21 @@ impl fmt::Display for Summary {
         let s = &self.stats;
         write!(
             f,
-            "samples: {} read, {} generated, {} already done, {} skipped",
-            self.samples,
-            self.generated,
-            self.resumed,
-            self.skipped.len()
+            "samples: {} read, {} generated",
+            self.samples, self.generated
         )?;
+        if !self.shortened.is_empty() {
+            write!(
+                f,
+                " ({} shortened: a later turn outgrew --capacity)",
+                self.shortened.len()
+            )?;
+        }
+        write!(f, ", {} already done", self.resumed)?;
+        if self.resumed_skipped > 0 {
+            write!(f, " ({} of them skipped before)", self.resumed_skipped)?;
+        }
+        write!(f, ", {} skipped", self.skipped.len())?;
         if self.truncated > 0 {
             write!(
                 f,
@@ -142,6 +159,9 @@ impl fmt::Display for Summary {
             s.decode_steps,
             s.decode_tokens_per_s()
         )?;
+        for (i, r) in self.shortened.iter().take(10) {
+            writeln!(f, "  shortened sample {i}: {r}")?;
+        }
         for (i, r) in self.skipped.iter().take(10) {
             writeln!(f, "  skipped sample {i}: {r}")?;
         }
@@ -157,12 +177,16 @@ pub fn regenerate(
     let preparer = Preparer::from_target_dir(&opts.target, opts.chat_template.as_deref())?;
     let cfg = Qwen3Config::from_file(opts.target.join("config.json"))?;
     let gen_opts = generate_options(opts, &cfg, &preparer)?;
-    memory::check_kv_cache(
+    let unchecked = memory::check_kv_cache(
         backend.as_ref(),
         &cfg,
         &gen_opts,
         " before the target loads",
     )?;
+    // Said once: the check after the load has no more to go on.
+    if let Some(note) = unchecked {
+        eprintln!("regenerate: note: {note}");
+    }
     let input = Input::open(&opts.data)?;
     let mut out = Output::open(&opts.out, &meta(opts, &input, &gen_opts)?)?;
     let last = cfg.num_hidden_layers.saturating_sub(1);

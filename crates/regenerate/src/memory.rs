@@ -2,73 +2,76 @@
 //! `batch x capacity` tokens of every layer in f32, which for an 8B target at a long
 //! capacity is more than a GPU holds. Checked before the weights load (a fast error instead
 //! of an out-of-memory after minutes of loading) and again after (the weights then take
-//! their share). Where neither the backend nor the host reports free memory, nothing is
-//! checked.
+//! their share), against the memory the backend reports, or the host's for a backend that
+//! reports none (its tensors live there). Where the host's is unknown too, nothing is
+//! checked, and a note says so.
 
 use dflash_config::Qwen3Config;
-use dflash_core::{Backend, MemoryCapacity};
+use dflash_core::{Backend, MemoryCapacity, host_capacity};
 use dflash_models::generate::{GenerateOptions, KvCache};
 
 use crate::error::RegenerateError;
 
 /// Refuses a cache that needs more than the memory the backend allocates from has free
-/// now; `when` says when that was measured.
+/// now; `when` says when that was measured. `Ok(Some(note))`: nothing could be checked,
+/// and the note says why.
 pub(crate) fn check_kv_cache(
     backend: &dyn Backend,
     cfg: &Qwen3Config,
     g: &GenerateOptions,
     when: &str,
-) -> Result<(), RegenerateError> {
+) -> Result<Option<String>, RegenerateError> {
     // Memory an allocator keeps for reuse (the load's staging buffers) is free to the cache.
     backend.release_cached_memory();
-    let (device, free) = match backend.memory_capacity() {
-        Some(c) => (backend.device(), Some(c)),
-        // A backend that reports no device memory keeps its tensors in host memory.
-        None => ("the host".to_string(), host_capacity()),
-    };
-    fits(cfg, g, free, &device, when)
+    let free = free_memory(backend.device(), backend.memory_capacity(), host_capacity);
+    match free {
+        Ok((device, capacity)) => fits(cfg, g, capacity, &device, when).map(|()| None),
+        Err(why) => Ok(Some(format!(
+            "the KV cache of --batch {} x --capacity {} tokens ({} bytes) is not checked \
+             against free memory: {why}",
+            g.batch,
+            g.capacity,
+            KvCache::bytes_for(cfg, g.batch, g.capacity)
+        ))),
+    }
+}
+
+/// The memory the cache comes from and what it has free, or why that is unknown: what the
+/// backend on `device` reports, else the host's (`host`): by
+/// [`dflash_core::BackendInfo::memory_capacity`]'s contract, a backend that reports none keeps
+/// its tensors in host memory (the training job's memory plan reads it the same way).
+fn free_memory(
+    device: String,
+    reported: Option<MemoryCapacity>,
+    host: impl FnOnce() -> Option<MemoryCapacity>,
+) -> Result<(String, MemoryCapacity), String> {
+    match reported {
+        Some(c) => Ok((device, c)),
+        None => host()
+            .map(|c| ("the host".to_string(), c))
+            .ok_or_else(|| "the host does not report its free memory".to_string()),
+    }
 }
 
 fn fits(
     cfg: &Qwen3Config,
     g: &GenerateOptions,
-    capacity: Option<MemoryCapacity>,
+    capacity: MemoryCapacity,
     device: &str,
     when: &str,
 ) -> Result<(), RegenerateError> {
     let need = KvCache::bytes_for(cfg, g.batch, g.capacity);
-    match capacity {
-        Some(c) if need > c.free => Err(RegenerateError::Memory {
+    if need > capacity.free {
+        return Err(RegenerateError::Memory {
             batch: g.batch,
             capacity: g.capacity,
             need,
-            free: c.free,
+            free: capacity.free,
             device: device.to_string(),
             when: when.to_string(),
-        }),
-        _ => Ok(()),
+        });
     }
-}
-
-/// Host memory from `/proc/meminfo`: `MemAvailable` (what can be allocated without
-/// swapping) and `MemTotal`; `None` where the file is missing (not Linux). The training
-/// job's memory plan reads the host the same way.
-fn host_capacity() -> Option<MemoryCapacity> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kib: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
-    };
-    Some(MemoryCapacity {
-        free: field("MemAvailable:")?,
-        total: field("MemTotal:")?,
-    })
+    Ok(())
 }
 
 #[cfg(test)]
@@ -107,7 +110,7 @@ mod tests {
         // Qwen3-8B at batch 16 and 40960 positions: the old default, 193 GB.
         let need = KvCache::bytes_for(&qwen3_8b(), 16, 40960);
         assert_eq!(need, 2 * 36 * 16 * 40960 * 8 * 128 * 4);
-        let e = fits(&qwen3_8b(), &opts(16, 40960), Some(h100), "cuda:0", "").unwrap_err();
+        let e = fits(&qwen3_8b(), &opts(16, 40960), h100, "cuda:0", "").unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("--batch 16") && msg.contains("--capacity 40960"),
@@ -115,9 +118,30 @@ mod tests {
         );
         assert!(msg.contains(&need.to_string()), "{msg}");
         // 4096 + 1024 positions fit.
-        fits(&qwen3_8b(), &opts(16, 5120), Some(h100), "cuda:0", "").unwrap();
-        // Nothing reported: nothing checked.
-        fits(&qwen3_8b(), &opts(16, 40960), None, "cpu", "").unwrap();
+        fits(&qwen3_8b(), &opts(16, 5120), h100, "cuda:0", "").unwrap();
+    }
+
+    #[test]
+    fn a_backend_without_its_own_memory_is_checked_against_the_host() {
+        let small = || {
+            Some(MemoryCapacity {
+                free: 1 << 30,
+                total: 2 << 30,
+            })
+        };
+        let gpu = MemoryCapacity {
+            free: 79 << 30,
+            total: 80 << 30,
+        };
+        // What the backend reports wins; the host is not asked.
+        let asked = || -> Option<MemoryCapacity> { panic!("the host was asked") };
+        let got = free_memory("cuda:0".into(), Some(gpu), asked).unwrap();
+        assert_eq!(got, ("cuda:0".to_string(), gpu));
+        // A backend that reports none keeps its tensors in host memory.
+        let got = free_memory("cpu".into(), None, small).unwrap();
+        assert_eq!(got, ("the host".to_string(), small().unwrap()));
+        let e = free_memory("cpu".into(), None, || None).unwrap_err();
+        assert!(e.contains("the host does not report"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,13 @@
 //! so one file never mixes, say, greedy and sampled answers. An output that holds no
 //! complete line yet (a run that failed before its first answer) binds nothing: a restart
 //! takes it over with its own settings.
+//!
+//! `OUT.skipped.jsonl` records the samples dropped (`{"index": i, "reason": "..."}` a line,
+//! written as the output is): a restart counts them as handled instead of generating them
+//! again, only to drop them again. Its records hold under the settings of `OUT.meta.json`
+//! alone, so a takeover with other settings empties it. `prepare` never reads it as data: it
+//! reads a JSONL file only where `--data` names that file (a directory or a pattern yields
+//! Parquet and Arrow files alone).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -11,81 +18,183 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use dflash_models::safetensors_io::write_atomic;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::error::{RegenerateError, io_err};
 
-/// The settings file of `out`.
-pub fn meta_path(out: &Path) -> PathBuf {
+/// Reasons of earlier runs' drops kept for an error that lists them.
+const FIRST_REASONS: usize = 10;
+
+/// `out` with `suffix` appended to its file name.
+fn beside(out: &Path, suffix: &str) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(".meta.json");
+    name.push(suffix);
     out.with_file_name(name)
 }
 
-pub struct Output {
-    path: PathBuf,
-    file: File,
-    /// Sample indices already in the file.
-    done: HashSet<u64>,
+/// The settings file of `out`.
+pub fn meta_path(out: &Path) -> PathBuf {
+    beside(out, ".meta.json")
 }
 
-impl Output {
-    /// Opens `path` for appending. A new file, or one without a complete line, gets `meta`
-    /// written beside it; one with lines must have been written with the same `meta`, and
-    /// its finished samples are read.
-    pub fn open(path: &Path, meta: &Value) -> Result<Output, RegenerateError> {
-        let meta_file = meta_path(path);
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(path)(e)),
-        };
-        let done = match bytes {
-            // A file without a line is ours to take only where it was ours: our meta beside
-            // it, or nothing in it at all.
-            Some(b) if b.contains(&b'\n') || (!b.is_empty() && !meta_file.exists()) => {
-                check_meta(path, &meta_file, meta)?;
-                read_done(path, &b)?
-            }
-            _ => {
-                let text = serde_json::to_vec_pretty(meta).expect("a JSON value serialises");
-                write_atomic(&meta_file, &text)?;
-                // A torn first line of an earlier run.
-                File::create(path).map_err(io_err(path))?;
-                HashSet::new()
-            }
-        };
+/// The record of the samples dropped from `out`.
+pub fn skipped_path(out: &Path) -> PathBuf {
+    beside(out, ".skipped.jsonl")
+}
+
+/// A JSONL file appended to a whole line at a time.
+struct Lines {
+    path: PathBuf,
+    file: File,
+}
+
+impl Lines {
+    fn open(path: &Path) -> Result<Lines, RegenerateError> {
         let file = OpenOptions::new()
+            .create(true)
             .append(true)
             .open(path)
             .map_err(io_err(path))?;
-        Ok(Output {
+        Ok(Lines {
             path: path.to_path_buf(),
             file,
-            done,
         })
     }
 
-    /// Whether sample `index` is in the file already.
-    pub fn is_done(&self, index: u64) -> bool {
-        self.done.contains(&index)
-    }
-    /// The indices already in the file.
-    pub fn done(&self) -> &HashSet<u64> {
-        &self.done
-    }
-
-    /// Appends one finished sample (an object with an `index`) as one line, flushed.
-    pub fn write(&mut self, index: u64, line: &Value) -> Result<(), RegenerateError> {
+    /// Appends `line` and flushes it: a kill leaves at most this line torn.
+    fn append(&mut self, line: &Value) -> Result<(), RegenerateError> {
         let mut text = serde_json::to_string(line).expect("a JSON value serialises");
         text.push('\n');
         self.file
             .write_all(text.as_bytes())
             .and_then(|()| self.file.flush())
-            .map_err(io_err(&self.path))?;
+            .map_err(io_err(&self.path))
+    }
+}
+
+pub struct Output {
+    lines: Lines,
+    skips: Lines,
+    /// Sample indices already in the output.
+    done: HashSet<u64>,
+    /// Sample indices already dropped (in the record of drops).
+    skipped: HashSet<u64>,
+    /// The first drops an earlier run recorded, `(index, reason)`.
+    skipped_first: Vec<(u64, String)>,
+}
+
+impl Output {
+    /// Opens `path` (and its record of drops) for appending. A new file, or one without a
+    /// complete line, gets `meta` written beside it; one with lines must have been written
+    /// with the same `meta`, and its finished and dropped samples are read. A record of
+    /// drops beside an output without lines is kept where its `meta` is this one.
+    pub fn open(path: &Path, meta: &Value) -> Result<Output, RegenerateError> {
+        let meta_file = meta_path(path);
+        let skip_file = skipped_path(path);
+        let bytes = read_if_exists(path)?;
+        let skip_bytes = read_if_exists(&skip_file)?;
+        // A file without a line is ours to take only where it was ours: our meta beside
+        // it, or nothing in it at all.
+        let foreign =
+            |b: &Option<Vec<u8>>| b.as_ref().is_some_and(|b| !b.is_empty()) && !meta_file.exists();
+        let has_line = bytes.as_ref().is_some_and(|b| b.contains(&b'\n'));
+        let bound = if has_line || foreign(&bytes) || foreign(&skip_bytes) {
+            check_meta(path, &meta_file, meta)?;
+            true
+        } else {
+            // Drops recorded under these very settings still hold; under others they may not.
+            skip_bytes.as_ref().is_some_and(|b| b.contains(&b'\n'))
+                && check_meta(path, &meta_file, meta).is_ok()
+        };
+        let mut out = Output {
+            lines: Lines::open(path)?,
+            skips: Lines::open(&skip_file)?,
+            done: HashSet::new(),
+            skipped: HashSet::new(),
+            skipped_first: Vec::new(),
+        };
+        if bound {
+            out.read_done(&bytes.unwrap_or_default())?;
+            out.read_skipped(&skip_bytes.unwrap_or_default())?;
+        } else {
+            let text = serde_json::to_vec_pretty(meta).expect("a JSON value serialises");
+            write_atomic(&meta_file, &text)?;
+            // A torn first line of an earlier run, and drops made under other settings.
+            truncate(path, 0)?;
+            truncate(&skip_file, 0)?;
+        }
+        Ok(out)
+    }
+
+    /// Whether sample `index` is handled already: in the output, or dropped.
+    pub fn is_done(&self, index: u64) -> bool {
+        self.done.contains(&index) || self.skipped.contains(&index)
+    }
+    /// The indices already in the output.
+    pub fn done(&self) -> &HashSet<u64> {
+        &self.done
+    }
+    /// The indices already dropped.
+    pub fn skipped(&self) -> &HashSet<u64> {
+        &self.skipped
+    }
+    /// The first drops recorded before this run, `(index, reason)`, by line.
+    pub fn skipped_first(&self) -> &[(u64, String)] {
+        &self.skipped_first
+    }
+
+    /// Appends one finished sample (an object with an `index`) as one line, flushed.
+    pub fn write(&mut self, index: u64, line: &Value) -> Result<(), RegenerateError> {
+        self.lines.append(line)?;
         self.done.insert(index);
         Ok(())
     }
+
+    /// Records that sample `index` is dropped, and why, as one line, flushed.
+    pub fn skip(&mut self, index: u64, reason: &str) -> Result<(), RegenerateError> {
+        self.skips
+            .append(&json!({"index": index, "reason": reason}))?;
+        self.skipped.insert(index);
+        Ok(())
+    }
+
+    fn read_done(&mut self, bytes: &[u8]) -> Result<(), RegenerateError> {
+        let done = &mut self.done;
+        read_lines(&self.lines.path, bytes, "an output line", &mut |i, _| {
+            done.insert(i);
+        })
+    }
+
+    fn read_skipped(&mut self, bytes: &[u8]) -> Result<(), RegenerateError> {
+        let (skipped, first) = (&mut self.skipped, &mut self.skipped_first);
+        read_lines(
+            &self.skips.path,
+            bytes,
+            "a record of a drop",
+            &mut |i, v| {
+                if skipped.insert(i) && first.len() < FIRST_REASONS {
+                    let reason = v.get("reason").and_then(Value::as_str).unwrap_or_default();
+                    first.push((i, reason.to_string()));
+                }
+            },
+        )
+    }
+}
+
+fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, RegenerateError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+fn truncate(path: &Path, len: u64) -> Result<(), RegenerateError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.set_len(len).map_err(io_err(path))
 }
 
 fn check_meta(out: &Path, meta_file: &Path, meta: &Value) -> Result<(), RegenerateError> {
@@ -119,32 +228,33 @@ fn check_meta(out: &Path, meta_file: &Path, meta: &Value) -> Result<(), Regenera
     Ok(())
 }
 
-/// The indices of the complete lines of `path` (whose contents are `bytes`), after cutting
-/// off a torn last line.
-fn read_done(path: &Path, bytes: &[u8]) -> Result<HashSet<u64>, RegenerateError> {
+/// Hands each complete line of `path` (whose contents are `bytes`) with its `index` to
+/// `each`, after cutting off a torn last line; `what` names a line in an error.
+fn read_lines(
+    path: &Path,
+    bytes: &[u8],
+    what: &str,
+    each: &mut dyn FnMut(u64, &Value),
+) -> Result<(), RegenerateError> {
     let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let mut done = HashSet::new();
     for (n, line) in bytes[..complete].split(|&b| b == b'\n').enumerate() {
         if line.is_empty() {
             continue;
         }
-        let index = serde_json::from_slice::<Value>(line)
-            .ok()
-            .and_then(|v| v.get("index")?.as_u64())
-            .ok_or_else(|| RegenerateError::Resume {
+        let v = serde_json::from_slice::<Value>(line).ok();
+        let index = v.as_ref().and_then(|v| v.get("index")?.as_u64());
+        let (Some(v), Some(index)) = (v.as_ref(), index) else {
+            return Err(RegenerateError::Resume {
                 path: path.to_path_buf(),
-                detail: format!("line {} is not an output line with an \"index\"", n + 1),
-            })?;
-        done.insert(index);
+                detail: format!("line {} is not {what} with an \"index\"", n + 1),
+            });
+        };
+        each(index, v);
     }
     if complete < bytes.len() {
-        let f = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(io_err(path))?;
-        f.set_len(complete as u64).map_err(io_err(path))?;
+        truncate(path, complete as u64)?;
     }
-    Ok(done)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -175,6 +285,61 @@ mod tests {
         let e = Output::open(&out, &second).err().expect("other settings");
         assert!(e.to_string().contains("other settings"), "{e}");
         assert!(Output::open(&out, &first).unwrap().is_done(0));
+    }
+
+    #[test]
+    fn drops_are_recorded_and_read_back_under_the_same_settings_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let (first, second) = (json!({"temperature": 0.0}), json!({"temperature": 0.7}));
+        let mut o = Output::open(&out, &first).unwrap();
+        o.skip(3, "cut").unwrap();
+        o.skip(5, "too long").unwrap();
+        drop(o);
+        // A kill in the middle of a third record.
+        let skips = skipped_path(&out);
+        let mut text = std::fs::read_to_string(&skips).unwrap();
+        let whole = text.clone();
+        text.push_str(r#"{"index": 7, "rea"#);
+        std::fs::write(&skips, text).unwrap();
+        // No output line yet, but the same settings: the drops hold.
+        let o = Output::open(&out, &first).unwrap();
+        assert!(o.is_done(3) && o.is_done(5) && !o.is_done(7));
+        assert_eq!(o.skipped().len(), 2);
+        assert!(o.done().is_empty());
+        assert_eq!(
+            o.skipped_first(),
+            [(3, "cut".to_string()), (5, "too long".to_string())]
+        );
+        drop(o);
+        assert_eq!(
+            std::fs::read_to_string(&skips).unwrap(),
+            whole,
+            "torn line cut"
+        );
+        // Other settings take over an output without lines: drops made then may not hold.
+        let o = Output::open(&out, &second).unwrap();
+        assert!(!o.is_done(3));
+        drop(o);
+        assert_eq!(std::fs::read(&skips).unwrap(), b"");
+        // Once the output has a line, the settings bind the drops as well.
+        let mut o = Output::open(&out, &second).unwrap();
+        o.write(0, &json!({"index": 0})).unwrap();
+        o.skip(1, "cut").unwrap();
+        drop(o);
+        let e = Output::open(&out, &first).err().expect("other settings");
+        assert!(e.to_string().contains("other settings"), "{e}");
+        let o = Output::open(&out, &second).unwrap();
+        assert!(o.is_done(0) && o.is_done(1));
+        // A record that is not one is an error naming the file and line.
+        drop(o);
+        std::fs::write(&skips, "{\"index\": 1}\nnot json\n").unwrap();
+        let e = Output::open(&out, &second).err().expect("not a record");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("out.jsonl.skipped.jsonl") && msg.contains("line 2"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! generation (through a bounded channel), the generation pulls prompts as slots free up, a
 //! finished turn queues its conversation's next turn (ahead of new samples, so conversations
 //! in flight finish first), and a conversation goes to the output once all its turns are
-//! written: a restart never finds half a conversation.
+//! written: a restart never finds half a conversation. A dropped sample is recorded beside
+//! the output ([`Output::skip`]), so a restart does not generate it again; one whose later
+//! turn outgrows the capacity is written up to its last answer instead.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -17,7 +19,7 @@ use indicatif::ProgressBar;
 use serde_json::Value;
 
 use crate::output::Output;
-use crate::turns::{Conversation, answer_text, sample_of};
+use crate::turns::{Conversation, NoPrompt, answer_text, sample_of};
 use crate::{RegenerateError, Summary};
 
 /// Rows handed to the reader at a time, and prompts the channel holds ahead.
@@ -29,7 +31,10 @@ pub(crate) enum Item {
     /// The first turn's prompt, and the conversation it belongs to.
     Turn(Prompt, Conversation),
     Skip(u64, String),
-    Resumed,
+    /// Handled by an earlier run: written, or dropped (`skipped`).
+    Resumed {
+        skipped: bool,
+    },
     Failed(PrepareError),
 }
 
@@ -44,8 +49,9 @@ pub(crate) struct Settings {
 
 /// What the prompt feed and the finish callback share (both run on the generating thread,
 /// never at once).
-#[derive(Default)]
-struct Shared {
+struct Shared<'o> {
+    /// Where finished samples go, and the record of dropped ones.
+    out: &'o mut Output,
     /// The conversations with a turn in flight, by sample index.
     in_flight: HashMap<u64, Conversation>,
     /// Next turns of conversations in flight, waiting for a slot.
@@ -53,6 +59,16 @@ struct Shared {
     summary: Summary,
     /// The reader's error, or the output's: the generation is stopped and this reported.
     failed: Option<RegenerateError>,
+}
+
+impl Shared<'_> {
+    /// Drops sample `index`, recording it beside the output first: a restart counts it as
+    /// handled instead of generating (and dropping) it again.
+    fn skip(&mut self, index: u64, reason: String) -> Result<(), RegenerateError> {
+        self.out.skip(index, &reason)?;
+        self.summary.skipped.push((index, reason));
+        Ok(())
+    }
 }
 
 /// The callback [`generate`] hands each finished sequence to.
@@ -89,17 +105,26 @@ where
     ) -> dflash_models::Result<GenerateStats>,
 {
     let bar = progress_bar(settings.progress, input.rows_hint());
-    let shared = RefCell::new(Shared::default());
-    let done_before = out.done().clone();
+    let before = Before {
+        written: out.done().clone(),
+        skipped: out.skipped().clone(),
+        first_skipped: out.skipped_first().to_vec(),
+    };
+    let shared = RefCell::new(Shared {
+        out,
+        in_flight: HashMap::new(),
+        next: VecDeque::new(),
+        summary: Summary::default(),
+        failed: None,
+    });
     let (tx, rx) = sync_channel::<Item>(AHEAD);
     let mut turns = Turns {
         preparer,
-        out,
         settings,
         bar: &bar,
     };
     let (result, reader) = std::thread::scope(|scope| {
-        let reader = scope.spawn(move || read(input, &done_before, to_item, tx));
+        let reader = scope.spawn(|| read(input, &before, to_item, tx));
         let mut feed = Feed {
             rx: &rx,
             shared: &shared,
@@ -132,22 +157,32 @@ where
             message: panic_message(panic.as_ref()),
         });
     }
-    finish(summary, input)
+    finish(summary, input, &before.first_skipped)
+}
+
+/// The samples earlier runs handled.
+struct Before {
+    written: HashSet<u64>,
+    skipped: HashSet<u64>,
+    /// The first drops they recorded, `(index, reason)`.
+    first_skipped: Vec<(u64, String)>,
 }
 
 /// The reader thread: each row as an [`Item`], in order, until the dataset ends or the
 /// generation stops taking them.
 fn read(
     input: &Input,
-    done_before: &HashSet<u64>,
+    before: &Before,
     to_item: &(dyn Fn(u64, &Value) -> Item + Sync),
     tx: SyncSender<Item>,
 ) {
     let mut stopped = false;
     let read = input.for_each_chunk(CHUNK, &mut |rows| {
         for (i, v) in rows {
-            let item = if done_before.contains(&i) {
-                Item::Resumed
+            let item = if before.written.contains(&i) {
+                Item::Resumed { skipped: false }
+            } else if before.skipped.contains(&i) {
+                Item::Resumed { skipped: true }
             } else {
                 to_item(i, &v)
             };
@@ -177,21 +212,36 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
-/// A run that read nothing, or skipped everything it had to do, is an error.
-fn finish(mut summary: Summary, input: &Input) -> Result<Summary, RegenerateError> {
+/// A run that read nothing, or whose output holds nothing (every sample skipped, now or by
+/// an earlier run), is an error; `first_before` are the earlier run's first drops.
+fn finish(
+    mut summary: Summary,
+    input: &Input,
+    first_before: &[(u64, String)],
+) -> Result<Summary, RegenerateError> {
     if summary.samples == 0 {
         return Err(PrepareError::Empty {
             path: input.path().to_path_buf(),
         }
         .into());
     }
-    // Later turns are skipped as they finish, out of order.
+    // Later turns are skipped or shortened as they finish, out of order.
     summary.skipped.sort_by_key(|s| s.0);
-    if summary.generated == 0 && summary.resumed == 0 {
+    summary.shortened.sort_by_key(|s| s.0);
+    if summary.generated == 0 && summary.resumed == summary.resumed_skipped {
+        let before = first_before
+            .iter()
+            .map(|(i, r)| (*i, format!("{r} (skipped before)")));
         return Err(RegenerateError::AllSkipped {
             path: input.path().to_path_buf(),
             total: summary.samples,
-            first: summary.skipped.iter().take(10).cloned().collect(),
+            first: summary
+                .skipped
+                .iter()
+                .cloned()
+                .chain(before)
+                .take(10)
+                .collect(),
         });
     }
     Ok(summary)
@@ -208,15 +258,16 @@ fn first_turn(preparer: &Preparer, i: u64, v: &Value, capacity: usize) -> Item {
     };
     match conv.next_prompt(preparer, capacity) {
         Ok(p) => Item::Turn(p, conv),
-        Err(reason) => Item::Skip(i, reason),
+        // Nothing answered yet: nothing to write.
+        Err(no) => Item::Skip(i, no.reason()),
     }
 }
 
-/// What happens to a finished turn: the conversation's next turn is queued, or the whole
-/// conversation written, or the sample skipped.
+/// What happens to a finished turn: the conversation's next turn is queued, or the
+/// conversation written (whole, or up to its last answer where the next turn outgrows the
+/// capacity), or the sample skipped.
 struct Turns<'a> {
     preparer: &'a Preparer,
-    out: &'a mut Output,
     settings: &'a Settings,
     bar: &'a ProgressBar,
 }
@@ -240,10 +291,7 @@ impl Turns<'_> {
         let label = conv.turn_label();
         let text = match answer_text(self.preparer, &g) {
             Ok(text) => text,
-            Err(reason) => {
-                self.skip(sh, index, format!("{label}{reason}"));
-                return Ok(());
-            }
+            Err(reason) => return self.skip(sh, index, format!("{label}{reason}")),
         };
         if g.finish != Finish::Eos && !self.settings.keep_truncated {
             sh.summary.truncated += 1;
@@ -252,8 +300,7 @@ impl Turns<'_> {
                 g.finish.as_str(),
                 g.tokens.len()
             );
-            self.skip(sh, index, reason);
-            return Ok(());
+            return self.skip(sh, index, reason);
         }
         conv.answer(text, &g);
         if !conv.is_complete() {
@@ -261,12 +308,16 @@ impl Turns<'_> {
                 Ok(p) => {
                     sh.next.push_back(p);
                     sh.in_flight.insert(index, conv);
+                    return Ok(());
                 }
-                Err(reason) => self.skip(sh, index, reason),
+                // The answers so far are the target's, each after its own earlier ones:
+                // training data as they stand, where dropping them would waste their
+                // generation (earlier answers grow every later prompt).
+                Err(NoPrompt::TooLong(reason)) => sh.summary.shortened.push((index, reason)),
+                Err(no) => return self.skip(sh, index, no.reason()),
             }
-            return Ok(());
         }
-        self.out.write(index, &conv.output_line())?;
+        sh.out.write(index, &conv.output_line())?;
         sh.summary.generated += 1;
         self.bar.inc(1);
         self.bar
@@ -274,21 +325,22 @@ impl Turns<'_> {
         Ok(())
     }
 
-    fn skip(&self, sh: &mut Shared, index: u64, reason: String) {
-        sh.summary.skipped.push((index, reason));
+    fn skip(&self, sh: &mut Shared, index: u64, reason: String) -> Result<(), RegenerateError> {
+        sh.skip(index, reason)?;
         self.bar.inc(1);
+        Ok(())
     }
 }
 
 /// The prompts for [`generate`]: next turns of conversations in flight first, then new
 /// samples from the reader's channel (skipped and resumed ones counted on the way).
-struct Feed<'a> {
+struct Feed<'a, 'o> {
     rx: &'a Receiver<Item>,
-    shared: &'a RefCell<Shared>,
+    shared: &'a RefCell<Shared<'o>>,
     bar: &'a ProgressBar,
 }
 
-impl Iterator for Feed<'_> {
+impl Iterator for Feed<'_, '_> {
     type Item = Prompt;
     fn next(&mut self) -> Option<Prompt> {
         loop {
@@ -309,8 +361,16 @@ impl Iterator for Feed<'_> {
                     sh.in_flight.insert(conv.index(), conv);
                     return Some(p);
                 }
-                Item::Skip(i, reason) => sh.summary.skipped.push((i, reason)),
-                Item::Resumed => sh.summary.resumed += 1,
+                Item::Skip(i, reason) => {
+                    if let Err(e) = sh.skip(i, reason) {
+                        sh.failed = Some(e);
+                        return None;
+                    }
+                }
+                Item::Resumed { skipped } => {
+                    sh.summary.resumed += 1;
+                    sh.summary.resumed_skipped += usize::from(skipped);
+                }
                 Item::Failed(e) => {
                     sh.summary.samples -= 1;
                     sh.failed = Some(e.into());

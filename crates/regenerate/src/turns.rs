@@ -73,26 +73,25 @@ impl Conversation {
         }
     }
 
-    /// The next turn's prompt, or why the sample is skipped: the prompt leaves no room for
-    /// an answer within `capacity` (the generation's limit on prompt and answer).
+    /// The next turn's prompt, or why it has none.
     pub(crate) fn next_prompt(
         &self,
         preparer: &Preparer,
         capacity: usize,
-    ) -> Result<Prompt, String> {
+    ) -> Result<Prompt, NoPrompt> {
         let turn = self.ends.len();
         let ids = prompt_ids(preparer, &self.messages[..self.answers[turn]])
-            .map_err(|r| format!("{}{r}", self.turn_label()))?;
+            .map_err(|r| NoPrompt::Failed(format!("{}{r}", self.turn_label())))?;
         if ids.len() >= capacity {
-            return Err(format!(
+            return Err(NoPrompt::TooLong(format!(
                 "{}the prompt has {} tokens: no room for an answer within the capacity of \
                  {capacity} (--capacity)",
                 self.turn_label(),
                 ids.len()
-            ));
+            )));
         }
         Ok(Prompt {
-            id: sequence_id(self.index, turn)?,
+            id: sequence_id(self.index, turn).map_err(NoPrompt::Failed)?,
             ids,
         })
     }
@@ -108,12 +107,17 @@ impl Conversation {
         });
     }
 
-    /// The output line of a complete conversation: its messages, `finish_reason` (`eos`
-    /// where every turn ended at EOS, else the first turn's other reason), the last turn's
-    /// `prompt_tokens`, the new tokens of all turns, and the number of turns written.
+    /// The output line of the conversation: its messages (of an incomplete one, those up to
+    /// and including its last answer, the target's throughout, which `prepare` trains on),
+    /// `finish_reason` (`eos` where every turn ended at EOS, else the first turn's other
+    /// reason), the last turn's `prompt_tokens`, the new tokens of all turns, and the number
+    /// of turns written.
     pub(crate) fn output_line(&self) -> Value {
-        let messages: Vec<Value> = self
-            .messages
+        let end = match (self.is_complete(), self.ends.len().checked_sub(1)) {
+            (false, Some(last)) => self.answers[last] + 1,
+            _ => self.messages.len(),
+        };
+        let messages: Vec<Value> = self.messages[..end]
             .iter()
             .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
             .collect();
@@ -131,6 +135,23 @@ impl Conversation {
             "new_tokens": self.ends.iter().map(|e| e.new_tokens).sum::<usize>(),
             "turns": self.ends.len(),
         })
+    }
+}
+
+/// Why a turn has no prompt.
+#[derive(Debug)]
+pub(crate) enum NoPrompt {
+    /// The conversation so far leaves no room for an answer within the capacity.
+    TooLong(String),
+    /// The template, the tokenizer or the sequence id failed.
+    Failed(String),
+}
+
+impl NoPrompt {
+    pub(crate) fn reason(self) -> String {
+        match self {
+            NoPrompt::TooLong(r) | NoPrompt::Failed(r) => r,
+        }
     }
 }
 

@@ -6,92 +6,24 @@
 //!   conversations' answers are HF's at batch sizes 1, 2 and 6;
 //! - a conversation of several assistant turns gets each written by the target in turn,
 //!   conditioned on its own earlier answers;
-//! - answers cut by `max_new_tokens` drop their sample unless `keep_truncated`;
-//! - the output is JSONL conversations that `dflash prepare` turns into training data;
-//! - a restart continues: finished lines are kept, a torn last line is cut off, only the
-//!   missing samples are generated, and other settings are refused;
-//! - samples without anything to answer are skipped with a reason; all skipped is an error;
+//! - answers cut by `max_new_tokens` drop their sample unless `keep_truncated`, and a
+//!   restart knows them dropped (generates nothing for them);
 //! - a file-name pattern is a dataset; a KV cache past the free memory is refused.
+//!
+//! What a run drops and what a restart finds: `restart.rs`.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
-use dflash_core::Backend;
-use dflash_core::registry::BackendOptions;
+use common::*;
 use dflash_models::Qwen3Target;
 use dflash_models::generate::{GenerateOptions, Prompt, Sampling, generate};
 use dflash_prepare::Preparer;
-use dflash_regenerate::{RegenerateError, RegenerateOptions, regenerate};
+use dflash_regenerate::output::skipped_path;
+use dflash_regenerate::{RegenerateError, regenerate};
 use serde_json::{Value, json};
-
-fn tiny_target() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-target")
-}
-
-fn golden() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/generate_golden.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn backend() -> Arc<dyn Backend> {
-    dflash_backend_reference::link();
-    dflash_attention_tiled::link();
-    dflash_core::registry::create_backend(
-        "reference",
-        &BackendOptions {
-            attention: "tiled".into(),
-            threads: 2,
-            device: 0,
-        },
-    )
-    .unwrap()
-}
-
-fn write_jsonl(path: &Path, rows: &[Value]) {
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(path, text).unwrap();
-}
-
-fn opts(data: &Path, out: &Path, batch: usize, max_new: usize) -> RegenerateOptions {
-    RegenerateOptions {
-        target: tiny_target(),
-        chat_template: None,
-        data: data.to_path_buf(),
-        out: out.to_path_buf(),
-        batch,
-        max_new_tokens: max_new,
-        capacity: Some(256),
-        prefill_tokens: 4096,
-        sampling: Sampling::default(),
-        // Most golden answers run to max_new_tokens.
-        keep_truncated: true,
-        progress: false,
-    }
-}
-
-/// `(index, line)` of every output line, sorted by index.
-fn read_out(path: &Path) -> Vec<(u64, Value)> {
-    let mut rows: Vec<(u64, Value)> = std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            (v["index"].as_u64().unwrap(), v)
-        })
-        .collect();
-    rows.sort_by_key(|r| r.0);
-    rows
-}
-
-fn golden_rows() -> (Vec<Value>, Vec<Value>) {
-    let g = golden();
-    let cases = g["cases"].as_array().unwrap().clone();
-    let rows = cases
-        .iter()
-        .map(|c| json!({"messages": c["messages"]}))
-        .collect();
-    (cases, rows)
-}
 
 /// The golden prompt of `case`: its final turn's, earlier turns as written.
 fn golden_prompt(preparer: &Preparer, case: &Value) -> Vec<u32> {
@@ -293,6 +225,40 @@ fn answers_cut_by_max_new_tokens_drop_their_sample_unless_kept() {
     assert!(s.to_string().contains("--keep-truncated"), "{s}");
     let written: Vec<u64> = read_out(&drop_cut.out).iter().map(|r| r.0).collect();
     assert!(written.iter().all(|i| !cut.contains(i)), "{written:?}");
+
+    // The drops are recorded beside the output: a restart neither generates them nor drops
+    // them again, and says so.
+    let record: Vec<Value> = std::fs::read_to_string(skipped_path(&drop_cut.out))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut recorded: Vec<u64> = record
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, cut);
+    assert!(record.iter().all(|r| {
+        r["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cut by max_new_tokens")
+    }));
+    let again = regenerate(backend(), &drop_cut).unwrap();
+    assert_eq!(
+        (
+            again.generated,
+            again.turns,
+            again.resumed,
+            again.resumed_skipped
+        ),
+        (0, 0, 6, cut.len()),
+        "{again}"
+    );
+    assert!(again.skipped.is_empty() && again.truncated == 0, "{again}");
+    let said = format!("6 already done ({} of them skipped before)", cut.len());
+    assert!(again.to_string().contains(&said), "{again}");
 }
 
 /// A Parquet file of `messages` rows (one user turn each).
@@ -356,6 +322,8 @@ fn a_file_name_pattern_is_a_dataset_and_its_files_are_recorded() {
     assert_eq!((s.resumed, s.generated), (3, 0));
 }
 
+/// The reference backend's tensors are host memory, which only Linux reports here.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_kv_cache_past_the_free_memory_is_refused_before_anything_is_written() {
     let (_, rows) = golden_rows();
@@ -394,113 +362,5 @@ fn the_default_capacity_is_bounded() {
     assert_eq!(
         meta["capacity"], 2048,
         "the tiny target's max_position_embeddings"
-    );
-}
-
-#[test]
-fn output_prepares_and_a_restart_continues_where_it_stopped() {
-    let (_, rows) = golden_rows();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("chats.jsonl");
-    write_jsonl(&data, &rows);
-    let out = dir.path().join("out.jsonl");
-    regenerate(backend(), &opts(&data, &out, 3, 16)).unwrap();
-    let full = std::fs::read_to_string(&out).unwrap();
-    let whole = read_out(&out);
-
-    // Keep two lines and half of the third, as a kill in the middle of a write leaves it.
-    let lines: Vec<&str> = full.lines().collect();
-    let torn = format!(
-        "{}\n{}\n{}",
-        lines[0],
-        lines[1],
-        &lines[2][..lines[2].len() / 2]
-    );
-    std::fs::write(&out, torn).unwrap();
-    let s = regenerate(backend(), &opts(&data, &out, 2, 16)).unwrap();
-    assert_eq!((s.samples, s.resumed, s.generated), (6, 2, 4));
-    assert_eq!(
-        read_out(&out),
-        whole,
-        "the continued file holds the same answers"
-    );
-    assert!(
-        std::fs::read_to_string(&out)
-            .unwrap()
-            .starts_with(&format!("{}\n{}\n", lines[0], lines[1]))
-    );
-    let s = regenerate(backend(), &opts(&data, &out, 2, 16)).unwrap();
-    assert_eq!(
-        (s.resumed, s.generated),
-        (6, 0),
-        "a finished file is left as it is"
-    );
-
-    // Other settings would mix answers of two kinds in one file.
-    let mut other = opts(&data, &out, 2, 16);
-    other.sampling.temperature = 0.7;
-    let e = regenerate(backend(), &other).unwrap_err();
-    assert!(matches!(e, RegenerateError::Resume { .. }), "{e}");
-    assert!(e.to_string().contains("temperature"), "{e}");
-
-    // The output is chat data for prepare: the empty EOS answer is skipped there.
-    let prepared = dir.path().join("prepared");
-    let summary = dflash_prepare::prepare(&dflash_prepare::PrepareOptions {
-        target: tiny_target(),
-        chat_template: None,
-        data: out.clone(),
-        out: prepared.clone(),
-        bucket_bounds: vec![64, 128],
-        progress: false,
-    })
-    .unwrap();
-    assert_eq!((summary.samples, summary.written), (6, 5), "{summary}");
-    assert_eq!(dflash_data::open_dataset(&prepared).unwrap().len(), 5);
-}
-
-#[test]
-fn samples_with_nothing_to_answer_are_skipped_and_all_skipped_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("chats.jsonl");
-    let rows = [
-        json!({"messages": [{"role": "user", "content": "def f():\n"}]}),
-        json!({"messages": [{"role": "assistant", "content": "only an answer"}]}),
-        json!({"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}, {"from": "gpt", "value": "z"}]}),
-        json!({"messages": [{"role": "user", "content": "a".repeat(300)}]}),
-        json!({"text": "no conversation"}),
-        // The second turn's prompt holds the first answer and 300 more characters.
-        json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "a".repeat(300)}]}),
-    ];
-    write_jsonl(&data, &rows);
-    let out = dir.path().join("out.jsonl");
-    let s = regenerate(backend(), &opts(&data, &out, 2, 4)).unwrap();
-    assert_eq!((s.samples, s.generated), (6, 1));
-    let reasons: Vec<(u64, &str)> = s.skipped.iter().map(|(i, r)| (*i, r.as_str())).collect();
-    assert_eq!(reasons.len(), 5, "{reasons:?}");
-    assert!(
-        reasons[0].0 == 1 && reasons[0].1.contains("no user turn"),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons[1].0 == 2 && reasons[1].1.contains("follows a assistant turn"),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons[2].0 == 3 && reasons[2].1.contains("capacity of 256"),
-        "{reasons:?}"
-    );
-    assert!(reasons[3].0 == 4, "{reasons:?}");
-    assert!(
-        reasons[4].0 == 5
-            && reasons[4].1.starts_with("turn 2 of 2: the prompt has")
-            && reasons[4].1.contains("capacity of 256"),
-        "{reasons:?}"
-    );
-
-    write_jsonl(&data, &rows[1..]);
-    let e = regenerate(backend(), &opts(&data, &dir.path().join("o2.jsonl"), 2, 4)).unwrap_err();
-    assert!(
-        matches!(e, RegenerateError::AllSkipped { total: 5, .. }),
-        "{e}"
     );
 }

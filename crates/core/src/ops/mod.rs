@@ -72,6 +72,36 @@ pub struct MemoryCapacity {
     pub total: u64,
 }
 
+impl MemoryCapacity {
+    /// The host's memory from the text of Linux's `/proc/meminfo`: `MemAvailable` (what can
+    /// be allocated without swapping) as free and `MemTotal`; `None` where either is missing
+    /// or unreadable.
+    pub fn from_meminfo(text: &str) -> Option<MemoryCapacity> {
+        let field = |name: &str| -> Option<u64> {
+            let line = text.lines().find(|l| l.starts_with(name))?;
+            let kib: u64 = line[name.len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            kib.checked_mul(1024)
+        };
+        Some(MemoryCapacity {
+            free: field("MemAvailable:")?,
+            total: field("MemTotal:")?,
+        })
+    }
+}
+
+/// Host memory, for backends that keep their tensors there ([`BackendInfo::memory_capacity`]
+/// `None`): [`MemoryCapacity::from_meminfo`] of `/proc/meminfo`; `None` where the file is
+/// missing (not Linux). One reading for every caller, so a training job's memory plan and
+/// `regenerate`'s KV cache check agree on what the host has.
+pub fn host_capacity() -> Option<MemoryCapacity> {
+    MemoryCapacity::from_meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
 /// How a backend instance sizes the buffer of a tensor: what its [`MemoryStats`] count and
 /// what a memory plan must add up, tensor by tensor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -153,7 +183,25 @@ pub trait BackendInfo: Send + Sync {
 
 #[cfg(test)]
 mod tests {
-    use super::AllocationRounding;
+    use super::{AllocationRounding, MemoryCapacity};
+
+    #[test]
+    fn meminfo_gives_available_and_total_bytes_or_nothing() {
+        let text = "MemTotal:       16318096 kB\nMemFree:  1 kB\nMemAvailable:   8000000 kB\n";
+        assert_eq!(
+            MemoryCapacity::from_meminfo(text),
+            Some(MemoryCapacity {
+                free: 8_000_000 * 1024,
+                total: 16_318_096 * 1024,
+            })
+        );
+        // An old kernel without MemAvailable, a garbled number, a size past u64: nothing.
+        assert_eq!(MemoryCapacity::from_meminfo("MemTotal: 1 kB\n"), None);
+        let garbled = "MemTotal: x kB\nMemAvailable: 1 kB\n";
+        assert_eq!(MemoryCapacity::from_meminfo(garbled), None);
+        let huge = format!("MemTotal: {} kB\nMemAvailable: 1 kB\n", u64::MAX);
+        assert_eq!(MemoryCapacity::from_meminfo(&huge), None);
+    }
 
     #[test]
     fn size_classes_round_up_by_at_most_their_fraction_and_are_fixed_points() {

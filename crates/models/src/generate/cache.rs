@@ -159,7 +159,8 @@ impl Qwen3Target {
             )));
         }
         let b = self.backend().as_ref();
-        let shape = [slots * capacity, self.dims.kv_heads, self.dims.head_dim];
+        let rows = self.kv_rows(slots, capacity)?;
+        let shape = [rows, self.dims.kv_heads, self.dims.head_dim];
         let mut k = Vec::with_capacity(self.layers.len());
         let mut v = Vec::with_capacity(self.layers.len());
         for _ in &self.layers {
@@ -172,6 +173,30 @@ impl Qwen3Target {
             capacity,
             lens: vec![0; slots],
         })
+    }
+
+    /// The rows of each layer's cache tensor, `slots * capacity`, where one such tensor can
+    /// be allocated at all. An absurd `--batch` or capacity would otherwise wrap the product
+    /// (a small cache whose slots overlap) or panic in the allocator: it is refused as
+    /// memory no device has, with the bytes the whole cache would take.
+    fn kv_rows(&self, slots: usize, capacity: usize) -> Result<usize> {
+        let rows = slots.checked_mul(capacity);
+        let tensor_bytes = rows
+            .and_then(|r| r.checked_mul(self.dims.kv_heads))
+            .and_then(|n| n.checked_mul(self.dims.head_dim))
+            .and_then(|n| n.checked_mul(std::mem::size_of::<f32>()));
+        match (rows, tensor_bytes) {
+            // Rust allocations stop at isize::MAX bytes.
+            (Some(rows), Some(bytes)) if isize::try_from(bytes).is_ok() => Ok(rows),
+            _ => Err(dflash_core::Error::OutOfMemory {
+                op: "kv_cache",
+                device: self.backend().device(),
+                requested: KvCache::bytes_for(self.config(), slots, capacity),
+                free: None,
+                total: None,
+            }
+            .into()),
+        }
     }
 
     /// Appends `tokens` to each listed `(slot, tokens)` (distinct slots; a prompt, or the

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dflash_config::DrafterConfig;
-use dflash_core::{Backend, MemoryCapacity};
+use dflash_core::Backend;
 use serde::Serialize;
 
 pub use model::{AttentionKind, BackendModel, OpsKind};
@@ -495,25 +495,9 @@ fn state_advice(d: &DevicePlan) -> Option<String> {
     })
 }
 
-/// Host memory from `/proc/meminfo`: `MemAvailable` (what can be allocated without
-/// swapping) and `MemTotal`. `None` where the file is missing (not Linux).
-pub fn host_capacity() -> Option<MemoryCapacity> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kib: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
-    };
-    Some(MemoryCapacity {
-        free: field("MemAvailable:")?,
-        total: field("MemTotal:")?,
-    })
-}
+/// Host memory (`dflash_core` reads it for every caller); kept at this path for the plan's
+/// callers.
+pub use dflash_core::host_capacity;
 
 #[cfg(test)]
 mod tests;
