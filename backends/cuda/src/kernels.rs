@@ -202,7 +202,7 @@ static COMPILED: OnceLock<Mutex<HashMap<(&'static str, String), Slot>>> = OnceLo
 
 /// `file`'s PTX for `arch`, compiled on the first request of this process (concurrent
 /// requests wait for that one compilation). A failure is not kept: the next request retries.
-pub(crate) fn compile_once(
+pub fn compile_once(
     file: &'static str,
     src: &str,
     arch: &str,
@@ -223,7 +223,7 @@ pub(crate) fn compile_once(
 
 /// Every `(file, source)` of `files` compiled for `arch` by [`compile_once`], one thread a
 /// file (NVRTC is thread-safe across programs), by file name.
-pub(crate) fn compile_all(
+pub fn compile_all(
     files: &[(&'static str, &str)],
     arch: &str,
 ) -> HashMap<&'static str, Result<cudarc::nvrtc::Ptx, CudaError>> {

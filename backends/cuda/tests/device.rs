@@ -127,18 +127,33 @@ fn kernels_compile_with_nvrtc() {
         return;
     }
     let (flash_file, flash_src) = dflash_backend_cuda::kernels::flash_source();
-    for (file, src) in dflash_backend_cuda::kernels::SOURCES
+    let files: Vec<(&'static str, &str)> = dflash_backend_cuda::kernels::SOURCES
         .iter()
         .copied()
         .chain(std::iter::once((flash_file, flash_src.as_str())))
-    {
+        .collect();
+    let mut one_by_one = std::collections::HashMap::new();
+    let mut sum = 0.0;
+    for &(file, src) in &files {
         let t = std::time::Instant::now();
-        dflash_backend_cuda::kernels::compile(file, src, "compute_90")
+        let ptx = dflash_backend_cuda::kernels::compile(file, src, "compute_90")
             .unwrap_or_else(|e| panic!("{e}"));
-        println!(
-            "  {file:<22} compiles for compute_90 ({:.0} ms)",
-            t.elapsed().as_secs_f64() * 1e3
-        );
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        sum += ms;
+        println!("  {file:<22} compiles for compute_90 ({ms:.0} ms)");
+        one_by_one.insert(file, ptx.to_src());
+    }
+    // What a device's start-up runs: every file at once, one thread each. The same PTX.
+    let t = std::time::Instant::now();
+    let all = dflash_backend_cuda::kernels::compile_all(&files, "compute_90");
+    println!(
+        "  all {} files in parallel: {:.0} ms (one at a time: {sum:.0} ms)",
+        files.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    for (file, ptx) in all {
+        let ptx = ptx.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ptx.to_src(), one_by_one[file], "{file}");
     }
     let e = dflash_backend_cuda::kernels::compile(
         "broken.cu",
