@@ -194,9 +194,9 @@ fn in_child(exe: &Path, mut cfg: TrainConfig, scratch: &Path) -> Result<StartUp>
         secs,
         counts: format!(
             "`dflash train` as a process of its own: seconds from its spawn to its first step's \
-             metrics record, polled every 10 ms ({:.2} s before the job: process start, device \
-             initialisation and kernel compilation, configs; {in_job:.2} s in the job: data \
-             scan, target load, first step)",
+             metrics record, polled every 10 ms ({:.2} s before the job's clock starts: process \
+             start, configs, data scan, schedule; {in_job:.2} s on it: device start-up and \
+             kernel compilation, memory plan, target load, first step)",
             (secs - in_job).max(0.0)
         ),
         peak_rss: peak as f64 / 1e9,

@@ -25,17 +25,17 @@ fn load_8b_times_a_train_process_of_its_own() {
     let detail = r["detail"].as_str().unwrap();
     assert!(
         detail.contains("`dflash train` as a process of its own")
-            && detail.contains("s before the job: process start"),
+            && detail.contains("s before the job's clock starts: process start"),
         "{detail}"
     );
     let secs = r["value"].as_f64().unwrap();
     // The child's own clock for the job is inside the figure, which also counts its start.
     let in_job: f64 = detail
-        .split(" s in the job")
+        .split(" s on it: device start-up")
         .next()
         .and_then(|head| head.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no seconds in the job: {detail}"));
+        .unwrap_or_else(|| panic!("no seconds on the job's clock: {detail}"));
     assert!(
         in_job > 0.0 && secs >= in_job,
         "{secs} vs {in_job}: {detail}"
