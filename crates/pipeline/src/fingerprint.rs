@@ -8,6 +8,9 @@
 //! header: names, dtypes, shapes and offsets, and the first weights) and 16 windows of 64 KiB
 //! spread over the rest. Another fine-tune differs in every window; a difference confined to
 //! bytes between windows goes unseen, which is the price of a check that runs on every start.
+//! `config.json` is read whole, without the keys that only say where and by which library
+//! version a copy was saved (`_name_or_path`, `transformers_version`), keys and spacing
+//! normalised.
 
 use std::hash::Hasher;
 use std::io::{Read, Seek, SeekFrom};
@@ -62,13 +65,64 @@ fn dir_fingerprint(dir: &Path) -> String {
     )
 }
 
-/// Feeds `path`'s name, length, head and windows to `h`; returns its length.
+/// Keys of `config.json` that say where and by which library version a copy was saved, not
+/// what the model is: two downloads of one model may differ in them.
+fn cosmetic(key: &str) -> bool {
+    key.starts_with('_') || key == "transformers_version"
+}
+
+/// `config.json` without its cosmetic keys, keys sorted at every level, spacing gone: the
+/// same model's config reads the same however it was saved. Not JSON: its bytes.
+fn config_digest_bytes(bytes: &[u8]) -> Vec<u8> {
+    fn canonical(v: &serde_json::Value, top: bool, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().filter(|k| !(top && cosmetic(k))).collect();
+                keys.sort();
+                out.push('{');
+                for k in keys {
+                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    out.push(':');
+                    canonical(&m[k.as_str()], false, out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for v in a {
+                    canonical(v, false, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            v => out.push_str(&v.to_string()),
+        }
+    }
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(v) => {
+            let mut out = String::new();
+            canonical(&v, true, &mut out);
+            out.into_bytes()
+        }
+        Err(_) => bytes.to_vec(),
+    }
+}
+
+/// Feeds `path`'s name, length, head and windows to `h` and returns the length
+/// (`config.json`: its content without cosmetic keys, [`config_digest_bytes`], and that
+/// content's length).
 fn sample_file(path: &Path, h: &mut Fnv1a) -> std::io::Result<u64> {
-    let mut f = std::fs::File::open(path)?;
-    let len = f.metadata()?.len();
     if let Some(name) = path.file_name() {
         h.write(name.as_encoded_bytes());
     }
+    if path.file_name().is_some_and(|n| n == "config.json") {
+        let canonical = config_digest_bytes(&std::fs::read(path)?);
+        h.write(&canonical);
+        return Ok(canonical.len() as u64);
+    }
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
     h.write(&len.to_le_bytes());
     let mut buf = Vec::new();
     let mut read_at = |offset: u64, n: u64, buf: &mut Vec<u8>| -> std::io::Result<()> {
@@ -130,6 +184,13 @@ mod tests {
 
         write(b.path(), "config.json", b"{\"hidden_size\": 65}");
         assert_ne!(base, fp(b.path()), "the config");
+        // Where and by which version a copy was saved, key order and spacing: the same model.
+        write(
+            b.path(),
+            "config.json",
+            b"{ \"transformers_version\": \"4.57.1\", \"_name_or_path\": \"/data/q\",\n  \"hidden_size\": 64 }",
+        );
+        assert_eq!(base, fp(b.path()), "cosmetic keys");
         write(b.path(), "config.json", b"{\"hidden_size\": 64}");
         std::fs::remove_file(b.path().join("model-00002-of-00002.safetensors")).unwrap();
         assert_ne!(base, fp(b.path()), "a shard missing");
