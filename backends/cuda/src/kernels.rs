@@ -1,7 +1,8 @@
 //! The backend's CUDA C kernels: sources embedded with `include_str!`, compiled by NVRTC once
 //! per process and architecture (`compute_XY`; the files in parallel, since start-up waits
 //! for them), loaded into each device's primary context and shared by every backend instance
-//! on it (see [`crate::device`]). Kernels are shape-generic: every size is a kernel argument.
+//! on it (see [`crate::device`]), and kept on disk between processes ([`ptx_cache`]). Kernels
+//! are shape-generic: every size is a kernel argument.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,6 +11,9 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
 
 use crate::CudaError;
+
+pub mod ptx_cache;
+pub use ptx_cache::PtxCache;
 
 /// Helpers prepended to every file (NVRTC has no file system).
 const COMMON: &str = include_str!("../kernels/common.cuh");
@@ -216,7 +220,7 @@ pub fn compile_once(
     if let Some(p) = ptx.as_ref() {
         return Ok(p.clone());
     }
-    let compiled = compile(file, src, arch)?;
+    let compiled = compile_cached(file, src, arch)?;
     *ptx = Some(compiled.clone());
     Ok(compiled)
 }
@@ -246,10 +250,58 @@ pub fn compile_all(
     })
 }
 
+/// [`compile`], through the disk cache ([`PtxCache`]) where the environment keeps one and
+/// NVRTC is there to say its version (part of the key: another NVRTC may emit other PTX).
+fn compile_cached(file: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    compile_through(PtxCache::from_env().as_ref(), file, src, arch)
+}
+
+/// [`compile`] through `cache`, where there is one and NVRTC can say its version.
+fn compile_through(
+    cache: Option<&PtxCache>,
+    file: &str,
+    src: &str,
+    arch: &str,
+) -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    let (Some(cache), Some(version)) = (cache, nvrtc_version()) else {
+        return compile(file, src, arch);
+    };
+    let key = ptx_cache::key(&[
+        full_source(file, src).as_bytes(),
+        nvrtc_options(arch).join("\n").as_bytes(),
+        version.as_bytes(),
+    ]);
+    cache
+        .get_or_compile(file, arch, key, || {
+            compile(file, src, arch).map(|p| p.to_src())
+        })
+        .map(cudarc::nvrtc::Ptx::from_src)
+}
+
+/// NVRTC's `major.minor`, or `None` where the library is not there to ask.
+fn nvrtc_version() -> Option<String> {
+    use cudarc::nvrtc::sys;
+    // SAFETY: `is_culib_present` is checked first, so the dynamic load cannot panic; the
+    // out-pointers are valid for the call.
+    unsafe {
+        if !sys::is_culib_present() {
+            return None;
+        }
+        let (mut major, mut minor) = (0, 0);
+        let ok = sys::nvrtcVersion(&mut major, &mut minor) == sys::nvrtcResult::NVRTC_SUCCESS;
+        ok.then(|| format!("{major}.{minor}"))
+    }
+}
+
+/// NVRTC's options for `arch`.
+fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}")]
+}
+
 /// Compiles one file to PTX; a failure carries NVRTC's log.
 pub fn compile(file: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}")],
+        options: nvrtc_options(arch),
         name: Some(file.to_string()),
         ..Default::default()
     };
@@ -302,5 +354,35 @@ mod tests {
             assert!(e.to_string().contains("undefined_thing"), "{e}");
             assert_eq!(kept("kept_broken.cu", "compute_80"), Some(false));
         }
+    }
+
+    /// Through a disk cache, the first compilation writes an entry holding NVRTC's PTX and
+    /// the next one reads it back unchanged; a broken file writes no entry.
+    #[test]
+    fn compiled_ptx_goes_through_the_disk_cache_unchanged() {
+        if unsafe { !cudarc::nvrtc::sys::is_culib_present() } {
+            println!("skipped: NVRTC library not found");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cache = PtxCache::at(dir.path());
+        let (file, src) = (
+            "cached_test.cu",
+            "extern \"C\" __global__ void k(float *x) { x[0] = 2.0f; }",
+        );
+        let direct = compile(file, src, "compute_80").unwrap().to_src();
+        let first = compile_through(Some(&cache), file, src, "compute_80").unwrap();
+        assert_eq!(first.to_src(), direct);
+        let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(entries.len(), 1, "one entry");
+        let entry = entries[0].as_ref().unwrap().path();
+        assert_eq!(PtxCache::read(&entry).as_deref(), Some(direct.as_str()));
+        let again = compile_through(Some(&cache), file, src, "compute_80").unwrap();
+        assert_eq!(again.to_src(), direct);
+
+        let broken = "extern \"C\" __global__ void k() { undefined_thing(); }";
+        let e = compile_through(Some(&cache), "cached_broken.cu", broken, "compute_80");
+        assert!(e.unwrap_err().to_string().contains("undefined_thing"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

@@ -40,6 +40,11 @@ fn load_8b_times_a_train_process_of_its_own() {
         in_job > 0.0 && secs >= in_job,
         "{secs} vs {in_job}: {detail}"
     );
+    // A restart is timed too, in a run of its own, with the first start's kernel cache.
+    assert!(
+        detail.contains("a restart with the kernels cached on disk (DFLASH_CUDA_KERNEL_CACHE"),
+        "{detail}"
+    );
     // The child's memory was sampled, not this process's.
     assert!(!detail.contains("peak RssAnon 0.00 GB"), "{detail}");
 }
