@@ -14,6 +14,55 @@ const VARS: [&str; 5] = [
 /// torchrun's default, used only when a one-process world gives no port (nothing listens).
 const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The port of dflash's own rendezvous, for launchers that keep `MASTER_PORT` for themselves.
+const DFLASH_MASTER_PORT: &str = "DFLASH_MASTER_PORT";
+
+/// torchrun sets these in every worker (and no plain launcher does): its agent's TCPStore
+/// already listens on `MASTER_PORT` on node 0, so rank 0 could not bind it, and a rank that
+/// connected there would be talking to torchrun's store.
+const TORCHRUN_MARKERS: [&str; 2] = ["TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"];
+
+/// Where the rendezvous port ([`LaunchEnv::master_port`]) came from, so that a failure to
+/// listen or connect names the variable to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortOrigin {
+    /// `MASTER_PORT`, as the launcher set it.
+    MasterPort,
+    /// `DFLASH_MASTER_PORT`, which wins over everything else.
+    DflashMasterPort,
+    /// `MASTER_PORT + 1`: torchrun's own store holds `MASTER_PORT` (a `TORCHELASTIC_*`
+    /// variable is set), and every rank derives the same port from the same `MASTER_PORT`.
+    AfterTorchrunStore,
+}
+
+impl PortOrigin {
+    /// The variable a person changes to move the port.
+    pub(crate) fn var(self) -> &'static str {
+        match self {
+            PortOrigin::MasterPort | PortOrigin::AfterTorchrunStore => "MASTER_PORT",
+            PortOrigin::DflashMasterPort => DFLASH_MASTER_PORT,
+        }
+    }
+
+    /// What the port is and how to move it, as error messages say it.
+    pub(crate) fn advice(self) -> &'static str {
+        match self {
+            PortOrigin::MasterPort => {
+                "the port is MASTER_PORT; where the launcher itself listens on MASTER_PORT, set \
+                 DFLASH_MASTER_PORT to another free port, the same on every rank"
+            }
+            PortOrigin::DflashMasterPort => {
+                "the port is DFLASH_MASTER_PORT, which must be free on rank 0's host and the same \
+                 on every rank"
+            }
+            PortOrigin::AfterTorchrunStore => {
+                "the port is MASTER_PORT+1, since under torchrun its own store holds MASTER_PORT; \
+                 set DFLASH_MASTER_PORT to another free port, the same on every rank"
+            }
+        }
+    }
+}
+
 /// This process's place in a multi-process job, as the launcher described it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
@@ -24,7 +73,9 @@ pub struct LaunchEnv {
     pub local_rank: usize,
     /// Where rank 0 listens: a host name or an IP address of rank 0's host.
     pub master_addr: String,
+    /// The port of dflash's rendezvous: `MASTER_PORT`, unless `port_origin` says otherwise.
     pub master_port: u16,
+    pub port_origin: PortOrigin,
 }
 
 impl LaunchEnv {
@@ -41,6 +92,11 @@ impl LaunchEnv {
     /// `WORLD_SIZE > 1`, and `LOCAL_RANK` defaults to `RANK`. A half-set environment is an
     /// error rather than a silent single-process run, since it means a launch went wrong: one
     /// process training alone would waste the whole allocation. An empty value counts as unset.
+    ///
+    /// The rendezvous port is `DFLASH_MASTER_PORT` where set; else, under torchrun (whose
+    /// store already listens on `MASTER_PORT`; `TORCHELASTIC_RUN_ID` or
+    /// `TORCHELASTIC_USE_AGENT_STORE` set), `MASTER_PORT + 1`; else `MASTER_PORT`
+    /// ([`PortOrigin`]). `DFLASH_MASTER_PORT` alone does not make a multi-process run.
     pub fn from_vars(
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<LaunchEnv>, LaunchError> {
@@ -89,20 +145,27 @@ impl LaunchEnv {
             };
             let addr = addr.ok_or_else(|| needs("MASTER_ADDR"))?;
             let port = port.ok_or_else(|| needs("MASTER_PORT"))?;
-            (addr, parse_port(&port)?)
+            (addr, parse_port("MASTER_PORT", &port)?)
         } else {
-            let port = port.as_deref().map(parse_port).transpose()?;
+            let port = port
+                .as_deref()
+                .map(|p| parse_port("MASTER_PORT", p))
+                .transpose()?;
             (
                 addr.unwrap_or_else(|| "127.0.0.1".to_owned()),
                 port.unwrap_or(DEFAULT_MASTER_PORT),
             )
         };
+        let torchrun = TORCHRUN_MARKERS.iter().any(|v| get(v).is_some());
+        let (master_port, port_origin) =
+            rendezvous_port(master_port, get(DFLASH_MASTER_PORT), torchrun)?;
         let env = LaunchEnv {
             rank,
             world_size,
             local_rank,
             master_addr,
             master_port,
+            port_origin,
         };
         env.validate()?;
         Ok(Some(env))
@@ -138,7 +201,7 @@ impl LaunchEnv {
         }
         if self.master_port == 0 {
             return Err(LaunchError::InvalidVar {
-                var: "MASTER_PORT",
+                var: self.port_origin.var(),
                 value: "0".to_owned(),
                 reason: "port 0 picks a random port, which the other ranks cannot know",
             });
@@ -169,12 +232,39 @@ fn parse_count(var: &'static str, value: &str) -> Result<usize, LaunchError> {
     })
 }
 
-fn parse_port(value: &str) -> Result<u16, LaunchError> {
+fn parse_port(var: &'static str, value: &str) -> Result<u16, LaunchError> {
     value.parse().map_err(|_| LaunchError::InvalidVar {
-        var: "MASTER_PORT",
+        var,
         value: value.to_owned(),
         reason: "not a TCP port (1..=65535)",
     })
+}
+
+/// The port of dflash's rendezvous and where it came from ([`LaunchEnv::from_vars`]).
+fn rendezvous_port(
+    master_port: u16,
+    dflash_port: Option<String>,
+    torchrun: bool,
+) -> Result<(u16, PortOrigin), LaunchError> {
+    if let Some(p) = dflash_port {
+        return Ok((
+            parse_port(DFLASH_MASTER_PORT, &p)?,
+            PortOrigin::DflashMasterPort,
+        ));
+    }
+    if !torchrun {
+        return Ok((master_port, PortOrigin::MasterPort));
+    }
+    match master_port.checked_add(1) {
+        Some(p) => Ok((p, PortOrigin::AfterTorchrunStore)),
+        None => Err(LaunchError::InvalidVar {
+            var: "MASTER_PORT",
+            value: master_port.to_string(),
+            reason: "under torchrun, whose store holds MASTER_PORT, dflash listens on \
+                     MASTER_PORT+1, past the last port: set DFLASH_MASTER_PORT to a free port, \
+                     the same on every rank",
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +325,7 @@ mod tests {
                 local_rank: 1,
                 master_addr: "node-0.cluster".to_owned(),
                 master_port: 29501,
+                port_origin: PortOrigin::MasterPort,
             }
         );
         assert_eq!(env.master_endpoint(), "node-0.cluster:29501");
@@ -264,6 +355,7 @@ mod tests {
             local_rank: 0,
             master_addr: "::1".to_owned(),
             master_port: 7,
+            port_origin: PortOrigin::MasterPort,
         };
         assert_eq!(env.master_endpoint(), "[::1]:7");
         assert_eq!(env.master_host(), "::1");
@@ -316,5 +408,66 @@ mod tests {
         assert!(e.contains("WORLD_SIZE=\"0\""), "{e}");
         let e = err_of(&with("MASTER_PORT", Some("0")));
         assert!(e.contains("MASTER_PORT=\"0\""), "{e}");
+    }
+
+    /// FULL plus `extra`, parsed.
+    fn full_and(extra: &[(&str, &str)]) -> Result<Option<LaunchEnv>, LaunchError> {
+        let pairs: Vec<(&str, &str)> = FULL.iter().chain(extra).copied().collect();
+        vars(&pairs)
+    }
+
+    #[test]
+    fn under_torchrun_the_rendezvous_moves_off_its_store() {
+        // torchrun's agent store listens on MASTER_PORT; every rank derives the same next port.
+        for marker in TORCHRUN_MARKERS {
+            let env = full_and(&[(marker, "True")]).unwrap().unwrap();
+            assert_eq!(env.master_port, 29502, "{marker}");
+            assert_eq!(env.port_origin, PortOrigin::AfterTorchrunStore);
+            assert_eq!(env.master_endpoint(), "node-0.cluster:29502");
+        }
+        // No marker: MASTER_PORT as given.
+        let env = vars(&FULL).unwrap().unwrap();
+        assert_eq!(
+            (env.master_port, env.port_origin),
+            (29501, PortOrigin::MasterPort)
+        );
+        // The last port has no next one: the error says what to set.
+        let pairs = with("MASTER_PORT", Some("65535"));
+        let mut pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        pairs.push(("TORCHELASTIC_RUN_ID", "none"));
+        let e = vars(&pairs).unwrap_err().to_string();
+        assert!(
+            e.contains("MASTER_PORT=\"65535\"") && e.contains("set DFLASH_MASTER_PORT"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dflash_master_port_wins() {
+        for extra in [
+            &[(DFLASH_MASTER_PORT, "31000")][..],
+            &[
+                (DFLASH_MASTER_PORT, " 31000 "),
+                ("TORCHELASTIC_RUN_ID", "job7"),
+            ][..],
+        ] {
+            let env = full_and(extra).unwrap().unwrap();
+            assert_eq!(
+                (env.master_port, env.port_origin),
+                (31000, PortOrigin::DflashMasterPort),
+                "{extra:?}"
+            );
+        }
+        for bad in ["0", "http", "70000"] {
+            let e = full_and(&[(DFLASH_MASTER_PORT, bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("DFLASH_MASTER_PORT=\"{bad}\"")),
+                "{bad}: {e}"
+            );
+        }
+        // Alone it is a setting, not a launch: a plain run stays a plain run.
+        assert_eq!(vars(&[(DFLASH_MASTER_PORT, "31000")]).unwrap(), None);
     }
 }

@@ -5,6 +5,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::PortOrigin;
+
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("{var} is not set: {reason}")]
@@ -38,19 +40,41 @@ pub enum LaunchError {
 
     #[error(
         "rank 0 could not listen on {endpoint} (MASTER_ADDR must be an address of rank 0's own \
-         host, MASTER_PORT a free port): {source}"
+         host, and the port free: {}): {source}",
+        origin.advice()
     )]
-    Bind { endpoint: String, source: io::Error },
+    Bind {
+        endpoint: String,
+        origin: PortOrigin,
+        source: io::Error,
+    },
 
     #[error(
-        "rank {rank} could not reach rank 0 at {endpoint} within {} s (last error: {last}); is rank 0 running, with the same MASTER_ADDR and MASTER_PORT?",
-        secs(timeout)
+        "rank {rank} could not reach rank 0 at {endpoint} within {} s (last error: {last}); is rank 0 running, with the same MASTER_ADDR and port? ({})",
+        secs(timeout),
+        origin.advice()
     )]
     Unreachable {
         rank: usize,
         endpoint: String,
+        origin: PortOrigin,
         timeout: Duration,
         last: String,
+    },
+
+    /// What answered at the master's address is not dflash's rank 0: another service holds
+    /// the port (torchrun's store on `MASTER_PORT`, say). Said within seconds, not at the
+    /// timeout, since rank 0 answers every hello at once.
+    #[error(
+        "rank {rank} reached {endpoint}, but {what}, which dflash's rank 0 does not do: most \
+         likely another service listens there ({})",
+        origin.advice()
+    )]
+    ForeignPeer {
+        rank: usize,
+        endpoint: String,
+        origin: PortOrigin,
+        what: String,
     },
 
     #[error(

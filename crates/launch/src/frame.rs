@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 /// a broken peer from making anyone allocate much.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 
-pub(crate) const VERSION: u32 = 1;
+/// 2: rank 0 answers every hello at once with a welcome (or its error), so a rank can tell
+/// dflash's rank 0 from another service on the port within seconds.
+pub(crate) const VERSION: u32 = 2;
 pub(crate) const MAGIC: [u8; 4] = *b"DFRV";
 pub(crate) const HEADER_LEN: usize = 9;
 pub(crate) const TAG_HELLO: u8 = 1;
@@ -24,6 +26,8 @@ pub(crate) const TAG_ERROR: u8 = 4;
 pub(crate) const TAG_OP: u8 = 5;
 pub(crate) const TAG_DATA: u8 = 6;
 pub(crate) const TAG_READY: u8 = 7;
+/// Rank 0's answer to a hello it admitted: empty.
+pub(crate) const TAG_WELCOME: u8 = 8;
 pub(crate) const HELLO_LEN: usize = 20;
 pub(crate) const MAX_ERROR_LEN: usize = 64 * 1024;
 
@@ -35,6 +39,8 @@ pub(crate) enum FrameError {
     Closed,
     Io(io::Error),
     Bad(String),
+    /// The bytes do not start a frame at all: the peer does not speak this protocol.
+    Foreign(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,14 +87,21 @@ pub(crate) fn encode(tag: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks a header and gives `(tag, body length)`.
-pub(crate) fn parse_header(h: &[u8; HEADER_LEN], max_body: usize) -> Result<(u8, usize), String> {
-    if h[4..8] != MAGIC {
-        return Err(format!(
+/// Why the first bytes `h` (at least 8) are no frame of this protocol, where they are not.
+pub(crate) fn foreign(h: &[u8]) -> Option<String> {
+    (h[4..8] != MAGIC).then(|| {
+        format!(
             "not a dflash rendezvous peer (frame starts {:?}, expected a length and magic {:?})",
             String::from_utf8_lossy(h),
             String::from_utf8_lossy(&MAGIC)
-        ));
+        )
+    })
+}
+
+/// Checks a header and gives `(tag, body length)`.
+pub(crate) fn parse_header(h: &[u8; HEADER_LEN], max_body: usize) -> Result<(u8, usize), String> {
+    if let Some(why) = foreign(h) {
+        return Err(why);
     }
     let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
     let Some(body) = len.checked_sub(HEADER_LEN - 4) else {
@@ -125,6 +138,9 @@ pub(crate) fn read_frame_into(
 ) -> Result<u8, FrameError> {
     let mut header = [0u8; HEADER_LEN];
     read_exact_by(stream, &mut header, deadline)?;
+    if let Some(why) = foreign(&header) {
+        return Err(FrameError::Foreign(why));
+    }
     let (tag, len) = parse_header(&header, max_body(header[8])).map_err(FrameError::Bad)?;
     body.clear();
     body.resize(len, 0);

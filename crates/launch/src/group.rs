@@ -78,7 +78,8 @@ impl std::fmt::Debug for ProcessGroup {
 }
 
 impl ProcessGroup {
-    /// Joins the group `env` describes. Rank 0 listens on `MASTER_ADDR:MASTER_PORT`; every
+    /// Joins the group `env` describes. Rank 0 listens on `env.master_endpoint()` (the port
+    /// as [`LaunchEnv::port_origin`](crate::LaunchEnv::port_origin) says); every
     /// other rank connects (retrying until `timeout`, since rank 0 may start later) and says
     /// hello. Rank 0 checks each hello as [`rendezvous`](crate::rendezvous) does (same world
     /// size, rank in `1..world_size`, no rank twice) and on a mismatch tells every connected

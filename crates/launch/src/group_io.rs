@@ -232,8 +232,10 @@ impl Inner {
                 "timed out after {} s sending to rank {peer}",
                 secs(&t)
             )),
-            (FrameError::Bad(d), _) if peer == 0 => self.bad_from_root(&d),
-            (FrameError::Bad(d), _) => Fail::told(format!("bad data from rank {peer}: {d}")),
+            (FrameError::Bad(d) | FrameError::Foreign(d), _) if peer == 0 => self.bad_from_root(&d),
+            (FrameError::Bad(d) | FrameError::Foreign(d), _) => {
+                Fail::told(format!("bad data from rank {peer}: {d}"))
+            }
             // A broken socket: the peer may have said why before it went.
             (FrameError::Closed, _) => self.last_words(ops, i),
             (FrameError::Io(e), _) if is_gone(&e) => self.last_words(ops, i),

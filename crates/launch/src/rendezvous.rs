@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::frame::{
     FrameError, Hello, MAX_ERROR_LEN, MAX_PAYLOAD, TAG_ACK, TAG_ERROR, TAG_HELLO, TAG_PAYLOAD,
-    VERSION, deadline_after, read_frame_into, remaining, write_frame,
+    TAG_WELCOME, VERSION, deadline_after, read_frame_into, remaining, write_frame,
 };
 use crate::serve::serve;
 use crate::{LaunchEnv, LaunchError};
@@ -14,6 +14,11 @@ use crate::{LaunchEnv, LaunchError};
 /// The first and the largest pause between connection attempts of a joining rank.
 const BACKOFF_START: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// How long a joining rank waits for rank 0's answer to its hello. Rank 0 answers at once, as
+/// it reads the hello, so a peer silent this long is another service on the port (a rank
+/// that waited its whole timeout there would only then say so). Twice rank 0's own wait for
+/// a hello (`serve::HELLO_WAIT`), so a busy rank 0 host is not taken for a stranger.
+const WELCOME_WAIT: Duration = Duration::from_secs(10);
 
 /// Gives every rank rank 0's `payload` (an NCCL unique id, say): rank 0 passes `Some(bytes)`,
 /// every other rank `None`, and all get the same bytes back. Returns only once every rank of
@@ -78,6 +83,14 @@ pub(crate) fn join_frame(
     write_frame(&mut stream, TAG_HELLO, &hello.encode(), deadline)
         .map_err(|e| fail(e, "its hello to be taken"))?;
     let mut body = Vec::new();
+    welcome(
+        env,
+        endpoint,
+        (timeout, deadline),
+        WELCOME_WAIT,
+        &mut stream,
+        &mut body,
+    )?;
     // Any other frame is read (small) so the error can say which tag came instead.
     let caps = |tag| if tag == want.0 { want.1 } else { MAX_ERROR_LEN };
     let tag =
@@ -91,6 +104,68 @@ pub(crate) fn join_frame(
         other => Err(fail(
             FrameError::Bad(format!("a frame of tag {other} where {what} belongs")),
             waiting,
+        )),
+    }
+}
+
+/// Reads rank 0's answer to the hello within `wait` ([`WELCOME_WAIT`]): a welcome, or rank
+/// 0's error. `limit` is the call's timeout and deadline.
+/// Silence, bytes that are no frame, or a close are what a service other than dflash's rank 0
+/// gives, and fail now with the port's advice rather than at the timeout.
+fn welcome(
+    env: &LaunchEnv,
+    endpoint: &str,
+    limit: (Duration, Instant),
+    wait: Duration,
+    stream: &mut TcpStream,
+    body: &mut Vec<u8>,
+) -> Result<(), LaunchError> {
+    let (timeout, deadline) = limit;
+    let by = deadline.min(Instant::now() + wait);
+    let caps = |tag| if tag == TAG_WELCOME { 0 } else { MAX_ERROR_LEN };
+    let foreign = |what: String| LaunchError::ForeignPeer {
+        rank: env.rank,
+        endpoint: endpoint.to_owned(),
+        origin: env.port_origin,
+        what,
+    };
+    match read_frame_into(stream, caps, by, body) {
+        Ok(TAG_WELCOME) => Ok(()),
+        Ok(TAG_ERROR) => Err(LaunchError::Aborted {
+            endpoint: endpoint.to_owned(),
+            message: String::from_utf8_lossy(body).into_owned(),
+        }),
+        Ok(other) => Err(join_error(
+            env,
+            endpoint,
+            timeout,
+            FrameError::Bad(format!(
+                "a frame of tag {other} where the answer to its hello belongs"
+            )),
+            "an answer to its hello",
+        )),
+        // The rank's own deadline, not the welcome's, ran out: say so as every wait does.
+        Err(FrameError::Timeout) if by == deadline => Err(join_error(
+            env,
+            endpoint,
+            timeout,
+            FrameError::Timeout,
+            "an answer to its hello",
+        )),
+        Err(FrameError::Timeout) => Err(foreign(format!(
+            "nothing answered its hello within {} s",
+            crate::error::secs(&wait)
+        ))),
+        Err(FrameError::Foreign(why)) => Err(foreign(format!("it answered the hello: {why}"))),
+        Err(FrameError::Closed) => Err(foreign(
+            "the connection was closed without an answer to its hello".to_owned(),
+        )),
+        Err(e) => Err(join_error(
+            env,
+            endpoint,
+            timeout,
+            e,
+            "an answer to its hello",
         )),
     }
 }
@@ -124,7 +199,7 @@ pub(crate) fn join_error(
             ),
             source,
         },
-        FrameError::Bad(detail) => LaunchError::Protocol {
+        FrameError::Bad(detail) | FrameError::Foreign(detail) => LaunchError::Protocol {
             peer: format!("rank 0 at {endpoint}"),
             detail,
         },
@@ -146,6 +221,7 @@ fn connect(
             return Err(LaunchError::Unreachable {
                 rank: env.rank,
                 endpoint: endpoint.to_owned(),
+                origin: env.port_origin,
                 timeout,
                 last,
             });
@@ -171,5 +247,53 @@ fn connect(
         }
         std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PortOrigin;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_silent_stranger_is_named_after_the_welcome_wait() {
+        // Something that takes the connection and never speaks (a TCPStore of another
+        // protocol, say): the rank fails after the welcome wait, long before its timeout.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let env = LaunchEnv {
+            rank: 1,
+            world_size: 2,
+            local_rank: 1,
+            master_addr: "127.0.0.1".to_owned(),
+            master_port: port,
+            port_origin: PortOrigin::AfterTorchrunStore,
+        };
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let timeout = Duration::from_secs(30);
+        let start = Instant::now();
+        let e = welcome(
+            &env,
+            &env.master_endpoint(),
+            (timeout, deadline_after(timeout)),
+            Duration::from_millis(200),
+            &mut stream,
+            &mut Vec::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            e.starts_with(&format!(
+                "rank 1 reached 127.0.0.1:{port}, but nothing answered its hello within 0.2 s"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("MASTER_PORT+1"), "{e}");
     }
 }

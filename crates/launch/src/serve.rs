@@ -1,29 +1,130 @@
 //! Rank 0's side of the rendezvous: listen, admit the hellos, send the payload, collect the
-//! acks; on any failure, tell every connected rank why.
+//! acks; on any failure, tell every connected rank why. A connection that is not a rank (a
+//! health check, a port scan) is logged and dropped, and never holds up the ranks.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
 };
 use std::time::{Duration, Instant};
 
+use crate::error::secs;
 use crate::frame::{
-    FrameError, HELLO_LEN, Hello, MAX_ERROR_LEN, TAG_ACK, TAG_ERROR, TAG_HELLO, TAG_PAYLOAD,
-    VERSION, read_frame, remaining, write_frame,
+    FrameError, HEADER_LEN, HELLO_LEN, Hello, MAX_ERROR_LEN, TAG_ACK, TAG_ERROR, TAG_HELLO,
+    TAG_PAYLOAD, TAG_WELCOME, VERSION, foreign, parse_header, read_frame, remaining, write_frame,
 };
-use crate::{LaunchEnv, LaunchError};
+use crate::{LaunchEnv, LaunchError, PortOrigin};
 
-/// How often rank 0 polls its listener: std has no accept timeout, and a few milliseconds per
-/// arrival is nothing next to loading a model.
+/// How often rank 0 polls its listener and the connections that owe a hello: std has no
+/// accept timeout or poll, and a few milliseconds per arrival is nothing next to loading a
+/// model.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 /// Time granted to tell a peer why the rendezvous failed; it is one small frame.
 const ERROR_SEND: Duration = Duration::from_secs(1);
+/// How long rank 0 gives a new connection to send its hello. A rank sends it as soon as it
+/// connects, so only something that is not a rank (a load balancer's or Kubernetes' TCP
+/// check, a port scan) stays silent this long; it is dropped then. It never holds up the
+/// ranks meanwhile: every connection's hello is read as it comes, side by side.
+pub(crate) const HELLO_WAIT: Duration = Duration::from_secs(5);
+/// Connections waiting for their hello at once; past it the oldest is dropped, to bound the
+/// sockets a flood of connections holds (a rank's hello follows its connect at once, so the
+/// oldest is the likeliest stranger).
+const MAX_PENDING: usize = 256;
 
 /// Rank 0's connections by rank; slot 0 (rank 0 itself) stays empty.
 pub(crate) type Peers = Vec<Option<(TcpStream, SocketAddr)>>;
 
-/// Rank 0: listens and admits `world_size - 1` hellos, checked; gives the connections by
-/// rank (slot 0 empty). On a failure every connected rank is told why.
+/// A connection that has not sent a whole hello yet, read without blocking.
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    buf: [u8; HEADER_LEN + HELLO_LEN],
+    have: usize,
+    /// The body's length, once the header is in and checked.
+    body: Option<usize>,
+    since: Instant,
+}
+
+/// What a pending connection said so far.
+enum Heard {
+    /// Not a whole hello yet.
+    Nothing,
+    Hello(Hello),
+    /// Not a rank: it closed, failed, or sent bytes that start no frame of this protocol.
+    Stray(String),
+    /// A frame of this protocol that is no valid hello: a rank of another build or a broken
+    /// one, which every rank must hear about as of any other mismatch.
+    Bad(String),
+}
+
+impl Pending {
+    fn new(stream: TcpStream, from: SocketAddr) -> std::io::Result<Pending> {
+        // Accepted sockets do not inherit the listener's mode everywhere; set it either way.
+        stream.set_nonblocking(true)?;
+        Ok(Pending {
+            stream,
+            from,
+            buf: [0; HEADER_LEN + HELLO_LEN],
+            have: 0,
+            body: None,
+            since: Instant::now(),
+        })
+    }
+
+    /// Reads what has arrived, never blocking. The header is checked before the body is
+    /// read (magic first), as `read_frame` does.
+    fn poll(&mut self) -> Heard {
+        loop {
+            let need = HEADER_LEN + self.body.unwrap_or(0);
+            if self.have < need {
+                match self.stream.read(&mut self.buf[self.have..need]) {
+                    Ok(0) => {
+                        return Heard::Stray(format!(
+                            "it closed the connection after {} byte(s), before a whole hello",
+                            self.have
+                        ));
+                    }
+                    Ok(n) => self.have += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Heard::Nothing,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Heard::Stray(e.to_string()),
+                }
+                if self.have >= 8
+                    && let Some(why) = foreign(&self.buf[..self.have])
+                {
+                    return Heard::Stray(why);
+                }
+                continue;
+            }
+            let Some(len) = self.body else {
+                let mut h = [0u8; HEADER_LEN];
+                h.copy_from_slice(&self.buf[..HEADER_LEN]);
+                match parse_header(&h, HELLO_LEN) {
+                    Ok((TAG_HELLO, len)) => self.body = Some(len),
+                    Ok((tag, _)) => {
+                        return Heard::Bad(format!("a frame of tag {tag} where a hello belongs"));
+                    }
+                    Err(detail) => return Heard::Bad(detail),
+                }
+                continue;
+            };
+            return match Hello::decode(&self.buf[HEADER_LEN..HEADER_LEN + len]) {
+                Ok(hello) => Heard::Hello(hello),
+                Err(detail) => Heard::Bad(detail),
+            };
+        }
+    }
+}
+
+/// One line per dropped connection, so a stray that keeps coming back is visible in the log
+/// without stopping anything.
+fn log_stray(endpoint: &str, from: SocketAddr, why: &str) {
+    eprintln!("launch: rank 0 on {endpoint} dropped a connection from {from}, not a rank: {why}");
+}
+
+/// Rank 0: listens and admits `world_size - 1` hellos, checked, answering each with a
+/// welcome; gives the connections by rank (slot 0 empty). Connections that are not ranks are
+/// dropped; on a failure every connected rank is told why.
 pub(crate) fn accept_ranks(
     env: &LaunchEnv,
     timeout: Duration,
@@ -38,57 +139,155 @@ pub(crate) fn accept_ranks(
             source,
         })?;
     let mut peers: Peers = (0..env.world_size).map(|_| None).collect();
+    let mut pending: Vec<Pending> = Vec::new();
     let mut arrived = 1;
     while arrived < env.world_size {
-        let (mut stream, from) = match listener.accept() {
-            Ok(conn) => conn,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let Some(left) = remaining(deadline) else {
-                    let missing = (1..env.world_size)
-                        .filter(|&r| peers[r].is_none())
-                        .collect();
-                    let e = LaunchError::MissingRanks {
-                        endpoint,
-                        missing,
-                        world_size: env.world_size,
-                        timeout,
+        let mut busy = false;
+        // Take every connection waiting, so none waits behind a silent one.
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    busy = true;
+                    match Pending::new(stream, from) {
+                        Ok(p) => pending.push(p),
+                        Err(e) => log_stray(&endpoint, from, &e.to_string()),
+                    }
+                    if pending.len() > MAX_PENDING {
+                        let oldest = pending.remove(0);
+                        log_stray(
+                            &endpoint,
+                            oldest.from,
+                            &format!(
+                                "{MAX_PENDING} connections waited for a hello at once; the \
+                                 oldest goes"
+                            ),
+                        );
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                // A peer that gave up between its connect and our accept: it will come again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::ConnectionReset
+                    ) => {}
+                Err(source) => {
+                    let e = LaunchError::Io {
+                        context: format!("rank 0 accepting connections on {endpoint}"),
+                        source,
                     };
-                    return Err(abort(&mut peers, e));
-                };
-                std::thread::sleep(left.min(ACCEPT_POLL));
-                continue;
-            }
-            // A peer that gave up between its connect and our accept: it will come again.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Interrupted
-                        | ErrorKind::ConnectionAborted
-                        | ErrorKind::ConnectionReset
-                ) =>
-            {
-                continue;
-            }
-            Err(source) => {
-                let e = LaunchError::Io {
-                    context: format!("rank 0 accepting connections on {endpoint}"),
-                    source,
-                };
-                return Err(abort(&mut peers, e));
-            }
-        };
-        match admit(env, &endpoint, &peers, &mut stream, from, timeout, deadline) {
-            Ok(rank) => {
-                peers[rank] = Some((stream, from));
-                arrived += 1;
-            }
-            Err(e) => {
-                send_error(&mut stream, &e);
-                return Err(abort(&mut peers, e));
+                    return Err(abort_all(&mut peers, pending, e));
+                }
             }
         }
+        let mut i = 0;
+        while i < pending.len() {
+            let heard = pending[i].poll();
+            if matches!(heard, Heard::Nothing) && pending[i].since.elapsed() < HELLO_WAIT {
+                i += 1;
+                continue;
+            }
+            busy = true;
+            let mut p = pending.remove(i);
+            let admitted = match heard {
+                Heard::Nothing => {
+                    let why = format!("it sent no hello within {} s", secs(&HELLO_WAIT));
+                    log_stray(&endpoint, p.from, &why);
+                    // A rank held up that long (it would be the first) learns why it is
+                    // dropped, rather than taking the hang-up for another service's.
+                    let _ = p.stream.set_nonblocking(false);
+                    let e = LaunchError::Protocol {
+                        peer: format!("the peer at {}", p.from),
+                        detail: why,
+                    };
+                    send_error(&mut p.stream, &e);
+                    continue;
+                }
+                Heard::Stray(why) => {
+                    log_stray(&endpoint, p.from, &why);
+                    continue;
+                }
+                Heard::Bad(detail) => Err(LaunchError::Protocol {
+                    peer: format!("the peer at {}", p.from),
+                    detail,
+                }),
+                Heard::Hello(hello) => check(env, &endpoint, &peers, &hello, p.from)
+                    .and_then(|rank| welcome(&mut p.stream, rank, p.from, timeout, deadline)),
+            };
+            match admitted {
+                Ok(rank) => {
+                    peers[rank] = Some((p.stream, p.from));
+                    arrived += 1;
+                }
+                Err(e) => {
+                    let _ = p.stream.set_nonblocking(false);
+                    send_error(&mut p.stream, &e);
+                    return Err(abort_all(&mut peers, pending, e));
+                }
+            }
+        }
+        if arrived == env.world_size {
+            break;
+        }
+        let Some(left) = remaining(deadline) else {
+            let missing = (1..env.world_size)
+                .filter(|&r| peers[r].is_none())
+                .collect();
+            let e = LaunchError::MissingRanks {
+                endpoint,
+                missing,
+                world_size: env.world_size,
+                timeout,
+            };
+            return Err(abort_all(&mut peers, pending, e));
+        };
+        if !busy {
+            std::thread::sleep(left.min(ACCEPT_POLL));
+        }
+    }
+    // Every rank is in; a connection still owing its hello is a stranger, or a process
+    // launched with a rank that another already took: that one hears why it is refused.
+    for mut p in pending {
+        log_stray(&endpoint, p.from, "every rank had joined before its hello");
+        let late = LaunchError::Protocol {
+            peer: format!("the peer at {}", p.from),
+            detail: format!(
+                "every rank of WORLD_SIZE={} had joined before its hello (was a rank launched \
+                 twice?)",
+                env.world_size
+            ),
+        };
+        let _ = p.stream.set_nonblocking(false);
+        send_error(&mut p.stream, &late);
     }
     Ok(peers)
+}
+
+/// Answers an admitted hello at once, so the rank knows it reached dflash's rank 0 (and not
+/// another service on the port) long before the payload or go-ahead comes.
+fn welcome(
+    stream: &mut TcpStream,
+    rank: usize,
+    from: SocketAddr,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<usize, LaunchError> {
+    let io = |source| LaunchError::Io {
+        context: format!("rank 0 setting up its link to rank {rank} at {from}"),
+        source,
+    };
+    stream.set_nonblocking(false).map_err(io)?;
+    let _ = stream.set_nodelay(true);
+    write_frame(stream, TAG_WELCOME, &[], deadline).map_err(|e| match e {
+        FrameError::Timeout => LaunchError::Protocol {
+            peer: format!("rank {rank} at {from}"),
+            detail: format!("it took no answer to its hello within {} s", secs(&timeout)),
+        },
+        e => peer_error(e, rank, from, "answering the hello of", timeout),
+    })?;
+    Ok(rank)
 }
 
 /// Rank 0: listen, admit `world_size - 1` hellos, send the payload to each, collect the acks.
@@ -138,8 +337,16 @@ pub(crate) fn serve(
 fn bind(env: &LaunchEnv, endpoint: &str) -> Result<TcpListener, LaunchError> {
     let bind_err = |source| LaunchError::Bind {
         endpoint: endpoint.to_owned(),
+        origin: env.port_origin,
         source,
     };
+    if env.port_origin == PortOrigin::AfterTorchrunStore {
+        eprintln!(
+            "launch: torchrun's store holds MASTER_PORT, so rank 0 listens on MASTER_PORT+1 = {} \
+             (DFLASH_MASTER_PORT sets another)",
+            env.master_port
+        );
+    }
     let resolved: Vec<SocketAddr> = (env.master_host(), env.master_port)
         .to_socket_addrs()
         .map_err(bind_err)?
@@ -191,42 +398,14 @@ fn listen_addrs(host: &str, resolved: &[SocketAddr]) -> Vec<SocketAddr> {
     out
 }
 
-/// Reads and checks one hello; gives the peer's rank.
-fn admit(
+/// Checks one hello against the world and the ranks already in; gives the peer's rank.
+fn check(
     env: &LaunchEnv,
     endpoint: &str,
     peers: &[Option<(TcpStream, SocketAddr)>],
-    stream: &mut TcpStream,
+    hello: &Hello,
     from: SocketAddr,
-    timeout: Duration,
-    deadline: Instant,
 ) -> Result<usize, LaunchError> {
-    let protocol = |detail: String| LaunchError::Protocol {
-        peer: format!("the peer at {from}"),
-        detail,
-    };
-    let io = |source| LaunchError::Io {
-        context: format!("rank 0 reading a hello from {from}"),
-        source,
-    };
-    // Some platforms hand out accepted sockets with the listener's non-blocking mode.
-    stream.set_nonblocking(false).map_err(io)?;
-    let _ = stream.set_nodelay(true);
-    let (tag, body) = read_frame(stream, HELLO_LEN, deadline).map_err(|e| match e {
-        FrameError::Timeout => protocol(format!(
-            "it connected but sent no hello within {} s",
-            crate::error::secs(&timeout)
-        )),
-        FrameError::Closed => protocol("it closed the connection before its hello".to_owned()),
-        FrameError::Io(source) => io(source),
-        FrameError::Bad(detail) => protocol(detail),
-    })?;
-    if tag != TAG_HELLO {
-        return Err(protocol(format!(
-            "a frame of tag {tag} where a hello belongs"
-        )));
-    }
-    let hello = Hello::decode(&body).map_err(protocol)?;
     if hello.version != VERSION {
         return Err(LaunchError::VersionMismatch {
             peer: from,
@@ -286,11 +465,21 @@ pub(crate) fn peer_error(
             context: format!("rank 0 {doing} rank {rank} at {from}"),
             source,
         },
-        FrameError::Bad(detail) => LaunchError::Protocol {
+        FrameError::Bad(detail) | FrameError::Foreign(detail) => LaunchError::Protocol {
             peer: format!("rank {rank} at {from}"),
             detail,
         },
     }
+}
+
+/// [`abort`], and the connections that owe a hello hear it too: one may be a rank that
+/// connected a moment late, which had better fail now with rank 0's message.
+fn abort_all(peers: &mut Peers, pending: Vec<Pending>, e: LaunchError) -> LaunchError {
+    for mut p in pending {
+        let _ = p.stream.set_nonblocking(false);
+        send_error(&mut p.stream, &e);
+    }
+    abort(peers, e)
 }
 
 /// Tells every connected peer why rank 0 gives up, so they fail now with rank 0's message

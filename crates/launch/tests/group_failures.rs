@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use dflash_launch::ProcessGroup;
 use group_support::{
     LONG, PROMPT, connect_all, env, err_text, fake_rank_one, frame, free_port, on_every_rank,
-    op_frame,
+    op_frame, welcome,
 };
 
 /// Ranks other than `odd` block in an all-reduce; `odd` does `act` after 200 ms instead.
@@ -187,7 +187,7 @@ fn garbage_from_rank_zero_is_an_error_not_a_panic() {
         let (mut s, _) = listener.accept().unwrap();
         let mut buf = [0u8; 29];
         s.read_exact(&mut buf).unwrap();
-        s.write_all(&frame(7, &[])).unwrap();
+        s.write_all(&[welcome(), frame(7, &[])].concat()).unwrap();
         let mut op = [0u8; 9 + 25];
         s.read_exact(&mut op).unwrap();
         assert_eq!(op[8], 5, "an op frame");
@@ -215,7 +215,7 @@ fn a_rank_stuck_writing_hears_that_rank_zero_failed() {
     });
     let (mut s, _) = listener.accept().unwrap();
     let mut hello_and_op = [0u8; 29 + 34];
-    s.write_all(&frame(7, &[])).unwrap();
+    s.write_all(&[welcome(), frame(7, &[])].concat()).unwrap();
     s.read_exact(&mut hello_and_op).unwrap();
     assert_eq!(&hello_and_op[29..], &op_frame(BIG as u64)[..]);
     s.write_all(&frame(7, &0u64.to_le_bytes())).unwrap();
@@ -268,7 +268,7 @@ fn silent_rank_zero_is_named_at_the_timeout() {
         g.barrier()
     });
     let (mut s, _) = listener.accept().unwrap();
-    s.write_all(&frame(7, &[])).unwrap();
+    s.write_all(&[welcome(), frame(7, &[])].concat()).unwrap();
     let e = err_text(peer.join().unwrap());
     assert_eq!(
         e,
@@ -286,7 +286,10 @@ fn rank_zero_on_a_taken_port_says_what_to_change_then_why() {
     let source = std::error::Error::source(&e).expect("the io error is the source");
     let text = e.to_string();
     assert!(text.starts_with(&format!("rank 0 could not listen on 127.0.0.1:{port}")));
-    assert!(text.contains("MASTER_PORT a free port"), "{text}");
+    assert!(
+        text.contains("the port is MASTER_PORT") && text.contains("DFLASH_MASTER_PORT"),
+        "{text}"
+    );
     // The cause comes last, after ": ", so a printer of the chain can leave out its repeat.
     assert!(text.ends_with(&format!(": {source}")), "{text}");
 }

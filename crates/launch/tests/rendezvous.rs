@@ -3,14 +3,15 @@
 
 mod group_support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dflash_launch::{LaunchEnv, LaunchError, MAX_PAYLOAD, rendezvous};
-use group_support::{env, free_port};
+use dflash_launch::{LaunchEnv, LaunchError, MAX_PAYLOAD, PortOrigin, ProcessGroup, rendezvous};
+use group_support::{VERSION, env, free_port, welcome};
 
 /// Generous for success paths (they take milliseconds); failure paths pass short timeouts.
 const LONG: Duration = Duration::from_secs(10);
@@ -222,11 +223,9 @@ fn silent_rank_zero_is_named() {
 
 #[test]
 fn garbage_to_rank_zero_is_an_error() {
-    let cases: [(&[u8], &str); 4] = [
-        (
-            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-            "not a dflash rendezvous peer",
-        ),
+    // Frames of this protocol that are no valid hello: a broken rank, which must hear why.
+    // (Bytes that are no frame at all come from strangers: `strangers_do_not_stop_the_ranks`.)
+    let cases: [(&[u8], &str); 3] = [
         (
             &[0xff, 0xff, 0xff, 0xff, b'D', b'F', b'R', b'V', 1],
             "more than the 20",
@@ -254,9 +253,12 @@ fn bad_hellos_are_refused_with_the_reason() {
         frame(1, &b)
     };
     let cases = [
-        (hello(99, 1, 2), "protocol version 99, this build speaks 1"),
-        (hello(1, 0, 2), "two processes claim RANK=0"),
-        (hello(1, u64::MAX, 2), "claims RANK=18446744073709551615"),
+        (hello(99, 1, 2), "protocol version 99, this build speaks 2"),
+        (hello(VERSION, 0, 2), "two processes claim RANK=0"),
+        (
+            hello(VERSION, u64::MAX, 2),
+            "claims RANK=18446744073709551615",
+        ),
     ];
     for (bytes, expected) in cases {
         let port = free_port();
@@ -274,7 +276,8 @@ fn bad_hellos_are_refused_with_the_reason() {
 }
 
 #[test]
-fn silent_peer_fails_rank_zero_in_time() {
+fn a_silent_connection_is_not_a_rank() {
+    // It is no rank that arrived: at the timeout rank 0 names rank 1 as missing.
     let port = free_port();
     let root = spawn_rank(
         env(0, 2, port),
@@ -284,9 +287,39 @@ fn silent_peer_fails_rank_zero_in_time() {
     let _s = connect_retrying(port);
     let e = err_text(root.join().unwrap());
     assert!(
-        e.contains("connected but sent no hello within 0.3 s"),
+        e.contains("rank(s) 1 of WORLD_SIZE=2 never arrived within 0.3 s"),
         "{e}"
     );
+}
+
+#[test]
+fn strangers_do_not_stop_the_ranks() {
+    // A TCP health check (connect, close), one that stays open and silent, and an HTTP
+    // client reach rank 0 before rank 1: each is dropped, and rank 1 is admitted at once,
+    // not after the silent one's hello wait (5 s) nor the rendezvous timeout.
+    let port = free_port();
+    let id = payload(8, 128);
+    let start = Instant::now();
+    let root = spawn_rank(env(0, 2, port), Some(id.clone()), LONG);
+    let silent = connect_retrying(port);
+    drop(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    let mut http = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    http.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // One that says half a header and closes.
+    let mut half = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    half.write_all(&frame(1, &[])[..4]).unwrap();
+    half.shutdown(Shutdown::Both).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    let peer = spawn_rank(env(1, 2, port), None, LONG);
+    assert_eq!(root.join().unwrap().unwrap(), id);
+    assert_eq!(peer.join().unwrap().unwrap(), id);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(silent);
 }
 
 #[test]
@@ -314,6 +347,7 @@ fn garbage_from_rank_zero_is_an_error() {
         let mut hello = [0u8; 29];
         s.read_exact(&mut hello).unwrap();
         assert_eq!(&hello[..9], &frame(1, &[0; 20])[..9]);
+        s.write_all(&welcome()).unwrap();
         s.write_all(bytes).unwrap();
         drop(s);
         let e = err_text(peer.join().unwrap());
@@ -323,6 +357,149 @@ fn garbage_from_rank_zero_is_an_error() {
         );
         assert!(e.contains(expected), "{expected}: {e}");
     }
+}
+
+#[test]
+fn a_rank_that_reaches_a_stranger_says_so_at_once() {
+    // Another service on the port (torchrun's store, a web server) answers the hello with
+    // bytes of its own, or hangs up: the rank fails within seconds, not at its timeout.
+    let cases: [&[u8]; 2] = [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""];
+    for answer in cases {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let start = Instant::now();
+        let peer = spawn_rank(env(1, 2, port), None, LONG);
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 29];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(answer).unwrap();
+        drop(s);
+        let e = err_text(peer.join().unwrap());
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            e.starts_with(&format!("rank 1 reached 127.0.0.1:{port}, but ")),
+            "{e}"
+        );
+        assert!(
+            e.contains("most likely another service listens there")
+                && e.contains("set DFLASH_MASTER_PORT"),
+            "{e}"
+        );
+    }
+}
+
+/// Rank `rank` of a world of two as torchrun starts it (its store on `master_port`), with
+/// `extra` variables, read as [`LaunchEnv::from_env`] reads the process environment.
+fn torchrun_env(rank: usize, master_port: u16, extra: &[(&str, String)]) -> LaunchEnv {
+    let vars: HashMap<String, String> = [
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("WORLD_SIZE", "2".to_owned()),
+        ("MASTER_ADDR", "127.0.0.1".to_owned()),
+        ("MASTER_PORT", master_port.to_string()),
+        ("TORCHELASTIC_RUN_ID", "dflash-test".to_owned()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".to_owned()),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(k, v)| (k.to_string(), v.clone()))
+    .collect();
+    LaunchEnv::from_vars(|name| vars.get(name).cloned())
+        .unwrap()
+        .unwrap()
+}
+
+/// Listeners on two neighbouring ports: torchrun's store on `MASTER_PORT`, and whatever may
+/// hold the next one.
+fn neighbour_listeners() -> (TcpListener, TcpListener) {
+    for _ in 0..100 {
+        let store = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = store.local_addr().unwrap().port();
+        let Some(next) = port.checked_add(1) else {
+            continue;
+        };
+        if let Ok(next) = TcpListener::bind(("127.0.0.1", next)) {
+            return (store, next);
+        }
+    }
+    panic!("found no two free neighbouring ports in 100 tries");
+}
+
+/// No connection waits on `l`: no rank talked to it.
+fn nobody_came(l: &TcpListener) -> bool {
+    l.set_nonblocking(true).unwrap();
+    matches!(l.accept(), Err(e) if e.kind() == ErrorKind::WouldBlock)
+}
+
+/// Both ranks of `envs`: the rendezvous, then the group it starts, then one all-reduce.
+fn form_group(envs: [LaunchEnv; 2]) {
+    let id = payload(9, 128);
+    let handles: Vec<_> = envs
+        .into_iter()
+        .rev()
+        .map(|e| {
+            let mine = (e.rank == 0).then(|| id.clone());
+            thread::spawn(move || {
+                let got = rendezvous(&e, mine.as_deref(), LONG)?;
+                let g = ProcessGroup::connect(&e, LONG)?;
+                let mut sum = [e.rank as f32 + 1.0];
+                g.all_reduce_sum(&mut sum)?;
+                Ok::<_, LaunchError>((got, sum[0]))
+            })
+        })
+        .collect();
+    for h in handles {
+        let (got, sum) = h.join().unwrap().unwrap();
+        assert_eq!((got, sum), (id.clone(), 3.0));
+    }
+}
+
+#[test]
+fn under_torchrun_the_group_forms_beside_its_store() {
+    // torchrun's agent store holds MASTER_PORT on node 0; every rank moves to MASTER_PORT+1.
+    let (store, next) = neighbour_listeners();
+    let port = store.local_addr().unwrap().port();
+    drop(next);
+    let envs = [0, 1].map(|r| torchrun_env(r, port, &[]));
+    for e in &envs {
+        assert_eq!(e.master_port, port + 1);
+        assert_eq!(e.port_origin, PortOrigin::AfterTorchrunStore);
+    }
+    form_group(envs);
+    assert!(nobody_came(&store), "a rank talked to torchrun's store");
+}
+
+#[test]
+fn dflash_master_port_wins() {
+    // MASTER_PORT and the next port are both taken; DFLASH_MASTER_PORT names a free one.
+    let (store, next) = neighbour_listeners();
+    let port = store.local_addr().unwrap().port();
+    let theirs = free_port();
+    let extra = [("DFLASH_MASTER_PORT", theirs.to_string())];
+    let envs = [0, 1].map(|r| torchrun_env(r, port, &extra));
+    for e in &envs {
+        assert_eq!(e.master_port, theirs);
+        assert_eq!(e.port_origin, PortOrigin::DflashMasterPort);
+    }
+    form_group(envs);
+    assert!(nobody_came(&store) && nobody_came(&next));
+    // Without it, rank 0 cannot listen on MASTER_PORT+1, and says what to set.
+    let e = err_text(rendezvous(&torchrun_env(0, port, &[]), Some(&[1]), LONG));
+    assert!(
+        e.starts_with(&format!(
+            "rank 0 could not listen on 127.0.0.1:{}",
+            port + 1
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("MASTER_PORT+1") && e.contains("torchrun") && e.contains("DFLASH_MASTER_PORT"),
+        "{e}"
+    );
 }
 
 /// Set in the children of `two_processes_agree`; unset, `child_process_entry` does nothing.

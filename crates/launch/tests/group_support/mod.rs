@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use dflash_launch::{LaunchEnv, LaunchError, ProcessGroup};
+use dflash_launch::{LaunchEnv, LaunchError, PortOrigin, ProcessGroup};
 
 /// Generous for success paths (they take milliseconds); failure paths must beat it by far.
 pub const LONG: Duration = Duration::from_secs(10);
@@ -28,6 +28,7 @@ pub fn env(rank: usize, world_size: usize, port: u16) -> LaunchEnv {
         local_rank: rank,
         master_addr: "127.0.0.1".to_owned(),
         master_port: port,
+        port_origin: PortOrigin::MasterPort,
     }
 }
 
@@ -80,14 +81,22 @@ pub fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
     f
 }
 
+/// The protocol version this build speaks.
+pub const VERSION: u32 = 2;
+
 pub fn hello(rank: u64, world: u64) -> Vec<u8> {
-    let mut b = 1u32.to_le_bytes().to_vec();
+    let mut b = VERSION.to_le_bytes().to_vec();
     b.extend_from_slice(&rank.to_le_bytes());
     b.extend_from_slice(&world.to_le_bytes());
     frame(1, &b)
 }
 
-/// A fake rank 1 of a world of 2: connected, said hello, got the go-ahead.
+/// Rank 0's answer to a hello it admitted, sent at once.
+pub fn welcome() -> Vec<u8> {
+    frame(8, &[])
+}
+
+/// A fake rank 1 of a world of 2: connected, said hello, welcomed, got the go-ahead.
 pub fn fake_rank_one(port: u16) -> TcpStream {
     let mut s = loop {
         match TcpStream::connect(("127.0.0.1", port)) {
@@ -96,9 +105,9 @@ pub fn fake_rank_one(port: u16) -> TcpStream {
         }
     };
     s.write_all(&hello(1, 2)).unwrap();
-    let mut ready = [0u8; 9];
-    s.read_exact(&mut ready).unwrap();
-    assert_eq!(ready.to_vec(), frame(7, &[]));
+    let mut answers = [0u8; 18];
+    s.read_exact(&mut answers).unwrap();
+    assert_eq!(answers.to_vec(), [welcome(), frame(7, &[])].concat());
     s
 }
 
