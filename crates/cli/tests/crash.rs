@@ -115,8 +115,8 @@ fn killed_during_each_file_of_a_checkpoint_write_then_resumed() {
         "stream:model.safetensors@2",
         "write:model.safetensors@2",
         "write:config.json@2",
-        "stream:optimizer.safetensors@2",
-        "write:optimizer.safetensors@2",
+        "stream:optimizer.st@2",
+        "write:optimizer.st@2",
         "write:trainer_state.json@2",
         "write:latest@2",
     ]

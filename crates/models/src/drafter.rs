@@ -399,12 +399,18 @@ impl Drafter {
         Ok((inputs, caches, x))
     }
 
-    /// Greedy predictions `(B)` for every block slot (evaluation).
+    /// Greedy predictions `(B)` for every block slot (evaluation);
+    /// [`ModelError::NonFiniteOutput`] when the output is not finite (NaN features or weights).
     pub fn predict(&self, inp: &DraftInput<'_>) -> Result<Vec<u32>> {
         let b = self.backend.as_ref();
         let p = self.prepare(inp)?;
         let (_, _, x) = self.forward(inp, &p, false)?;
         let (out, _) = b.rms_norm(&x, &self.params.norm, self.dims.eps)?;
+        // Checked on the hidden states, not the logits: finite ones give finite logits through
+        // the head, whose weights the loader checks, and only a flag comes back.
+        if !b.all_finite(&out)? {
+            return Err(ModelError::NonFiniteOutput { op: "predict" });
+        }
         Ok(b.linear_argmax(&out, &self.frozen.lm_head)?)
     }
 

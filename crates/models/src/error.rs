@@ -33,6 +33,12 @@ pub enum ModelError {
     },
     #[error("{path}: {detail}")]
     Checkpoint { path: PathBuf, detail: String },
+    /// A forward's output is NaN or infinite: its greedy tokens would be some valid ids (the
+    /// argmax of a NaN row is one) standing for nothing.
+    #[error(
+        "{op}: the drafter's output is non-finite (NaN or infinite), so its predictions are undefined"
+    )]
+    NonFiniteOutput { op: &'static str },
     #[error("{0}")]
     Input(String),
 }

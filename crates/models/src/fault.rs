@@ -17,7 +17,7 @@
 //!
 //! Points that block (`crates/cli/tests/crash.rs` kills at each):
 //! - `write:FILE`: an atomic write of a file named FILE (`config.json`, `model.safetensors`,
-//!   `optimizer.safetensors`, `trainer_state.json`, `latest`, `metrics.jsonl`,
+//!   `optimizer.st`, `trainer_state.json`, `latest`, `metrics.jsonl`,
 //!   `summary.json`, `config.toml`, ...) has its temp file complete and not yet renamed;
 //! - `stream:FILE`: a streamed tensor file has its header and first tensor written, the rest
 //!   not (a torn temp file);

@@ -26,9 +26,18 @@ pub enum TrainError {
         "evaluation: none of the {given} sequences has a completion of two or more tokens to draft, so tau is undefined"
     )]
     NoEvalSequence { given: usize },
+    /// The drafter's output for an evaluation sequence was NaN or infinite: its greedy tokens
+    /// (and so its tau) would be numbers standing for nothing.
+    #[error(
+        "evaluation: sample {sample_id}: the drafter's predictions are non-finite (NaN or infinite), so its tau is undefined: {origin}"
+    )]
+    NonFiniteEval {
+        sample_id: u64,
+        origin: NonFiniteSource,
+    },
 }
 
-/// Where a non-finite step loss came from, as far as the replica can tell.
+/// Where a non-finite step loss (or evaluation output) came from, as far as can be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NonFiniteSource {
     /// The target's features of the micro-batch were already NaN/Inf: the target (its

@@ -9,9 +9,9 @@
 //! and the acceptance chain is then walked on the host.
 
 use dflash_core::pipeline::HiddenSeq;
-use dflash_models::{DraftInput, Drafter};
+use dflash_models::{DraftInput, Drafter, ModelError};
 
-use crate::error::{Result, TrainError};
+use crate::error::{NonFiniteSource, Result, TrainError};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TauReport {
@@ -56,10 +56,27 @@ fn predict_blocks(
             doc_starts: &[],
             ctx_positions: &[],
         };
-        let pred = drafter.predict(&input)?;
+        let pred = drafter.predict(&input).map_err(|e| match e {
+            ModelError::NonFiniteOutput { .. } => non_finite(seq),
+            e => e.into(),
+        })?;
         out.extend(pred.chunks(len).map(|c| c.to_vec()));
     }
     Ok(out)
+}
+
+/// The error for a sequence whose predictions were non-finite, with where the NaN came from
+/// (the features are scanned here only, on this error path).
+fn non_finite(seq: &HiddenSeq) -> TrainError {
+    let origin = match seq.features.to_host() {
+        Ok(f) if f.iter().all(|x| x.is_finite()) => NonFiniteSource::Drafter,
+        Ok(_) => NonFiniteSource::TargetFeatures,
+        Err(e) => return e.into(),
+    };
+    TrainError::NonFiniteEval {
+        sample_id: seq.sample_id,
+        origin,
+    }
 }
 
 /// Per-cycle committed-token counts for one sequence (the target's features are in

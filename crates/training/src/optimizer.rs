@@ -1,7 +1,7 @@
 //! AdamW over the drafter's parameters with fp32 moments, plus global grad-norm clipping.
 
 use dflash_config::DrafterConfig;
-use dflash_core::{AdamWParams, Backend};
+use dflash_core::{AdamWParams, Backend, Tensor};
 use dflash_models::{DrafterGrads, DrafterParams};
 
 use crate::error::Result;
@@ -11,6 +11,7 @@ pub struct AdamWHyper {
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
+    /// Decoupled weight decay of the matrices; vectors (norm weights, biases) are not decayed.
     pub weight_decay: f32,
 }
 
@@ -56,11 +57,24 @@ impl AdamW {
         let gs = grads.tensors();
         let ms = self.m.tensors_mut();
         let vs = self.v.tensors_mut();
+        // As HF Trainer (the reference recipe) groups parameters: decaying a norm's gain
+        // pulls it towards 0, i.e. towards scaling the normalised activations away.
+        let no_decay = AdamWParams {
+            weight_decay: 0.0,
+            ..hp
+        };
         for (((p, g), m), v) in ps.into_iter().zip(gs).zip(ms).zip(vs) {
-            b.adamw_step(p, g, m, v, &hp)?;
+            let hp = if decays(p) { &hp } else { &no_decay };
+            b.adamw_step(p, g, m, v, hp)?;
         }
         Ok(())
     }
+}
+
+/// Whether weight decay applies to `param`: to matrices, not to 1-D tensors (norm weights,
+/// biases), which HF Trainer leaves out of decay.
+pub fn decays(param: &Tensor) -> bool {
+    param.dims().len() >= 2
 }
 
 /// Global L2 norm of all gradients (f64 accumulation).

@@ -17,7 +17,14 @@ use crate::error::{Result, TrainError};
 use crate::replica::DrafterReplica;
 
 pub const TRAINER_STATE: &str = "trainer_state.json";
-pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
+/// AdamW's moments (safetensors format, tensors `m.NAME` and `v.NAME`). Not named
+/// `*.safetensors`: serving engines (vLLM's default loader) read every `*.safetensors` file
+/// of a directory without an index as weights, so the checkpoint directory stays loadable as
+/// the drafter itself only while `model.safetensors` is its one such file.
+pub const OPTIMIZER_STATE: &str = "optimizer.st";
+/// Where checkpoints written before [`OPTIMIZER_STATE`] kept the moments: still read, so
+/// their runs resume.
+pub const LEGACY_OPTIMIZER_STATE: &str = "optimizer.safetensors";
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainerState {
@@ -191,7 +198,7 @@ pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerStat
     }
     let (cfg, params) = load_drafter(b, dir)?;
     replica.drafter.params = params;
-    let files = TensorFiles::open_file(&dir.join(OPTIMIZER_STATE))?;
+    let files = TensorFiles::open_file(&optimizer_state_path(dir))?;
     let layout = DrafterParams::layout(&cfg);
     for (prefix, moments) in [
         ("m", &mut replica.optimizer.m),
@@ -206,6 +213,19 @@ pub fn load_into(dir: &Path, replica: &mut DrafterReplica) -> Result<TrainerStat
     replica.optimizer.step = state.adam_step;
     replica.nonfinite_run = state.nonfinite_run;
     Ok(state)
+}
+
+/// The moments' file of checkpoint `dir`: [`OPTIMIZER_STATE`], or [`LEGACY_OPTIMIZER_STATE`]
+/// in a checkpoint of the older layout (when neither exists, the current name, which the
+/// error then names).
+pub fn optimizer_state_path(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join(OPTIMIZER_STATE);
+    let legacy = dir.join(LEGACY_OPTIMIZER_STATE);
+    if !path.exists() && legacy.exists() {
+        legacy
+    } else {
+        path
+    }
 }
 
 /// The fields (as `config.json` names them) in which a checkpoint's drafter config `saved`

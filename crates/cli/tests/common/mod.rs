@@ -272,7 +272,7 @@ impl Outcome {
             records,
             model: std::fs::read(run_dir.join("model.safetensors")).unwrap(),
             latest,
-            optimizer: std::fs::read(ckpt.join("optimizer.safetensors")).unwrap(),
+            optimizer: std::fs::read(ckpt.join("optimizer.st")).unwrap(),
             trainer_state: serde_json::from_str(
                 &std::fs::read_to_string(ckpt.join("trainer_state.json")).unwrap(),
             )

@@ -11,6 +11,7 @@ use dflash_pipeline::job::latest_checkpoint;
 use dflash_pipeline::schedule::Schedule;
 use dflash_pipeline::{PipelineError, train};
 use dflash_training::TrainError;
+use dflash_training::state::OPTIMIZER_STATE;
 use serde_json::Value;
 
 use crate::support::{
@@ -120,7 +121,7 @@ fn a_non_finite_checkpoint_moment_or_init_from_is_refused_naming_the_tensor() {
     let resumed = TrainConfig::load(Some(&out.run_dir.join("config.toml")), &[]).unwrap();
     for (file, tensor) in [
         ("model.safetensors", "fc.weight"),
-        ("optimizer.safetensors", "v.fc.weight"),
+        (OPTIMIZER_STATE, "v.fc.weight"),
     ] {
         let path = ckpt.join(file);
         let good = std::fs::read(&path).unwrap();
@@ -241,7 +242,7 @@ fn non_finite_steps_are_skipped_then_stop_the_run_keeping_a_good_checkpoint() {
     for t in params.tensors() {
         assert!(b.download(t).unwrap().iter().all(|x| x.is_finite()));
     }
-    for (name, v) in tensors(&ckpt.join("optimizer.safetensors")) {
+    for (name, v) in tensors(&ckpt.join(OPTIMIZER_STATE)) {
         assert!(v.iter().all(|x| x.is_finite()), "{name}");
     }
 

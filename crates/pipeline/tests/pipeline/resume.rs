@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use dflash_config::TrainConfig;
 use dflash_pipeline::job::latest_checkpoint;
 use dflash_pipeline::train;
+use dflash_training::state::OPTIMIZER_STATE;
 use serde_json::Value;
 
 use crate::support::{
@@ -82,10 +83,7 @@ fn stopped_then_resumed_run_matches_uninterrupted_run_bit_for_bit() {
     );
     assert_eq!(ca.file_name().unwrap(), "step-12");
     assert_eq!(cb.file_name().unwrap(), "step-12");
-    assert_bit_identical(
-        &ca.join("optimizer.safetensors"),
-        &cb.join("optimizer.safetensors"),
-    );
+    assert_bit_identical(&ca.join(OPTIMIZER_STATE), &cb.join(OPTIMIZER_STATE));
     let state = |d: &Path| -> Value {
         serde_json::from_str(&std::fs::read_to_string(d.join("trainer_state.json")).unwrap())
             .unwrap()

@@ -1,7 +1,7 @@
 //! The LR schedule's edges, the gradient norm and clipping inside AdamW's update.
 
 use dflash_models::DrafterParams;
-use dflash_training::optimizer::{clip_factor, grad_norm};
+use dflash_training::optimizer::{AdamWHyper, clip_factor, grad_norm};
 use dflash_training::{AdamW, LrSchedule};
 
 use crate::support::{HYPER, backend, drafter_config};
@@ -115,4 +115,47 @@ fn grad_norm_and_clipping() {
     );
     let after = grad_norm(b.as_ref(), &scaled).unwrap();
     assert!((after - max).abs() <= 1e-5 * max, "{after} vs {max}");
+}
+
+/// Weight decay shrinks the matrices only: with zero gradients one step scales every 2-D
+/// weight by `1 - lr * wd` and leaves the 1-D ones (norm weights) as they were, as HF
+/// Trainer's parameter groups do.
+#[test]
+fn weight_decay_spares_norm_weights() {
+    let b = backend("reference");
+    let cfg = drafter_config(4);
+    let mut params = DrafterParams::init_random(b.as_ref(), &cfg, 0.02, 5).unwrap();
+    let before: Vec<Vec<f32>> = params
+        .tensors()
+        .iter()
+        .map(|t| b.download(t).unwrap())
+        .collect();
+    let grads = DrafterParams::zeros(b.as_ref(), &cfg).unwrap();
+    let (lr, wd) = (1e-2f32, 0.1f32);
+    let hyper = AdamWHyper {
+        weight_decay: wd,
+        ..HYPER
+    };
+    let mut opt = AdamW::new(b.as_ref(), &cfg, hyper).unwrap();
+    opt.update(b.as_ref(), &mut params, &grads, lr, 1.0)
+        .unwrap();
+    let decay = 1.0 - lr as f64 * wd as f64;
+    let layout = DrafterParams::layout(&cfg);
+    let mut kinds = (0, 0);
+    for (((name, shape), t), old) in layout.iter().zip(params.tensors()).zip(&before) {
+        let new = b.download(t).unwrap();
+        let expect: Vec<f32> = if shape.len() >= 2 {
+            kinds.0 += 1;
+            old.iter().map(|&x| (x as f64 * decay) as f32).collect()
+        } else {
+            kinds.1 += 1;
+            old.clone()
+        };
+        assert!(new == expect, "{name} {shape:?}");
+        assert!(
+            old.iter().any(|&x| x != 0.0),
+            "{name}: a zero tensor tests nothing"
+        );
+    }
+    assert!(kinds.0 > 0 && kinds.1 > 0, "{kinds:?}");
 }

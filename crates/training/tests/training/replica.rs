@@ -211,6 +211,49 @@ fn state_round_trip_continues_bit_for_bit() {
     assert!(e.contains(&dir.path().display().to_string()), "{e}");
 }
 
+/// A checkpoint directory loads as the drafter in a serving engine that reads every
+/// `*.safetensors` file of a directory as weights (vLLM's default loader): the model is its
+/// only such file. A checkpoint of the older layout, whose moments were in
+/// `optimizer.safetensors`, still resumes bit for bit.
+#[test]
+fn the_model_is_a_checkpoints_one_safetensors_file_and_the_older_layout_resumes() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let (good, _) = training_batches(&b, &cfg);
+    let mut a = replica(&b, &cfg, 1, 10);
+    step(&mut a, &good[0]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    state::save(dir.path(), &a, serde_json::Value::Null).unwrap();
+    let safetensors: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    assert_eq!(safetensors, ["model.safetensors"]);
+
+    std::fs::rename(
+        dir.path().join(state::OPTIMIZER_STATE),
+        dir.path().join(state::LEGACY_OPTIMIZER_STATE),
+    )
+    .unwrap();
+    let mut c = replica(&b, &cfg, 99, 10);
+    state::load_into(dir.path(), &mut c).unwrap();
+    assert_eq!((c.step, c.optimizer.step), (1, 1));
+    let (sa, sc) = (
+        step(&mut a, &good[1]).unwrap(),
+        step(&mut c, &good[1]).unwrap(),
+    );
+    assert_eq!(sa, sc);
+    assert_eq!(params_of(&c), params_of(&a), "the moments were restored");
+
+    // Neither file: the error names the current one.
+    std::fs::remove_file(dir.path().join(state::LEGACY_OPTIMIZER_STATE)).unwrap();
+    let e = state::load_into(dir.path(), &mut c)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(state::OPTIMIZER_STATE), "{e}");
+}
+
 /// A snapshot writes the files `save` would have written at its step, byte for byte, even
 /// after the replica has trained on (the background checkpoint's contract).
 #[test]

@@ -2,7 +2,7 @@
 //! implementation of docs/design.md §2.5 with both attention kernels, `evaluate_tau`, and the
 //! serving loop committing exactly the completion and stopping at a stop token.
 
-use dflash_core::pipeline::{HiddenSeq, Target};
+use dflash_core::pipeline::{Features, HiddenSeq, Target};
 use dflash_models::{DraftInput, Drafter, Qwen3Target};
 use dflash_training::eval::sequence_cycles;
 use dflash_training::{TrainError, evaluate_tau};
@@ -272,4 +272,44 @@ fn blocks_stay_whole_up_to_a_stop_token() {
         differ > 0,
         "no sequence tells whole blocks from shortened ones"
     );
+}
+
+/// Non-finite predictions give no tau: the argmax of a NaN row is a valid token id, so a tau
+/// would be reported as a number. The error names the sample and where the NaN came from.
+#[test]
+fn non_finite_predictions_are_an_error_naming_the_sample() {
+    let b = backend("tiled");
+    let cfg = drafter_config(4);
+    let t = target(&b, &cfg);
+    let mut d = drafter(&b, &cfg, 0.2, 1);
+    let (ids, mask) = data_sample(3);
+    let good = seq(&t, 40, ids.clone(), mask.clone());
+    let mut bad = seq(&t, 41, ids, mask);
+    let mut features = host(&bad.features).to_vec();
+    features.fill(f32::NAN);
+    bad.features = Features::Host(features);
+    match evaluate_tau(&d, &[clone_seq(&good), bad], &[]) {
+        Err(e @ TrainError::NonFiniteEval { .. }) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("sample 41") && e.contains("target's features"),
+                "{e}"
+            );
+        }
+        other => panic!("expected NonFiniteEval, got {other:?}"),
+    }
+
+    // Finite features through a NaN weight: the drafter is named.
+    let n = cfg.hidden_size;
+    d.params.norm = b.upload(&vec![f32::NAN; n], &[n]).unwrap();
+    match evaluate_tau(&d, &[good], &[]) {
+        Err(e @ TrainError::NonFiniteEval { .. }) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("sample 40") && e.contains("drafter's forward"),
+                "{e}"
+            );
+        }
+        other => panic!("expected NonFiniteEval, got {other:?}"),
+    }
 }
