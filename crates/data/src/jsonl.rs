@@ -1,12 +1,15 @@
 //! JSON Lines datasets: one object per line, `{"input_ids": [...], "loss_mask": [...]}`.
-//! `loss_mask` is optional (all ones when absent); other keys are ignored; blank lines are
-//! skipped (but still counted for line numbers); a leading UTF-8 byte order mark is ignored.
-//! The whole file is parsed at open time, and
-//! the first bad line fails the open with `path:line: reason`.
+//! Both keys are required on every line, as the Arrow reader requires both columns: a line
+//! without a usable mask (absent, `null`, misspelt, or an SFT `labels` list in its place) is
+//! an error, not "train on every token", which would silently train on system and user
+//! tokens. Other keys are ignored; blank lines are skipped (but still counted for line
+//! numbers); a leading UTF-8 byte order mark is ignored. The whole file is parsed at open
+//! time, and the first bad line fails the open with `path:line: reason`.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer};
 
 use crate::error::{DataError, SampleProblem};
 use crate::{Dataset, Sample};
@@ -21,8 +24,48 @@ pub struct JsonlDataset {
 #[derive(Deserialize)]
 struct Line {
     input_ids: Vec<i64>,
+    /// Outer `None`: the key is absent; `Some(None)`: `"loss_mask": null`. Kept apart so the
+    /// error can say which (a plain `Option` would read both as absent).
+    #[serde(default, deserialize_with = "present")]
+    loss_mask: Option<Option<Vec<i64>>>,
+    /// Only whether it is there (not parsed): SFT data carries its mask as `labels` with -100,
+    /// and the error for a missing `loss_mask` then says how to convert it.
     #[serde(default)]
-    loss_mask: Option<Vec<i64>>,
+    labels: Option<IgnoredAny>,
+}
+
+/// A key that is present deserializes to `Some`, even when its value is `null`.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// Why a line has no usable `loss_mask`, with the keys it does have (a misspelt
+/// `"loss-mask"` is then visible) and, for SFT `labels`, the conversion.
+fn missing_mask(raw: &str, null: bool, has_labels: bool) -> String {
+    // Re-parsed only on this error path, so reading a good file costs nothing extra.
+    let keys = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw)
+        .map(|m| m.keys().cloned().collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    let what = if null {
+        "loss_mask is null"
+    } else {
+        "missing loss_mask"
+    };
+    let mut msg = format!(
+        "{what} (keys present: [{keys}]); every line needs \"loss_mask\": a list of 0/1 as long \
+         as input_ids, 1 on the tokens to train on (the assistant's)"
+    );
+    if has_labels {
+        msg += "; \"labels\" is not read: convert it with loss_mask[i] = 1 if labels[i] != -100 \
+                else 0, or build the data from chat data with `dflash prepare`";
+    } else {
+        msg += "; `dflash prepare` builds it from chat data";
+    }
+    msg
 }
 
 impl JsonlDataset {
@@ -74,8 +117,12 @@ impl JsonlDataset {
                 return Err(bad(line_no, problem.to_string()));
             }
             let mask = match line.loss_mask {
-                None => vec![1u8; ids.len()],
-                Some(m) => {
+                None | Some(None) => {
+                    let null = line.loss_mask.is_some();
+                    let detail = missing_mask(raw, null, line.labels.is_some());
+                    return Err(bad(line_no, detail));
+                }
+                Some(Some(m)) => {
                     if m.len() != ids.len() {
                         let p = SampleProblem::LengthMismatch {
                             ids_len: ids.len(),

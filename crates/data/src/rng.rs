@@ -45,7 +45,6 @@ pub fn combine(h: u64, x: u64) -> u64 {
 pub(crate) const DOMAIN_ANCHOR: u64 = 0x616E_6368_6F72_7321; // "anchors!"
 pub(crate) const DOMAIN_BUCKET: u64 = 0x6275_636B_6574_7321; // "buckets!"
 pub(crate) const DOMAIN_ORDER: u64 = 0x6F72_6465_7273_2121; // "orders!!"
-pub(crate) const DOMAIN_DOC: u64 = 0x646F_6373_2121_2121; // "docs!!!!"
 
 pub(crate) fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)

@@ -30,7 +30,8 @@ fn jsonl_seed() -> Vec<u8> {
         text += &serde_json::json!({ "input_ids": i, "loss_mask": m }).to_string();
         text.push('\n');
     }
-    // The other accepted spellings: a `labels` mask and no mask at all.
+    // Lines the reader refuses (an SFT `labels` list instead of a mask, no mask at all), so
+    // mutations also reach the missing-mask error path.
     text += "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n{\"input_ids\": [4, 5]}\n";
     text.into_bytes()
 }

@@ -1,5 +1,6 @@
-//! Anchor sampling: valid, sorted, unique, uniform over candidates, deterministic, never
-//! across a document boundary; and the anchor seed's mixing.
+//! Anchor sampling: valid, sorted, unique, uniform over candidates, deterministic; and the
+//! anchor seed's mixing. (Packed rows are sampled per document by the training crate,
+//! `PreparedBatch::packed`, and tested there.)
 
 use std::collections::HashSet;
 
@@ -91,53 +92,4 @@ fn anchor_seed_mixes_all_three_inputs() {
     }
     let mean = total as f64 / 64.0;
     assert!((mean - 32.0).abs() < 4.0, "mean flipped bits {mean}");
-}
-
-#[test]
-fn per_document_anchors_never_cross_a_boundary() {
-    let doc_lens = [5usize, 1, 0, 40, 17, 33];
-    let s: usize = doc_lens.iter().sum::<usize>() + 9; // 9 padding positions at the end
-    let mut mask = random_mask(s, 3, 85);
-    mask[s - 9..].iter_mut().for_each(|m| *m = 1); // padding marked supervised: still no anchors
-    let mut starts = vec![0usize];
-    for &l in &doc_lens {
-        starts.push(starts.last().unwrap() + l);
-    }
-    let doc_of = |p: usize| starts.iter().rposition(|&st| st <= p && p < s).unwrap();
-    for n in [0, 1, 3, 100] {
-        for seed in 0..10u64 {
-            let a = sample_anchors_per_document(&doc_lens, &mask, n, seed);
-            assert_eq!(a, sample_anchors_per_document(&doc_lens, &mask, n, seed));
-            for w in a.windows(2) {
-                assert!(w[0] < w[1]);
-            }
-            let mut per_doc = vec![0usize; doc_lens.len()];
-            for &x in &a {
-                let x = x as usize;
-                assert!(x + 1 < starts[doc_lens.len()], "anchor {x} in padding");
-                assert_eq!(
-                    doc_of(x),
-                    doc_of(x + 1),
-                    "anchor {x} crosses a document boundary"
-                );
-                assert!(mask[x] == 1 && mask[x + 1] == 1);
-                per_doc[doc_of(x)] += 1;
-            }
-            for (d, &c) in per_doc.iter().enumerate() {
-                let cands = (starts[d]..starts[d + 1].saturating_sub(1))
-                    .filter(|&i| mask[i] == 1 && mask[i + 1] == 1)
-                    .count();
-                assert_eq!(c, n.min(cands), "doc {d}");
-            }
-        }
-    }
-    // All-supervised documents: the boundary position (last token of a doc) is never drawn.
-    let ones = vec![1u8; 12];
-    let a = sample_anchors_per_document(&[4, 4, 4], &ones, 10, 0);
-    assert_eq!(a, vec![0, 1, 2, 4, 5, 6, 8, 9, 10]);
-    // Documents longer than the row are clipped.
-    assert_eq!(
-        sample_anchors_per_document(&[4, 100], &ones[..6], 10, 0),
-        vec![0, 1, 2, 4]
-    );
 }

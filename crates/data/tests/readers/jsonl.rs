@@ -1,4 +1,4 @@
-//! The JSONL reader: optional masks, blank lines, a byte order mark, and bad lines named by
+//! The JSONL reader: masks (required), blank lines, a byte order mark, and bad lines named by
 //! their line number.
 
 use dflash_data::{JsonlDataset, Sample, open_dataset};
@@ -13,11 +13,11 @@ fn jsonl(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 }
 
 #[test]
-fn jsonl_reads_samples_with_optional_mask_and_blank_lines() {
+fn jsonl_reads_samples_masks_and_blank_lines() {
     let (_t, p) = jsonl(
         "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1], \"text\": \"ignored\"}\n\
          \n\
-         {\"input_ids\": [7, 8]}\r\n\
+         {\"input_ids\": [7, 8], \"loss_mask\": [1, 0]}\r\n\
          {\"loss_mask\": [1], \"input_ids\": [4294967295]}",
     );
     let ds = open_dataset(&p).unwrap();
@@ -35,7 +35,7 @@ fn jsonl_reads_samples_with_optional_mask_and_blank_lines() {
         Sample {
             id: 1,
             ids: vec![7, 8],
-            loss_mask: vec![1, 1]
+            loss_mask: vec![1, 0]
         }
     );
     assert_eq!(ds.get(2).unwrap().ids, vec![u32::MAX]);
@@ -54,9 +54,18 @@ fn jsonl_bad_lines_name_the_line() {
     let cases = [
         ("{\"input_ids\": [1, 2,", "EOF"),
         ("{\"loss_mask\": [1]}", "missing field `input_ids`"),
-        ("{\"input_ids\": [1, -3]}", "input_ids[1] = -3 is negative"),
-        ("{\"input_ids\": [1, 2.5]}", "invalid type"),
-        ("{\"input_ids\": [1, 5000000000]}", "does not fit in u32"),
+        (
+            "{\"input_ids\": [1, -3], \"loss_mask\": [1, 1]}",
+            "input_ids[1] = -3 is negative",
+        ),
+        (
+            "{\"input_ids\": [1, 2.5], \"loss_mask\": [1, 1]}",
+            "invalid type",
+        ),
+        (
+            "{\"input_ids\": [1, 5000000000], \"loss_mask\": [1, 1]}",
+            "does not fit in u32",
+        ),
         (
             "{\"input_ids\": [1, 2], \"loss_mask\": [1]}",
             "input_ids has 2 tokens but loss_mask has 1",
@@ -75,7 +84,7 @@ fn jsonl_bad_lines_name_the_line() {
             "{bad}: {msg}"
         );
     }
-    let (_t, p) = jsonl("{\"input_ids\": [1]}\n\u{0}\u{ff}");
+    let (_t, p) = jsonl("{\"input_ids\": [1], \"loss_mask\": [1]}\n\u{0}\u{ff}");
     assert!(err_string(open_dataset(&p)).contains("data.jsonl:2:"));
 }
 
@@ -83,7 +92,7 @@ fn jsonl_bad_lines_name_the_line() {
 /// error at column 1: the file reads as without it, line numbers unchanged.
 #[test]
 fn jsonl_with_a_byte_order_mark_reads_as_without_it() {
-    let body = "{\"input_ids\": [5, 6], \"loss_mask\": [0, 1]}\n{\"input_ids\": [7]}\n";
+    let body = "{\"input_ids\": [5, 6], \"loss_mask\": [0, 1]}\n{\"input_ids\": [7], \"loss_mask\": [1]}\n";
     let (_t, p) = jsonl(&format!("\u{feff}{body}"));
     let ds = open_dataset(&p).unwrap();
     assert_eq!(ds.len(), 2);
@@ -94,4 +103,54 @@ fn jsonl_with_a_byte_order_mark_reads_as_without_it() {
     // A mark anywhere else is still an error naming its line.
     let (_t, p) = jsonl(&format!("{body}\u{feff}{{\"input_ids\": [1]}}\n"));
     assert!(err_string(JsonlDataset::open(&p)).contains("data.jsonl:3:"));
+}
+
+/// A line without a usable `loss_mask` fails the open naming `path:line` and the field, as the
+/// Arrow reader refuses a dataset without the column: training on an all-ones mask would
+/// silently train on the system and user tokens. SFT `labels` get the conversion spelt out; a
+/// misspelt key shows among the keys present.
+#[test]
+fn jsonl_without_a_usable_loss_mask_is_an_error_naming_the_line() {
+    let good = "{\"input_ids\": [1, 2], \"loss_mask\": [0, 1]}\n";
+    let cases: [(&str, &[&str]); 5] = [
+        (
+            "{\"input_ids\": [1, 2]}",
+            &["missing loss_mask", "dflash prepare"],
+        ),
+        (
+            "{\"input_ids\": [1, 2], \"loss_mask\": null}",
+            &["loss_mask is null"],
+        ),
+        (
+            "{\"input_ids\": [1, 2], \"loss-mask\": [0, 1]}",
+            &["missing loss_mask", "loss-mask"],
+        ),
+        (
+            "{\"input_ids\": [1, 2], \"labels\": [-100, 2]}",
+            &[
+                "missing loss_mask",
+                "\"labels\" is not read",
+                "labels[i] != -100",
+                "dflash prepare",
+            ],
+        ),
+        (
+            "{\"input_ids\": [1, 2], \"loss_mask\": null, \"labels\": [-100, 2]}",
+            &["loss_mask is null", "labels[i] != -100"],
+        ),
+    ];
+    for (bad, what) in cases {
+        let (_t, p) = jsonl(&format!("{good}\n{bad}\n{good}"));
+        let msg = err_string(open_dataset(&p));
+        assert!(msg.contains("data.jsonl:3: "), "{bad}: {msg}");
+        for w in what {
+            assert!(msg.contains(w), "{bad}: no {w:?} in {msg}");
+        }
+    }
+    // A mask beside `labels` is read and the labels ignored.
+    let (_t, p) = jsonl("{\"input_ids\": [1, 2], \"labels\": [-100, 2], \"loss_mask\": [0, 1]}");
+    assert_eq!(
+        open_dataset(&p).unwrap().get(0).unwrap().loss_mask,
+        vec![0, 1]
+    );
 }
