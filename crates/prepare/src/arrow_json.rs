@@ -99,4 +99,33 @@ mod tests {
         );
         assert_eq!(cell(a.as_ref(), 1), Value::Null);
     }
+
+    /// Parquet and Arrow rows carry a `reasoning_content` struct field (null where a message
+    /// has none) to the conversation as the JSONL reader does.
+    #[test]
+    fn a_reasoning_content_field_reaches_the_conversation() {
+        let fields = Fields::from(vec![
+            Field::new("content", DataType::Utf8, true),
+            Field::new("reasoning_content", DataType::Utf8, true),
+            Field::new("role", DataType::Utf8, true),
+        ]);
+        let mut b = ListBuilder::new(StructBuilder::from_fields(fields, 0));
+        for (c, r, role) in [("q", None, "user"), ("Yes.", Some("why"), "assistant")] {
+            let s = b.values();
+            s.field_builder::<StringBuilder>(0).unwrap().append_value(c);
+            s.field_builder::<StringBuilder>(1)
+                .unwrap()
+                .append_option(r);
+            s.field_builder::<StringBuilder>(2)
+                .unwrap()
+                .append_value(role);
+            s.append(true);
+        }
+        b.append(true);
+        let a = Arc::new(b.finish());
+        let row = serde_json::json!({"messages": cell(a.as_ref(), 0)});
+        let m = crate::parse_sample(&row).unwrap();
+        assert_eq!(m[0].content, "q");
+        assert_eq!(m[1].content, "<think>\nwhy\n</think>\n\nYes.");
+    }
 }

@@ -1,5 +1,13 @@
 //! One sample's conversation, from OpenAI `messages` (`role`, `content`) or ShareGPT
 //! `conversations` (`from`, `value`), with an optional top-level `system` prompt.
+//!
+//! An assistant message's `reasoning_content` (what vLLM and SGLang write with a reasoning
+//! parser; `reasoning` in newer vLLM) is folded into its content as
+//! `<think>\n{reasoning}\n</think>\n\n{content}`. Templates that read `reasoning_content`
+//! (Qwen3) split a `<think>` block out of the content the same way and render the same text,
+//! and the masks already supervise a `<think>` block from its reasoning on; keeping it in
+//! `content` also keeps [`Message`] two fields, so code that rewrites a turn's content
+//! (regeneration) replaces its reasoning with it rather than leaving a stale one behind.
 
 use serde_json::Value;
 
@@ -124,9 +132,35 @@ pub fn parse_conversation(sample: &Value) -> Result<Vec<Message>, SkipReason> {
         } else if role == Role::System && !out.is_empty() {
             return Err(bad("a system message after the first message".into()));
         }
+        let content = match reasoning_of(obj).map_err(bad)? {
+            Some(r) if role == Role::Assistant => {
+                if content.contains("</think>") {
+                    // The template would render both, the field's block before the content's.
+                    return Err(bad(
+                        "both a reasoning_content and a <think> block in the content".into(),
+                    ));
+                }
+                format!("<think>\n{}\n</think>\n\n{}", r.trim_matches('\n'), content)
+            }
+            _ => content,
+        };
         out.push(Message { role, content });
     }
     Ok(out)
+}
+
+/// A message's non-blank `reasoning_content` (or `reasoning`); templates read it on
+/// assistant messages only. Null or blank is none (Qwen3 renders no reasoning for it).
+fn reasoning_of(obj: &serde_json::Map<String, Value>) -> Result<Option<&str>, String> {
+    for key in ["reasoning_content", "reasoning"] {
+        match obj.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.trim().is_empty() => {}
+            Some(Value::String(s)) => return Ok(Some(s)),
+            Some(v) => return Err(format!("{key:?} is a {}, expected a string", kind(v))),
+        }
+    }
+    Ok(None)
 }
 
 /// A string, or OpenAI content parts `[{"type": "text", "text": ...}]` joined (any other part
@@ -198,6 +232,41 @@ mod tests {
             {"role": "assistant", "content": "c"}]}))
         .unwrap_err();
         assert!(matches!(e, SkipReason::Malformed { message: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn assistant_reasoning_content_is_folded_into_a_think_block() {
+        let m = parse_sample(&json!({"messages": [
+            {"role": "user", "content": "q", "reasoning_content": "not read"},
+            {"role": "assistant", "content": "Yes.", "reasoning_content": "\nbecause\n"},
+            {"role": "assistant", "content": "Sure.", "reasoning": "also"},
+            {"role": "assistant", "content": "No.", "reasoning_content": null},
+            {"role": "assistant", "content": "Ok.", "reasoning_content": " "}]}))
+        .unwrap();
+        assert_eq!(m[0].content, "q");
+        assert_eq!(m[1].content, "<think>\nbecause\n</think>\n\nYes.");
+        assert_eq!(m[2].content, "<think>\nalso\n</think>\n\nSure.");
+        assert_eq!(
+            (m[3].content.as_str(), m[4].content.as_str()),
+            ("No.", "Ok.")
+        );
+        for (msg, needle) in [
+            (
+                json!({"role": "assistant", "content": "a", "reasoning_content": 1}),
+                "number",
+            ),
+            (
+                json!({"role": "assistant", "content": "<think>x</think>a", "reasoning_content": "y"}),
+                "both",
+            ),
+        ] {
+            match parse_sample(&json!({"messages": [{"role": "user", "content": "q"}, msg]})) {
+                Err(SkipReason::Malformed { message: 1, detail }) => {
+                    assert!(detail.contains(needle), "{detail}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! transformers does ([`template`]); tokenizes it with the target's `tokenizer.json`; masks
 //! the assistant content ([`mask`]); and writes `input_ids` + `loss_mask` in the
 //! `save_to_disk` layout that `dflash train` reads ([`write`]). A sample that cannot be used
-//! is skipped and counted with its index and reason; a dataset where all are is an error.
+//! is skipped and counted with its index and reason; a dataset where all are is an error. A
+//! conversation whose rendering drops earlier turns' reasoning is written more than once (see
+//! [`Preparer::prepare_conversation`]).
 
 pub mod arrow_json;
 pub mod conversation;
@@ -23,7 +25,7 @@ use rayon::prelude::*;
 
 pub use conversation::{Message, Role, parse_conversation, parse_sample};
 pub use error::{PrepareError, SkipReason};
-pub use mask::{Prepared, Preparer};
+pub use mask::{Prepared, PreparedConversation, Preparer};
 pub use read::Input;
 pub use template::ChatTemplate;
 pub use write::DatasetWriter;
@@ -57,8 +59,13 @@ pub struct Summary {
     pub inputs: Vec<PathBuf>,
     /// Samples read.
     pub samples: usize,
-    /// Samples written.
+    /// Samples written (with the extra ones of `reasoning_samples`).
     pub written: usize,
+    /// Extra samples written for assistant turns whose reasoning the whole conversation's
+    /// rendering drops (see [`Preparer::prepare_conversation`]).
+    pub reasoning_samples: usize,
+    /// Assistant turns with reasoning that no written sample supervises.
+    pub reasoning_dropped: usize,
     /// `(sample index, reason)` of every skipped sample, in order.
     pub skipped: Vec<(u64, SkipReason)>,
     /// Tokens written.
@@ -150,6 +157,22 @@ impl fmt::Display for Summary {
             self.written,
             self.skipped.len()
         )?;
+        if self.reasoning_samples > 0 {
+            writeln!(
+                f,
+                "reasoning: {} extra samples for earlier assistant turns whose reasoning the \
+                 chat template drops from the whole conversation",
+                self.reasoning_samples
+            )?;
+        }
+        if self.reasoning_dropped > 0 {
+            writeln!(
+                f,
+                "warning: {} assistant turns lost their reasoning: the chat template does not \
+                 render it, and no sample supervises it",
+                self.reasoning_dropped
+            )?;
+        }
         writeln!(
             f,
             "tokens: {} ({} supervised, {:.1}%), lengths {}..{}, masks from {}",
@@ -222,16 +245,23 @@ pub fn prepare_with(
     };
     let mut writer = DatasetWriter::create(&opts.out)?;
     input.for_each_chunk(CHUNK, &mut |rows| {
-        let results: Vec<(u64, Result<Prepared, SkipReason>)> = rows
+        let results: Vec<(u64, Result<PreparedConversation, SkipReason>)> = rows
             .into_par_iter()
-            .map(|(i, v)| (i, parse_sample(&v).and_then(|m| preparer.prepare(&m))))
+            .map(|(i, v)| {
+                let r = parse_sample(&v).and_then(|m| preparer.prepare_conversation(&m));
+                (i, r)
+            })
             .collect();
         for (i, r) in results {
             summary.samples += 1;
             match r {
-                Ok(p) => {
-                    writer.push(i, &p)?;
-                    summary.add(&p);
+                Ok(c) => {
+                    summary.reasoning_samples += c.samples.len() - 1;
+                    summary.reasoning_dropped += c.reasoning_dropped;
+                    for p in &c.samples {
+                        writer.push(i, p)?;
+                        summary.add(p);
+                    }
                 }
                 Err(reason) => summary.skipped.push((i, reason)),
             }

@@ -26,6 +26,11 @@
 //!
 //! A token is supervised when its byte offsets overlap a span, which for tokens that tile the
 //! text is transformers' `char_to_token(start) ..= char_to_token(end - 1)`.
+//!
+//! A template may drop the reasoning of earlier assistant turns (Qwen3 renders it for the
+//! turns after the last user message only), so one rendering of a multi-turn conversation
+//! would train on none of it; [`Preparer::prepare_conversation`] adds a sample ending with
+//! each such turn, where it renders.
 
 use std::ops::Range;
 use std::path::Path;
@@ -41,6 +46,15 @@ use crate::template::{CLOSE, ChatTemplate, OPEN};
 pub struct Prepared {
     pub ids: Vec<u32>,
     pub loss_mask: Vec<u8>,
+}
+
+/// The samples of one conversation (see [`Preparer::prepare_conversation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedConversation {
+    /// The whole conversation first, then one per turn whose reasoning it drops.
+    pub samples: Vec<Prepared>,
+    /// Assistant turns with reasoning that no sample supervises.
+    pub reasoning_dropped: usize,
 }
 
 /// A target's chat template and tokenizer.
@@ -92,12 +106,65 @@ impl Preparer {
     /// Token ids and the loss mask of one conversation.
     pub fn prepare(&self, messages: &[Message]) -> Result<Prepared, SkipReason> {
         let (text, spans) = self.supervised_spans(messages)?;
-        let enc =
-            self.tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| SkipReason::Tokenize {
-                    detail: e.to_string(),
-                })?;
+        self.encode(&text, &spans)
+    }
+
+    /// The samples of one conversation: the whole of it ([`prepare`](Self::prepare)), then,
+    /// for each assistant turn whose reasoning that rendering drops (Qwen3 drops it from every
+    /// turn before the last user message), the conversation up to and including that turn,
+    /// where it is the last turn and its reasoning renders.
+    ///
+    /// Only that turn is supervised in its extra sample: it is what the target generated with
+    /// the earlier turns in front of it (rendered there as they are in the whole sample,
+    /// without their reasoning), and the earlier turns are already supervised in the whole
+    /// sample and in their own extra samples, so supervising them again would count them
+    /// twice. A turn whose reasoning no sample supervises (the template drops it even from the
+    /// last turn, or its extra sample fails) is counted in `reasoning_dropped`.
+    pub fn prepare_conversation(
+        &self,
+        messages: &[Message],
+    ) -> Result<PreparedConversation, SkipReason> {
+        let (text, turns) = self.turn_spans(messages)?;
+        let spans: Vec<Range<usize>> = turns.iter().filter_map(|(_, s)| s.clone()).collect();
+        let mut out = PreparedConversation {
+            samples: vec![self.encode(&text, &spans)?],
+            reasoning_dropped: 0,
+        };
+        for (k, span) in &turns {
+            let Some(reasoning) = reasoning_of(&messages[*k].content) else {
+                continue;
+            };
+            if span
+                .as_ref()
+                .is_some_and(|s| text[s.clone()].contains(reasoning))
+            {
+                continue;
+            }
+            let extra = self
+                .turn_spans(&messages[..=*k])
+                .ok()
+                .and_then(|(text, turns)| {
+                    let last = turns.last()?.1.clone()?;
+                    text[last.clone()]
+                        .contains(reasoning)
+                        .then(|| self.encode(&text, &[last]).ok())?
+                });
+            match extra {
+                Some(p) => out.samples.push(p),
+                None => out.reasoning_dropped += 1,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tokenizes `text`, a token supervised where it overlaps one of `spans`.
+    fn encode(&self, text: &str, spans: &[Range<usize>]) -> Result<Prepared, SkipReason> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| SkipReason::Tokenize {
+                detail: e.to_string(),
+            })?;
         let ids = enc.get_ids().to_vec();
         let loss_mask: Vec<u8> = enc
             .get_offsets()
@@ -118,6 +185,13 @@ impl Preparer {
         &self,
         messages: &[Message],
     ) -> Result<(String, Vec<Range<usize>>), SkipReason> {
+        let (text, turns) = self.turn_spans(messages)?;
+        Ok((text, turns.into_iter().filter_map(|(_, s)| s).collect()))
+    }
+
+    /// The rendered conversation and, per assistant message (by index), its supervised byte
+    /// span (checked; None where nothing of it is supervised).
+    fn turn_spans(&self, messages: &[Message]) -> Result<(String, Vec<TurnSpan>), SkipReason> {
         if let Some(k) = messages
             .iter()
             .position(|m| m.content.contains([OPEN, CLOSE]))
@@ -180,10 +254,10 @@ impl Preparer {
                 self.cross_check(messages, k, &full.text, span, &before[t], anchors[t])?;
             }
         }
-        let spans = per_turn
+        let spans = turns
             .into_iter()
-            .flatten()
-            .filter(|s| !s.is_empty())
+            .zip(per_turn)
+            .map(|(k, s)| (k, s.filter(|s| !s.is_empty())))
             .collect();
         Ok((full.text, spans))
     }
@@ -255,6 +329,9 @@ impl Preparer {
         Ok(())
     }
 }
+
+/// An assistant message's index and its supervised byte span, if any.
+type TurnSpan = (usize, Option<Range<usize>>);
 
 /// Stands for a turn's content in [`Preparer::content_anchor`]: private-use characters that
 /// neither real text nor template markup holds (and not the generation markers).
@@ -378,6 +455,13 @@ fn find_content_spans(
         }
     }
     Ok(out)
+}
+
+/// The non-blank reasoning of a content's `<think>` block, trimmed (as templates render it).
+fn reasoning_of(content: &str) -> Option<&str> {
+    split_think(content)
+        .map(|(r, _)| r.trim())
+        .filter(|r| !r.is_empty())
 }
 
 /// `(reasoning, answer)` of a content with a `</think>`: the reasoning is what precedes it

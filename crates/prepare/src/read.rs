@@ -31,7 +31,8 @@ pub struct Input {
 }
 
 enum Kind {
-    /// Lines of one JSONL file (the file is read whole; rows are parsed per chunk).
+    /// Lines of one JSONL file (the file is read whole and every line checked when it is
+    /// opened; rows are parsed per chunk).
     Jsonl(Vec<u8>),
     /// A `.json` file holding one array of objects (ShareGPT exports).
     JsonArray(Vec<Value>),
@@ -79,6 +80,7 @@ impl Input {
                     if ext == "json" && body.trim_ascii_start().starts_with(b"[") {
                         json_array(path, body)?
                     } else {
+                        check_jsonl(path, &text)?;
                         Kind::Jsonl(text)
                     }
                 }
@@ -388,6 +390,24 @@ fn jsonl_lines(text: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
         .map(|(k, l)| (k + 1, l.trim_ascii()))
 }
 
+/// The first line (by number) that is not a JSON object, as [`parse_line`] reports it. Run
+/// when the input is opened: a torn last line would otherwise fail the run after every line
+/// before it was prepared, and discard that work with the unfinished output.
+fn check_jsonl(path: &Path, text: &[u8]) -> Result<(), PrepareError> {
+    use rayon::prelude::*;
+    let lines: Vec<(usize, &[u8])> = jsonl_lines(text).filter(|(_, l)| !l.is_empty()).collect();
+    lines
+        .par_iter()
+        .find_map_first(|&(line, raw)| {
+            // Syntax only, without building the values: they are parsed again per chunk.
+            let syntax = serde_json::from_slice::<serde::de::IgnoredAny>(raw);
+            (syntax.is_err() || !raw.starts_with(b"{"))
+                .then(|| parse_line(path, line, raw).err())
+                .flatten()
+        })
+        .map_or(Ok(()), Err)
+}
+
 fn parse_line(path: &Path, line: usize, raw: &[u8]) -> Result<Value, PrepareError> {
     let bad = |detail: String| PrepareError::BadLine {
         path: path.to_path_buf(),
@@ -513,6 +533,29 @@ fn read_parquet(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_jsonl_line_fails_the_open_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("chat.jsonl");
+        let good = r#"{"messages": [{"role": "user", "content": "q"}]}"#;
+        for (last, needle) in [(r#"{"messages": [{"role": "us"#, "EOF"), ("[1]", "object")] {
+            let mut text = format!("{good}\n").repeat(1000);
+            text.push_str(&format!("\n{last}\n"));
+            std::fs::write(&path, text).unwrap();
+            match Input::open(&path) {
+                Err(PrepareError::BadLine { line, detail, .. }) => {
+                    assert_eq!(line, 1002, "{detail}");
+                    assert!(detail.contains(needle), "{detail}");
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("opened a file with a bad line"),
+            }
+        }
+        // Blank lines are not rows, and a good file opens.
+        std::fs::write(&path, format!("{good}\n\n  \n{good}\n")).unwrap();
+        assert_eq!(Input::open(&path).unwrap().rows_hint(), Some(2));
+    }
 
     #[test]
     fn wildcards_match_like_a_shell() {

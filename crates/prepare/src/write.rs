@@ -5,7 +5,8 @@
 //! list<int8>, as `dflash_data::open_dataset` and `datasets.load_from_disk` read them.
 //!
 //! Everything is written into a temporary sibling directory that is renamed to the output at
-//! the end, so an interrupted run leaves no half-written dataset under the output's name. An
+//! the end, so an interrupted run leaves no half-written dataset under the output's name (the
+//! next run into the same output removes what it left, see [`DatasetWriter::create`]). An
 //! output that already exists as an empty directory (a mount point, say) cannot be replaced
 //! that way: the temporary directory is made inside it and its files are moved up at the end,
 //! which needs neither removing the output nor a rename across file systems (what a killed
@@ -59,7 +60,9 @@ impl DatasetWriter {
     /// Starts writing the dataset that will be `out`: an error if `out` exists and is not an
     /// empty directory. Temporary directories that an interrupted in-place run left in `out`
     /// do not count: they are removed (and named on stderr), except one holding a finished
-    /// dataset or one whose process is still running, which is an error naming it.
+    /// dataset or one whose process is still running, which is an error naming it. For a new
+    /// `out`, the same goes for the hidden `.NAME.tmp-PID` siblings interrupted runs into it
+    /// left beside it.
     pub fn create(out: &Path) -> Result<Self, PrepareError> {
         Self::with_shard_bytes(out, SHARD_BYTES)
     }
@@ -67,7 +70,7 @@ impl DatasetWriter {
     /// As [`create`](Self::create), with another shard size (tests).
     pub fn with_shard_bytes(out: &Path, shard_bytes: usize) -> Result<Self, PrepareError> {
         let in_place = out.exists();
-        let mut removed = Vec::new();
+        let removed;
         let tmp = if in_place {
             removed = clear_leftovers(out)?;
             out.join(format!("{IN_PLACE_TMP}{}", std::process::id()))
@@ -82,11 +85,9 @@ impl DatasetWriter {
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
             std::fs::create_dir_all(parent).map_err(|e| PrepareError::io(parent, e))?;
-            let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-            if tmp.exists() {
-                std::fs::remove_dir_all(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
-            }
-            tmp
+            let prefix = format!(".{name}.tmp-");
+            removed = clear_siblings(parent, &prefix, out)?;
+            parent.join(format!("{prefix}{}", std::process::id()))
         };
         std::fs::create_dir(&tmp).map_err(|e| PrepareError::io(&tmp, e))?;
         let hf = serde_json::json!({"info": {"features": features()}}).to_string();
@@ -341,6 +342,34 @@ fn clear_leftovers(out: &Path) -> Result<Vec<PathBuf>, PrepareError> {
             ),
         ));
     }
+    remove_stale(out, ours)
+}
+
+/// The `PREFIX<pid>` directories in `parent`, temporary directories of interrupted runs into
+/// the new output `out`, removed as [`clear_leftovers`] removes those of in-place runs: a kill
+/// leaves them, hidden, beside the output, each as large as the data written before it.
+fn clear_siblings(parent: &Path, prefix: &str, out: &Path) -> Result<Vec<PathBuf>, PrepareError> {
+    let mut ours = Vec::new();
+    for entry in std::fs::read_dir(parent).map_err(|e| PrepareError::io(parent, e))? {
+        let entry = entry.map_err(|e| PrepareError::io(parent, e))?;
+        let pid = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && entry.path().is_dir()
+        {
+            ours.push((entry.path(), pid));
+        }
+    }
+    remove_stale(out, ours)
+}
+
+/// Removes the temporary directories `ours` (with the ids of the processes that made them) of
+/// runs into `out`; an error, removing none, where one holds a finished dataset or its process
+/// still runs.
+fn remove_stale(out: &Path, ours: Vec<(PathBuf, u32)>) -> Result<Vec<PathBuf>, PrepareError> {
     let proc = Path::new("/proc");
     let running = |pid: u32| {
         pid != std::process::id()
@@ -353,7 +382,7 @@ fn clear_leftovers(out: &Path) -> Result<Vec<PathBuf>, PrepareError> {
                 dir,
                 format!(
                     "holds a finished dataset of an earlier run whose final move failed: move \
-                     its files into {} to use it, or remove it",
+                     it (or its files) to {} to use it, or remove it",
                     out.display()
                 ),
             ));
@@ -495,5 +524,36 @@ mod tests {
         std::fs::remove_file(out.join("notes.txt")).unwrap();
         std::fs::create_dir(out.join(format!("{IN_PLACE_TMP}x1"))).unwrap();
         assert!(err(&out).contains("not an empty directory"));
+    }
+
+    /// A new output: killed runs into it left `.NAME.tmp-PID` beside it, which the next run
+    /// removes, keeping those that may still be needed and the directories of other outputs.
+    #[test]
+    fn what_a_killed_run_into_a_new_output_left_beside_it_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let dead = tmp.path().join(".out.tmp-999999999");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join("shard-0.arrow"), "half").unwrap();
+        let other = tmp.path().join(".other.tmp-999999999");
+        std::fs::create_dir(&other).unwrap();
+        let mut w = DatasetWriter::create(&out).unwrap();
+        assert_eq!(w.removed_leftovers(), std::slice::from_ref(&dead));
+        assert!(!dead.exists() && other.exists());
+        w.push(0, &sample()).unwrap();
+        w.finish().unwrap();
+        assert_eq!(names_in(tmp.path()), [".other.tmp-999999999", "out"]);
+
+        // One whose process still runs (process 1 always does) is an error naming it.
+        if Path::new("/proc/self").exists() {
+            let running = tmp.path().join(".new.tmp-1");
+            std::fs::create_dir(&running).unwrap();
+            let e = DatasetWriter::create(&tmp.path().join("new"))
+                .err()
+                .unwrap();
+            let e = e.to_string();
+            assert!(e.contains("(process 1) is writing"), "{e}");
+            assert!(running.exists());
+        }
     }
 }

@@ -74,7 +74,10 @@ fn conversation(turns: &[(Role, &str)]) -> Vec<Message> {
 
 /// The decoded runs of consecutive supervised tokens.
 fn supervised_runs(p: &Preparer, msgs: &[Message]) -> Vec<String> {
-    let prepared = p.prepare(msgs).unwrap();
+    runs_of(p, &p.prepare(msgs).unwrap())
+}
+
+fn runs_of(p: &Preparer, prepared: &dflash_prepare::Prepared) -> Vec<String> {
     let mut runs: Vec<Vec<u32>> = Vec::new();
     let mut open = false;
     for (&id, &m) in prepared.ids.iter().zip(&prepared.loss_mask) {
@@ -255,4 +258,108 @@ fn a_dropped_reasoning_does_not_pull_the_answer_into_a_later_turn() {
             );
         }
     }
+}
+
+/// `reasoning_content` (vLLM / SGLang with a reasoning parser) reaches the template: Qwen3
+/// renders it in the `<think>` block instead of an empty one, and it is supervised with the
+/// answer, as a `<think>` block written in the content is.
+#[test]
+fn reasoning_content_is_rendered_and_supervised() {
+    let sample = serde_json::json!({"messages": [
+        {"role": "user", "content": "Is water wet?"},
+        {"role": "assistant", "content": "Yes.", "reasoning_content": "Water wets things.\n"}]});
+    let msgs = dflash_prepare::parse_sample(&sample).unwrap();
+    let inline = conversation(&[
+        (Role::User, "Is water wet?"),
+        (
+            Role::Assistant,
+            "<think>\nWater wets things.\n</think>\n\nYes.",
+        ),
+    ]);
+    for (name, p) in preparers() {
+        let (text, _) = p.supervised_spans(&msgs).unwrap();
+        let runs = supervised_runs(&p, &msgs);
+        assert_eq!(runs.len(), 1, "{name}: {runs:?}");
+        assert!(
+            runs[0].contains("Water wets things.") && runs[0].ends_with("Yes."),
+            "{name}: masked tokens {runs:?} of {text:?}"
+        );
+        if name.starts_with("qwen3") {
+            assert!(
+                text.contains("<think>\nWater wets things.\n</think>\n\nYes.<|im_end|>"),
+                "{name}: {text:?}"
+            );
+            // The same rendering and mask as the reasoning written in the content.
+            assert_eq!(p.prepare(&msgs), p.prepare(&inline), "{name}");
+        }
+    }
+}
+
+/// Qwen3 drops the reasoning of every assistant turn before the last user message, so the
+/// whole conversation keeps only the first turn's answer: an extra sample ends with that turn,
+/// its reasoning rendered, and supervises that turn alone.
+#[test]
+fn an_earlier_turns_dropped_reasoning_is_supervised_in_an_extra_sample() {
+    use Role::{Assistant as A, User as U};
+    let msgs = conversation(&[
+        (U, "q1"),
+        (A, "<think>\nlong reasoning one\n</think>\n\nA1"),
+        (U, "q2"),
+        (A, "<think>\nreasoning two\n</think>\n\nA2"),
+    ]);
+    for (name, p) in preparers() {
+        let c = p.prepare_conversation(&msgs).unwrap();
+        assert_eq!(c.samples[0], p.prepare(&msgs).unwrap(), "{name}");
+        assert_eq!(c.reasoning_dropped, 0, "{name}");
+        let runs: Vec<Vec<String>> = c.samples.iter().map(|s| runs_of(&p, s)).collect();
+        assert!(
+            runs.iter()
+                .flatten()
+                .any(|r| r.contains("long reasoning one")),
+            "{name}: {runs:?}"
+        );
+        if name.starts_with("qwen3") {
+            assert_eq!(c.samples.len(), 2, "{name}: {runs:?}");
+            assert!(
+                !runs[0][0].contains("long reasoning one"),
+                "{name}: {runs:?}"
+            );
+            assert_eq!(runs[1].len(), 1, "{name}: {runs:?}");
+            assert!(
+                runs[1][0].ends_with("long reasoning one\n</think>\n\nA1"),
+                "{name}"
+            );
+        } else {
+            // Llama 3 renders the content as written, reasoning included.
+            assert_eq!(c.samples.len(), 1, "{name}: {runs:?}");
+        }
+    }
+}
+
+/// A template that never renders the reasoning: no extra sample can hold it, and the turns
+/// are counted rather than lost silently.
+#[test]
+fn reasoning_no_template_rendering_holds_is_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let template = tmp.path().join("no_reasoning.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}<{{ m.role }}>{{ m.content.split('</think>')[-1] }}</{{ m.role }}>\
+         {% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    )
+    .unwrap();
+    let dir = fixtures().join("qwen3");
+    let p = Preparer::new(
+        ChatTemplate::from_target_dir_with(&dir, &template).unwrap(),
+        byte_tokenizer(),
+    );
+    use Role::{Assistant as A, User as U};
+    let msgs = conversation(&[
+        (U, "q1"),
+        (A, "<think>\nr1\n</think>\n\nA1"),
+        (U, "q2"),
+        (A, "<think>\nr2\n</think>\n\nA2"),
+    ]);
+    let c = p.prepare_conversation(&msgs).unwrap();
+    assert_eq!((c.samples.len(), c.reasoning_dropped), (1, 2));
 }

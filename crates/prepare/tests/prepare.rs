@@ -98,9 +98,12 @@ fn jsonl_parquet_and_save_to_disk_inputs_give_the_same_dataset() {
 
     let from_jsonl = tmp.path().join("a");
     let s = prepare(&opts(&fixture_jsonl(), &from_jsonl)).unwrap();
-    assert_eq!((s.samples, s.written, s.skipped.len()), (7, 7, 0));
+    // Sample 5's first turn has reasoning Qwen3 drops from the whole conversation: one extra
+    // sample ends with that turn.
+    assert_eq!((s.samples, s.written, s.skipped.len()), (7, 8, 0));
+    assert_eq!((s.reasoning_samples, s.reasoning_dropped), (1, 0));
     let want = read_back(&from_jsonl);
-    assert_eq!(want.len(), 7);
+    assert_eq!(want.len(), 8);
     assert_eq!(s.tokens, want.iter().map(|r| r.0.len() as u64).sum::<u64>());
     assert_eq!(
         s.supervised,
@@ -108,14 +111,14 @@ fn jsonl_parquet_and_save_to_disk_inputs_give_the_same_dataset() {
             .map(|r| r.1.iter().map(|&m| m as u64).sum::<u64>())
             .sum::<u64>()
     );
-    // Histogram over the buckets <=32, <=48, >48; sums to the samples.
-    assert_eq!(s.histogram.iter().map(|h| h.1).sum::<usize>(), 7);
+    // Histogram over the buckets <=32, <=48, >48; sums to the samples written.
+    assert_eq!(s.histogram.iter().map(|h| h.1).sum::<usize>(), 8);
     let lens: Vec<usize> = want.iter().map(|r| r.0.len()).collect();
     assert_eq!(s.histogram[0].1, lens.iter().filter(|&&n| n <= 32).count());
     assert_eq!(s.histogram[2].1, lens.iter().filter(|&&n| n > 48).count());
     let summary = s.to_string();
     assert!(
-        summary.contains("samples: 7 read, 7 written, 0 skipped"),
+        summary.contains("samples: 7 read, 8 written, 0 skipped\nreasoning: 1 extra samples"),
         "{summary}"
     );
 
@@ -483,7 +486,7 @@ fn a_hub_folder_of_several_splits_is_refused_and_a_pattern_picks_one() {
 
     let s = prepare(&opts(&data.join("train_sft-*.parquet"), &out)).unwrap();
     assert_eq!(s.inputs, train);
-    assert_eq!((s.samples, s.written), (7, 7));
+    assert_eq!((s.samples, s.written), (7, 8));
     assert!(
         s.to_string()
             .contains(&format!("input: {}\n", train[1].display())),
@@ -549,4 +552,39 @@ fn a_folder_of_one_split_or_of_no_split_names_is_read_whole() {
         msg.contains("2 splits: train (2 files), validation (1 file)") && msg.contains("train_*"),
         "{msg}"
     );
+}
+
+/// A torn last line fails `prepare` when the input is opened, naming `path:line`, before any
+/// sample is prepared or the output is looked at (here an output `prepare` would refuse: the
+/// line's error comes first).
+#[test]
+fn a_torn_last_jsonl_line_fails_before_any_sample_is_prepared() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chat.jsonl");
+    // More lines than one chunk of rows handed to the workers.
+    let good = std::fs::read_to_string(fixture_jsonl()).unwrap().repeat(50);
+    let lines = good.lines().count();
+    std::fs::write(
+        &data,
+        format!("{good}{{\"messages\": [{{\"role\": \"user\", \"content\": \"cut he"),
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), "x").unwrap();
+    let e = prepare(&opts(&data, &out)).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, PrepareError::BadLine { line, .. } if line == lines + 1),
+        "{msg}"
+    );
+    assert!(
+        msg.starts_with(&format!("{}:{}: ", data.display(), lines + 1)),
+        "{msg}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, [std::ffi::OsString::from("keep.txt")]);
 }
