@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use dflash_config::{DrafterConfig, DrafterShape, LayerType, Qwen3Config};
+use dflash_config::{DrafterConfig, DrafterShape, LayerType, Qwen3Config, default_gamma};
 use dflash_core::Backend;
 use dflash_core::pipeline::{Features, FeaturesRef, HiddenBatch, SeqMeta};
-use dflash_data::{block_targets, default_gamma};
+use dflash_data::block_targets;
 use dflash_models::drafter::{FrozenTarget, normal_vec};
 use dflash_models::{DraftInput, Drafter, DrafterParams};
 use dflash_training::{BlockSpec, PreparedBatch};
@@ -251,7 +251,7 @@ fn problem(which: StepProblem, seed: u64) -> Problem {
         let spec = BlockSpec {
             block_size: cfg.block_size,
             num_anchors: 6,
-            gamma: default_gamma(cfg.block_size),
+            gamma: default_gamma(cfg.block_size) as f32,
             mask_token_id: mask_id,
             seed,
         };
@@ -309,7 +309,7 @@ fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool, compute_format: bool) 
         &p.loss_mask,
         &p.anchors,
         bs,
-        default_gamma(bs),
+        default_gamma(bs) as f32,
         p.cfg.mask_token_id,
     );
     let feats;

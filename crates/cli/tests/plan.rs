@@ -92,6 +92,58 @@ fn auto_placement_trains_as_the_planned_lists_do_and_is_kept_for_resume() {
     assert!(plain.records == auto.records && plain.model == auto.model);
 }
 
+/// `train --resume DIR --config X` reads X in place of the run's saved config: with
+/// `placement = "auto"` there, the resume takes the run's planned lists from the saved
+/// config (it used to fall back to one target and one drafter and overwrite the saved
+/// config with "auto" and no lists, losing the split for every later resume), and ends as
+/// the uninterrupted run does.
+#[test]
+fn auto_placement_resumed_with_config_keeps_the_planned_lists() {
+    let job = Job::new();
+    job.finish("plain", false);
+    let auto = ["--set", "pipeline.placement=\"auto\""];
+    let first = job
+        .command("auto", false)
+        .args(auto)
+        .args(["--set", "train.stop_at_step=6"])
+        .output()
+        .unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let resumed = std::process::Command::new(BIN)
+        .arg("train")
+        .arg("--resume")
+        .arg(job.run_dir("auto"))
+        .arg("--config")
+        .arg(job.config())
+        .args(auto)
+        .env_remove(common::FAULT_ENV)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    let kept =
+        dflash_config::TrainConfig::load(Some(&job.run_dir("auto").join("config.toml")), &[])
+            .unwrap();
+    let p = &kept.pipeline;
+    assert_eq!(p.placement, dflash_config::PlacementMode::RoundRobin);
+    assert_eq!(p.target_devices, Some(vec![0]));
+    assert_eq!(p.drafter_devices, Some(vec![0]));
+    assert!(
+        stderr.contains("resuming with the run's planned placement"),
+        "{stderr}"
+    );
+    let (plain, auto) = (
+        Outcome::read(&job.run_dir("plain")),
+        Outcome::read(&job.run_dir("auto")),
+    );
+    assert!(plain.records == auto.records && plain.model == auto.model);
+}
+
 #[test]
 fn placement_and_collective_settings_that_cannot_work_are_refused() {
     let job = Job::new();

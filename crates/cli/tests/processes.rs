@@ -112,6 +112,38 @@ fn two_processes_train_what_one_process_with_two_replicas_trains() {
     );
 }
 
+/// Writes `n` samples of 30..54 tokens, the first 8 unsupervised, to `path`.
+fn write_samples(path: &std::path::Path, n: usize) {
+    std::fs::write(path, common::sample_lines(n, 0x9E37_79B9_7F4A_7C15)).unwrap();
+}
+
+/// Rank 0 alone featurises the evaluation set and measures tau before training, for as long
+/// as the set takes (here longer than `pipeline.timeout_secs`): the other rank waits for it
+/// instead of timing out in step 0's all-reduce, or on its full feature queues.
+#[test]
+fn ranks_wait_for_rank_0_to_measure_tau_however_long_it_takes() {
+    let job = Job::new();
+    let eval = job.config().with_file_name("eval.jsonl");
+    write_samples(&eval, 120);
+    let sets = [
+        SHARED[0].to_string(),
+        "pipeline.timeout_secs=1".into(),
+        format!("data.eval={:?}", eval.display().to_string()),
+        "eval.max_samples=120".into(),
+        "train.max_steps=3".into(),
+    ];
+    let job = job.with_sets(&sets.iter().map(String::as_str).collect::<Vec<_>>());
+    let outs = run_pair(&job, "eval", false, None);
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank} failed:\n{}", stderr(o));
+    }
+    let e0 = stderr(&outs[0]);
+    assert!(
+        e0.contains("kept 120/120") && e0.contains("tau before training"),
+        "rank 0 measured no tau:\n{e0}"
+    );
+}
+
 #[test]
 fn a_failing_rank_stops_the_other_and_the_pair_resumes_from_rank_0s_checkpoint() {
     let one = Job::new().with_sets(&[SHARED[0], "pipeline.drafter_workers=2"]);

@@ -49,6 +49,11 @@ pub enum ConfigError {
         target: String,
         message: String,
     },
+    /// A `[drafter]` shape key that was set, against the `drafter.init_from` drafter whose
+    /// `config.json` defines the shape (the key would otherwise be ignored). Boxed: its five
+    /// fields would make every `Result` of this crate (and of those wrapping it) larger.
+    #[error("{0}")]
+    InitFromMismatch(Box<InitFromMismatch>),
     /// The layered training config could not be extracted (bad type, unknown key, ...). The
     /// message names the key and the source (TOML file, `DFLASH_` environment variable, command-line
     /// override); figment's own error is kept as the source.
@@ -56,6 +61,27 @@ pub enum ConfigError {
     Train(Box<figment::Error>),
     #[error("cannot write the training config as TOML: {0}")]
     TomlWrite(#[from] toml::ser::Error),
+}
+
+/// The details of [`ConfigError::InitFromMismatch`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{origin}: field `{field}` = {set} disagrees with the drafter.init_from drafter {}, \
+     which has {loaded}: its config.json defines the drafter's shape, so leave `{field}` \
+     unset or set it to {loaded}",
+    init_from.display()
+)]
+pub struct InitFromMismatch {
+    /// The layer that set the key.
+    pub origin: String,
+    /// `drafter.<key>`.
+    pub field: String,
+    /// The value set.
+    pub set: String,
+    /// The loaded drafter's value.
+    pub loaded: String,
+    /// The `drafter.init_from` directory.
+    pub init_from: PathBuf,
 }
 
 impl From<figment::Error> for ConfigError {

@@ -25,7 +25,7 @@ pub use drafter::{
     DType, DrafterConfig, DrafterShape, LayerType, default_gamma, default_num_target_features,
     default_target_layer_ids, known_mask_token_id,
 };
-pub use error::{ConfigError, Result};
+pub use error::{ConfigError, InitFromMismatch, Result};
 pub use qwen3::{Qwen3Config, TokenIds};
 pub use train::{
     BackendSection, Collective, DataSection, DrafterSection, ENV_PREFIX, EvalSection,

@@ -71,6 +71,38 @@ fn layer_id_defaults() {
     );
 }
 
+/// The one default gamma is the curve training has always used (it was a separate f32 copy
+/// in dflash-data while this crate reported `7b/16`, which differs off the published
+/// points): through the published points, piecewise linear between, increasing without
+/// jumps; and `TrainConfig::gamma`, which the job's block spec reads, is that curve unless
+/// `data.gamma` is set.
+#[test]
+fn default_gamma_is_the_trained_curve() {
+    for (bs, g) in [
+        (1, 0.5),
+        (4, 2.0),
+        (8, 4.0),
+        (10, 5.0),
+        (13, 6.0),
+        (16, 7.0),
+        (32, 14.0),
+    ] {
+        assert_eq!(default_gamma(bs), g, "block {bs}");
+    }
+    assert!((default_gamma(12) - (5.0 + 2.0 / 3.0)).abs() < 1e-12);
+    let mut prev = 0.0;
+    let mut cfg = dflash_config::TrainConfig::default();
+    for bs in 1..=64 {
+        let g = default_gamma(bs);
+        assert!(g > prev, "not increasing at {bs}");
+        assert!(g - prev <= 0.5 + 1e-9, "jump at {bs}");
+        assert_eq!(cfg.gamma(bs), g, "TrainConfig::gamma at {bs}");
+        prev = g;
+    }
+    cfg.data.gamma = Some(2.0);
+    assert_eq!(cfg.gamma(16), 2.0);
+}
+
 #[test]
 fn reads_the_reference_configs() {
     let c8 = DrafterConfig::from_file(fixture("config_qwen3-8b-dflash.json")).unwrap();

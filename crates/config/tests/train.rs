@@ -414,18 +414,134 @@ fn drafter_config_from_the_job() {
         let cfg = TrainConfig::load(None, &ov(&[("drafter.mask_token_id", "299")])).map_err(s)?;
         assert_eq!(cfg.drafter_config(&odd).map_err(s)?.mask_token_id, 299);
 
-        // init_from: the drafter directory's config wins, checked against the target.
+        // init_from: the drafter directory's config defines the drafter (a shape key set to
+        // its own value is accepted), checked against the target.
         std::fs::create_dir("init").map_err(s)?;
         std::fs::copy(fixture("config_qwen3-8b-dflash.json"), "init/config.json").map_err(s)?;
         let cfg = TrainConfig::load(
             None,
-            &ov(&[("drafter.init_from", "init"), ("drafter.num_layers", "2")]),
+            &ov(&[("drafter.init_from", "init"), ("drafter.num_layers", "5")]),
         )
         .map_err(s)?;
         assert_eq!(cfg.drafter.init_from, Some(jail.directory().join("init")));
         assert_eq!(cfg.drafter_config(&target8).map_err(s)?, reference);
         let msg = cfg.drafter_config(&tiny).unwrap_err().to_string();
         assert!(msg.contains("hidden_size"), "{msg}");
+        Ok(())
+    });
+}
+
+/// With `drafter.init_from`, a shape key set to something else than the loaded drafter has is
+/// refused naming the key, both values and the directory (it used to be silently ignored: a
+/// block-16 drafter fine-tuned with `drafter.block_size=8` trained at 16); set to the same
+/// value it is accepted. `data.max_len` is checked against the loaded block, not the
+/// section's default, and the resolved config written into a run loads back as it was.
+#[test]
+fn init_from_refuses_shape_keys_that_disagree_with_the_loaded_drafter() {
+    jailed(|jail| {
+        let json = std::fs::read_to_string(fixture("config_qwen3-8b-dflash.json")).map_err(s)?;
+        let init = jail.directory().join("init");
+        std::fs::create_dir("init").map_err(s)?;
+        std::fs::write("init/config.json", &json).map_err(s)?;
+        let from = [("drafter.init_from", "init")];
+
+        for (key, value, loaded) in [
+            ("drafter.block_size", "8", "16"),
+            ("drafter.num_layers", "2", "5"),
+            ("drafter.mask_token_id", "7", "151669"),
+            ("drafter.target_layer_ids", "[1, 2]", "[1, 9, 17, 25, 33]"),
+            ("drafter.num_target_features", "3", "5"),
+            ("drafter.intermediate_size", "64", "12288"),
+            ("drafter.num_attention_heads", "4", "32"),
+            ("drafter.num_key_value_heads", "4", "8"),
+            ("drafter.head_dim", "64", "128"),
+        ] {
+            let e = TrainConfig::load(None, &ov(&[from[0], (key, value)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(&e, ConfigError::InitFromMismatch(m) if m.field == key),
+                "{key}: {e:?}"
+            );
+            assert!(
+                msg.contains(&format!("`{key}` = {value} "))
+                    && msg.contains(&format!("which has {loaded}"))
+                    && msg.contains(&init.display().to_string())
+                    && msg.contains("command-line override"),
+                "{key}: {msg}"
+            );
+        }
+        // Set in a TOML file: that file is named.
+        std::fs::write(
+            "job.toml",
+            "[drafter]\ninit_from = \"init\"\nblock_size = 8\n",
+        )
+        .map_err(s)?;
+        let msg = TrainConfig::load(Some(Path::new("job.toml")), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("job.toml") && msg.contains("block_size"),
+            "{msg}"
+        );
+
+        // The same values as the loaded drafter are accepted, and the section takes the
+        // loaded drafter's shape.
+        let cfg = TrainConfig::load(
+            None,
+            &ov(&[
+                from[0],
+                ("drafter.block_size", "16"),
+                ("drafter.target_layer_ids", "[1, 9, 17, 25, 33]"),
+            ]),
+        )
+        .map_err(s)?;
+        assert_eq!(cfg.drafter.block_size, 16);
+        assert_eq!(cfg.drafter.intermediate_size, Some(12288));
+
+        // A block-4 drafter: data.max_len 8 holds its blocks (the section's default block
+        // of 16 would not), and the run's resolved config loads back, keys and all.
+        std::fs::create_dir("init4").map_err(s)?;
+        let json4 = json.replace("\"block_size\": 16", "\"block_size\": 4");
+        assert_ne!(json4, json);
+        std::fs::write("init4/config.json", &json4).map_err(s)?;
+        let small = [
+            ("drafter.init_from", "init4"),
+            ("data.max_len", "8"),
+            ("data.bucket_bounds", "[8]"),
+        ];
+        let cfg = TrainConfig::load(None, &ov(&small)).map_err(s)?;
+        assert_eq!(cfg.drafter.block_size, 4);
+        let saved = cfg.to_toml_string().map_err(s)?;
+        let back =
+            TrainConfig::load_toml_str(&saved, "run config", jail.directory(), &[]).map_err(s)?;
+        assert_eq!(back, cfg);
+        // ... and a drafter whose block is longer than data.max_len is refused by the loaded
+        // value, naming the drafter it came from.
+        let msg = TrainConfig::load(None, &ov(&[from[0], small[1], small[2]]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("drafter.block_size")
+                && msg.contains("16 exceeds data.max_len 8")
+                && msg.contains(&init.display().to_string()),
+            "{msg}"
+        );
+
+        // A config built in code: an optional shape key it holds is checked too, and the
+        // loaded block against data.max_len.
+        let target8 = Qwen3Config::from_file(fixture("target_qwen3-8b.json")).map_err(s)?;
+        let mut built = TrainConfig::load(None, &[]).map_err(s)?;
+        built.drafter.init_from = Some(init.clone());
+        built.drafter.head_dim = Some(64);
+        let msg = built.drafter_config(&target8).unwrap_err().to_string();
+        assert!(
+            msg.contains("drafter.head_dim") && msg.contains("128"),
+            "{msg}"
+        );
+        built.drafter.head_dim = None;
+        built.data.max_len = 8;
+        let msg = built.drafter_config(&target8).unwrap_err().to_string();
+        assert!(msg.contains("16 exceeds data.max_len 8"), "{msg}");
         Ok(())
     });
 }

@@ -16,14 +16,14 @@ mod validate;
 
 use std::path::Path;
 
-pub use anchors::{anchor_seed, sample_anchors, sample_anchors_per_document};
+pub use anchors::{anchor_seed, sample_anchors};
 pub use arrow::{
     ArrowDataset, IDS_COLUMN, MASK_COLUMN, data_files as save_to_disk_files, read_stream_file,
 };
 pub use bucket::{BatchPlan, BucketStats, BucketSummary};
 pub use error::{DataError, SampleProblem};
 pub use jsonl::JsonlDataset;
-pub use targets::{BlockTargets, block_targets, decay, default_gamma};
+pub use targets::{BlockTargets, block_targets, decay};
 pub use validate::{
     MaskTokenInData, OutOfVocab, SkipCounts, SkipReason, TooLongPolicy, Verdict, anchor_candidates,
     validate,

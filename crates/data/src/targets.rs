@@ -26,24 +26,6 @@ impl BlockTargets {
     }
 }
 
-/// The loss-decay `gamma` for a block size.
-///
-/// Published values: 7 for block 16, 5 for block 10, 4 for block 8. Other sizes follow the
-/// piecewise-linear curve through those points (continuous, increasing):
-/// - `block_size <= 10`: `block_size / 2` (passes through (8, 4) and (10, 5));
-/// - `10 < block_size < 16`: `5 + (block_size - 10) / 3` (linear from (10, 5) to (16, 7));
-/// - `block_size >= 16`: `block_size * 7 / 16` (proportional to the block-16 recipe).
-pub fn default_gamma(block_size: usize) -> f32 {
-    let b = block_size as f32;
-    if block_size <= 10 {
-        b / 2.0
-    } else if block_size < 16 {
-        5.0 + (b - 10.0) / 3.0
-    } else {
-        b * 7.0 / 16.0
-    }
-}
-
 /// The decay factor of slot `k >= 1`: `exp(-(k-1)/gamma)`. A `gamma` that is not a positive
 /// number (0, negative, NaN) means no decay (factor 1); `+inf` also gives 1.
 pub fn decay(k: usize, gamma: f32) -> f32 {

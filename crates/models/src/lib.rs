@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod drafter;
+pub mod eos;
 pub mod error;
 pub mod fault;
 pub mod finite;

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use dflash_config::default_gamma;
 use dflash_core::Backend;
 use dflash_core::pipeline::Target;
-use dflash_data::{block_targets, default_gamma};
+use dflash_data::block_targets;
 use dflash_models::checkpoint::{load_drafter, save_drafter};
 use dflash_models::safetensors_io::{TensorFiles, write_atomic, write_f32_atomic};
 use dflash_models::{DraftInput, Drafter, DrafterParams, Qwen3Target};
@@ -145,7 +146,7 @@ fn save_writes_the_serving_layout_and_round_trips_bit_exactly() {
         &seq.loss_mask,
         &ANCHORS,
         BS,
-        default_gamma(BS),
+        default_gamma(BS) as f32,
         MASK_ID,
     );
     let inp = DraftInput {

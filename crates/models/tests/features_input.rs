@@ -8,9 +8,10 @@ mod common;
 use std::any::Any;
 
 use common::*;
+use dflash_config::default_gamma;
 use dflash_core::pipeline::FeaturesRef;
 use dflash_core::{Storage, Tensor};
-use dflash_data::{block_targets, default_gamma};
+use dflash_data::block_targets;
 use dflash_models::{DraftInput, Drafter, DrafterGrads};
 
 /// A buffer of some other device: only its host read-back works, as for a real foreign GPU
@@ -51,7 +52,7 @@ fn host_local_and_imported_features_train_identically() {
         &seq.loss_mask,
         &ANCHORS,
         BS,
-        default_gamma(BS),
+        default_gamma(BS) as f32,
         MASK_ID,
     );
     let local = b.upload(&seq.features, &[S, k * H]).unwrap();

@@ -10,10 +10,12 @@
 //! of one replica each compute what one process with `N` replicas does, bit for bit.
 //!
 //! Rank 0 owns the run directory: the checkpoints, the served drafter, `summary.json` and the
-//! evaluation of tau. Rank `r > 0` keeps its own log (`metrics.jsonl`, `memory_plan.json`,
-//! `error.txt`) in `RUN_DIR/rank-r`, and `--resume RUN_DIR` reads rank 0's checkpoints, so
-//! every process needs the run directory on a shared file system to resume. The first
-//! failure on any rank reaches every other rank through the group, which stops them all.
+//! evaluation of tau (the other ranks wait for its measure before training, however long it
+//! takes: `Processes::after_lead_work`). Rank `r > 0` keeps its own log (`metrics.jsonl`,
+//! `memory_plan.json`, `error.txt`) in `RUN_DIR/rank-r`, and `--resume RUN_DIR` reads rank
+//! 0's checkpoints, so every process needs the run directory on a shared file system to
+//! resume. The first failure on any rank reaches every other rank through the group, which
+//! stops them all.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -35,6 +37,8 @@ use crate::workers::OnAbort;
 pub struct Processes {
     group: Arc<ProcessGroup>,
     env: LaunchEnv,
+    /// The group's op timeout: how long a collective waits for the slowest rank.
+    timeout: Duration,
 }
 
 impl Processes {
@@ -58,6 +62,7 @@ impl Processes {
         Ok(Some(Processes {
             group: Arc::new(group),
             env,
+            timeout,
         }))
     }
 
@@ -83,6 +88,35 @@ impl Processes {
     pub(crate) fn abort_handle(&self) -> OnAbort {
         let group = self.group.clone();
         Box::new(move |why| group.abort(why))
+    }
+
+    /// Ends a phase of work that rank 0 alone does before training (featurising the
+    /// evaluation set and measuring tau: as long as the set makes it), `done` being this
+    /// rank's outcome of it. Every rank waits here for every other, the ranks other than 0
+    /// beyond the group's op timeout, which bounds a step's wait for the slowest rank and not
+    /// work like this: started early, their step 0 would time out in its all-reduce, and
+    /// their target workers on full feature queues. A rank 0 that fails or ends still ends
+    /// the wait at once: a failure here is told to every rank (and returned), and a process
+    /// that ends closes its sockets.
+    pub(crate) fn after_lead_work<T>(&self, done: Result<T>) -> Result<T> {
+        let value = match done {
+            Ok(v) => v,
+            Err(e) => {
+                self.group.abort(&crate::error::cause_chain(&e));
+                return Err(e);
+            }
+        };
+        if !self.is_lead() {
+            self.group.set_op_timeout(Duration::MAX);
+        }
+        let waited = self.group.barrier();
+        self.group.set_op_timeout(self.timeout);
+        waited.map_err(|e| {
+            PipelineError::Job(format!(
+                "launch: waiting for every rank before training (rank 0 measures tau first): {e}"
+            ))
+        })?;
+        Ok(value)
     }
 
     /// Rank 0's `bytes` on every rank (others' are ignored).

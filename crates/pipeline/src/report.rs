@@ -21,7 +21,13 @@ pub struct StepRecord {
     pub lr: f64,
     pub grad_norm: f64,
     pub applied: bool,
+    /// Tokens the schedule gave the step: every sample it holds at its length cut to
+    /// `data.max_len`, including those the target workers then skip (`data.too_long =
+    /// "skip"`, ids out of the vocabulary, too few supervised tokens), whose count is only
+    /// known once they are read. A measure of the data moved through, not of the tokens the
+    /// drafter trained on; the skips are counted in the run's data line and `summary.json`.
     pub tokens: u64,
+    /// Scheduled tokens (`tokens`) per second since the workers started.
     pub tokens_per_s: f64,
     /// Seconds since the workers started.
     pub elapsed_s: f64,
@@ -138,11 +144,7 @@ impl Reporter {
                 "step {n}/{} | {msg} | grad_norm {:.3}{} | queues {:?} | elapsed {:.0}s eta {eta:.0}s",
                 self.total_steps,
                 rec.grad_norm,
-                if rec.applied {
-                    ""
-                } else {
-                    " (skipped: non-finite)"
-                },
+                skip_note(s),
                 rec.gauges.queue_depths,
                 elapsed
             );
@@ -163,5 +165,47 @@ impl Reporter {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// Why a step changed no weight, for its log line; empty for a step that did.
+fn skip_note(s: &StepSummary) -> &'static str {
+    match (s.applied, s.stats.weight_sum > 0.0) {
+        (true, _) => "",
+        // All its samples skipped, or no supervised token after an anchor: nothing to learn
+        // from, and nothing went wrong.
+        (false, false) => " (skipped: no supervised tokens)",
+        (false, true) => " (skipped: non-finite)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dflash_core::LossStats;
+
+    use super::*;
+
+    #[test]
+    fn a_step_without_supervised_tokens_is_not_called_non_finite() {
+        let summary = |applied: bool, weighted_loss: f64, weight_sum: f64| StepSummary {
+            step: 3,
+            stats: LossStats {
+                weighted_loss,
+                weight_sum,
+                ..LossStats::default()
+            },
+            grad_norm: 0.0,
+            lr: 1e-3,
+            applied,
+        };
+        assert_eq!(skip_note(&summary(true, 2.0, 1.0)), "");
+        assert_eq!(
+            skip_note(&summary(false, 0.0, 0.0)),
+            " (skipped: no supervised tokens)"
+        );
+        assert_eq!(
+            skip_note(&summary(false, f64::NAN, 1.0)),
+            " (skipped: non-finite)"
+        );
     }
 }

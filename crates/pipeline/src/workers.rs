@@ -135,10 +135,15 @@ impl Shared {
         }
     }
 
-    /// Pops with short timeouts; `Ok(None)` once the queue is closed and drained.
+    /// Pops with short timeouts; `Ok(None)` once the queue is closed and drained. After an
+    /// abort it hands out nothing: a closed queue still holds items, and a target worker
+    /// given one would run a whole target forward whose features nobody takes.
     pub fn pop_patiently<T: Send>(&self, q: &BoundedQueue<T>, who: &str) -> Result<Option<T>> {
         let since = Instant::now();
         loop {
+            if self.aborted() {
+                return Err(PipelineError::Job(format!("{who}: stopped (run aborted)")));
+            }
             match q.pop(POLL) {
                 Ok(item) => return Ok(Some(item)),
                 Err(QueueError::Closed(_)) => return Ok(None),
@@ -427,5 +432,103 @@ impl SharedRouter {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use dflash_core::pipeline::Features;
+    use dflash_data::{DataError, Sample};
+
+    use super::*;
+
+    /// A target that counts its forwards and has nothing to give.
+    struct CountingTarget(AtomicUsize);
+
+    impl Target for CountingTarget {
+        fn hidden_size(&self) -> usize {
+            4
+        }
+        fn vocab_size(&self) -> usize {
+            16
+        }
+        fn layer_ids(&self) -> &[usize] {
+            &[0]
+        }
+        fn features_packed(&self, _: &[&[u32]]) -> dflash_core::Result<Features> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(dflash_core::Error::Op {
+                op: "features_packed",
+                device: "test".into(),
+                detail: "no features here".into(),
+            })
+        }
+    }
+
+    struct Fixed;
+
+    impl Dataset for Fixed {
+        fn len(&self) -> usize {
+            4
+        }
+        fn get(&self, i: usize) -> std::result::Result<Sample, DataError> {
+            Ok(Sample {
+                id: i as u64,
+                ids: vec![1, 2, 3, 4, 5, 6],
+                loss_mask: vec![0, 1, 1, 1, 1, 1],
+            })
+        }
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn seq_len(&self, _: usize) -> usize {
+            6
+        }
+    }
+
+    fn shared() -> Shared {
+        Shared {
+            abort: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            work: BoundedQueue::new("work", 4),
+            features: vec![BoundedQueue::new("features[0]", 4)],
+            skips: Mutex::new(StepSkips::default()),
+            stall_timeout: Duration::from_secs(5),
+            on_abort: Box::new(|_| {}),
+            target_clocks: vec![PhaseClock::target()],
+            drafter_clocks: vec![PhaseClock::drafter()],
+            started: Instant::now(),
+        }
+    }
+
+    /// Work items still queued when the run aborts are not featurised: the closed work
+    /// queue still holds them, and each would cost a full target forward.
+    #[test]
+    fn a_target_worker_runs_no_forward_after_an_abort() {
+        let shared = shared();
+        for step in 0..2 {
+            let item = WorkItem {
+                epoch: 0,
+                step,
+                micro: 0,
+                samples: vec![0, 1],
+            };
+            shared.work.push(item, POLL).map_err(|(_, e)| e).unwrap();
+        }
+        shared.fail(PipelineError::Job("another worker failed".into()));
+        let target = CountingTarget(AtomicUsize::new(0));
+        let rules = SampleRules {
+            vocab_size: 16,
+            max_len: 64,
+            min_supervised: 1,
+            too_long: TooLongPolicy::Truncate,
+            max_positions: 64,
+            mask_token_id: None,
+        };
+        let e = target_worker(0, &shared, &target, &Fixed, rules).unwrap_err();
+        assert!(e.to_string().contains("run aborted"), "{e}");
+        assert_eq!(target.0.load(Ordering::SeqCst), 0, "target forwards run");
     }
 }

@@ -176,7 +176,7 @@ pub fn regenerate(
 ) -> Result<Summary, RegenerateError> {
     let preparer = Preparer::from_target_dir(&opts.target, opts.chat_template.as_deref())?;
     let cfg = Qwen3Config::from_file(opts.target.join("config.json"))?;
-    let gen_opts = generate_options(opts, &cfg, &preparer)?;
+    let gen_opts = generate_options(opts, &cfg)?;
     let unchecked = memory::check_kv_cache(
         backend.as_ref(),
         &cfg,
@@ -204,7 +204,6 @@ pub fn regenerate(
 fn generate_options(
     opts: &RegenerateOptions,
     cfg: &Qwen3Config,
-    preparer: &Preparer,
 ) -> Result<GenerateOptions, RegenerateError> {
     let max_pos = cfg.max_position_embeddings;
     let capacity = opts
@@ -220,7 +219,7 @@ fn generate_options(
         capacity,
         max_new_tokens: opts.max_new_tokens,
         prefill_tokens: opts.prefill_tokens,
-        eos: eos::eos_ids(&opts.target, cfg, preparer.tokenizer())?,
+        eos: eos::eos_ids(&opts.target, cfg)?,
         sampling: opts.sampling,
     };
     g.validate()?;

@@ -29,23 +29,7 @@ pub struct Job {
 impl Job {
     pub fn new() -> Job {
         let tmp = tempfile::tempdir().unwrap();
-        // Deterministic samples of 30..45 byte tokens, the first 8 unsupervised.
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut text = String::new();
-        for i in 0..16 {
-            let n = 30 + i % 25;
-            let ids: Vec<u32> = (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % 256) as u32
-                })
-                .collect();
-            let mask: Vec<u8> = (0..n).map(|j| u8::from(j >= 8)).collect();
-            text += &serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string();
-            text.push('\n');
-        }
+        let mut text = sample_lines(16, 0x2545_F491_4F6C_DD1D);
         // Two samples every run skips (counted at each visit): an id beyond the tiny target's
         // 264-token vocabulary, and no supervised token.
         for (ids, mask) in [
@@ -286,4 +270,26 @@ impl Outcome {
 /// The outcome line without its `run_dir=...` field.
 pub fn figures(line: &str) -> &str {
     line.split_once(' ').map_or("", |(_, rest)| rest)
+}
+
+/// `n` deterministic JSONL samples of 30..54 byte tokens (from `seed`), the first 8 of each
+/// unsupervised, one per line.
+pub fn sample_lines(n: usize, seed: u64) -> String {
+    let mut x = seed;
+    let mut text = String::new();
+    for i in 0..n {
+        let len = 30 + i % 25;
+        let ids: Vec<u32> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 256) as u32
+            })
+            .collect();
+        let mask: Vec<u8> = (0..len).map(|j| u8::from(j >= 8)).collect();
+        text += &serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string();
+        text.push('\n');
+    }
+    text
 }

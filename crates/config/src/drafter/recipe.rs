@@ -44,13 +44,26 @@ pub fn known_mask_token_id(target_vocab_size: usize) -> Option<u32> {
     }
 }
 
-/// Loss decay `gamma` of the DFlash recipe for a block size: 7 for 16, 5 for 10, 4 for 8;
-/// otherwise `7 * block_size / 16` (at least 1).
+/// Loss decay `gamma` of the DFlash recipe for a block size: the one definition, used by
+/// training (through [`crate::TrainConfig::gamma`]) and by everything else that reports or
+/// measures it, so no reader sees a gamma the drafter was not trained with.
+///
+/// Published values: 7 for block 16, 5 for block 10, 4 for block 8. Other sizes follow the
+/// piecewise-linear curve through those points (continuous, increasing):
+/// - `block_size <= 10`: `block_size / 2` (passes through (8, 4) and (10, 5));
+/// - `10 < block_size < 16`: `5 + (block_size - 10) / 3` (linear from (10, 5) to (16, 7));
+/// - `block_size >= 16`: `block_size * 7 / 16` (proportional to the block-16 recipe).
+///
+/// Training computes in f32: `default_gamma(b) as f32` equals the curve evaluated in f32
+/// bit for bit (the outer branches are exact; the middle one was checked for 11..=15), so
+/// replacing dflash-data's f32 copy of this curve by this function changed no run.
 pub fn default_gamma(block_size: usize) -> f64 {
-    match block_size {
-        16 => 7.0,
-        10 => 5.0,
-        8 => 4.0,
-        b => (7.0 * b as f64 / 16.0).max(1.0),
+    let b = block_size as f64;
+    if block_size <= 10 {
+        b / 2.0
+    } else if block_size < 16 {
+        5.0 + (b - 10.0) / 3.0
+    } else {
+        b * 7.0 / 16.0
     }
 }

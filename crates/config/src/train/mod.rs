@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::drafter::{
     DrafterConfig, DrafterShape, default_gamma, default_num_target_features, known_mask_token_id,
 };
-use crate::error::{ConfigError, Result};
+use crate::error::{ConfigError, InitFromMismatch, Result};
 use crate::qwen3::Qwen3Config;
 use layering::{KeyStyle, Layer, LayerData, env_provider, overrides_provider};
 
@@ -45,6 +45,23 @@ pub use sections::{
 
 /// Prefix of the environment variables read by [`TrainConfig::load`].
 pub const ENV_PREFIX: &str = "DFLASH_";
+
+/// Name of the defaults layer: a key whose value comes from it was not set by anyone.
+const DEFAULTS_LAYER: &str = "built-in defaults";
+
+/// The `[drafter]` keys that describe the drafter's shape, which a `drafter.init_from`
+/// directory's `config.json` defines instead.
+const SHAPE_KEYS: [&str; 9] = [
+    "drafter.num_layers",
+    "drafter.block_size",
+    "drafter.mask_token_id",
+    "drafter.target_layer_ids",
+    "drafter.num_target_features",
+    "drafter.intermediate_size",
+    "drafter.num_attention_heads",
+    "drafter.num_key_value_heads",
+    "drafter.head_dim",
+];
 
 /// The whole training job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -126,7 +143,7 @@ impl TrainConfig {
             .ok()
             .and_then(|mut m| m.remove(&Profile::Default))
             .unwrap_or_default();
-        Layer::dict("built-in defaults", data, KeyStyle::Dotted)
+        Layer::dict(DEFAULTS_LAYER, data, KeyStyle::Dotted)
     }
 
     fn finish(fig: Figment, overrides: &[(String, String)], base_dir: &Path) -> Result<Self> {
@@ -135,24 +152,114 @@ impl TrainConfig {
             .merge(overrides_provider(overrides)?);
         let mut cfg: TrainConfig = fig.extract()?;
         cfg.resolve_paths(base_dir);
-        cfg.validate().map_err(|e| match e {
-            ConfigError::Invalid { field, message, .. } => {
-                let origin = fig
-                    .find_metadata(&field)
-                    .map(|md| match &md.source {
-                        Some(src) => format!("{} {}", md.name, src),
-                        None => md.name.to_string(),
-                    })
-                    .unwrap_or_else(|| "training config".into());
-                ConfigError::Invalid {
-                    origin,
+        let set = |key: &str| {
+            fig.find_metadata(key)
+                .is_some_and(|md| md.name != DEFAULTS_LAYER)
+        };
+        let init_from = cfg.drafter.init_from.clone();
+        // Which layer gave `field`; a shape key nobody set was taken from the init_from
+        // drafter, so that is named instead of the defaults.
+        let origin_of = |field: &str| match &init_from {
+            Some(dir) if SHAPE_KEYS.contains(&field) && !set(field) => {
+                format!("drafter.init_from {}", dir.display())
+            }
+            _ => fig
+                .find_metadata(field)
+                .map(|md| match &md.source {
+                    Some(src) => format!("{} {}", md.name, src),
+                    None => md.name.to_string(),
+                })
+                .unwrap_or_else(|| "training config".into()),
+        };
+        cfg.adopt_init_from(&set)
+            .and_then(|()| cfg.validate())
+            .map_err(|e| match e {
+                ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                    origin: origin_of(&field),
                     field,
                     message,
+                },
+                ConfigError::InitFromMismatch(mut m) => {
+                    m.origin = origin_of(&m.field);
+                    ConfigError::InitFromMismatch(m)
                 }
-            }
-            other => other,
-        })?;
+                other => other,
+            })?;
         Ok(cfg)
+    }
+
+    /// With `drafter.init_from`, the drafter is that directory's `config.json`: every shape key
+    /// that `set` says was given must agree with it (else it would be silently ignored), and
+    /// the `[drafter]` section then takes the loaded values. So the checks that follow (a
+    /// block against `data.max_len`) see the drafter actually trained, and the config written
+    /// into the run directory describes it and loads back (its keys are all "set" there).
+    fn adopt_init_from(&mut self, set: &dyn Fn(&str) -> bool) -> Result<()> {
+        let Some(dir) = self.drafter.init_from.clone() else {
+            return Ok(());
+        };
+        let loaded = DrafterConfig::from_dir(&dir)?;
+        self.check_init_from(&loaded, &dir, set)?;
+        let d = &mut self.drafter;
+        d.num_layers = loaded.num_hidden_layers;
+        d.block_size = loaded.block_size;
+        d.mask_token_id = Some(loaded.mask_token_id);
+        d.target_layer_ids = Some(loaded.target_layer_ids.clone());
+        d.num_target_features = Some(loaded.target_layer_ids.len());
+        d.intermediate_size = Some(loaded.intermediate_size);
+        d.num_attention_heads = Some(loaded.num_attention_heads);
+        d.num_key_value_heads = Some(loaded.num_key_value_heads);
+        d.head_dim = Some(loaded.head_dim);
+        Ok(())
+    }
+
+    /// Each shape key of [`SHAPE_KEYS`] that `set` says was given and that holds a value
+    /// against `loaded`, the drafter of `drafter.init_from` (`dir`): the first that disagrees
+    /// is an error naming the key, both values and `dir`.
+    fn check_init_from(
+        &self,
+        loaded: &DrafterConfig,
+        dir: &Path,
+        set: &dyn Fn(&str) -> bool,
+    ) -> Result<()> {
+        let d = &self.drafter;
+        let n = |v: Option<usize>| v.map(|v| v.to_string());
+        let given = [
+            Some(d.num_layers.to_string()),
+            Some(d.block_size.to_string()),
+            d.mask_token_id.map(|v| v.to_string()),
+            d.target_layer_ids.as_ref().map(|v| format!("{v:?}")),
+            n(d.num_target_features),
+            n(d.intermediate_size),
+            n(d.num_attention_heads),
+            n(d.num_key_value_heads),
+            n(d.head_dim),
+        ];
+        let has = [
+            loaded.num_hidden_layers.to_string(),
+            loaded.block_size.to_string(),
+            loaded.mask_token_id.to_string(),
+            format!("{:?}", loaded.target_layer_ids),
+            loaded.target_layer_ids.len().to_string(),
+            loaded.intermediate_size.to_string(),
+            loaded.num_attention_heads.to_string(),
+            loaded.num_key_value_heads.to_string(),
+            loaded.head_dim.to_string(),
+        ];
+        for ((field, given), has) in SHAPE_KEYS.into_iter().zip(given).zip(has) {
+            if let Some(given) = given
+                && set(field)
+                && given != has
+            {
+                return Err(ConfigError::InitFromMismatch(Box::new(InitFromMismatch {
+                    origin: "training config".into(),
+                    field: field.into(),
+                    set: given,
+                    loaded: has,
+                    init_from: dir.to_path_buf(),
+                })));
+            }
+        }
+        Ok(())
     }
 
     /// Makes relative paths absolute by joining them to `base`.
@@ -223,11 +330,27 @@ impl TrainConfig {
     /// The drafter to train against `target`: loaded from `drafter.init_from` if set, else
     /// built by [`DrafterConfig::for_target`] from the `[drafter]` section; validated against
     /// the target either way.
+    ///
+    /// With `init_from`, a config from [`load`](Self::load) already agrees with the loaded
+    /// drafter (every key set was checked, the rest filled in). A config built in code is
+    /// checked here on the optional shape keys it holds (their default is none, so a value
+    /// was set); its `num_layers` and `block_size` always hold one, set or not, so only the
+    /// loader can tell. The loaded block is checked against `data.max_len` either way.
     pub fn drafter_config(&self, target: &Qwen3Config) -> Result<DrafterConfig> {
         let d = &self.drafter;
         if let Some(dir) = &d.init_from {
             let cfg = DrafterConfig::from_dir(dir)?;
+            let optional = |key: &str| !matches!(key, "drafter.num_layers" | "drafter.block_size");
+            self.check_init_from(&cfg, dir, &optional)?;
             cfg.validate_against(target)?;
+            validate::check_block_fits(cfg.block_size, self.data.max_len).map_err(|e| match e {
+                ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                    origin: format!("drafter.init_from {}", dir.display()),
+                    field,
+                    message,
+                },
+                other => other,
+            })?;
             return Ok(cfg);
         }
         let k = match (&d.target_layer_ids, d.num_target_features) {

@@ -37,8 +37,9 @@ pub struct DrafterSection {
     pub num_key_value_heads: Option<usize>,
     /// Head dimension. Default: the target's.
     pub head_dim: Option<usize>,
-    /// Start from this drafter directory (its `config.json` then defines the drafter's shape, and
-    /// the shape fields above are ignored). Default: none (fresh initialization).
+    /// Start from this drafter directory. Its `config.json` then defines the drafter's shape:
+    /// a shape field above that is set must agree with it (else the config is refused), and
+    /// the loaded config fills them all in. Default: none (fresh initialization).
     pub init_from: Option<PathBuf>,
     /// Storage dtype of the trained drafter saved in the run directory (`"float32"`,
     /// `"bfloat16"` as the published DFlash drafters, or `"float16"`); its `config.json` says
@@ -100,7 +101,8 @@ pub struct DataSection {
     /// Default 512 (recipe).
     pub num_anchors: usize,
     /// Loss decay over block slots, `exp(-(k-1)/gamma)`. Default: 7 for block 16, 5 for 10,
-    /// 4 for 8 (see `default_gamma`).
+    /// 4 for 8, piecewise-linear between and proportional above 16 (see `default_gamma`,
+    /// which training uses through `TrainConfig::gamma`).
     pub gamma: Option<f64>,
 }
 
@@ -142,7 +144,8 @@ pub struct TrainSection {
     pub warmup_ratio: f64,
     /// Cosine decay ends at `lr * min_lr_ratio`. Default 0 (recipe).
     pub min_lr_ratio: f64,
-    /// AdamW decoupled weight decay. Default 0 (recipe).
+    /// AdamW decoupled weight decay of the weight matrices; norm weights are not decayed, as
+    /// in HF Trainer. Default 0 (recipe).
     pub weight_decay: f64,
     /// AdamW beta1. Default 0.9.
     pub beta1: f64,

@@ -2,8 +2,8 @@
 //! `section.key` it rejects, so the loader can say which layer set it.
 
 use super::{
-    BackendSection, DataSection, DrafterSection, PipelineSection, PlacementMode, TrainConfig,
-    TrainSection,
+    BackendSection, DataSection, DrafterSection, PipelineSection, PlacementMode, RunSection,
+    TrainConfig, TrainSection,
 };
 use crate::error::{ConfigError, Result};
 
@@ -20,7 +20,8 @@ impl TrainConfig {
         check_pipeline(&self.pipeline)?;
         check_data(&self.data)?;
         check_train(&self.train)?;
-        check_backend_names(&self.backend)
+        check_backend_names(&self.backend)?;
+        check_run(&self.run)
     }
 
     /// Counts (of every section) that must be at least 1, always or when set.
@@ -97,17 +98,7 @@ fn check_drafter(d: &DrafterSection, data: &DataSection) -> Result<()> {
             "must name at least one layer when set".into(),
         );
     }
-    if d.block_size > data.max_len {
-        // No sample is longer than max_len, so no anchor could take a whole block: the
-        // loader would featurise forever without producing a step.
-        return bad(
-            "drafter.block_size",
-            format!(
-                "{} exceeds data.max_len {}: no sample can hold a block",
-                d.block_size, data.max_len
-            ),
-        );
-    }
+    check_block_fits(d.block_size, data.max_len)?;
     if let Some(ids) = &d.target_layer_ids {
         if let Some(dup) = ids.iter().enumerate().find(|(i, l)| ids[..*i].contains(l)) {
             return bad(
@@ -115,6 +106,20 @@ fn check_drafter(d: &DrafterSection, data: &DataSection) -> Result<()> {
                 format!("layer {} appears twice in {ids:?}", dup.1),
             );
         }
+    }
+    Ok(())
+}
+
+/// A drafter block of `block_size` tokens against `data.max_len`: with `drafter.init_from`
+/// the block is the loaded drafter's, so this runs on the resolved value.
+pub(super) fn check_block_fits(block_size: usize, max_len: usize) -> Result<()> {
+    if block_size > max_len {
+        // No sample is longer than max_len, so no anchor could take a whole block: the
+        // loader would featurise forever without producing a step.
+        return bad(
+            "drafter.block_size",
+            format!("{block_size} exceeds data.max_len {max_len}: no sample can hold a block"),
+        );
     }
     Ok(())
 }
@@ -268,4 +273,49 @@ fn check_backend_names(backend: &BackendSection) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `run.name` names one directory under `run.dir`: an empty name would write the run into
+/// `run.dir` itself, and a separator or `.`/`..` would put it elsewhere (outside `run.dir`
+/// even), where `train` could mix it with other runs' files.
+fn check_run(run: &RunSection) -> Result<()> {
+    let Some(name) = &run.name else { return Ok(()) };
+    let why = if name.trim().is_empty() {
+        "must not be empty (leave it unset for a generated name)"
+    } else if name.contains(['/', '\\']) {
+        "must not contain a path separator (`/` or `\\`): it names one directory under run.dir"
+    } else if name == "." || name == ".." {
+        "must not be `.` or `..`: it names one directory under run.dir"
+    } else {
+        return Ok(());
+    };
+    bad("run.name", format!("{name:?} {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names that would not be one fresh directory under `run.dir` are refused naming
+    /// `run.name` and the value; ordinary names (dots inside included) pass.
+    #[test]
+    fn run_names_that_leave_run_dir_are_refused() {
+        let check = |name: &str| {
+            check_run(&RunSection {
+                name: Some(name.into()),
+                ..RunSection::default()
+            })
+        };
+        for name in ["", "  ", "a/b", "../escape", "/abs", "a\\b", ".", ".."] {
+            let msg = check(name).unwrap_err().to_string();
+            assert!(
+                msg.contains("run.name") && msg.contains(&format!("{name:?}")),
+                "{name:?}: {msg}"
+            );
+        }
+        for name in ["exp1", "exp.1", "..hidden", "run-7"] {
+            check(name).unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        }
+        check_run(&RunSection::default()).unwrap();
+    }
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use dflash_config::DrafterConfig;
+use dflash_config::{DrafterConfig, default_gamma};
 use dflash_core::Backend;
 use dflash_core::mask::BlockMask;
-use dflash_data::{BlockTargets, block_targets, default_gamma};
+use dflash_data::{BlockTargets, block_targets};
 use dflash_models::{DraftInput, Drafter, DrafterParams};
 
 use crate::common::*;
@@ -36,7 +36,7 @@ pub(crate) fn problem(seed: u64) -> Problem {
         .collect();
     let frozen = random_frozen(b.as_ref(), V, H, seed + 1);
     let seq = random_sequence(cfg.target_layer_ids.len(), seed + 2);
-    let gamma = default_gamma(BS);
+    let gamma = default_gamma(BS) as f32;
     let bt = block_targets(
         &seq.ids,
         &seq.loss_mask,

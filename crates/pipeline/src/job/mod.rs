@@ -18,10 +18,9 @@ pub use rates::{PlacementReport, PlannedSplit, RateRun, measure_rates, plan_plac
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dflash_config::TrainConfig;
+use dflash_config::{PlacementMode, TrainConfig};
 use dflash_data::SkipCounts;
 use dflash_models::checkpoint::load_drafter;
-use dflash_models::drafter::FrozenTarget;
 use dflash_models::{Drafter, Qwen3Target};
 use dflash_training::{TauReport, evaluate_tau};
 
@@ -70,15 +69,15 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
     let b = backend_for(cfg, 0)?;
     let (dcfg, params) = load_drafter(b.as_ref(), drafter_dir)?;
     let target = Qwen3Target::load(b.clone(), cfg.target_dir()?, &dcfg.target_layer_ids)?;
-    dcfg.validate_against(target.config())?;
-    let (_, frozen) = FrozenTarget::load(b.as_ref(), cfg.target_dir()?)?;
+    // Read before featurising, so that a malformed tokenizer config fails the command first.
+    let stops = stop_tokens(Some(cfg.target_dir()?), target.config())?;
     let set = EvalData {
         path: data,
         max: cfg.eval.max_samples.unwrap_or(usize::MAX),
         max_positions: target.config().max_position_embeddings,
         mask_token_id: dcfg.mask_token_id,
     };
-    let drafter = Drafter::new(b, dcfg, params, Arc::new(frozen))?;
+    let drafter = drafter_over(b, dcfg, params, &target)?;
     let (seqs, counts) = eval_features(cfg, &target, &set)?;
     if seqs.is_empty() {
         return Err(PipelineError::Job(format!(
@@ -89,10 +88,23 @@ pub fn evaluate(cfg: &TrainConfig, drafter_dir: &Path, data: &Path) -> Result<Ev
         )));
     }
     Ok(EvalOutcome {
-        report: evaluate_tau(&drafter, &seqs, &stop_tokens(target.config()))?,
+        report: evaluate_tau(&drafter, &seqs, &stops)?,
         skipped_samples: counts.skipped(),
         data: counts,
     })
+}
+
+/// The drafter `dcfg` (`params`, on `target`'s backend `b`) over the target's own embedding
+/// and LM head: shared, as training shares them, not read and uploaded a second time (two
+/// `(V, H)` tensors, ~2.5 GB at the 8B shape).
+fn drafter_over(
+    b: Arc<dyn dflash_core::Backend>,
+    dcfg: dflash_config::DrafterConfig,
+    params: dflash_models::DrafterParams,
+    target: &Qwen3Target,
+) -> Result<Drafter> {
+    dcfg.validate_against(target.config())?;
+    Ok(Drafter::new(b, dcfg, params, target.frozen().clone())?)
 }
 
 /// Runs a whole training job. With `resume`, continues the run in that directory exactly
@@ -124,10 +136,10 @@ pub fn train_in(
         let devices = dflash_core::registry::device_count(&cfg.backend.name)?;
         crate::distributed::check_auto_placement(p.world_size(), &cfg.pipeline, devices)?;
     }
-    // A resumed run's config holds the device lists its first invocation chose.
+    // A resumed run keeps the device lists its first invocation chose.
     let cfg = match resume {
         None => &rates::resolve_auto(cfg)?,
-        Some(_) => cfg,
+        Some(dir) => &resumed_placement(cfg, dir)?,
     };
     let run_dir = resume
         .map(Path::to_path_buf)
@@ -139,6 +151,41 @@ pub fn train_in(
     in_run_dir(&run_dir, || {
         run_plan(&JobPlan::new(cfg)?, &run_dir, resume.is_some(), procs)
     })
+}
+
+/// `cfg` for resuming the run in `dir`. The run's first invocation resolved `placement =
+/// "auto"` into device lists and wrote them into `dir/config.toml`; a config that still says
+/// "auto" (`--resume` with `--config`, read in place of the saved one) takes the run's
+/// placement from there. Else the plan would fall back to one target and one drafter, and
+/// the config this invocation writes back would lose the planned split for every later
+/// resume. A run whose saved config holds no lists is planned again, as a fresh run is.
+fn resumed_placement(cfg: &TrainConfig, dir: &Path) -> Result<TrainConfig> {
+    if cfg.pipeline.placement != PlacementMode::Auto {
+        return Ok(cfg.clone());
+    }
+    let path = dir.join("config.toml");
+    let saved = match path.exists() {
+        true => Some(TrainConfig::load(Some(&path), &[])?.pipeline),
+        false => None,
+    };
+    let Some(saved) = saved.filter(|s| s.placement != PlacementMode::Auto) else {
+        return rates::resolve_auto(cfg);
+    };
+    eprintln!(
+        "pipeline.placement = \"auto\": resuming with the run's planned placement from {}: \
+         target devices {:?}, drafter devices {:?}",
+        path.display(),
+        saved.target_devices.as_deref().unwrap_or_default(),
+        saved.drafter_devices.as_deref().unwrap_or_default()
+    );
+    let mut out = cfg.clone();
+    let p = &mut out.pipeline;
+    p.placement = saved.placement;
+    p.target_devices = saved.target_devices;
+    p.drafter_devices = saved.drafter_devices;
+    p.target_workers = saved.target_workers;
+    p.drafter_workers = saved.drafter_workers;
+    Ok(out)
 }
 
 /// Runs a planned job in a new run directory `run_dir` (the bench runs the job this way,
@@ -156,4 +203,40 @@ fn in_run_dir(run_dir: &Path, job: impl FnOnce() -> Result<TrainOutcome>) -> Res
         let _ = std::fs::write(run_dir.join("error.txt"), cause_chain(e) + "\n");
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use dflash_config::{DType, DrafterConfig, DrafterShape};
+    use dflash_models::DrafterParams;
+
+    use super::*;
+
+    const TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../assets/tiny-target");
+
+    /// `dflash eval` holds one copy of the target's embedding and LM head: the drafter's
+    /// are the target's own tensors.
+    #[test]
+    fn the_evaluated_drafter_shares_the_targets_embedding_and_lm_head() {
+        dflash_backend_reference::link();
+        let b = dflash_core::registry::create_backend("reference", &Default::default()).unwrap();
+        let dir = Path::new(TARGET);
+        let t = dflash_config::Qwen3Config::from_file(dir.join("config.json")).unwrap();
+        let shape = DrafterShape {
+            num_layers: 1,
+            num_target_features: 2,
+            dtype: DType::Float32,
+            ..DrafterShape::standard(t.vocab_size as u32 - 1)
+        };
+        let cfg = DrafterConfig::for_target(&t, &shape).unwrap();
+        let target = Qwen3Target::load(b.clone(), dir, &cfg.target_layer_ids).unwrap();
+        assert_eq!(Arc::strong_count(target.frozen()), 1);
+        let params = DrafterParams::init_random(b.as_ref(), &cfg, 0.02, 1).unwrap();
+        let _drafter = drafter_over(b, cfg, params, &target).unwrap();
+        assert_eq!(
+            Arc::strong_count(target.frozen()),
+            2,
+            "the drafter holds a copy of its own"
+        );
+    }
 }

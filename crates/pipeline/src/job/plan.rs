@@ -53,7 +53,8 @@ pub struct JobPlan {
     /// Samples of length 0 (empty, or an Arrow null row): never scheduled, so never in the
     /// run's skip counts; reported next to them.
     pub empty_samples: usize,
-    /// Tokens of each step (after truncation to `data.max_len`).
+    /// Tokens of each step (after truncation to `data.max_len`), samples that the target
+    /// workers will skip included: what the schedule packs, reported as the step's `tokens`.
     pub step_tokens: Vec<u64>,
     /// Each sample's length after truncation to `data.max_len` (what the schedule packs).
     pub lengths: Vec<usize>,
@@ -61,6 +62,8 @@ pub struct JobPlan {
     /// samples of `data.eval`, each at most `data.max_len`): its features stay in host memory
     /// for the whole run. 0 without an evaluation set.
     pub eval_tokens: usize,
+    /// Samples of the evaluation set as it is featurised (at most `eval.max_samples`).
+    pub eval_samples: usize,
     pub lr: LrSchedule,
 }
 
@@ -79,7 +82,7 @@ impl JobPlan {
             .map(|i| train_data.seq_len(i).min(cfg.data.max_len))
             .collect();
         let (schedule, plans) = schedule(cfg, &lengths, train_data.len())?;
-        let eval_tokens = eval_tokens(cfg)?;
+        let (eval_samples, eval_tokens) = eval_size(cfg)?;
         let step_tokens = schedule
             .steps
             .iter()
@@ -127,6 +130,7 @@ impl JobPlan {
             step_tokens,
             lengths,
             eval_tokens,
+            eval_samples,
             lr,
         })
     }
@@ -212,16 +216,18 @@ fn schedule(
     Ok((schedule, plans))
 }
 
-/// Tokens of the evaluation set as it is featurised: the first `eval.max_samples` samples
-/// of `data.eval`, each at most `data.max_len`; 0 without an evaluation set.
-fn eval_tokens(cfg: &TrainConfig) -> Result<usize> {
+/// Samples and tokens of the evaluation set as it is featurised: the first
+/// `eval.max_samples` samples of `data.eval`, each at most `data.max_len`; none without an
+/// evaluation set.
+fn eval_size(cfg: &TrainConfig) -> Result<(usize, usize)> {
     Ok(match &cfg.data.eval {
         Some(p) => {
             let data = open_dataset(p)?;
             let n = data.len().min(cfg.eval.max_samples.unwrap_or(usize::MAX));
-            (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum()
+            let tokens = (0..n).map(|i| data.seq_len(i).min(cfg.data.max_len)).sum();
+            (n, tokens)
         }
-        None => 0,
+        None => (0, 0),
     })
 }
 
@@ -231,10 +237,8 @@ fn block_spec(cfg: &TrainConfig, drafter: &DrafterConfig) -> BlockSpec {
     BlockSpec {
         block_size: drafter.block_size,
         num_anchors: cfg.data.num_anchors,
-        gamma: cfg.data.gamma.map_or_else(
-            || dflash_data::default_gamma(drafter.block_size),
-            |g| g as f32,
-        ),
+        // The config's gamma, so that what trains is what `TrainConfig::gamma` reports.
+        gamma: cfg.gamma(drafter.block_size) as f32,
         mask_token_id: drafter.mask_token_id,
         seed: cfg.train.seed,
     }

@@ -9,6 +9,7 @@ use dflash_training::{DrafterReplica, PreparedBatch, StepSummary};
 
 use super::checkpoint::{CheckpointWriter, Written};
 use super::plan::JobPlan;
+use super::run::trained_on_nothing;
 use super::threads::RunResult;
 use crate::distributed::all_ranks_counts;
 use crate::error::{PipelineError, Result};
@@ -73,7 +74,7 @@ impl DrafterLoop<'_> {
                 || n == plan.total_steps()
                 || n == end_step;
             if due {
-                self.checkpoint(lead, replica, (n, work), &mut mark)?;
+                self.checkpoint(lead, replica, (n, work), start_step, &mut mark)?;
             }
         }
         if let Some(lead) = lead.as_mut() {
@@ -145,7 +146,11 @@ impl DrafterLoop<'_> {
         if figures.first_loss.is_nan() {
             figures.first_loss = summary.stats.loss();
         }
-        figures.last = (summary.stats.loss(), summary.stats.accuracy());
+        // The run's last figures are those of the weights it ends with: a step that changed
+        // none (no supervised token, or non-finite) has no loss of its own to report.
+        if summary.applied {
+            figures.last = (summary.stats.loss(), summary.stats.accuracy());
+        }
         lead.result.supervised += summary.stats.weight_sum;
         shared.drafter_clocks[self.rank].lap(Phase::Report, mark);
         Ok(())
@@ -153,12 +158,15 @@ impl DrafterLoop<'_> {
 
     /// The checkpoint due after the run's first `n` steps (`work`: the last of them): the
     /// skip counts of those steps, summed over the ranks of a multi-process run, and where
-    /// this replica writes checkpoints (rank 0) the checkpoint started.
+    /// this replica writes checkpoints (rank 0) the checkpoint started. An error instead of
+    /// the checkpoint that ends an invocation (started at `start_step`) that trained on
+    /// nothing.
     fn checkpoint(
         &self,
         lead: &mut Lead<'_>,
         replica: &mut DrafterReplica,
         (n, work): (u64, &StepWork),
+        start_step: u64,
         mark: &mut Instant,
     ) -> Result<()> {
         let shared = self.shared;
@@ -173,6 +181,12 @@ impl DrafterLoop<'_> {
             Some(comm) => all_ranks_counts(comm, &mine)?,
             None => mine,
         };
+        // Refused before the checkpoint is published: `--resume` from a final checkpoint
+        // only saves the drafter, and would save this untrained one with success. The weight
+        // sum is the all-reduced one, so every rank refuses alike.
+        if n == self.plan.end_step() && start_step < n && lead.result.supervised == 0.0 {
+            return Err(trained_on_nothing(self.plan, start_step, &mine));
+        }
         let Some(checkpoints) = lead.checkpoints.as_mut() else {
             // A rank that saves nothing still spent the exchange above on the checkpoint.
             shared.drafter_clocks[self.rank].lap(Phase::Checkpoint, mark);

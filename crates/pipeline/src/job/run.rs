@@ -23,7 +23,7 @@ use super::build::{
 };
 use super::checkpoint::Figures;
 use super::memory::MemoryPlan;
-use super::plan::JobPlan;
+use super::plan::{JobPlan, TargetSource};
 use super::resume::{finished_run, report_data, resume};
 use super::setup::{EvalData, eval_features, stop_tokens};
 use super::threads::{RunPlace, RunResult, run_workers};
@@ -55,8 +55,16 @@ pub(super) fn run_plan(
     let (target_backends, drafter_backends) = place_workers(plan, procs)?;
     log_placement(plan, &drafter_backends[0]);
     let mut memory = plan_memory(plan, run_dir, &target_backends, &drafter_backends)?;
+    if lead {
+        // Only rank 0 featurises the evaluation set.
+        super::memory::check_eval_features(plan, super::memory::host_capacity())?;
+    }
     let (targets, mut replicas) = load_workers(plan, procs, &target_backends, &drafter_backends)?;
-    let (eval, carried) = resume_and_measure(plan, home, resuming, lead, &targets, &mut replicas)?;
+    let measured = resume_and_measure(plan, home, resuming, lead, &targets, &mut replicas);
+    let (eval, carried) = match procs {
+        Some(p) => p.after_lead_work(measured)?,
+        None => measured?,
+    };
     let invocation = Invocation {
         plan,
         run_dir,
@@ -159,7 +167,7 @@ fn resume_and_measure(
     // Tau is measured once, by rank 0.
     let eval = match lead {
         true => Eval::featurise(plan, targets[0].as_ref())?,
-        false => Eval::none(plan),
+        false => Eval::none(),
     };
     // A run resumed before its first checkpoint starts over, so it measures tau too.
     let tau_before = match start_step {
@@ -205,7 +213,8 @@ struct Invocation<'a> {
 
 impl Invocation<'_> {
     /// Logs how the invocation ended (an early stop, the data counts) and returns the run's
-    /// skip counts; an error when its steps trained on nothing.
+    /// skip counts. (An invocation that trained on nothing failed before its last
+    /// checkpoint: [`trained_on_nothing`].)
     fn report_end(&self, run: &RunResult) -> Result<Option<SkipCounts>> {
         let (plan, start_step) = (self.plan, self.start_step);
         if plan.end_step() < plan.total_steps() && start_step < plan.end_step() {
@@ -217,30 +226,14 @@ impl Invocation<'_> {
                 self.run_dir.display()
             );
         }
-        // Empty rows never reach a worker, so the counts alone would say every sample was kept.
-        let empty = match plan.empty_samples {
-            0 => String::new(),
-            n => format!("; {n} empty or null rows not scheduled"),
-        };
         let run_skips = run.run_skips();
         report_data(
             start_step,
             plan.end_step(),
             &run.skips,
             run_skips.as_ref(),
-            &empty,
+            &empty_rows_note(plan),
         );
-        if start_step < plan.end_step() && run.supervised == 0.0 {
-            // Saving an untrained drafter and exiting 0 would look like success.
-            return Err(PipelineError::Job(format!(
-                "trained on nothing: steps {start_step}..{} saw no supervised block \
-                 (data: {}{empty}); \
-                 a sample trains only if it is kept and has a supervised token after an anchor \
-                 (check the loss masks, data.max_len, data.min_supervised and the token ids)",
-                plan.end_step(),
-                run.skips
-            )));
-        }
         Ok(run_skips)
     }
 
@@ -284,6 +277,32 @@ impl Invocation<'_> {
     }
 }
 
+/// The data line's note of the empty rows: they never reach a worker, so the counts alone
+/// would say every sample was kept.
+fn empty_rows_note(plan: &JobPlan) -> String {
+    match plan.empty_samples {
+        0 => String::new(),
+        n => format!("; {n} empty or null rows not scheduled"),
+    }
+}
+
+/// The error of an invocation whose steps `start_step..end_step` saw no supervised block
+/// (`skips`: their data counts): saving an untrained drafter and exiting 0 would look like
+/// success.
+pub(super) fn trained_on_nothing(
+    plan: &JobPlan,
+    start_step: u64,
+    skips: &SkipCounts,
+) -> PipelineError {
+    PipelineError::Job(format!(
+        "trained on nothing: steps {start_step}..{} saw no supervised block (data: {skips}{}); \
+         a sample trains only if it is kept and has a supervised token after an anchor (check \
+         the loss masks, data.max_len, data.min_supervised and the token ids)",
+        plan.end_step(),
+        empty_rows_note(plan)
+    ))
+}
+
 /// Writes the run's fully resolved config. `train.stop_at_step` belongs to this invocation,
 /// not to the run: the config kept in the run directory (which `train --resume` reuses)
 /// leaves it out.
@@ -306,32 +325,36 @@ struct Eval {
 
 impl Eval {
     /// No evaluation set: tau is not measured.
-    fn none(plan: &JobPlan) -> Self {
+    fn none() -> Self {
+        // Without sequences there is nothing to stop: the target's files are not read.
         Eval {
             seqs: None,
-            stops: stop_tokens(&plan.target_config),
+            stops: Vec::new(),
         }
     }
 
     fn featurise(plan: &JobPlan, target: &Qwen3Target) -> Result<Self> {
         let cfg = &plan.cfg;
-        let seqs = match &cfg.data.eval {
-            Some(p) => {
-                let set = EvalData {
-                    path: p,
-                    max: cfg.eval.max_samples.unwrap_or(usize::MAX),
-                    max_positions: plan.target_config.max_position_embeddings,
-                    mask_token_id: plan.drafter.mask_token_id,
-                };
-                let (seqs, counts) = eval_features(cfg, target, &set)?;
-                eprintln!("eval data {}: {counts}", p.display());
-                Some(seqs)
-            }
-            None => None,
+        let Some(p) = &cfg.data.eval else {
+            return Ok(Eval::none());
         };
+        let dir = match &plan.target {
+            TargetSource::Dir(dir) => Some(dir.as_path()),
+            TargetSource::Random { .. } => None,
+        };
+        // Read before featurising, so that a malformed tokenizer config fails the job first.
+        let stops = stop_tokens(dir, &plan.target_config)?;
+        let set = EvalData {
+            path: p,
+            max: cfg.eval.max_samples.unwrap_or(usize::MAX),
+            max_positions: plan.target_config.max_position_embeddings,
+            mask_token_id: plan.drafter.mask_token_id,
+        };
+        let (seqs, counts) = eval_features(cfg, target, &set)?;
+        eprintln!("eval data {}: {counts}", p.display());
         Ok(Eval {
-            seqs,
-            stops: stop_tokens(&plan.target_config),
+            seqs: Some(seqs),
+            stops,
         })
     }
 

@@ -41,7 +41,10 @@ pub(super) fn too_long(cfg: &TrainConfig) -> TooLongPolicy {
 /// The drafter config of this run: from `init_from`, else the standard recipe for the target.
 pub(super) fn drafter_config(cfg: &TrainConfig, target: &Qwen3Config) -> Result<DrafterConfig> {
     let d = match &cfg.drafter.init_from {
-        Some(dir) => DrafterConfig::from_file(dir.join("config.json"))?,
+        // The config's own resolution: it refuses shape keys that disagree with the loaded
+        // drafter (rather than ignoring them) and checks the loaded block against
+        // data.max_len, which the section's own block_size need not be.
+        Some(_) => cfg.drafter_config(target)?,
         None => DrafterConfig::for_target(
             target,
             &DrafterShape {
@@ -118,13 +121,17 @@ pub(super) fn eval_features(
     Ok((seqs, counts))
 }
 
-/// The target's EOS ids: evaluation stops a sequence there, as the serving loop does.
-pub(super) fn stop_tokens(target: &Qwen3Config) -> Vec<u32> {
-    target
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default()
+/// The target's end-of-answer ids: evaluation stops a sequence there, as the serving loop
+/// does. They are the ids `dflash regenerate` ends a turn at ([`dflash_models::eos::eos_ids`]),
+/// so that a base target whose `config.json` names only `<|endoftext|>` still stops at its
+/// chat turns' `<|im_end|>` (from `tokenizer_config.json`) rather than drafting on through
+/// the next user turn. A target without a directory (`dir` None: random weights) has only
+/// its config's ids; no id at all means no stop (each sequence is measured to its end).
+pub(super) fn stop_tokens(dir: Option<&Path>, target: &Qwen3Config) -> Result<Vec<u32>> {
+    Ok(match dir {
+        Some(dir) => dflash_models::eos::eos_ids(dir, target)?,
+        None => dflash_models::eos::config_ids(target),
+    })
 }
 
 /// A directory for a new run under `run.dir`, named `run.name` (default `run-<unix secs>`).

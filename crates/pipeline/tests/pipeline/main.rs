@@ -4,6 +4,7 @@
 //!
 //! One test binary (one link on slow machines); every run is a few seconds at most.
 
+mod agreement;
 mod bad_input;
 mod config;
 mod nonfinite;

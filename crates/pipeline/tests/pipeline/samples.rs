@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
+use dflash_pipeline::job::JobPlan;
 use dflash_pipeline::train;
 use serde_json::Value;
 
-use crate::support::{Fixture, MAX_LEN, Samples, TARGET, TINY_TRAIN, link, tiny_samples};
+use crate::support::{Fixture, MAX_LEN, Samples, TARGET, TINY_TRAIN, link, metrics, tiny_samples};
 
 /// Samples longer than the target's `max_position_embeddings` are skipped and counted, not
 /// trained on with positions the target never saw.
@@ -82,6 +83,21 @@ fn training_on_nothing_is_an_error_naming_the_skip_counts() {
             && e.contains("kept 0/4; skipped 4: 4 too few supervised tokens"),
         "{e}"
     );
+    // Resuming such a run trains again from its last checkpoint before the end (step 2) and
+    // fails again: it does not find a final checkpoint and finish the run by saving the
+    // untrained drafter.
+    let cfg = fx.config(&[("train.max_steps", "4"), ("run.name", "resumed")]);
+    let e = train(&cfg, None).unwrap_err().to_string();
+    assert!(e.contains("trained on nothing"), "{e}");
+    let dir = fx.runs().join("resumed");
+    for _ in 0..2 {
+        let e = train(&cfg, Some(&dir)).unwrap_err().to_string();
+        assert!(e.contains("trained on nothing: steps 2..4"), "resumed: {e}");
+    }
+    assert!(
+        !dir.join("model.safetensors").exists(),
+        "no untrained drafter is saved by a resume"
+    );
     // Kept samples, but a min_supervised no sample reaches.
     let fx = Fixture::new(&tiny_samples(6));
     let cfg = fx.config(&[("train.max_steps", "2"), ("data.min_supervised", "100000")]);
@@ -122,6 +138,42 @@ fn training_on_nothing_is_an_error_naming_the_skip_counts() {
             "{name}: {e}"
         );
     }
+}
+
+/// A step whose samples are all skipped changes no weight (its record has no loss); when it
+/// is the last, the run's final loss and accuracy are those of the last step that trained.
+#[test]
+fn a_last_step_without_supervised_tokens_keeps_the_last_trained_loss() {
+    link();
+    let mut samples = tiny_samples(8);
+    let settings = [("train.epochs", "1"), ("train.save_every", "0")];
+    let plan = JobPlan::new(&Fixture::new(&samples).config(&settings)).unwrap();
+    let steps = &plan.schedule.steps;
+    assert!(steps.len() >= 2, "{} steps", steps.len());
+    let last: Vec<usize> = steps.last().unwrap().micro.concat();
+    for &i in &last {
+        samples[i].1.fill(0);
+    }
+    let fx = Fixture::new(&samples);
+    let cfg = fx.config(&settings);
+    // Loss masks do not move samples between steps.
+    assert_eq!(JobPlan::new(&cfg).unwrap().schedule.steps, *steps);
+    let out = train(&cfg, None).unwrap();
+    let records = metrics(&out.run_dir);
+    let (end, before) = (&records[records.len() - 1], &records[records.len() - 2]);
+    assert_eq!(end["applied"], false, "{end}");
+    assert!(end["loss"].is_null(), "{end}");
+    assert_eq!(before["applied"], true, "{before}");
+    assert!(out.final_loss.is_finite(), "final loss {}", out.final_loss);
+    assert_eq!(Some(out.final_loss), before["loss"].as_f64());
+    assert_eq!(Some(out.final_accuracy), before["accuracy"].as_f64());
+    let text = std::fs::read_to_string(out.run_dir.join("summary.json")).unwrap();
+    let summary: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        summary["final_loss"].as_f64(),
+        Some(out.final_loss),
+        "{summary}"
+    );
 }
 
 fn with_bad_samples() -> (Samples, usize, usize) {

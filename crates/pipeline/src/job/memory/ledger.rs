@@ -161,9 +161,7 @@ impl Ledger {
             .chain(drafters)
             .find(|p| p.model.ops == OpsKind::Host)
         {
-            let ids = &plan.drafter.target_layer_ids;
-            let kh = ids.len() as u128 * plan.target_config.hidden_size as u128;
-            let eval = plan.eval_tokens as u128 * kh * 4;
+            let eval = super::eval_features_bytes(plan) as u128;
             self.add(&h.device, h.model, "evaluation features", eval);
         }
     }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dflash_config::DrafterConfig;
-use dflash_core::Backend;
+use dflash_core::{Backend, MemoryCapacity};
 use serde::Serialize;
 
 pub use model::{AttentionKind, BackendModel, OpsKind};
@@ -407,6 +407,47 @@ impl MemoryPlan {
             advice,
         })
     }
+}
+
+/// Bytes of the evaluation set's features: f32 in host memory from before training to after
+/// it (`tokens x layers x hidden x 4`), on every backend.
+pub(super) fn eval_features_bytes(plan: &JobPlan) -> u64 {
+    let k = plan.drafter.target_layer_ids.len() as u128;
+    let h = plan.target_config.hidden_size as u128;
+    bytes(plan.eval_tokens as u128 * k * h * 4)
+}
+
+/// The evaluation set's features against the host's free memory (`host`; unknown: nothing
+/// checked), whatever the backend: a device backend's plan counts its devices only, and the
+/// set alone can exceed the host (2000 samples of 1500 tokens at Qwen3-8B's shape: ~245 GB),
+/// which would end the process by the kernel's OOM killer, without a word, after the target
+/// has loaded.
+pub(in crate::job) fn check_eval_features(
+    plan: &JobPlan,
+    host: Option<MemoryCapacity>,
+) -> Result<()> {
+    let need = eval_features_bytes(plan);
+    let Some(host) = host.filter(|h| need > h.free) else {
+        return Ok(());
+    };
+    // At the set's mean sample length, about this many samples fit.
+    let fit = plan.eval_samples as u128 * host.free as u128 / need as u128;
+    let shown = match plan.cfg.eval.max_samples {
+        Some(n) => n.to_string(),
+        None => "unset: every sample".into(),
+    };
+    Err(PipelineError::Job(format!(
+        "the evaluation set does not fit in host memory: its features ({} samples, {} tokens \
+         x {} target layers x hidden size {}, f32, kept for the whole run) take {}, and {} are \
+         free ({} total); lower eval.max_samples (now {shown}) to about {fit}, or data.max_len",
+        plan.eval_samples,
+        plan.eval_tokens,
+        plan.drafter.target_layer_ids.len(),
+        plan.target_config.hidden_size,
+        human(need),
+        human(host.free),
+        human(host.total),
+    )))
 }
 
 /// Each knob that lowers a device's peak, set to the next smaller value from `base`: its

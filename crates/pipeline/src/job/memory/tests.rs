@@ -437,3 +437,42 @@ fn per_tensor_rounding_agrees_with_the_totals_and_adds_at_most_its_fraction() {
     // The embedded default's norms (256 B and less) take a whole 256-byte class each.
     assert!(step::drafter_state_on(d, &classes) > state);
 }
+
+/// The evaluation set's features live in host memory as f32 for the whole run, whatever the
+/// backend: a set larger than the host's free memory is refused naming eval.max_samples.
+#[test]
+fn an_evaluation_set_larger_than_host_memory_is_refused_naming_eval_max_samples() {
+    let runs = tempfile::tempdir().unwrap();
+    let plan = JobPlan::new(&config(
+        runs.path(),
+        &[
+            ("data.eval", &format!("{TINY_TRAIN:?}")),
+            ("eval.max_samples", "40"),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(plan.eval_samples, 40);
+    let need = eval_features_bytes(&plan);
+    // 2 target layers x hidden 128 x 4 bytes a token.
+    assert_eq!(need, plan.eval_tokens as u64 * 2 * 128 * 4);
+    let host = |free: u64| {
+        Some(dflash_core::MemoryCapacity {
+            free,
+            total: 4 * need,
+        })
+    };
+    check_eval_features(&plan, host(need)).unwrap();
+    check_eval_features(&plan, None).unwrap();
+    let e = check_eval_features(&plan, host(need / 4))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("does not fit in host memory")
+            && e.contains("eval.max_samples (now 40) to about 10"),
+        "{e}"
+    );
+    // Without an evaluation set, nothing is kept.
+    let none = JobPlan::new(&config(runs.path(), &[])).unwrap();
+    assert_eq!(eval_features_bytes(&none), 0);
+    check_eval_features(&none, host(0)).unwrap();
+}
