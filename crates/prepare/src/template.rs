@@ -5,25 +5,30 @@
 //! variables.
 //!
 //! `{% generation %}...{% endgeneration %}` blocks (transformers' `AssistantTracker`) are
-//! rewritten to a call block of a macro that wraps what the block renders in two private
-//! noncharacters; after rendering, the markers are removed and their positions are the
-//! generation spans.
+//! rewritten to a call block of a Rust function that wraps what the block renders in two
+//! private noncharacters; after rendering, the markers are removed and their positions are
+//! the generation spans. The function is a global rather than a macro in the template text
+//! because any text put before the template changes how `trim_blocks` and `lstrip_blocks`
+//! treat its first characters.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use minijinja::value::{Kwargs, Serde, Value};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::{Environment, Error, ErrorKind, State};
 
 use crate::conversation::Message;
 use crate::error::PrepareError;
+
+mod generation_tags;
+pub use generation_tags::rewrite_generation;
 
 /// Opens a generation span in the rendered text (U+FDD0, a noncharacter).
 pub const OPEN: char = '\u{FDD0}';
 /// Closes a generation span (U+FDD1).
 pub const CLOSE: char = '\u{FDD1}';
 
-const MACRO: &str = "__dflash_generation";
+const GENERATION_FN: &str = "__dflash_generation";
 const NAME: &str = "chat_template";
 
 /// The special-token variables transformers passes to every render.
@@ -124,16 +129,17 @@ impl ChatTemplate {
             strftime_now(&fmt)
         });
         env.add_filter("tojson", tojson);
-        // The macro is defined first and renders nothing, so it changes no output; without
-        // generation blocks the template is left exactly as written.
-        let full = if has_generation {
-            format!(
-                "{{% macro {MACRO}() %}}{OPEN}{{{{ caller() }}}}{CLOSE}{{% endmacro %}}{rewritten}"
-            )
-        } else {
-            rewritten
-        };
-        env.add_template_owned(NAME, full)
+        // What `{% call __dflash_generation() %}` renders: its body between the markers.
+        env.add_function(
+            GENERATION_FN,
+            |state: &mut State, kwargs: Kwargs| -> Result<Value, Error> {
+                let caller: Value = kwargs.get("caller")?;
+                kwargs.assert_all_used()?;
+                let body = caller.call(state, &[])?;
+                Ok(Value::from_safe_string(format!("{OPEN}{body}{CLOSE}")))
+            },
+        );
+        env.add_template_owned(NAME, rewritten)
             .map_err(|e| PrepareError::Template {
                 path: origin.clone(),
                 detail: error_chain(&e),
@@ -202,55 +208,6 @@ fn error_chain(e: &Error) -> String {
         cur = c.source();
     }
     s
-}
-
-/// Rewrites `{% generation %}` / `{% endgeneration %}` (with any `-`/`+` whitespace control)
-/// to `{% call __dflash_generation() %}` / `{% endcall %}`; says whether there were any.
-pub fn rewrite_generation(source: &str) -> (String, bool) {
-    let mut out = String::with_capacity(source.len() + 64);
-    let mut found = false;
-    let mut rest = source;
-    while let Some(at) = rest.find("{%") {
-        out.push_str(&rest[..at]);
-        let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else {
-            out.push_str(tag);
-            rest = "";
-            break;
-        };
-        let inner = &tag[2..end];
-        let (open_ctl, body) = split_ctl_start(inner);
-        let (body, close_ctl) = split_ctl_end(body);
-        let replacement = match body.trim() {
-            "generation" => Some(format!("{{%{open_ctl} call {MACRO}() {close_ctl}%}}")),
-            "endgeneration" => Some(format!("{{%{open_ctl} endcall {close_ctl}%}}")),
-            _ => None,
-        };
-        match replacement {
-            Some(r) => {
-                found = true;
-                out.push_str(&r);
-            }
-            None => out.push_str(&tag[..end + 2]),
-        }
-        rest = &tag[end + 2..];
-    }
-    out.push_str(rest);
-    (out, found)
-}
-
-fn split_ctl_start(s: &str) -> (&str, &str) {
-    match s.as_bytes().first() {
-        Some(b'-' | b'+') => (&s[..1], &s[1..]),
-        _ => ("", s),
-    }
-}
-
-fn split_ctl_end(s: &str) -> (&str, &str) {
-    match s.as_bytes().last() {
-        Some(b'-' | b'+') => (&s[..s.len() - 1], &s[s.len() - 1..]),
-        _ => (s, ""),
-    }
 }
 
 /// Removes the markers, returning the text and the byte ranges between them.
@@ -448,6 +405,35 @@ mod tests {
         let (s, found) = rewrite_generation("{{ x }}{% if generation %}{% endif %}");
         assert!(!found);
         assert_eq!(s, "{{ x }}{% if generation %}{% endif %}");
+    }
+
+    #[test]
+    fn generation_tags_outside_statements_are_left_as_text() {
+        // Comments, raw blocks (with whitespace control), string literals in expressions and
+        // statements (with escaped quotes, and `%}` or `}}` inside), dict literals whose `}}`
+        // does not end the expression; unterminated constructs are copied as they are.
+        for src in [
+            "{# {% generation %} #}{#- {% endgeneration %} -#}",
+            "{% raw %}{% generation %}{% endraw %}{%- raw -%}{% endgeneration %}{%- endraw %}",
+            "{{ '{% generation %}' }}{{ \"}}{% generation %}\" }}",
+            "{% set x = 'a\\'%}{% generation %}' %}{{ {'a': {'b': '{% endgeneration %}'}} }}",
+            "{{ x -}}{{ '{% generation %}' +}}",
+            "{# {% generation %}",
+            "{% raw %}{% generation %}",
+            "{{ '{% generation %}",
+            "{% generationx %}{% generation x %}{% end generation %}",
+        ] {
+            assert_eq!(rewrite_generation(src), (src.to_string(), false), "{src}");
+        }
+        let (s, found) = rewrite_generation(
+            "{# #}{% raw %}{% generation %}{% endraw %}{{ '%}' }}é{%+generation+%}{%endgeneration-%}",
+        );
+        assert!(found);
+        assert_eq!(
+            s,
+            "{# #}{% raw %}{% generation %}{% endraw %}{{ '%}' }}é\
+             {%+ call __dflash_generation() +%}{% endcall -%}"
+        );
     }
 
     #[test]
