@@ -211,7 +211,8 @@ fn has_flag(a: &str, flag: &str) -> bool {
 
 /// `dflash bench ARGS` in release (`ARGS`: `rest` with its paths made absolute); with
 /// `--backend cuda` and neither `--out` nor `--results-dir`, the results go to
-/// `bench/results`.
+/// `bench/results` (`dflash bench` merges an `--only` run into the GPU's file there rather
+/// than replacing the full run's figures).
 fn bench_command(root: &Path, rest: &[String], args: &[OsString]) -> Command {
     // `--flag value` or `--flag=value`.
     let value = |flag: &str| -> Option<String> {

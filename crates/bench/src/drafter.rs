@@ -239,11 +239,18 @@ impl StepBench {
             s.record(&tp, (batch * self.len) as f64 / t / 1e3, t, with_phases)?;
         }
         // Omitted when the backend does not track memory.
-        if let Some(m) = b.memory_stats().filter(|_| s.wants(&mem)) {
-            let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
-            let parts = ledger.describe(m.peak_bytes, kept);
-            let vs = self.plan_vs_measured(batch, recompute, m.peak_bytes);
-            s.record(&mem, gib, t, format!("{detail}; GiB: {parts}; {vs}"))?;
+        match b.memory_stats().filter(|_| s.wants(&mem)) {
+            Some(m) => {
+                let gib = m.peak_bytes as f64 / (1u64 << 30) as f64;
+                let parts = ledger.describe(m.peak_bytes, kept);
+                let vs = self.plan_vs_measured(batch, recompute, m.peak_bytes);
+                s.record(&mem, gib, t, format!("{detail}; GiB: {parts}; {vs}"))?;
+            }
+            None if s.wants(&mem) => s.skip(
+                &mem,
+                format!("backend {} does not report memory_stats", b.name()),
+            ),
+            None => {}
         }
         Ok(())
     }

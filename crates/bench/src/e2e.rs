@@ -24,7 +24,7 @@ use crate::{BenchError, Result, Scale, Suite};
 
 pub const E2E_8B: &str = "e2e.8b.1gpu";
 pub const E2E_SMALL: &str = "e2e.small.1gpu";
-/// The 8B recipe on two GPUs: target on device 0, drafter on device 1.
+/// The 8B recipe on two GPUs: target on the bench's device, drafter on the next.
 pub const E2E_8B_2GPU: &str = "e2e.8b.2gpu";
 /// The 8B recipe on two GPUs, each hosting a target worker and a drafter replica, gradients
 /// summed by the device collective.
@@ -267,15 +267,27 @@ fn mid_checkpoint(case: &Case) -> u64 {
     case.warmup_steps + case.measured_steps.div_ceil(2)
 }
 
-pub(crate) fn job_config(
+/// The job's overrides in the order they apply (later wins): the placement on the bench's
+/// device and its threads, the case's (a `2gpu` case's own device lists among them), the
+/// bench's paths, steps and backend, then the user's `--set` (checked by
+/// [`crate::check_job_overrides`] to leave backend and placement alone).
+fn job_overrides(
     s: &Suite<'_>,
     case: &Case,
     data: &Path,
     run_dir: &Path,
     steps: u64,
-) -> Result<TrainConfig> {
+) -> Vec<(String, String)> {
     let b = s.b();
-    let mut overrides = case.overrides.clone();
+    let d = s.opts.device;
+    // Without lists the job places round robin: drafter on device 1 where there are two,
+    // and both on 0 whatever the bench's device.
+    let mut overrides = vec![
+        set("pipeline.target_devices", format!("[{d}]")),
+        set("pipeline.drafter_devices", format!("[{d}]")),
+        set("backend.threads", s.opts.threads),
+    ];
+    overrides.extend(case.overrides.iter().cloned());
     overrides.extend([
         set("target.path", run_dir.display()),
         set("data.train", data.display()),
@@ -290,12 +302,44 @@ pub(crate) fn job_config(
         set("run.dir", run_dir.display()),
     ]);
     overrides.extend(s.opts.job_overrides.iter().cloned());
+    overrides
+}
+
+pub(crate) fn job_config(
+    s: &Suite<'_>,
+    case: &Case,
+    data: &Path,
+    run_dir: &Path,
+    steps: u64,
+) -> Result<TrainConfig> {
+    let overrides = job_overrides(s, case, data, run_dir, steps);
     Ok(TrainConfig::load_toml_str(
         case.recipe,
         case.name,
         run_dir,
         &overrides,
     )?)
+}
+
+/// `"; DFLASH_* environment: K=V ..."` for the `DFLASH_SECTION__KEY` variables that reach a
+/// job's config (the config layers apply them under the bench's overrides, so those the bench
+/// sets itself change nothing), else empty: a figure timed on a changed recipe says so.
+pub(crate) fn env_variant(s: &Suite<'_>, case: &Case) -> String {
+    let set_by_bench = job_overrides(s, case, Path::new(""), Path::new(""), 0);
+    let mut applied: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter_map(|(k, v)| {
+            let rest = k.strip_prefix(dflash_config::ENV_PREFIX)?;
+            let key = rest.to_ascii_lowercase().replace("__", ".");
+            let overridden = set_by_bench.iter().any(|(o, _)| *o == key);
+            (rest.contains("__") && !overridden).then(|| format!("{k}={v}"))
+        })
+        .collect();
+    applied.sort();
+    match applied.as_slice() {
+        [] => String::new(),
+        a => format!("; recipe changed by DFLASH_* environment: {}", a.join(" ")),
+    }
 }
 
 /// Runs `case` as a job and records its throughput.
@@ -458,7 +502,7 @@ fn report_case(s: &mut Suite<'_>, case: &Case, job: &PlannedJob, ran: &FinishedJ
          layers, block {}, {} anchors, {} micro-batches/step of <= {} tokens; ms/step: target \
          [{}], drafter [{}] (a checkpoint after step {} inside the window, {}); end-of-run \
          checkpoint and save included in the job's {wall:.1} s; \
-         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}{variant}",
+         first step done at {:.1} s; peak RssAnon {peak_rss:.2} GB; loss {:.3} -> {:.3}{}{variant}{}",
         recs.len() - w,
         per_step,
         case.target.num_hidden_layers,
@@ -479,12 +523,13 @@ fn report_case(s: &mut Suite<'_>, case: &Case, job: &PlannedJob, ran: &FinishedJ
         out.first_loss,
         out.final_loss,
         bound.unwrap_or_default(),
+        env_variant(s, case),
     );
     s.record(case.name, tokens as f64 / secs / 1e3, secs / n, detail)
 }
 
 /// `"; recipe overridden: k=v ..."` when the bench overrides the recipe, else empty.
-fn recipe_variant(s: &Suite<'_>) -> String {
+pub(crate) fn recipe_variant(s: &Suite<'_>) -> String {
     match s.opts.job_overrides.as_slice() {
         [] => String::new(),
         o => format!(
@@ -498,7 +543,7 @@ fn recipe_variant(s: &Suite<'_>) -> String {
 }
 
 /// The 8B case placed on two devices (`placement`: device lists and collective).
-fn case_8b_on_two(scale: Scale, name: &'static str, placement: &[(&str, &str)]) -> Case {
+fn case_8b_on_two(scale: Scale, name: &'static str, placement: &[(&str, String)]) -> Case {
     let mut case = case_8b(scale);
     case.name = name;
     case.overrides
@@ -512,23 +557,30 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     let two = [E2E_8B_2GPU, E2E_8B_2GPU_DP].map(String::from);
     if s.wants_any(&two) {
         let devices = dflash_core::registry::device_count(s.b().name())?;
-        if devices >= 2 {
+        // The bench's device and the next one, as the 1-GPU figures run on the bench's.
+        let (d0, d1) = (s.opts.device, s.opts.device + 1);
+        if d1 < devices {
             let split = [
-                ("pipeline.target_devices", "[0]"),
-                ("pipeline.drafter_devices", "[1]"),
+                ("pipeline.target_devices", format!("[{d0}]")),
+                ("pipeline.drafter_devices", format!("[{d1}]")),
             ];
             run_case(s, case_8b_on_two(scale, E2E_8B_2GPU, &split))?;
             let dp = [
-                ("pipeline.target_devices", "[0, 1]"),
-                ("pipeline.drafter_devices", "[0, 1]"),
-                ("pipeline.collective", "\"device\""),
+                ("pipeline.target_devices", format!("[{d0}, {d1}]")),
+                ("pipeline.drafter_devices", format!("[{d0}, {d1}]")),
+                ("pipeline.collective", "\"device\"".to_string()),
             ];
             run_case(s, case_8b_on_two(scale, E2E_8B_2GPU_DP, &dp))?;
         } else {
-            eprintln!(
-                "{E2E_8B_2GPU}, {E2E_8B_2GPU_DP}: skipped: need 2 devices, backend {} has {devices}",
+            let why = format!(
+                "need devices {d0} and {d1}, backend {} has {devices}",
                 s.b().name()
             );
+            for name in &two {
+                if s.wants(name) {
+                    s.skip(name, why.clone());
+                }
+            }
         }
     }
     run_case(s, case_small(scale))?;
@@ -536,44 +588,6 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::PartsPerStep;
-
-    /// Session 19's H100 figures (bench/results/nvidia-h100-session19.json): 8672 tokens and
-    /// 4.67 documents a step, the target at 40.18 K tok/s (215.8 ms), a whole drafter step of
-    /// 149.1 ms of which the optimizer is 13.8. Once a step: 215.8 + 4.67 x 135.3 + 13.8 =
-    /// 861.5 ms, 10.07 K tok/s; a whole step per document would give 912.1 ms, 9.51.
-    #[test]
-    fn the_optimizer_is_paid_once_a_step() {
-        let parts = PartsPerStep {
-            tokens: 8672.0,
-            docs: 4.67,
-            target_k_tok_s: 40.18,
-            drafter_step_s: 0.1491,
-            optimizer_s: 0.0138,
-        };
-        assert!(
-            (parts.target_s() - 0.21583).abs() < 1e-4,
-            "{}",
-            parts.target_s()
-        );
-        assert!((parts.drafter_s() - (4.67 * 0.1353 + 0.0138)).abs() < 1e-9);
-        assert!(
-            (parts.bound_k_tok_s() - 10.07).abs() < 0.005,
-            "{}",
-            parts.bound_k_tok_s()
-        );
-        let per_document = PartsPerStep {
-            optimizer_s: 0.0,
-            ..parts
-        };
-        assert!((per_document.bound_k_tok_s() - 9.51).abs() < 0.005);
-        // Medians of different runs: an optimizer median above the whole step's prices the
-        // forward+backward at zero, never below.
-        let inverted = PartsPerStep {
-            drafter_step_s: 0.010,
-            ..parts
-        };
-        assert_eq!(inverted.drafter_s(), 0.0138);
-    }
-}
+mod placement_tests;
+#[cfg(test)]
+mod tests;

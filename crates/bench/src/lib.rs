@@ -28,11 +28,11 @@ pub mod gemm;
 pub mod generate;
 mod load;
 pub mod loss;
+mod results;
 mod rss;
 pub mod target;
 mod util;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,6 +40,7 @@ use dflash_core::Backend;
 use serde::{Deserialize, Serialize};
 
 pub use baselines::{BASELINES, Baseline, Orientation, baseline};
+pub use results::{device_slug, merge_results, read_json, results_slug, write_json};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -147,6 +148,13 @@ pub struct BenchOptions {
     /// the figure counts a user's whole start-up (process, device, kernel compilation).
     /// `None`: the job runs in this process, after the device start-up of earlier figures.
     pub train_exe: Option<std::path::PathBuf>,
+    /// The device ordinal the backend was created on: the one-device jobs (`e2e.*.1gpu`,
+    /// `load.8b`) run their target and drafter there, and the two-device ones on it and the
+    /// next, rather than where the job's round robin would put them (devices 0 and 1).
+    pub device: usize,
+    /// The backend's worker threads (0: all cores), passed to the jobs as `backend.threads`
+    /// so that they run on what the other figures ran on.
+    pub threads: usize,
 }
 
 impl Default for BenchOptions {
@@ -159,6 +167,8 @@ impl Default for BenchOptions {
             baselines: Vec::new(),
             job_overrides: Vec::new(),
             train_exe: None,
+            device: 0,
+            threads: 0,
         }
     }
 }
@@ -247,6 +257,8 @@ pub struct Suite<'a> {
     pub opts: BenchOptions,
     on_result: Box<dyn FnMut(&BenchResult) + 'a>,
     results: Vec<BenchResult>,
+    /// Selected figures not measured on this backend or machine, with why.
+    skipped: Vec<(String, String)>,
     /// The optimizer's median seconds within each `drafter.step.*.throughput` figure, by name:
     /// a job pays it once a step, not once a document.
     optimizer_s: std::collections::HashMap<String, f64>,
@@ -267,6 +279,12 @@ impl Suite<'_> {
             warmup: self.opts.warmup.unwrap_or(default.warmup),
             runs: self.opts.runs.unwrap_or(default.runs).max(1),
         }
+    }
+    /// Notes that the selected figure `name` cannot be measured here, and why (printed now,
+    /// and named again by a caller that asked for it: see [`SuiteRun::not_produced`]).
+    pub fn skip(&mut self, name: &str, why: String) {
+        eprintln!("{name}: skipped: {why}");
+        self.skipped.push((name.to_string(), why));
     }
     pub fn b(&self) -> &dyn Backend {
         self.backend.as_ref()
@@ -303,6 +321,44 @@ impl Suite<'_> {
     }
 }
 
+/// Config keys the bench sets for its jobs itself: the backend (the bench's own, on its device
+/// and threads) and the workers' placement (one device, or the two of a `2gpu` figure). An
+/// override of one would time a job on other devices than the figure's name and `device`
+/// field say.
+const BENCH_OWNED_KEYS: &[&str] = &[
+    "backend",
+    "pipeline.target_devices",
+    "pipeline.drafter_devices",
+    "pipeline.target_workers",
+    "pipeline.drafter_workers",
+    "pipeline.placement",
+];
+
+/// An error naming the first of `overrides` that would change a key the bench sets for its
+/// jobs ([`BENCH_OWNED_KEYS`], or a table holding one such as `pipeline`).
+pub fn check_job_overrides(overrides: &[(String, String)]) -> Result<()> {
+    for (key, _) in overrides {
+        let key = key.trim();
+        let owned = BENCH_OWNED_KEYS.iter().any(|owned| {
+            key == *owned
+                || key.starts_with(&format!("{owned}."))
+                || owned.starts_with(&format!("{key}."))
+        });
+        if owned {
+            return Err(BenchError::Invalid {
+                bench: "--set".into(),
+                detail: format!(
+                    "{key} cannot be overridden: the bench sets the jobs' backend and device \
+                     placement itself (keys {}) from its own --backend, --attention, --device \
+                     and --threads",
+                    BENCH_OWNED_KEYS.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Every figure name the suite can produce, in run order.
 pub fn figure_names() -> Vec<String> {
     let mut v = gemm::figure_names();
@@ -315,78 +371,98 @@ pub fn figure_names() -> Vec<String> {
     v
 }
 
-/// Runs the selected benchmarks on `backend`, calling `on_result` as each figure is measured.
+/// What a run of the suite gave: the figures measured, those skipped, and the error that
+/// stopped it, if one did (the figures measured before it are kept).
+#[derive(Debug)]
+pub struct SuiteRun {
+    pub results: Vec<BenchResult>,
+    /// Selected figures that cannot be measured here (too few devices, no memory figures),
+    /// with why.
+    pub skipped: Vec<(String, String)>,
+    pub error: Option<BenchError>,
+}
+
+impl SuiteRun {
+    /// The parts of `opts.only` that no measured figure matches, each with why (a skip
+    /// reason, or the error that stopped the suite before it).
+    pub fn not_produced(&self, opts: &BenchOptions) -> Vec<(String, String)> {
+        let Some(only) = opts.only.as_deref() else {
+            return Vec::new();
+        };
+        only.split(',')
+            .map(str::trim)
+            .filter(|part| !self.results.iter().any(|r| r.name.contains(part)))
+            .map(|part| {
+                let skips: Vec<String> = self
+                    .skipped
+                    .iter()
+                    .filter(|(n, _)| n.contains(part))
+                    .map(|(n, why)| format!("{n}: {why}"))
+                    .collect();
+                let why = match (skips.is_empty(), &self.error) {
+                    (false, _) => skips.join("; "),
+                    (true, Some(_)) => "the suite stopped on an error first".to_string(),
+                    (true, None) => "no figure of that name ran on this backend".to_string(),
+                };
+                (part.to_string(), why)
+            })
+            .collect()
+    }
+}
+
+/// Runs the selected benchmarks on `backend`, calling `on_result` as each figure is measured;
+/// an error stops the suite and is returned in place of every figure measured before it (see
+/// [`run_suite_partial`] to keep them).
 pub fn run_suite<'a>(
     backend: Arc<dyn Backend>,
     opts: &BenchOptions,
     on_result: impl FnMut(&BenchResult) + 'a,
 ) -> Result<Vec<BenchResult>> {
+    let run = run_suite_partial(backend, opts, on_result);
+    match run.error {
+        Some(e) => Err(e),
+        None => Ok(run.results),
+    }
+}
+
+/// Runs the selected benchmarks on `backend`, calling `on_result` as each figure is measured,
+/// until the first error: the figures measured before it are returned with it.
+pub fn run_suite_partial<'a>(
+    backend: Arc<dyn Backend>,
+    opts: &BenchOptions,
+    on_result: impl FnMut(&BenchResult) + 'a,
+) -> SuiteRun {
+    if let Err(e) = check_job_overrides(&opts.job_overrides) {
+        return SuiteRun {
+            results: Vec::new(),
+            skipped: Vec::new(),
+            error: Some(e),
+        };
+    }
     let mut s = Suite {
         backend,
         opts: opts.clone(),
         on_result: Box::new(on_result),
         results: Vec::new(),
+        skipped: Vec::new(),
         optimizer_s: Default::default(),
     };
-    gemm::run(&mut s)?;
-    loss::run(&mut s)?;
-    attention::run(&mut s)?;
-    target::run(&mut s)?;
-    drafter::run(&mut s)?;
-    e2e::run(&mut s)?;
-    generate::run(&mut s)?;
-    Ok(s.results)
+    let error = run_groups(&mut s).err();
+    SuiteRun {
+        results: s.results,
+        skipped: s.skipped,
+        error,
+    }
 }
 
-/// A file-name slug of the accelerator in a `BackendInfo::device()` string: the text inside
-/// the first parentheses up to its first comma when there is one (`"cuda:0 (NVIDIA H200,
-/// sm_90)"` -> `nvidia-h200`), else the whole string; lower-case ASCII alphanumerics joined
-/// by single dashes.
-pub fn device_slug(device: &str) -> String {
-    let inner = match (device.find('('), device.rfind(')')) {
-        (Some(a), Some(b)) if b > a + 1 => device[a + 1..b].split(',').next().unwrap_or(""),
-        _ => device,
-    };
-    let src = if inner.trim().is_empty() {
-        device
-    } else {
-        inner
-    };
-    let mut out = String::new();
-    for c in src.chars() {
-        if c.is_ascii_alphanumeric() {
-            out.push(c.to_ascii_lowercase());
-        } else if !out.is_empty() && !out.ends_with('-') {
-            out.push('-');
-        }
-    }
-    while out.ends_with('-') {
-        out.pop();
-    }
-    if out.is_empty() { "device".into() } else { out }
-}
-
-/// Writes `results` as a pretty JSON list to `path`, creating parent directories.
-pub fn write_json(path: &Path, results: &[BenchResult]) -> Result<()> {
-    let io = |source| BenchError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let mut text = serde_json::to_string_pretty(results)?;
-    text.push('\n');
-    std::fs::write(path, text).map_err(io)
-}
-
-/// Reads a JSON list written by [`write_json`].
-pub fn read_json(path: &Path) -> Result<Vec<BenchResult>> {
-    let text = std::fs::read_to_string(path).map_err(|source| BenchError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    Ok(serde_json::from_str(&text)?)
+fn run_groups(s: &mut Suite<'_>) -> Result<()> {
+    gemm::run(s)?;
+    loss::run(s)?;
+    attention::run(s)?;
+    target::run(s)?;
+    drafter::run(s)?;
+    e2e::run(s)?;
+    generate::run(s)
 }
 
 fn fmt_num(x: f64) -> String {
@@ -429,4 +505,23 @@ pub fn format_table(results: &[BenchResult]) -> String {
         s.push_str(&table_row(r));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::results_slug;
+
+    #[test]
+    fn results_slugs_keep_backends_apart_and_cuda_files_named_as_before() {
+        let h200 = "cuda:0 (NVIDIA H200, sm_90)";
+        assert_eq!(results_slug("cuda", h200), "nvidia-h200");
+        assert_eq!(
+            results_slug("wgpu", "wgpu:0 (NVIDIA H200, Vulkan)"),
+            "wgpu-nvidia-h200"
+        );
+        assert_eq!(
+            results_slug("reference", "cpu (16 threads, all cores)"),
+            "reference-16-threads"
+        );
+    }
 }

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use dflash_config::TrainConfig;
 use dflash_pipeline::job::{JobPlan, train_plan};
 
-use crate::e2e::{LOAD_8B, SEED, case_8b, job_config, read_records, scratch, write_jsonl};
+use crate::e2e::{
+    LOAD_8B, SEED, case_8b, env_variant, job_config, read_records, recipe_variant, scratch,
+    write_jsonl,
+};
 use crate::rss::{RssSampler, rss_anon_bytes};
 use crate::{BenchError, Result, Scale, Suite};
 
@@ -63,6 +66,8 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
     write_jsonl(&data, case.seqs.min(16), case.lens, case.target.vocab_size)?;
     let mut cfg = job_config(s, &case, &data, scratch.path(), 1)?;
     cfg.target.path = Some(dir.clone());
+    // Read now: the child gets the config resolved here, these variables included.
+    let variant = format!("{}{}", recipe_variant(s), env_variant(s, &case));
     s.b().release_cached_memory(); // as the e2e figures do
     let (start, restart) = match s.opts.train_exe.clone() {
         Some(exe) => {
@@ -86,7 +91,7 @@ pub(crate) fn run(s: &mut Suite<'_>) -> Result<()> {
         format!(
             "{:.2} GB of bf16 safetensors in {} (the page cache as the bench left it: warm where \
              it just wrote them); a first start: {}; peak RssAnon {:.2} GB over the whole job \
-             (final checkpoint included){restart}",
+             (final checkpoint included){restart}{variant}",
             bytes as f64 / 1e9,
             dir.display(),
             start.counts,

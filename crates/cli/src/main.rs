@@ -288,11 +288,14 @@ struct BenchArgs {
     /// Run only the figures whose name contains SUBSTRING (several, comma-separated: any).
     #[arg(long, value_name = "SUBSTRING")]
     only: Option<String>,
-    /// Write the JSON list here (parent directories are created).
+    /// Write the JSON list here (parent directories are created), rewritten after each figure
+    /// so that a later failure keeps those measured; never written empty.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Without --out: write `DIR/<device slug>.json`, the slug taken from the backend's device
-    /// name (e.g. `nvidia-h200`).
+    /// Without --out: write `DIR/<slug>.json`, the slug taken from the backend's device name
+    /// (`nvidia-h200` for CUDA), prefixed by the backend's for any other (`wgpu-nvidia-h200`).
+    /// With --only, the figures measured replace those of the same name in an existing file
+    /// and the others are kept.
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     results_dir: Option<PathBuf>,
     /// Device ordinal (GPU backends).
@@ -357,8 +360,12 @@ fn bench(args: BenchArgs) -> Result<()> {
         job_overrides: dflash_config::parse_overrides(&args.set)?,
         // load.8b starts `dflash train` from this very executable.
         train_exe: std::env::current_exe().ok(),
+        // The jobs run where the other figures do.
+        device: args.device,
+        threads: args.threads,
     };
     // Checked before any figure runs: the e2e figures, which apply them, come last.
+    dflash_bench::check_job_overrides(&bench_opts.job_overrides).context("bench --set")?;
     TrainConfig::check_overrides(&bench_opts.job_overrides).context("bench --set")?;
     let unmatched = bench_opts.unmatched_only();
     if !unmatched.is_empty() {
@@ -375,24 +382,91 @@ fn bench(args: BenchArgs) -> Result<()> {
         backend.attention_kernel(),
         args.scale
     );
+    // A partial run (--only) into the results directory updates its figures in the
+    // machine's file and keeps the others, as `cargo xtask bench --only X` is used to
+    // re-measure a few figures of a full run.
+    let merge = bench_opts.only.is_some() && args.results_dir.is_some();
     let out = args.out.or_else(|| {
         args.results_dir.map(|d| {
             d.join(format!(
                 "{}.json",
-                dflash_bench::device_slug(&backend.device())
+                dflash_bench::results_slug(backend.name(), &backend.device())
             ))
         })
     });
+    let base = match &out {
+        Some(path) if merge && path.exists() => {
+            let old = dflash_bench::read_json(path)
+                .with_context(|| format!("reading {} to merge into", path.display()))?;
+            if let Some(r) = old
+                .iter()
+                .find(|r| r.backend != backend.name() || r.scale != args.scale)
+            {
+                anyhow::bail!(
+                    "{}: holds {} measured on backend {} at scale {}; not merging figures of \
+                     backend {} at scale {} into it (pass --out to write elsewhere)",
+                    path.display(),
+                    r.name,
+                    r.backend,
+                    r.scale,
+                    backend.name(),
+                    args.scale
+                );
+            }
+            old
+        }
+        _ => Vec::new(),
+    };
     println!("{}", dflash_bench::table_header());
-    let results = dflash_bench::run_suite(backend, &bench_opts, |r| {
+    // The file is rewritten after each figure, so a figure that fails later (or a killed run)
+    // keeps those measured before it.
+    let mut measured = Vec::new();
+    let mut write_error = None;
+    let run = dflash_bench::run_suite_partial(backend, &bench_opts, |r| {
         println!("{}", dflash_bench::table_row(r));
-    })?;
-    if results.is_empty() {
-        println!("nothing measured (memory figures need a backend that reports memory_stats)");
+        measured.push(r.clone());
+        if let (Some(path), None) = (&out, &write_error) {
+            let all = dflash_bench::merge_results(base.clone(), &measured);
+            write_error = dflash_bench::write_json(path, &all).err();
+        }
+    });
+    if let Some(e) = write_error {
+        return Err(e).context("writing the results");
     }
-    if let Some(path) = out {
-        dflash_bench::write_json(&path, &results)?;
-        println!("wrote {} results to {}", results.len(), path.display());
+    match &out {
+        Some(path) if !run.results.is_empty() => println!(
+            "wrote {} results to {}{}",
+            run.results.len(),
+            path.display(),
+            if base.is_empty() {
+                String::new()
+            } else {
+                format!(" (merged with the {} already there)", base.len())
+            }
+        ),
+        // An empty list would replace a file of earlier results with nothing.
+        Some(path) => println!("nothing measured: {} left as it was", path.display()),
+        None => {}
+    }
+    if let Some(e) = run.error {
+        return Err(e).context(format!(
+            "the bench stopped after {} figure(s)",
+            run.results.len()
+        ));
+    }
+    let missing = run.not_produced(&bench_opts);
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "--only named figures that produced nothing: {}",
+            missing
+                .iter()
+                .map(|(part, why)| format!("{part} ({why})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if run.results.is_empty() {
+        anyhow::bail!("nothing measured on this backend");
     }
     Ok(())
 }
@@ -412,6 +486,21 @@ fn fmt_tau(t: Option<f64>) -> String {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train { cfg, resume } => {
+            // A directory that is no run at all (a typo, the runs root, a checkpoint) is named as
+            // such first: advice about its missing config would send the user after the wrong
+            // thing. A run writes its config.toml before its first step, so any run has one or,
+            // having lost it, still its checkpoints.
+            if let Some(dir) = &resume {
+                let has = |p: &str| dir.join(p).is_file();
+                if !has("config.toml") && !has("checkpoints/latest") {
+                    anyhow::bail!(
+                        "--resume {}: not a run directory (no config.toml, no \
+                         checkpoints/latest); pass the directory a `dflash train` made, \
+                         RUN.DIR/RUN.NAME (it prints it as run_dir=...)",
+                        dir.display()
+                    );
+                }
+            }
             // A resumed run continues with the config it was started with, plus --set (checked
             // against that config, not the defaults).
             let saved = resume.as_ref().map(|dir| dir.join("config.toml"));

@@ -1,11 +1,18 @@
 //! `dflash status RUN_DIR`: the last logged step (progress, queues, each worker's time per
-//! phase), the latest checkpoint and the last error. Each part is shown when it exists, so a
-//! run that failed before its first step still shows why.
+//! phase), the rate of the last steps, how long ago the run last logged, whether it finished,
+//! the latest checkpoint and the last error. Each part is shown when it exists, so a run that
+//! failed before its first step still shows why; a run with an error exits non-zero, so a
+//! script polling it stops.
 
 use std::path::Path;
+use std::time::SystemTime;
 
 use anyhow::{Result, bail};
 use serde_json::Value;
+
+/// Records the recent rate is taken over: enough to smooth a step's jitter, few enough to
+/// show a slow-down the average since the start (each record's `tokens_per_s`) hides.
+const RECENT: usize = 10;
 
 pub fn print(run_dir: &Path) -> Result<()> {
     if !run_dir.is_dir() {
@@ -13,16 +20,29 @@ pub fn print(run_dir: &Path) -> Result<()> {
     }
     let metrics = run_dir.join("metrics.jsonl");
     match std::fs::read_to_string(&metrics) {
-        Ok(text) => match text.lines().rev().find(|l| !l.trim().is_empty()) {
-            Some(line) => match serde_json::from_str::<Value>(line) {
-                Ok(v) => print_step(&v),
-                Err(e) => println!(
-                    "{}: the last line is not JSON ({e}); a running job may be writing it",
-                    metrics.display()
-                ),
-            },
-            None => println!("no steps recorded yet"),
-        },
+        Ok(text) => {
+            let records: Vec<Value> = text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map_while(|l| serde_json::from_str(l).ok())
+                .collect();
+            match text.lines().rev().find(|l| !l.trim().is_empty()) {
+                Some(line) => match serde_json::from_str::<Value>(line) {
+                    Ok(v) => print_step(&v),
+                    Err(e) => println!(
+                        "{}: the last line is not JSON ({e}); a running job may be writing it",
+                        metrics.display()
+                    ),
+                },
+                None => println!("no steps recorded yet"),
+            }
+            if let Some((rate, steps)) = recent_rate(&records) {
+                println!("last {steps} steps: {rate:.0} tok/s");
+            }
+            if let Some(age) = age_s(&metrics) {
+                println!("last record written {} ago", fmt_age(age));
+            }
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             println!(
                 "no steps recorded yet ({} does not exist)",
@@ -31,14 +51,62 @@ pub fn print(run_dir: &Path) -> Result<()> {
         }
         Err(e) => println!("{}: cannot be read: {e}", metrics.display()),
     }
+    if run_dir.join("summary.json").exists() {
+        println!("finished (summary.json)");
+    }
     if let Some(ckpt) = dflash_pipeline::job::latest_checkpoint(run_dir) {
         println!("latest checkpoint: {}", ckpt.display());
     }
     let err = run_dir.join("error.txt");
     if let Ok(e) = std::fs::read_to_string(&err) {
         println!("last error ({}):\n{}", err.display(), e.trim_end());
+        bail!("{}: the run failed (its error is above)", err.display());
     }
     Ok(())
+}
+
+/// Tokens per second over the last [`RECENT`] records of the latest invocation (Σ tokens of
+/// the steps after the window's first record ÷ the elapsed seconds between its ends), and
+/// the steps it covers; `None` with fewer than two records. A resumed run restarts
+/// `elapsed_s`, so the window stops where it goes back.
+fn recent_rate(records: &[Value]) -> Option<(f64, usize)> {
+    let elapsed = |v: &Value| v["elapsed_s"].as_f64();
+    let mut first = records.len().checked_sub(1)?;
+    while first > 0
+        && records.len() - first < RECENT + 1
+        && elapsed(&records[first - 1])? < elapsed(&records[first])?
+    {
+        first -= 1;
+    }
+    let window = &records[first..];
+    let steps = window.len() - 1;
+    let secs = elapsed(window.last()?)? - elapsed(&window[0])?;
+    if steps == 0 || secs <= 0.0 {
+        return None;
+    }
+    let tokens: u64 = window[1..]
+        .iter()
+        .map(|v| v["tokens"].as_u64().unwrap_or(0))
+        .sum();
+    Some((tokens as f64 / secs, steps))
+}
+
+/// Seconds since `path` was last modified.
+fn age_s(path: &Path) -> Option<f64> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some(
+        SystemTime::now()
+            .duration_since(modified)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    )
+}
+
+fn fmt_age(s: f64) -> String {
+    match s {
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
+        s => format!("{:.1} h", s / 3600.0),
+    }
 }
 
 /// One `metrics.jsonl` record: progress, queues and busy gauges, then where each worker's
@@ -57,7 +125,7 @@ fn print_step(v: &Value) {
         v.join(" ")
     };
     println!(
-        "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s | elapsed {:.0}s",
+        "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s since start | elapsed {:.0}s",
         v["step"].as_u64().map_or(0, |s| s + 1),
         v["loss"].as_f64().unwrap_or(f64::NAN),
         v["accuracy"].as_f64().unwrap_or(f64::NAN),

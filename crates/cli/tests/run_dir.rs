@@ -28,7 +28,8 @@ fn status_shows_the_error_of_a_run_that_failed_before_its_first_step() {
     let error = std::fs::read_to_string(dir.join("error.txt"))
         .unwrap_or_else(|e| panic!("{}: no error.txt: {e}", dir.display()));
     let (ok, text) = status(&dir);
-    assert!(ok, "{text}");
+    // A failed run's status fails too, so that a script polling it stops.
+    assert!(!ok, "{text}");
     assert!(text.contains("no steps recorded yet"), "{text}");
     assert!(
         text.contains("last error") && text.contains(error.trim_end()),
@@ -69,6 +70,8 @@ fn a_resume_checks_its_overrides_against_the_runs_saved_config() {
 fn a_resume_without_the_runs_config_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir(tmp.path().join("checkpoints")).unwrap();
+    // A run that lost its config keeps its checkpoints (without either it is no run at all).
+    std::fs::write(tmp.path().join("checkpoints/latest"), "step-3").unwrap();
     let out = Command::new(BIN)
         .arg("train")
         .arg("--resume")
