@@ -73,11 +73,20 @@ pub use twin::{F16_PRODUCTS_TWIN, TwinBounds, check_backend_against_twin};
 /// with one [`CaseResult`] per case (check [`Report::passed`] / [`Report::ensure_passed`]);
 /// `Err` only if the suite could not build its cases.
 pub fn check_host_attention_kernel(kernel: &dyn HostAttentionKernel) -> Result<Report, String> {
+    check_host_attention_kernel_on(kernel, &[])
+}
+
+/// [`check_host_attention_kernel`] with every mask of [`suite_masks`] also run in each layout
+/// of `extra`: a foreign kernel may declare only head dims the host suite (16 and 64) never
+/// reaches, and would otherwise pass with nothing compared.
+pub fn check_host_attention_kernel_on(
+    kernel: &dyn HostAttentionKernel,
+    extra: &[Layout],
+) -> Result<Report, String> {
     let tol = TOLERANCE;
-    let mut cases: Vec<CaseResult> = suite_cases()?
-        .iter()
-        .map(|c| run_case(kernel, c, &tol))
-        .collect();
+    let mut all = suite_cases()?;
+    all.extend(cases_on(&suite_masks()?, extra));
+    let mut cases: Vec<CaseResult> = all.iter().map(|c| run_case(kernel, c, &tol)).collect();
     cases.extend(bad_input_cases(kernel)?);
     let nan = nan_input_cases_on(Layout::new(4, 2, 16))?;
     cases.extend(check_host_attention_nan(kernel, &nan).cases);

@@ -34,6 +34,7 @@
 #ifndef DFLASH_ATTENTION_H
 #define DFLASH_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -114,7 +115,9 @@ typedef int32_t DfAttnStatus;
 /* Strides other than compact row-major are accepted (otherwise such calls are UNSUPPORTED). */
 #define DF_ATTN_CAP_STRIDED (1u << 3)
 
-/* Each row's two intervals may be anywhere in [0, Tk) (not only a causal prefix). */
+/* Required: the host refuses every call to a plugin that does not declare it. Each row's
+ * two intervals may be anywhere in [0, Tk), not only a causal prefix; every mask the host
+ * passes (causal ones included) is in this two-interval form. */
 #define DF_ATTN_MASK_TWO_INTERVALS (1u << 0)
 /* Rows whose intervals are both empty are handled (out = 0, lse = -inf). */
 #define DF_ATTN_MASK_EMPTY_ROWS (1u << 1)
@@ -227,6 +230,19 @@ struct DfAttnPlugin {
    * thread's next call into the plugin. Never NULL. */
   const char* (*last_error)(const DfAttnPlugin* self);
 };
+
+/* ---- The 1.0 size of each struct: where its last 1.0 field ends. A later minor appends
+ * fields, so sizeof grows and a struct_size is checked against these, never against the
+ * reader's own sizeof: the host accepts a table and capabilities of at least these sizes, and a
+ * plugin must accept args, a mask and a shape of at least these sizes (reading only the fields
+ * struct_size covers, e.g. by copying that prefix into a zeroed struct). */
+#define DF_ATTN_END_OF(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
+#define DF_ATTN_CAPABILITIES_SIZE_V1_0 DF_ATTN_END_OF(DfAttnCapabilities, mask_rules)
+#define DF_ATTN_MASK_SIZE_V1_0 DF_ATTN_END_OF(DfAttnMask, second_end)
+#define DF_ATTN_SHAPE_SIZE_V1_0 DF_ATTN_END_OF(DfAttnShape, head_dim)
+#define DF_ATTN_FORWARD_ARGS_SIZE_V1_0 DF_ATTN_END_OF(DfAttnForwardArgs, workspace_bytes)
+#define DF_ATTN_BACKWARD_ARGS_SIZE_V1_0 DF_ATTN_END_OF(DfAttnBackwardArgs, workspace_bytes)
+#define DF_ATTN_PLUGIN_SIZE_V1_0 DF_ATTN_END_OF(DfAttnPlugin, last_error)
 
 typedef const DfAttnPlugin* (*DfAttnEntryPoint)(uint32_t host_abi_major, uint32_t host_abi_minor);
 

@@ -118,7 +118,7 @@ impl Call {
             None => {
                 let mut bytes = 0u64;
                 let f = table.workspace_bytes.ok_or("no workspace_bytes")?;
-                let status = unsafe { f(table, &c.shape, pass, &mut bytes) };
+                let status = unsafe { f(plugin.raw_table(), &c.shape, pass, &mut bytes) };
                 plugin
                     .check_status("workspace_bytes", status)
                     .map_err(|e| e.to_string())?;
@@ -141,7 +141,7 @@ impl Call {
                 workspace_bytes,
             };
             let f = table.forward.ok_or("no forward")?;
-            unsafe { f(table, if c.null_args { null() } else { &args }) }
+            unsafe { f(plugin.raw_table(), if c.null_args { null() } else { &args }) }
         } else {
             let args = DfAttnBackwardArgs {
                 struct_size: c.struct_size.unwrap_or(size_of_u32::<DfAttnBackwardArgs>()),
@@ -161,7 +161,7 @@ impl Call {
                 workspace_bytes,
             };
             let f = table.backward.ok_or("no backward")?;
-            unsafe { f(table, if c.null_args { null() } else { &args }) }
+            unsafe { f(plugin.raw_table(), if c.null_args { null() } else { &args }) }
         };
         drop(dls);
         Ok(status)
@@ -169,7 +169,7 @@ impl Call {
 }
 
 /// A head dim the plugin declares, preferring the suite's.
-fn head_dim(caps: &DfAttnCapabilities) -> Option<i64> {
+pub(crate) fn head_dim(caps: &DfAttnCapabilities) -> Option<i64> {
     let m = caps.head_dim_multiple.max(1);
     let first = caps.head_dim_min.div_ceil(m) * m;
     [16, 64, 32, 8, 128, first]
@@ -339,19 +339,46 @@ fn malformed(kernel: &PluginKernel, name: &str, call: &Call, pass: i32) -> Row {
     } else {
         "backward"
     };
-    let outcome = match call.run(kernel, pass) {
-        Err(e) => Outcome::Failed(e),
-        Ok(0) => Outcome::Failed("accepted a malformed call (status 0)".into()),
-        Ok(_) if kernel.plugin().last_error().trim().is_empty() => {
+    // `last_error` is per thread and keeps its message until that thread's next failure, so
+    // on a thread that already made a failing call a plugin returning an error without a
+    // message would show the stale one: each malformed call and its `last_error` read run on
+    // a fresh thread.
+    let call = AssertSend(call);
+    let run = std::thread::scope(|s| {
+        s.spawn(move || {
+            let call = call.into_inner();
+            let status = call.run(kernel, pass);
+            (status, kernel.plugin().last_error())
+        })
+        .join()
+    });
+    let outcome = match run {
+        Err(_) => Outcome::Failed("the call panicked".into()),
+        Ok((Err(e), _)) => Outcome::Failed(e),
+        Ok((Ok(0), _)) => Outcome::Failed("accepted a malformed call (status 0)".into()),
+        Ok((Ok(_), msg)) if msg.trim().is_empty() => {
             Outcome::Failed("non-zero status but an empty last_error".into())
         }
-        Ok(_) => Outcome::Passed,
+        Ok((Ok(_), _)) => Outcome::Passed,
     };
     Row {
         name: format!("abi/{which}/{name}"),
         worst: None,
         max_err: None,
         outcome,
+    }
+}
+
+/// A `Call` (raw pointers into buffers the caller keeps alive and leaves alone) lent to the
+/// scoped thread that makes it.
+struct AssertSend<T>(T);
+// SAFETY: only used for a `&Call` whose buffers outlive the scoped thread and are not touched
+// by the lending thread while it runs.
+unsafe impl<T> Send for AssertSend<T> {}
+impl<T> AssertSend<T> {
+    /// By value, so a closure captures the whole (Send) wrapper rather than its field.
+    fn into_inner(self) -> T {
+        self.0
     }
 }
 
@@ -436,7 +463,14 @@ pub fn abi_cases(kernel: &PluginKernel) -> Vec<Row> {
         rows.push(valid(kernel, &call, pass));
         let mut needs_ws = 0u64;
         if let Some(f) = kernel.plugin().table().workspace_bytes {
-            unsafe { f(kernel.plugin().table(), &call.shape, pass, &mut needs_ws) };
+            unsafe {
+                f(
+                    kernel.plugin().raw_table(),
+                    &call.shape,
+                    pass,
+                    &mut needs_ws,
+                )
+            };
         }
         let mut cases = breaks(&caps, pass);
         if needs_ws > 0 {

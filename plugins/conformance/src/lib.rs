@@ -1,6 +1,7 @@
 //! Conformance of a foreign attention plugin: [`check_plugin`] runs
 //! - the attention suite of the in-tree kernels (`dflash_tests`: every mask kind, GQA groups
-//!   1/2/4, head dims 16 and 64, large scores; NaN-poisoned outputs, inputs that must come back
+//!   1/2/4, head dims 16 and 64, plus head dim 128 and the plugin's own head dim at GQA 1/2,
+//!   large scores; NaN-poisoned outputs, inputs that must come back
 //!   unchanged, every run (first and rerun) against the dense f64 oracle at the suite's
 //!   tolerance) through the loader. A case outside what the plugin declares (head dim, GQA,
 //!   mask rules) counts as skipped, not passed; without `DF_ATTN_CAP_BACKWARD` the backward is
@@ -20,7 +21,7 @@ mod table;
 use dflash_attention_abi::{CAP_BACKWARD, CAP_DETERMINISTIC};
 use dflash_attention_loader::{Plugin, PluginKernel};
 use dflash_core::HostAttentionKernel;
-use dflash_tests::Case;
+use dflash_tests::{Case, HOST_LAYOUTS, Layout};
 
 pub use abi_cases::abi_cases;
 pub use device::check_device_plugin;
@@ -105,11 +106,33 @@ fn rows_of(
         .collect()
 }
 
+/// The layouts run beyond the host suite's (head dims 16 and 64): head dim 128, as the device
+/// suite adds, and the head dim the raw ABI cases pick, so a plugin declaring only head dims
+/// the host suite never reaches is still compared with the oracle. GQA 1 and 2 each, so a
+/// plugin without `DF_ATTN_CAP_GQA` is compared too.
+fn extra_layouts(plugin: &Plugin) -> Vec<Layout> {
+    let mut dims = vec![128usize];
+    if let Some(d) = abi_cases::head_dim(plugin.capabilities()) {
+        dims.push(d as usize);
+    }
+    dims.sort_unstable();
+    dims.dedup();
+    dims.retain(|&d| !HOST_LAYOUTS.iter().any(|l| l.head_dim == d));
+    dims.iter()
+        .flat_map(|&d| [Layout::new(2, 2, d), Layout::new(4, 2, d)])
+        .collect()
+}
+
 /// The whole conformance run on `kernel`; `Err` only when the suite's cases cannot be built.
 pub fn check_plugin(kernel: &PluginKernel) -> Result<Table, String> {
     let plugin = kernel.plugin();
-    // The suite's cases and its NaN cases (which it runs on this layout).
+    let extra = extra_layouts(plugin);
+    // The suite's cases, the extra layouts' and its NaN cases (which it runs on this layout).
     let mut cases = dflash_tests::suite_cases()?;
+    cases.extend(dflash_tests::cases_on(
+        &dflash_tests::suite_masks()?,
+        &extra,
+    ));
     let nan = dflash_tests::nan_input_cases_on(dflash_tests::Layout::new(4, 2, 16))?;
     cases.extend(nan.into_iter().map(|nc| nc.case));
     let skips = skips_of(plugin, &cases);
@@ -118,7 +141,7 @@ pub fn check_plugin(kernel: &PluginKernel) -> Result<Table, String> {
     // backward, so every case still runs whole and what it measures is the plugin's forward.
     let forward_only = forward_only::ForwardOnly(kernel);
     let checked: &dyn HostAttentionKernel = if backward { kernel } else { &forward_only };
-    let report = dflash_tests::check_host_attention_kernel(checked)?;
+    let report = dflash_tests::check_host_attention_kernel_on(checked, &extra)?;
     let caps = plugin.capabilities();
     let mut rows = rows_of(&report, &skips, caps.flags, !backward);
     if !backward {

@@ -36,9 +36,17 @@ impl Table {
             .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
             .collect()
     }
-    /// Passed when nothing failed and something ran.
+    /// Whether a passed row compared numbers with the oracle: malformed-call rows pass on any
+    /// error (the host's own argument checks reject `bad_input/*` before the plugin runs), so
+    /// they alone say nothing about the plugin's results.
+    pub fn verified(&self) -> bool {
+        self.rows
+            .iter()
+            .any(|r| r.outcome == Outcome::Passed && r.worst.is_some())
+    }
+    /// Passed when nothing failed and at least one numeric case passed.
     pub fn passed(&self) -> bool {
-        self.failed().is_empty() && self.count(|o| *o == Outcome::Passed) > 0
+        self.failed().is_empty() && self.verified()
     }
 }
 
@@ -75,6 +83,14 @@ impl fmt::Display for Table {
             self.count(|o| matches!(o, Outcome::Skipped(_))),
             self.failed().len(),
             self.rows.len()
-        )
+        )?;
+        if !self.verified() {
+            write!(
+                f,
+                "\nFAILED: nothing was verified (no case compared with the oracle passed: \
+                 every numeric case was skipped or failed)"
+            )?;
+        }
+        Ok(())
     }
 }

@@ -23,6 +23,10 @@ const WRONG_RERUNS: u8 = 1;
 const SCALES_Q: u8 = 2;
 /// Flips the last bit of `out[0]` on every other call.
 const JITTERS: u8 = 3;
+/// Overwrites every output with zeros (forward and backward).
+const ZEROS: u8 = 4;
+/// Refuses a q that is not 3-d without setting a message.
+const SILENT_Q_NDIM: u8 = 5;
 
 static RERUN_CALLS: AtomicU32 = AtomicU32::new(0);
 static JITTER_CALLS: AtomicU32 = AtomicU32::new(0);
@@ -52,6 +56,10 @@ unsafe extern "C" fn forward<const MODE: u8>(
     a: *const abi::DfAttnForwardArgs,
 ) -> i32 {
     let t = inner();
+    if MODE == SILENT_Q_NDIM && unsafe { !a.is_null() && !(*a).q.is_null() && (*(*a).q).ndim != 3 }
+    {
+        return 1;
+    }
     let status = unsafe { (t.forward.unwrap())(t, a) };
     if status != 0 {
         return status;
@@ -65,16 +73,28 @@ unsafe extern "C" fn forward<const MODE: u8>(
             let x = &mut elements((*a).out)[0];
             *x = f32::from_bits(x.to_bits() ^ 1)
         },
+        ZEROS => unsafe {
+            elements((*a).out).fill(0.0);
+            elements((*a).lse).fill(0.0);
+        },
         _ => {}
     }
     status
 }
-unsafe extern "C" fn backward(
+unsafe extern "C" fn backward<const MODE: u8>(
     _: *const abi::DfAttnPlugin,
     a: *const abi::DfAttnBackwardArgs,
 ) -> i32 {
     let t = inner();
-    unsafe { (t.backward.unwrap())(t, a) }
+    let status = unsafe { (t.backward.unwrap())(t, a) };
+    if status == 0 && MODE == ZEROS {
+        unsafe {
+            for g in [(*a).dq, (*a).dk, (*a).dv] {
+                elements(g).fill(0.0);
+            }
+        }
+    }
+    status
 }
 unsafe extern "C" fn workspace(
     _: *const abi::DfAttnPlugin,
@@ -101,7 +121,7 @@ const fn table<const MODE: u8>(caps: &'static abi::DfAttnCapabilities) -> abi::D
         capabilities: caps,
         workspace_bytes: Some(workspace),
         forward: Some(forward::<MODE>),
-        backward: Some(backward),
+        backward: Some(backward::<MODE>),
         last_error: Some(last_error),
     }
 }
@@ -124,6 +144,14 @@ static NO_EMPTY_ROWS: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
     ..CAPABILITIES
 };
 
+/// Only head dim 128, which the host suite's own layouts (16, 64) never reach.
+static HEAD_128: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
+    head_dim_min: 128,
+    head_dim_max: 128,
+    head_dim_multiple: 1,
+    ..CAPABILITIES
+};
+
 static WRONG_RERUNS_TABLE: abi::DfAttnPlugin = table::<WRONG_RERUNS>(&NOT_DETERMINISTIC);
 static SCALES_Q_TABLE: abi::DfAttnPlugin = table::<SCALES_Q>(&ALL);
 static FORWARD_ONLY_TABLE: abi::DfAttnPlugin = abi::DfAttnPlugin {
@@ -133,7 +161,19 @@ static FORWARD_ONLY_TABLE: abi::DfAttnPlugin = abi::DfAttnPlugin {
 static NO_EMPTY_ROWS_TABLE: abi::DfAttnPlugin = table::<RIGHT>(&NO_EMPTY_ROWS);
 static JITTERY_TABLE: abi::DfAttnPlugin = table::<JITTERS>(&NOT_DETERMINISTIC);
 static JITTERY_CLAIMING_TABLE: abi::DfAttnPlugin = table::<JITTERS>(&DETERMINISTIC);
+static SILENT_TABLE: abi::DfAttnPlugin = table::<SILENT_Q_NDIM>(&ALL);
+unsafe extern "C" fn silent(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &SILENT_TABLE
+}
+static ZEROS_128_TABLE: abi::DfAttnPlugin = table::<ZEROS>(&HEAD_128);
+static RIGHT_128_TABLE: abi::DfAttnPlugin = table::<RIGHT>(&HEAD_128);
 
+unsafe extern "C" fn zeros_128(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &ZEROS_128_TABLE
+}
+unsafe extern "C" fn right_128(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &RIGHT_128_TABLE
+}
 unsafe extern "C" fn wrong_reruns(_: u32, _: u32) -> *const abi::DfAttnPlugin {
     &WRONG_RERUNS_TABLE
 }
@@ -248,4 +288,72 @@ fn reruns_must_be_bit_identical_only_when_determinism_is_declared() {
         &r.outcome,
         Outcome::Failed(m) if m.contains("forward is not deterministic")
     )));
+}
+
+#[test]
+fn a_plugin_writing_zeros_at_a_head_dim_outside_the_host_suite_fails() {
+    // Declaring only head dim 128 used to skip every numeric case, and the malformed-call
+    // rows alone passed the run.
+    let table = run(zeros_128);
+    assert!(!table.passed(), "{table}");
+    assert!(
+        matches!(outcome(&table, "causal/gqa1/d128"), Outcome::Failed(_)),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_correct_plugin_declaring_only_head_dim_128_passes_on_its_own_head_dim() {
+    let table = run(right_128);
+    assert_passed(&table);
+    assert_eq!(outcome(&table, "causal/gqa2/d128"), Outcome::Passed);
+    assert!(matches!(
+        outcome(&table, "causal/gqa2/d16"),
+        Outcome::Skipped(_)
+    ));
+}
+
+#[test]
+fn a_table_whose_only_passes_are_not_numeric_verified_nothing() {
+    let row = |name: &str, worst: Option<f64>, outcome: Outcome| dflash_plugin_conformance::Row {
+        name: name.into(),
+        worst,
+        max_err: worst,
+        outcome,
+    };
+    let mut table = Table {
+        plugin: "fake".into(),
+        tolerance: "-".into(),
+        rows: vec![
+            row("bad_input/q_len", None, Outcome::Passed),
+            row("abi/forward/null_q", None, Outcome::Passed),
+            row(
+                "causal/gqa2/d16",
+                None,
+                Outcome::Skipped("needs head dim 16".into()),
+            ),
+        ],
+    };
+    assert!(!table.passed());
+    assert!(
+        table.to_string().contains("nothing was verified"),
+        "{table}"
+    );
+    table
+        .rows
+        .push(row("causal/gqa2/d128", Some(0.1), Outcome::Passed));
+    assert!(table.passed(), "{table}");
+}
+
+#[test]
+fn an_error_without_a_message_fails_even_after_other_calls_set_one() {
+    // The example's last_error keeps the previous failure's message on the same thread
+    // (null_args, short_struct, ... run before q_ndim).
+    let table = run(silent);
+    assert!(!table.passed());
+    assert!(
+        failed_with(&table, "abi/forward/q_ndim", "empty last_error"),
+        "{table}"
+    );
+    assert_eq!(outcome(&table, "abi/forward/null_q"), Outcome::Passed);
 }

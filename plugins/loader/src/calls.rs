@@ -118,7 +118,7 @@ pub(crate) fn workspace_bytes(
         .workspace_bytes
         .ok_or_else(|| call_err(plugin, call, "no workspace_bytes"))?;
     // SAFETY: a checked table's function, with valid pointers.
-    let status = unsafe { f(t, &shape, pass, &mut bytes) };
+    let status = unsafe { f(plugin.raw_table(), &shape, pass, &mut bytes) };
     plugin.check_status("workspace_bytes", status)?;
     Ok(bytes)
 }
@@ -160,7 +160,7 @@ pub(crate) unsafe fn forward(
         .forward
         .ok_or_else(|| call_err(plugin, "forward", "no forward"))?;
     // SAFETY: the caller's contract covers every pointer in `args`.
-    let status = unsafe { f(t, &args) };
+    let status = unsafe { f(plugin.raw_table(), &args) };
     plugin.check_status("forward", status)
 }
 
@@ -196,7 +196,7 @@ pub(crate) unsafe fn backward(
         .backward
         .ok_or_else(|| call_err(plugin, "backward", "no backward"))?;
     // SAFETY: as in forward.
-    let status = unsafe { f(t, &args) };
+    let status = unsafe { f(plugin.raw_table(), &args) };
     plugin.check_status("backward", status)
 }
 

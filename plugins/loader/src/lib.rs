@@ -30,7 +30,7 @@ pub use device::DevicePluginKernel;
 pub use error::PluginError;
 pub use host::{HostMask, HostTensor, Workspace};
 pub use kernel::PluginKernel;
-pub use named::register_paths;
+pub use named::{DEVICE_KERNEL_NAMES, register_paths};
 pub use plugin::Plugin;
 
 /// The prefix of a plugin kernel's name in `backend.attention`.

@@ -4,8 +4,8 @@ use std::ffi::{CStr, c_char};
 use std::path::Path;
 
 use dflash_attention_abi::{
-    ABI_MAJOR, ABI_MINOR, CAP_BACKWARD, DfAttnCapabilities, DfAttnPlugin, ENTRY_POINT,
-    EntryPointFn, size_of_u32,
+    ABI_MAJOR, ABI_MINOR, CAP_BACKWARD, CAPABILITIES_SIZE_V1_0, DfAttnCapabilities, DfAttnPlugin,
+    ENTRY_POINT, EntryPointFn, PLUGIN_SIZE_V1_0, read_prefix,
 };
 
 use dflash_core::AttnDims;
@@ -22,7 +22,10 @@ pub struct Plugin {
     name: String,
     version: String,
     caps: DfAttnCapabilities,
+    /// The plugin's own table: what its functions get as `self`.
     table: *const DfAttnPlugin,
+    /// The fields of `table` its `struct_size` covers (zero past them): what the host reads.
+    fields: DfAttnPlugin,
     /// The library's canonical path; `None` for a table linked into this process.
     file: Option<std::path::PathBuf>,
     /// Declared last so it drops last; `None` for a table linked into this process.
@@ -121,27 +124,30 @@ impl Plugin {
         if major != ABI_MAJOR {
             return Err(version_err(format!("the plugin speaks {major}.{minor}")));
         }
-        if size < size_of_u32::<DfAttnPlugin>() {
+        // Against the 1.0 size, not size_of: a 1.0 plugin's table stays valid for every 1.x
+        // host, whose own table type may have grown; fields it lacks read as zero / None.
+        if size < PLUGIN_SIZE_V1_0 {
             return Err(malformed(&format!(
-                "struct_size {size} < {} (the {ABI_MAJOR}.0 table)",
-                size_of_u32::<DfAttnPlugin>()
+                "struct_size {size} < {PLUGIN_SIZE_V1_0} (the {ABI_MAJOR}.0 table)"
             )));
         }
-        // SAFETY: a table of at least the 1.0 size, by the check above.
-        let t = unsafe { &*table };
+        // SAFETY: the table holds `size` bytes, at least the 1.0 fields.
+        let fields = unsafe { read_prefix(table, size) };
+        let t = &fields;
         let name = unsafe { c_string(t.name) }.ok_or_else(|| malformed("name is NULL"))?;
         let version = unsafe { c_string(t.version) }.ok_or_else(|| malformed("version is NULL"))?;
         if t.capabilities.is_null() {
             return Err(malformed("capabilities is NULL"));
         }
         let caps_size = unsafe { (*t.capabilities).struct_size };
-        if caps_size < size_of_u32::<DfAttnCapabilities>() {
+        if caps_size < CAPABILITIES_SIZE_V1_0 {
             return Err(malformed(&format!(
-                "capabilities.struct_size {caps_size} < {}",
-                size_of_u32::<DfAttnCapabilities>()
+                "capabilities.struct_size {caps_size} < {CAPABILITIES_SIZE_V1_0} (the {ABI_MAJOR}.0 \
+                 capabilities)"
             )));
         }
-        let caps = unsafe { *t.capabilities };
+        // SAFETY: the capabilities hold `caps_size` bytes.
+        let caps = unsafe { read_prefix(t.capabilities, caps_size) };
         for (missing, what) in [
             (t.workspace_bytes.is_none(), "workspace_bytes"),
             (t.forward.is_none(), "forward"),
@@ -161,6 +167,7 @@ impl Plugin {
             version,
             caps,
             table,
+            fields,
             file: None,
             _library: library,
         })
@@ -184,11 +191,15 @@ impl Plugin {
     pub fn file(&self) -> Option<&Path> {
         self.file.as_deref()
     }
-    /// The checked table, for callers that drive the ABI themselves (the conformance suite's
-    /// malformed calls). Valid while `self` lives.
+    /// The checked table's fields as this host reads them (those its `struct_size` covers;
+    /// zero / `None` past them), for callers that drive the ABI themselves (the conformance
+    /// suite's malformed calls). Its functions take [`Plugin::raw_table`] as `self`, not this.
     pub fn table(&self) -> &DfAttnPlugin {
-        // SAFETY: checked at open; the library is kept loaded by `self`.
-        unsafe { &*self.table }
+        &self.fields
+    }
+    /// The plugin's own table, to pass as `self` to its functions. Valid while `self` lives.
+    pub fn raw_table(&self) -> *const DfAttnPlugin {
+        self.table
     }
 
     /// What a forward (or, with `backward`, a backward) of `dims` over `mask` needs that the

@@ -256,3 +256,78 @@ fn one_library_under_two_spellings_of_its_path_registers_once() {
     let kernel = dflash_core::registry::create_host_attention("rust-tiled").unwrap();
     small_forward(kernel.as_ref(), 8).unwrap();
 }
+
+/// A table of a later minor: the 1.0 table followed by a field this host does not know.
+#[repr(C)]
+struct Table1x {
+    table: abi::DfAttnPlugin,
+    later: u64,
+}
+/// Capabilities of exactly the 1.0 size, and of a later minor (one more u32 behind them).
+static CAPS_1_0: abi::DfAttnCapabilities = abi::DfAttnCapabilities {
+    struct_size: abi::CAPABILITIES_SIZE_V1_0,
+    ..CAPS
+};
+#[repr(C)]
+struct Caps1x {
+    caps: abi::DfAttnCapabilities,
+    later: u32,
+}
+static CAPS_1X: Caps1x = Caps1x {
+    caps: abi::DfAttnCapabilities {
+        struct_size: abi::size_of_u32::<Caps1x>(),
+        ..CAPS
+    },
+    later: 7,
+};
+
+/// Succeeds only when called with the plugin's own table as `self` (not a host-side copy).
+unsafe extern "C" fn forward_checking_self(
+    this: *const abi::DfAttnPlugin,
+    _: *const abi::DfAttnForwardArgs,
+) -> i32 {
+    if std::ptr::eq(this, &TABLE_1_0) {
+        0
+    } else {
+        abi::Status::Internal.code()
+    }
+}
+static TABLE_1_0: abi::DfAttnPlugin = abi::DfAttnPlugin {
+    struct_size: abi::PLUGIN_SIZE_V1_0,
+    forward: Some(forward_checking_self),
+    ..table(abi::ABI_MAJOR, &CAPS_1_0)
+};
+static TABLE_1X: Table1x = Table1x {
+    table: abi::DfAttnPlugin {
+        struct_size: abi::size_of_u32::<Table1x>(),
+        ..table(abi::ABI_MAJOR, &CAPS_1X.caps)
+    },
+    later: 9,
+};
+static SHORT: abi::DfAttnPlugin = abi::DfAttnPlugin {
+    struct_size: abi::PLUGIN_SIZE_V1_0 - 8,
+    ..table(abi::ABI_MAJOR, &CPU_CAPS)
+};
+unsafe extern "C" fn v1_0(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &TABLE_1_0
+}
+unsafe extern "C" fn v1_x(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &TABLE_1X.table
+}
+unsafe extern "C" fn short(_: u32, _: u32) -> *const abi::DfAttnPlugin {
+    &SHORT
+}
+
+#[test]
+fn tables_of_the_1_0_size_and_of_later_minors_open_and_shorter_ones_do_not() {
+    let plugin = open("v1.0", v1_0).unwrap();
+    assert_eq!(plugin.raw_table(), &raw const TABLE_1_0);
+    let kernel = PluginKernel::new(Arc::new(plugin)).unwrap();
+    // The host reads a copy of the table, but hands the plugin its own as `self`.
+    small_forward(&kernel, 8).unwrap();
+    let later = open("v1.x", v1_x).unwrap();
+    assert_eq!(later.capabilities().mask_rules, CAPS.mask_rules);
+    let err = open("short", short).unwrap_err();
+    assert!(matches!(err, PluginError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("struct_size"), "{err}");
+}

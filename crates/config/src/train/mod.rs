@@ -262,7 +262,11 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// Makes relative paths absolute by joining them to `base`.
+    /// Makes relative paths absolute by joining them to `base`, including the library of a
+    /// `backend.attention = "plugin:PATH"`: the resolved config is written into the run
+    /// directory and loaded again on `--resume`, possibly from another directory. A bare file
+    /// name there is joined only when that file exists under `base`; otherwise it is left for
+    /// the dynamic loader's own search (a library installed system-wide).
     pub fn resolve_paths(&mut self, base: &Path) {
         let fix = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -275,6 +279,14 @@ impl TrainConfig {
         self.data.eval.as_mut().map(fix);
         fix(&mut self.run.dir);
         self.plugins.paths.iter_mut().for_each(fix);
+        // The loader's `PREFIX`, spelled out: this crate does not depend on the loader.
+        if let Some(lib) = self.backend.attention.strip_prefix("plugin:") {
+            let path = Path::new(lib);
+            let bare = path.parent().is_none_or(|d| d.as_os_str().is_empty());
+            if path.is_relative() && !lib.is_empty() && (!bare || base.join(path).is_file()) {
+                self.backend.attention = format!("plugin:{}", base.join(path).display());
+            }
+        }
     }
 
     /// The resolved config as TOML, for writing into the run directory. Loading it back gives

@@ -101,7 +101,7 @@ static DfAttnStatus check_inputs(const DLTensor* q, const DLTensor* k, const DLT
     return fail(DF_ATTN_ERR_UNSUPPORTED, "head dim %lld outside [%u, %u]", (long long)dims->d,
                 CAPS.head_dim_min, CAPS.head_dim_max);
   if (!isfinite(scale)) return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "scale is not finite");
-  if (m == NULL || m->struct_size < sizeof(DfAttnMask))
+  if (m == NULL || m->struct_size < DF_ATTN_MASK_SIZE_V1_0)
     return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "mask is NULL or too small");
   if (m->device.device_type != kDLCPU) return fail(DF_ATTN_ERR_UNSUPPORTED, "mask not on the CPU");
   if (m->q_len != dims->tq || m->kv_len != dims->tk)
@@ -148,9 +148,11 @@ static void row_intervals(const DfAttnMask* m, int64_t i, int32_t iv[2][2]) {
   iv[1][1] = m->second_end[i];
 }
 
+/* Every struct_size is checked against the 1.0 size, not sizeof: this plugin reads only 1.0
+ * fields, so a 1.x host (larger structs) and a 1.0 host alike are served. */
 static DfAttnStatus forward(const DfAttnPlugin* self, const DfAttnForwardArgs* a) {
   (void)self;
-  if (a == NULL || a->struct_size < sizeof(DfAttnForwardArgs))
+  if (a == NULL || a->struct_size < DF_ATTN_FORWARD_ARGS_SIZE_V1_0)
     return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "forward args NULL or struct_size too small");
   Dims d;
   TRY(check_inputs(a->q, a->k, a->v, a->mask, a->scale, &d));
@@ -203,7 +205,7 @@ static DfAttnStatus forward(const DfAttnPlugin* self, const DfAttnForwardArgs* a
 
 static DfAttnStatus backward(const DfAttnPlugin* self, const DfAttnBackwardArgs* a) {
   (void)self;
-  if (a == NULL || a->struct_size < sizeof(DfAttnBackwardArgs))
+  if (a == NULL || a->struct_size < DF_ATTN_BACKWARD_ARGS_SIZE_V1_0)
     return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "backward args NULL or struct_size too small");
   Dims d;
   TRY(check_inputs(a->q, a->k, a->v, a->mask, a->scale, &d));
@@ -264,7 +266,7 @@ static DfAttnStatus backward(const DfAttnPlugin* self, const DfAttnBackwardArgs*
 static DfAttnStatus workspace_bytes(const DfAttnPlugin* self, const DfAttnShape* s, int32_t pass,
                                     uint64_t* bytes) {
   (void)self;
-  if (s == NULL || bytes == NULL || s->struct_size < sizeof(DfAttnShape))
+  if (s == NULL || bytes == NULL || s->struct_size < DF_ATTN_SHAPE_SIZE_V1_0)
     return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "workspace_bytes: NULL or short shape");
   if (pass != DF_ATTN_PASS_FORWARD && pass != DF_ATTN_PASS_BACKWARD)
     return fail(DF_ATTN_ERR_INVALID_ARGUMENT, "workspace_bytes: unknown pass %d", pass);

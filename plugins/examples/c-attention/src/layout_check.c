@@ -22,3 +22,11 @@ _Static_assert(offsetof(DfAttnPlugin, name) == 16, "DfAttnPlugin.name");
 _Static_assert(offsetof(DfAttnPlugin, last_error) == 64, "DfAttnPlugin.last_error");
 _Static_assert(sizeof(DfAttnPlugin) == 72, "DfAttnPlugin");
 #endif
+
+/* This is 1.0: every struct is exactly its 1.0 size (as the Rust mirror's constants say). */
+_Static_assert(DF_ATTN_CAPABILITIES_SIZE_V1_0 == sizeof(DfAttnCapabilities), "caps 1.0 size");
+_Static_assert(DF_ATTN_MASK_SIZE_V1_0 == sizeof(DfAttnMask), "mask 1.0 size");
+_Static_assert(DF_ATTN_SHAPE_SIZE_V1_0 == sizeof(DfAttnShape), "shape 1.0 size");
+_Static_assert(DF_ATTN_FORWARD_ARGS_SIZE_V1_0 == sizeof(DfAttnForwardArgs), "fwd 1.0 size");
+_Static_assert(DF_ATTN_BACKWARD_ARGS_SIZE_V1_0 == sizeof(DfAttnBackwardArgs), "bwd 1.0 size");
+_Static_assert(DF_ATTN_PLUGIN_SIZE_V1_0 == sizeof(DfAttnPlugin), "table 1.0 size");

@@ -1,7 +1,7 @@
 //! The call's descriptions checked for device memory: compact row-major f32 CUDA tensors of
 //! the right shapes, a mask on the device; each failure a status and a message.
 
-use dflash_attention_abi::{DLDataType, DLTensor, DfAttnMask, Status, kDLCUDA};
+use dflash_attention_abi::{DLDataType, DLTensor, DfAttnMask, MASK_SIZE_V1_0, Status, kDLCUDA};
 
 pub type Fail = (Status, String);
 
@@ -80,10 +80,12 @@ pub fn dims(q: *const DLTensor, k: *const DLTensor) -> Result<[i64; 5], Fail> {
 
 /// The mask's four device arrays, checked against `(Tq, Tk)`.
 pub fn mask(m: *const DfAttnMask, tq: i64, tk: i64) -> Result<[u64; 4], Fail> {
-    let m = unsafe { m.as_ref() }.ok_or_else(|| invalid("mask is NULL"))?;
-    if (m.struct_size as usize) < size_of::<DfAttnMask>() {
-        return Err(invalid("mask struct_size too small"));
+    if m.is_null() {
+        return Err(invalid("mask is NULL"));
     }
+    // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+    let m = unsafe { dflash_attention_abi::read_versioned(m, MASK_SIZE_V1_0) }
+        .ok_or_else(|| invalid("mask struct_size too small"))?;
     if m.device.device_type != kDLCUDA {
         return Err((Status::Unsupported, "mask not in CUDA memory".into()));
     }

@@ -197,8 +197,8 @@ unsafe extern "C" fn workspace_bytes(
 
 unsafe extern "C" fn forward(_: *const DfAttnPlugin, a: *const abi::DfAttnForwardArgs) -> i32 {
     guard(|| {
-        let a = unsafe { a.as_ref() }
-            .filter(|a| a.struct_size as usize >= size_of::<abi::DfAttnForwardArgs>())
+        // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+        let a = unsafe { abi::read_versioned(a, abi::FORWARD_ARGS_SIZE_V1_0) }
             .ok_or_else(|| invalid("forward args NULL or struct_size too small"))?;
         let [tq, tk, hq, hkv, d] = dims(a.q, a.k)?;
         let (qs, ks) = ([tq, hq, d], [tk, hkv, d]);
@@ -225,8 +225,8 @@ unsafe extern "C" fn forward(_: *const DfAttnPlugin, a: *const abi::DfAttnForwar
 
 unsafe extern "C" fn backward(_: *const DfAttnPlugin, a: *const abi::DfAttnBackwardArgs) -> i32 {
     guard(|| {
-        let a = unsafe { a.as_ref() }
-            .filter(|a| a.struct_size as usize >= size_of::<abi::DfAttnBackwardArgs>())
+        // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+        let a = unsafe { abi::read_versioned(a, abi::BACKWARD_ARGS_SIZE_V1_0) }
             .ok_or_else(|| invalid("backward args NULL or struct_size too small"))?;
         let [tq, tk, hq, hkv, d] = dims(a.q, a.k)?;
         let (qs, ks, ls) = ([tq, hq, d], [tk, hkv, d], [tq, hq]);

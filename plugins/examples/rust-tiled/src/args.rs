@@ -1,7 +1,7 @@
 //! The call's ABI descriptions checked and turned into slices and a [`BlockMask`]; every
 //! failure is a status and a message for `last_error`.
 
-use dflash_attention_abi::{DLDataType, DLTensor, DfAttnMask, Status, kDLCPU};
+use dflash_attention_abi::{DLDataType, DLTensor, DfAttnMask, MASK_SIZE_V1_0, Status, kDLCPU};
 use dflash_core::mask::{BlockMask, Interval};
 
 /// A failed check: the status to return and why.
@@ -94,10 +94,12 @@ impl Checked {
 /// # Safety
 /// `m` is null or a DfAttnMask whose four arrays hold `q_len` values.
 pub unsafe fn mask(m: *const DfAttnMask) -> Result<BlockMask, Fail> {
-    let m = unsafe { m.as_ref() }.ok_or_else(|| invalid("mask is NULL".into()))?;
-    if (m.struct_size as usize) < std::mem::size_of::<DfAttnMask>() {
-        return Err(invalid(format!("mask struct_size {}", m.struct_size)));
+    if m.is_null() {
+        return Err(invalid("mask is NULL".into()));
     }
+    // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+    let m = unsafe { dflash_attention_abi::read_versioned(m, MASK_SIZE_V1_0) }
+        .ok_or_else(|| invalid(format!("mask struct_size {}", unsafe { (*m).struct_size })))?;
     if m.device.device_type != kDLCPU {
         return Err((Status::Unsupported, "mask not in host memory".into()));
     }

@@ -172,9 +172,8 @@ fn same_shapes(pairs: &[(&str, &[usize], &[usize])]) -> Result<(), Fail> {
 
 unsafe extern "C" fn forward(_: *const DfAttnPlugin, a: *const abi::DfAttnForwardArgs) -> i32 {
     guard(|| unsafe {
-        let a = a
-            .as_ref()
-            .filter(|a| a.struct_size as usize >= size_of::<abi::DfAttnForwardArgs>())
+        // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+        let a = abi::read_versioned(a, abi::FORWARD_ARGS_SIZE_V1_0)
             .ok_or_else(|| kernel_err("forward args NULL or struct_size too small".into()))?;
         let ([q, k, v], mask, dims) = inputs(a.q, a.k, a.v, a.mask)?;
         let (out, lse) = (check("out", a.out, 3)?, check("lse", a.lse, 2)?);
@@ -196,9 +195,8 @@ unsafe extern "C" fn forward(_: *const DfAttnPlugin, a: *const abi::DfAttnForwar
 
 unsafe extern "C" fn backward(_: *const DfAttnPlugin, a: *const abi::DfAttnBackwardArgs) -> i32 {
     guard(|| unsafe {
-        let a = a
-            .as_ref()
-            .filter(|a| a.struct_size as usize >= size_of::<abi::DfAttnBackwardArgs>())
+        // Against the 1.0 size, not size_of: a host of any 1.x is served (see read_versioned).
+        let a = abi::read_versioned(a, abi::BACKWARD_ARGS_SIZE_V1_0)
             .ok_or_else(|| kernel_err("backward args NULL or struct_size too small".into()))?;
         let ([q, k, v], mask, dims) = inputs(a.q, a.k, a.v, a.mask)?;
         let (out, lse, d_out) = (
