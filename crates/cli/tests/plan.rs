@@ -77,13 +77,7 @@ fn auto_placement_trains_as_the_planned_lists_do_and_is_kept_for_resume() {
         stderr.contains("pipeline.placement = \"auto\":"),
         "{stderr}"
     );
-    let kept =
-        dflash_config::TrainConfig::load(Some(&job.run_dir("auto").join("config.toml")), &[])
-            .unwrap();
-    let p = &kept.pipeline;
-    assert_eq!(p.placement, dflash_config::PlacementMode::RoundRobin);
-    assert_eq!(p.target_devices, Some(vec![0]));
-    assert_eq!(p.drafter_devices, Some(vec![0]));
+    assert_planned_lists_kept(&job.run_dir("auto"));
     // The one placement of one device: the same run as the default placement, bit for bit.
     let (plain, auto) = (
         Outcome::read(&job.run_dir("plain")),
@@ -126,13 +120,7 @@ fn auto_placement_resumed_with_config_keeps_the_planned_lists() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&resumed.stderr);
     assert!(resumed.status.success(), "{stderr}");
-    let kept =
-        dflash_config::TrainConfig::load(Some(&job.run_dir("auto").join("config.toml")), &[])
-            .unwrap();
-    let p = &kept.pipeline;
-    assert_eq!(p.placement, dflash_config::PlacementMode::RoundRobin);
-    assert_eq!(p.target_devices, Some(vec![0]));
-    assert_eq!(p.drafter_devices, Some(vec![0]));
+    assert_planned_lists_kept(&job.run_dir("auto"));
     assert!(
         stderr.contains("resuming with the run's planned placement"),
         "{stderr}"
@@ -190,4 +178,14 @@ fn placement_and_collective_settings_that_cannot_work_are_refused() {
             "{sets:?}: expected {expect:?} in\n{stderr}"
         );
     }
+}
+
+/// The run's saved config holds the lists auto placement chose on one device (round robin,
+/// device 0 for both), not `placement = "auto"`.
+fn assert_planned_lists_kept(run_dir: &std::path::Path) {
+    let kept = dflash_config::TrainConfig::load(Some(&run_dir.join("config.toml")), &[]).unwrap();
+    let p = &kept.pipeline;
+    assert_eq!(p.placement, dflash_config::PlacementMode::RoundRobin);
+    assert_eq!(p.target_devices, Some(vec![0]));
+    assert_eq!(p.drafter_devices, Some(vec![0]));
 }
