@@ -11,20 +11,34 @@ mod common;
 use common::*;
 use dflash_core::MemoryOps;
 
-/// The backend when its device pools buffers.
-fn pooled() -> Option<dflash_backend_wgpu::WgpuBackend> {
+/// Every backend instance of this process on the adapter shares one device and so one pool:
+/// a test that releases the cache, or takes and frees buffers, while another counts its hits
+/// would make that one fail at random. The tests here hold this lock throughout.
+static ONE_POOL_TEST_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The backend when its device pools buffers, and the lock that keeps the other tests of this
+/// file off its pool (held by a test that failed: still a lock).
+fn pooled() -> Option<(
+    dflash_backend_wgpu::WgpuBackend,
+    std::sync::MutexGuard<'static, ()>,
+)> {
     if std::env::var("DFLASH_WGPU_POOL").is_ok_and(|v| v == "0") {
         skip("DFLASH_WGPU_POOL=0: no buffer pool");
         return None;
     }
+    let guard = ONE_POOL_TEST_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // Poison off: `zeros` must read as zeros because the reused buffer was cleared, not
     // because a poison fill wrote over it.
-    wgpu_poison_off()
+    Some((wgpu_poison_off()?, guard))
 }
 
 #[test]
 fn a_freed_buffer_comes_back_cleared_or_overwritten() {
-    let Some(be) = pooled() else { return };
+    let Some((be, _one_at_a_time)) = pooled() else {
+        return;
+    };
     let mut r = rng(31);
     let n = 5000;
     for round in 0..3 {
@@ -65,7 +79,9 @@ fn a_freed_buffer_comes_back_cleared_or_overwritten() {
 /// freed buffer is not handed out until the work that used it was submitted).
 #[test]
 fn queued_work_reads_the_values_of_a_dropped_tensor() {
-    let Some(be) = pooled() else { return };
+    let Some((be, _one_at_a_time)) = pooled() else {
+        return;
+    };
     let mut r = rng(32);
     let n = 3000;
     // Warm the pool with buffers of this size class.
@@ -114,7 +130,9 @@ fn queued_work_reads_the_values_of_a_dropped_tensor() {
 #[test]
 fn released_cache_is_not_reused() {
     use dflash_core::BackendInfo;
-    let Some(be) = pooled() else { return };
+    let Some((be, _one_at_a_time)) = pooled() else {
+        return;
+    };
     let n = 5000;
     drop(up(&be, &rand_vec(&mut rng(7), n, 1.0), &[n]));
     // Two submits: the freed buffer is handed out only after the one following its free.
