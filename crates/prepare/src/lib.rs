@@ -12,6 +12,7 @@
 
 pub mod arrow_json;
 pub mod conversation;
+pub mod end_of_turn;
 mod error;
 pub mod mask;
 pub mod read;
@@ -81,6 +82,8 @@ pub struct Summary {
     pub files: Vec<PathBuf>,
     /// Whether the template's `{% generation %}` blocks defined the masks.
     pub generation_blocks: bool,
+    /// The end-of-answer tokens turns are supervised through (none: the content alone).
+    pub end_of_turn: Vec<String>,
 }
 
 impl Summary {
@@ -182,11 +185,24 @@ impl fmt::Display for Summary {
             if self.written == 0 { 0 } else { self.min_len },
             self.max_len,
             if self.generation_blocks {
-                "the template's generation blocks"
+                "the template's generation blocks".to_string()
+            } else if self.end_of_turn.is_empty() {
+                "assistant content".to_string()
             } else {
-                "assistant content"
+                format!(
+                    "assistant content through the end of turn ({})",
+                    self.end_of_turn.join(" or ")
+                )
             }
         )?;
+        if !self.generation_blocks && self.end_of_turn.is_empty() {
+            writeln!(
+                f,
+                "warning: the target names no end-of-answer token (eos_token_id in \
+                 generation_config.json or config.json, eos_token in tokenizer_config.json): \
+                 the ends of answers are not supervised"
+            )?;
+        }
         writeln!(f, "{:>10} {:>10}", "length", "samples")?;
         let mut prev = 0;
         for &(bound, n) in &self.histogram {
@@ -228,6 +244,7 @@ pub fn prepare_with(
     let mut summary = Summary::new(&opts.bucket_bounds);
     summary.inputs = input.files().to_vec();
     summary.generation_blocks = preparer.template().has_generation_blocks();
+    summary.end_of_turn = preparer.end_of_turn().to_vec();
     let bar = if opts.progress {
         let bar = match input.rows_hint() {
             Some(n) => indicatif::ProgressBar::new(n),
@@ -310,6 +327,27 @@ mod tests {
             shown.contains("<=1024") && shown.contains(">4096"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn the_summary_says_what_turns_end_with_and_warns_where_nothing_is_known() {
+        let mut s = Summary::new(&[]);
+        s.end_of_turn = vec!["<|im_end|>".into(), "<|endoftext|>".into()];
+        let shown = s.to_string();
+        assert!(
+            shown.contains("through the end of turn (<|im_end|> or <|endoftext|>)"),
+            "{shown}"
+        );
+        assert!(!shown.contains("warning"), "{shown}");
+        s.end_of_turn.clear();
+        let shown = s.to_string();
+        assert!(
+            shown.contains("warning: the target names no end-of-answer token"),
+            "{shown}"
+        );
+        // Generation blocks decide for themselves.
+        s.generation_blocks = true;
+        assert!(!s.to_string().contains("warning"), "{}", s);
     }
 
     #[test]

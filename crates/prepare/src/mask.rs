@@ -4,8 +4,10 @@
 //! `{% generation %}` blocks, what those blocks rendered (transformers'
 //! `return_assistant_tokens_mask`); otherwise each assistant message's content (trimmed; with
 //! a `<think>` block in the content, from the reasoning to the end of the answer), found in
-//! order in the rendering. So an empty `<think>\n\n</think>\n\n` that a template inserts
-//! (Qwen3) is never supervised, nor are role headers and end-of-turn tokens.
+//! order in the rendering, followed by the end of the turn: what the template renders after the
+//! content through the target's end-of-answer token ([`crate::end_of_turn`]). So an empty
+//! `<think>\n\n</think>\n\n` that a template inserts (Qwen3) is never supervised, nor are
+//! role headers; the `<|im_end|>` that ends an answer is.
 //!
 //! A turn's content is looked for past its role header: a match must reach beyond the
 //! turn's *anchor*, text the template renders before the content whatever it is, so a short
@@ -38,6 +40,7 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 
 use crate::conversation::{Message, Role};
+use crate::end_of_turn::{end_of_turn_tokens, turn_end, turn_end_len};
 use crate::error::{PrepareError, SkipReason};
 use crate::template::{CLOSE, ChatTemplate, OPEN};
 
@@ -61,6 +64,8 @@ pub struct PreparedConversation {
 pub struct Preparer {
     template: ChatTemplate,
     tokenizer: Tokenizer,
+    /// The target's end-of-answer tokens as text (see [`crate::end_of_turn`]).
+    end_of_turn: Vec<String>,
 }
 
 impl Preparer {
@@ -80,7 +85,8 @@ impl Preparer {
             Some(t) => ChatTemplate::from_target_dir_with(dir, t)?,
             None => ChatTemplate::from_target_dir(dir)?,
         };
-        Ok(Self::new(template, tokenizer))
+        let end_of_turn = end_of_turn_tokens(dir, &tokenizer)?;
+        Ok(Self::new(template, tokenizer).with_end_of_turn(end_of_turn))
     }
 
     pub fn new(template: ChatTemplate, mut tokenizer: Tokenizer) -> Self {
@@ -91,7 +97,23 @@ impl Preparer {
         Preparer {
             template,
             tokenizer,
+            end_of_turn: Vec::new(),
         }
+    }
+
+    /// Supervises each assistant turn through the first of `tokens` (the target's
+    /// end-of-answer tokens as text) the template renders after its content; none (the
+    /// default of [`new`](Self::new)) supervises the content alone. Templates with
+    /// `{% generation %}` blocks supervise what their blocks hold, whatever these are.
+    pub fn with_end_of_turn(mut self, tokens: Vec<String>) -> Self {
+        self.end_of_turn = tokens;
+        self
+    }
+
+    /// The end-of-answer tokens turns are supervised through (see
+    /// [`with_end_of_turn`](Self::with_end_of_turn)).
+    pub fn end_of_turn(&self) -> &[String] {
+        &self.end_of_turn
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -245,7 +267,16 @@ impl Preparer {
             }
             full.generation.iter().cloned().map(Some).collect()
         } else {
-            find_content_spans(messages, &full.text, &anchors)?
+            let mut spans = find_content_spans(messages, &full.text, &anchors)?;
+            for (span, &k) in spans.iter_mut().zip(&turns) {
+                if let Some(span) = span
+                    && let Some(end) =
+                        turn_end(&self.template, &self.end_of_turn, messages, k, SENTINEL)
+                {
+                    span.end += turn_end_len(&full.text[span.end..], &end);
+                }
+            }
+            spans
         };
         for (t, &k) in turns.iter().enumerate() {
             if let Some(span) = &per_turn[t]

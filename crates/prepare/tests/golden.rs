@@ -105,7 +105,7 @@ fn llama3_generation_template_matches_return_assistant_tokens_mask() {
 }
 
 #[test]
-fn qwen3_empty_think_block_is_not_supervised() {
+fn qwen3_empty_think_block_is_not_supervised_and_the_end_of_turn_is() {
     // Sample 0's single answer: the template inserts <think>\n\n</think>\n\n before it.
     let dir = fixtures().join("qwen3");
     let p = Preparer::from_target_dir(&dir, None).unwrap();
@@ -113,5 +113,9 @@ fn qwen3_empty_think_block_is_not_supervised() {
     let (text, spans) = p.supervised_spans(&msgs).unwrap();
     assert!(text.contains("<think>\n\n</think>\n\n"), "{text:?}");
     assert_eq!(spans.len(), 1);
-    assert_eq!(&text[spans[0].clone()], "The capital of France is Paris.");
+    // The answer through the token generation stops at; the newline after it is not generated.
+    assert_eq!(
+        &text[spans[0].clone()],
+        "The capital of France is Paris.<|im_end|>"
+    );
 }

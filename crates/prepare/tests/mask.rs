@@ -1,7 +1,8 @@
 //! Loss masks of short replies that also occur in the role headers and end-of-turn tokens the
 //! templates render (`a` in `<|im_start|>assistant`, `d` in `<|eot_id|>`, `start` and `end` in
 //! the special tokens), with the fixture templates and a byte-level tokenizer that covers every
-//! byte (one token per byte), so every supervised byte shows in the mask.
+//! byte (one token per byte), so every supervised byte shows in the mask. Each turn is
+//! supervised through its end-of-turn token (the generation templates hold it in their blocks).
 
 use std::path::{Path, PathBuf};
 
@@ -53,13 +54,26 @@ fn preparers() -> Vec<(String, Preparer)> {
             ChatTemplate::from_target_dir_with(&dir, &dir.join("chat_template.generation.jinja"))
                 .unwrap();
         assert!(!real.has_generation_blocks() && generation.has_generation_blocks());
-        out.push((name.to_string(), Preparer::new(real, byte_tokenizer())));
+        let eot = vec![eot(name).to_string()];
+        out.push((
+            name.to_string(),
+            Preparer::new(real, byte_tokenizer()).with_end_of_turn(eot.clone()),
+        ));
         out.push((
             format!("{name} with generation blocks"),
-            Preparer::new(generation, byte_tokenizer()),
+            Preparer::new(generation, byte_tokenizer()).with_end_of_turn(eot),
         ));
     }
     out
+}
+
+/// The token that ends an assistant turn of the fixture `name` (a preparer's name starts with it).
+fn eot(name: &str) -> &'static str {
+    if name.starts_with("qwen3") {
+        "<|im_end|>"
+    } else {
+        "<|eot_id|>"
+    }
 }
 
 fn conversation(turns: &[(Role, &str)]) -> Vec<Message> {
@@ -115,10 +129,10 @@ fn short_replies_are_supervised_where_they_are_not_in_a_role_header() {
     for (name, p) in preparers() {
         for case in cases {
             let msgs = conversation(case);
-            let replies: Vec<&str> = case
+            let replies: Vec<String> = case
                 .iter()
                 .filter(|(r, _)| *r == Role::Assistant)
-                .map(|(_, c)| *c)
+                .map(|(_, c)| format!("{c}{}", eot(&name)))
                 .collect();
             let (text, spans) = p.supervised_spans(&msgs).unwrap();
             let texts: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
@@ -200,7 +214,7 @@ fn replies_inside_an_inserted_think_block_are_supervised_where_the_content_is() 
                         .find_map(|eot| text[..end].rfind(&format!("{c}{eot}")))
                         .unwrap();
                     end = at;
-                    at..at + c.len()
+                    at..at + c.len() + eot(&name).len()
                 })
                 .collect();
             want.reverse();
@@ -226,6 +240,7 @@ fn reasoning_that_is_a_word_of_the_tags_is_supervised_from_the_reasoning_on() {
             "qwen3 with generation blocks" => "<think>\nhi\n</think>\n\nk",
             _ => "<think>\nhi\n\n</think>\nk",
         };
+        let want = format!("{want}{}", eot(&name));
         let (text, _) = p.supervised_spans(&msgs).unwrap();
         assert_eq!(
             supervised_runs(&p, &msgs),
@@ -251,9 +266,9 @@ fn a_dropped_reasoning_does_not_pull_the_answer_into_a_later_turn() {
         let runs = supervised_runs(&p, &msgs);
         assert_eq!(runs.len(), 2, "{name}: {runs:?}");
         if name == "qwen3" {
-            assert_eq!(runs[0], "ok then", "{name}");
+            assert_eq!(runs[0], "ok then<|im_end|>", "{name}");
             assert!(
-                runs[1].starts_with("r2") && runs[1].ends_with("ok then"),
+                runs[1].starts_with("r2") && runs[1].ends_with("ok then<|im_end|>"),
                 "{name}: {runs:?}"
             );
         }
@@ -281,7 +296,8 @@ fn reasoning_content_is_rendered_and_supervised() {
         let runs = supervised_runs(&p, &msgs);
         assert_eq!(runs.len(), 1, "{name}: {runs:?}");
         assert!(
-            runs[0].contains("Water wets things.") && runs[0].ends_with("Yes."),
+            runs[0].contains("Water wets things.")
+                && runs[0].ends_with(&format!("Yes.{}", eot(&name))),
             "{name}: masked tokens {runs:?} of {text:?}"
         );
         if name.starts_with("qwen3") {
@@ -326,7 +342,7 @@ fn an_earlier_turns_dropped_reasoning_is_supervised_in_an_extra_sample() {
             );
             assert_eq!(runs[1].len(), 1, "{name}: {runs:?}");
             assert!(
-                runs[1][0].ends_with("long reasoning one\n</think>\n\nA1"),
+                runs[1][0].ends_with("long reasoning one\n</think>\n\nA1<|im_end|>"),
                 "{name}"
             );
         } else {
