@@ -299,10 +299,10 @@ fn run(b: Arc<dyn Backend>, p: &Problem, recompute: bool, compute_format: bool) 
             t
         }
     };
-    let frozen = Arc::new(FrozenTarget {
-        embed: frozen_up(&p.embed),
-        lm_head: frozen_up(&p.lm_head),
-    });
+    let frozen = Arc::new(FrozenTarget::new(
+        frozen_up(&p.embed),
+        frozen_up(&p.lm_head),
+    ));
     let bs = p.cfg.block_size;
     let bt = block_targets(
         &p.ids,

@@ -71,10 +71,10 @@ pub fn run_drafter_step(
         cfg.hidden_size,
         cfg.num_target_features() * cfg.hidden_size,
     );
-    let frozen = Arc::new(FrozenTarget {
-        embed: b.random_normal(&[v, h], 0.02, 1).unwrap(),
-        lm_head: b.random_normal(&[v, h], 0.02, 2).unwrap(),
-    });
+    let frozen = Arc::new(FrozenTarget::new(
+        b.random_normal(&[v, h], 0.02, 1).unwrap(),
+        b.random_normal(&[v, h], 0.02, 2).unwrap(),
+    ));
     let params = DrafterParams::init_random(b.as_ref(), cfg, 0.02, 3).unwrap();
     let drafter = Drafter::new(b.clone(), cfg.clone(), params, frozen).unwrap();
     let hyper = AdamWHyper {

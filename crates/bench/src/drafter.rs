@@ -313,10 +313,10 @@ fn make_replica(s: &Suite<'_>, cfg: &DrafterConfig, ledger: &mut Ledger) -> Resu
     let backend = s.backend.clone();
     let b = backend.as_ref();
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-    let frozen = Arc::new(FrozenTarget {
-        embed: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 1)?)?,
-        lm_head: b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 2)?)?,
-    });
+    let frozen = Arc::new(FrozenTarget::new(
+        b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 1)?)?,
+        b.to_compute_format(b.random_normal(&[v, h], INIT_STD, SEED + 2)?)?,
+    ));
     ledger.part(b, "frozen embed+LM head")?;
     let params = random_params(s, cfg)?;
     let drafter = Drafter::new(backend.clone(), cfg.clone(), params, frozen)?;

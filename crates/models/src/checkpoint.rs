@@ -104,12 +104,14 @@ impl FrozenTarget {
         // Read-only from here on: straight from the file into the backend's compute format
         // (bf16 on a GPU), never through an f32 host copy.
         let embed = b.upload_frozen(files.view("model.embed_tokens.weight", &shape)?, &shape)?;
-        let lm_head = if has_head {
-            b.upload_frozen(files.view("lm_head.weight", &shape)?, &shape)?
+        let frozen = if has_head {
+            FrozenTarget::new(
+                embed,
+                b.upload_frozen(files.view("lm_head.weight", &shape)?, &shape)?,
+            )
         } else {
-            b.copy(&embed)?
+            FrozenTarget::tied(embed)
         };
-        let frozen = FrozenTarget { embed, lm_head };
         Ok((cfg, frozen))
     }
 }

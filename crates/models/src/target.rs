@@ -136,7 +136,7 @@ impl Qwen3Target {
 
     /// Builds the target from `tensor(name, shape)` (files or random), in a fixed order:
     /// the layers up to the deepest of `layer_ids`, the embedding, the final norm, then the LM
-    /// head (`has_lm_head`), else a copy of the embedding (tied). `origin` names the source
+    /// head (`has_lm_head`), else the embedding serves as the LM head (tied). `origin` names the source
     /// in errors.
     fn assemble(
         backend: Arc<dyn Backend>,
@@ -167,10 +167,10 @@ impl Qwen3Target {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = tensor("model.embed_tokens.weight", &[v, h])?;
         let norm = Some(tensor("model.norm.weight", &[h])?);
-        let lm_head = if has_lm_head {
-            tensor("lm_head.weight", &[v, h])?
+        let frozen = if has_lm_head {
+            FrozenTarget::new(embed, tensor("lm_head.weight", &[v, h])?)
         } else {
-            backend.copy(&embed)?
+            FrozenTarget::tied(embed)
         };
         Ok(Qwen3Target {
             backend,
@@ -178,7 +178,7 @@ impl Qwen3Target {
             dims,
             layers,
             layer_ids: layer_ids.to_vec(),
-            frozen: Arc::new(FrozenTarget { embed, lm_head }),
+            frozen: Arc::new(frozen),
             norm,
             loaded_bytes: 0,
         })
@@ -198,11 +198,11 @@ impl Qwen3Target {
     }
     /// `(V, H)` frozen embedding table.
     pub fn embedding(&self) -> &Tensor {
-        &self.frozen.embed
+        self.frozen.embed()
     }
     /// `(V, H)` frozen LM head.
     pub fn lm_head(&self) -> &Tensor {
-        &self.frozen.lm_head
+        self.frozen.lm_head()
     }
     /// The embedding and LM head, for a drafter that borrows them (on the same device).
     pub fn frozen(&self) -> &Arc<FrozenTarget> {
@@ -246,7 +246,7 @@ impl Qwen3Target {
             pos_ctx: &[],
             mask: &mask,
         };
-        let mut x = b.embedding(&self.frozen.embed, &ids)?;
+        let mut x = b.embedding(self.frozen.embed(), &ids)?;
         for (i, w) in self.layers.iter().take(n).enumerate() {
             x = layer::forward(b, w, &self.dims, &x, None, &geo, false)?.0;
             emit(i, &x)?;
@@ -258,7 +258,7 @@ impl Qwen3Target {
     /// output of layer `i-1` (never the final norm, unlike HF's last entry). For golden tests.
     pub fn hidden_states(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let b = self.backend.as_ref();
-        let mut out = vec![b.download(&b.embedding(&self.frozen.embed, ids)?)?];
+        let mut out = vec![b.download(&b.embedding(self.frozen.embed(), ids)?)?];
         self.run(ids, self.layers.len(), |_, x| {
             out.push(b.download(x)?);
             Ok(())

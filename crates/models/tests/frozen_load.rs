@@ -117,12 +117,12 @@ fn every_float_dtype_loads_the_values_widening_gives() {
         let (cfg, frozen) = FrozenTarget::load(b.as_ref(), &dir).unwrap();
         assert_eq!(cfg.vocab_size, 96);
         assert_eq!(
-            down(b.as_ref(), &frozen.embed),
+            down(b.as_ref(), frozen.embed()),
             embed,
             "{dtype:?} frozen embed"
         );
         assert_eq!(
-            down(b.as_ref(), &frozen.lm_head),
+            down(b.as_ref(), frozen.lm_head()),
             head,
             "{dtype:?} frozen head"
         );
@@ -163,9 +163,12 @@ fn tied_embeddings_load_the_embedding_as_the_head() {
     assert_eq!(t.loaded_bytes(), 2 * (numel - layer2));
     let embed = down(b.as_ref(), t.embedding());
     assert_eq!(down(b.as_ref(), t.lm_head()), embed);
+    // One tensor serves both, not a second copy of the (V, H) table.
+    assert!(t.frozen().is_tied() && std::ptr::eq(t.lm_head(), t.embedding()));
     let (_, frozen) = FrozenTarget::load(b.as_ref(), dir).unwrap();
-    assert_eq!(down(b.as_ref(), &frozen.lm_head), embed);
-    assert_eq!(down(b.as_ref(), &frozen.embed), embed);
+    assert!(frozen.is_tied() && std::ptr::eq(frozen.lm_head(), frozen.embed()));
+    assert_eq!(down(b.as_ref(), frozen.lm_head()), embed);
+    assert_eq!(down(b.as_ref(), frozen.embed()), embed);
 }
 
 /// A float tensor stored as an integer type, a wrong shape and a missing tensor are errors

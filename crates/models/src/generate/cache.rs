@@ -205,7 +205,7 @@ impl Qwen3Target {
     pub fn extend(&self, cache: &mut KvCache, batch: &[(usize, &[u32])]) -> Result<Tensor> {
         let b = self.backend().as_ref();
         let plan = Plan::new(cache, batch, self.config().vocab_size)?;
-        let mut x = b.embedding(&self.frozen.embed, &plan.ids)?;
+        let mut x = b.embedding(self.frozen.embed(), &plan.ids)?;
         for (i, w) in self.layers.iter().enumerate() {
             let kv = (&mut cache.k[i], &mut cache.v[i]);
             x = cached_layer(b, w, &self.dims, &x, &plan, kv)?;

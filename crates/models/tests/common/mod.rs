@@ -120,10 +120,10 @@ pub fn random_frozen(b: &dyn Backend, v: usize, h: usize, seed: u64) -> Frozen {
     let mut r = rng(seed);
     let embed = normal_vec(&mut r, v * h, 1.0);
     let lm_head = normal_vec(&mut r, v * h, 0.5);
-    let tensors = Arc::new(FrozenTarget {
-        embed: b.upload(&embed, &[v, h]).unwrap(),
-        lm_head: b.upload(&lm_head, &[v, h]).unwrap(),
-    });
+    let tensors = Arc::new(FrozenTarget::new(
+        b.upload(&embed, &[v, h]).unwrap(),
+        b.upload(&lm_head, &[v, h]).unwrap(),
+    ));
     Frozen {
         embed,
         lm_head,

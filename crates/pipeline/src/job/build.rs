@@ -91,9 +91,12 @@ pub(super) fn build_replicas(
         let frozen = if b.is_local(target.embedding()) && b.is_local(target.lm_head()) {
             target.frozen().clone()
         } else {
-            Arc::new(FrozenTarget {
-                embed: b.import(target.embedding())?,
-                lm_head: b.import(target.lm_head())?,
+            let frozen = target.frozen();
+            let embed = b.import(frozen.embed())?;
+            Arc::new(if frozen.is_tied() {
+                FrozenTarget::tied(embed)
+            } else {
+                FrozenTarget::new(embed, b.import(frozen.lm_head())?)
             })
         };
         let drafter = Drafter::new(b.clone(), plan.drafter.clone(), params, frozen)?;

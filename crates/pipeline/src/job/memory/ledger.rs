@@ -124,7 +124,7 @@ impl Ledger {
             self.add(&d.device, *m, "AdamW moments", 2 * state);
             if target0 != Some(d.device.as_str()) {
                 // Shared with target worker 0 on its device, imported anywhere else.
-                let frozen = 2 * step::frozen_matrix(tcfg.vocab_size, tcfg.hidden_size, m);
+                let frozen = step::frozen_pair(tcfg, m);
                 self.add(&d.device, *m, "frozen embedding + LM head", frozen);
             }
             self.add(&d.device, *m, "drafter activations kept", s.kept);

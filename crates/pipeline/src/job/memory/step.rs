@@ -171,7 +171,7 @@ pub(super) fn finish_step(cfg: &DrafterConfig, replicas: usize, m: &BackendModel
 
 /// The frozen target's weights on its worker: layers `0..depth` (projections in the compute
 /// format, norms f32), the final norm, and the embedding and LM head (the drafter's frozen
-/// pair; a tied head is a copy of the embedding).
+/// pair, [`frozen_pair`]).
 pub(super) fn target_weights(cfg: &Qwen3Config, depth: usize, m: &BackendModel) -> (u128, u128) {
     let dims = dflash_models::target::layer_dims(cfg);
     // Projections (2-D) in the compute format, norms f32; each tensor as the backend rounds it.
@@ -185,7 +185,14 @@ pub(super) fn target_weights(cfg: &Qwen3Config, depth: usize, m: &BackendModel) 
         .sum();
     let h = cfg.hidden_size;
     let layers = depth as u128 * layer + tensor(&[h]);
-    (layers, 2 * frozen_matrix(cfg.vocab_size, h, m))
+    (layers, frozen_pair(cfg, m))
+}
+
+/// The target's embedding and LM head, the drafter's frozen pair: one tensor where the
+/// target ties them (`tie_word_embeddings`: the embedding serves as the head).
+pub(super) fn frozen_pair(cfg: &Qwen3Config, m: &BackendModel) -> u128 {
+    let tensors = if cfg.tie_word_embeddings { 1 } else { 2 };
+    tensors * frozen_matrix(cfg.vocab_size, cfg.hidden_size, m)
 }
 
 /// One of the frozen embedding and LM head, `(V, H)` in the compute format.

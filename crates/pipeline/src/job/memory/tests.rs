@@ -259,6 +259,27 @@ fn the_largest_micro_batch_bounds_blocks_by_anchors_and_document_length() {
     );
 }
 
+/// A target that ties its LM head to its embedding holds one `(V, H)` table, and the plan
+/// counts one.
+#[test]
+fn a_tied_targets_embedding_and_lm_head_are_counted_once() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut plan = JobPlan::new(&config(runs.path(), &[])).unwrap();
+    let b = [reference()];
+    let frozen = |plan: &JobPlan| -> u64 {
+        MemoryPlan::new(plan, &b, &b).devices[0]
+            .terms
+            .iter()
+            .filter(|t| t.name == "frozen embedding + LM head")
+            .map(|t| t.bytes)
+            .sum()
+    };
+    assert!(!plan.target_config.tie_word_embeddings);
+    let untied = frozen(&plan);
+    plan.target_config.tie_word_embeddings = true;
+    assert_eq!(2 * frozen(&plan), untied);
+}
+
 /// The 8B recipe's drafter step (5 layers, S = 3072, 512 anchors x 16, k = 5) on the CUDA
 /// backend's model (bf16 GEMMs and activations, `cuda-flash`), against the peaks the H200
 /// measured (`dflash bench`'s `drafter.step.*.peak_memory`, recorded in
