@@ -58,6 +58,8 @@ const CHUNK: usize = 256;
 pub struct Summary {
     /// The input files read, in order.
     pub inputs: Vec<PathBuf>,
+    /// The global index of each input file's first sample (one per file in `inputs`).
+    pub input_starts: Vec<u64>,
     /// Samples read.
     pub samples: usize,
     /// Samples written (with the extra ones of `reasoning_samples`).
@@ -87,6 +89,19 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The input file of sample `index` and its row there (0-based), where the input has
+    /// more than one file (a single file's row is the sample index).
+    pub fn locate(&self, index: u64) -> Option<(&std::path::Path, u64)> {
+        if self.inputs.len() < 2 || self.input_starts.len() != self.inputs.len() {
+            return None;
+        }
+        let file = self
+            .input_starts
+            .partition_point(|&s| s <= index)
+            .checked_sub(1)?;
+        Some((&self.inputs[file], index - self.input_starts[file]))
+    }
+
     fn new(bounds: &[usize]) -> Self {
         // A length counts in the first bound at or above it, so the bounds must ascend.
         let mut bounds = bounds.to_vec();
@@ -219,7 +234,12 @@ impl fmt::Display for Summary {
             writeln!(f, "skipped ({kind}): {n}")?;
         }
         for (i, r) in self.skipped.iter().take(10) {
-            writeln!(f, "  sample {i}: {r}")?;
+            match self.locate(*i) {
+                Some((path, row)) => {
+                    writeln!(f, "  sample {i} ({} row {row}): {r}", path.display())?
+                }
+                None => writeln!(f, "  sample {i}: {r}")?,
+            }
         }
         if self.skipped.len() > 10 {
             writeln!(f, "  ... and {} more", self.skipped.len() - 10)?;
@@ -261,7 +281,7 @@ pub fn prepare_with(
         indicatif::ProgressBar::hidden()
     };
     let mut writer = DatasetWriter::create(&opts.out)?;
-    input.for_each_chunk(CHUNK, &mut |rows| {
+    summary.input_starts = input.for_each_chunk_by_file(CHUNK, &mut |rows| {
         let results: Vec<(u64, Result<PreparedConversation, SkipReason>)> = rows
             .into_par_iter()
             .map(|(i, v)| {
@@ -348,6 +368,27 @@ mod tests {
         // Generation blocks decide for themselves.
         s.generation_blocks = true;
         assert!(!s.to_string().contains("warning"), "{}", s);
+    }
+
+    #[test]
+    fn a_skipped_sample_of_a_many_file_input_names_its_file_and_row() {
+        let mut s = Summary::new(&[]);
+        s.inputs = vec![
+            "d/a.parquet".into(),
+            "d/b.parquet".into(),
+            "d/c.parquet".into(),
+        ];
+        // b.parquet is empty: c.parquet starts where b did.
+        s.input_starts = vec![0, 5, 5];
+        s.skipped = vec![(4, SkipReason::NoAssistant), (7, SkipReason::NoAssistant)];
+        let shown = s.to_string();
+        assert!(shown.contains("sample 4 (d/a.parquet row 4):"), "{shown}");
+        assert!(shown.contains("sample 7 (d/c.parquet row 2):"), "{shown}");
+        // One file: the index is the row.
+        s.inputs.truncate(1);
+        s.input_starts.truncate(1);
+        assert_eq!(s.locate(4), None);
+        assert!(s.to_string().contains("  sample 4: "));
     }
 
     #[test]

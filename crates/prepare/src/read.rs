@@ -143,8 +143,20 @@ impl Input {
         chunk: usize,
         f: &mut dyn FnMut(Vec<Row>) -> Result<(), PrepareError>,
     ) -> Result<(), PrepareError> {
+        self.for_each_chunk_by_file(chunk, f).map(|_| ())
+    }
+
+    /// [`for_each_chunk`](Self::for_each_chunk), returning the global index of each file's
+    /// first row, one per file of [`files`](Self::files) (so that a row's index names its
+    /// file and its row there).
+    pub fn for_each_chunk_by_file(
+        &self,
+        chunk: usize,
+        f: &mut dyn FnMut(Vec<Row>) -> Result<(), PrepareError>,
+    ) -> Result<Vec<u64>, PrepareError> {
         let chunk = chunk.max(1);
         let mut next = 0u64;
+        let mut starts = Vec::with_capacity(self.files.len());
         match &self.kind {
             Kind::Jsonl(text) => {
                 let mut rows = Vec::with_capacity(chunk);
@@ -171,6 +183,7 @@ impl Input {
             }
             Kind::Arrow(files) => {
                 for file in files {
+                    starts.push(next);
                     let (schema, batches) = dflash_data::read_stream_file(file)?;
                     let cols = conversation_columns(file, &schema)?;
                     for batch in batches {
@@ -180,11 +193,16 @@ impl Input {
             }
             Kind::Parquet(files) => {
                 for file in files {
+                    starts.push(next);
                     read_parquet(file, chunk, &mut next, f)?;
                 }
             }
         }
-        Ok(())
+        // A JSONL file or a JSON array is one file whose rows start at 0.
+        if starts.is_empty() {
+            starts.push(0);
+        }
+        Ok(starts)
     }
 }
 

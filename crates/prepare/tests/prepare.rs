@@ -544,6 +544,13 @@ fn a_folder_of_one_split_or_of_no_split_names_is_read_whole() {
     ] {
         let input = Input::open(&folder(names)).unwrap_or_else(|e| panic!("{names:?}: {e}"));
         assert_eq!(input.files().len(), names.len(), "{names:?}");
+        // One row a file: file k's first row is sample k.
+        let starts = input.for_each_chunk_by_file(4, &mut |_| Ok(())).unwrap();
+        assert_eq!(
+            starts,
+            (0..names.len() as u64).collect::<Vec<_>>(),
+            "{names:?}"
+        );
     }
     // Split keywords name the standard splits, which are not read together.
     let dir = folder(&["train_0.parquet", "train_1.parquet", "dev_0.parquet"]);
