@@ -254,11 +254,48 @@ pub(crate) struct Outputs {
     pub(crate) dv: Vec<f32>,
 }
 
+/// Why a run on a backend gave no outputs to compare.
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// An op returned an error on valid input.
+    Backend(dflash_core::Error),
+    /// An op changed one of its inputs: they are read-only, and a kernel writing into one
+    /// (a plugin through the pointer the ABI hands it) corrupts what the host computes from
+    /// it next (q and the forward's out/lse in the backward).
+    WroteInput {
+        call: &'static str,
+        input: &'static str,
+    },
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Backend(e) => write!(f, "returned Err on valid input: {e}"),
+            RunError::WroteInput { call, input } => {
+                write!(
+                    f,
+                    "{call} wrote into its input {input} (inputs are read-only)"
+                )
+            }
+        }
+    }
+}
+
+impl From<dflash_core::Error> for RunError {
+    fn from(e: dflash_core::Error) -> Self {
+        RunError::Backend(e)
+    }
+}
+
+/// The forward and backward of `case` on `be`, each op's inputs read back after it and
+/// required bit-identical to what they held before (as the backend holds them: an input
+/// kept in another format is compared in that format).
 pub(crate) fn run_on_backend(
     be: &dyn Backend,
     case: &Case,
     x: &CaseInputs,
-) -> dflash_core::Result<Outputs> {
+) -> Result<Outputs, RunError> {
     let AttnDims {
         q_rows: tq,
         kv_rows: tk,
@@ -271,13 +308,39 @@ pub(crate) fn run_on_backend(
     let k = be.upload(&x.k, &ks)?;
     let v = be.upload(&x.v, &ks)?;
     let d_out = be.upload(&x.d_out, &qs)?;
+    let down = |t: &Tensor| be.download(t);
+    let bits = |xs: Vec<f32>| xs.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let held = |ts: &[(&'static str, &Tensor)]| -> dflash_core::Result<Vec<_>> {
+        ts.iter()
+            .map(|&(name, t)| Ok((name, bits(down(t)?))))
+            .collect()
+    };
+    let unchanged = |call: &'static str, before: &[(&'static str, Vec<u32>)], ts: &[&Tensor]| {
+        for ((input, was), t) in before.iter().zip(ts) {
+            if bits(down(t)?) != *was {
+                return Err(RunError::WroteInput { call, input });
+            }
+        }
+        Ok(())
+    };
+    let fwd_inputs = held(&[("q", &q), ("k", &k), ("v", &v)])?;
     let (out, lse) = be.attention(&q, &k, &v, &case.mask, case.scale)?;
+    unchanged("the forward", &fwd_inputs, &[&q, &k, &v])?;
+    let (out_host, lse_host) = (down(&out)?, down(&lse)?);
+    let mut bwd_inputs = fwd_inputs;
+    bwd_inputs.extend(held(&[("d_out", &d_out)])?);
+    bwd_inputs.push(("out", bits(out_host.clone())));
+    bwd_inputs.push(("lse", bits(lse_host.clone())));
     let (dq, dk, dv) =
         be.attention_backward(&q, &k, &v, &out, &lse, &d_out, &case.mask, case.scale)?;
-    let down = |t: &Tensor| be.download(t);
+    unchanged(
+        "the backward",
+        &bwd_inputs,
+        &[&q, &k, &v, &d_out, &out, &lse],
+    )?;
     Ok(Outputs {
-        out: down(&out)?,
-        lse: down(&lse)?,
+        out: out_host,
+        lse: lse_host,
         dq: down(&dq)?,
         dk: down(&dk)?,
         dv: down(&dv)?,
@@ -290,7 +353,7 @@ fn run_backend_case(be: &dyn Backend, case: &Case, checks: &AttentionChecks) -> 
     let got = match run_on_backend(be, case, &x) {
         Ok(g) => g,
         Err(e) => {
-            res.fail(format!("returned Err on valid input: {e}"));
+            res.fail(e.to_string());
             return res;
         }
     };

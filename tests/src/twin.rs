@@ -111,7 +111,7 @@ fn twin_case(be: &dyn Backend, twin: &dyn Backend, case: &Case, b: &TwinBounds) 
     let mut res = CaseResult::new(case.name.clone());
     let x = CaseInputs::draw(case);
     let run = |on: &dyn Backend, who: &str| -> Result<Outputs, String> {
-        run_on_backend(on, case, &x).map_err(|e| format!("{who} returned Err on valid input: {e}"))
+        run_on_backend(on, case, &x).map_err(|e| format!("{who} {e}"))
     };
     let (got, want) = match (run(be, "the kernel"), run(twin, "the twin")) {
         (Ok(g), Ok(w)) => (g, w),

@@ -357,3 +357,38 @@ fn an_error_without_a_message_fails_even_after_other_calls_set_one() {
     );
     assert_eq!(outcome(&table, "abi/forward/null_q"), Outcome::Passed);
 }
+
+/// The device path (a backend built with the plugin as its attention kernel, what a CUDA
+/// plugin's conformance runs): a forward that writes into q fails each case naming it, read
+/// back from the backend's own tensor.
+#[test]
+fn a_forward_writing_into_q_fails_the_backend_suite_too() {
+    use dflash_core::registry::BackendOptions;
+    let plugin = unsafe { Plugin::from_entry("misbehaving", scales_q) }.expect("open");
+    let kernel = PluginKernel::new(Arc::new(plugin)).expect("cpu f32");
+    let opts = BackendOptions {
+        attention: String::new(),
+        threads: 1,
+        device: 0,
+    };
+    let backend =
+        dflash_backend_reference::ReferenceBackend::with_attention_kernel(&opts, Box::new(kernel))
+            .expect("backend");
+    let masks = dflash_tests::suite_masks().unwrap();
+    let cases = dflash_tests::cases_on(&masks[..2], &dflash_tests::HOST_LAYOUTS[..1]);
+    let report = dflash_tests::check_backend_attention(
+        &backend,
+        "scales_q",
+        &cases,
+        &dflash_tests::F32_KERNEL,
+    );
+    assert!(!cases.is_empty());
+    for case in &report.cases {
+        let failure = case.failure.as_deref().unwrap_or("");
+        assert!(
+            failure.contains("the forward wrote into its input q"),
+            "{}: {failure:?}",
+            case.name
+        );
+    }
+}
