@@ -486,6 +486,50 @@ fn bad_drafter_files_are_clear_errors() {
     );
 }
 
+/// Sizes whose arithmetic or per-layer lists would overflow or exhaust memory are errors
+/// naming the file and the knob, reached before anything of that size is allocated.
+#[test]
+fn absurd_sizes_in_a_drafter_file_are_errors_not_aborts() {
+    let base = || fixture_json("config_qwen3-8b-dflash.json");
+    let cases = [
+        // HF's layer_types rule would otherwise make 1e12 entries.
+        (
+            edit(base(), |m| {
+                m.remove("layer_types");
+                m.remove("max_window_layers");
+                m["num_hidden_layers"] = json!(1_000_000_000_000u64);
+            }),
+            "`num_hidden_layers`: 1000000000000 makes",
+        ),
+        // heads * head_dim = 2^64, and 2 * heads = 2^64: beyond usize.
+        (
+            edit(base(), |m| {
+                m["num_attention_heads"] = json!(1u64 << 32);
+                m["num_key_value_heads"] = json!(1u64 << 32);
+                m["head_dim"] = json!(1u64 << 32);
+            }),
+            "`head_dim`: 4294967296 makes",
+        ),
+        (
+            edit(base(), |m| {
+                m["num_attention_heads"] = json!(1u64 << 63);
+                m["num_key_value_heads"] = json!(1u64 << 63);
+                m["head_dim"] = json!(2);
+            }),
+            "training state",
+        ),
+    ];
+    for (v, says) in cases {
+        let msg = parse(&v).unwrap_err().to_string();
+        assert!(
+            msg.contains("drafter/config.json")
+                && msg.contains(says)
+                && msg.contains("training state"),
+            "{says}: {msg}"
+        );
+    }
+}
+
 /// More features than the recipe's spread has distinct layers for names the knob the user
 /// set and how many fit, not the derived `target_layer_ids`.
 #[test]
@@ -504,4 +548,22 @@ fn too_many_target_features_names_the_count_and_how_many_fit() {
     };
     assert_eq!(field, "num_target_features", "{e}");
     assert!(message.contains("at most 5 fit"), "{e}");
+
+    // More features than target layers: refused at once (no list of 1e12 ids is made or
+    // scanned), naming the knob and how many fit.
+    let e = DrafterConfig::for_target(&target, &shape(1_000_000_000_000)).unwrap_err();
+    let ConfigError::Invalid { field, message, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(field, "num_target_features", "{e}");
+    assert!(
+        message.contains("1000000000000 features from 8 target layers")
+            && message.contains("at most 5 fit"),
+        "{e}"
+    );
+    // The bound keeps every k the spread allows: 5 of 8 layers was accepted above, and one
+    // feature of a one-layer target is still its layer 0.
+    target.num_hidden_layers = 1;
+    let one = DrafterConfig::for_target(&target, &shape(1)).unwrap();
+    assert_eq!(one.target_layer_ids, [0]);
 }

@@ -103,23 +103,40 @@ const ORIGIN_BUILT: &str = "drafter config";
 
 /// [`default_target_layer_ids`] for `k` features from `layers` target layers, refused naming
 /// `num_target_features` (what the user set) where the spread would repeat a layer.
+///
+/// Each feature is a different target layer (the drafter config refuses repeats), so `k`
+/// above `layers` can never be valid: it is refused before anything of size `k` is made or
+/// scanned, so a typo cannot exhaust memory or time. Every `k` that gives a valid config
+/// passes that bound.
 fn spread_target_layer_ids(layers: usize, k: usize) -> Result<Vec<usize>> {
-    let distinct = |ids: &[usize]| ids.iter().enumerate().all(|(i, l)| !ids[..i].contains(l));
-    let ids = default_target_layer_ids(layers, k);
-    if distinct(&ids) {
-        return Ok(ids);
+    // The spread is monotonic, so it repeats a layer iff two neighbours are equal.
+    let distinct = |k: usize| {
+        k <= layers && {
+            let mut prev = None;
+            recipe::spread(layers, k).all(|l| prev.replace(l) != Some(l))
+        }
+    };
+    if distinct(k) {
+        return Ok(default_target_layer_ids(layers, k));
     }
-    let most = (1..k)
+    let most = (1..k.min(layers + 1))
         .rev()
-        .find(|&k| distinct(&default_target_layer_ids(layers, k)))
+        .find(|&k| distinct(k))
         .unwrap_or(0);
+    let why = if k > layers {
+        "each feature reads a different target layer".to_string()
+    } else {
+        format!(
+            "the recipe's spread gives layers {:?}, which repeats a layer",
+            default_target_layer_ids(layers, k)
+        )
+    };
     Err(ConfigError::Invalid {
         origin: ORIGIN_BUILT.into(),
         field: "num_target_features".into(),
         message: format!(
-            "{k} features from {layers} target layers: the recipe's spread gives layers {ids:?}, \
-             which repeats a layer; at most {most} fit (or list the layers in \
-             target_layer_ids)"
+            "{k} features from {layers} target layers: {why}; at most {most} fit (or list \
+             the layers in target_layer_ids)"
         ),
     })
 }
@@ -145,12 +162,7 @@ impl DrafterConfig {
             }
             None => spread_target_layer_ids(target.num_hidden_layers, shape.num_target_features)?,
         };
-        let layer_types = shape
-            .layer_types
-            .clone()
-            .unwrap_or_else(|| vec![LayerType::FullAttention; shape.num_layers]);
-        let any_sliding = layer_types.contains(&LayerType::SlidingAttention);
-        let cfg = DrafterConfig {
+        let mut cfg = DrafterConfig {
             hidden_size: target.hidden_size,
             intermediate_size: shape.intermediate_size.unwrap_or(target.intermediate_size),
             num_hidden_layers: shape.num_layers,
@@ -169,9 +181,9 @@ impl DrafterConfig {
             mask_token_id: shape.mask_token_id,
             target_layer_ids,
             num_target_layers: target.num_hidden_layers,
-            layer_types,
+            layer_types: Vec::new(),
             sliding_window: shape.sliding_window,
-            use_sliding_window: any_sliding,
+            use_sliding_window: false,
             max_window_layers: shape.num_layers,
             bos_token_id: target.bos_token_id,
             eos_token_id: target.eos_token_id.clone(),
@@ -180,6 +192,16 @@ impl DrafterConfig {
             tie_word_embeddings: false,
             initializer_range: 0.02,
         };
+        cfg.layer_types = match &shape.layer_types {
+            Some(types) => types.clone(),
+            None => {
+                // One entry per layer: a layer count no machine could train (a typo) is
+                // refused before it is allocated.
+                cfg.check_size_at(ORIGIN_BUILT)?;
+                vec![LayerType::FullAttention; shape.num_layers]
+            }
+        };
+        cfg.use_sliding_window = cfg.layer_types.contains(&LayerType::SlidingAttention);
         cfg.validate_against(target)?;
         Ok(cfg)
     }

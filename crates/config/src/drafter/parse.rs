@@ -55,16 +55,11 @@ impl DrafterConfig {
         let max_window_layers = o
             .opt_usize("max_window_layers")?
             .unwrap_or(num_hidden_layers);
-        let layer_types = read_layer_types(
-            &o,
-            num_hidden_layers,
-            use_sliding_window,
-            sliding_window,
-            max_window_layers,
-        )?;
+        let layer_types = read_layer_types(&o)?;
+        let layer_types_given = layer_types.is_some();
         let dtype = read_dtype(&o)?;
 
-        let cfg = DrafterConfig {
+        let mut cfg = DrafterConfig {
             hidden_size,
             intermediate_size: o.req_usize("intermediate_size")?,
             num_hidden_layers,
@@ -83,7 +78,7 @@ impl DrafterConfig {
                 .opt_usize_list("target_layer_ids")?
                 .ok_or_else(|| dflash.missing("target_layer_ids"))?,
             num_target_layers: o.req_usize("num_target_layers")?,
-            layer_types,
+            layer_types: layer_types.unwrap_or_default(),
             sliding_window,
             use_sliding_window,
             max_window_layers,
@@ -94,6 +89,17 @@ impl DrafterConfig {
             tie_word_embeddings: o.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             initializer_range: o.opt_f64("initializer_range")?.unwrap_or(0.02),
         };
+        if !layer_types_given {
+            // HF's rule gives one entry per layer: a layer count no machine could train (a
+            // typo) is refused before it is allocated.
+            cfg.check_size_at(origin)?;
+            cfg.layer_types = hf_layer_types(
+                num_hidden_layers,
+                use_sliding_window,
+                sliding_window,
+                max_window_layers,
+            );
+        }
         cfg.check(origin)?;
         Ok(cfg)
     }
@@ -119,41 +125,45 @@ fn check_supported(o: &Obj<'_>) -> Result<()> {
     reject_unimplemented_layer_math(o)
 }
 
-/// `layer_types`, or HF's rule for it when the key is absent.
-fn read_layer_types(
-    o: &Obj<'_>,
+/// `layer_types` as given; `None` when the key is absent (see [`hf_layer_types`]).
+fn read_layer_types(o: &Obj<'_>) -> Result<Option<Vec<LayerType>>> {
+    let Some(types) = o.opt_array("layer_types")? else {
+        return Ok(None);
+    };
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let key = format!("layer_types[{i}]");
+            let s = t.as_str().ok_or_else(|| o.wrong(&key, "a string", t))?;
+            LayerType::parse(s).ok_or_else(|| {
+                o.unsupported(
+                    &key,
+                    t,
+                    "expected \"full_attention\" or \"sliding_attention\"",
+                )
+            })
+        })
+        .collect::<Result<_>>()
+        .map(Some)
+}
+
+/// HF's rule for `layer_types` when the key is absent.
+fn hf_layer_types(
     num_hidden_layers: usize,
     use_sliding_window: bool,
     sliding_window: Option<usize>,
     max_window_layers: usize,
-) -> Result<Vec<LayerType>> {
-    match o.opt_array("layer_types")? {
-        Some(types) => types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let key = format!("layer_types[{i}]");
-                let s = t.as_str().ok_or_else(|| o.wrong(&key, "a string", t))?;
-                LayerType::parse(s).ok_or_else(|| {
-                    o.unsupported(
-                        &key,
-                        t,
-                        "expected \"full_attention\" or \"sliding_attention\"",
-                    )
-                })
-            })
-            .collect(),
-        // HF's rule when `layer_types` is absent.
-        None => Ok((0..num_hidden_layers)
-            .map(|i| {
-                if use_sliding_window && sliding_window.is_some() && i >= max_window_layers {
-                    LayerType::SlidingAttention
-                } else {
-                    LayerType::FullAttention
-                }
-            })
-            .collect()),
-    }
+) -> Vec<LayerType> {
+    (0..num_hidden_layers)
+        .map(|i| {
+            if use_sliding_window && sliding_window.is_some() && i >= max_window_layers {
+                LayerType::SlidingAttention
+            } else {
+                LayerType::FullAttention
+            }
+        })
+        .collect()
 }
 
 /// `dtype`, else the older `torch_dtype`, else bfloat16.

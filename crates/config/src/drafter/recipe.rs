@@ -7,19 +7,20 @@
 /// 36 layers, k=5 -> `[1, 9, 17, 25, 33]`; 64 -> `[1, 16, 31, 46, 61]`. `k == 0` gives `[]`.
 /// Meaningful for `L >= 4` when `k > 1` (see [`default_num_target_features`]).
 pub fn default_target_layer_ids(num_target_layers: usize, k: usize) -> Vec<usize> {
-    match k {
-        0 => Vec::new(),
-        1 => vec![num_target_layers / 2],
+    spread(num_target_layers, k).collect()
+}
+
+/// The ids of [`default_target_layer_ids`], one at a time: they are monotonic in `i` (rounding
+/// and the clamp at 0 keep the order of the line), so a repeat is always next to its twin.
+pub(crate) fn spread(num_target_layers: usize, k: usize) -> impl Iterator<Item = usize> {
+    let span = num_target_layers as f64 - 4.0;
+    (0..k).map(move |i| match k {
+        1 => num_target_layers / 2,
         _ => {
-            let span = num_target_layers as f64 - 4.0;
-            (0..k)
-                .map(|i| {
-                    let x = (1.0 + i as f64 * span / (k - 1) as f64).round_ties_even();
-                    x.max(0.0) as usize
-                })
-                .collect()
+            let x = (1.0 + i as f64 * span / (k - 1) as f64).round_ties_even();
+            x.max(0.0) as usize
         }
-    }
+    })
 }
 
 /// The default number of target features `k`: 5 (the standard recipe) when the target has at

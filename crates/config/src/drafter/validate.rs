@@ -55,6 +55,13 @@ impl DrafterConfig {
             self.rms_norm_eps,
         )
         .map_err(|(field, message)| invalid(origin, field, message))?;
+        self.check_size_at(origin)
+    }
+
+    /// [`Self::check_size`] as the error of the config read from `origin`. Also run before
+    /// the per-layer `layer_types` are made, so that a layer count no machine could train
+    /// is refused before it is allocated.
+    pub(super) fn check_size_at(&self, origin: &str) -> Result<()> {
         self.check_size()
             .map_err(|(field, message)| invalid(origin, field, message))
     }
@@ -172,19 +179,26 @@ impl DrafterConfig {
         if bytes <= MAX_TRAINING_STATE_BYTES {
             return Ok(());
         }
+        // In f64, as the sum above: head counts and head_dim are read unchecked from the
+        // file, and their integer products can overflow.
         let h = self.hidden_size as f64;
-        let heads = (2 * self.num_attention_heads + 2 * self.num_key_value_heads) as f64;
+        let (hq, hkv, d) = (
+            self.num_attention_heads as f64,
+            self.num_key_value_heads as f64,
+            self.head_dim as f64,
+        );
+        let heads = 2.0 * hq + 2.0 * hkv;
         let terms = [
             (
                 "intermediate_size",
                 self.intermediate_size,
                 3.0 * h * self.intermediate_size as f64,
             ),
-            ("head_dim", self.head_dim, h * heads * self.head_dim as f64),
+            ("head_dim", self.head_dim, h * heads * d),
             (
                 "num_attention_heads",
                 self.num_attention_heads,
-                2.0 * h * (self.num_attention_heads * self.head_dim) as f64,
+                2.0 * h * hq * d,
             ),
         ];
         let (field, value) = if self.num_hidden_layers > 1024 {

@@ -171,7 +171,13 @@ impl TrainConfig {
                 })
                 .unwrap_or_else(|| "training config".into()),
         };
-        cfg.adopt_init_from(&set)
+        // The init_from drafter's own faults are errors of its config.json, which they name
+        // already; only what follows is blamed on the layer that set the field.
+        let loaded = match &init_from {
+            Some(dir) => Some(DrafterConfig::from_dir(dir)?),
+            None => None,
+        };
+        cfg.adopt_init_from(loaded.as_ref(), &set)
             .and_then(|()| cfg.validate())
             .map_err(|e| match e {
                 ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
@@ -188,17 +194,21 @@ impl TrainConfig {
         Ok(cfg)
     }
 
-    /// With `drafter.init_from`, the drafter is that directory's `config.json`: every shape key
-    /// that `set` says was given must agree with it (else it would be silently ignored), and
-    /// the `[drafter]` section then takes the loaded values. So the checks that follow (a
-    /// block against `data.max_len`) see the drafter actually trained, and the config written
-    /// into the run directory describes it and loads back (its keys are all "set" there).
-    fn adopt_init_from(&mut self, set: &dyn Fn(&str) -> bool) -> Result<()> {
-        let Some(dir) = self.drafter.init_from.clone() else {
+    /// With `drafter.init_from`, the drafter is that directory's `config.json` (`loaded`, read
+    /// by the caller): every shape key that `set` says was given must agree with it (else it
+    /// would be silently ignored), and the `[drafter]` section then takes the loaded values.
+    /// So the checks that follow (a block against `data.max_len`) see the drafter actually
+    /// trained, and the config written into the run directory describes it and loads back (its
+    /// keys are all "set" there).
+    fn adopt_init_from(
+        &mut self,
+        loaded: Option<&DrafterConfig>,
+        set: &dyn Fn(&str) -> bool,
+    ) -> Result<()> {
+        let (Some(loaded), Some(dir)) = (loaded, self.drafter.init_from.clone()) else {
             return Ok(());
         };
-        let loaded = DrafterConfig::from_dir(&dir)?;
-        self.check_init_from(&loaded, &dir, set)?;
+        self.check_init_from(loaded, &dir, set)?;
         let d = &mut self.drafter;
         d.num_layers = loaded.num_hidden_layers;
         d.block_size = loaded.block_size;

@@ -92,10 +92,14 @@ pub struct DataSection {
     /// Samples with fewer supervised (loss_mask = 1) tokens are skipped and counted. Default 2
     /// (the fewest that can give an anchor).
     pub min_supervised: usize,
-    /// Upper bounds (tokens, increasing) of the length buckets that batches are drawn from.
-    /// Default `[512, 1024, 2048, 4096]`; lengths above the last bound share the last bucket.
+    /// Upper bounds (tokens, increasing) of the length buckets that batches are drawn from: a
+    /// sequence goes to the first bucket whose bound is at least its length, and lengths
+    /// above the last bound go to one more (overflow) bucket of their own. Default
+    /// `[512, 1024, 2048, 4096]`.
     pub bucket_bounds: Vec<usize>,
-    /// Tokens per micro-batch (sum of sequence lengths); at least `max_len`. Default 4096.
+    /// Tokens per micro-batch, padding included: a micro-batch takes sequences of one bucket
+    /// while its longest sequence times its number of sequences stays within this (a
+    /// sequence longer than the budget alone). At least `max_len`. Default 4096.
     pub token_budget: usize,
     /// Anchors sampled per sequence (per document in packed rows), re-sampled every epoch.
     /// Default 512 (recipe).
@@ -159,8 +163,8 @@ pub struct TrainSection {
     pub seed: u64,
     /// Recompute drafter activations in backward instead of keeping them. Default false.
     pub recompute: bool,
-    /// Steps with a NaN/Inf loss or gradient are skipped; the run stops after this many.
-    /// Default 10.
+    /// Steps with a NaN/Inf loss or gradient are skipped; the run stops after this many in a
+    /// row (an applied step starts the count again). Default 10.
     pub max_nonfinite_steps: u64,
     /// Save a checkpoint every this many optimizer steps (0: only at the end). Default 1000.
     pub save_every: u64,
