@@ -386,6 +386,9 @@ fn bench(args: BenchArgs) -> Result<()> {
     // machine's file and keeps the others, as `cargo xtask bench --only X` is used to
     // re-measure a few figures of a full run.
     let merge = bench_opts.only.is_some() && args.results_dir.is_some();
+    // The machine's file in the results directory holds one backend at one scale: a run of
+    // another (a smoke run beside full figures) is refused, not written over it.
+    let into_results = args.out.is_none() && args.results_dir.is_some();
     let out = args.out.or_else(|| {
         args.results_dir.map(|d| {
             d.join(format!(
@@ -395,7 +398,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         })
     });
     let base = match &out {
-        Some(path) if merge && path.exists() => {
+        Some(path) if (merge || into_results) && path.exists() => {
             let old = dflash_bench::read_json(path)
                 .with_context(|| format!("reading {} to merge into", path.display()))?;
             if let Some(r) = old
@@ -403,7 +406,7 @@ fn bench(args: BenchArgs) -> Result<()> {
                 .find(|r| r.backend != backend.name() || r.scale != args.scale)
             {
                 anyhow::bail!(
-                    "{}: holds {} measured on backend {} at scale {}; not merging figures of \
+                    "{}: holds {} measured on backend {} at scale {}; not writing figures of \
                      backend {} at scale {} into it (pass --out to write elsewhere)",
                     path.display(),
                     r.name,
@@ -413,7 +416,7 @@ fn bench(args: BenchArgs) -> Result<()> {
                     args.scale
                 );
             }
-            old
+            if merge { old } else { Vec::new() }
         }
         _ => Vec::new(),
     };
@@ -486,6 +489,8 @@ fn fmt_tau(t: Option<f64>) -> String {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train { cfg, resume } => {
+            // Absolute, as the run_dir= line scripts parse promises (and the resume hint).
+            let resume = resume.map(|d| std::path::absolute(&d).unwrap_or(d));
             // A directory that is no run at all (a typo, the runs root, a checkpoint) is named as
             // such first: advice about its missing config would send the user after the wrong
             // thing. A run writes its config.toml before its first step, so any run has one or,

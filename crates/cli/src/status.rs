@@ -4,21 +4,96 @@
 //! failed before its first step still shows why; a run with an error exits non-zero, so a
 //! script polling it stops.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 use std::time::SystemTime;
 
 use anyhow::{Result, bail};
 use serde_json::Value;
 
+/// What `summary.json` says about the run, against the last step record (`last`): the run
+/// finished; an invocation stopped early (`train.stop_at_step`) and the run goes on with
+/// `--resume`; or a later invocation trained past the summary's step. `None` without one.
+fn summary_line(run_dir: &Path, last: Option<&Value>) -> Option<String> {
+    let path = run_dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).ok()?;
+    let Some(steps) = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["steps"].as_u64())
+    else {
+        return Some(format!(
+            "{}: not a summary this version reads (no \"steps\")",
+            path.display()
+        ));
+    };
+    let logged = last.and_then(|v| v["step"].as_u64()).map(|s| s + 1);
+    let total = last.and_then(|v| v["total_steps"].as_u64());
+    Some(match (logged, total) {
+        (Some(logged), _) if logged > steps => format!(
+            "not finished: summary.json records step {steps}, an earlier invocation's; the \
+             log has reached step {logged}"
+        ),
+        (_, Some(total)) if steps < total => format!(
+            "stopped at step {steps} of {total} (train.stop_at_step); `dflash train --resume \
+             {}` goes on",
+            run_dir.display()
+        ),
+        (_, Some(total)) => format!("finished: step {steps} of {total} (summary.json)"),
+        // A log written before records carried the schedule's length.
+        (_, None) => format!("finished: step {steps} (summary.json)"),
+    })
+}
+
 /// Records the recent rate is taken over: enough to smooth a step's jitter, few enough to
 /// show a slow-down the average since the start (each record's `tokens_per_s`) hides.
 const RECENT: usize = 10;
 
+/// Prints the status of `run_dir` (see the module docs). A reader that closes the pipe early
+/// (`dflash status RUN | head -1`) ends the printing, not the process with a panic.
 pub fn print(run_dir: &Path) -> Result<()> {
+    let mut out = String::new();
+    let result = write(run_dir, &mut out);
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            return Err(anyhow::Error::from(e).context("writing the status to stdout"));
+        }
+        _ => {}
+    }
+    result
+}
+
+/// A line of the status into `out` (a `String`, which cannot fail to take it).
+macro_rules! outln {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// The files of which a run directory holds at least one: `dflash train` writes its
+/// config.toml before the first step, then the log, checkpoints, the summary or the error.
+const RUN_FILES: [&str; 5] = [
+    "config.toml",
+    "metrics.jsonl",
+    "checkpoints/latest",
+    "summary.json",
+    "error.txt",
+];
+
+fn write(run_dir: &Path, out: &mut String) -> Result<()> {
     if !run_dir.is_dir() {
         bail!("{}: no such run directory", run_dir.display());
     }
+    if !RUN_FILES.iter().any(|f| run_dir.join(f).exists()) {
+        bail!(
+            "{}: not a run directory (none of {}); pass the directory a `dflash train` made, \
+             RUN.DIR/RUN.NAME (it prints it as run_dir=...)",
+            run_dir.display(),
+            RUN_FILES.join(", ")
+        );
+    }
     let metrics = run_dir.join("metrics.jsonl");
+    let mut last: Option<Value> = None;
     match std::fs::read_to_string(&metrics) {
         Ok(text) => {
             let records: Vec<Value> = text
@@ -28,38 +103,43 @@ pub fn print(run_dir: &Path) -> Result<()> {
                 .collect();
             match text.lines().rev().find(|l| !l.trim().is_empty()) {
                 Some(line) => match serde_json::from_str::<Value>(line) {
-                    Ok(v) => print_step(&v),
-                    Err(e) => println!(
+                    Ok(v) => {
+                        print_step(out, &v);
+                        last = Some(v);
+                    }
+                    Err(e) => outln!(
+                        out,
                         "{}: the last line is not JSON ({e}); a running job may be writing it",
                         metrics.display()
                     ),
                 },
-                None => println!("no steps recorded yet"),
+                None => outln!(out, "no steps recorded yet"),
             }
             if let Some((rate, steps)) = recent_rate(&records) {
-                println!("last {steps} steps: {rate:.0} tok/s");
+                outln!(out, "last {steps} steps: {rate:.0} tok/s");
             }
             if let Some(age) = age_s(&metrics) {
-                println!("last record written {} ago", fmt_age(age));
+                outln!(out, "last record written {} ago", fmt_age(age));
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            println!(
+            outln!(
+                out,
                 "no steps recorded yet ({} does not exist)",
                 metrics.display()
             )
         }
-        Err(e) => println!("{}: cannot be read: {e}", metrics.display()),
+        Err(e) => outln!(out, "{}: cannot be read: {e}", metrics.display()),
     }
-    if run_dir.join("summary.json").exists() {
-        println!("finished (summary.json)");
+    if let Some(line) = summary_line(run_dir, last.as_ref()) {
+        outln!(out, "{line}");
     }
     if let Some(ckpt) = dflash_pipeline::job::latest_checkpoint(run_dir) {
-        println!("latest checkpoint: {}", ckpt.display());
+        outln!(out, "latest checkpoint: {}", ckpt.display());
     }
     let err = run_dir.join("error.txt");
     if let Ok(e) = std::fs::read_to_string(&err) {
-        println!("last error ({}):\n{}", err.display(), e.trim_end());
+        outln!(out, "last error ({}):\n{}", err.display(), e.trim_end());
         bail!("{}: the run failed (its error is above)", err.display());
     }
     Ok(())
@@ -112,7 +192,7 @@ fn fmt_age(s: f64) -> String {
 /// One `metrics.jsonl` record: progress, queues and busy gauges, then where each worker's
 /// time went, largest phase first (the bottleneck is the side whose working phases fill its
 /// wall time).
-fn print_step(v: &Value) {
+fn print_step(out: &mut String, v: &Value) {
     let pct = |key: &str| -> String {
         let v: Vec<String> = v[key]
             .as_array()
@@ -124,7 +204,8 @@ fn print_step(v: &Value) {
             .unwrap_or_default();
         v.join(" ")
     };
-    println!(
+    outln!(
+        out,
         "step {} | loss {:.4} | acc {:.3} | {:.0} tok/s since start | elapsed {:.0}s",
         v["step"].as_u64().map_or(0, |s| s + 1),
         v["loss"].as_f64().unwrap_or(f64::NAN),
@@ -132,7 +213,8 @@ fn print_step(v: &Value) {
         v["tokens_per_s"].as_f64().unwrap_or(0.0),
         v["elapsed_s"].as_f64().unwrap_or(0.0),
     );
-    println!(
+    outln!(
+        out,
         "queues {} | producer stall {:.1}s | consumer starved {:.1}s | busy: targets [{}] drafters [{}]",
         v["queue_depths"],
         v["producer_stall_s"].as_f64().unwrap_or(0.0),
@@ -157,7 +239,7 @@ fn print_step(v: &Value) {
                 .iter()
                 .map(|(k, x)| format!("{k} {x:.1}s ({:.0}%)", 100.0 * x / total))
                 .collect();
-            println!("{who} {i}: {}", parts.join(", "));
+            outln!(out, "{who} {i}: {}", parts.join(", "));
         }
     }
 }

@@ -150,6 +150,40 @@ fn only_into_the_results_dir_merges() {
     assert!(merged[0]["value"].as_f64().unwrap() > 0.0, "{merged:?}");
 }
 
+/// A whole run into --results-dir whose machine file holds figures of another scale (a smoke
+/// run beside full ones) is refused before it measures anything; the file is kept.
+#[test]
+fn a_run_of_another_scale_does_not_replace_the_machines_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = bench(&["--only", "gemm.f32", "--results-dir", d]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut results = read_results(&file);
+    for r in &mut results {
+        r["scale"] = "full".into();
+    }
+    let full = serde_json::to_string(&results).unwrap();
+    std::fs::write(&file, &full).unwrap();
+    let out = bench(&["--results-dir", d]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("at scale full") && stderr.contains("not writing"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), full);
+}
+
 /// The bench sets its jobs' backend and device placement itself: a --set of them is refused
 /// before anything runs.
 #[test]

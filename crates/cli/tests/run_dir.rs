@@ -53,13 +53,32 @@ fn a_resume_checks_its_overrides_against_the_runs_saved_config() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut c = job.command("resumed", true);
-    c.args(["--set", "data.token_budget=128"]);
-    let out = c.output().unwrap();
+    // Its summary is an invocation's, not the run's end.
+    let (ok, text) = status(&job.run_dir("resumed"));
+    assert!(ok && text.contains("stopped at step 3 of "), "{text}");
+    // Resumed by a relative path: the run_dir= line scripts parse is absolute all the same.
+    let run_dir = job.run_dir("resumed");
+    let out = Command::new(BIN)
+        .current_dir(run_dir.parent().unwrap())
+        .args([
+            "train",
+            "--resume",
+            "resumed",
+            "--set",
+            "data.token_budget=128",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("steps=12"), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("run_dir=")).unwrap();
+    assert!(
+        line.starts_with(&format!("run_dir={} ", run_dir.display())),
+        "{line}"
+    );
     let (ok, text) = status(&job.run_dir("resumed"));
     assert!(ok && text.contains("step 12 "), "{text}");
 }

@@ -15,6 +15,9 @@ use crate::workers::Gauges;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StepRecord {
     pub step: u64,
+    /// Steps in the run's schedule (its last step is `total_steps - 1`): a summary of fewer
+    /// is an invocation that stopped early (`train.stop_at_step`), not the run's end.
+    pub total_steps: u64,
     pub epoch: u64,
     pub loss: f64,
     pub accuracy: f64,
@@ -114,6 +117,7 @@ impl Reporter {
         let elapsed = self.start.elapsed().as_secs_f64();
         let rec = StepRecord {
             step: s.step,
+            total_steps: self.total_steps,
             epoch,
             loss: s.stats.loss(),
             accuracy: s.stats.accuracy(),
