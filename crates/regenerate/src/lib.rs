@@ -9,8 +9,9 @@
 //! `generation_config.json`, else `config.json`, and `tokenizer_config.json`'s `eos_token`),
 //! `max_new_tokens` or the capacity. An answer cut by `max_new_tokens` or the capacity
 //! drops its sample unless `keep_truncated` is set (the chat template would close the
-//! cut answer with an end of turn the target never wrote). A conversation whose later turn
-//! no longer fits the capacity (earlier answers count against it) is written up to its last
+//! cut answer with an end of turn the target never wrote), except a later turn's answer cut
+//! by the capacity: a conversation whose later turn no longer fits the capacity (earlier
+//! answers count against it), its prompt or its answer, is written up to its last whole
 //! answer. Each finished conversation is appended to a JSONL file in the OpenAI `messages`
 //! form, and each dropped sample recorded beside it ([`output`]). A restart with the same
 //! settings skips the samples already written or dropped. A reader thread renders and tokenizes
@@ -66,7 +67,8 @@ pub struct RegenerateOptions {
     pub max_new_tokens: usize,
     /// Tokens a sequence may hold, prompt and answer; `None`: [`default_capacity`]. A
     /// sample whose first prompt is longer is skipped; one whose later prompt is (the
-    /// earlier answers are in it) is written up to its last answer.
+    /// earlier answers are in it), or whose later answer it cuts, is written up to its
+    /// last whole answer.
     pub capacity: Option<usize>,
     /// Prompt tokens prefilled in one call, at most.
     pub prefill_tokens: usize,
@@ -98,7 +100,8 @@ pub struct Summary {
     /// Samples written by this run.
     pub generated: usize,
     /// `(sample index, reason)` of the samples written up to a turn whose prompt outgrew
-    /// the capacity, without their later turns (also in `generated`), by index.
+    /// the capacity or whose answer it cut, without their later turns (also in
+    /// `generated`), by index.
     pub shortened: Vec<(u64, String)>,
     /// Answers (assistant turns) generated, written or not, by how they ended.
     pub turns: usize,
@@ -188,7 +191,7 @@ pub fn regenerate(
         eprintln!("regenerate: note: {note}");
     }
     let input = Input::open(&opts.data)?;
-    let mut out = Output::open(&opts.out, &meta(opts, &input, &gen_opts)?)?;
+    let mut out = Output::open(&opts.out, &meta(opts, backend.name(), &input, &gen_opts)?)?;
     let last = cfg.num_hidden_layers.saturating_sub(1);
     let target = Qwen3Target::load(backend.clone(), &opts.target, &[last])?;
     memory::check_kv_cache(backend.as_ref(), &cfg, &gen_opts, " with the target loaded")?;
@@ -229,6 +232,7 @@ fn generate_options(
 /// What the output's results depend on: a restart must match it (see [`output`]).
 fn meta(
     opts: &RegenerateOptions,
+    backend: &str,
     input: &Input,
     g: &GenerateOptions,
 ) -> Result<Value, RegenerateError> {
@@ -243,6 +247,9 @@ fn meta(
         // The files read, not the path given: a pattern names no file of its own.
         "data": input.files().iter().map(|f| canon(f)).collect::<Result<Vec<_>, _>>()?,
         "turns": "all",
+        // Backends round the logits differently (GEMM algorithms, precisions), so a near
+        // tie can go another way on another one.
+        "backend": backend,
         "capacity": g.capacity,
         "max_new_tokens": g.max_new_tokens,
         "eos_token_id": g.eos,

@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use dflash_models::safetensors_io::write_atomic;
@@ -42,10 +42,28 @@ pub fn skipped_path(out: &Path) -> PathBuf {
     beside(out, ".skipped.jsonl")
 }
 
+/// A file written at its end, which can be cut back to a length.
+trait Tail: Write {
+    fn len(&self) -> io::Result<u64>;
+    fn cut(&mut self, len: u64) -> io::Result<()>;
+}
+
+impl Tail for File {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+    fn cut(&mut self, len: u64) -> io::Result<()> {
+        self.set_len(len)
+    }
+}
+
 /// A JSONL file appended to a whole line at a time.
-struct Lines {
+struct Lines<F: Tail = File> {
     path: PathBuf,
-    file: File,
+    file: F,
+    /// A failed write that could not be cut back: a line appended after it would leave the
+    /// torn one mid-file, where a restart cannot cut it off.
+    torn: bool,
 }
 
 impl Lines {
@@ -58,17 +76,36 @@ impl Lines {
         Ok(Lines {
             path: path.to_path_buf(),
             file,
+            torn: false,
         })
     }
+}
 
-    /// Appends `line` and flushes it: a kill leaves at most this line torn.
+impl<F: Tail> Lines<F> {
+    /// Appends `line` and flushes it: a kill leaves at most this line torn, and a failed
+    /// write is cut back off (or, where that fails too, ends the writing to this file).
     fn append(&mut self, line: &Value) -> Result<(), RegenerateError> {
+        if self.torn {
+            return Err(RegenerateError::Input(format!(
+                "{}: not written to after a failed write left a torn line at its end (a \
+                 restart cuts it off)",
+                self.path.display()
+            )));
+        }
         let mut text = serde_json::to_string(line).expect("a JSON value serialises");
         text.push('\n');
-        self.file
+        let before = self.file.len().map_err(io_err(&self.path))?;
+        let written = self
+            .file
             .write_all(text.as_bytes())
-            .and_then(|()| self.file.flush())
-            .map_err(io_err(&self.path))
+            .and_then(|()| self.file.flush());
+        if let Err(e) = written {
+            if self.file.cut(before).is_err() {
+                self.torn = true;
+            }
+            return Err(io_err(&self.path)(e));
+        }
+        Ok(())
     }
 }
 
@@ -117,11 +154,13 @@ impl Output {
             out.read_done(&bytes.unwrap_or_default())?;
             out.read_skipped(&skip_bytes.unwrap_or_default())?;
         } else {
-            let text = serde_json::to_vec_pretty(meta).expect("a JSON value serialises");
-            write_atomic(&meta_file, &text)?;
-            // A torn first line of an earlier run, and drops made under other settings.
+            // A torn first line of an earlier run, and drops made under other settings,
+            // emptied before the new settings are written: a kill in between must not leave
+            // those drops beside settings they do not hold under.
             truncate(path, 0)?;
             truncate(&skip_file, 0)?;
+            let text = serde_json::to_vec_pretty(meta).expect("a JSON value serialises");
+            write_atomic(&meta_file, &text)?;
         }
         Ok(out)
     }
@@ -340,6 +379,89 @@ mod tests {
             msg.contains("out.jsonl.skipped.jsonl") && msg.contains("line 2"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_takeover_empties_the_old_drops_before_it_writes_its_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let mut o = Output::open(&out, &json!({"temperature": 0.0})).unwrap();
+        o.skip(3, "cut").unwrap();
+        drop(o);
+        // The new settings cannot be written (a directory in their way stands for a kill
+        // at that point): the drops made under the old ones must be gone already.
+        std::fs::remove_file(meta_path(&out)).unwrap();
+        std::fs::create_dir(meta_path(&out)).unwrap();
+        std::fs::write(meta_path(&out).join("x"), b"").unwrap();
+        assert!(Output::open(&out, &json!({"temperature": 0.7})).is_err());
+        assert_eq!(std::fs::read(skipped_path(&out)).unwrap(), b"");
+    }
+
+    /// A file whose writes put `room` bytes at most, then fail; `cut_fails` fails its cuts.
+    struct Full {
+        data: Vec<u8>,
+        room: usize,
+        cut_fails: bool,
+    }
+
+    impl Write for Full {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"));
+            }
+            let n = buf.len().min(self.room);
+            self.data.extend_from_slice(&buf[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Tail for Full {
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.data.len() as u64)
+        }
+        fn cut(&mut self, len: u64) -> io::Result<()> {
+            if self.cut_fails {
+                return Err(io::Error::other("cannot cut"));
+            }
+            self.data.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    fn full(room: usize, cut_fails: bool) -> Lines<Full> {
+        Lines {
+            path: PathBuf::from("out.jsonl.skipped.jsonl"),
+            file: Full {
+                data: Vec::new(),
+                room,
+                cut_fails,
+            },
+            torn: false,
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_torn_line_behind() {
+        let first = json!({"index": 1});
+        let whole = format!("{first}\n").len();
+        // Room for the first line and half the second: the half is cut back off.
+        let mut lines = full(whole + 5, false);
+        lines.append(&first).unwrap();
+        let e = lines.append(&json!({"index": 2})).unwrap_err();
+        assert!(e.to_string().contains("out.jsonl.skipped.jsonl"), "{e}");
+        assert_eq!(lines.file.data, format!("{first}\n").as_bytes());
+        // Where the cut fails as well, nothing more is written after the torn line.
+        let mut lines = full(whole + 5, true);
+        lines.append(&first).unwrap();
+        lines.append(&json!({"index": 2})).unwrap_err();
+        lines.file.room = 1000;
+        let e = lines.append(&json!({"index": 3})).unwrap_err();
+        assert!(e.to_string().contains("torn line"), "{e}");
+        assert_eq!(lines.file.data.len(), whole + 5);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! in flight finish first), and a conversation goes to the output once all its turns are
 //! written: a restart never finds half a conversation. A dropped sample is recorded beside
 //! the output ([`Output::skip`]), so a restart does not generate it again; one whose later
-//! turn outgrows the capacity is written up to its last answer instead.
+//! turn outgrows the capacity (its prompt, or its answer cut by it) is written up to its
+//! last answer instead.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -19,7 +20,7 @@ use indicatif::ProgressBar;
 use serde_json::Value;
 
 use crate::output::Output;
-use crate::turns::{Conversation, NoPrompt, answer_text, sample_of};
+use crate::turns::{Conversation, NoPrompt, answer_text, describe_id, name_sequences, sample_of};
 use crate::{RegenerateError, Summary};
 
 /// Rows handed to the reader at a time, and prompts the channel holds ahead.
@@ -149,7 +150,10 @@ where
     if let Some(e) = failed {
         return Err(e);
     }
-    summary.stats = result?;
+    summary.stats = result.map_err(|e| match e {
+        ModelError::Input(m) => ModelError::Input(name_sequences(&m)),
+        e => e,
+    })?;
     // A reader that panicked closed the channel as if the dataset had ended.
     if let Err(panic) = reader {
         return Err(RegenerateError::ReaderPanicked {
@@ -264,7 +268,7 @@ fn first_turn(preparer: &Preparer, i: u64, v: &Value, capacity: usize) -> Item {
 }
 
 /// What happens to a finished turn: the conversation's next turn is queued, or the
-/// conversation written (whole, or up to its last answer where the next turn outgrows the
+/// conversation written (whole, or up to its last answer where a later turn outgrows the
 /// capacity), or the sample skipped.
 struct Turns<'a> {
     preparer: &'a Preparer,
@@ -283,25 +287,32 @@ impl Turns<'_> {
         let index = sample_of(g.id);
         let mut conv = sh.in_flight.remove(&index).ok_or_else(|| {
             RegenerateError::Input(format!(
-                "sequence {} finished, but sample {index} has no turn in flight",
-                g.id
+                "{} finished, but that sample has no turn in flight",
+                describe_id(g.id)
             ))
         })?;
         sh.summary.record_turn(g.finish);
         let label = conv.turn_label();
-        let text = match answer_text(self.preparer, &g) {
-            Ok(text) => text,
-            Err(reason) => return self.skip(sh, index, format!("{label}{reason}")),
-        };
         if g.finish != Finish::Eos && !self.settings.keep_truncated {
-            sh.summary.truncated += 1;
             let reason = format!(
                 "{label}the answer was cut by {} at {} tokens (--keep-truncated writes it)",
                 g.finish.as_str(),
                 g.tokens.len()
             );
+            // A later answer cut by the capacity is the conversation outgrowing it, like a
+            // later prompt that does not fit (below): the earlier answers stand. An answer
+            // cut by max_new_tokens is the answer's own length, and drops its sample.
+            if g.finish == Finish::Capacity && conv.answered() > 0 {
+                sh.summary.shortened.push((index, reason));
+                return self.write(sh, index, &conv, stats);
+            }
+            sh.summary.truncated += 1;
             return self.skip(sh, index, reason);
         }
+        let text = match answer_text(self.preparer, &g) {
+            Ok(text) => text,
+            Err(reason) => return self.skip(sh, index, format!("{label}{reason}")),
+        };
         conv.answer(text, &g);
         if !conv.is_complete() {
             match conv.next_prompt(self.preparer, self.settings.capacity) {
@@ -317,6 +328,17 @@ impl Turns<'_> {
                 Err(no) => return self.skip(sh, index, no.reason()),
             }
         }
+        self.write(sh, index, &conv, stats)
+    }
+
+    /// Writes `conv` (whole, or up to its last answer) as sample `index`'s line.
+    fn write(
+        &self,
+        sh: &mut Shared,
+        index: u64,
+        conv: &Conversation,
+        stats: &GenerateStats,
+    ) -> Result<(), RegenerateError> {
         sh.out.write(index, &conv.output_line())?;
         sh.summary.generated += 1;
         self.bar.inc(1);

@@ -29,6 +29,40 @@ pub(crate) fn sample_of(id: u64) -> u64 {
     id & ((1 << INDEX_BITS) - 1)
 }
 
+/// `"sample i, turn k"` (`k` counted from 1, as reasons count turns) for a sequence id.
+pub(crate) fn describe_id(id: u64) -> String {
+    format!("sample {}, turn {}", sample_of(id), (id >> INDEX_BITS) + 1)
+}
+
+/// `message` (the generation's, which names a sequence by its id, as `"sequence ID"` or
+/// `"prompt ID"`) with each such id named as its sample and turn: the packed id of a later
+/// turn is a number no dataset row carries.
+pub(crate) fn name_sequences(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    loop {
+        let next = ["sequence ", "prompt "]
+            .iter()
+            .filter_map(|w| rest.find(w).map(|at| (at, *w)))
+            .min();
+        let Some((at, word)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        let after = &rest[at + word.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        match after[..digits].parse::<u64>() {
+            Ok(id) if word == "prompt " => {
+                out.push_str(&format!("the prompt of {}", describe_id(id)))
+            }
+            Ok(id) => out.push_str(&describe_id(id)),
+            Err(_) => out.push_str(word),
+        }
+        rest = &after[digits..];
+    }
+}
+
 /// How one turn ended.
 struct TurnEnd {
     finish: Finish,
@@ -59,6 +93,11 @@ impl Conversation {
         self.index
     }
 
+    /// The turns answered so far.
+    pub(crate) fn answered(&self) -> usize {
+        self.ends.len()
+    }
+
     /// Whether every turn has its answer.
     pub(crate) fn is_complete(&self) -> bool {
         self.ends.len() == self.answers.len()
@@ -82,6 +121,15 @@ impl Conversation {
         let turn = self.ends.len();
         let ids = prompt_ids(preparer, &self.messages[..self.answers[turn]])
             .map_err(|r| NoPrompt::Failed(format!("{}{r}", self.turn_label())))?;
+        // The generation refuses an empty prompt, and with it the whole run: a template
+        // that renders nothing (say, one that prints bare contents, with an empty one)
+        // drops this sample alone.
+        if ids.is_empty() {
+            return Err(NoPrompt::Failed(format!(
+                "{}the chat template renders an empty prompt: nothing for the target to answer",
+                self.turn_label()
+            )));
+        }
         if ids.len() >= capacity {
             return Err(NoPrompt::TooLong(format!(
                 "{}the prompt has {} tokens: no room for an answer within the capacity of \
@@ -143,7 +191,7 @@ impl Conversation {
 pub(crate) enum NoPrompt {
     /// The conversation so far leaves no room for an answer within the capacity.
     TooLong(String),
-    /// The template, the tokenizer or the sequence id failed.
+    /// The template, the tokenizer or the sequence id failed, or the prompt is empty.
     Failed(String),
 }
 
@@ -187,5 +235,26 @@ mod tests {
         assert_eq!(sample_of(id), 7);
         assert!(sequence_id(1 << 40, 0).is_err());
         assert!(sequence_id(0, 1 << 24).is_err());
+    }
+
+    #[test]
+    fn the_generations_messages_name_samples_and_turns() {
+        let later = sequence_id(7, 1).unwrap();
+        assert_eq!(later, 1_099_511_627_783);
+        assert_eq!(
+            name_sequences(&format!(
+                "generate: sequence {later}: its final hidden state"
+            )),
+            "generate: sample 7, turn 2: its final hidden state"
+        );
+        assert_eq!(
+            name_sequences("prompt 3 has 0 tokens: generation needs 1 to 15"),
+            "the prompt of sample 3, turn 1 has 0 tokens: generation needs 1 to 15"
+        );
+        // Words without an id after them are left as they are.
+        assert_eq!(
+            name_sequences("a sequence stopped; prompt tokens"),
+            "a sequence stopped; prompt tokens"
+        );
     }
 }

@@ -2,10 +2,11 @@
 //! finds:
 //! - the output is JSONL conversations that `dflash prepare` turns into training data;
 //! - a restart continues: finished lines are kept, a torn last line is cut off, only the
-//!   missing samples are generated, and other settings are refused;
+//!   missing samples are generated, and other settings (another backend among them) are
+//!   refused;
 //! - a conversation whose later turn outgrows the capacity is written up to its last answer;
-//! - samples without anything to answer are skipped with a reason and recorded, so a
-//!   restart does not try them again; all skipped is an error.
+//! - samples without anything to answer (an empty prompt among them) are skipped with a
+//!   reason and recorded, so a restart does not try them again; all skipped is an error.
 
 mod common;
 
@@ -189,6 +190,67 @@ fn samples_with_nothing_to_answer_are_skipped_and_all_skipped_is_an_error() {
         matches!(e, RegenerateError::AllSkipped { total: 4, .. })
             && e.to_string()
                 .contains("the assistant turn (skipped before)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_prompt_skips_its_sample_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("bare.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let data = dir.path().join("chats.jsonl");
+    let rows = [
+        json!({"messages": [{"role": "user", "content": "def f():\n"}]}),
+        json!({"messages": [{"role": "user", "content": ""}]}),
+        json!({"messages": [{"role": "user", "content": "x"}]}),
+    ];
+    write_jsonl(&data, &rows);
+    let out = dir.path().join("out.jsonl");
+    let mut o = opts(&data, &out, 2, 4);
+    o.chat_template = Some(template);
+    let s = regenerate(backend(), &o).unwrap();
+    assert_eq!((s.samples, s.generated, s.skipped.len()), (3, 2, 1), "{s}");
+    let (i, reason) = &s.skipped[0];
+    assert!(*i == 1 && reason.contains("empty prompt"), "{reason}");
+    // Recorded like any drop: a restart finds every sample handled.
+    let skips = std::fs::read_to_string(dflash_regenerate::output::skipped_path(&out)).unwrap();
+    assert!(skips.contains("\"index\":1"), "{skips}");
+    let again = regenerate(backend(), &o).unwrap();
+    assert_eq!(
+        (again.resumed, again.resumed_skipped, again.generated),
+        (3, 1, 0),
+        "{again}"
+    );
+}
+
+#[test]
+fn an_output_of_another_backend_is_not_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("chats.jsonl");
+    write_jsonl(
+        &data,
+        &[json!({"messages": [{"role": "user", "content": "def f():\n"}]})],
+    );
+    let out = dir.path().join("out.jsonl");
+    let o = opts(&data, &out, 1, 4);
+    regenerate(backend(), &o).unwrap();
+    let meta_file = dflash_regenerate::output::meta_path(&out);
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta_file).unwrap()).unwrap();
+    assert_eq!(meta["backend"], "reference", "{meta}");
+    // As another backend would have written it: its logits round otherwise.
+    meta["backend"] = json!("cuda");
+    std::fs::write(&meta_file, meta.to_string()).unwrap();
+    let e = regenerate(backend(), &o).unwrap_err();
+    assert!(
+        matches!(e, RegenerateError::Resume { .. })
+            && e.to_string()
+                .contains(r#"backend: "cuda" then, "reference" now"#),
         "{e}"
     );
 }
