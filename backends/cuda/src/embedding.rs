@@ -4,7 +4,7 @@
 //! on the host before anything is enqueued.
 
 use cudarc::driver::PushKernelArg;
-use dflash_core::{EmbeddingOps, Error, Result, Tensor};
+use dflash_core::{EmbeddingOps, Result, Tensor};
 
 use crate::kernels::pick;
 use crate::{CudaBackend, grid_vec8};
@@ -13,22 +13,9 @@ impl EmbeddingOps for CudaBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let op = "embedding";
         let tab = self.any(op, table)?;
-        if table.dims().len() != 2 {
-            return Err(self.shape_err(op, format!("table {:?} must be (V, H)", table.shape())));
-        }
-        let (v, h) = (table.dims()[0], table.dims()[1]);
-        let mut idx = Vec::with_capacity(ids.len());
-        for (t, &id) in ids.iter().enumerate() {
-            let id = id as usize;
-            if id >= v {
-                return Err(Error::op(
-                    op,
-                    self.tag.clone(),
-                    format!("token id {id} at position {t} is out of range for vocab size V = {v}"),
-                ));
-            }
-            idx.push(id as i32);
-        }
+        let (_, h) = dflash_core::embedding_dims(op, &self.tag, table, ids)?;
+        // The gather kernel indexes rows as i32 (vocabularies are far below 2^31 rows).
+        let idx: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
         let n = ids.len() * h;
         let od = self.opts.activations;
         let mut out = self.alloc(op, n, od)?;

@@ -10,8 +10,8 @@ use dflash_backend_reference::{ReferenceBackend, host_slice};
 use dflash_core::mask::BlockMask;
 use dflash_core::registry::{self, BackendOptions};
 use dflash_core::{
-    AttentionOps, BackendInfo, EmbeddingOps, Error, GemmOps, MemoryOps, NormOps, RopeOps, Storage,
-    Tensor, Transpose,
+    AdamWParams, AttentionOps, BackendInfo, EmbeddingOps, Error, GemmOps, LossOps, MemoryOps,
+    NormOps, OptimizerOps, RopeOps, Storage, Tensor, Transpose,
 };
 
 /// A buffer from some other backend.
@@ -195,4 +195,238 @@ fn overflowing_shapes_are_errors_not_panics() {
     assert!(s.contains("zeros on cpu:"), "{s}");
     // Shapes that fit still work, zero-sized ones included.
     assert_eq!(be.zeros(&[0, 1 << 32]).unwrap().numel(), 0);
+
+    // Regression: matmul checked only the inner dims, so two legal empty operands with
+    // K = 0 made an (M, N) result whose count wraps to 0 in release (sgemm then wrote M*N
+    // zeros through a dangling pointer) and panicked in debug. Every product checks it now.
+    let a = be.zeros(&[1 << 32, 0]).unwrap();
+    let b = be.zeros(&[0, 1 << 32]).unwrap();
+    let bt = be.zeros(&[1 << 32, 0]).unwrap();
+    for (op, r) in [
+        ("matmul", be.matmul(&a, Transpose::No, &b, Transpose::No)),
+        ("matmul", be.linear(&a, &bt)),
+        ("matmul", be.matmul(&b, Transpose::Yes, &bt, Transpose::Yes)),
+    ] {
+        let (e, s) = msg(r);
+        assert!(matches!(e, Error::Shape { .. }), "{s}");
+        assert!(
+            s.starts_with(&format!("{op} on cpu:"))
+                && s.contains("(4294967296, 4294967296)")
+                && s.contains("usize::MAX"),
+            "{s}"
+        );
+    }
+    let mut c = be.zeros(&[1, 1]).unwrap();
+    let (e, s) = msg(be.matmul_acc(&mut c, &a, Transpose::No, &b, Transpose::No, 1.0));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    assert!(
+        s.starts_with("matmul_acc on cpu:") && s.contains("usize::MAX"),
+        "{s}"
+    );
+    // An empty product that fits is still fine (a K = 0 product is all zeros).
+    let a = be.zeros(&[2, 0]).unwrap();
+    let ok = be.matmul(
+        &a,
+        Transpose::No,
+        &be.zeros(&[0, 3]).unwrap(),
+        Transpose::No,
+    );
+    assert_eq!(host_slice(&ok.unwrap()).unwrap(), &[0.0; 6]);
+}
+
+/// Regression: the fused loss head bounded T*H (x) and V*H (w_head) but never T*V, which is
+/// unbounded when H = 0; its logits chunk `n * V` wrapped (release: sgemm through a dangling
+/// pointer) or panicked (debug). Now both ops refuse such shapes up front.
+#[test]
+fn fused_loss_with_unrepresentable_logits_is_a_shape_error() {
+    let be = backend();
+    let x = be.zeros(&[4, 0]).unwrap();
+    let w = be.zeros(&[1 << 62, 0]).unwrap();
+    let (e, s) = msg(be.linear_argmax(&x, &w));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    assert!(
+        s.starts_with("linear_argmax on cpu:")
+            && s.contains("[4, 0]")
+            && s.contains("[4611686018427387904, 0]")
+            && s.contains("usize::MAX"),
+        "{s}"
+    );
+    let x = be.zeros(&[64, 0]).unwrap();
+    let w = be.zeros(&[1 << 58, 0]).unwrap();
+    let (labels, weights) = (vec![0u32; 64], vec![1.0f32; 64]);
+    let (e, s) = msg(be.linear_cross_entropy(&x, &w, &labels, &weights, 1.0));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    assert!(
+        s.starts_with("linear_cross_entropy on cpu:") && s.contains("usize::MAX"),
+        "{s}"
+    );
+    // With H = 0 and a representable (T, V) the ops still work: every logit is 0.
+    let x = be.zeros(&[3, 0]).unwrap();
+    let w = be.zeros(&[5, 0]).unwrap();
+    assert_eq!(be.linear_argmax(&x, &w).unwrap(), vec![0, 0, 0]);
+}
+
+/// Regression: the reference embedding reserved `T * H` before checking the ids, so a
+/// `(0, 2^61)` table (no valid id, yet a legal tensor) panicked with "capacity overflow".
+#[test]
+fn embedding_checks_ids_and_size_before_allocating() {
+    let be = backend();
+    let table = be.zeros(&[0, 1 << 61]).unwrap();
+    let (e, s) = msg(be.embedding(&table, &[0, 0]));
+    assert!(matches!(e, Error::Op { .. }), "{s}");
+    assert!(
+        s.starts_with("embedding on cpu:") && s.contains("token id 0 at position 0"),
+        "{s}"
+    );
+    // No ids: an empty (0, H) result, however wide.
+    assert_eq!(be.embedding(&table, &[]).unwrap().dims(), &[0, 1 << 61]);
+}
+
+/// Regression: `concat_cols` never checked the summed width, so two legal zero-row parts of
+/// width 2^63 panicked in debug and made a wrongly shaped tensor in release.
+#[test]
+fn concat_cols_with_overflowing_width_is_a_shape_error() {
+    let be = backend();
+    let p = be.zeros(&[0, 1 << 63]).unwrap();
+    let (e, s) = msg(be.concat_cols(&[&p, &p]));
+    assert!(matches!(e, Error::Shape { .. }), "{s}");
+    assert!(
+        s.starts_with("concat_cols on cpu:") && s.contains("usize::MAX"),
+        "{s}"
+    );
+    // Zero rows with a total width that fits is an empty result.
+    let q = be.zeros(&[0, 1 << 62]).unwrap();
+    assert_eq!(be.concat_cols(&[&q, &q]).unwrap().dims(), &[0, 1 << 63]);
+}
+
+/// Regression: `AdamWParams::validate` checked only step and grad_scale. A beta that is
+/// below 1 in a config's f64 but rounds to 1.0 in f32 made `bc = 1 - beta^t` zero, and eps
+/// = 0 made `0 / 0`: every parameter NaN after one step, silently. Now each is an error
+/// naming the field and value, and nothing is written.
+#[test]
+fn adamw_rejects_hyper_parameters_that_would_make_nan() {
+    let be = backend();
+    let good = AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        step: 1,
+        grad_scale: 1.0,
+    };
+    let almost_one = 0.999_999_99_f64 as f32; // < 1 in f64, exactly 1.0 in f32
+    assert_eq!(almost_one, 1.0);
+    let cases = [
+        (
+            AdamWParams {
+                beta1: almost_one,
+                ..good
+            },
+            "beta1",
+            "got 1",
+        ),
+        (
+            AdamWParams {
+                beta2: almost_one,
+                ..good
+            },
+            "beta2",
+            "got 1",
+        ),
+        (
+            AdamWParams {
+                beta1: -0.1,
+                ..good
+            },
+            "beta1",
+            "got -0.1",
+        ),
+        (
+            AdamWParams {
+                beta2: f32::NAN,
+                ..good
+            },
+            "beta2",
+            "got NaN",
+        ),
+        (
+            AdamWParams {
+                eps: 1e-50_f64 as f32,
+                ..good
+            },
+            "eps",
+            "got 0",
+        ),
+        (
+            AdamWParams {
+                eps: f32::INFINITY,
+                ..good
+            },
+            "eps",
+            "got inf",
+        ),
+        (
+            AdamWParams {
+                lr: f32::NAN,
+                ..good
+            },
+            "lr",
+            "got NaN",
+        ),
+        (AdamWParams { lr: -1e-3, ..good }, "lr", "got -0.001"),
+        (
+            AdamWParams {
+                weight_decay: -0.1,
+                ..good
+            },
+            "weight_decay",
+            "got -0.1",
+        ),
+        (
+            AdamWParams {
+                weight_decay: f32::INFINITY,
+                ..good
+            },
+            "weight_decay",
+            "got inf",
+        ),
+    ];
+    let p0 = [0.5f32, -0.25, 1.0];
+    let g = up(&be, &[0.0, 0.1, -0.2], &[3]);
+    for (hp, field, value) in cases {
+        let (mut p, mut m, mut v) = (
+            up(&be, &p0, &[3]),
+            be.zeros(&[3]).unwrap(),
+            be.zeros(&[3]).unwrap(),
+        );
+        let (e, s) = msg(be.adamw_step(&mut p, &g, &mut m, &mut v, &hp));
+        assert!(matches!(e, Error::Op { .. }), "{s}");
+        assert!(
+            s.starts_with("adamw_step on cpu:") && s.contains(field) && s.contains(value),
+            "{field}: {s}"
+        );
+        assert_eq!(
+            host_slice(&p).unwrap(),
+            &p0,
+            "{field}: param written on error"
+        );
+    }
+    // Boundary values that are fine: beta 0, lr 0, weight decay 0; the result is finite.
+    let edge = AdamWParams {
+        beta1: 0.0,
+        beta2: 0.0,
+        lr: 0.0,
+        weight_decay: 0.0,
+        ..good
+    };
+    let (mut p, mut m, mut v) = (
+        up(&be, &p0, &[3]),
+        be.zeros(&[3]).unwrap(),
+        be.zeros(&[3]).unwrap(),
+    );
+    be.adamw_step(&mut p, &g, &mut m, &mut v, &edge).unwrap();
+    assert!(host_slice(&p).unwrap().iter().all(|x| x.is_finite()));
+    be.adamw_step(&mut p, &g, &mut m, &mut v, &good).unwrap();
+    assert!(host_slice(&p).unwrap().iter().all(|x| x.is_finite()));
 }

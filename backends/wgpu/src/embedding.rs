@@ -75,16 +75,7 @@ impl EmbeddingOps for WgpuBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let op = "embedding";
         let tab = storage_any(op, &self.ctx, table)?;
-        if table.dims().len() != 2 {
-            return Err(self.shape_err(op, format!("table {:?} must be (V, H)", table.shape())));
-        }
-        let (v, h) = (table.dims()[0], table.dims()[1]);
-        if let Some((t, &id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= v) {
-            return Err(self.err(
-                op,
-                format!("token id {id} at position {t} is out of range for vocab size V = {v}"),
-            ));
-        }
+        let (v, h) = dflash_core::embedding_dims(op, &self.ctx.tag, table, ids)?;
         let out = self.out(op, ids.len() * h)?;
         let idx = self.ctx.upload_u32(op, ids)?;
         self.gather_scatter(op, false, tab, v, h, &idx, ids.len(), &out)?;

@@ -5,10 +5,12 @@
 
 use std::any::Any;
 
+use dflash_core::ops::gemm::{matmul_acc_dims, matmul_dims};
+use dflash_core::ops::loss::logits_chunk_rows;
 use dflash_core::tensor::checked_numel;
 use dflash_core::{
-    BackendInfo, Error, HostSlice, MemoryOps, Result, Storage, Tensor, concat_rows_dims,
-    upload_numel,
+    AdamWParams, BackendInfo, Error, HostSlice, LossDims, MemoryOps, Result, Shape, Storage,
+    Tensor, Transpose, concat_cols_dims, concat_rows_dims, embedding_dims, upload_numel,
 };
 
 /// What a `(1 << 32, 1 << 32)` shape's product wraps to on a 64-bit target: 0.
@@ -205,4 +207,148 @@ fn default_methods_name_the_inheriting_backends_device() {
         .unwrap();
     assert_eq!(data(&f), [1.5, -2.0]);
     assert_eq!(be.random_normal(&[5], 1.0, 9).unwrap().dims(), [5]);
+}
+
+/// Regression: the shared validators bounded each operand but not results that multiply dims
+/// of two operands. With a zero inner dim both operands are empty whatever the outer dims,
+/// so the result's count (M*N of a matmul, T*V of the loss head's logits, T*H of an
+/// embedding, the summed width of `concat_cols`) could wrap, and every backend sized a
+/// buffer from the wrapped value.
+#[test]
+fn results_of_two_operands_have_checked_counts() {
+    let be = Mock;
+    let (a, b): (Shape, Shape) = ([HUGE, 0].into(), [0, HUGE].into());
+    let e = matmul_dims(&a, Transpose::No, &b, Transpose::No).unwrap_err();
+    assert!(
+        e.contains("(4294967296, 4294967296)") && e.contains("usize::MAX"),
+        "{e}"
+    );
+    let e = matmul_dims(&b, Transpose::Yes, &a, Transpose::Yes).unwrap_err();
+    assert!(
+        e.contains("a^T [0, 4294967296]") && e.contains("usize::MAX"),
+        "{e}"
+    );
+    let c: Shape = [1, 1].into();
+    let e = matmul_acc_dims(&c, &a, Transpose::No, &b, Transpose::No).unwrap_err();
+    assert!(e.contains("usize::MAX"), "{e}");
+    assert_eq!(
+        matmul_dims(&a, Transpose::No, &[0, 3].into(), Transpose::No).unwrap(),
+        (HUGE, 0, 3)
+    );
+
+    let x = be.zeros(&[4, 0]).unwrap();
+    let w = be.zeros(&[1 << 62, 0]).unwrap();
+    assert_shape_err(
+        LossDims::of_argmax("linear_argmax", "dev", &x, &w),
+        "linear_argmax",
+        "dev",
+        "[4, 0]",
+    );
+    let x = be.zeros(&[64, 0]).unwrap();
+    let w = be.zeros(&[1 << 58, 0]).unwrap();
+    assert_shape_err(
+        LossDims::of_cross_entropy("linear_cross_entropy", "dev", &x, &w, &[0; 64], &[1.0; 64]),
+        "linear_cross_entropy",
+        "dev",
+        "usize::MAX",
+    );
+    let x = be.zeros(&[1, 0]).unwrap();
+    let dims = LossDims::of_argmax("linear_argmax", "dev", &x, &w).unwrap();
+    assert_eq!((dims.rows, dims.vocab), (1, 1 << 58));
+
+    let table = be.zeros(&[0, 1 << 61]).unwrap();
+    let e = embedding_dims("embedding", "dev", &table, &[0, 0])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("embedding on dev:") && e.contains("token id 0 at position 0"),
+        "{e}"
+    );
+    assert_eq!(
+        embedding_dims("embedding", "dev", &table, &[]).unwrap(),
+        (0, 1 << 61)
+    );
+
+    let p = be.zeros(&[0, 1 << 63]).unwrap();
+    let e = concat_cols_dims(&[&p, &p]).unwrap_err();
+    assert!(e.contains("usize::MAX"), "{e}");
+    assert_eq!(concat_cols_dims(&[&p]).unwrap(), (0, vec![1 << 63]));
+}
+
+/// Regression: `logits_chunk_rows` computed `V * 4` unchecked; V is unbounded for a `(V, 0)`
+/// head, so a backend sizing its chunk from a legal head panicked (debug) or got a wrapped
+/// row count (release). A row larger than the budget now gets the 1-row minimum.
+#[test]
+fn logits_chunk_rows_never_overflows() {
+    assert_eq!(logits_chunk_rows(1 << 20, 1 << 62, 64, 8), 1);
+    assert_eq!(logits_chunk_rows(1 << 20, usize::MAX, 64, 8), 1);
+    assert_eq!(logits_chunk_rows(1 << 20, 1024, 1024, 8), 256);
+}
+
+/// Regression: `AdamWParams::validate` checked only step and grad_scale, so beta = 1.0 in
+/// f32 (a config's 0.99999999 after the cast), eps = 0, or a NaN/negative lr or weight decay
+/// went through and turned every parameter NaN (or grew it) on the first step.
+#[test]
+fn adamw_validate_checks_every_hyper_parameter_in_f32() {
+    let good = AdamWParams {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step: 1,
+        grad_scale: 1.0,
+    };
+    good.validate().unwrap();
+    AdamWParams {
+        beta1: 0.0,
+        beta2: 0.0,
+        lr: 0.0,
+        ..good
+    }
+    .validate()
+    .unwrap();
+    let bad = [
+        (
+            AdamWParams {
+                beta1: 0.999_999_99_f64 as f32,
+                ..good
+            },
+            "beta1 must be in [0, 1) as f32, got 1",
+        ),
+        (
+            AdamWParams { beta2: 1.5, ..good },
+            "beta2 must be in [0, 1) as f32, got 1.5",
+        ),
+        (
+            AdamWParams {
+                beta1: f32::NAN,
+                ..good
+            },
+            "beta1",
+        ),
+        (
+            AdamWParams { eps: 0.0, ..good },
+            "eps must be finite and > 0 as f32, got 0",
+        ),
+        (AdamWParams { eps: -1e-8, ..good }, "eps"),
+        (
+            AdamWParams {
+                lr: f32::INFINITY,
+                ..good
+            },
+            "lr must be finite and >= 0, got inf",
+        ),
+        (
+            AdamWParams {
+                weight_decay: f32::NAN,
+                ..good
+            },
+            "weight_decay must be finite and >= 0, got NaN",
+        ),
+    ];
+    for (hp, want) in bad {
+        let e = hp.validate().unwrap_err();
+        assert!(e.contains(want), "{want:?} not in {e:?}");
+    }
 }

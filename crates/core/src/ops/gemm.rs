@@ -38,7 +38,8 @@ impl Transpose {
 }
 
 /// `(M, K, N)` of `op(a) @ op(b)` for `(rows, cols)` views of `a` and `b` (leading dims folded
-/// into rows), or the message every backend reports when the inner dims differ.
+/// into rows), or the message every backend reports when the inner dims differ or the
+/// `(M, N)` result has more than `usize::MAX` elements.
 pub fn matmul_dims(
     a: &crate::Shape,
     ta: Transpose,
@@ -57,6 +58,15 @@ pub fn matmul_dims(
             tb.suffix()
         ));
     }
+    // The operands bound only M*K and K*N: with K = 0 both are empty whatever M and N, so
+    // the (M, N) result can be unrepresentable, and a wrapped count would size its buffer.
+    crate::tensor::numel_or_overflow(&[m, n]).map_err(|e| {
+        format!(
+            "a{} {a:?} @ b{} {b:?} is ({m}, {n}): {e}",
+            ta.suffix(),
+            tb.suffix()
+        )
+    })?;
     Ok((m, k, n))
 }
 

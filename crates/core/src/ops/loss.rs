@@ -77,7 +77,9 @@ pub fn logits_chunk_rows(
     max_rows: usize,
     align: usize,
 ) -> usize {
-    let rows = (budget_bytes / (vocab.max(1) * 4)).clamp(1, max_rows.max(1));
+    // Saturating: V is bounded only by usize (a (V, 0) head is empty), so V * 4 may not fit;
+    // a row that cannot fit the budget gets the minimum chunk of 1 row.
+    let rows = (budget_bytes / vocab.max(1).saturating_mul(4)).clamp(1, max_rows.max(1));
     if align > 0 && rows >= align {
         rows / align * align
     } else {
@@ -86,7 +88,8 @@ pub fn logits_chunk_rows(
 }
 
 impl LossDims {
-    /// Checks `x (T, H)` against `w_head (V, H)`; errors name `op` and `device`.
+    /// Checks `x (T, H)` against `w_head (V, H)`, and that the `(T, V)` logits have a
+    /// representable element count; errors name `op` and `device`.
     pub fn of(op: &'static str, device: &str, x: &Tensor, w_head: &Tensor) -> Result<Self> {
         let (rows, hidden) = x.shape().as_matrix();
         let wd = w_head.dims();
@@ -101,10 +104,24 @@ impl LossDims {
                 ),
             ));
         }
+        let vocab = wd[0];
+        // x and w_head bound only T*H and V*H: with H = 0 both are empty whatever T and V, so
+        // the (T, V) logits can be unrepresentable, and a wrapped count would size a chunk.
+        crate::tensor::numel_or_overflow(&[rows, vocab]).map_err(|e| {
+            Error::shape(
+                op,
+                device,
+                format!(
+                    "x {:?} @ w_head {:?}^T: logits ({rows}, {vocab}): {e}",
+                    x.shape(),
+                    w_head.shape()
+                ),
+            )
+        })?;
         Ok(LossDims {
             rows,
             hidden,
-            vocab: wd[0],
+            vocab,
         })
     }
 

@@ -339,7 +339,8 @@ pub fn concat_rows_dims(parts: &[&Tensor]) -> std::result::Result<Vec<usize>, St
 }
 
 /// The checked shape of [`MemoryOps::concat_cols`]: the row count `R` and each part's column
-/// count (parts viewed as `(R, C_i)`), or which part has another row count.
+/// count (parts viewed as `(R, C_i)`), or which part has another row count. The total width
+/// and the `(R, sum C_i)` element count are checked to fit in `usize`.
 pub fn concat_cols_dims(parts: &[&Tensor]) -> std::result::Result<(usize, Vec<usize>), String> {
     let Some(first) = parts.first() else {
         return Err("no tensors to concatenate".into());
@@ -357,6 +358,13 @@ pub fn concat_cols_dims(parts: &[&Tensor]) -> std::result::Result<(usize, Vec<us
         }
         cols.push(c);
     }
+    // Widths of zero-row parts are not bounded by memory: their sum, and the (R, sum C_i)
+    // result, can overflow. Checked here so callers may sum and multiply freely.
+    let total = cols
+        .iter()
+        .try_fold(0usize, |acc, &c| acc.checked_add(c))
+        .ok_or("the parts' column counts add up to more than usize::MAX")?;
+    numel_or_overflow(&[rows, total])?;
     Ok((rows, cols))
 }
 

@@ -16,7 +16,7 @@ pub mod rope;
 pub use activation::ActivationOps;
 pub use attention::AttentionOps;
 pub use collective::{CollectiveEndpoint, CollectiveOps, Communicator, DeviceCollective};
-pub use embedding::EmbeddingOps;
+pub use embedding::{EmbeddingOps, embedding_dims};
 pub use gemm::{GemmOps, Transpose};
 pub use loss::{LossDims, LossOps, LossStats};
 pub use memory::{

@@ -70,6 +70,11 @@ impl AdamWParams {
     }
 
     /// Checks the hyper-parameters themselves (the step is 1-based, for bias correction).
+    ///
+    /// On the f32 values a backend receives, not on a config's f64 ones: a beta below 1 in
+    /// f64 (0.99999999) can round to 1.0 in f32, and then `bc = 1 - beta^t` is 0 and every
+    /// parameter turns NaN on the first step; an eps that is 0 in f32 gives `0 / 0` wherever
+    /// a moment is 0. Each bad field is an error naming it and its value.
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.step == 0 {
             return Err("step is 1-based; got 0".into());
@@ -79,6 +84,23 @@ impl AdamWParams {
                 "grad_scale must be finite, got {}",
                 self.grad_scale
             ));
+        }
+        for (name, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            // Also rejects NaN: both comparisons are false for it.
+            if !(0.0..1.0).contains(&beta) {
+                return Err(format!("{name} must be in [0, 1) as f32, got {beta}"));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(format!(
+                "eps must be finite and > 0 as f32, got {}",
+                self.eps
+            ));
+        }
+        for (name, x) in [("lr", self.lr), ("weight_decay", self.weight_decay)] {
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(format!("{name} must be finite and >= 0, got {x}"));
+            }
         }
         Ok(())
     }
