@@ -49,6 +49,16 @@ pub(crate) fn read_rope_theta(o: &Obj<'_>) -> Result<f64> {
     let top = o.opt_f64("rope_theta")?;
     if let Some(scaling) = o.opt_obj("rope_scaling")? {
         check_rope_type(&scaling, "this")?;
+        // Settings without a type (`{"factor": 4.0}`): transformers refuses them, and
+        // reading them as plain RoPE would drop a scaling the author meant.
+        if !scaling.has("rope_type") && !scaling.has("type") && !scaling.map.is_empty() {
+            return Err(o.unsupported(
+                "rope_scaling",
+                &Value::Object(scaling.map.clone()),
+                "scaling settings without a rope_type: only plain RoPE (\"default\") is \
+                 implemented, and which scaling these mean is not said",
+            ));
+        }
     }
     let params = match o.opt_obj("rope_parameters")? {
         None => None,

@@ -123,6 +123,21 @@ fn rope_scaling_is_rejected_naming_file_and_field() {
         "{msg}"
     );
 
+    // Scaling settings that do not say their type are not plain RoPE either.
+    let untyped = edit(fixture_json("target_qwen3-8b.json"), |m| {
+        m.insert("rope_scaling".into(), json!({"factor": 4.0}));
+    });
+    let e = parse(&untyped).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Unsupported { field, .. } if field == "rope_scaling"),
+        "{e:?}"
+    );
+    // An empty object says nothing: plain RoPE.
+    let empty = edit(fixture_json("target_qwen3-8b.json"), |m| {
+        m.insert("rope_scaling".into(), json!({}));
+    });
+    parse(&empty).unwrap();
+
     let linear = edit(fixture_json("target_tiny_v5.json"), |m| {
         m.insert(
             "rope_parameters".into(),

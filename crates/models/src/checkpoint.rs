@@ -93,7 +93,8 @@ impl FrozenTarget {
         let cfg = Qwen3Config::from_file(target_dir.join("config.json"))?;
         let files = TensorFiles::open(target_dir)?;
         let shape = [cfg.vocab_size, cfg.hidden_size];
-        let has_head = files.contains("lm_head.weight");
+        // Tied: the embedding is the head whatever else the files hold (see `Qwen3Target`).
+        let has_head = files.contains("lm_head.weight") && !cfg.tie_word_embeddings;
         if !has_head && !cfg.tie_word_embeddings {
             return Err(ModelError::Tensor {
                 path: target_dir.to_path_buf(),

@@ -268,7 +268,16 @@ impl Drafter {
         frozen: Arc<FrozenTarget>,
     ) -> Result<Self> {
         let expect = DrafterParams::layout(&cfg);
-        for ((name, shape), t) in expect.iter().zip(params.tensors()) {
+        let tensors = params.tensors();
+        if tensors.len() != expect.len() {
+            return Err(ModelError::Input(format!(
+                "the drafter's parameters are {} tensors, its config ({} layers) has {}",
+                tensors.len(),
+                cfg.num_hidden_layers,
+                expect.len()
+            )));
+        }
+        for ((name, shape), t) in expect.iter().zip(tensors) {
             if t.dims() != shape.as_slice() {
                 return Err(ModelError::Input(format!(
                     "drafter tensor {name} has shape {:?}, config says {shape:?}",

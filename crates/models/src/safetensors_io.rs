@@ -41,17 +41,47 @@ impl TensorFiles {
                     path: index_path.clone(),
                     detail: "missing object field \"weight_map\"".into(),
                 })?;
-            let mut names: Vec<String> = map
-                .values()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect();
+            let mut listed: Vec<(String, PathBuf)> = Vec::with_capacity(map.len());
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| ModelError::Checkpoint {
+                    path: index_path.clone(),
+                    detail: format!("weight_map[{tensor:?}] is {file}, not a file name"),
+                })?;
+                listed.push((tensor.clone(), dir.join(file)));
+            }
+            let mut names: Vec<PathBuf> = listed.iter().map(|(_, f)| f.clone()).collect();
             names.sort();
             names.dedup();
-            names.into_iter().map(|n| dir.join(n)).collect()
+            let files = Self::open_files(dir, names)?;
+            files.check_weight_map(&index_path, &listed)?;
+            return Ok(files);
         } else {
             vec![dir.join("model.safetensors")]
         };
         Self::open_files(dir, files)
+    }
+
+    /// Every tensor the index lists is in the shard it names: loaders (transformers, vLLM)
+    /// read each tensor where the index says, so a checkpoint that disagrees with its index
+    /// would train on other weights than serving uses.
+    fn check_weight_map(&self, index_path: &Path, listed: &[(String, PathBuf)]) -> Result<()> {
+        for (tensor, file) in listed {
+            let found = self.index.get(tensor).map(|&i| &self.maps[i].0);
+            if found != Some(file) {
+                return Err(ModelError::Checkpoint {
+                    path: index_path.to_path_buf(),
+                    detail: format!(
+                        "weight_map puts {tensor:?} in {}, but {}",
+                        file.display(),
+                        match found {
+                            Some(f) => format!("it is in {}", f.display()),
+                            None => "no shard the index lists holds it".to_string(),
+                        }
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Opens one safetensors file.
@@ -61,7 +91,7 @@ impl TensorFiles {
     }
 
     fn open_files(dir: &Path, files: Vec<PathBuf>) -> Result<Self> {
-        let mut maps = Vec::new();
+        let mut maps: Vec<(PathBuf, memmap2::Mmap)> = Vec::new();
         let mut index = HashMap::new();
         for path in files {
             let file = File::open(&path).map_err(io_err(&path))?;
@@ -73,7 +103,16 @@ impl TensorFiles {
                 detail: format!("not a valid safetensors file: {e}"),
             })?;
             for name in st.names() {
-                index.insert(name.to_string(), maps.len());
+                if let Some(earlier) = index.insert(name.to_string(), maps.len()) {
+                    let first: &PathBuf = &maps[earlier].0;
+                    return Err(ModelError::Checkpoint {
+                        path: path.clone(),
+                        detail: format!(
+                            "tensor {name:?} is also in {}: one checkpoint holds each tensor once",
+                            first.display()
+                        ),
+                    });
+                }
             }
             maps.push((path, map));
         }

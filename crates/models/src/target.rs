@@ -77,7 +77,9 @@ impl Qwen3Target {
     ) -> Result<Self> {
         let origin = format!("the target in {}", files.dir().display());
         check_layer_count(&cfg, files)?;
-        let has_lm_head = files.contains("lm_head.weight");
+        // A tied target's head is its embedding, as HF ties them after loading and serving
+        // engines skip `lm_head.*`: a stale head a tied export also ships is not read.
+        let has_lm_head = files.contains("lm_head.weight") && !cfg.tie_word_embeddings;
         if !has_lm_head && !cfg.tie_word_embeddings {
             return Err(ModelError::Tensor {
                 path: files.dir().to_path_buf(),

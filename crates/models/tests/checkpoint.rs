@@ -317,6 +317,25 @@ fn drafter_config_must_fit_the_frozen_target() {
         "{err}"
     );
 
+    // Parameters of another layer count: every later call would index past them.
+    for layers in [cfg.num_hidden_layers + 1, cfg.num_hidden_layers - 1] {
+        let other = dflash_config::DrafterConfig {
+            num_hidden_layers: layers,
+            layer_types: vec![cfg.layer_types[0]; layers],
+            ..cfg.clone()
+        };
+        let params = random_params(b.as_ref(), &other, 1);
+        let frozen = random_frozen(b.as_ref(), V, H, 2).tensors;
+        let err = Drafter::new(b.clone(), cfg.clone(), params, frozen)
+            .err()
+            .expect("layer count")
+            .to_string();
+        assert!(
+            err.contains("parameters are") && err.contains("tensors"),
+            "{err}"
+        );
+    }
+
     // Mask token outside the target's vocabulary (mask id 39, target vocab 30).
     let params = random_params(b.as_ref(), &cfg, 1);
     let small = random_frozen(b.as_ref(), 30, H, 2).tensors;

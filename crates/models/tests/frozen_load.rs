@@ -129,46 +129,52 @@ fn every_float_dtype_loads_the_values_widening_gives() {
     }
 }
 
-/// Without `lm_head.weight` and with tied embeddings, both loaders use the embedding as the
-/// LM head (a copy, counted once in `loaded_bytes`).
+/// With tied embeddings both loaders use the embedding as the LM head, one tensor for both,
+/// also where the files hold an `lm_head.weight` of their own (a stale head a tied export
+/// ships: HF and the serving engines never read it, so the drafter must not train on it).
 #[test]
 fn tied_embeddings_load_the_embedding_as_the_head() {
     let b = backend();
-    let src: Vec<_> = fixture_tensors()
-        .into_iter()
-        .filter(|(n, _, _)| n != "lm_head.weight")
-        .collect();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    write_checkpoint(dir, &src, Dtype::BF16);
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let tied = cfg.replace(
-        "\"tie_word_embeddings\": false",
-        "\"tie_word_embeddings\": true",
-    );
-    assert_ne!(cfg, tied);
-    std::fs::write(dir.join("config.json"), tied).unwrap();
-    let numel: u64 = src
-        .iter()
-        .map(|(_, s, _)| s.iter().product::<usize>() as u64)
-        .sum();
+    for ships_head in [false, true] {
+        let src: Vec<_> = fixture_tensors()
+            .into_iter()
+            .filter(|(n, _, _)| ships_head || n != "lm_head.weight")
+            .collect();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        write_checkpoint(dir, &src, Dtype::BF16);
+        let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let tied = cfg.replace(
+            "\"tie_word_embeddings\": false",
+            "\"tie_word_embeddings\": true",
+        );
+        assert_ne!(cfg, tied);
+        std::fs::write(dir.join("config.json"), tied).unwrap();
+        // What the loader reads: layers 0 and 1 of 3, the embedding and the final norm.
+        let read: u64 = src
+            .iter()
+            .filter(|(n, _, _)| !n.starts_with("model.layers.2.") && n != "lm_head.weight")
+            .map(|(_, s, _)| s.iter().product::<usize>() as u64)
+            .sum();
 
-    let t = Qwen3Target::load(b.clone(), dir, &[1]).unwrap();
-    // Layers 0 and 1 of 3, the embedding and the final norm.
-    let layer2: u64 = src
-        .iter()
-        .filter(|(n, _, _)| n.starts_with("model.layers.2."))
-        .map(|(_, s, _)| s.iter().product::<usize>() as u64)
-        .sum();
-    assert_eq!(t.loaded_bytes(), 2 * (numel - layer2));
-    let embed = down(b.as_ref(), t.embedding());
-    assert_eq!(down(b.as_ref(), t.lm_head()), embed);
-    // One tensor serves both, not a second copy of the (V, H) table.
-    assert!(t.frozen().is_tied() && std::ptr::eq(t.lm_head(), t.embedding()));
-    let (_, frozen) = FrozenTarget::load(b.as_ref(), dir).unwrap();
-    assert!(frozen.is_tied() && std::ptr::eq(frozen.lm_head(), frozen.embed()));
-    assert_eq!(down(b.as_ref(), frozen.lm_head()), embed);
-    assert_eq!(down(b.as_ref(), frozen.embed()), embed);
+        let t = Qwen3Target::load(b.clone(), dir, &[1]).unwrap();
+        assert_eq!(t.loaded_bytes(), 2 * read, "ships_head {ships_head}");
+        let embed = down(b.as_ref(), t.embedding());
+        assert_eq!(down(b.as_ref(), t.lm_head()), embed);
+        // One tensor serves both, not a second copy of the (V, H) table.
+        assert!(t.frozen().is_tied() && std::ptr::eq(t.lm_head(), t.embedding()));
+        let (_, frozen) = FrozenTarget::load(b.as_ref(), dir).unwrap();
+        assert!(frozen.is_tied() && std::ptr::eq(frozen.lm_head(), frozen.embed()));
+        assert_eq!(down(b.as_ref(), frozen.embed()), embed);
+        if ships_head {
+            let (_, _, head) = src.iter().find(|(n, _, _)| n == "lm_head.weight").unwrap();
+            assert_ne!(
+                down(b.as_ref(), frozen.lm_head()),
+                *head,
+                "the shipped head was read"
+            );
+        }
+    }
 }
 
 /// A float tensor stored as an integer type, a wrong shape and a missing tensor are errors
