@@ -83,7 +83,11 @@ impl CudaBackend {
             p
         };
         let m = [0, 1, 2, 3].map(|i| addr(&setup.mask[i]));
-        let workspace = addr(&setup.workspace);
+        // The ABI's workspace is NULL when the kernel asked for none, as on the host.
+        let workspace = match setup.workspace_bytes {
+            0 => 0,
+            _ => addr(&setup.workspace),
+        };
         let call = DeviceCall {
             dims,
             mask,
