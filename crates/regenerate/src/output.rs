@@ -32,6 +32,10 @@ fn beside(out: &Path, suffix: &str) -> PathBuf {
     out.with_file_name(name)
 }
 
+/// Settings that outputs of earlier versions do not record: such an output is continued
+/// (what it was written with is unknown, not different), one that records them must match.
+const LATER_SETTINGS: [&str; 1] = ["backend"];
+
 /// The settings file of `out`.
 pub fn meta_path(out: &Path) -> PathBuf {
     beside(out, ".meta.json")
@@ -255,6 +259,7 @@ fn check_meta(out: &Path, meta_file: &Path, meta: &Value) -> Result<(), Regenera
     };
     let differ: Vec<String> = new
         .iter()
+        .filter(|(k, _)| old.contains_key(*k) || !LATER_SETTINGS.contains(&k.as_str()))
         .filter(|(k, v)| old.get(*k) != Some(*v))
         .map(|(k, v)| format!("{k}: {} then, {v} now", old.get(k).unwrap_or(&Value::Null)))
         .collect();
@@ -324,6 +329,26 @@ mod tests {
         let e = Output::open(&out, &second).err().expect("other settings");
         assert!(e.to_string().contains("other settings"), "{e}");
         assert!(Output::open(&out, &first).unwrap().is_done(0));
+    }
+
+    #[test]
+    fn an_output_from_before_the_backend_was_recorded_is_continued() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let old = json!({"seed": 1});
+        let mut o = Output::open(&out, &old).unwrap();
+        o.write(0, &json!({"index": 0})).unwrap();
+        drop(o);
+        let now = json!({"seed": 1, "backend": "cuda"});
+        let o = Output::open(&out, &now).unwrap();
+        assert!(o.is_done(0));
+        drop(o);
+        // Recorded, it must match; other settings never pass for being missing.
+        std::fs::write(meta_path(&out), now.to_string()).unwrap();
+        let e = Output::open(&out, &json!({"seed": 1, "backend": "reference"}));
+        assert!(e.err().unwrap().to_string().contains("backend"));
+        let e = Output::open(&out, &json!({"seed": 1, "backend": "cuda", "top_k": 5}));
+        assert!(e.err().unwrap().to_string().contains("top_k"));
     }
 
     #[test]
