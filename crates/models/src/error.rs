@@ -41,6 +41,10 @@ pub enum ModelError {
     NonFiniteOutput { op: &'static str },
     #[error("{0}")]
     Input(String),
+    /// One generated sequence (by the id its caller gave its prompt) cannot go on: a caller
+    /// that packs ids names the sequence its own way.
+    #[error("sequence {id}: {detail}")]
+    Sequence { id: u64, detail: String },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

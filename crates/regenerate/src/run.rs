@@ -20,7 +20,7 @@ use indicatif::ProgressBar;
 use serde_json::Value;
 
 use crate::output::Output;
-use crate::turns::{Conversation, NoPrompt, answer_text, describe_id, name_sequences, sample_of};
+use crate::turns::{Conversation, NoPrompt, answer_text, describe_id, sample_of};
 use crate::{RegenerateError, Summary};
 
 /// Rows handed to the reader at a time, and prompts the channel holds ahead.
@@ -150,8 +150,11 @@ where
     if let Some(e) = failed {
         return Err(e);
     }
+    // A later turn's packed id is a number no dataset row carries: named as sample and turn.
     summary.stats = result.map_err(|e| match e {
-        ModelError::Input(m) => ModelError::Input(name_sequences(&m)),
+        ModelError::Sequence { id, detail } => {
+            ModelError::Input(format!("{}: {detail}", describe_id(id)))
+        }
         e => e,
     })?;
     // A reader that panicked closed the channel as if the dataset had ended.

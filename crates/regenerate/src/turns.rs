@@ -34,35 +34,6 @@ pub(crate) fn describe_id(id: u64) -> String {
     format!("sample {}, turn {}", sample_of(id), (id >> INDEX_BITS) + 1)
 }
 
-/// `message` (the generation's, which names a sequence by its id, as `"sequence ID"` or
-/// `"prompt ID"`) with each such id named as its sample and turn: the packed id of a later
-/// turn is a number no dataset row carries.
-pub(crate) fn name_sequences(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    loop {
-        let next = ["sequence ", "prompt "]
-            .iter()
-            .filter_map(|w| rest.find(w).map(|at| (at, *w)))
-            .min();
-        let Some((at, word)) = next else {
-            out.push_str(rest);
-            return out;
-        };
-        let after = &rest[at + word.len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        out.push_str(&rest[..at]);
-        match after[..digits].parse::<u64>() {
-            Ok(id) if word == "prompt " => {
-                out.push_str(&format!("the prompt of {}", describe_id(id)))
-            }
-            Ok(id) => out.push_str(&describe_id(id)),
-            Err(_) => out.push_str(word),
-        }
-        rest = &after[digits..];
-    }
-}
-
 /// How one turn ended.
 struct TurnEnd {
     finish: Finish,
@@ -235,26 +206,5 @@ mod tests {
         assert_eq!(sample_of(id), 7);
         assert!(sequence_id(1 << 40, 0).is_err());
         assert!(sequence_id(0, 1 << 24).is_err());
-    }
-
-    #[test]
-    fn the_generations_messages_name_samples_and_turns() {
-        let later = sequence_id(7, 1).unwrap();
-        assert_eq!(later, 1_099_511_627_783);
-        assert_eq!(
-            name_sequences(&format!(
-                "generate: sequence {later}: its final hidden state"
-            )),
-            "generate: sample 7, turn 2: its final hidden state"
-        );
-        assert_eq!(
-            name_sequences("prompt 3 has 0 tokens: generation needs 1 to 15"),
-            "the prompt of sample 3, turn 1 has 0 tokens: generation needs 1 to 15"
-        );
-        // Words without an id after them are left as they are.
-        assert_eq!(
-            name_sequences("a sequence stopped; prompt tokens"),
-            "a sequence stopped; prompt tokens"
-        );
     }
 }

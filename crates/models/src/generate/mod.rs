@@ -190,14 +190,16 @@ impl Run<'_> {
                 break;
             };
             if p.ids.is_empty() || p.ids.len() >= self.opts.capacity {
-                return Err(ModelError::Input(format!(
-                    "prompt {} has {} tokens: generation needs 1 to {} (the capacity {} less \
-                     one, the room for an answer)",
-                    p.id,
-                    p.ids.len(),
-                    self.opts.capacity - 1,
-                    self.opts.capacity
-                )));
+                return Err(ModelError::Sequence {
+                    id: p.id,
+                    detail: format!(
+                        "its prompt has {} tokens: generation needs 1 to {} (the capacity {} \
+                         less one, the room for an answer)",
+                        p.ids.len(),
+                        self.opts.capacity - 1,
+                        self.opts.capacity
+                    ),
+                });
             }
             if !admitted.is_empty() && p.ids.len() > budget {
                 self.held = Some(p);
@@ -291,7 +293,10 @@ impl Run<'_> {
                 let a = self.active(s);
                 sampling
                     .pick(row, &mut a.rng)
-                    .map_err(|e| ModelError::Input(format!("generate: sequence {}: {e}", a.id)))
+                    .map_err(|e| ModelError::Sequence {
+                        id: a.id,
+                        detail: format!("generate: {e}"),
+                    })
             })
             .collect()
     }
@@ -308,17 +313,17 @@ impl Run<'_> {
             .chunks(width.max(1))
             .zip(slots)
             .find_map(|(row, &s)| Some((s, row.iter().copied().find(|x| !x.is_finite())?)));
-        let what = match bad {
-            Some((s, x)) => format!(
-                "sequence {}: its final hidden state holds {x}",
-                self.active(s).id
-            ),
-            None => "a final hidden state holds a NaN or infinity".into(),
-        };
-        ModelError::Input(format!(
-            "generate: {what}: the target produced non-finite values, so its logits are \
-             non-finite and no token can be chosen"
-        ))
+        let why = "the target produced non-finite values, so its logits are non-finite and no \
+                   token can be chosen";
+        match bad {
+            Some((s, x)) => ModelError::Sequence {
+                id: self.active(s).id,
+                detail: format!("generate: its final hidden state holds {x}: {why}"),
+            },
+            None => ModelError::Input(format!(
+                "generate: a final hidden state holds a NaN or infinity: {why}"
+            )),
+        }
     }
 
     /// Appends each slot's token and hands over the sequences that finished.

@@ -145,10 +145,10 @@ fn a_generation_error_names_the_sample_and_turn_not_the_sequence_id() {
         let stats = GenerateStats::default();
         for p in prompts {
             if sample_of(p.id) == 7 && p.id != 7 {
-                return Err(ModelError::Input(format!(
-                    "generate: sequence {}: injected failure",
-                    p.id
-                )));
+                return Err(ModelError::Sequence {
+                    id: p.id,
+                    detail: "generate: injected failure".into(),
+                });
             }
             let g = Generated {
                 id: p.id,
@@ -163,7 +163,7 @@ fn a_generation_error_names_the_sample_and_turn_not_the_sequence_id() {
     let e = drive(&input, &preparer(), &mut out, &ROOMY, &to_item, fail_late).unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("generate: sample 7, turn 2: injected failure"),
+        msg.contains("sample 7, turn 2: generate: injected failure"),
         "{msg}"
     );
     assert!(!msg.contains("1099511627783"), "{msg}");
