@@ -212,7 +212,11 @@ fn a_full_slot_ends_its_sequence() {
     }]
     .into_iter();
     let e = generate(&t, &opts, &mut full, &mut |_, _| Ok(())).unwrap_err();
-    assert!(e.to_string().contains("sequence 4: its prompt has 10 tokens"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("sequence 4: its prompt has 10 tokens"),
+        "{e}"
+    );
 }
 
 /// A copy of the fixture target whose final norm weight is NaN: every hidden state the
@@ -306,7 +310,11 @@ fn bad_calls_are_errors_not_panics() {
         sampling: Sampling::default(),
     };
     let e = generate(&t, &opts, &mut too_long, &mut |_, _| Ok(())).unwrap_err();
-    assert!(e.to_string().contains("sequence 7: its prompt has 9 tokens"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("sequence 7: its prompt has 9 tokens"),
+        "{e}"
+    );
 }
 
 /// An absurd `--batch` or capacity: the cache's size is refused as memory no device has
