@@ -102,8 +102,28 @@ impl Profiler {
         });
         // A device lost meanwhile (wgpu panics on it here) loses this submission's timings;
         // the device-lost callback has recorded the loss, which the next op reports.
-        let _ = crate::device::errors::wait_idle(device);
-        if rx.try_recv().unwrap_or(false) {
+        let mapped = match crate::device::errors::wait_idle(device) {
+            // After a wait that went well the mapping has resolved, but its callback may be
+            // running on another thread whose poll took it: wait for it (as downloads do).
+            // Skipping it would leave the buffer mapped, and the next resolve's copy into a
+            // mapped buffer would make wgpu reject that whole shared submission.
+            crate::device::errors::Waited::Idle => rx.recv().unwrap_or(false),
+            // A failed wait may never run the callback: never block on it.
+            _ => match rx.try_recv() {
+                Ok(ok) => ok,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    // Still pending: unmapping cancels the map, so the buffer is free for the
+                    // next resolve. The scope keeps what a lost device says about it (or a
+                    // map that failed meanwhile) from reaching another op's error log.
+                    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+                    self.readback.unmap();
+                    let _ = pollster::block_on(scope.pop());
+                    false
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => false,
+            },
+        };
+        if mapped {
             if let Ok(data) = slice.get_mapped_range() {
                 let tick = |j: usize| {
                     let b: [u8; 8] = data[8 * j..8 * j + 8].try_into().expect("8 bytes");
@@ -116,6 +136,7 @@ impl Profiler {
                     t.1 += 1;
                 }
             }
+            // Whenever the map succeeded, whether or not its range could be read.
             self.readback.unmap();
         }
         self.labels.clear();

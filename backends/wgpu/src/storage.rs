@@ -216,14 +216,7 @@ impl Ctx {
                 }
                 buf
             }
-            None => match self.create_buffer(op, size) {
-                Ok(buf) => buf,
-                Err(Error::OutOfMemory { .. }) => {
-                    self.release_for_retry(op)?;
-                    self.create_buffer(op, size)?
-                }
-                Err(e) => return Err(e),
-            },
+            None => self.create_retrying(op, Some(op), size, USAGE)?,
         };
         // The buffer's bytes, its size class's rounding included: what the tensor takes from
         // the device (memory_stats; the memory plan rounds each tensor the same way). The
@@ -249,17 +242,42 @@ impl Ctx {
         Ok(())
     }
 
-    /// A new tensor buffer of `size` bytes; out of memory is [`Error::OutOfMemory`].
-    fn create_buffer(&self, op: &'static str, size: u64) -> Result<wgpu::Buffer> {
+    /// A new buffer (a tensor's, or a download's staging buffer); out of memory lets go of
+    /// what the device may still hold for this process ([`Self::release_for_retry`]) and
+    /// tries once more, then is [`Error::OutOfMemory`].
+    fn create_retrying(
+        &self,
+        op: &'static str,
+        label: Option<&str>,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        match self.create_buffer(op, label, size, usage) {
+            Err(Error::OutOfMemory { .. }) => {
+                self.release_for_retry(op)?;
+                self.create_buffer(op, label, size, usage)
+            }
+            other => other,
+        }
+    }
+
+    /// A new buffer of `size` bytes; out of memory is [`Error::OutOfMemory`].
+    fn create_buffer(
+        &self,
+        op: &'static str,
+        label: Option<&str>,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         #[cfg(test)]
         if tests::oom_hook::fails_now(self.pool.stats().2) {
             return Err(self.out_of_memory(op, size));
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(op),
+            label,
             size,
-            usage: USAGE,
+            usage,
             mapped_at_creation: false,
         });
         if pollster::block_on(scope.pop()).is_some() {
@@ -375,12 +393,17 @@ impl Ctx {
         let mut done = 0;
         while done < bytes {
             let len = TRANSFER_CHUNK.min(bytes - done);
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("download staging"),
-                size: len,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            // Created as tensor buffers are (out of memory caught, one retry after draining
+            // the pool) and before anything is recorded: a copy into a staging buffer that
+            // failed to allocate would make wgpu reject the device's whole shared
+            // submission, other instances' work included, and this download would report a
+            // failed mapping instead of running out of memory.
+            let staging = self.create_retrying(
+                op,
+                Some("download staging"),
+                len,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?;
             let src = start + done;
             self.record(|enc| enc.copy_buffer_to_buffer(buf, src, &staging, 0, len));
             self.flush();

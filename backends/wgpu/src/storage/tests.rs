@@ -96,3 +96,52 @@ fn out_of_memory_empties_the_pool_recent_buffers_included_and_retries_once() {
     assert_eq!(oom_hook::log().len(), 2);
     oom_hook::arm(0);
 }
+
+/// Out of memory on a download's staging buffer: caught before the copy is recorded (a copy
+/// into a buffer that failed to allocate would make wgpu reject the device's whole shared
+/// submission), retried once after the pool lets go, else reported as out of memory.
+#[test]
+fn a_download_whose_staging_buffer_runs_out_of_memory_retries_once_and_loses_no_work() {
+    let Some(ctx) = private_ctx() else { return };
+    let data: Vec<f32> = (1..=64).map(|i| i as f32).collect();
+    let bytes = 4 * data.len() as u64;
+    let src = ctx.upload_f32("t", &data).unwrap();
+    // Work recorded, not yet submitted, when the download starts: a copy into `dst`.
+    let pending_copy = |dst: &WgpuStorage| {
+        let (s, d) = (src.buf.clone(), dst.buf.clone());
+        ctx.record(move |enc| enc.copy_buffer_to_buffer(&s, 0, &d, 0, bytes));
+    };
+
+    // Failing twice: out of memory, naming the download and the staging size, with
+    // nothing recorded into the shared encoder.
+    let first = ctx.alloc("t", data.len()).unwrap();
+    pending_copy(&first);
+    oom_hook::arm(2);
+    match ctx.download(&src.buf, 0, data.len()) {
+        Err(Error::OutOfMemory { op, requested, .. }) => {
+            assert_eq!(op, "download");
+            assert_eq!(requested, bytes);
+        }
+        Err(e) => panic!("expected OutOfMemory, got {e}"),
+        Ok(_) => panic!("the staging buffer's allocation failures were not reported"),
+    }
+    assert_eq!(oom_hook::log().len(), 2, "one retry, no more");
+    oom_hook::arm(0);
+    // The work recorded before it still ran.
+    assert_eq!(ctx.download(&first.buf, 0, data.len()).unwrap(), data);
+
+    // Failing once: the retry after draining the pool succeeds, and the work recorded
+    // before it ran too.
+    let second = ctx.alloc("t", data.len()).unwrap();
+    pending_copy(&second);
+    oom_hook::arm(1);
+    assert_eq!(ctx.download(&second.buf, 0, data.len()).unwrap(), data);
+    let log = oom_hook::log();
+    assert_eq!(log.len(), 2, "a failure and its retry: {log:?}");
+    assert_eq!(
+        log[1], 0,
+        "the retry came after the pool let go of everything"
+    );
+    oom_hook::arm(0);
+    ctx.wait("t").unwrap();
+}
