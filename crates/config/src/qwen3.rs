@@ -71,9 +71,9 @@ pub struct Qwen3Config {
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
-    /// Defaults to `num_attention_heads` when absent (HF's rule).
+    /// When absent, HF Qwen3Config's default ([`read_kv_heads`]).
     pub num_key_value_heads: usize,
-    /// Defaults to `hidden_size / num_attention_heads` when absent.
+    /// When absent, HF Qwen3Config's default, [`HF_HEAD_DIM`].
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
@@ -112,10 +112,8 @@ impl Qwen3Config {
         if num_attention_heads == 0 {
             return Err(o.invalid("num_attention_heads", "must be at least 1"));
         }
-        let num_key_value_heads = o
-            .opt_usize("num_key_value_heads")?
-            .unwrap_or(num_attention_heads);
-        let head_dim = read_head_dim(&o, hidden_size, num_attention_heads)?;
+        let num_key_value_heads = read_kv_heads(&o, num_attention_heads)?;
+        let head_dim = o.opt_usize("head_dim")?.unwrap_or(HF_HEAD_DIM);
         let cfg = Qwen3Config {
             model_type,
             vocab_size: o.req_usize("vocab_size")?,
@@ -221,21 +219,21 @@ fn reject_unimplemented(o: &Obj<'_>) -> Result<()> {
     Ok(())
 }
 
-/// `head_dim`, or when absent `hidden_size / num_attention_heads` (HF's rule; the caller
-/// has checked the heads are at least 1), an error if that division is not exact.
-fn read_head_dim(o: &Obj<'_>, hidden_size: usize, num_attention_heads: usize) -> Result<usize> {
-    match o.opt_usize("head_dim")? {
-        Some(d) => Ok(d),
-        None => {
-            if hidden_size % num_attention_heads != 0 {
-                return Err(o.invalid(
-                    "head_dim",
-                    format!(
-                        "absent, and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"
-                    ),
-                ));
-            }
-            Ok(hidden_size / num_attention_heads)
-        }
+/// `head_dim` where a config.json leaves it out: HF Qwen3Config's default (transformers 5.24,
+/// `configuration_qwen3.py`), not `hidden_size / num_attention_heads`, which differs for
+/// Qwen3-0.6B's shape (1024 / 16 = 64 against its 128): the model a serving engine builds
+/// from the same file.
+pub const HF_HEAD_DIM: usize = 128;
+
+/// `num_key_value_heads` as HF Qwen3Config reads it: 32 when the key is absent, the number of
+/// attention heads when it is null.
+pub(crate) fn read_kv_heads(o: &Obj<'_>, num_attention_heads: usize) -> Result<usize> {
+    const HF_KV_HEADS: usize = 32;
+    match o.map.get("num_key_value_heads") {
+        None => Ok(HF_KV_HEADS),
+        Some(Value::Null) => Ok(num_attention_heads),
+        Some(_) => Ok(o
+            .opt_usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads)),
     }
 }

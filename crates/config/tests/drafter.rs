@@ -567,3 +567,20 @@ fn too_many_target_features_names_the_count_and_how_many_fit() {
     let one = DrafterConfig::for_target(&target, &shape(1)).unwrap();
     assert_eq!(one.target_layer_ids, [0]);
 }
+
+/// A drafter config is a Qwen3 config to the engines: absent sizes take HF Qwen3Config's
+/// defaults (head_dim 128, not hidden / heads; 32 KV heads), a null KV count the heads'.
+#[test]
+fn absent_head_sizes_take_hf_qwen3_defaults() {
+    let v = edit(fixture_json("config_qwen3-8b-dflash.json"), |m| {
+        m.remove("head_dim");
+        m.remove("num_key_value_heads");
+        m.insert("num_attention_heads".into(), json!(64));
+    });
+    let c = parse(&v).unwrap();
+    assert_eq!((c.head_dim, c.num_key_value_heads), (128, 32));
+    let null_kv = edit(v, |m| {
+        m.insert("num_key_value_heads".into(), json!(null));
+    });
+    assert_eq!(parse(&null_kv).unwrap().num_key_value_heads, 64);
+}

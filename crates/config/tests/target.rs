@@ -88,17 +88,26 @@ fn reads_transformers5_rope_parameters_and_matches_v4_form() {
     assert_eq!(parse(&per_type).unwrap().rope_theta, 10000.0);
 }
 
+/// Absent sizes take HF Qwen3Config's defaults (transformers 5.24): head_dim 128, not
+/// hidden / heads (Qwen3-0.6B's shape: 1024 / 16 = 64), and 32 KV heads; a null KV count is
+/// the attention heads'.
 #[test]
 fn head_dim_and_kv_heads_default() {
     let v = edit(fixture_json("target_qwen3-8b.json"), |m| {
         m.remove("head_dim");
         m.remove("num_key_value_heads");
         m.remove("tie_word_embeddings");
+        m.insert("hidden_size".into(), json!(1024));
+        m.insert("num_attention_heads".into(), json!(64));
         m.insert("eos_token_id".into(), json!([151645, 151643]));
     });
     let c = parse(&v).unwrap();
-    assert_eq!(c.head_dim, 4096 / 32);
+    assert_eq!(c.head_dim, 128);
     assert_eq!(c.num_key_value_heads, 32);
+    let null_kv = edit(v.clone(), |m| {
+        m.insert("num_key_value_heads".into(), json!(null));
+    });
+    assert_eq!(parse(&null_kv).unwrap().num_key_value_heads, 64);
     assert!(!c.tie_word_embeddings);
     assert_eq!(c.eos_token_id, Some(TokenIds::Many(vec![151645, 151643])));
     assert!(c.eos_token_id.unwrap().contains(151643));

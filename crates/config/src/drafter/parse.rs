@@ -40,10 +40,11 @@ impl DrafterConfig {
         if num_attention_heads == 0 {
             return Err(o.invalid("num_attention_heads", "must be at least 1"));
         }
-        let head_dim = match o.opt_usize("head_dim")? {
-            Some(d) => d,
-            None => hidden_size / num_attention_heads,
-        };
+        // The drafter is a Qwen3 model to the engines: absent sizes take HF Qwen3Config's
+        // defaults, as theirs do.
+        let head_dim = o
+            .opt_usize("head_dim")?
+            .unwrap_or(crate::qwen3::HF_HEAD_DIM);
         let block_size = match o.opt_usize("block_size")? {
             Some(b) => b,
             None => dflash
@@ -64,9 +65,7 @@ impl DrafterConfig {
             intermediate_size: o.req_usize("intermediate_size")?,
             num_hidden_layers,
             num_attention_heads,
-            num_key_value_heads: o
-                .opt_usize("num_key_value_heads")?
-                .unwrap_or(num_attention_heads),
+            num_key_value_heads: crate::qwen3::read_kv_heads(&o, num_attention_heads)?,
             head_dim,
             rms_norm_eps: o.req_f64("rms_norm_eps")?,
             rope_theta: read_rope_theta(&o)?,
