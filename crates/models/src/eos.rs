@@ -28,6 +28,21 @@ pub fn eos_ids(dir: &Path, config: &Qwen3Config) -> Result<Vec<u32>> {
     if ids.is_empty() {
         ids = config_ids(config);
     }
+    with_tokenizer_eos(dir, ids)
+}
+
+/// [`eos_ids`] for a caller that holds no parsed config (chat data preparation, whose target
+/// may be any model): `config.json`'s `eos_token_id` is read from the file as JSON.
+pub fn eos_ids_of_dir(dir: &Path) -> Result<Vec<u32>> {
+    let mut ids = generation_config_ids(&dir.join("generation_config.json"))?;
+    if ids.is_empty() {
+        ids = generation_config_ids(&dir.join("config.json"))?;
+    }
+    with_tokenizer_eos(dir, ids)
+}
+
+/// `ids` with the tokenizer's `eos_token` appended where it is not among them.
+fn with_tokenizer_eos(dir: &Path, mut ids: Vec<u32>) -> Result<Vec<u32>> {
     if let Some(id) = tokenizer_eos(dir)?
         && !ids.contains(&id)
     {
@@ -74,7 +89,8 @@ fn as_id(x: &Value) -> Option<u32> {
     x.as_u64().and_then(|x| u32::try_from(x).ok())
 }
 
-/// `eos_token_id` of `generation_config.json`: one id or a list (empty when absent).
+/// `eos_token_id` of `generation_config.json` (or of `config.json` read as JSON): one id or a
+/// list (empty when absent).
 fn generation_config_ids(path: &Path) -> Result<Vec<u32>> {
     let Some(v) = read_json(path)? else {
         return Ok(Vec::new());

@@ -3,105 +3,47 @@
 //! verify the drafted end of an answer like any other token, so a drafter never trained on it
 //! loses the last token of every answer; SpecForge's masks cover it too.
 //!
-//! The tokens are read as `dflash_models::eos` reads the ids generation stops at:
-//! `generation_config.json`'s `eos_token_id`, else `config.json`'s, together with
-//! `tokenizer_config.json`'s `eos_token`; ids become text through the tokenizer. What a turn
-//! ends with is then found in the template itself: the turn rendered with a sentinel for its
+//! The tokens are the ids `dflash_models::eos` reads (generation stops there; `regenerate`
+//! stops its answers there), as text through the tokenizer. What a turn ends with is then
+//! found in the template itself: the turn rendered with a sentinel for its
 //! content, the text after the sentinel up to and including the first of those tokens (a
 //! template may render text between the content and the token, e.g. a newline, which the
 //! target generates too). A template that renders none of them after the content (or a target
-//! that names none) leaves the turn's end unsupervised, as before.
+//! that names none) leaves the turn's end unsupervised.
 
 use std::path::Path;
 
-use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::conversation::Message;
 use crate::error::PrepareError;
 use crate::template::ChatTemplate;
 
-/// The text of the target's end-of-answer tokens, in the order of `dflash_models::eos`, each
-/// once. Absent files are skipped; a malformed file, or an id the tokenizer does not hold, is
-/// an error naming the file.
+/// The text of the target's end-of-answer tokens ([`dflash_models::eos::eos_ids_of_dir`]),
+/// each once. Absent files are skipped; a malformed file, or an id the tokenizer does not
+/// hold, is an error naming the file.
 pub fn end_of_turn_tokens(dir: &Path, tokenizer: &Tokenizer) -> Result<Vec<String>, PrepareError> {
-    let mut out = Vec::new();
-    for name in ["generation_config.json", "config.json"] {
-        let path = dir.join(name);
-        let ids = eos_token_ids(&path)?;
-        for &id in &ids {
-            if tokenizer.id_to_token(id).is_none() {
-                return Err(PrepareError::target(
-                    &path,
-                    format!("eos_token_id {id} is not a token of tokenizer.json"),
-                ));
-            }
-            // Decoded, not the vocabulary's spelling: a byte-level vocabulary spells `\n` `Ċ`.
-            if let Ok(text) = tokenizer.decode(&[id], false) {
-                push_unique(&mut out, text);
-            }
+    let ids = dflash_models::eos::eos_ids_of_dir(dir)?;
+    let mut out: Vec<String> = Vec::with_capacity(ids.len());
+    for id in ids {
+        if tokenizer.id_to_token(id).is_none() {
+            return Err(PrepareError::target(
+                dir,
+                format!(
+                    "eos_token_id {id} is not a token of tokenizer.json (read from \
+                     generation_config.json, else config.json)"
+                ),
+            ));
         }
-        if !ids.is_empty() {
-            break;
+        // Decoded, not the vocabulary's spelling: a byte-level vocabulary spells `\n` `Ċ`.
+        if let Ok(text) = tokenizer.decode(&[id], false)
+            && !text.is_empty()
+            && !out.contains(&text)
+        {
+            out.push(text);
         }
-    }
-    if let Some(t) = tokenizer_config_eos(dir)? {
-        push_unique(&mut out, t);
     }
     Ok(out)
-}
-
-fn push_unique(out: &mut Vec<String>, t: String) {
-    if !t.is_empty() && !out.contains(&t) {
-        out.push(t);
-    }
-}
-
-fn read_json(path: &Path) -> Result<Option<Value>, PrepareError> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| PrepareError::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| PrepareError::target(path, format!("not JSON: {e}")))
-}
-
-/// `eos_token_id` of a config file: one id or a list (empty when absent).
-fn eos_token_ids(path: &Path) -> Result<Vec<u32>, PrepareError> {
-    let Some(v) = read_json(path)? else {
-        return Ok(Vec::new());
-    };
-    let id = |x: &Value| x.as_u64().and_then(|x| u32::try_from(x).ok());
-    let bad = || PrepareError::target(path, "eos_token_id must be an id or a list of ids");
-    match v.get("eos_token_id") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(a)) => a.iter().map(|x| id(x).ok_or_else(bad)).collect(),
-        Some(x) => Ok(vec![id(x).ok_or_else(bad)?]),
-    }
-}
-
-/// `tokenizer_config.json`'s `eos_token`: a string, or an AddedToken object's `content`.
-fn tokenizer_config_eos(dir: &Path) -> Result<Option<String>, PrepareError> {
-    let path = dir.join("tokenizer_config.json");
-    let Some(v) = read_json(&path)? else {
-        return Ok(None);
-    };
-    match v.get("eos_token") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
-        Some(Value::Object(o)) => match o.get("content").and_then(Value::as_str) {
-            Some(s) => Ok(Some(s.to_string()).filter(|s| !s.is_empty())),
-            None => Err(PrepareError::target(
-                &path,
-                "eos_token: an object without a string \"content\"",
-            )),
-        },
-        Some(_) => Err(PrepareError::target(
-            &path,
-            "eos_token: neither a string nor an object",
-        )),
-    }
 }
 
 /// What the template renders after turn `k`'s content up to and including the first of

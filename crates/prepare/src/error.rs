@@ -15,6 +15,10 @@ pub enum PrepareError {
         source: std::io::Error,
     },
 
+    /// The target's end-of-answer ids could not be read (a malformed config file).
+    #[error(transparent)]
+    Eos(#[from] dflash_models::ModelError),
+
     /// Reading an Arrow stream (`save_to_disk` directory or `.arrow` file) failed.
     #[error(transparent)]
     Data(#[from] dflash_data::DataError),
